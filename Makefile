@@ -1,0 +1,56 @@
+# Two environments on purpose: the payload (TensorFlow, no Pulumi) and the infra
+# program + policy pack (Pulumi, no TensorFlow). Each is built from pinned files.
+PYTHON ?= python3
+VENV := .venv
+IVENV := .venv-infra
+PY := $(VENV)/bin/python
+IPY := $(IVENV)/bin/python
+STACK ?= v5e-spot
+JOB ?= examples/tiny.yaml
+
+.PHONY: demo test test-payload test-infra lint format plan bench venv venv-infra clean
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml requirements/payload-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements/payload-dev.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+venv-infra: $(IVENV)/.installed
+$(IVENV)/.installed: infra/requirements.txt policy/requirements.txt requirements/infra-dev.txt
+	$(PYTHON) -m venv $(IVENV)
+	$(IPY) -m pip install -q --upgrade pip
+	$(IPY) -m pip install -q -r requirements/infra-dev.txt
+	touch $@
+
+# The whole payload pipeline on the bundled corpus, locally, on CPU.
+demo: venv
+	$(VENV)/bin/tpu-payload run --job $(JOB)
+
+test: lint test-payload test-infra
+
+test-payload: venv
+	$(PY) -m pytest tests/payload tests/test_boundaries.py
+
+test-infra: venv-infra
+	$(IPY) -m pytest tests/infra tests/policy
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+# Offline plan of a stack under Pulumi's mocks: no cloud account, no Pulumi CLI.
+plan: venv-infra
+	$(IPY) -m infra.plan --stack $(STACK)
+
+bench: venv
+	$(PY) bench/run.py
+
+clean:
+	rm -rf runs bench/out .pytest_cache .ruff_cache

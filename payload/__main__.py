@@ -1,0 +1,3 @@
+from payload.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,171 @@
+"""manifest.json: what a shard set contains, written last, never overwritten.
+
+The trainer trusts only the manifest: counts, hashes, lengths and the tokenizer it was
+made with live here, not in file names. ``verify_shards`` catches a missing, truncated or
+altered shard (a TFRecord cut between records would otherwise read as a shorter file).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from payload import storage
+from payload.errors import DataError
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+SPECIAL_ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
+
+
+@dataclass(frozen=True)
+class Shard:
+    name: str
+    records: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    objective: str
+    seq_length: int
+    vocab_size: int
+    token_dtype: str
+    tokenizer_sha256: str
+    special_ids: Mapping[str, int]
+    shards: tuple[Shard, ...]
+    total_records: int
+    total_tokens: int
+    # How the corpus was read: files, documents, skipped inputs, dropped tail tokens...
+    corpus: Mapping[str, int] = field(default_factory=dict)
+    packing: str = ""
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["special_ids"] = dict(self.special_ids)
+        data["corpus"] = dict(self.corpus)
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str = MANIFEST_NAME) -> Manifest:
+        try:
+            data = json.loads(text)
+            shards = tuple(
+                Shard(
+                    name=str(s["name"]),
+                    records=int(s["records"]),
+                    bytes=int(s["bytes"]),
+                    sha256=str(s["sha256"]),
+                )
+                for s in data["shards"]
+            )
+            manifest = cls(
+                format_version=int(data["format_version"]),
+                objective=str(data["objective"]),
+                seq_length=int(data["seq_length"]),
+                vocab_size=int(data["vocab_size"]),
+                token_dtype=str(data["token_dtype"]),
+                tokenizer_sha256=str(data["tokenizer_sha256"]),
+                special_ids=MappingProxyType(
+                    {str(k): int(v) for k, v in data["special_ids"].items()}
+                ),
+                shards=shards,
+                total_records=int(data["total_records"]),
+                total_tokens=int(data["total_tokens"]),
+                corpus=MappingProxyType(
+                    {str(k): int(v) for k, v in data.get("corpus", {}).items()}
+                ),
+                packing=str(data.get("packing", "")),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise DataError(f"invalid manifest {where}: {type(exc).__name__}: {exc}") from None
+        manifest.check(where)
+        return manifest
+
+    def check(self, where: str = MANIFEST_NAME) -> None:
+        """Internal consistency; a DataError names what is wrong."""
+        if self.format_version != FORMAT_VERSION:
+            raise DataError(
+                f"manifest {where} has format_version {self.format_version}; "
+                f"this payload reads version {FORMAT_VERSION}: re-run `tpu-payload encode --force`"
+            )
+        if self.objective not in ("mlm", "clm"):
+            raise DataError(f"manifest {where}: objective {self.objective!r} is not mlm or clm")
+        if self.token_dtype not in ("uint16", "uint32"):
+            raise DataError(f"manifest {where}: token_dtype {self.token_dtype!r} is not supported")
+        if unknown := set(self.special_ids) - set(SPECIAL_ROLES):
+            raise DataError(f"manifest {where}: unknown special roles {sorted(unknown)}")
+        if not self.shards:
+            raise DataError(f"manifest {where} lists no shards")
+        if sum(s.records for s in self.shards) != self.total_records:
+            raise DataError(f"manifest {where}: shard records do not add up to total_records")
+        if self.total_tokens != self.total_records * self.seq_length:
+            raise DataError(f"manifest {where}: total_tokens != total_records * seq_length")
+        names = [s.name for s in self.shards]
+        if len(set(names)) != len(names) or any("/" in n or n.startswith(".") for n in names):
+            raise DataError(f"manifest {where}: shard names must be unique plain file names")
+
+
+def manifest_path(data_dir: str) -> str:
+    return storage.join(data_dir, MANIFEST_NAME)
+
+
+def load_manifest(data_dir: str) -> Manifest:
+    path = manifest_path(data_dir)
+    try:
+        text = storage.read_text(path)
+    except FileNotFoundError:
+        raise DataError(
+            f"no {MANIFEST_NAME} in {data_dir}: the data is missing or unfinished; "
+            "run `tpu-payload encode --job ...` first"
+        ) from None
+    except UnicodeDecodeError:
+        raise DataError(f"invalid manifest {path}: not UTF-8 text") from None
+    return Manifest.from_json(text, where=path)
+
+
+def shard_paths(data_dir: str, manifest: Manifest) -> list[str]:
+    return [storage.join(data_dir, shard.name) for shard in manifest.shards]
+
+
+def verify_shards(data_dir: str, manifest: Manifest, *, checksums: bool = True) -> None:
+    """DataError naming the first shard that is missing, of the wrong size or altered."""
+    for shard, path in zip(manifest.shards, shard_paths(data_dir, manifest), strict=True):
+        try:
+            actual = storage.size(path)
+        except FileNotFoundError:
+            raise DataError(
+                f"shard {shard.name} listed in {MANIFEST_NAME} is missing from {data_dir}"
+            ) from None
+        if actual != shard.bytes:
+            raise DataError(
+                f"shard {shard.name} has {actual} bytes, manifest says {shard.bytes} "
+                "(truncated or replaced): re-run `tpu-payload encode --force`"
+            )
+        if checksums and storage.sha256(path) != shard.sha256:
+            raise DataError(
+                f"shard {shard.name} does not match its sha256 in {MANIFEST_NAME} (altered): "
+                "re-run `tpu-payload encode --force`"
+            )
+
+
+def write_manifest(data_dir: str, manifest: Manifest) -> None:
+    """Create-only: a finished manifest is never overwritten (DataError if one exists)."""
+    manifest.check()
+    path = manifest_path(data_dir)
+    try:
+        storage.write_text(path, manifest.to_json(), if_absent=True)
+    except storage.AlreadyExists:
+        raise DataError(
+            f"{path} already exists; a finished manifest is never overwritten "
+            "(use --force to rebuild the data)"
+        ) from None
+
+
+def as_dict(manifest: Manifest) -> dict[str, Any]:
+    return json.loads(manifest.to_json())

@@ -1,0 +1,502 @@
+"""The job spec: one YAML/JSON document, read and validated once into frozen dataclasses.
+
+Unknown keys and bad values raise :class:`SpecError` naming the dotted key, the value and
+what is allowed. Relative local paths (corpus, output) resolve against the directory of
+the spec file, so ``examples/tiny.yaml`` can say ``output: ../runs/tiny``.
+
+Special tokens. Each (objective, tokenizer kind) has a style whose role tokens must all be
+present in ``tokenizer.special_tokens`` (extra tokens are allowed; the list order is the id
+order, so the defaults get ids 0..n-1):
+
+==========  ===========  ================================================  =============
+objective   kind         default special_tokens                             roles
+==========  ===========  ================================================  =============
+mlm         wordpiece    [PAD] [UNK] [CLS] [SEP] [MASK]                     BERT
+mlm         bpe/unigram  <s> <pad> </s> <unk> <mask>                        RoBERTa
+clm         any          <s> <pad> </s> <unk>                               bos/eos
+==========  ===========  ================================================  =============
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+from payload import storage
+from payload.errors import SpecError
+
+OBJECTIVES = ("mlm", "clm")
+TOKENIZER_KINDS = ("wordpiece", "bpe", "unigram")
+FAMILIES = ("bert", "roberta", "gpt2")
+SIZES = ("tiny", "mini", "small", "base")
+FAMILIES_FOR_OBJECTIVE = {"mlm": ("bert", "roberta"), "clm": ("gpt2",)}
+DECAYS = ("linear", "cosine", "constant")
+PRECISIONS = ("auto", "bf16", "fp32")
+ON_BAD_INPUT = ("skip", "fail")
+
+# Smallest vocabulary we accept before looking at the corpus: the special tokens plus
+# 100 pieces (wordpiece/unigram), or plus the 256 byte symbols of byte-level BPE. After
+# training, the tokenizer stage also checks that the corpus alphabet fitted.
+MIN_EXTRA_VOCAB = {"wordpiece": 100, "unigram": 100, "bpe": 256}
+MAX_VOCAB = 1 << 20
+MIN_SEQ_LENGTH = 8
+MAX_SEQ_LENGTH = 1 << 16
+
+BERT_STYLE = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+ROBERTA_STYLE = {
+    "cls": "<s>",
+    "pad": "<pad>",
+    "sep": "</s>",
+    "unk": "<unk>",
+    "mask": "<mask>",
+    "bos": "<s>",
+    "eos": "</s>",
+}
+CLM_STYLE = {"bos": "<s>", "pad": "<pad>", "eos": "</s>", "unk": "<unk>"}
+
+BERT_CONFIG_KEYS = {
+    "hidden_size": int,
+    "num_hidden_layers": int,
+    "num_attention_heads": int,
+    "intermediate_size": int,
+    "max_position_embeddings": int,
+    "hidden_dropout_prob": float,
+    "attention_probs_dropout_prob": float,
+}
+GPT2_CONFIG_KEYS = {
+    "n_embd": int,
+    "n_layer": int,
+    "n_head": int,
+    "n_positions": int,
+    "resid_pdrop": float,
+    "embd_pdrop": float,
+    "attn_pdrop": float,
+}
+CONFIG_KEYS = {"bert": BERT_CONFIG_KEYS, "roberta": BERT_CONFIG_KEYS, "gpt2": GPT2_CONFIG_KEYS}
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def special_roles(objective: str, kind: str) -> dict[str, str]:
+    """Role -> token of the default special-token style for this objective and kind."""
+    if objective == "clm":
+        return dict(CLM_STYLE)
+    return dict(BERT_STYLE if kind == "wordpiece" else ROBERTA_STYLE)
+
+
+def default_special_tokens(objective: str, kind: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(special_roles(objective, kind).values()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorpusSpec:
+    paths: tuple[str, ...]
+    on_bad_input: str = "skip"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerSpec:
+    kind: str
+    vocab_size: int
+    lowercase: bool = False
+    min_frequency: int = 2
+    special_tokens: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    objective: str
+    seq_length: int = 128
+    records_per_shard: int = 10000
+    mask_probability: float = 0.15
+    workers: int | None = None
+
+    @property
+    def max_predictions(self) -> int:
+        """Static number of masked slots per MLM sequence.
+
+        ``ceil(seq_length * mask_probability)`` rounded up to a multiple of 8 (TPU-friendly
+        shapes), capped at ``seq_length``: 24 for 128 tokens at 15%.
+        """
+        raw = math.ceil(self.seq_length * self.mask_probability)
+        return min(self.seq_length, max(8, math.ceil(raw / 8) * 8))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    family: str
+    size: str = "tiny"
+    config: Mapping[str, int | float | str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSpec:
+    steps: int
+    global_batch_size: int = 32
+    learning_rate: float = 5e-4
+    warmup_steps: int = 0
+    decay: str = "linear"
+    end_learning_rate_ratio: float = 0.0
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-6
+    clip_norm: float = 1.0  # 0 disables global-norm clipping
+    precision: str = "auto"
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    log_every: int = 10
+    shuffle_buffer: int = 10000
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobPaths:
+    root: str
+    tokenizer: str
+    data: str
+    checkpoints: str
+    logs: str
+    export: str
+    status: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    name: str
+    output: str
+    corpus: CorpusSpec
+    tokenizer: TokenizerSpec
+    data: DataSpec
+    model: ModelSpec
+    train: TrainSpec
+    source: str
+
+    @property
+    def paths(self) -> JobPaths:
+        root = self.output
+        return JobPaths(
+            root=root,
+            tokenizer=storage.join(root, "tokenizer"),
+            data=storage.join(root, "data"),
+            checkpoints=storage.join(root, "checkpoints"),
+            logs=storage.join(root, "logs"),
+            export=storage.join(root, "export"),
+            status=storage.join(root, "status.json"),
+        )
+
+    @property
+    def special_roles(self) -> dict[str, str]:
+        """Role (pad, unk, cls, sep, mask, bos, eos) -> token for this job."""
+        return special_roles(self.data.objective, self.tokenizer.kind)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved spec (defaults filled in, paths absolute) as plain JSON data."""
+
+        def plain(value: Any) -> Any:
+            if isinstance(value, Mapping):
+                return {k: plain(v) for k, v in value.items()}
+            if isinstance(value, tuple | list):
+                return [plain(v) for v in value]
+            if hasattr(value, "__dataclass_fields__"):
+                return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
+            return value
+
+        out = plain(self)
+        out["data"]["max_predictions"] = self.data.max_predictions
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+# --------------------------------------------------------------------------- validation
+
+
+class _Section:
+    """Reads keys out of one mapping, remembering which were used."""
+
+    def __init__(self, data: Any, where: str):
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise SpecError(f"{where or 'job spec'}: expected a mapping, got {_show(data)}")
+        self.data = dict(data)
+        self.where = where
+        self.used: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.where}.{name}" if self.where else name
+
+    def take(self, name: str, check: Callable[[str, Any], Any], default: Any = ...) -> Any:
+        self.used.add(name)
+        if name not in self.data or (self.data[name] is None and default is not ...):
+            if default is ...:
+                raise SpecError(f"{self.key(name)} is required")
+            return default
+        return check(self.key(name), self.data[name])
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.data) - self.used, key=str)
+        if unknown:
+            allowed = ", ".join(sorted(self.used))
+            raise SpecError(f"{self.key(str(unknown[0]))}: unknown key (allowed: {allowed})")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str, Any], int]:
+    def check(key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(f"{key}: expected an integer, got {_show(value)}")
+        if lo is not None and value < lo:
+            raise SpecError(f"{key}: {value} is too small (minimum {lo})")
+        if hi is not None and value > hi:
+            raise SpecError(f"{key}: {value} is too large (maximum {hi})")
+        return value
+
+    return check
+
+
+def _float(
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> Callable[[str, Any], float]:
+    def check(key: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise SpecError(f"{key}: expected a number, got {_show(value)}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise SpecError(f"{key}: expected a finite number, got {value}")
+        if lo is not None and (value < lo or (lo_open and value == lo)):
+            raise SpecError(f"{key}: {value} must be {'>' if lo_open else '>='} {lo}")
+        if hi is not None and (value > hi or (hi_open and value == hi)):
+            raise SpecError(f"{key}: {value} must be {'<' if hi_open else '<='} {hi}")
+        return value
+
+    return check
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str, Any], str]:
+    def check(key: str, value: Any) -> str:
+        if value not in options:
+            raise SpecError(f"{key}: {_show(value)} is not allowed (allowed: {', '.join(options)})")
+        return str(value)
+
+    return check
+
+
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(f"{key}: expected true or false, got {_show(value)}")
+    return value
+
+
+def _str(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(f"{key}: expected a non-empty string, got {_show(value)}")
+    return value.strip()
+
+
+def _str_list(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple) or not value:
+        raise SpecError(f"{key}: expected a non-empty list of strings, got {_show(value)}")
+    return tuple(_str(f"{key}[{i}]", item) for i, item in enumerate(value))
+
+
+def _resolve(base_dir: str, path: str) -> str:
+    if storage.is_gcs(path):
+        return path.rstrip("/") if path.count("/") > 3 else path
+    if path.startswith("~"):
+        from pathlib import Path  # noqa: PLC0415
+
+        return str(Path(path).expanduser())
+    if storage.is_gcs(base_dir):
+        return storage.join(base_dir, path) if not path.startswith("/") else path
+    import os.path  # noqa: PLC0415
+
+    return os.path.normpath(os.path.join(base_dir, path))  # noqa: PTH118
+
+
+def _corpus(section: _Section, base_dir: str) -> CorpusSpec:
+    paths = section.take("paths", _str_list)
+    spec = CorpusSpec(
+        paths=tuple(_resolve(base_dir, p) for p in paths),
+        on_bad_input=section.take("on_bad_input", _choice(ON_BAD_INPUT), "skip"),
+    )
+    section.finish()
+    return spec
+
+
+def _tokenizer(section: _Section, objective: str) -> TokenizerSpec:
+    kind = section.take("kind", _choice(TOKENIZER_KINDS))
+    vocab_size = section.take("vocab_size", _int(1, MAX_VOCAB))
+    roles = special_roles(objective, kind)
+    specials = section.take("special_tokens", _str_list, default_special_tokens(objective, kind))
+    key = section.key("special_tokens")
+    if len(set(specials)) != len(specials):
+        raise SpecError(f"{key}: duplicate tokens in {list(specials)}")
+    missing = [tok for tok in dict.fromkeys(roles.values()) if tok not in specials]
+    if missing:
+        raise SpecError(
+            f"{key}: {objective} with a {kind} tokenizer needs {missing} "
+            f"(roles: {', '.join(f'{r}={t}' for r, t in roles.items())})"
+        )
+    minimum = len(specials) + MIN_EXTRA_VOCAB[kind]
+    if vocab_size < minimum:
+        raise SpecError(
+            f"{section.key('vocab_size')}: {vocab_size} is too small for a {kind} tokenizer "
+            f"(minimum {minimum} = {len(specials)} special tokens + {MIN_EXTRA_VOCAB[kind]})"
+        )
+    spec = TokenizerSpec(
+        kind=kind,
+        vocab_size=vocab_size,
+        lowercase=section.take("lowercase", _bool, False),
+        min_frequency=section.take("min_frequency", _int(1, 1_000_000), 2),
+        special_tokens=specials,
+    )
+    section.finish()
+    return spec
+
+
+def _data(section: _Section) -> DataSpec:
+    spec = DataSpec(
+        objective=section.take("objective", _choice(OBJECTIVES)),
+        seq_length=section.take("seq_length", _int(MIN_SEQ_LENGTH, MAX_SEQ_LENGTH), 128),
+        records_per_shard=section.take("records_per_shard", _int(1, 10_000_000), 10000),
+        mask_probability=section.take(
+            "mask_probability", _float(0.0, 1.0, lo_open=True, hi_open=True), 0.15
+        ),
+        workers=section.take("workers", _int(1, 1024), None),
+    )
+    section.finish()
+    return spec
+
+
+def _model(section: _Section, objective: str) -> ModelSpec:
+    allowed = FAMILIES_FOR_OBJECTIVE[objective]
+    family = section.take("family", _choice(FAMILIES))
+    if family not in allowed:
+        raise SpecError(
+            f"{section.key('family')}: {family!r} cannot train objective {objective!r} "
+            f"(data.objective={objective} needs model.family in: {', '.join(allowed)})"
+        )
+    size = section.take("size", _choice(SIZES), "tiny")
+    raw = section.take("config", lambda key, v: _Section(v, key), None)
+    config: dict[str, int | float] = {}
+    if raw is not None:
+        keys = CONFIG_KEYS[family]
+        for name, value in raw.data.items():
+            key = raw.key(str(name))
+            if name not in keys:
+                raise SpecError(
+                    f"{key}: unknown {family} config key (allowed: {', '.join(sorted(keys))})"
+                )
+            if keys[name] is int:
+                config[name] = _int(1, 1 << 20)(key, value)
+            else:
+                config[name] = _float(0.0, 1.0, hi_open=True)(key, value)
+    spec = ModelSpec(
+        family=family, size=size, config=MappingProxyType(dict(sorted(config.items())))
+    )
+    section.finish()
+    return spec
+
+
+def _train(section: _Section) -> TrainSpec:
+    steps = section.take("steps", _int(1, 1 << 40))
+    spec = TrainSpec(
+        steps=steps,
+        global_batch_size=section.take("global_batch_size", _int(1, 1 << 20), 32),
+        learning_rate=section.take("learning_rate", _float(0.0, 10.0, lo_open=True), 5e-4),
+        warmup_steps=section.take("warmup_steps", _int(0, steps), 0),
+        decay=section.take("decay", _choice(DECAYS), "linear"),
+        end_learning_rate_ratio=section.take("end_learning_rate_ratio", _float(0.0, 1.0), 0.0),
+        weight_decay=section.take("weight_decay", _float(0.0, 1.0), 0.01),
+        adam_beta1=section.take("adam_beta1", _float(0.0, 1.0, hi_open=True), 0.9),
+        adam_beta2=section.take("adam_beta2", _float(0.0, 1.0, hi_open=True), 0.999),
+        adam_epsilon=section.take("adam_epsilon", _float(0.0, 1.0, lo_open=True), 1e-6),
+        clip_norm=section.take("clip_norm", _float(0.0), 1.0),
+        precision=section.take("precision", _choice(PRECISIONS), "auto"),
+        checkpoint_every=section.take("checkpoint_every", _int(1, 1 << 40), 100),
+        keep_checkpoints=section.take("keep_checkpoints", _int(1, 1000), 3),
+        log_every=section.take("log_every", _int(1, 1 << 40), 10),
+        shuffle_buffer=section.take("shuffle_buffer", _int(1, 1 << 24), 10000),
+        seed=section.take("seed", _int(0, (1 << 31) - 1), 0),
+    )
+    section.finish()
+    return spec
+
+
+def parse_job(document: Any, *, source: str) -> JobSpec:
+    """Validate an already-parsed document; ``source`` is the spec's path (for relative paths)."""
+    top = _Section(document, "")
+    base_dir = storage.dirname(source)
+    name = top.take("name", _str, None)
+    if name is None:
+        name = storage.basename(source).rsplit(".", 1)[0]
+    if not _NAME_RE.match(name):
+        raise SpecError(
+            f"name: {name!r} must be 1-63 letters, digits, '.', '_' or '-', starting alphanumeric"
+        )
+    output = _resolve(base_dir, top.take("output", _str))
+    data = top.take("data", lambda key, v: _data(_Section(v, key)))
+    job = JobSpec(
+        name=name,
+        output=output,
+        corpus=top.take("corpus", lambda key, v: _corpus(_Section(v, key), base_dir)),
+        tokenizer=top.take("tokenizer", lambda k, v: _tokenizer(_Section(v, k), data.objective)),
+        data=data,
+        model=top.take("model", lambda key, v: _model(_Section(v, key), data.objective)),
+        train=top.take("train", lambda key, v: _train(_Section(v, key))),
+        source=source,
+    )
+    top.finish()
+    _check_model(job)
+    return job
+
+
+def _check_model(job: JobSpec) -> None:
+    """Model-side checks that need a built config (e.g. seq_length vs positions)."""
+    try:
+        from payload import model  # noqa: PLC0415
+    except ModuleNotFoundError as exc:  # the TRAIN side lands in parallel; drop once it exists
+        if exc.name != "payload.model":
+            raise
+        return
+    model.check_compatible(job)
+
+
+def load_job(path: str) -> JobSpec:
+    """Read, parse and validate a job spec (YAML or JSON; local path or gs:// URI)."""
+    import yaml  # noqa: PLC0415
+
+    source = path if storage.is_gcs(path) else _resolve(".", path)
+    try:
+        text = storage.read_text(source)
+    except FileNotFoundError:
+        raise SpecError(f"job spec not found: {path}") from None
+    except IsADirectoryError:
+        raise SpecError(f"job spec is a directory, not a file: {path}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"job spec {path} is not UTF-8 text") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise SpecError(f"job spec {path}{where}: invalid YAML/JSON: {problem}") from None
+    return parse_job(document, source=source)

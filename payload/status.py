@@ -1,0 +1,112 @@
+"""status.json: where a job is (stage, state, progress, last error), locally or in the bucket.
+
+Writes go through :mod:`payload.storage` (atomic locally, google-cloud-storage for gs://)
+and are throttled: at most one every ``min_interval_s`` seconds unless the stage or state
+changes, so a training loop can call :meth:`StatusWriter.update` every step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from payload import storage
+
+STATES = ("pending", "running", "complete", "skipped", "failed")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class StatusWriter:
+    def __init__(self, path: str, job_name: str, *, min_interval_s: float = 10.0):
+        self.path = path
+        self.job_name = job_name
+        self.min_interval_s = min_interval_s
+        self._last_write = 0.0
+        self._dirty = False
+        self._doc: dict[str, Any] = {
+            "job": job_name,
+            "stage": None,
+            "state": "pending",
+            "progress": None,
+            "message": "",
+            "metrics": {},
+            "last_error": None,
+            "updated_at": _now(),
+            "stages": {},
+        }
+        previous = self._read_previous()
+        if previous.get("job") == job_name and isinstance(previous.get("stages"), dict):
+            self._doc["stages"] = previous["stages"]
+            self._doc["last_error"] = previous.get("last_error")
+
+    def _read_previous(self) -> dict[str, Any]:
+        try:
+            data = json.loads(storage.read_text(self.path))
+        except (FileNotFoundError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    @property
+    def document(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self._doc))
+
+    def update(
+        self,
+        *,
+        stage: str,
+        state: str = "running",
+        progress: float | None = None,
+        message: str = "",
+        **metrics: float | int | str,
+    ) -> None:
+        if state not in STATES:
+            raise ValueError(f"state must be one of {STATES}, got {state!r}")
+        changed = (stage, state) != (self._doc["stage"], self._doc["state"])
+        now = _now()
+        history = self._doc["stages"].setdefault(stage, {})
+        if changed:
+            history["state"] = state
+            if state == "running":
+                history["started_at"] = now
+                history.pop("finished_at", None)
+            elif state in ("complete", "skipped", "failed"):
+                history["finished_at"] = now
+        if message:
+            history["message"] = message
+        if metrics:
+            history.setdefault("metrics", {}).update(metrics)
+        if changed:
+            self._doc["metrics"] = {}
+        self._doc.update(
+            stage=stage,
+            state=state,
+            progress=None if progress is None else max(0.0, min(1.0, float(progress))),
+            message=message,
+            updated_at=now,
+        )
+        self._doc["metrics"].update(metrics)
+        if state == "complete":
+            self._doc["progress"] = 1.0
+            history["progress"] = 1.0
+        elif progress is not None:
+            history["progress"] = self._doc["progress"]
+        self._dirty = True
+        if changed or time.monotonic() - self._last_write >= self.min_interval_s:
+            self.flush()
+
+    def fail(self, *, stage: str, error: str) -> None:
+        self._doc["last_error"] = {"stage": stage, "error": error, "at": _now()}
+        self.update(stage=stage, state="failed", message=error)
+        self.flush()
+
+    def flush(self) -> None:
+        if not self._dirty:
+            return
+        storage.write_text(self.path, json.dumps(self._doc, indent=2, sort_keys=True) + "\n")
+        self._last_write = time.monotonic()
+        self._dirty = False

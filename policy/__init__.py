@@ -1,0 +1,1 @@
+"""Pulumi CrossGuard policy pack for tpu-pretrain (rules live in policy/rules.py)."""

@@ -1,0 +1,383 @@
+"""Each rule of the pack, fed hand-built resources: a secure baseline passes every rule, and
+each insecure variant is rejected by its rule with that rule's message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from policy_harness import (
+    DELETE,
+    POLICIES,
+    POLICY_BY_NAME,
+    check_resource,
+    check_stack,
+    mutate,
+    run_pack,
+    urn_for,
+)
+from pulumi_policy import EnforcementLevel, ResourceValidationPolicy, StackValidationPolicy
+
+from policy import rules
+
+SA = "tpu-runtime@proj.iam.gserviceaccount.com"
+DEFAULT_SA = "123456789-compute@developer.gserviceaccount.com"
+WG_KEY = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk="  # example key from wireguard docs
+
+SHIELDED = {"enableSecureBoot": True, "enableVtpm": True, "enableIntegrityMonitoring": True}
+SAFE_METADATA = {
+    "enable-oslogin": "TRUE",
+    "block-project-ssh-keys": "TRUE",
+    "startup-script": "#!/bin/bash\nset -euo pipefail\nsystemctl start tpu-payload\n",
+}
+
+BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
+    "bucket": (
+        rules.BUCKET,
+        {
+            "location": "EUROPE-WEST4",
+            "uniformBucketLevelAccess": True,
+            "publicAccessPrevention": "enforced",
+            "versioning": {"enabled": True},
+        },
+    ),
+    "controller": (
+        rules.INSTANCE,
+        {
+            "zone": "europe-west4-a",
+            "machineType": "e2-standard-4",
+            "networkInterfaces": [{"subnetwork": "tpu-subnet"}],
+            "serviceAccount": {"email": SA, "scopes": ["cloud-platform"]},
+            "shieldedInstanceConfig": dict(SHIELDED),
+            "metadata": dict(SAFE_METADATA),
+            "labels": {"role": "controller"},
+        },
+    ),
+    "hop": (
+        rules.INSTANCE,
+        {
+            "zone": "asia-northeast3-a",
+            "machineType": "e2-small",
+            "canIpForward": True,
+            "networkInterfaces": [{"subnetwork": "hop-subnet", "accessConfigs": [{"natIp": "x"}]}],
+            "serviceAccount": {"email": SA, "scopes": ["cloud-platform"]},
+            "shieldedInstanceConfig": dict(SHIELDED),
+            "metadata": {
+                **SAFE_METADATA,
+                "startup-script": f"#!/bin/bash\n[Peer]\nPublicKey = {WG_KEY}\n",
+            },
+            "labels": {"role": "vpn-hop"},
+        },
+    ),
+    "tpu": (
+        rules.TPU_VM,
+        {
+            "zone": "europe-west4-a",
+            "acceleratorType": "v6e-8",
+            "runtimeVersion": "v2-alpha-tpuv6e",
+            "networkConfig": {
+                "network": "vpc",
+                "subnetwork": "tpu-subnet",
+                "enableExternalIps": False,
+            },
+            "serviceAccount": {"email": SA, "scopes": ["cloud-platform"]},
+            "shieldedInstanceConfig": {"enableSecureBoot": True},
+            "metadata": dict(SAFE_METADATA),
+            "labels": {"role": "tpu"},
+        },
+    ),
+    "tpu-v3": (
+        rules.TPU_VM,
+        {
+            "zone": "europe-west4-a",
+            "acceleratorType": "v3-8",
+            "runtimeVersion": "tpu-vm-tf-2.16.1-pjrt",
+            "networkConfig": {"network": "vpc", "subnetwork": "tpu-subnet"},
+            "serviceAccount": {"email": SA},
+            "metadata": dict(SAFE_METADATA),
+        },
+    ),
+    "ssh-from-iap": (
+        rules.FIREWALL,
+        {
+            "direction": "INGRESS",
+            "sourceRanges": ["35.235.240.0/20"],
+            "allows": [{"protocol": "tcp", "ports": ["22"]}],
+        },
+    ),
+    "wireguard-from-anywhere": (
+        rules.FIREWALL,
+        {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "udp", "ports": ["51820"]}]},
+    ),
+    "internal-all": (
+        rules.FIREWALL,
+        {"sourceTags": ["tpu-pretrain"], "allows": [{"protocol": "all"}]},
+    ),
+    "bucket-iam": (
+        "gcp:storage/bucketIAMMember:BucketIAMMember",
+        {"bucket": "b", "role": "roles/storage.objectAdmin", "member": f"serviceAccount:{SA}"},
+    ),
+    "project-iam": (
+        "gcp:projects/iAMMember:IAMMember",
+        {"project": "proj", "role": "roles/logging.logWriter", "member": f"serviceAccount:{SA}"},
+    ),
+    "secret-iam": (
+        "gcp:secretmanager/secretIamMember:SecretIamMember",
+        {
+            "secretId": "wg-key",
+            "role": "roles/secretmanager.secretAccessor",
+            "member": f"serviceAccount:{SA}",
+        },
+    ),
+    "network": (rules.NETWORK, {"autoCreateSubnetworks": False}),
+    "subnet": (
+        rules.SUBNETWORK,
+        {
+            "region": "europe-west4",
+            "ipCidrRange": "10.8.0.0/24",
+            "privateIpGoogleAccess": True,
+            "logConfig": {"aggregationInterval": "INTERVAL_5_SEC"},
+        },
+    ),
+    "kms-key": (rules.KMS_CRYPTO_KEY, {"keyRing": "kr", "rotationPeriod": "7776000s"}),
+    "wif-provider": (
+        rules.WIF_PROVIDER,
+        {
+            "oidc": {"issuerUri": "https://token.actions.githubusercontent.com"},
+            "attributeCondition": "assertion.repository == 'acme/tpu-pretrain'",
+        },
+    ),
+    "project-metadata": (
+        rules.PROJECT_METADATA_ITEM,
+        {"key": "enable-oslogin", "value": "TRUE"},
+    ),
+}
+
+
+def test_pack_has_at_least_twelve_mandatory_rules() -> None:
+    assert len(POLICIES) >= 12
+    assert all(p.enforcement_level == EnforcementLevel.MANDATORY for p in POLICIES)
+    assert set(POLICY_BY_NAME) == set(rules.POLICY_MESSAGES)
+    assert any(isinstance(p, StackValidationPolicy) for p in POLICIES)
+
+
+@pytest.mark.parametrize("key", sorted(BASELINE))
+def test_secure_baseline_passes_every_rule(key: str) -> None:
+    resource_type, props = BASELINE[key]
+    violations = run_pack([(resource_type, key, props, urn_for(resource_type, key))])
+    assert violations == []
+
+
+def _variant(key: str, *changes: tuple[str, Any]) -> tuple[str, dict[str, Any]]:
+    resource_type, props = BASELINE[key]
+    for path, value in changes:
+        props = mutate(props, path, value)
+    return resource_type, props
+
+
+def _iam(resource_type: str, role: str, member: str, **extra: Any) -> tuple[str, dict[str, Any]]:
+    return resource_type, {"role": role, "member": member, **extra}
+
+
+# (rule, case id, (type, props)): each must be rejected by that rule with its message.
+FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
+    ("bucket-uniform-access", "off", _variant("bucket", ("uniformBucketLevelAccess", False))),
+    ("bucket-uniform-access", "unset", _variant("bucket", ("uniformBucketLevelAccess", DELETE))),
+    ("bucket-public-access-prevention", "inherited",
+     _variant("bucket", ("publicAccessPrevention", "inherited"))),
+    ("bucket-public-access-prevention", "unset",
+     _variant("bucket", ("publicAccessPrevention", DELETE))),
+    ("no-public-principals", "bucket-allUsers",
+     _iam("gcp:storage/bucketIAMMember:BucketIAMMember", "roles/storage.objectViewer", "allUsers")),
+    ("no-public-principals", "secret-allAuthenticatedUsers",
+     _iam("gcp:secretmanager/secretIamMember:SecretIamMember",
+          "roles/secretmanager.secretAccessor", "allAuthenticatedUsers")),
+    ("no-public-principals", "bucket-binding",
+     ("gcp:storage/bucketIAMBinding:BucketIAMBinding",
+      {"role": "roles/storage.objectViewer", "members": [f"serviceAccount:{SA}", "allUsers"]})),
+    ("no-public-principals", "project-policy-data",
+     ("gcp:projects/iAMPolicy:IAMPolicy",
+      {"policyData": '{"bindings": [{"role": "roles/viewer", "members": ["allUsers"]}]}'})),
+    ("no-public-principals", "bucket-acl",
+     ("gcp:storage/bucketACL:BucketACL", {"roleEntities": ["READER:allUsers"]})),
+    ("no-default-compute-service-account", "instance",
+     _variant("controller", ("serviceAccount.email", DEFAULT_SA))),
+    ("no-default-compute-service-account", "instance-alias",
+     _variant("controller", ("serviceAccount.email", "default"))),
+    ("no-default-compute-service-account", "tpu-explicit",
+     _variant("tpu", ("serviceAccount.email", DEFAULT_SA))),
+    ("no-default-compute-service-account", "tpu-implicit",
+     _variant("tpu", ("serviceAccount", DELETE))),
+    ("no-default-compute-service-account", "iam-grant",
+     _iam("gcp:storage/bucketIAMMember:BucketIAMMember", "roles/storage.objectViewer",
+          f"serviceAccount:{DEFAULT_SA}")),
+    ("no-basic-or-admin-roles-for-service-accounts", "editor",
+     _variant("project-iam", ("role", "roles/editor"))),
+    ("no-basic-or-admin-roles-for-service-accounts", "owner-binding",
+     ("gcp:projects/iAMBinding:IAMBinding",
+      {"role": "roles/owner", "members": [f"serviceAccount:{SA}"]})),
+    ("no-basic-or-admin-roles-for-service-accounts", "storage-admin",
+     _variant("project-iam", ("role", "roles/storage.admin"))),
+    ("no-basic-or-admin-roles-for-service-accounts", "instance-admin",
+     _variant("project-iam", ("role", "roles/compute.instanceAdmin.v1"))),
+    ("no-ssh-rdp-from-internet", "ssh-world",
+     _variant("ssh-from-iap", ("sourceRanges", ["0.0.0.0/0"]))),
+    ("no-ssh-rdp-from-internet", "rdp-range-ipv6",
+     ("gcp:compute/firewall:Firewall",
+      {"sourceRanges": ["::/0"], "allows": [{"protocol": "tcp", "ports": ["3000-4000"]}]})),
+    ("no-ssh-rdp-from-internet", "tcp-without-ports",
+     ("gcp:compute/firewall:Firewall",
+      {"sourceRanges": ["10.0.0.0/8", "0.0.0.0/0"], "allows": [{"protocol": "tcp"}]})),
+    ("no-ssh-rdp-from-internet", "all-protocols",
+     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "all"}]})),
+    ("no-ssh-rdp-from-internet", "no-source-means-world",
+     _variant("ssh-from-iap", ("sourceRanges", DELETE))),
+    ("no-external-ip-except-vpn-hop", "controller-nat",
+     _variant("controller", ("networkInterfaces.0.accessConfigs", [{}]))),
+    ("no-external-ip-except-vpn-hop", "hop-without-label",
+     _variant("hop", ("labels.role", "controller"))),
+    ("no-external-ip-except-vpn-hop", "tpu",
+     _variant("tpu", ("networkConfig.enableExternalIps", True))),
+    ("ip-forwarding-only-on-vpn-hop", "controller",
+     _variant("controller", ("canIpForward", True))),
+    ("ip-forwarding-only-on-vpn-hop", "tpu",
+     _variant("tpu", ("networkConfig.canIpForward", True))),
+    ("shielded-vm", "no-secure-boot", _variant("controller", ("shieldedInstanceConfig", DELETE))),
+    ("shielded-vm", "vtpm-off",
+     _variant("controller", ("shieldedInstanceConfig.enableVtpm", False))),
+    ("shielded-vm", "tpu-v6e-no-secure-boot",
+     _variant("tpu", ("shieldedInstanceConfig", DELETE))),
+    ("os-login-enabled", "missing", _variant("controller", ("metadata.enable-oslogin", DELETE))),
+    ("os-login-enabled", "false", _variant("tpu", ("metadata.enable-oslogin", "FALSE"))),
+    ("os-login-enabled", "ssh-keys",
+     _variant("controller", ("metadata.ssh-keys", "alice:ssh-ed25519 AAAA alice"))),
+    ("project-ssh-keys-blocked", "missing",
+     _variant("controller", ("metadata.block-project-ssh-keys", DELETE))),
+    ("project-ssh-keys-blocked", "tpu-false",
+     _variant("tpu", ("metadata.block-project-ssh-keys", "false"))),
+    ("serial-port-disabled", "instance",
+     _variant("controller", ("metadata.serial-port-enable", "TRUE"))),
+    ("serial-port-disabled", "tpu", _variant("tpu", ("metadata.serial-port-enable", "1"))),
+    ("serial-port-disabled", "project",
+     (rules.PROJECT_METADATA_ITEM, {"key": "serial-port-enable", "value": "true"})),
+    ("no-key-material-in-metadata", "pem",
+     _variant("controller", ("metadata.startup-script",
+                             "cat > k <<EOF\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn\nEOF\n"))),
+    ("no-key-material-in-metadata", "wg-config",
+     _variant("hop", ("metadata.startup-script", f"[Interface]\nPrivateKey = {WG_KEY}\n"))),
+    ("no-key-material-in-metadata", "bare-wg-key",
+     _variant("hop", ("metadata.wg-seed", WG_KEY))),
+    ("no-key-material-in-metadata", "key-named-private",
+     _variant("tpu", ("metadata.wireguard-private-key", "see secret manager"))),
+    ("no-key-material-in-metadata", "startup-script-property",
+     _variant("controller", ("metadataStartupScript",
+                             "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA"))),
+    ("bucket-recoverable", "no-versioning-no-soft-delete",
+     _variant("bucket", ("versioning.enabled", False),
+              ("softDeletePolicy", {"retentionDurationSeconds": 0}))),
+    ("no-service-account-keys", "key", (rules.SERVICE_ACCOUNT_KEY, {"serviceAccountId": SA})),
+    ("kms-key-rotation", "none", _variant("kms-key", ("rotationPeriod", DELETE))),
+    ("kms-key-rotation", "yearly", _variant("kms-key", ("rotationPeriod", "31536000s"))),
+    ("subnet-flow-logs", "none", _variant("subnet", ("logConfig", DELETE))),
+    ("no-auto-mode-network", "auto", _variant("network", ("autoCreateSubnetworks", True))),
+    ("no-auto-mode-network", "default", _variant("network", ("autoCreateSubnetworks", DELETE))),
+    ("wif-provider-attribute-condition", "none",
+     _variant("wif-provider", ("attributeCondition", DELETE))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("rule", "case"), [(rule, case) for rule, case, _ in FAILING], ids=str)
+def test_insecure_variant_is_rejected_with_the_rules_message(rule: str, case: str) -> None:
+    resource_type, props = next(r for n, c, r in FAILING if (n, c) == (rule, case))
+    policy = POLICY_BY_NAME[rule]
+    assert isinstance(policy, ResourceValidationPolicy)
+    messages = check_resource(policy, resource_type, props)
+    assert messages, f"{rule} accepted {case}"
+    assert all(m.startswith(rules.POLICY_MESSAGES[rule]) for m in messages), messages
+
+
+def test_every_resource_rule_has_a_failing_case() -> None:
+    resource_rules = {p.name for p in POLICIES if isinstance(p, ResourceValidationPolicy)}
+    assert resource_rules == {rule for rule, _, _ in FAILING}
+
+
+def test_hop_is_identified_by_its_label_only() -> None:
+    _, hop = BASELINE["hop"]
+    assert not check_resource(POLICY_BY_NAME["no-external-ip-except-vpn-hop"], rules.INSTANCE, hop)
+    unlabelled = mutate(hop, "labels", DELETE)
+    assert check_resource(
+        POLICY_BY_NAME["ip-forwarding-only-on-vpn-hop"], rules.INSTANCE, unlabelled
+    )
+
+
+def test_older_tpu_generations_need_no_secure_boot() -> None:
+    resource_type, props = BASELINE["tpu-v3"]
+    assert check_resource(POLICY_BY_NAME["shielded-vm"], resource_type, props) == []
+
+
+def test_rdp_rule_names_the_port_and_source() -> None:
+    props = {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp", "ports": ["3389"]}]}
+    [message] = check_resource(POLICY_BY_NAME["no-ssh-rdp-from-internet"], rules.FIREWALL, props)
+    assert "RDP" in message
+    assert "port 3389" in message
+    assert "0.0.0.0/0" in message
+
+
+def test_egress_and_disabled_firewalls_are_not_ingress_holes() -> None:
+    policy = POLICY_BY_NAME["no-ssh-rdp-from-internet"]
+    base = {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp", "ports": ["22"]}]}
+    assert check_resource(policy, rules.FIREWALL, {**base, "direction": "EGRESS"}) == []
+    assert check_resource(policy, rules.FIREWALL, {**base, "disabled": True}) == []
+    assert check_resource(policy, rules.FIREWALL, base)
+
+
+def test_key_material_detector() -> None:
+    assert rules.find_key_material(f"PublicKey = {WG_KEY}") == []
+    assert rules.find_key_material(f"peer_public_key={WG_KEY}") == []
+    assert rules.find_key_material(f"key={WG_KEY}")
+    # 44 base64 characters that do not decode to 32 bytes are not a WireGuard key.
+    assert rules.find_key_material("sha=" + "A" * 42 + "==") == []
+    assert rules.find_key_material("-----BEGIN EC PRIVATE KEY-----") == ["PEM private key block"]
+    assert rules.find_key_material("-----BEGIN PUBLIC KEY-----") == []
+
+
+def _stack_resource(key: str, name: str, **changes: Any) -> tuple[str, str, dict, str]:
+    resource_type, props = BASELINE[key]
+    for path, value in changes.items():
+        props = mutate(props, path, value)
+    return resource_type, name, props, urn_for(resource_type, name)
+
+
+def test_tpu_and_bucket_in_one_region_pass() -> None:
+    policy = POLICY_BY_NAME["tpu-and-bucket-same-region"]
+    resources = [_stack_resource("tpu", "tpu"), _stack_resource("bucket", "bucket")]
+    assert check_stack(policy, resources) == []
+    # A stack without a TPU (e.g. the bootstrap) has nothing to compare.
+    assert check_stack(policy, [_stack_resource("bucket", "state")]) == []
+
+
+@pytest.mark.parametrize("location", ["US-CENTRAL1", "EU", "europe-west1"])
+def test_tpu_and_bucket_in_different_regions_are_rejected(location: str) -> None:
+    policy = POLICY_BY_NAME["tpu-and-bucket-same-region"]
+    resources = [
+        _stack_resource("tpu", "tpu"),
+        _stack_resource("bucket", "bucket", location=location),
+    ]
+    [message] = check_stack(policy, resources)
+    assert message.startswith(rules.MSG_REGION)
+    assert "europe-west4" in message
+    assert location.lower() in message
+
+
+def test_unknown_values_during_preview_are_left_to_the_engine() -> None:
+    """An unknown input raises the SDK's UnknownValueError, which the analyzer turns into an
+    advisory "can't run during preview" note; the rule runs for real on `pulumi up`."""
+    from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UnknownValueError
+
+    props = {"role": "roles/storage.objectViewer", "member": UNKNOWN_STRING_VALUE}
+    with pytest.raises(UnknownValueError):
+        check_resource(
+            POLICY_BY_NAME["no-public-principals"],
+            "gcp:storage/bucketIAMMember:BucketIAMMember",
+            props,
+        )

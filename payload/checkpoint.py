@@ -1,0 +1,90 @@
+"""Resumable training state: tf.train.CheckpointManager plus the identity of the run.
+
+A checkpoint holds the model, the optimizer (its slots and `iterations`, which IS the step
+counter) and nothing about the input pipeline: the pipeline is a pure function of (seed,
+batch index), so the step alone says where to resume (see data.py).
+
+Next to the checkpoints, `run.json` records what the checkpoints are only valid for (model
+config, tokenizer, sequence length, objective, global batch size, seed). Resuming with a
+different value would silently mix two runs, so it is a one-line error instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow as tf
+
+from payload import storage
+from payload.errors import DataError
+
+RUN_IDENTITY = "run.json"
+
+
+def identity(
+    *,
+    model_config: Mapping[str, Any],
+    family: str,
+    objective: str,
+    seq_length: int,
+    tokenizer_sha256: str,
+    global_batch_size: int,
+    seed: int,
+) -> dict[str, Any]:
+    ignored = {"transformers_version", "architectures", "torch_dtype", "dtype", "_name_or_path"}
+    return {
+        "family": family,
+        "objective": objective,
+        "seq_length": int(seq_length),
+        "tokenizer_sha256": tokenizer_sha256,
+        "global_batch_size": int(global_batch_size),
+        "seed": int(seed),
+        "model_config": {k: v for k, v in sorted(model_config.items()) if k not in ignored},
+    }
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new)):
+            out += _differences(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+
+
+def check_identity(checkpoint_dir: str, current: dict[str, Any], *, has_checkpoint: bool) -> None:
+    """Write run.json for a fresh run; for a resumed run, DataError if anything changed."""
+    path = storage.join(checkpoint_dir, RUN_IDENTITY)
+    if not has_checkpoint or not storage.exists(path):
+        storage.write_text(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
+        return
+    previous = json.loads(storage.read_text(path))
+    changed = _differences(previous, json.loads(json.dumps(current)))
+    if changed:
+        raise DataError(
+            f"the checkpoints in {checkpoint_dir} belong to a different run ("
+            + "; ".join(changed[:3])
+            + (f"; +{len(changed) - 3} more" if len(changed) > 3 else "")
+            + "): use a new output directory, or --force to start over"
+        )
+
+
+def make_manager(
+    model: Any, optimizer: Any, checkpoint_dir: str, *, keep: int
+) -> tuple[tf.train.Checkpoint, tf.train.CheckpointManager]:
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(
+        ckpt, checkpoint_dir, max_to_keep=keep, step_counter=optimizer.iterations
+    )
+    return ckpt, manager
+
+
+def restore_latest(ckpt: tf.train.Checkpoint, manager: tf.train.CheckpointManager) -> int | None:
+    """Restore the newest checkpoint (model and optimizer must already be built)."""
+    latest = manager.latest_checkpoint
+    if latest is None:
+        return None
+    ckpt.restore(latest).assert_existing_objects_matched()
+    return int(ckpt.optimizer.iterations.numpy())

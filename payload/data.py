@@ -1,0 +1,164 @@
+"""The training input pipeline: TFRecord shards -> batches of model inputs with static shapes.
+
+Per epoch: the shard list is shuffled (seeded), shards are read interleaved in parallel,
+records are shuffled in a buffer, batched with drop_remainder, and only THEN parsed
+(`records.parse_batch`, one `parse_example` per batch) and masked (MLM, `masking.py`) or
+given shifted targets (CLM). Every epoch has exactly `batches_per_epoch` batches.
+
+Reproducibility and resuming: everything random is a pure function of (seed, epoch, batch
+index) -- the shard order, the shuffle buffer's seed and the stateless masking RNG. Batch k
+of a run is therefore the same batch whether the run was interrupted or not, and a resumed
+run starts with `start_batch=k`: whole epochs are skipped arithmetically and, inside the
+current epoch, the remaining batches are skipped *before* parsing (reading only, no
+parsing or masking), so the cost of resuming is bounded by one epoch of reading.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import tensorflow as tf
+
+from payload import manifest as manifest_lib
+from payload import masking, records
+from payload.errors import DataError
+
+if TYPE_CHECKING:
+    from payload.manifest import Manifest
+    from payload.spec import JobSpec
+
+_SEED_MIX = 1_000_003
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """What one input pipeline reads: its files, its share of records, its epoch length."""
+
+    files: tuple[str, ...]
+    records: int
+    batch_size: int
+    batches_per_epoch: int
+    record_shard: tuple[int, int] | None  # (num_shards, index) when files cannot be split
+
+
+def plan_pipeline(
+    paths: list[str],
+    shard_records: list[int],
+    *,
+    batch_size: int,
+    num_pipelines: int = 1,
+    pipeline_id: int = 0,
+) -> PipelinePlan:
+    """Split the shards between input pipelines (hosts) and size the epoch."""
+    if num_pipelines > 1 and len(paths) >= num_pipelines:
+        mine = list(range(pipeline_id, len(paths), num_pipelines))
+        files = tuple(paths[i] for i in mine)
+        count = sum(shard_records[i] for i in mine)
+        record_shard = None
+    else:
+        files = tuple(paths)
+        count = sum(shard_records) // num_pipelines
+        record_shard = (num_pipelines, pipeline_id) if num_pipelines > 1 else None
+    batches = count // batch_size
+    if batches == 0:
+        raise DataError(
+            f"the data has {sum(shard_records)} sequences, fewer than one batch of "
+            f"{batch_size} per input pipeline; lower train.global_batch_size or add corpus"
+        )
+    return PipelinePlan(files, count, batch_size, batches, record_shard)
+
+
+def special_ids_of(manifest: Manifest) -> dict[str, int]:
+    return {str(k): int(v) for k, v in manifest.special_ids.items()}
+
+
+def make_dataset(
+    job: JobSpec,
+    manifest: Manifest,
+    *,
+    batch_size: int,
+    seed: int,
+    training: bool = True,
+    repeat: bool = True,
+    start_batch: int = 0,
+    input_context: tf.distribute.InputContext | None = None,
+) -> tf.data.Dataset:
+    """Batches of model inputs for `job.data.objective` (see masking.py for the features).
+
+    `batch_size` is the batch of this pipeline (per replica under a distribution
+    strategy). `start_batch` skips that many batches of this pipeline (resume).
+    """
+    paths = manifest_lib.shard_paths(job.paths.data, manifest)
+    num_pipelines = input_context.num_input_pipelines if input_context else 1
+    pipeline_id = input_context.input_pipeline_id if input_context else 0
+    plan = plan_pipeline(
+        paths,
+        [s.records for s in manifest.shards],
+        batch_size=batch_size,
+        num_pipelines=num_pipelines,
+        pipeline_id=pipeline_id,
+    )
+    special = special_ids_of(manifest)
+    objective = manifest.objective
+    if objective == "mlm" and "mask" not in special:
+        raise DataError(
+            f"manifest in {job.paths.data} has no mask token among its special ids "
+            f"({', '.join(sorted(special))}); MLM needs one"
+        )
+    seq_length = int(manifest.seq_length)
+    token_dtype = manifest.token_dtype
+    pad_id = special.get("pad")
+    max_predictions = int(job.data.max_predictions)
+    shuffle_buffer = int(job.train.shuffle_buffer)
+    base_seed = int(seed) * _SEED_MIX + pipeline_id
+
+    def read_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
+        files = tf.constant(list(plan.files))
+        if training:
+            order = tf.random.experimental.stateless_shuffle(
+                tf.range(len(plan.files)), seed=tf.stack([tf.constant(base_seed, tf.int64), epoch])
+            )
+            files = tf.gather(files, order)
+        ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+            lambda f: tf.data.TFRecordDataset(f, buffer_size=1 << 20),
+            cycle_length=min(len(plan.files), 8),
+            block_length=16,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+        if plan.record_shard is not None:
+            ds = ds.shard(*plan.record_shard)
+        if training:
+            ds = ds.shuffle(shuffle_buffer, seed=base_seed * 7919 + epoch)
+        ds = ds.batch(batch_size, drop_remainder=True).take(plan.batches_per_epoch)
+        return ds.enumerate().map(lambda index, serialized: (epoch, index, serialized))
+
+    first_epoch, skip = divmod(int(start_batch), plan.batches_per_epoch)
+    last_epoch = tf.int64.max if repeat else 1
+    if first_epoch >= last_epoch:
+        raise ValueError(f"start_batch={start_batch} is past the end of a non-repeating dataset")
+    ds = tf.data.Dataset.range(first_epoch, last_epoch).flat_map(read_epoch).skip(skip)
+
+    def to_features(
+        epoch: tf.Tensor, index: tf.Tensor, serialized: tf.Tensor
+    ) -> dict[str, tf.Tensor]:
+        ids = records.parse_batch(serialized, seq_length, token_dtype)
+        if objective == "mlm":
+            return masking.mask_tokens(
+                ids,
+                seed=tf.stack([base_seed + epoch * _SEED_MIX, index]),
+                vocab_size=int(manifest.vocab_size),
+                special_ids=special.values(),
+                mask_id=special["mask"],
+                pad_id=pad_id,
+                max_predictions=max_predictions,
+                mask_probability=float(job.data.mask_probability),
+            )
+        return masking.causal_labels(ids, pad_id=pad_id)
+
+    ds = ds.map(to_features, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    options = tf.data.Options()
+    options.deterministic = True
+    options.experimental_optimization.map_parallelization = True
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

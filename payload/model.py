@@ -1,0 +1,291 @@
+"""Model presets, compatibility checks and the losses of the two objectives.
+
+Everything above the "TensorFlow below" line is TF-free (transformers config classes only):
+`spec.load_job` calls `check_compatible` while validating a job, on machines that may never
+import TensorFlow.
+
+The MLM loss runs the encoder, gathers the hidden states at the (static number of) masked
+positions and applies the real model's own LM head to those only: logits are [B, P, V]
+instead of [B, S, V]. Because the head used is the `TF*ForMaskedLM` model's own
+(`model.mlm` / `model.lm_head`, tied to the input embeddings), the exported model carries
+the trained head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from payload.errors import SpecError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+    from transformers import PretrainedConfig
+
+    from payload.spec import JobSpec
+
+# Size presets. bert and roberta share the encoder shapes of the BERT miniatures
+# (Turc et al. 2019: tiny = L2/H128, mini = L4/H256, small = L4/H512) and BERT-base.
+# gpt2 uses the same widths/depths; its "base" is GPT-2 small (124M with a 50k vocabulary).
+_ENCODER_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 512,
+    },
+    "mini": {
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+    },
+    "small": {
+        "hidden_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "intermediate_size": 2048,
+    },
+    "base": {
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+    },
+}
+_GPT2_SIZES: dict[str, dict[str, int]] = {
+    size: {
+        "n_embd": v["hidden_size"],
+        "n_layer": v["num_hidden_layers"],
+        "n_head": v["num_attention_heads"],
+    }
+    for size, v in _ENCODER_SIZES.items()
+}
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "bert": {size: {**v, "max_position_embeddings": 512} for size, v in _ENCODER_SIZES.items()},
+    # TF RoBERTa numbers positions from padding_idx + 1 = 2: 512 tokens need 514 positions.
+    "roberta": {
+        size: {**v, "max_position_embeddings": 514, "type_vocab_size": 1}
+        for size, v in _ENCODER_SIZES.items()
+    },
+    "gpt2": {size: {**v, "n_positions": 1024} for size, v in _GPT2_SIZES.items()},
+}
+
+# Config keys a job may override, per family. gpt2 also accepts the BERT-style names that
+# GPT2Config maps onto its own (hidden_size -> n_embd, ...); they are normalised here.
+_ENCODER_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+)
+_GPT2_KEYS = (
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "n_positions",
+    "n_inner",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+)
+_GPT2_ALIASES = {
+    "hidden_size": "n_embd",
+    "num_hidden_layers": "n_layer",
+    "num_attention_heads": "n_head",
+    "max_position_embeddings": "n_positions",
+    "intermediate_size": "n_inner",
+    "hidden_dropout_prob": "resid_pdrop",
+    "attention_probs_dropout_prob": "attn_pdrop",
+}
+OVERRIDABLE_KEYS: dict[str, tuple[str, ...]] = {
+    "bert": _ENCODER_KEYS,
+    "roberta": _ENCODER_KEYS,
+    "gpt2": _GPT2_KEYS + tuple(_GPT2_ALIASES),
+}
+
+# TF RoBERTa hard-codes padding_idx = 1 for its position ids (modeling_tf_roberta.py).
+ROBERTA_PADDING_IDX = 1
+
+
+def resolved_settings(family: str, size: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Preset values with the job's overrides applied (canonical key names)."""
+    if family not in PRESETS:
+        raise SpecError(f"model.family: {family!r} is not supported; allowed: {', '.join(PRESETS)}")
+    if size not in PRESETS[family]:
+        raise SpecError(
+            f"model.size: {size!r} is not a preset; allowed: {', '.join(PRESETS[family])}"
+        )
+    settings = dict(PRESETS[family][size])
+    for key, value in overrides.items():
+        if key not in OVERRIDABLE_KEYS[family]:
+            raise SpecError(
+                f"model.config.{key}: not a {family} setting; allowed: "
+                f"{', '.join(OVERRIDABLE_KEYS[family])}"
+            )
+        settings[_GPT2_ALIASES.get(key, key) if family == "gpt2" else key] = value
+    return settings
+
+
+def build_config(
+    family: str,
+    size: str,
+    overrides: Mapping[str, Any],
+    *,
+    vocab_size: int,
+    special_ids: Mapping[str, int],
+) -> PretrainedConfig:
+    """A transformers config (TF-free) for the family, size preset and overrides."""
+    from transformers import BertConfig, GPT2Config, RobertaConfig  # noqa: PLC0415
+
+    settings = resolved_settings(family, size, overrides)
+    ids = {
+        f"{name}_token_id": special_ids[name]
+        for name in ("pad", "bos", "eos")
+        if name in special_ids
+    }
+    if family == "gpt2":
+        heads_key, width_key = "n_head", "n_embd"
+        config_cls: type[PretrainedConfig] = GPT2Config
+    else:
+        heads_key, width_key = "num_attention_heads", "hidden_size"
+        config_cls = BertConfig if family == "bert" else RobertaConfig
+        if family == "bert" and "cls" in special_ids and "bos" not in ids:
+            ids["bos_token_id"] = special_ids["cls"]
+        if family == "bert" and "sep" in special_ids and "eos" not in ids:
+            ids["eos_token_id"] = special_ids["sep"]
+    width, heads = int(settings[width_key]), int(settings[heads_key])
+    if heads <= 0 or width % heads:
+        raise SpecError(
+            f"model.config: {width_key}={width} must be a positive multiple of {heads_key}={heads}"
+        )
+    return config_cls(vocab_size=int(vocab_size), **settings, **ids)
+
+
+def max_sequence_length(family: str, config: PretrainedConfig) -> int:
+    """The longest input the model's position embeddings can hold."""
+    if family == "gpt2":
+        return int(config.n_positions)
+    if family == "roberta":
+        return int(config.max_position_embeddings) - ROBERTA_PADDING_IDX - 1
+    return int(config.max_position_embeddings)
+
+
+def _position_key(family: str) -> str:
+    return "n_positions" if family == "gpt2" else "max_position_embeddings"
+
+
+def check_compatible(job: JobSpec) -> None:
+    """SpecError if the job's model cannot take the job's data (TF-free)."""
+    family = job.model.family
+    config = build_config(
+        family,
+        job.model.size,
+        job.model.config,
+        vocab_size=job.tokenizer.vocab_size,
+        special_ids={},
+    )
+    if family == "roberta":
+        pad = job.special_roles.get("pad")
+        tokens = list(job.tokenizer.special_tokens)
+        if pad in tokens and tokens.index(pad) != ROBERTA_PADDING_IDX:
+            raise SpecError(
+                f"tokenizer.special_tokens: roberta needs the pad token {pad!r} at id "
+                f"{ROBERTA_PADDING_IDX} (TF RoBERTa numbers positions from it), i.e. second in "
+                f"the list; got {tokens}"
+            )
+    limit = max_sequence_length(family, config)
+    if job.data.seq_length > limit:
+        key = _position_key(family)
+        extra = " + 2 (RoBERTa numbers positions from 2)" if family == "roberta" else ""
+        raise SpecError(
+            f"data.seq_length: {job.data.seq_length} is longer than the {family} model holds "
+            f"(model.config.{key}={getattr(config, key)} allows at most {limit}); lower "
+            f"data.seq_length or set model.config.{key} >= {job.data.seq_length}{extra}"
+        )
+
+
+# ----------------------------------------------------------------- TensorFlow below
+
+
+def create_model(family: str, config: PretrainedConfig, seq_length: int) -> Any:
+    """The transformers TF model for the family, with its weights built.
+
+    Call inside `strategy.scope()` (and after setting the mixed-precision policy).
+    """
+    import tensorflow as tf  # noqa: PLC0415 (this module must import without TensorFlow)
+    from transformers import TFBertForMaskedLM, TFGPT2LMHeadModel, TFRobertaForMaskedLM  # noqa: PLC0415
+
+    model_cls = {
+        "bert": TFBertForMaskedLM,
+        "roberta": TFRobertaForMaskedLM,
+        "gpt2": TFGPT2LMHeadModel,
+    }[family]
+    model = model_cls(config)
+    dummy = tf.fill([1, seq_length], tf.constant(max(2, config.vocab_size - 1), tf.int32))
+    model(dummy, training=False)
+    return model
+
+
+def encoder_and_head(model: Any, family: str) -> tuple[Any, Any]:
+    """The main layer and the LM head of a TF*ForMaskedLM model."""
+    if family == "bert":
+        return model.bert, model.mlm
+    if family == "roberta":
+        return model.roberta, model.lm_head
+    raise ValueError(f"{family} has no masked-LM head")
+
+
+def masked_lm_logits(
+    model: Any, family: str, batch: Mapping[str, tf.Tensor], *, training: bool
+) -> tf.Tensor:
+    """Logits [B, P, V] at the masked positions only (float32)."""
+    import tensorflow as tf  # noqa: PLC0415 (this module must import without TensorFlow)
+
+    encoder, head = encoder_and_head(model, family)
+    hidden = encoder(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=training
+    )[0]  # [B, S, H]
+    gathered = tf.gather(hidden, batch["masked_lm_positions"], batch_dims=1)  # [B, P, H]
+    logits = head(gathered, training=training) if family == "bert" else head(gathered)
+    return tf.cast(logits, tf.float32)
+
+
+def causal_lm_logits(model: Any, batch: Mapping[str, tf.Tensor], *, training: bool) -> tf.Tensor:
+    import tensorflow as tf  # noqa: PLC0415 (this module must import without TensorFlow)
+
+    out = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=training
+    )
+    return tf.cast(out.logits, tf.float32)
+
+
+def loss_terms(
+    model: Any, family: str, objective: str, batch: Mapping[str, tf.Tensor], *, training: bool
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(sum of per-token losses, sum of weights, number of correct predictions) for a batch.
+
+    The caller divides by the weight sum of the GLOBAL batch, so that the loss is the mean
+    over all predicted tokens whatever the number of replicas.
+    """
+    import tensorflow as tf  # noqa: PLC0415 (this module must import without TensorFlow)
+
+    if objective == "mlm":
+        logits = masked_lm_logits(model, family, batch, training=training)
+        labels, weights = batch["masked_lm_ids"], batch["masked_lm_weights"]
+    else:
+        logits = causal_lm_logits(model, batch, training=training)
+        labels, weights = batch["labels"], batch["label_weights"]
+    per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    correct = tf.cast(
+        tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32
+    )
+    return (
+        tf.reduce_sum(per_token * weights),
+        tf.reduce_sum(weights),
+        tf.reduce_sum(correct * weights),
+    )

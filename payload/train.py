@@ -1,0 +1,394 @@
+"""The `train` stage: verified shards -> (resumable) pre-training -> exported HF model.
+
+Order of work:
+ 1. load the manifest, check it against the job and the tokenizer (DataError), verify every
+    shard's size and sha256 (DataError naming the shard);
+ 2. pick the accelerator and strategy (strategy.py), build model and AdamW in its scope;
+ 3. restore the newest checkpoint if there is one (the step counter continues; run.json
+    must match) and start the input pipeline at that step's batch;
+ 4. train in chunks of up to `steps_per_execution` steps per call, stopping exactly at
+    log / checkpoint / final step boundaries; TensorBoard scalars, progress, status.json;
+ 5. save a final checkpoint, `save_pretrained` model + tokenizer to a local temp dir,
+    upload it to `export/` and write the completion marker last.
+A kill at any time loses at most `checkpoint_every` steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import tempfile
+import time
+from typing import TYPE_CHECKING, Any
+
+import tensorflow as tf
+from tqdm import tqdm
+
+from payload import checkpoint as checkpoint_lib
+from payload import data as data_lib
+from payload import manifest as manifest_lib
+from payload import model as model_lib
+from payload import schedule, storage
+from payload import strategy as strategy_lib
+from payload.errors import DataError, SpecError, UserError
+
+if TYPE_CHECKING:
+    from payload.manifest import Manifest
+    from payload.spec import JobSpec
+    from payload.status import StatusWriter
+
+EXPORT_MARKER = "export_complete.json"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class TrainingDivergedError(UserError):
+    """The loss became NaN or infinite; checkpoints written before it are kept."""
+
+
+def is_complete(job: JobSpec) -> bool:
+    return storage.exists(storage.join(job.paths.export, EXPORT_MARKER))
+
+
+def check_data(job: JobSpec, manifest: Manifest) -> None:
+    """DataError if the encoded data cannot feed this job's model."""
+    where = job.paths.data
+    if manifest.objective != job.data.objective:
+        raise DataError(
+            f"data in {where} was encoded for objective {manifest.objective!r} but the job "
+            f"says data.objective: {job.data.objective!r}; re-run `tpu-payload encode --force`"
+        )
+    if manifest.seq_length != job.data.seq_length:
+        raise DataError(
+            f"data in {where} has seq_length {manifest.seq_length} but the job says "
+            f"data.seq_length: {job.data.seq_length}; re-run `tpu-payload encode --force`"
+        )
+    tokenizer_path = storage.join(job.paths.tokenizer, TOKENIZER_FILE)
+    if not storage.exists(tokenizer_path):
+        raise DataError(
+            f"no {TOKENIZER_FILE} in {job.paths.tokenizer}; run `tpu-payload tokenizer` first"
+        )
+    actual = storage.sha256(tokenizer_path)
+    if actual != manifest.tokenizer_sha256:
+        raise DataError(
+            f"data in {where} was encoded with a different tokenizer (manifest tokenizer_sha256 "
+            f"{manifest.tokenizer_sha256[:12]}…, {tokenizer_path} is {actual[:12]}…); "
+            "re-run `tpu-payload encode --force`"
+        )
+    tokenizer_vocab = _tokenizer_vocab_size(tokenizer_path)
+    if tokenizer_vocab != manifest.vocab_size:
+        raise DataError(
+            f"manifest vocab_size {manifest.vocab_size} does not match the tokenizer's "
+            f"{tokenizer_vocab} ({tokenizer_path}); re-run `tpu-payload encode --force`"
+        )
+    special = data_lib.special_ids_of(manifest)
+    if any(not 0 <= i < manifest.vocab_size for i in special.values()):
+        raise DataError(
+            f"manifest special ids {special} fall outside vocab_size {manifest.vocab_size}"
+        )
+    if job.data.objective == "mlm" and "mask" not in special:
+        raise DataError(
+            f"data in {where} has no mask token (special ids: {sorted(special)}); MLM needs one"
+        )
+    family = job.model.family
+    if (
+        family == "roberta"
+        and special.get("pad", model_lib.ROBERTA_PADDING_IDX) != model_lib.ROBERTA_PADDING_IDX
+    ):
+        raise DataError(
+            f"roberta needs the padding token at id {model_lib.ROBERTA_PADDING_IDX} (TF RoBERTa "
+            f"numbers positions from it) but the tokenizer has pad={special['pad']}; list "
+            "tokenizer.special_tokens with the pad token second"
+        )
+
+
+def _tokenizer_vocab_size(tokenizer_path: str) -> int:
+    from tokenizers import Tokenizer  # noqa: PLC0415 (only the train stage needs it)
+
+    return int(
+        Tokenizer.from_str(storage.read_text(tokenizer_path)).get_vocab_size(with_added_tokens=True)
+    )
+
+
+def _chunk_length(step: int, total: int, plan_spe: int, log_every: int, ckpt_every: int) -> int:
+    """Steps until the next log/checkpoint/final boundary, at most steps_per_execution."""
+    boundary = total
+    for every in (log_every, ckpt_every):
+        if every > 0:
+            boundary = min(boundary, (step // every + 1) * every)
+    return max(1, min(plan_spe, boundary - step))
+
+
+def _log(message: str) -> None:
+    tqdm.write(message, file=sys.stderr)
+
+
+def train(job: JobSpec, status: StatusWriter) -> dict[str, Any]:
+    status.update(stage="train", message="verifying data")
+    manifest = manifest_lib.load_manifest(job.paths.data)
+    check_data(job, manifest)
+    manifest_lib.verify_shards(job.paths.data, manifest, checksums=True)
+
+    family, objective, spec = job.model.family, job.data.objective, job.train
+    config = model_lib.build_config(
+        family,
+        job.model.size,
+        job.model.config,
+        vocab_size=manifest.vocab_size,
+        special_ids=data_lib.special_ids_of(manifest),
+    )
+    runtime = strategy_lib.setup(spec.precision)
+    replicas = runtime.num_replicas
+    if spec.global_batch_size % replicas:
+        raise SpecError(
+            f"train.global_batch_size: {spec.global_batch_size} must be a multiple of the "
+            f"{replicas} replicas of this {runtime.plan.accelerator}"
+        )
+    _log(f"train: {json.dumps(strategy_lib.describe(runtime))}")
+
+    strategy = runtime.strategy
+    with strategy.scope():
+        model = model_lib.create_model(family, config, manifest.seq_length)
+        optimizer = schedule.create_optimizer(spec, jit_compile=runtime.plan.jit_compile)
+        optimizer.build(model.trainable_variables)
+    ckpt, manager = checkpoint_lib.make_manager(
+        model, optimizer, job.paths.checkpoints, keep=spec.keep_checkpoints
+    )
+    run_identity = checkpoint_lib.identity(
+        model_config=config.to_dict(),
+        family=family,
+        objective=objective,
+        seq_length=manifest.seq_length,
+        tokenizer_sha256=manifest.tokenizer_sha256,
+        global_batch_size=spec.global_batch_size,
+        seed=spec.seed,
+    )
+    storage.makedirs(job.paths.checkpoints)
+    checkpoint_lib.check_identity(
+        job.paths.checkpoints, run_identity, has_checkpoint=manager.latest_checkpoint is not None
+    )
+    restored = checkpoint_lib.restore_latest(ckpt, manager)
+    step = int(optimizer.iterations.numpy())
+    if restored is not None:
+        _log(f"train: resumed from {manager.latest_checkpoint} at step {step}")
+
+    stats: dict[str, Any] = {"step": step, "loss": None, "resumed_from": restored}
+    if step < spec.steps:
+        loop = _TrainLoop(job, manifest, runtime, model, optimizer)
+        stats.update(loop.run(manager, status, step))
+    elif (
+        manager.latest_checkpoint is None
+        or int(manager.latest_checkpoint.rsplit("-", 1)[-1]) != step
+    ):
+        manager.save(checkpoint_number=step)
+    stats["step"] = int(optimizer.iterations.numpy())
+
+    status.update(stage="train", progress=1.0, step=stats["step"], message="exporting")
+    export(job, model, stats)
+    stats["export"] = job.paths.export
+    status.update(stage="train", progress=1.0, step=stats["step"], message="exported")
+    return stats
+
+
+class _TrainLoop:
+    """The compiled step functions and the host-side loop around them."""
+
+    def __init__(
+        self,
+        job: JobSpec,
+        manifest: Manifest,
+        runtime: strategy_lib.Runtime,
+        model: Any,
+        optimizer: Any,
+    ):
+        self.job, self.manifest, self.runtime = job, manifest, runtime
+        self.model, self.optimizer = model, optimizer
+        self.spec = job.train
+
+    def dataset(self, start_step: int) -> Any:
+        global_batch, job, manifest, seed = (
+            self.spec.global_batch_size,
+            self.job,
+            self.manifest,
+            self.spec.seed,
+        )
+
+        def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+            per_replica = ctx.get_per_replica_batch_size(global_batch)
+            replicas_per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+            return data_lib.make_dataset(
+                job,
+                manifest,
+                batch_size=per_replica,
+                seed=seed,
+                start_batch=start_step * replicas_per_pipeline,
+                input_context=ctx,
+            )
+
+        return self.runtime.strategy.distribute_datasets_from_function(dataset_fn)
+
+    def make_train_chunk(self, iterator: Any) -> Any:
+        strategy, model, optimizer = self.runtime.strategy, self.model, self.optimizer
+        family, objective = self.job.model.family, self.job.data.objective
+        variables = model.trainable_variables
+        clip_norm = float(self.spec.clip_norm)
+
+        @tf.function(jit_compile=self.runtime.plan.jit_compile)
+        def forward_backward(batch: dict[str, tf.Tensor]) -> tuple[Any, ...]:
+            with tf.GradientTape() as tape:
+                loss_sum, weight_sum, correct = model_lib.loss_terms(
+                    model, family, objective, batch, training=True
+                )
+            grads = tape.gradient(loss_sum, variables)
+            return loss_sum, weight_sum, correct, [tf.convert_to_tensor(g) for g in grads]
+
+        def replica_step(batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            ctx = tf.distribute.get_replica_context()
+            loss_sum, weight_sum, correct, grads = forward_backward(batch)
+            # Mean over every predicted token of the GLOBAL batch, whatever the replica count:
+            # sum the unnormalised losses and gradients, then divide by the global weight.
+            loss_sum, weight_sum, correct = ctx.all_reduce("sum", [loss_sum, weight_sum, correct])
+            denominator = tf.maximum(weight_sum, 1.0)
+            grads = [g / denominator for g in ctx.all_reduce("sum", grads)]
+            if clip_norm > 0:
+                grads, norm = tf.clip_by_global_norm(grads, clip_norm)
+            else:
+                norm = tf.linalg.global_norm(grads)
+            optimizer.apply_gradients(
+                zip(grads, variables, strict=True), skip_gradients_aggregation=True
+            )
+            return loss_sum / denominator, correct / denominator, norm
+
+        @tf.function
+        def train_chunk(num_steps: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            loss_total = tf.constant(0.0)
+            accuracy_total = tf.constant(0.0)
+            norm = tf.constant(0.0)
+            for _ in tf.range(num_steps):
+                loss, accuracy, norm = strategy.run(replica_step, args=(next(iterator),))
+                # Every replica holds the same all-reduced values; take the first.
+                loss_total += strategy.experimental_local_results(loss)[0]
+                accuracy_total += strategy.experimental_local_results(accuracy)[0]
+                norm = strategy.experimental_local_results(norm)[0]
+            count = tf.cast(num_steps, tf.float32)
+            return loss_total / count, accuracy_total / count, norm
+
+        return train_chunk
+
+    def run(
+        self, manager: tf.train.CheckpointManager, status: StatusWriter, start_step: int
+    ) -> dict[str, Any]:
+        spec, plan = self.spec, self.runtime.plan
+        train_chunk = self.make_train_chunk(iter(self.dataset(start_step)))
+        meter = _Meter(self.job, self.manifest, status)
+        step, total = start_step, spec.steps
+        bar = tqdm(
+            total=total, initial=step, unit="step", file=sys.stderr, disable=not sys.stderr.isatty()
+        )
+        try:
+            while step < total:
+                n = _chunk_length(
+                    step, total, plan.steps_per_execution, spec.log_every, spec.checkpoint_every
+                )
+                loss, accuracy, norm = train_chunk(tf.constant(n))
+                step += n
+                bar.update(n)
+                meter.record(step, n, float(loss.numpy()), float(accuracy.numpy()))
+                if not math.isfinite(meter.loss):
+                    raise TrainingDivergedError(
+                        f"loss became {meter.loss} between steps {step - n} and {step} "
+                        f"(train.learning_rate={spec.learning_rate}); the last good checkpoint "
+                        f"is kept ({manager.latest_checkpoint or 'none yet'}): lower "
+                        "train.learning_rate or raise train.warmup_steps"
+                    )
+                if step % spec.checkpoint_every == 0 or step == total:
+                    manager.save(checkpoint_number=step)
+                if step % spec.log_every == 0 or step == total:
+                    meter.log(step, float(norm.numpy()))
+                    bar.set_postfix(loss=f"{meter.loss:.4f}")
+        finally:
+            bar.close()
+            meter.close()
+        return {"loss": meter.loss, "first_loss": meter.first_loss, "accuracy": meter.accuracy}
+
+
+class _Meter:
+    """Loss, learning rate and throughput to the log, TensorBoard and status.json."""
+
+    def __init__(self, job: JobSpec, manifest: Manifest, status: StatusWriter):
+        self.total = job.train.steps
+        self.sequences_per_step = job.train.global_batch_size
+        self.tokens_per_step = job.train.global_batch_size * manifest.seq_length
+        self.schedule = schedule.learning_rate_schedule(job.train)
+        self.status = status
+        self.writer = tf.summary.create_file_writer(job.paths.logs)
+        self.loss = self.accuracy = float("nan")
+        self.first_loss: float | None = None
+        self.window_start, self.window_steps = time.perf_counter(), 0
+        self.warm = False
+
+    def record(self, step: int, n: int, loss: float, accuracy: float) -> None:
+        self.loss, self.accuracy = loss, accuracy
+        if self.first_loss is None:
+            self.first_loss = loss
+        if not self.warm:
+            # The first chunk includes tracing and compilation: keep it out of throughput.
+            self.warm, self.window_start, self.window_steps = True, time.perf_counter(), 0
+        else:
+            self.window_steps += n
+
+    def log(self, step: int, grad_norm: float) -> None:
+        elapsed = time.perf_counter() - self.window_start
+        steps_per_s = self.window_steps / elapsed if self.window_steps and elapsed > 0 else 0.0
+        lr = float(self.schedule(step - 1).numpy())  # the rate of the step just taken
+        with self.writer.as_default(step=step):
+            tf.summary.scalar("loss", self.loss)
+            tf.summary.scalar("accuracy", self.accuracy)
+            tf.summary.scalar("learning_rate", lr)
+            tf.summary.scalar("grad_norm", grad_norm)
+            if steps_per_s:
+                tf.summary.scalar("steps_per_second", steps_per_s)
+                tf.summary.scalar("sequences_per_second", steps_per_s * self.sequences_per_step)
+                tf.summary.scalar("tokens_per_second", steps_per_s * self.tokens_per_step)
+        self.writer.flush()
+        _log(
+            f"step {step}/{self.total}  loss {self.loss:.4f}  acc {self.accuracy:.3f}  "
+            f"lr {lr:.2e}  {steps_per_s:.2f} steps/s  "
+            f"{steps_per_s * self.sequences_per_step:.0f} seq/s"
+        )
+        self.status.update(
+            stage="train",
+            progress=step / self.total,
+            step=step,
+            loss=round(self.loss, 6),
+            accuracy=round(self.accuracy, 6),
+            learning_rate=lr,
+            steps_per_second=round(steps_per_s, 4),
+        )
+        self.window_start, self.window_steps = time.perf_counter(), 0
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def export(job: JobSpec, model: Any, stats: dict[str, Any]) -> None:
+    """save_pretrained model + tokenizer, upload, then write the completion marker last."""
+    from payload.tokenizer import load_tokenizer  # noqa: PLC0415 (DATA side; no TF at import)
+
+    marker = storage.join(job.paths.export, EXPORT_MARKER)
+    if storage.exists(job.paths.export):
+        storage.remove_tree(job.paths.export)
+    with tempfile.TemporaryDirectory(prefix="tpu-payload-export-") as tmp:
+        model.save_pretrained(tmp)
+        load_tokenizer(job.paths.tokenizer).save_pretrained(tmp)
+        storage.upload_tree(tmp, job.paths.export)
+    summary = {
+        "job": job.name,
+        "family": job.model.family,
+        "objective": job.data.objective,
+        "step": stats.get("step"),
+        "loss": stats.get("loss"),
+        "first_loss": stats.get("first_loss"),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    storage.write_text(marker, json.dumps(summary, indent=2) + "\n")

@@ -37,9 +37,12 @@ from pulumi_policy import (
 PACK_NAME = "tpu-pretrain-guardrails"
 
 # The VPN hop is the one VM allowed an external IP and IP forwarding. The infra program
-# labels it; nothing else may carry this label.
+# gives it the network tag below (infra/components/network.py TAG_HOP; firewall rules select
+# the hop by it). A label role=vpn-hop is accepted too. Nothing else may carry either.
+HOP_NETWORK_TAG = "tpu-pretrain-vpn-hop"
 HOP_LABEL_KEY = "role"
 HOP_LABEL_VALUE = "vpn-hop"
+HOP_MARK = f"network tag {HOP_NETWORK_TAG} (or label {HOP_LABEL_KEY}={HOP_LABEL_VALUE})"
 
 # --- resource type tokens (pulumi-gcp 10.x) -------------------------------------------------
 BUCKET = "gcp:storage/bucket:Bucket"
@@ -149,7 +152,8 @@ def _labels(props: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _is_vpn_hop(props: Mapping[str, Any]) -> bool:
-    return _labels(props).get(HOP_LABEL_KEY) == HOP_LABEL_VALUE
+    tags = [str(tag) for tag in _items(_get(props, "tags"))]
+    return HOP_NETWORK_TAG in tags or _labels(props).get(HOP_LABEL_KEY) == HOP_LABEL_VALUE
 
 
 def _vm_metadata(props: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -335,8 +339,8 @@ def _check_external_ip(
     for index, interface in enumerate(_items(_get(props, "networkInterfaces"))):
         if _items(_get(interface, "accessConfigs")) or _items(_get(interface, "ipv6AccessConfigs")):
             report(
-                f"{MSG_EXTERNAL_IP}: networkInterfaces[{index}] has an access config; only a VM "
-                f"labelled {HOP_LABEL_KEY}={HOP_LABEL_VALUE} may have one"
+                f"{MSG_EXTERNAL_IP}: networkInterfaces[{index}] has an access config; only the "
+                f"VM with {HOP_MARK} may have one"
             )
 
 
@@ -348,9 +352,7 @@ def _check_ip_forward(
             report(f"{MSG_IP_FORWARD}: TPU VM sets networkConfig.canIpForward")
         return
     if _get(props, "canIpForward") is True and not _is_vpn_hop(props):
-        report(
-            f"{MSG_IP_FORWARD}: canIpForward on a VM not labelled {HOP_LABEL_KEY}={HOP_LABEL_VALUE}"
-        )
+        report(f"{MSG_IP_FORWARD}: canIpForward on a VM without {HOP_MARK}")
 
 
 def _tpu_supports_secure_boot(props: Mapping[str, Any]) -> bool:
@@ -567,15 +569,14 @@ def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
         ),
         _resource_policy(
             "no-external-ip-except-vpn-hop",
-            f"Only the VM labelled {HOP_LABEL_KEY}={HOP_LABEL_VALUE} has an external IP; "
-            "TPU VMs never do.",
+            f"Only the VPN hop ({HOP_MARK}) has an external IP; TPU VMs never do.",
             vm_and_tpu,
             _check_external_ip,
             cis="4.9",
         ),
         _resource_policy(
             "ip-forwarding-only-on-vpn-hop",
-            f"Only the VM labelled {HOP_LABEL_KEY}={HOP_LABEL_VALUE} forwards IP packets.",
+            f"Only the VPN hop ({HOP_MARK}) forwards IP packets.",
             vm_and_tpu,
             _check_ip_forward,
             cis="4.6",

@@ -66,7 +66,7 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
                 **SAFE_METADATA,
                 "startup-script": f"#!/bin/bash\n[Peer]\nPublicKey = {WG_KEY}\n",
             },
-            "labels": {"role": "vpn-hop"},
+            "tags": ["tpu-pretrain-vpn-hop"],
         },
     ),
     "tpu": (
@@ -234,8 +234,8 @@ FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
      _variant("ssh-from-iap", ("sourceRanges", DELETE))),
     ("no-external-ip-except-vpn-hop", "controller-nat",
      _variant("controller", ("networkInterfaces.0.accessConfigs", [{}]))),
-    ("no-external-ip-except-vpn-hop", "hop-without-label",
-     _variant("hop", ("labels.role", "controller"))),
+    ("no-external-ip-except-vpn-hop", "hop-without-tag",
+     _variant("hop", ("tags", ["tpu-pretrain-controller"]))),
     ("no-external-ip-except-vpn-hop", "tpu",
      _variant("tpu", ("networkConfig.enableExternalIps", True))),
     ("ip-forwarding-only-on-vpn-hop", "controller",
@@ -301,13 +301,17 @@ def test_every_resource_rule_has_a_failing_case() -> None:
     assert resource_rules == {rule for rule, _, _ in FAILING}
 
 
-def test_hop_is_identified_by_its_label_only() -> None:
+def test_hop_is_identified_by_its_network_tag_or_label() -> None:
     _, hop = BASELINE["hop"]
-    assert not check_resource(POLICY_BY_NAME["no-external-ip-except-vpn-hop"], rules.INSTANCE, hop)
-    unlabelled = mutate(hop, "labels", DELETE)
-    assert check_resource(
-        POLICY_BY_NAME["ip-forwarding-only-on-vpn-hop"], rules.INSTANCE, unlabelled
-    )
+    external_ip = POLICY_BY_NAME["no-external-ip-except-vpn-hop"]
+    forwarding = POLICY_BY_NAME["ip-forwarding-only-on-vpn-hop"]
+    assert not check_resource(external_ip, rules.INSTANCE, hop)
+    untagged = mutate(hop, "tags", DELETE)
+    assert check_resource(forwarding, rules.INSTANCE, untagged)
+    assert check_resource(external_ip, rules.INSTANCE, untagged)
+    labelled = mutate(untagged, "labels", {"role": "vpn-hop"})
+    assert not check_resource(forwarding, rules.INSTANCE, labelled)
+    assert not check_resource(external_ip, rules.INSTANCE, labelled)
 
 
 def test_older_tpu_generations_need_no_secure_boot() -> None:

@@ -15,6 +15,7 @@ A kill at any time loses at most `checkpoint_every` steps.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -23,6 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from payload import checkpoint as checkpoint_lib
@@ -31,6 +33,7 @@ from payload import manifest as manifest_lib
 from payload import model as model_lib
 from payload import schedule, storage
 from payload import strategy as strategy_lib
+from payload import tokenizer as tokenizer_lib
 from payload.errors import DataError, SpecError, UserError
 
 if TYPE_CHECKING:
@@ -39,7 +42,6 @@ if TYPE_CHECKING:
     from payload.status import StatusWriter
 
 EXPORT_MARKER = "export_complete.json"
-TOKENIZER_FILE = "tokenizer.json"
 
 
 class TrainingDivergedError(UserError):
@@ -63,23 +65,21 @@ def check_data(job: JobSpec, manifest: Manifest) -> None:
             f"data in {where} has seq_length {manifest.seq_length} but the job says "
             f"data.seq_length: {job.data.seq_length}; re-run `tpu-payload encode --force`"
         )
-    tokenizer_path = storage.join(job.paths.tokenizer, TOKENIZER_FILE)
-    if not storage.exists(tokenizer_path):
-        raise DataError(
-            f"no {TOKENIZER_FILE} in {job.paths.tokenizer}; run `tpu-payload tokenizer` first"
-        )
-    actual = storage.sha256(tokenizer_path)
+    tokenizer_json = tokenizer_lib.tokenizer_json(job.paths.tokenizer)  # DataError if missing
+    actual = hashlib.sha256(tokenizer_json).hexdigest()
     if actual != manifest.tokenizer_sha256:
         raise DataError(
             f"data in {where} was encoded with a different tokenizer (manifest tokenizer_sha256 "
-            f"{manifest.tokenizer_sha256[:12]}…, {tokenizer_path} is {actual[:12]}…); "
+            f"{manifest.tokenizer_sha256[:12]}…, {job.paths.tokenizer} has {actual[:12]}…); "
             "re-run `tpu-payload encode --force`"
         )
-    tokenizer_vocab = _tokenizer_vocab_size(tokenizer_path)
+    tokenizer_vocab = Tokenizer.from_str(tokenizer_json.decode()).get_vocab_size(
+        with_added_tokens=True
+    )
     if tokenizer_vocab != manifest.vocab_size:
         raise DataError(
             f"manifest vocab_size {manifest.vocab_size} does not match the tokenizer's "
-            f"{tokenizer_vocab} ({tokenizer_path}); re-run `tpu-payload encode --force`"
+            f"{tokenizer_vocab} ({job.paths.tokenizer}); re-run `tpu-payload encode --force`"
         )
     special = data_lib.special_ids_of(manifest)
     if any(not 0 <= i < manifest.vocab_size for i in special.values()):
@@ -100,14 +100,6 @@ def check_data(job: JobSpec, manifest: Manifest) -> None:
             f"numbers positions from it) but the tokenizer has pad={special['pad']}; list "
             "tokenizer.special_tokens with the pad token second"
         )
-
-
-def _tokenizer_vocab_size(tokenizer_path: str) -> int:
-    from tokenizers import Tokenizer  # noqa: PLC0415 (only the train stage needs it)
-
-    return int(
-        Tokenizer.from_str(storage.read_text(tokenizer_path)).get_vocab_size(with_added_tokens=True)
-    )
 
 
 def _chunk_length(step: int, total: int, plan_spe: int, log_every: int, ckpt_every: int) -> int:
@@ -373,14 +365,12 @@ class _Meter:
 
 def export(job: JobSpec, model: Any, stats: dict[str, Any]) -> None:
     """save_pretrained model + tokenizer, upload, then write the completion marker last."""
-    from payload.tokenizer import load_tokenizer  # noqa: PLC0415 (DATA side; no TF at import)
-
     marker = storage.join(job.paths.export, EXPORT_MARKER)
     if storage.exists(job.paths.export):
         storage.remove_tree(job.paths.export)
     with tempfile.TemporaryDirectory(prefix="tpu-payload-export-") as tmp:
         model.save_pretrained(tmp)
-        load_tokenizer(job.paths.tokenizer).save_pretrained(tmp)
+        tokenizer_lib.load_tokenizer(job.paths.tokenizer).save_pretrained(tmp)
         storage.upload_tree(tmp, job.paths.export)
     summary = {
         "job": job.name,

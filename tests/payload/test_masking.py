@@ -1,0 +1,156 @@
+"""Dynamic MLM masking and CLM targets: statistics, specials, static shapes, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from payload.masking import causal_labels, mask_tokens, replacement_vocabulary
+
+VOCAB = 1000
+PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
+SPECIALS = (PAD, UNK, CLS, SEP, MASK)
+SEQ = 128
+SLOTS = 24  # ceil(128 * 0.15) = 20 rounded up to a multiple of 8
+
+
+def _batch(rows: int = 512, seed: int = 0) -> np.ndarray:
+    """Random non-special tokens framed by CLS/SEP, some UNKs, and padded tails."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, VOCAB, size=(rows, SEQ), dtype=np.int32)
+    ids[:, 0] = CLS
+    ids[rng.random((rows, SEQ)) < 0.05] = SEP
+    ids[rng.random((rows, SEQ)) < 0.02] = UNK
+    for row in range(0, rows, 4):  # every 4th row ends with padding
+        ids[row, rng.integers(20, SEQ) :] = PAD
+    return ids
+
+
+def _mask(ids: np.ndarray, seed: tuple[int, int] = (1, 2), **kw: object) -> dict[str, np.ndarray]:
+    args = {
+        "vocab_size": VOCAB,
+        "special_ids": SPECIALS,
+        "mask_id": MASK,
+        "pad_id": PAD,
+        "max_predictions": SLOTS,
+        "mask_probability": 0.15,
+    }
+    args.update(kw)
+    out = mask_tokens(tf.constant(ids), seed=tf.constant(seed, tf.int64), **args)
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def test_masking_statistics_and_never_special_or_padding() -> None:
+    ids = _batch()
+    out = _mask(ids)
+    candidates = ~np.isin(ids, SPECIALS)
+    n_candidates = candidates.sum(axis=1)
+    weights = out["masked_lm_weights"]
+    used = weights > 0
+
+    # BERT's rule: round(15% of the candidates) per sequence, at least 1, at most the slots.
+    expected = np.minimum(np.maximum(np.round(n_candidates * 0.15), 1), SLOTS)
+    assert (used.sum(axis=1) == expected).all()
+    assert abs(used.sum() / n_candidates.sum() - 0.15) < 0.005
+
+    positions, labels = out["masked_lm_positions"], out["masked_lm_ids"]
+    rows = np.repeat(np.arange(ids.shape[0])[:, None], SLOTS, axis=1)
+    # Chosen positions hold candidates only (never special, never padding) and are distinct.
+    assert candidates[rows[used], positions[used]].all()
+    for r in range(ids.shape[0]):
+        p = positions[r][used[r]]
+        assert len(set(p.tolist())) == len(p)
+    # Labels are the original tokens; unused slots are all zeros.
+    assert (labels[used] == ids[rows[used], positions[used]]).all()
+    assert (positions[~used] == 0).all() and (labels[~used] == 0).all()
+    assert (weights[~used] == 0).all()
+
+    # 80 / 10 / 10 over the chosen positions.
+    corrupted = out["input_ids"]
+    at = corrupted[rows[used], positions[used]]
+    original = labels[used]
+    total = used.sum()
+    as_mask = (at == MASK).sum() / total
+    kept = (at == original).sum() / total
+    randomised = ((at != MASK) & (at != original)).sum() / total
+    assert abs(as_mask - 0.8) < 0.02, as_mask
+    assert abs(kept - 0.1) < 0.015, kept
+    assert abs(randomised - 0.1) < 0.015, randomised
+    # Random replacements are never special tokens.
+    assert not np.isin(at[(at != MASK) & (at != original)], SPECIALS).any()
+
+    # Everything that was not chosen is untouched, padding and specials included.
+    chosen = np.zeros_like(ids, dtype=bool)
+    chosen[rows[used], positions[used]] = True
+    assert (corrupted[~chosen] == ids[~chosen]).all()
+    assert (out["attention_mask"] == (ids != PAD)).all()
+
+
+def test_rows_without_candidates_predict_nothing() -> None:
+    ids = np.full((3, SEQ), PAD, np.int32)
+    ids[1, :10] = [CLS, SEP, UNK, SEP, CLS, SEP, PAD, PAD, PAD, PAD]
+    ids[2, :3] = [CLS, 17, SEP]
+    out = _mask(ids)
+    assert out["masked_lm_weights"][:2].sum() == 0
+    assert (out["input_ids"][:2] == ids[:2]).all()
+    # A single candidate is still predicted (at least one per sequence).
+    assert out["masked_lm_weights"][2].sum() == 1
+    assert out["masked_lm_positions"][2, 0] == 1 and out["masked_lm_ids"][2, 0] == 17
+
+
+def test_prediction_slots_cap_the_masked_count() -> None:
+    out = _mask(_batch(64), mask_probability=0.5, max_predictions=8)
+    assert out["masked_lm_positions"].shape == (64, 8)
+    assert (out["masked_lm_weights"].sum(axis=1) == 8).all()
+
+
+def test_masking_is_seeded() -> None:
+    ids = _batch(32)
+    a, b, c = _mask(ids, (5, 9)), _mask(ids, (5, 9)), _mask(ids, (5, 10))
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+    assert not (a["masked_lm_positions"] == c["masked_lm_positions"]).all()
+
+
+def test_static_shapes_inside_tf_function() -> None:
+    @tf.function(
+        input_signature=[tf.TensorSpec([None, SEQ], tf.int32), tf.TensorSpec([2], tf.int64)]
+    )
+    def run(ids: tf.Tensor, seed: tf.Tensor) -> dict[str, tf.Tensor]:
+        return mask_tokens(
+            ids,
+            seed=seed,
+            vocab_size=VOCAB,
+            special_ids=SPECIALS,
+            mask_id=MASK,
+            pad_id=PAD,
+            max_predictions=SLOTS,
+        )
+
+    spec = run.get_concrete_function().structured_outputs
+    assert spec["input_ids"].shape.as_list() == [None, SEQ]
+    assert spec["attention_mask"].shape.as_list() == [None, SEQ]
+    for key in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
+        assert spec[key].shape.as_list() == [None, SLOTS], key
+    assert spec["masked_lm_weights"].dtype == tf.float32
+
+
+def test_replacement_vocabulary_excludes_specials() -> None:
+    vocab = replacement_vocabulary(10, [0, 3, 9])
+    assert vocab == [1, 2, 4, 5, 6, 7, 8]
+    with pytest.raises(ValueError, match="no non-special"):
+        replacement_vocabulary(2, [0, 1])
+
+
+def test_causal_labels_are_next_tokens() -> None:
+    ids = np.array([[2, 10, 11, 12, 3, 0, 0], [2, 20, 21, 22, 23, 24, 3]], np.int32)
+    out = {k: v.numpy() for k, v in causal_labels(tf.constant(ids), pad_id=0).items()}
+    np.testing.assert_array_equal(out["input_ids"], ids)
+    np.testing.assert_array_equal(out["labels"][:, :-1], ids[:, 1:])
+    # No target after the last token, and none into or out of padding.
+    np.testing.assert_array_equal(out["label_weights"][0], [1, 1, 1, 1, 0, 0, 0])
+    np.testing.assert_array_equal(out["label_weights"][1], [1, 1, 1, 1, 1, 1, 0])
+    np.testing.assert_array_equal(out["attention_mask"][0], [1, 1, 1, 1, 1, 0, 0])
+    without_pad = causal_labels(tf.constant(ids), pad_id=None)
+    assert without_pad["label_weights"].numpy()[:, :-1].all()

@@ -1,0 +1,1 @@
+"""One ComponentResource per concern; each takes a frozen dataclass of arguments."""

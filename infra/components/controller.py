@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.components.network import TAG_CONTROLLER
+from infra.components.tpu import CLOUD_PLATFORM
+
+CONTROLLER_IMAGE = "debian-cloud/debian-12"
+
+
+@dataclass(frozen=True)
+class ControllerVmArgs:
+    project: str
+    name: str
+    zone: str
+    machine_type: str
+    subnetwork: pulumi.Input[str]
+    service_account_email: pulumi.Input[str]
+    startup_script: str
+    labels: dict[str, str]
+
+
+class ControllerVm(pulumi.ComponentResource):
+    """A small CPU VM next to the TPU: tokenizer training and encoding, TensorBoard over
+    the bucket's logs, operations. No external IP; SSH through IAP or the VPN with OS Login."""
+
+    def __init__(
+        self, name: str, args: ControllerVmArgs, opts: pulumi.ResourceOptions | None = None
+    ):
+        super().__init__("tpu-pretrain:index:ControllerVm", name, None, opts)
+        self.instance = gcp.compute.Instance(
+            f"{name}-vm",
+            project=args.project,
+            name=args.name,
+            zone=args.zone,
+            machine_type=args.machine_type,
+            boot_disk={
+                "initialize_params": {"image": CONTROLLER_IMAGE, "size": 50, "type": "pd-balanced"}
+            },
+            network_interfaces=[{"subnetwork": args.subnetwork}],
+            service_account={"email": args.service_account_email, "scopes": [CLOUD_PLATFORM]},
+            shielded_instance_config={
+                "enable_secure_boot": True,
+                "enable_vtpm": True,
+                "enable_integrity_monitoring": True,
+            },
+            metadata={
+                "enable-oslogin": "TRUE",
+                "block-project-ssh-keys": "TRUE",
+                "serial-port-enable": "FALSE",
+                "startup-script": args.startup_script,
+            },
+            tags=[TAG_CONTROLLER],
+            labels=args.labels,
+            allow_stopping_for_update=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.internal_ip = self.instance.network_interfaces.apply(lambda nics: nics[0].network_ip)
+        self.register_outputs({"name": self.instance.name, "internalIp": self.internal_ip})

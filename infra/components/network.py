@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+# Network tags: firewall rules select instances by role.
+TAG_TPU = "tpu-pretrain-tpu"
+TAG_CONTROLLER = "tpu-pretrain-controller"
+TAG_HOP = "tpu-pretrain-vpn-hop"
+IAP_RANGE = "35.235.240.0/20"
+TENSORBOARD_PORT = 6006
+
+
+@dataclass(frozen=True)
+class NetworkArgs:
+    project: str
+    name: str
+    tpu_region: str
+    tpu_subnet_cidr: str
+    hop_region: str
+    hop_subnet_cidr: str
+    vpn_client_cidr: str
+    wireguard_port: int
+    wireguard_source_cidrs: tuple[str, ...]
+
+
+class Network(pulumi.ComponentResource):
+    """A VPC with one subnet in the TPU region and one in the VPN hop's region.
+
+    Private Google Access lets VMs without external IPs reach Cloud Storage; Cloud NAT in
+    the TPU region lets them install packages from PyPI. Ingress is closed except: SSH from
+    the IAP range and the VPN, WireGuard from the configured sources, and traffic between
+    the hop, the controller and the TPU VM."""
+
+    def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpu-pretrain:index:Network", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.vpc = gcp.compute.Network(
+            f"{name}-vpc",
+            project=args.project,
+            name=args.name,
+            auto_create_subnetworks=False,
+            routing_mode="GLOBAL",
+            opts=child,
+        )
+        flow_logs = {
+            "aggregation_interval": "INTERVAL_5_SEC",
+            "flow_sampling": 0.5,
+            "metadata": "INCLUDE_ALL_METADATA",
+        }
+        self.tpu_subnet = gcp.compute.Subnetwork(
+            f"{name}-tpu-subnet",
+            project=args.project,
+            name=f"{args.name}-{args.tpu_region}",
+            region=args.tpu_region,
+            network=self.vpc.id,
+            ip_cidr_range=args.tpu_subnet_cidr,
+            private_ip_google_access=True,
+            log_config=flow_logs,
+            opts=child,
+        )
+        self.hop_subnet = gcp.compute.Subnetwork(
+            f"{name}-hop-subnet",
+            project=args.project,
+            name=f"{args.name}-{args.hop_region}",
+            region=args.hop_region,
+            network=self.vpc.id,
+            ip_cidr_range=args.hop_subnet_cidr,
+            private_ip_google_access=True,
+            log_config=flow_logs,
+            opts=child,
+        )
+        self.router = gcp.compute.Router(
+            f"{name}-router",
+            project=args.project,
+            name=f"{args.name}-router",
+            region=args.tpu_region,
+            network=self.vpc.id,
+            opts=child,
+        )
+        self.nat = gcp.compute.RouterNat(
+            f"{name}-nat",
+            project=args.project,
+            name=f"{args.name}-nat",
+            region=args.tpu_region,
+            router=self.router.name,
+            nat_ip_allocate_option="AUTO_ONLY",
+            source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
+            subnetworks=[
+                {"name": self.tpu_subnet.id, "source_ip_ranges_to_nats": ["ALL_IP_RANGES"]}
+            ],
+            log_config={"enable": True, "filter": "ERRORS_ONLY"},
+            opts=child,
+        )
+        roles = [TAG_TPU, TAG_CONTROLLER, TAG_HOP]
+        self.ssh_rule = gcp.compute.Firewall(
+            f"{name}-allow-ssh",
+            project=args.project,
+            name=f"{args.name}-allow-ssh-iap-vpn",
+            network=self.vpc.id,
+            direction="INGRESS",
+            allows=[{"protocol": "tcp", "ports": ["22"]}],
+            source_ranges=[IAP_RANGE, args.vpn_client_cidr],
+            target_tags=roles,
+            log_config={"metadata": "INCLUDE_ALL_METADATA"},
+            opts=child,
+        )
+        self.wireguard_rule = gcp.compute.Firewall(
+            f"{name}-allow-wireguard",
+            project=args.project,
+            name=f"{args.name}-allow-wireguard",
+            network=self.vpc.id,
+            direction="INGRESS",
+            allows=[{"protocol": "udp", "ports": [str(args.wireguard_port)]}],
+            source_ranges=list(args.wireguard_source_cidrs),
+            target_tags=[TAG_HOP],
+            log_config={"metadata": "INCLUDE_ALL_METADATA"},
+            opts=child,
+        )
+        self.internal_rule = gcp.compute.Firewall(
+            f"{name}-allow-internal",
+            project=args.project,
+            name=f"{args.name}-allow-internal",
+            network=self.vpc.id,
+            direction="INGRESS",
+            allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}],
+            source_tags=roles,
+            target_tags=roles,
+            opts=child,
+        )
+        self.register_outputs(
+            {
+                "network": self.vpc.id,
+                "tpuSubnetwork": self.tpu_subnet.id,
+                "hopSubnetwork": self.hop_subnet.id,
+            }
+        )

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.components.network import TAG_TPU
+
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+
+
+@dataclass(frozen=True)
+class TpuVmArgs:
+    project: str
+    name: str
+    zone: str
+    accelerator_type: str
+    runtime_version: str
+    preemptible: bool
+    spot: bool
+    external_ip: bool
+    shielded_boot: bool
+    network: pulumi.Input[str]
+    subnetwork: pulumi.Input[str]
+    service_account_email: pulumi.Input[str]
+    startup_script: str
+    labels: dict[str, str]
+
+
+class TpuVm(pulumi.ComponentResource):
+    """The TPU VM (gcp.tpu.V2Vm). A changed startup script updates metadata in place but
+    does not re-run it; the script is idempotent and runs again on every boot (see README
+    for re-running it without a reboot). Accelerator, runtime, network, service account and
+    scheduling changes replace the VM; training resumes from the bucket's checkpoints."""
+
+    def __init__(self, name: str, args: TpuVmArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpu-pretrain:index:TpuVm", name, None, opts)
+        extra: dict[str, object] = {}
+        if args.shielded_boot:
+            extra["shielded_instance_config"] = {"enable_secure_boot": True}
+        self.vm = gcp.tpu.V2Vm(
+            f"{name}-vm",
+            project=args.project,
+            name=args.name,
+            zone=args.zone,
+            accelerator_type=args.accelerator_type,
+            runtime_version=args.runtime_version,
+            description="tpu-pretrain trainer",
+            network_config={
+                "network": args.network,
+                "subnetwork": args.subnetwork,
+                "enable_external_ips": args.external_ip,
+                "can_ip_forward": False,
+            },
+            scheduling_config={"preemptible": args.preemptible, "spot": args.spot},
+            service_account={"email": args.service_account_email, "scopes": [CLOUD_PLATFORM]},
+            metadata={"startup-script": args.startup_script},
+            labels=args.labels,
+            tags=[TAG_TPU],
+            opts=pulumi.ResourceOptions(parent=self),
+            **extra,  # type: ignore[arg-type]
+        )
+        self.internal_ip = self.vm.network_endpoints.apply(
+            lambda endpoints: endpoints[0].ip_address if endpoints else None
+        )
+        self.register_outputs(
+            {"name": self.vm.name, "zone": self.vm.zone, "internalIp": self.internal_ip}
+        )

@@ -1,0 +1,438 @@
+"""Stack configuration: read once, validated into frozen dataclasses.
+
+`read_stack_config()` is the only place that reads `pulumi.Config`; everything below it
+takes a `StackConfig`. `parse_config()` is pure so the rules can be tested directly, and
+every rule fails with one line that names the key, the value and what is allowed."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+from pulumi.runtime import config as runtime_config
+
+from infra import jobspec
+from infra.catalog import Catalog, load_catalog
+from infra.errors import ConfigError
+
+NAMESPACE = "tpu-pretrain"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+IAP_RANGE = "35.235.240.0/20"
+TPU_NODE_CUTOFF = "2025-04-15"
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    type: str  # the Pulumi.yaml config type: string | integer | boolean | array
+    description: str
+    default: object = None  # None: required unless listed in OPTIONAL
+
+
+# Pulumi.yaml declares exactly these keys (tests/infra checks that the two agree).
+KEYS: tuple[Key, ...] = (
+    Key("tpuZone", "string", "Zone of the TPU VM, e.g. europe-west4-a (see infra/catalog.yaml)."),
+    Key("acceleratorType", "string", "TPU accelerator type offered in tpuZone, e.g. v3-8."),
+    Key("runtimeVersion", "string", "TPU VM TensorFlow runtime, e.g. tpu-vm-tf-2.16.1-pjrt."),
+    Key("tpuArchitecture", "string", "TPU architecture: 'vm' (TPU Nodes are gone).", "vm"),
+    Key("scheduling", "string", "TPU capacity: on-demand, preemptible or spot.", "on-demand"),
+    Key("tpuExternalIp", "boolean", "Give the TPU VM an external IP (default: no).", False),
+    Key("bucketName", "string", "Bucket name (default <project>-<stack>-tpu-pretrain).", ""),
+    Key("bucketLocation", "string", "Bucket location; must be the TPU region (default).", ""),
+    Key("bucketSoftDeleteDays", "integer", "Days deleted objects stay restorable (7-90).", 7),
+    Key(
+        "destroyBucketWithStack",
+        "boolean",
+        "Delete the bucket and its contents on `pulumi destroy` (default: keep it).",
+        False,
+    ),
+    Key("controllerMachineType", "string", "Machine type of the controller VM.", "e2-standard-4"),
+    Key("tpuSubnetCidr", "string", "Subnet for the TPU VM and controller.", "10.10.0.0/20"),
+    Key("hopSubnetCidr", "string", "Subnet of the VPN hop.", "10.20.0.0/24"),
+    Key("vpnZone", "string", "Zone of the WireGuard hop, near you.", "asia-northeast3-a"),
+    Key("vpnAllowedCidrs", "array", "Source CIDRs allowed to reach WireGuard (UDP)."),
+    Key("vpnClientCidr", "string", "Addresses of VPN clients inside the tunnel.", "10.250.0.0/24"),
+    Key("vpnPort", "integer", "WireGuard UDP port.", 51820),
+    Key(
+        "vpnClientPublicKey",
+        "string",
+        "Your own WireGuard public key; if unset a client key pair is generated.",
+        "",
+    ),
+    Key("job", "string", "Job template (YAML) relative to the repository root."),
+)
+KEYS_BY_NAME = {key.name: key for key in KEYS}
+SCHEDULING = ("on-demand", "preemptible", "spot")
+_ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
+_GCE_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+_PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+_MACHINE_RE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")
+
+
+@dataclass(frozen=True)
+class TpuConfig:
+    name: str
+    zone: str
+    region: str
+    accelerator_type: str
+    generation: str
+    runtime_version: str
+    preemptible: bool
+    spot: bool
+    external_ip: bool
+    shielded_boot: bool
+
+
+@dataclass(frozen=True)
+class BucketConfig:
+    name: str
+    location: str
+    soft_delete_seconds: int
+    destroy_with_stack: bool
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    name: str
+    tpu_subnet_cidr: str
+    hop_subnet_cidr: str
+
+
+@dataclass(frozen=True)
+class VpnConfig:
+    zone: str
+    region: str
+    allowed_cidrs: tuple[str, ...]
+    client_cidr: str
+    port: int
+    client_public_key: str | None
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    project: str
+    stack: str
+    prefix: str  # prefix of every GCP resource name of this stack
+    tpu: TpuConfig
+    bucket: BucketConfig
+    network: NetworkConfig
+    vpn: VpnConfig
+    controller_machine_type: str
+    job_file: Path
+    job_name: str
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"app": "tpu-pretrain", "stack": self.stack, "job": self.job_name}
+
+
+def _k(name: str) -> str:
+    return f"{NAMESPACE}:{name}"
+
+
+def _value(values: Mapping[str, object], name: str) -> object:
+    key = KEYS_BY_NAME[name]
+    raw = values.get(name)
+    if raw is None or raw == "":
+        if key.default is None:
+            example = {"vpnAllowedCidrs": '["203.0.113.0/24"]'}.get(name, "")
+            hint = f" (e.g. {example})" if example else ""
+            raise ConfigError(f"{_k(name)} is required{hint}: {key.description}")
+        return key.default
+    return raw
+
+
+def _string(values: Mapping[str, object], name: str) -> str:
+    value = _value(values, name)
+    if not isinstance(value, str):
+        raise ConfigError(f"{_k(name)}: {value!r} must be a string")
+    return value.strip()
+
+
+def _boolean(values: Mapping[str, object], name: str) -> bool:
+    value = _value(values, name)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ConfigError(f"{_k(name)}: {value!r} must be true or false")
+
+
+def _integer(values: Mapping[str, object], name: str, low: int, high: int) -> int:
+    value = _value(values, name)
+    try:
+        number = int(value) if not isinstance(value, bool) else None  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not low <= number <= high:
+        raise ConfigError(f"{_k(name)}: {value!r} must be an integer from {low} to {high}")
+    return number
+
+
+def _array(values: Mapping[str, object], name: str) -> list[object]:
+    value = _value(values, name)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = None
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f'{_k(name)}: must be a non-empty list, e.g. ["203.0.113.0/24"]')
+    return value
+
+
+def _cidr(name: str, value: object) -> ipaddress.IPv4Network:
+    try:
+        if not isinstance(value, str) or "/" not in value:
+            raise ValueError(value)
+        return ipaddress.IPv4Network(value, strict=True)
+    except ValueError:
+        raise ConfigError(
+            f"{_k(name)}: {value!r} is not an IPv4 CIDR like 203.0.113.0/24"
+        ) from None
+
+
+def _region_of(name: str, zone: str) -> str:
+    match = _ZONE_RE.match(zone)
+    if not match:
+        raise ConfigError(f"{_k(name)}: {zone!r} is not a zone name like europe-west4-a")
+    return match.group(1)
+
+
+def _tpu(values: Mapping[str, object], catalog: Catalog, prefix: str) -> TpuConfig:
+    architecture = _string(values, "tpuArchitecture").lower()
+    if architecture in ("node", "tpu-node", "tpu_node"):
+        raise ConfigError(
+            f"{_k('tpuArchitecture')}: {architecture!r} asks for a TPU Node, which Google no "
+            f"longer provisions (new TPU Nodes are refused since {TPU_NODE_CUTOFF}); "
+            f"set {_k('tpuArchitecture')} to 'vm' (TPU VM, gcp.tpu.V2Vm)"
+        )
+    if architecture != "vm":
+        raise ConfigError(f"{_k('tpuArchitecture')}: {architecture!r} is not allowed; use 'vm'")
+
+    zone = _string(values, "tpuZone")
+    region = _region_of("tpuZone", zone)
+    if zone not in catalog.zones:
+        raise ConfigError(
+            f"{_k('tpuZone')}: unknown zone {zone!r}; infra/catalog.yaml lists: "
+            + ", ".join(sorted(catalog.zones))
+        )
+    accelerator_type = _string(values, "acceleratorType")
+    offered = catalog.zones[zone]
+    if accelerator_type not in offered:
+        raise ConfigError(
+            f"{_k('acceleratorType')}: {accelerator_type!r} is not offered in {zone}; "
+            f"offered there: {', '.join(offered)}"
+        )
+    generation = catalog.generation_of(accelerator_type)
+    runtime = _string(values, "runtimeVersion")
+    allowed = ", ".join(generation.runtimes)
+    if re.fullmatch(r"\d+\.\d+(\.\d+)?", runtime):
+        raise ConfigError(
+            f"{_k('runtimeVersion')}: {runtime!r} is a TPU Node TensorFlow version; new TPU "
+            f"Nodes are refused since {TPU_NODE_CUTOFF}; use a TPU VM runtime such as "
+            f"'tpu-vm-tf-{runtime}-pjrt' from: {allowed}"
+        )
+    if not runtime.startswith("tpu-vm-tf-"):
+        raise ConfigError(
+            f"{_k('runtimeVersion')}: {runtime!r} is not a TensorFlow runtime; "
+            f"for TPU {generation.name} use one of: {allowed}"
+        )
+    if "-pod" in runtime:
+        raise ConfigError(
+            f"{_k('runtimeVersion')}: {runtime!r} is for multi-host slices; {accelerator_type} "
+            f"is a single host, use one of: {allowed}"
+        )
+    if runtime not in generation.runtimes:
+        raise ConfigError(
+            f"{_k('runtimeVersion')}: {runtime!r} is not a TensorFlow runtime for TPU "
+            f"{generation.name}; use one of: {allowed}"
+        )
+    scheduling = _string(values, "scheduling")
+    if scheduling not in SCHEDULING:
+        raise ConfigError(
+            f"{_k('scheduling')}: {scheduling!r} is not allowed; use one of: "
+            + ", ".join(SCHEDULING)
+        )
+    return TpuConfig(
+        name=f"{prefix}-tpu",
+        zone=zone,
+        region=region,
+        accelerator_type=accelerator_type,
+        generation=generation.name,
+        runtime_version=runtime,
+        preemptible=scheduling == "preemptible",
+        spot=scheduling == "spot",
+        external_ip=_boolean(values, "tpuExternalIp"),
+        shielded_boot=generation.shielded_boot,
+    )
+
+
+def _wireguard_key(name: str, value: str) -> str | None:
+    if not value:
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) != 32:
+        raise ConfigError(
+            f"{_k(name)}: {value!r} is not a WireGuard public key (44 base64 characters, "
+            "the output of `wg pubkey`)"
+        )
+    return value
+
+
+def _bucket(values: Mapping[str, object], project: str, stack: str, region: str) -> BucketConfig:
+    bucket_name = _string(values, "bucketName") or f"{project}-{stack}-tpu-pretrain"
+    if not _BUCKET_RE.match(bucket_name) or "goog" in bucket_name:
+        raise ConfigError(
+            f"{_k('bucketName')}: {bucket_name!r} is not a valid bucket name "
+            "(3-63 characters: lowercase letters, digits, '-', '_', '.')"
+        )
+    location = (_string(values, "bucketLocation") or region).lower()
+    if location != region:
+        raise ConfigError(
+            f"{_k('bucketLocation')}: {location.upper()!r} is outside the TPU region "
+            f"{region}; set it to {region} (or leave it unset)"
+        )
+    return BucketConfig(
+        name=bucket_name,
+        location=location.upper(),
+        soft_delete_seconds=_integer(values, "bucketSoftDeleteDays", 7, 90) * 86400,
+        destroy_with_stack=_boolean(values, "destroyBucketWithStack"),
+    )
+
+
+def _network(values: Mapping[str, object], prefix: str) -> NetworkConfig:
+    tpu_subnet = _cidr("tpuSubnetCidr", _string(values, "tpuSubnetCidr"))
+    hop_subnet = _cidr("hopSubnetCidr", _string(values, "hopSubnetCidr"))
+    client_cidr = _cidr("vpnClientCidr", _string(values, "vpnClientCidr"))
+    for left, right, a, b in (
+        ("tpuSubnetCidr", "hopSubnetCidr", tpu_subnet, hop_subnet),
+        ("tpuSubnetCidr", "vpnClientCidr", tpu_subnet, client_cidr),
+        ("hopSubnetCidr", "vpnClientCidr", hop_subnet, client_cidr),
+    ):
+        if a.overlaps(b):
+            raise ConfigError(f"{_k(right)}: {b} overlaps {_k(left)} {a}; use disjoint ranges")
+    for key, net in (
+        ("tpuSubnetCidr", tpu_subnet),
+        ("hopSubnetCidr", hop_subnet),
+        ("vpnClientCidr", client_cidr),
+    ):
+        if not net.is_private:
+            raise ConfigError(f"{_k(key)}: {net} is not a private (RFC 1918) range")
+    return NetworkConfig(
+        name=f"{prefix}-vpc", tpu_subnet_cidr=str(tpu_subnet), hop_subnet_cidr=str(hop_subnet)
+    )
+
+
+def _vpn(values: Mapping[str, object], tpu_region: str) -> VpnConfig:
+    allowed_cidrs = tuple(
+        str(_cidr(f"vpnAllowedCidrs[{i}]", item))
+        for i, item in enumerate(_array(values, "vpnAllowedCidrs"))
+    )
+    vpn_zone = _string(values, "vpnZone")
+    vpn_region = _region_of("vpnZone", vpn_zone)
+    if vpn_region == tpu_region:
+        raise ConfigError(
+            f"{_k('vpnZone')}: {vpn_zone!r} is in the TPU's own region {tpu_region}; the hop "
+            "belongs in a region near you (default asia-northeast3-a)"
+        )
+    return VpnConfig(
+        zone=vpn_zone,
+        region=vpn_region,
+        allowed_cidrs=allowed_cidrs,
+        client_cidr=str(_cidr("vpnClientCidr", _string(values, "vpnClientCidr"))),
+        port=_integer(values, "vpnPort", 1024, 65535),
+        client_public_key=_wireguard_key(
+            "vpnClientPublicKey", _string(values, "vpnClientPublicKey")
+        ),
+    )
+
+
+def parse_config(
+    *,
+    project: str | None,
+    stack: str,
+    values: Mapping[str, object],
+    catalog: Catalog | None = None,
+) -> StackConfig:
+    """Validate raw settings (key without namespace -> value) into a StackConfig."""
+    catalog = catalog or load_catalog()
+    if not project:
+        raise ConfigError(
+            "gcp:project is required: run `pulumi config set gcp:project <your-project-id>`"
+        )
+    if not _PROJECT_RE.match(project):
+        raise ConfigError(f"gcp:project: {project!r} is not a GCP project id")
+    prefix = f"tp-{stack}"
+    if not _GCE_NAME_RE.match(prefix) or len(prefix) > 30:
+        raise ConfigError(
+            f"stack name {stack!r}: use lowercase letters, digits and '-' (at most 27 characters)"
+        )
+    unknown = sorted(set(values) - set(KEYS_BY_NAME))
+    if unknown:
+        raise ConfigError(
+            f"{_k(unknown[0])}: unknown setting; known: " + ", ".join(sorted(KEYS_BY_NAME))
+        )
+
+    tpu = _tpu(values, catalog, prefix)
+    bucket = _bucket(values, project, stack, tpu.region)
+    network = _network(values, prefix)
+    vpn = _vpn(values, tpu.region)
+    machine_type = _string(values, "controllerMachineType")
+    if not _MACHINE_RE.match(machine_type):
+        raise ConfigError(
+            f"{_k('controllerMachineType')}: {machine_type!r} is not a machine type like "
+            "e2-standard-4"
+        )
+
+    job_file_value = _string(values, "job")
+    job_file = (REPO_ROOT / job_file_value).resolve()
+    try:
+        template = jobspec.load_template(job_file)
+    except jobspec.JobTemplateError as error:
+        raise ConfigError(f"{_k('job')}: {job_file_value!r}: {error}") from None
+
+    return StackConfig(
+        project=project,
+        stack=stack,
+        prefix=prefix,
+        tpu=tpu,
+        bucket=bucket,
+        network=network,
+        vpn=vpn,
+        controller_machine_type=machine_type,
+        job_file=job_file,
+        job_name=template["name"],
+    )
+
+
+def read_stack_config() -> StackConfig:
+    """Read this stack's settings from Pulumi (the only `pulumi.Config` reader)."""
+
+    # Every key of our namespace, including misspelled ones, so that a typo is an error
+    # instead of a silently ignored setting.
+    present = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    config = pulumi.Config(NAMESPACE)
+    values: dict[str, object] = {}
+    for full_key in present:
+        namespace, _, name = full_key.partition(":")
+        if namespace == NAMESPACE:
+            value = config.get(name)
+            if value is not None:
+                values[name] = value
+    return parse_config(
+        project=pulumi.Config("gcp").get("project"),
+        stack=pulumi.get_stack(),
+        values=values,
+    )

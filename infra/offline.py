@@ -1,0 +1,213 @@
+"""Run the real program under Pulumi's mocks: no cloud account, no Pulumi CLI.
+
+Each run gets a fresh contextvars context and event loop, so Pulumi's settings, config,
+root stack and mocks never leak from one run into the next; tests can run every stack in
+one process. The mocks answer like GCP would for the outputs the program reads (service
+account emails, IPs, URLs); everything else echoes the inputs."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextvars
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import settings as pulumi_settings
+from pulumi.runtime.config import set_all_config
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+from infra.config import REPO_ROOT, read_stack_config
+from infra.program import BUILD_DIR, define
+
+STACKS_DIR = REPO_ROOT / "stacks"
+PROJECT_NAME = "tpu-pretrain"
+# Stack files do not carry a project id (each user sets their own); runs under mocks use
+# this one unless the overrides set gcp:project (None there means "unset").
+DEFAULT_TEST_PROJECT = "tpu-pretrain-test"
+
+
+@dataclass(frozen=True)
+class Registered:
+    type_: str
+    name: str
+    inputs: dict[str, Any]
+    urn: str
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OfflineRun:
+    stack: str
+    resources: list[Registered]
+    exports: dict[str, Any]
+    secret_exports: frozenset[str]
+
+
+def stack_names() -> list[str]:
+    return sorted(
+        path.name[len("Pulumi.") : -len(".yaml")] for path in STACKS_DIR.glob("Pulumi.*.yaml")
+    )
+
+
+def stack_config(stack: str, overrides: Mapping[str, object] | None = None) -> dict[str, Any]:
+    """The stack file's `config:` section plus overrides (a None value removes a key)."""
+    path = STACKS_DIR / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"no stack file {path}; stacks: {', '.join(stack_names())}")
+    document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    config = dict(document.get("config") or {})
+    config.setdefault("gcp:project", DEFAULT_TEST_PROJECT)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    return config
+
+
+def _engine_value(value: object) -> str:
+    """Config values reach a Pulumi program as strings (structured ones as JSON)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def _fake_ip(seed: str, prefix: str) -> str:
+    digest = hashlib.sha256(seed.encode()).digest()
+    return f"{prefix}.{digest[0] % 250 + 2}"
+
+
+class _GcpMocks:
+    """pulumi.runtime.Mocks: resource outputs as GCP would compute them."""
+
+    def __init__(self, project: str) -> None:
+        self.project = project
+        self.resources: list[Registered] = []
+
+    def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
+        inputs = dict(args.inputs)
+        state = dict(inputs)
+        name = inputs.get("name", args.name)
+        kind = args.typ
+        if kind == "gcp:serviceaccount/account:Account":
+            email = f"{inputs['accountId']}@{self.project}.iam.gserviceaccount.com"
+            state |= {"email": email, "member": f"serviceAccount:{email}", "name": email}
+        elif kind == "gcp:storage/bucket:Bucket":
+            state |= {"url": f"gs://{name}", "selfLink": f"https://storage/{name}"}
+        elif kind == "gcp:storage/bucketObject:BucketObject":
+            state |= {"mediaLink": f"https://storage/{inputs['bucket']}/{name}"}
+        elif kind == "gcp:compute/address:Address":
+            state |= {"address": _fake_ip(name, "203.0.113")}
+        elif kind == "gcp:compute/instance:Instance":
+            nics = [dict(nic) for nic in inputs.get("networkInterfaces", [])]
+            for nic in nics:
+                nic.setdefault("networkIp", _fake_ip(name, "10.10.0"))
+            state |= {"networkInterfaces": nics}
+        elif kind == "gcp:tpu/v2Vm:V2Vm":
+            state |= {"networkEndpoints": [{"ipAddress": _fake_ip(name, "10.10.1"), "port": 8470}]}
+        elif kind == "random:index/randomBytes:RandomBytes":
+            raw = hashlib.sha256(f"mock-random:{args.name}".encode()).digest()
+            state |= {"base64": base64.b64encode(raw).decode(), "hex": raw.hex()}
+        elif kind == "gcp:secretmanager/secret:Secret":
+            state |= {"name": f"projects/{self.project}/secrets/{inputs['secretId']}"}
+        elif kind == "gcp:secretmanager/secretVersion:SecretVersion":
+            state |= {"name": f"{inputs['secret']}/versions/1", "version": "1"}
+        resource_id = (
+            f"{name}-id"
+            if kind != "gcp:compute/network:Network"
+            else (f"projects/{self.project}/global/networks/{name}")
+        )
+        if kind == "gcp:compute/subnetwork:Subnetwork":
+            resource_id = f"projects/{self.project}/regions/{inputs['region']}/subnetworks/{name}"
+        self.resources.append(
+            Registered(type_=kind, name=args.name, inputs=inputs, urn="", outputs=state)
+        )
+        return resource_id, state
+
+    def call(self, args: Any) -> tuple[dict[str, Any], None]:
+        return {}, None
+
+
+def _run_in_fresh_context(
+    stack: str, config: Mapping[str, object], build_dir: Path | None
+) -> OfflineRun:
+    project = str(config.get("gcp:project") or "")
+
+    class Mocks(pulumi_mocks.Mocks):
+        def __init__(self) -> None:
+            self.inner = _GcpMocks(project or DEFAULT_TEST_PROJECT)
+
+        def new_resource(self, args: pulumi_mocks.MockResourceArgs):  # type: ignore[override]
+            return self.inner.new_resource(args)
+
+        def call(self, args: pulumi_mocks.MockCallArgs):  # type: ignore[override]
+            return self.inner.call(args)
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        set_all_config({key: _engine_value(value) for key, value in config.items()}, [])
+        mocks = Mocks()
+        monitor = pulumi_mocks.MockMonitor(mocks)
+        pulumi.runtime.set_mocks(
+            mocks, project=PROJECT_NAME, stack=stack, preview=False, monitor=monitor
+        )
+
+        def program() -> None:
+            define(read_stack_config(), build_dir=build_dir or BUILD_DIR)
+
+        _sync_await(run_pulumi_func(program))
+        root = pulumi_settings.get_root_resource()
+        raw_exports = dict(getattr(root, "outputs", {}) or {})
+        exports: dict[str, Any] = {}
+        secrets: set[str] = set()
+        for key, value in raw_exports.items():
+            output = pulumi.Output.from_input(value)
+            exports[key] = _sync_await(output.future())
+            if _sync_await(output.is_secret()):
+                secrets.add(key)
+        # The mock monitor registers resources from worker threads: match by (type, name),
+        # which Pulumi keeps unique, not by order.
+        urns: dict[tuple[str, str], str] = {}
+        for urn in monitor.resources:
+            qualified_type, name = urn.split("::", 3)[2:]
+            urns[(qualified_type.rsplit("$", 1)[-1], name)] = urn
+        resources = [
+            Registered(
+                type_=item.type_,
+                name=item.name,
+                inputs=item.inputs,
+                urn=urns[(item.type_, item.name)],
+                outputs=item.outputs,
+            )
+            for item in mocks.inner.resources
+        ]
+        return OfflineRun(
+            stack=stack, resources=resources, exports=exports, secret_exports=frozenset(secrets)
+        )
+    finally:
+        loop.close()
+        asyncio.set_event_loop(None)
+
+
+def run_offline(
+    stack: str,
+    overrides: Mapping[str, object] | None = None,
+    *,
+    build_dir: Path | None = None,
+) -> OfflineRun:
+    """Run the program for `stack` under mocks; raises ConfigError for a bad setting."""
+    config = stack_config(stack, overrides)
+    context = contextvars.Context()
+    return context.run(_run_in_fresh_context, stack, config, build_dir)

@@ -1,0 +1,179 @@
+"""The Pulumi program: one StackConfig in, every resource of the stack out.
+
+`define()` is called by __main__.py under the Pulumi engine and by infra.offline under
+Pulumi's mocks (tests and `python -m infra.plan`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pulumi
+
+from infra import jobspec, render
+from infra.components.apis import ProjectApis, ProjectApisArgs
+from infra.components.bucket import TrainingBucket, TrainingBucketArgs
+from infra.components.controller import ControllerVm, ControllerVmArgs
+from infra.components.delivery import PayloadDelivery, PayloadDeliveryArgs
+from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
+from infra.components.network import TENSORBOARD_PORT, Network, NetworkArgs
+from infra.components.tpu import TpuVm, TpuVmArgs
+from infra.components.vpn import VpnHop, VpnHopArgs
+from infra.config import StackConfig
+
+BUILD_DIR = render.REPO_ROOT / "build" / "payload"
+HOP_MACHINE_TYPE = "e2-small"
+
+
+def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
+    apis = ProjectApis("apis", ProjectApisArgs(project=cfg.project))
+    after_apis = pulumi.ResourceOptions(depends_on=[apis])
+
+    network = Network(
+        "network",
+        NetworkArgs(
+            project=cfg.project,
+            name=cfg.network.name,
+            tpu_region=cfg.tpu.region,
+            tpu_subnet_cidr=cfg.network.tpu_subnet_cidr,
+            hop_region=cfg.vpn.region,
+            hop_subnet_cidr=cfg.network.hop_subnet_cidr,
+            vpn_client_cidr=cfg.vpn.client_cidr,
+            wireguard_port=cfg.vpn.port,
+            wireguard_source_cidrs=cfg.vpn.allowed_cidrs,
+        ),
+        opts=after_apis,
+    )
+    workload_identity = ServiceIdentity(
+        "workload-identity",
+        ServiceIdentityArgs(
+            project=cfg.project,
+            account_id=f"{cfg.prefix}-workload",
+            display_name=f"tpu-pretrain {cfg.stack}: TPU VM and controller",
+        ),
+        opts=after_apis,
+    )
+    hop_identity = ServiceIdentity(
+        "hop-identity",
+        ServiceIdentityArgs(
+            project=cfg.project,
+            account_id=f"{cfg.prefix}-vpn-hop",
+            display_name=f"tpu-pretrain {cfg.stack}: WireGuard hop",
+        ),
+        opts=after_apis,
+    )
+    bucket = TrainingBucket(
+        "training-bucket",
+        TrainingBucketArgs(
+            project=cfg.project,
+            name=cfg.bucket.name,
+            location=cfg.bucket.location,
+            soft_delete_seconds=cfg.bucket.soft_delete_seconds,
+            destroy_with_stack=cfg.bucket.destroy_with_stack,
+            object_admin=workload_identity.member,
+            labels=cfg.labels,
+        ),
+        opts=after_apis,
+    )
+
+    archive = render.build_payload_archive()
+    job_spec = jobspec.render_job_spec(jobspec.load_template(cfg.job_file), cfg.bucket.name)
+    delivery = PayloadDelivery(
+        "payload",
+        PayloadDeliveryArgs(
+            bucket=bucket.name,
+            archive_path=render.write_archive(archive, build_dir),
+            archive_object=archive.object_name,
+            job_object=jobspec.job_object_name(cfg.job_name),
+            job_spec_json=jobspec.to_json(job_spec),
+        ),
+    )
+    workload = render.Workload(
+        bucket=cfg.bucket.name,
+        job_name=cfg.job_name,
+        payload_object=archive.object_name,
+        payload_sha256=archive.sha256,
+    )
+    # VMs start after their inputs exist, so a first boot finds payload, job and access.
+    ready = [delivery, bucket, workload_identity]
+
+    controller = ControllerVm(
+        "controller",
+        ControllerVmArgs(
+            project=cfg.project,
+            name=f"{cfg.prefix}-controller",
+            zone=cfg.tpu.zone,
+            machine_type=cfg.controller_machine_type,
+            subnetwork=network.tpu_subnet.id,
+            service_account_email=workload_identity.email,
+            startup_script=render.render_controller_script(workload),
+            labels=cfg.labels,
+        ),
+        opts=pulumi.ResourceOptions(depends_on=ready),
+    )
+    tpu = TpuVm(
+        "tpu",
+        TpuVmArgs(
+            project=cfg.project,
+            name=cfg.tpu.name,
+            zone=cfg.tpu.zone,
+            accelerator_type=cfg.tpu.accelerator_type,
+            runtime_version=cfg.tpu.runtime_version,
+            preemptible=cfg.tpu.preemptible,
+            spot=cfg.tpu.spot,
+            external_ip=cfg.tpu.external_ip,
+            shielded_boot=cfg.tpu.shielded_boot,
+            network=network.vpc.id,
+            subnetwork=network.tpu_subnet.id,
+            service_account_email=workload_identity.email,
+            startup_script=render.render_tpu_script(workload),
+            labels=cfg.labels | {"accelerator": cfg.tpu.accelerator_type},
+        ),
+        opts=pulumi.ResourceOptions(depends_on=ready),
+    )
+    hop = VpnHop(
+        "vpn-hop",
+        VpnHopArgs(
+            project=cfg.project,
+            name=f"{cfg.prefix}-vpn-hop",
+            zone=cfg.vpn.zone,
+            region=cfg.vpn.region,
+            machine_type=HOP_MACHINE_TYPE,
+            subnetwork=network.hop_subnet.id,
+            port=cfg.vpn.port,
+            client_cidr=cfg.vpn.client_cidr,
+            vpc_ranges=(cfg.network.tpu_subnet_cidr, cfg.network.hop_subnet_cidr),
+            client_public_key=cfg.vpn.client_public_key,
+            service_account_email=hop_identity.email,
+            service_account_member=hop_identity.member,
+            labels=cfg.labels,
+        ),
+        opts=after_apis,
+    )
+
+    iap = "--tunnel-through-iap"
+    pulumi.export("tpuName", tpu.vm.name)
+    pulumi.export("tpuZone", tpu.vm.zone)
+    pulumi.export("tpuInternalIp", tpu.internal_ip)
+    pulumi.export("controllerInternalIp", controller.internal_ip)
+    pulumi.export("bucketUrl", bucket.url)
+    pulumi.export("jobSpecUri", delivery.job_uri)
+    pulumi.export("payloadUri", delivery.payload_uri)
+    pulumi.export("statusUri", jobspec.status_uri(cfg.bucket.name, cfg.job_name))
+    pulumi.export(
+        "tensorboardUrl",
+        controller.internal_ip.apply(lambda ip: f"http://{ip}:{TENSORBOARD_PORT} (over the VPN)"),
+    )
+    pulumi.export(
+        "sshCommands",
+        {
+            "controller": f"gcloud compute ssh {cfg.prefix}-controller --zone {cfg.tpu.zone} "
+            f"--project {cfg.project} {iap}",
+            "tpu": f"gcloud compute tpus tpu-vm ssh {cfg.tpu.name} --zone {cfg.tpu.zone} "
+            f"--project {cfg.project} {iap}",
+            "vpnHop": f"gcloud compute ssh {cfg.prefix}-vpn-hop --zone {cfg.vpn.zone} "
+            f"--project {cfg.project} {iap}",
+        },
+    )
+    pulumi.export("vpnEndpoint", hop.endpoint)
+    pulumi.export("vpnServerPublicKey", hop.server_public_key)
+    pulumi.export("vpnClientConfig", hop.client_config)

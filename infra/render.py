@@ -1,0 +1,225 @@
+"""Pure rendering of everything the VMs run: the payload archive, startup scripts and the
+WireGuard client configuration. No Pulumi import: `python -m infra.plan` and the tests call
+these functions directly, and the sandbox tests execute their output.
+
+Startup scripts are a header of shell-quoted constants followed by templates/common.sh and
+the role's template. They are idempotent: run on every boot (and again by hand), they only
+install what is missing, rewrite files whose content changed and restart what depends on them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import ipaddress
+import re
+import shlex
+import tarfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra import jobspec
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = Path(__file__).with_name("templates")
+LOCK_FILE = "requirements/payload.lock"
+# What the payload distribution needs to be pip-installed (pyproject's readme included).
+ARCHIVE_FILES = ("pyproject.toml", "README.md", LOCK_FILE)
+ARCHIVE_DIRS = ("payload",)
+ARCHIVE_PREFIX = "tpu-pretrain-payload"
+
+# tensorflow-tpu 2.20.0 declares libtpu~=0.0.14 (any 0.0.x >= 0.0.14); pip would pick the
+# newest libtpu, built for later releases. Pin the version TF 2.20 was released against.
+LIBTPU_VERSION = "0.0.14"
+TENSORBOARD_PORT = 6006
+OWN_CLIENT_KEY_PLACEHOLDER = "<the private key of the public key you set in vpnClientPublicKey>"
+
+
+@dataclass(frozen=True)
+class PayloadArchive:
+    name: str  # tpu-pretrain-payload-<sha256[:16]>.tar.gz
+    sha256: str
+    data: bytes
+
+    @property
+    def object_name(self) -> str:
+        return f"payload/{self.name}"
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Versions the VMs install, read from the tested lock file (one source of truth)."""
+
+    tensorflow: str
+    tf_keras: str
+    libtpu: str = LIBTPU_VERSION
+
+
+def read_pins(root: Path = REPO_ROOT) -> Pins:
+    pins: dict[str, str] = {}
+    for line in (root / LOCK_FILE).read_text(encoding="utf-8").splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==([^\s;#]+)", line)
+        if match:
+            pins[match.group(1).lower().replace("_", "-")] = match.group(2)
+    missing = [name for name in ("tensorflow", "tf-keras") if name not in pins]
+    if missing:
+        raise ValueError(f"{LOCK_FILE} pins no {', '.join(missing)}")
+    return Pins(tensorflow=pins["tensorflow"], tf_keras=pins["tf-keras"])
+
+
+def _archive_members(root: Path) -> list[Path]:
+    files = [root / name for name in ARCHIVE_FILES]
+    for directory in ARCHIVE_DIRS:
+        files += [
+            path
+            for path in (root / directory).rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+        ]
+    missing = [str(path.relative_to(root)) for path in files if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"payload archive: missing {', '.join(missing)} in {root}")
+    return sorted(files, key=lambda path: path.relative_to(root).as_posix())
+
+
+def build_payload_archive(root: Path = REPO_ROOT) -> PayloadArchive:
+    """A deterministic tar.gz of the payload source: same files, same bytes, same name."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in _archive_members(root):
+            data = path.read_bytes()
+            info = tarfile.TarInfo(path.relative_to(root).as_posix())
+            info.size = len(data)
+            info.mtime = 0
+            info.mode = 0o644
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(data))
+    compressed = io.BytesIO()
+    with gzip.GzipFile(fileobj=compressed, mode="wb", mtime=0, filename="") as gz:
+        gz.write(buffer.getvalue())
+    data = compressed.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    return PayloadArchive(name=f"{ARCHIVE_PREFIX}-{digest[:16]}.tar.gz", sha256=digest, data=data)
+
+
+def write_archive(archive: PayloadArchive, directory: Path) -> Path:
+    """Write the archive once (content-addressed); an existing file is already right."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / archive.name
+    if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != archive.sha256:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(archive.data)
+        tmp.replace(path)
+    return path
+
+
+# --- startup scripts -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a TPU VM or controller needs to know to fetch and run its stage."""
+
+    bucket: str
+    job_name: str
+    payload_object: str
+    payload_sha256: str
+
+    @property
+    def values(self) -> dict[str, str]:
+        return {
+            "BUCKET": self.bucket,
+            "JOB_NAME": self.job_name,
+            "JOB_URI": jobspec.job_uri(self.bucket, self.job_name),
+            "RUN_ROOT": jobspec.run_root(self.bucket, self.job_name),
+            "PAYLOAD_URI": f"gs://{self.bucket}/{self.payload_object}",
+            "PAYLOAD_SHA256": self.payload_sha256,
+        }
+
+
+@dataclass(frozen=True)
+class WireGuardServer:
+    project: str
+    secret_id: str
+    port: int
+    client_cidr: str
+
+    @property
+    def server_address(self) -> str:
+        network = ipaddress.IPv4Network(self.client_cidr)
+        return f"{network.network_address + 1}/{network.prefixlen}"
+
+    @property
+    def client_address(self) -> str:
+        return f"{ipaddress.IPv4Network(self.client_cidr).network_address + 2}/32"
+
+
+def _script(role: str, values: Mapping[str, str], template: str) -> str:
+    header = [
+        "#!/bin/bash",
+        f"# tpu-pretrain {role} startup script, rendered by infra/render.py; runs on every",
+        "# boot and is safe to run again by hand: sudo google_metadata_script_runner startup",
+        "set -euo pipefail",
+        f"readonly ROLE={shlex.quote(role)}",
+    ]
+    for key in sorted(values):
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", key):
+            raise ValueError(f"bad script constant name {key!r}")
+        header.append(f"readonly {key}={shlex.quote(str(values[key]))}")
+    body = (TEMPLATES / "common.sh").read_text(encoding="utf-8")
+    body += "\n" + (TEMPLATES / template).read_text(encoding="utf-8")
+    return "\n".join(header) + "\n\n" + body
+
+
+def render_tpu_script(workload: Workload, pins: Pins | None = None) -> str:
+    pins = pins or read_pins()
+    values = workload.values | {
+        "MANIFEST_URI": jobspec.manifest_uri(workload.bucket, workload.job_name),
+        "TF_TPU_VERSION": pins.tensorflow,
+        "TF_KERAS_VERSION": pins.tf_keras,
+        "LIBTPU_VERSION": pins.libtpu,
+    }
+    return _script("tpu", values, "tpu.sh")
+
+
+def render_controller_script(workload: Workload) -> str:
+    values = workload.values | {"TENSORBOARD_PORT": str(TENSORBOARD_PORT)}
+    return _script("controller", values, "controller.sh")
+
+
+def render_vpn_hop_script(server: WireGuardServer, *, client_public_key: str) -> str:
+    values = {
+        "PROJECT": server.project,
+        "WG_SECRET_ID": server.secret_id,
+        "WG_PORT": str(server.port),
+        "WG_SERVER_ADDRESS": server.server_address,
+        "WG_CLIENT_ADDRESS": server.client_address,
+        "WG_CLIENT_PUBLIC_KEY": client_public_key,
+        "VPN_CLIENT_CIDR": server.client_cidr,
+    }
+    return _script("vpn-hop", values, "vpn-hop.sh")
+
+
+def render_wireguard_client_config(
+    *,
+    client_private_key: str,
+    server_public_key: str,
+    endpoint: str,
+    client_cidr: str,
+    allowed_ips: tuple[str, ...],
+) -> str:
+    """The client side: only the VPC ranges go through the tunnel (split tunnel)."""
+    client = WireGuardServer(project="", secret_id="", port=0, client_cidr=client_cidr)
+    return (
+        "[Interface]\n"
+        f"PrivateKey = {client_private_key}\n"
+        f"Address = {client.client_address}\n"
+        "\n"
+        "[Peer]\n"
+        f"PublicKey = {server_public_key}\n"
+        f"Endpoint = {endpoint}\n"
+        f"AllowedIPs = {', '.join(allowed_ips)}\n"
+        "PersistentKeepalive = 25\n"
+    )

@@ -1,0 +1,56 @@
+"""The harness itself: every stack runs, repeatedly, in one process, without leaking state."""
+
+from __future__ import annotations
+
+import pulumi
+from harness import config_error, one, run_offline, run_stack, stack_names
+
+
+def comparable(resources):
+    def plain(value):
+        if isinstance(value, pulumi.FileAsset):
+            return ("FileAsset", value.path)
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return value
+
+    return sorted((r.type_, r.name, repr(plain(r.inputs))) for r in resources)
+
+
+def test_stack_names_come_from_the_stacks_folder():
+    assert stack_names() == ["v2-usc1", "v3-euw4", "v4-usc2", "v6e-euw4"]
+
+
+def test_every_stack_runs_twice_with_the_same_result():
+    for stack in stack_names():
+        first = run_stack(stack)
+        second = run_stack(stack)
+        assert comparable(first) == comparable(second)
+        assert all(r.urn.startswith(f"urn:pulumi:{stack}::tpu-pretrain::") for r in first)
+
+
+def test_overrides_do_not_leak_into_the_next_run():
+    spot = one(run_stack("v3-euw4", {"tpu-pretrain:scheduling": "spot"}), "gcp:tpu/v2Vm:V2Vm")
+    assert spot.inputs["schedulingConfig"] == {"preemptible": False, "spot": True}
+    again = one(run_stack("v3-euw4"), "gcp:tpu/v2Vm:V2Vm")
+    assert again.inputs["schedulingConfig"] == {"preemptible": False, "spot": False}
+
+
+def test_a_config_error_does_not_poison_the_next_run():
+    message = config_error("v3-euw4", {"tpu-pretrain:tpuZone": "mars-north1-a"})
+    assert message.startswith("tpu-pretrain:tpuZone: unknown zone 'mars-north1-a'")
+    assert len(run_stack("v3-euw4")) > 30
+
+
+def test_inputs_use_engine_names_and_resolved_values():
+    bucket = one(run_stack("v6e-euw4"), "gcp:storage/bucket:Bucket")
+    assert bucket.inputs["uniformBucketLevelAccess"] is True
+    assert bucket.inputs["publicAccessPrevention"] == "enforced"
+
+
+def test_exports_and_secrets_are_reported():
+    run = run_offline("v6e-euw4")
+    assert "vpnClientConfig" in run.secret_exports
+    assert "tpuName" in run.exports and "tpuName" not in run.secret_exports

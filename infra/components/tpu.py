@@ -55,7 +55,13 @@ class TpuVm(pulumi.ComponentResource):
             },
             scheduling_config={"preemptible": args.preemptible, "spot": args.spot},
             service_account={"email": args.service_account_email, "scopes": [CLOUD_PLATFORM]},
-            metadata={"startup-script": args.startup_script},
+            # OS Login + no project-wide keys: policy pack rules os-login-enabled and
+            # project-ssh-keys-blocked (CIS 4.3, 4.4) apply to TPU VMs too.
+            metadata={
+                "enable-oslogin": "TRUE",
+                "block-project-ssh-keys": "TRUE",
+                "startup-script": args.startup_script,
+            },
             labels=args.labels,
             tags=[TAG_TPU],
             opts=pulumi.ResourceOptions(parent=self),

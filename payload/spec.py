@@ -481,9 +481,11 @@ def _check_model(job: JobSpec) -> None:
 
 def load_job(path: str) -> JobSpec:
     """Read, parse and validate a job spec (YAML or JSON; local path or gs:// URI)."""
+    import os.path  # noqa: PLC0415
+
     import yaml  # noqa: PLC0415
 
-    source = path if storage.is_gcs(path) else _resolve(".", path)
+    source = path if storage.is_gcs(path) else os.path.abspath(path)  # noqa: PTH100
     try:
         text = storage.read_text(source)
     except FileNotFoundError:

@@ -302,7 +302,16 @@ def write_bytes(path: str, data: bytes, *, if_absent: bool = False) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
+@functools.cache
+def _file_mode() -> int:
+    """Mode for new files: 0o666 minus the umask (mkstemp alone would give 0o600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _commit_local(tmp: str, dest: Path, *, if_absent: bool) -> None:
+    Path(tmp).chmod(_file_mode())
     if if_absent:
         try:
             os.link(tmp, dest)  # atomic create-only: fails if dest exists

@@ -1,0 +1,93 @@
+"""Command line: ``tpu-payload {validate,tokenizer,encode,train,run} --job PATH [--force]``.
+
+argv is read here and nowhere else. A :class:`UserError` becomes ``error: <one line>`` on
+stderr, exit status 2, and ``last_error`` in status.json; any other exception is a bug: it
+is recorded in status.json and re-raised with its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from payload.errors import UserError
+
+if TYPE_CHECKING:
+    from payload.status import StatusWriter
+
+COMMANDS = {
+    "validate": "check the job spec and print it with defaults filled in",
+    "tokenizer": "train the tokenizer on the corpus",
+    "encode": "encode the corpus into TFRecord shards + manifest",
+    "train": "pre-train the model on the shards, checkpointing and exporting",
+    "run": "all stages in order, skipping complete ones",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tpu-payload",
+        description="Corpus -> tokenizer -> TFRecord shards -> Keras pre-training.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text in COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument(
+            "--job", required=True, help="job spec (YAML/JSON), local path or gs:// URI"
+        )
+        if name != "validate":
+            sub.add_argument(
+                "--force", action="store_true", help="delete and redo outputs that are complete"
+            )
+    return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from payload import pipeline  # noqa: PLC0415  (keep --help fast)
+    from payload.spec import load_job  # noqa: PLC0415
+    from payload.status import StatusWriter  # noqa: PLC0415
+
+    try:
+        job = load_job(args.job)
+    except UserError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    if args.command == "validate":
+        print(job.to_json(), end="")
+        print(f"ok: {args.job} is valid", file=sys.stderr)
+        return 0
+
+    status = StatusWriter(job.paths.status, job.name)
+    try:
+        if args.command == "run":
+            pipeline.run(job, status, force=args.force)
+        else:
+            pipeline.run_stage(job, args.command, status, force=args.force)
+    except UserError as exc:
+        _record_failure(status, args.command, _one_line(exc))
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except BaseException as exc:
+        _record_failure(status, args.command, f"{type(exc).__name__}: {_one_line(exc)}")
+        raise
+    return 0
+
+
+def _record_failure(status: StatusWriter, command: str, error: str) -> None:
+    """Best effort: a status write that fails must not hide the original error."""
+    try:
+        status.fail(stage=_stage(status, command), error=error)
+    except Exception as exc:
+        print(f"warning: could not write {status.path}: {_one_line(exc)}", file=sys.stderr)
+
+
+def _stage(status: object, command: str) -> str:
+    stage = getattr(status, "document", {}).get("stage")
+    return str(stage) if stage else command

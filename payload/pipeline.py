@@ -1,0 +1,116 @@
+"""The stages in order (tokenizer -> encode -> train), each skipped when its output is complete.
+
+Completion markers, each written last by its stage:
+``tokenizer/tokenizer.json``, ``data/manifest.json`` (create-only) and the export marker of
+``payload.train``. ``force=True`` deletes a stage's outputs before running it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from payload import encode, storage, tokenizer
+from payload.spec import JobSpec
+from payload.status import StatusWriter
+
+STAGES = ("tokenizer", "encode", "train")
+Printer = Callable[[str], None]
+
+
+def _train_module() -> Any:
+    from payload import train  # noqa: PLC0415  (TensorFlow is imported only for training)
+
+    return train
+
+
+def is_complete(job: JobSpec, stage: str) -> bool:
+    if stage == "tokenizer":
+        return tokenizer.is_complete(job)
+    if stage == "encode":
+        return encode.is_complete(job)
+    return bool(_train_module().is_complete(job))
+
+
+def outputs(job: JobSpec, stage: str) -> dict[str, str]:
+    """Where a stage's outputs are, for the user."""
+    paths = job.paths
+    if stage == "tokenizer":
+        return {"tokenizer": paths.tokenizer}
+    if stage == "encode":
+        return {"data": paths.data, "manifest": storage.join(paths.data, "manifest.json")}
+    return {
+        "checkpoints": paths.checkpoints,
+        "tensorboard": f"{paths.logs}  (tensorboard --logdir {paths.logs})",
+        "export": paths.export,
+    }
+
+
+def clear(job: JobSpec, stage: str) -> None:
+    """Delete a stage's outputs (for --force)."""
+    paths = job.paths
+    targets = {
+        "tokenizer": [paths.tokenizer],
+        "encode": [paths.data],
+        "train": [paths.checkpoints, paths.logs, paths.export],
+    }[stage]
+    for target in targets:
+        storage.remove_tree(target)
+
+
+def run_stage(
+    job: JobSpec, stage: str, status: StatusWriter, *, force: bool = False, echo: Printer = print
+) -> dict[str, Any]:
+    """Run one stage (or skip it when complete); returns a summary for printing."""
+    if force:
+        clear(job, stage)
+    elif is_complete(job, stage):
+        if stage == "encode":
+            encode.check_current(job, encode.mf.load_manifest(job.paths.data))
+        status.update(stage=stage, state="skipped", message="complete")
+        echo(f"{stage}: skipped: complete")
+        _echo_outputs(job, stage, echo)
+        return {"skipped": True}
+    status.update(stage=stage, state="running", progress=0.0, message="starting")
+    if stage == "tokenizer":
+        tokenizer.train_tokenizer(job, status)
+        loaded = tokenizer.load_tokenizer(job.paths.tokenizer)
+        summary: dict[str, Any] = {"vocab_size": len(loaded)}
+    elif stage == "encode":
+        manifest = encode.encode(job, status)
+        summary = {
+            "sequences": manifest.total_records,
+            "shards": len(manifest.shards),
+            "tokens": manifest.total_tokens,
+            **dict(manifest.corpus),
+        }
+    else:
+        summary = dict(_train_module().train(job, status) or {})
+    details = ", ".join(f"{k}={_fmt(v)}" for k, v in summary.items())
+    status.update(stage=stage, state="complete", message=details or "complete")
+    status.flush()
+    echo(f"{stage}: complete ({details})" if details else f"{stage}: complete")
+    _echo_outputs(job, stage, echo)
+    return summary
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _echo_outputs(job: JobSpec, stage: str, echo: Printer) -> None:
+    for name, where in outputs(job, stage).items():
+        echo(f"  {name}: {where}")
+
+
+def run(
+    job: JobSpec, status: StatusWriter, *, force: bool = False, echo: Printer = print
+) -> dict[str, dict[str, Any]]:
+    """All stages in order; complete ones are skipped unless ``force``."""
+    results = {}
+    for stage in STAGES:
+        results[stage] = run_stage(job, stage, status, force=force, echo=echo)
+    status.update(stage="run", state="complete", message="all stages complete")
+    status.flush()
+    echo(f"status: {job.paths.status}")
+    return results

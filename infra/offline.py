@@ -20,6 +20,7 @@ from typing import Any
 import pulumi
 import yaml
 from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc as pulumi_rpc
 from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
@@ -42,6 +43,10 @@ class Registered:
     inputs: dict[str, Any]
     urn: str
     outputs: dict[str, Any] = field(default_factory=dict)
+    secret_inputs: frozenset[str] = frozenset()  # top-level inputs the engine got as secrets
+    # Resource options as the engine got them: parent, protect, retainOnDelete,
+    # dependencies, replaceOnChanges.
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -83,9 +88,48 @@ def _engine_value(value: object) -> str:
     return str(value)
 
 
+def _is_secret(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and value.get(pulumi_rpc._special_sig_key) == pulumi_rpc._special_secret_sig
+    )
+
+
+def _unwrap_secrets(value: Any) -> Any:
+    """Secret inputs arrive wrapped ({sig: secret, value: …}); tests want the value."""
+    if _is_secret(value):
+        return _unwrap_secrets(value["value"])
+    if isinstance(value, dict):
+        return {key: _unwrap_secrets(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_unwrap_secrets(item) for item in value]
+    return value
+
+
 def _fake_ip(seed: str, prefix: str) -> str:
     digest = hashlib.sha256(seed.encode()).digest()
     return f"{prefix}.{digest[0] % 250 + 2}"
+
+
+class _RecordingMonitor(pulumi_mocks.MockMonitor):
+    """The mock monitor, also keeping each registration's resource options."""
+
+    def __init__(self, mocks: pulumi_mocks.Mocks) -> None:
+        super().__init__(mocks)
+        self.options: dict[str, dict[str, Any]] = {}
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC method name)
+        response = super().RegisterResource(request)
+        self.options[response.urn] = {
+            "parent": request.parent,
+            "protect": request.protect if request.HasField("protect") else None,
+            "retainOnDelete": (
+                request.retainOnDelete if request.HasField("retainOnDelete") else None
+            ),
+            "dependencies": sorted(request.dependencies),
+            "replaceOnChanges": list(request.replaceOnChanges),
+        }
+        return response
 
 
 class _GcpMocks:
@@ -96,7 +140,8 @@ class _GcpMocks:
         self.resources: list[Registered] = []
 
     def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
-        inputs = dict(args.inputs)
+        secret_inputs = frozenset(key for key, value in args.inputs.items() if _is_secret(value))
+        inputs = _unwrap_secrets(dict(args.inputs))
         state = dict(inputs)
         name = inputs.get("name", args.name)
         kind = args.typ
@@ -131,7 +176,14 @@ class _GcpMocks:
         if kind == "gcp:compute/subnetwork:Subnetwork":
             resource_id = f"projects/{self.project}/regions/{inputs['region']}/subnetworks/{name}"
         self.resources.append(
-            Registered(type_=kind, name=args.name, inputs=inputs, urn="", outputs=state)
+            Registered(
+                type_=kind,
+                name=args.name,
+                inputs=inputs,
+                urn="",
+                outputs=state,
+                secret_inputs=secret_inputs,
+            )
         )
         return resource_id, state
 
@@ -159,7 +211,7 @@ def _run_in_fresh_context(
     try:
         set_all_config({key: _engine_value(value) for key, value in config.items()}, [])
         mocks = Mocks()
-        monitor = pulumi_mocks.MockMonitor(mocks)
+        monitor = _RecordingMonitor(mocks)
         pulumi.runtime.set_mocks(
             mocks, project=PROJECT_NAME, stack=stack, preview=False, monitor=monitor
         )
@@ -190,6 +242,8 @@ def _run_in_fresh_context(
                 inputs=item.inputs,
                 urn=urns[(item.type_, item.name)],
                 outputs=item.outputs,
+                secret_inputs=item.secret_inputs,
+                options=monitor.options.get(urns[(item.type_, item.name)], {}),
             )
             for item in mocks.inner.resources
         ]

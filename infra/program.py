@@ -93,8 +93,9 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         payload_object=archive.object_name,
         payload_sha256=archive.sha256,
     )
-    # VMs start after their inputs exist, so a first boot finds payload, job and access.
-    ready = [delivery, bucket, workload_identity]
+    # VMs start after their inputs exist, so a first boot finds payload, job, bucket access
+    # and the NAT that lets it install packages.
+    ready = [delivery, bucket, workload_identity, network.nat]
 
     controller = ControllerVm(
         "controller",

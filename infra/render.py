@@ -130,7 +130,6 @@ class Workload:
     @property
     def values(self) -> dict[str, str]:
         return {
-            "BUCKET": self.bucket,
             "JOB_NAME": self.job_name,
             "JOB_URI": jobspec.job_uri(self.bucket, self.job_name),
             "RUN_ROOT": jobspec.run_root(self.bucket, self.job_name),

@@ -10,6 +10,15 @@ from infra.components.network import TAG_TPU
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 
 
+def _inherited_depends_on(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
+    """A VM waits for what its component waits for (payload, job spec, bucket access), so
+    its first boot finds them; children do not inherit the component's depends_on."""
+    deps = opts.depends_on if opts is not None else None
+    if deps is None:
+        return []
+    return list(deps) if isinstance(deps, (list, tuple)) else [deps]  # type: ignore[list-item]
+
+
 @dataclass(frozen=True)
 class TpuVmArgs:
     project: str
@@ -64,7 +73,7 @@ class TpuVm(pulumi.ComponentResource):
             },
             labels=args.labels,
             tags=[TAG_TPU],
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=_inherited_depends_on(opts)),
             **extra,  # type: ignore[arg-type]
         )
         self.internal_ip = self.vm.network_endpoints.apply(

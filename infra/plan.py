@@ -1,0 +1,142 @@
+"""Offline plan: what a stack would create, without a cloud account or the Pulumi CLI.
+
+    python -m infra.plan --stack v6e-euw4 [--set tpu-pretrain:scheduling=spot ...]
+
+Runs the real program under Pulumi's mocks (infra.offline) and prints a table of every
+resource with its key settings, then the rendered startup scripts and job spec. Secret
+values (WireGuard keys, the client configuration) are never printed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from infra import offline
+from infra.errors import ConfigError
+
+# Per resource type, the inputs worth a glance (engine names).
+KEY_SETTINGS: dict[str, tuple[str, ...]] = {
+    "gcp:projects/service:Service": ("service", "disableOnDestroy"),
+    "gcp:compute/network:Network": ("name", "autoCreateSubnetworks"),
+    "gcp:compute/subnetwork:Subnetwork": ("region", "ipCidrRange", "privateIpGoogleAccess"),
+    "gcp:compute/router:Router": ("region",),
+    "gcp:compute/routerNat:RouterNat": ("region", "sourceSubnetworkIpRangesToNat"),
+    "gcp:compute/firewall:Firewall": ("allows", "sourceRanges", "sourceTags", "targetTags"),
+    "gcp:serviceaccount/account:Account": ("accountId",),
+    "gcp:projects/iAMMember:IAMMember": ("role", "member"),
+    "gcp:storage/bucket:Bucket": (
+        "name",
+        "location",
+        "uniformBucketLevelAccess",
+        "publicAccessPrevention",
+        "softDeletePolicy",
+        "forceDestroy",
+    ),
+    "gcp:storage/bucketIAMMember:BucketIAMMember": ("bucket", "role", "member"),
+    "gcp:storage/bucketObject:BucketObject": ("bucket", "name"),
+    "gcp:tpu/v2Vm:V2Vm": (
+        "name",
+        "zone",
+        "acceleratorType",
+        "runtimeVersion",
+        "schedulingConfig",
+        "networkConfig",
+        "shieldedInstanceConfig",
+    ),
+    "gcp:compute/instance:Instance": ("name", "zone", "machineType", "canIpForward"),
+    "gcp:compute/address:Address": ("region", "addressType"),
+    "gcp:secretmanager/secret:Secret": ("secretId",),
+    "gcp:secretmanager/secretIamMember:SecretIamMember": ("secretId", "role", "member"),
+    "random:index/randomBytes:RandomBytes": ("length",),
+}
+HIDDEN = "[secret]"
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k not in ("network", "subnetwork")}
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _settings(resource: offline.Registered) -> str:
+    keys = KEY_SETTINGS.get(resource.type_, ())
+    parts = [f"{key}={_compact(resource.inputs[key])}" for key in keys if key in resource.inputs]
+    if resource.type_ == "gcp:compute/instance:Instance":
+        nics = resource.inputs.get("networkInterfaces", [])
+        external = any(nic.get("accessConfigs") for nic in nics)
+        parts.append(f"externalIp={_compact(external)}")
+    return " ".join(parts)
+
+
+def format_plan(run: offline.OfflineRun) -> str:
+    rows = sorted(
+        (r for r in run.resources if not r.type_.startswith("tpu-pretrain:")),
+        key=lambda r: (r.urn.split("::")[2], r.name),
+    )
+    components = sorted(r.name for r in run.resources if r.type_.startswith("tpu-pretrain:"))
+    type_width = max(len(r.type_) for r in rows)
+    name_width = max(len(r.name) for r in rows)
+    lines = [
+        f"Stack {run.stack}: {len(rows)} resources in {len(components)} components "
+        f"({', '.join(components)})",
+        "",
+        f"{'TYPE':<{type_width}}  {'NAME':<{name_width}}  KEY SETTINGS",
+    ]
+    lines += [f"{r.type_:<{type_width}}  {r.name:<{name_width}}  {_settings(r)}" for r in rows]
+    lines += ["", "Outputs:"]
+    for key in sorted(run.exports):
+        value = HIDDEN if key in run.secret_exports else _compact(run.exports[key])
+        lines.append(f"  {key}: {value}")
+    for resource in sorted(run.resources, key=lambda r: r.name):
+        script = (resource.inputs.get("metadata") or {}).get("startup-script")
+        if script:
+            lines += ["", f"==== startup script of {resource.name} ({resource.type_}) ====", script]
+    for resource in run.resources:
+        if resource.inputs.get("contentType") == "application/json":
+            lines += [
+                "",
+                f"==== job spec gs://{resource.inputs['bucket']}/{resource.inputs['name']} ====",
+            ]
+            lines.append(resource.inputs["content"].rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
+def _parse_set(items: list[str]) -> dict[str, object]:
+    overrides: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or ":" not in key:
+            raise ConfigError(
+                f"--set {item!r}: use namespace:key=value, e.g. tpu-pretrain:scheduling=spot"
+            )
+        overrides[key] = value
+    return overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.plan", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--stack", required=True, help="one of: " + ", ".join(offline.stack_names())
+    )
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    try:
+        if args.stack not in offline.stack_names():
+            raise ConfigError(
+                f"--stack {args.stack!r}: no stacks/Pulumi.{args.stack}.yaml; stacks: "
+                + ", ".join(offline.stack_names())
+            )
+        run = offline.run_offline(args.stack, _parse_set(args.set))
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    sys.stdout.write(format_plan(run))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -411,7 +411,10 @@ def _check_serial_port(
 
 
 _PEM_PRIVATE = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
-_WG_PRIVATE_LINE = re.compile(r"^\s*PrivateKey\s*=", re.MULTILINE | re.IGNORECASE)
+# A literal value after "PrivateKey =" (a WireGuard config with the key inline). A shell or
+# template variable there (`PrivateKey = ${private_key}`) is a key read at boot from Secret
+# Manager, which is the design.
+_WG_PRIVATE_LINE = re.compile(r"^\s*PrivateKey\s*=\s*(?![$%{<\s])\S", re.MULTILINE | re.IGNORECASE)
 _BASE64_32 = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{43}=(?![A-Za-z0-9+/=])")
 _PUBLIC_CONTEXT = re.compile(r"public|pubkey|peer", re.IGNORECASE)
 
@@ -422,7 +425,7 @@ def find_key_material(text: str) -> list[str]:
     if _PEM_PRIVATE.search(text):
         reasons.append("PEM private key block")
     if _WG_PRIVATE_LINE.search(text):
-        reasons.append("WireGuard 'PrivateKey =' line")
+        reasons.append("WireGuard 'PrivateKey =' line with a literal key")
     for line in text.splitlines():
         if _PUBLIC_CONTEXT.search(line):
             continue  # WireGuard public keys have the same shape and are fine to publish

@@ -343,6 +343,12 @@ def test_key_material_detector() -> None:
     assert rules.find_key_material("sha=" + "A" * 42 + "==") == []
     assert rules.find_key_material("-----BEGIN EC PRIVATE KEY-----") == ["PEM private key block"]
     assert rules.find_key_material("-----BEGIN PUBLIC KEY-----") == []
+    # The hop's script writes wg0.conf from a key it reads at boot: no key in the script.
+    assert rules.find_key_material("[Interface]\nPrivateKey = ${private_key}\n") == []
+    assert rules.find_key_material("PrivateKey = {{ key }}") == []
+    assert rules.find_key_material("PrivateKey = notbase64butliteral") == [
+        "WireGuard 'PrivateKey =' line with a literal key"
+    ]
 
 
 def _stack_resource(key: str, name: str, **changes: Any) -> tuple[str, str, dict, str]:

@@ -1,0 +1,154 @@
+"""The pack over every real stack: the resources the program registers under Pulumi's mocks
+(tests/infra/harness.py) produce zero violations, and deliberately insecure variants of a
+stack, made with stack config overrides or by editing the captured inputs, are rejected by
+the intended rule with its message."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from policy_harness import Violation, run_pack
+
+from policy import rules
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
+from harness import Captured, run_stack, stack_names
+
+STACKS = stack_names()
+Resource = tuple[str, str, dict[str, Any], str]
+
+
+@cache
+def _captured(stack: str, overrides_json: str) -> tuple[Captured, ...]:
+    return tuple(run_stack(stack, json.loads(overrides_json) or None))
+
+
+def resources(stack: str, overrides: dict[str, Any] | None = None) -> list[Resource]:
+    captured = _captured(stack, json.dumps(overrides or {}, sort_keys=True))
+    return [(r.type_, r.name, copy.deepcopy(r.inputs), r.urn) for r in captured]
+
+
+def test_every_stack_is_covered() -> None:
+    assert len(STACKS) >= 4
+    assert {"v3-euw4", "v2-usc1", "v4-usc2", "v6e-euw4"} <= set(STACKS)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stack_has_zero_violations(stack: str) -> None:
+    stack_resources = resources(stack)
+    types = {type_ for type_, _, _, _ in stack_resources}
+    # The rules must actually see what they guard, or "zero violations" means nothing.
+    assert {rules.BUCKET, rules.INSTANCE, rules.TPU_VM, rules.FIREWALL, rules.SUBNETWORK} <= types
+    assert run_pack(stack_resources) == []
+
+
+def _only(violations: list[Violation], rule: str) -> list[Violation]:
+    assert violations, f"{rule}: the insecure variant was accepted"
+    assert {v.policy for v in violations} == {rule}, violations
+    assert all(v.message.startswith(rules.POLICY_MESSAGES[rule]) for v in violations)
+    return violations
+
+
+def _edit(
+    stack_resources: list[Resource], type_: str, name_part: str, change: Callable[[dict], None]
+) -> list[Resource]:
+    matches = [r for r in stack_resources if r[0] == type_ and name_part in r[1]]
+    assert len(matches) == 1, f"{type_} {name_part}: {[r[1] for r in matches]}"
+    change(matches[0][2])
+    return stack_resources
+
+
+# --- variants through the stack's own configuration -------------------------------------------
+@pytest.mark.parametrize("stack", ["v3-euw4", "v6e-euw4"])
+def test_tpu_external_ip_from_config_is_rejected(stack: str) -> None:
+    violations = run_pack(resources(stack, {"tpu-pretrain:tpuExternalIp": True}))
+    [violation] = _only(violations, "no-external-ip-except-vpn-hop")
+    assert violation.urn.endswith("::tpu-vm")
+    assert "enableExternalIps" in violation.message
+
+
+def test_wireguard_open_to_the_world_is_not_an_ssh_hole() -> None:
+    """UDP WireGuard from anywhere is a user's choice; the rule is about SSH/RDP only."""
+    assert run_pack(resources("v4-usc2", {"tpu-pretrain:vpnAllowedCidrs": ["0.0.0.0/0"]})) == []
+
+
+# --- variants by editing what the program registered ------------------------------------------
+def _set(path: str, value: Any) -> Callable[[dict], None]:
+    def change(props: dict) -> None:
+        node = props
+        *parents, last = path.split(".")
+        for step in parents:
+            node = node[int(step)] if step.isdigit() else node.setdefault(step, {})
+        node[last] = value
+
+    return change
+
+
+def _drop(key: str) -> Callable[[dict], None]:
+    return lambda props: props.pop(key)
+
+
+MUTATIONS: list[tuple[str, str, str, Callable[[dict], None]]] = [
+    ("bucket-uniform-access", rules.BUCKET, "training", _set("uniformBucketLevelAccess", False)),
+    ("bucket-public-access-prevention", rules.BUCKET, "training",
+     _set("publicAccessPrevention", "inherited")),
+    ("no-public-principals", "gcp:storage/bucketIAMMember:BucketIAMMember", "object-admin",
+     _set("member", "allUsers")),
+    ("no-public-principals", "gcp:secretmanager/secretIamMember:SecretIamMember", "key-access",
+     _set("member", "allAuthenticatedUsers")),
+    ("no-default-compute-service-account", rules.TPU_VM, "tpu",
+     _set("serviceAccount.email", "42-compute@developer.gserviceaccount.com")),
+    ("no-default-compute-service-account", rules.INSTANCE, "controller",
+     _set("serviceAccount.email", "default")),
+    ("no-basic-or-admin-roles-for-service-accounts", "gcp:projects/iAMMember:IAMMember",
+     "workload-identity-logging", _set("role", "roles/editor")),
+    ("no-ssh-rdp-from-internet", rules.FIREWALL, "allow-ssh", _set("sourceRanges", ["0.0.0.0/0"])),
+    ("no-external-ip-except-vpn-hop", rules.INSTANCE, "controller",
+     _set("networkInterfaces.0.accessConfigs", [{"networkTier": "PREMIUM"}])),
+    ("ip-forwarding-only-on-vpn-hop", rules.INSTANCE, "controller", _set("canIpForward", True)),
+    ("shielded-vm", rules.INSTANCE, "controller",
+     _set("shieldedInstanceConfig.enableSecureBoot", False)),
+    ("os-login-enabled", rules.INSTANCE, "vpn-hop", _set("metadata.enable-oslogin", "FALSE")),
+    ("project-ssh-keys-blocked", rules.TPU_VM, "tpu", _set("metadata.block-project-ssh-keys", "0")),
+    ("serial-port-disabled", rules.INSTANCE, "controller",
+     _set("metadata.serial-port-enable", "TRUE")),
+    ("bucket-recoverable", rules.BUCKET, "training",
+     _set("softDeletePolicy.retentionDurationSeconds", 0)),
+    ("no-key-material-in-metadata", rules.TPU_VM, "tpu",
+     _set("metadata.wg-key", "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=")),
+    ("subnet-flow-logs", rules.SUBNETWORK, "tpu-subnet", _drop("logConfig")),
+    ("no-auto-mode-network", rules.NETWORK, "vpc", _set("autoCreateSubnetworks", True)),
+    ("tpu-and-bucket-same-region", rules.BUCKET, "training", _set("location", "US")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rule", "type_", "name_part", "change"),
+    MUTATIONS,
+    ids=[f"{rule}-{name}" for rule, _, name, _ in MUTATIONS],
+)
+def test_insecure_variant_of_a_real_stack_is_rejected(
+    rule: str, type_: str, name_part: str, change: Callable[[dict], None]
+) -> None:
+    for stack in ("v3-euw4", "v6e-euw4"):
+        edited = _edit(resources(stack), type_, name_part, change)
+        _only(run_pack(edited), rule)
+
+
+def test_hop_loses_its_exemptions_without_its_tag() -> None:
+    def untag(props: dict) -> None:
+        props["tags"] = [tag for tag in props["tags"] if tag != rules.HOP_NETWORK_TAG]
+
+    edited = _edit(resources("v2-usc1"), rules.INSTANCE, "vpn-hop", untag)
+    violations = run_pack(edited)
+    assert {v.policy for v in violations} == {
+        "no-external-ip-except-vpn-hop",
+        "ip-forwarding-only-on-vpn-hop",
+    }

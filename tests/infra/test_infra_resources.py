@@ -1,0 +1,368 @@
+"""Each stack's resources, asserted on the inputs the engine would receive."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import re
+import tarfile
+from pathlib import Path
+
+import pulumi
+import pytest
+import yaml
+from harness import of_type, one, run_offline, stack_names
+
+from infra import jobspec, render, wgkeys
+from infra.offline import Registered
+
+ROOT = Path(__file__).resolve().parents[2]
+IAP = "35.235.240.0/20"
+V2VM = "gcp:tpu/v2Vm:V2Vm"
+INSTANCE = "gcp:compute/instance:Instance"
+BUCKET = "gcp:storage/bucket:Bucket"
+FIREWALL = "gcp:compute/firewall:Firewall"
+EXPECTED = {
+    # stack: zone, accelerator, runtime, (preemptible, spot), shielded boot, job
+    "v3-euw4": ("europe-west4-a", "v3-8", "tpu-vm-tf-2.16.1-pjrt", (False, False), False),
+    "v2-usc1": ("us-central1-f", "v2-8", "tpu-vm-tf-2.16.1-pjrt", (True, False), False),
+    "v4-usc2": ("us-central2-b", "v4-8", "tpu-vm-tf-2.16.1-pjrt", (False, False), True),
+    "v6e-euw4": ("europe-west4-a", "v6e-8", "tpu-vm-tf-2.16.1-pjrt", (False, True), True),
+}
+
+
+def stack_file(stack: str) -> dict:
+    return yaml.safe_load((ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"]
+
+
+@pytest.fixture(scope="module", params=sorted(EXPECTED))
+def run(request):
+    return run_offline(request.param)
+
+
+def by_name(run, name: str) -> Registered:
+    (found,) = [r for r in run.resources if r.name == name]
+    return found
+
+
+def workload_email(run) -> str:
+    return f"tp-{run.stack}-workload@tpu-pretrain-test.iam.gserviceaccount.com"
+
+
+def hop_email(run) -> str:
+    return f"tp-{run.stack}-vpn-hop@tpu-pretrain-test.iam.gserviceaccount.com"
+
+
+def test_the_expected_stacks_exist():
+    assert stack_names() == sorted(EXPECTED)
+
+
+def test_tpu_vm(run):
+    zone, accelerator, runtime, (preemptible, spot), shielded = EXPECTED[run.stack]
+    vm = one(run.resources, V2VM)
+    assert vm.inputs["zone"] == zone
+    assert vm.inputs["acceleratorType"] == accelerator
+    assert vm.inputs["runtimeVersion"] == runtime
+    assert vm.inputs["schedulingConfig"] == {"preemptible": preemptible, "spot": spot}
+    assert vm.inputs["networkConfig"]["enableExternalIps"] is False
+    assert vm.inputs["networkConfig"]["canIpForward"] is False
+    assert vm.inputs["serviceAccount"] == {
+        "email": workload_email(run),
+        "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+    }
+    assert ("shieldedInstanceConfig" in vm.inputs) is shielded
+    if shielded:
+        assert vm.inputs["shieldedInstanceConfig"] == {"enableSecureBoot": True}
+    assert set(vm.inputs["metadata"]) == {"startup-script"}
+    assert vm.inputs["labels"]["stack"] == run.stack
+    assert vm.inputs["labels"]["accelerator"] == accelerator
+    assert vm.inputs["tags"] == ["tpu-pretrain-tpu"]
+
+
+def test_tpu_vm_subnet_name_is_in_the_tpu_region(run):
+    zone = EXPECTED[run.stack][0]
+    subnet = by_name(run, "network-tpu-subnet")
+    assert subnet.inputs["region"] == zone[:-2]
+    vm = one(run.resources, V2VM)
+    assert vm.inputs["networkConfig"]["subnetwork"] == (
+        f"projects/tpu-pretrain-test/regions/{zone[:-2]}/subnetworks/{subnet.inputs['name']}"
+    )
+
+
+def test_controller_vm(run):
+    vm = by_name(run, "controller-vm")
+    assert vm.inputs["zone"] == EXPECTED[run.stack][0]
+    assert vm.inputs["machineType"] == "e2-standard-4"
+    (nic,) = vm.inputs["networkInterfaces"]
+    assert "accessConfigs" not in nic or nic["accessConfigs"] == []
+    metadata = vm.inputs["metadata"]
+    assert metadata["enable-oslogin"] == "TRUE"
+    assert metadata["block-project-ssh-keys"] == "TRUE"
+    assert metadata["serial-port-enable"] == "FALSE"
+    assert vm.inputs["shieldedInstanceConfig"] == {
+        "enableSecureBoot": True,
+        "enableVtpm": True,
+        "enableIntegrityMonitoring": True,
+    }
+    assert vm.inputs["serviceAccount"]["email"] == workload_email(run)
+    assert vm.inputs.get("canIpForward") in (None, False)
+
+
+def test_vpn_hop(run):
+    vm = by_name(run, "vpn-hop-vm")
+    address = by_name(run, "vpn-hop-address")
+    assert vm.inputs["zone"] == "asia-northeast3-a"
+    assert address.inputs["region"] == "asia-northeast3"
+    assert vm.inputs["canIpForward"] is True
+    (nic,) = vm.inputs["networkInterfaces"]
+    assert nic["accessConfigs"] == [{"natIp": address.outputs["address"], "networkTier": "PREMIUM"}]
+    assert nic["subnetwork"].endswith(by_name(run, "network-hop-subnet").inputs["name"])
+    assert vm.inputs["serviceAccount"]["email"] == hop_email(run)
+    assert vm.inputs["metadata"]["enable-oslogin"] == "TRUE"
+    assert vm.inputs["metadata"]["block-project-ssh-keys"] == "TRUE"
+
+
+def test_only_the_hop_has_an_external_ip(run):
+    with_external = [
+        r.name
+        for r in of_type(run.resources, INSTANCE)
+        if any(nic.get("accessConfigs") for nic in r.inputs["networkInterfaces"])
+    ]
+    assert with_external == ["vpn-hop-vm"]
+    assert one(run.resources, V2VM).inputs["networkConfig"]["enableExternalIps"] is False
+
+
+def test_tpu_external_ip_only_when_asked():
+    vm = one(run_offline("v3-euw4", {"tpu-pretrain:tpuExternalIp": True}).resources, V2VM)
+    assert vm.inputs["networkConfig"]["enableExternalIps"] is True
+
+
+def test_bucket(run):
+    bucket = one(run.resources, BUCKET)
+    region = EXPECTED[run.stack][0][:-2]
+    assert bucket.inputs["name"] == f"tpu-pretrain-test-{run.stack}-tpu-pretrain"
+    assert bucket.inputs["location"] == region.upper()
+    assert bucket.inputs["uniformBucketLevelAccess"] is True
+    assert bucket.inputs["publicAccessPrevention"] == "enforced"
+    assert bucket.inputs["softDeletePolicy"] == {"retentionDurationSeconds": 7 * 86400}
+    assert bucket.inputs["forceDestroy"] is False
+    assert bucket.options["retainOnDelete"] is True
+    assert bucket.options["protect"] in (None, False)  # `pulumi destroy` must still succeed
+
+
+def test_bucket_goes_with_the_stack_only_when_the_stack_says_so():
+    bucket = one(
+        run_offline("v3-euw4", {"tpu-pretrain:destroyBucketWithStack": True}).resources, BUCKET
+    )
+    assert bucket.inputs["forceDestroy"] is True
+    assert bucket.options["retainOnDelete"] in (None, False)
+
+
+def test_iam_is_bucket_level_for_the_dedicated_account(run):
+    workload = f"serviceAccount:{workload_email(run)}"
+    (binding,) = of_type(run.resources, "gcp:storage/bucketIAMMember:BucketIAMMember")
+    assert binding.inputs == {
+        "bucket": one(run.resources, BUCKET).inputs["name"],
+        "role": "roles/storage.objectAdmin",
+        "member": workload,
+    }
+    project_roles = sorted(
+        (r.inputs["member"], r.inputs["role"])
+        for r in of_type(run.resources, "gcp:projects/iAMMember:IAMMember")
+    )
+    hop = f"serviceAccount:{hop_email(run)}"
+    assert project_roles == sorted(
+        [
+            (hop, "roles/logging.logWriter"),
+            (hop, "roles/monitoring.metricWriter"),
+            (workload, "roles/logging.logWriter"),
+            (workload, "roles/monitoring.metricWriter"),
+        ]
+    )
+    text = json.dumps([r.inputs for r in run.resources], default=str)
+    assert "compute@developer.gserviceaccount.com" not in text
+    assert not of_type(run.resources, "gcp:projects/iAMBinding:IAMBinding")
+
+
+def test_secret_access_is_the_hop_account_on_one_secret(run):
+    secret = one(run.resources, "gcp:secretmanager/secret:Secret")
+    (access,) = of_type(run.resources, "gcp:secretmanager/secretIamMember:SecretIamMember")
+    assert access.inputs["secretId"] == secret.inputs["secretId"]
+    assert access.inputs["role"] == "roles/secretmanager.secretAccessor"
+    assert access.inputs["member"] == f"serviceAccount:{hop_email(run)}"
+
+
+def test_firewall(run):
+    rules = {r.name: r.inputs for r in of_type(run.resources, FIREWALL)}
+    assert set(rules) == {"network-allow-ssh", "network-allow-wireguard", "network-allow-internal"}
+    ssh = rules["network-allow-ssh"]
+    assert ssh["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
+    assert ssh["sourceRanges"] == [IAP, "10.250.0.0/24"]
+    wireguard = rules["network-allow-wireguard"]
+    assert wireguard["allows"] == [{"protocol": "udp", "ports": ["51820"]}]
+    assert wireguard["sourceRanges"] == stack_file(run.stack)["tpu-pretrain:vpnAllowedCidrs"]
+    assert wireguard["targetTags"] == ["tpu-pretrain-vpn-hop"]
+    internal = rules["network-allow-internal"]
+    roles = ["tpu-pretrain-tpu", "tpu-pretrain-controller", "tpu-pretrain-vpn-hop"]
+    assert internal["sourceTags"] == roles and internal["targetTags"] == roles
+    assert "sourceRanges" not in internal
+    for rule in rules.values():
+        assert rule["direction"] == "INGRESS"
+        assert "0.0.0.0/0" not in rule.get("sourceRanges", [])
+
+
+def test_network(run):
+    vpc = one(run.resources, "gcp:compute/network:Network")
+    assert vpc.inputs["autoCreateSubnetworks"] is False
+    subnets = {
+        r.name: r.inputs for r in of_type(run.resources, "gcp:compute/subnetwork:Subnetwork")
+    }
+    assert subnets["network-tpu-subnet"]["region"] == EXPECTED[run.stack][0][:-2]
+    assert subnets["network-hop-subnet"]["region"] == "asia-northeast3"
+    for subnet in subnets.values():
+        assert subnet["privateIpGoogleAccess"] is True
+        assert subnet["logConfig"]["flowSampling"] > 0
+    nat = one(run.resources, "gcp:compute/routerNat:RouterNat")
+    assert nat.inputs["region"] == EXPECTED[run.stack][0][:-2]
+    assert nat.inputs["subnetworks"][0]["name"].endswith(subnets["network-tpu-subnet"]["name"])
+
+
+def test_apis_stay_enabled_on_destroy(run):
+    services = of_type(run.resources, "gcp:projects/service:Service")
+    names = {s.inputs["service"] for s in services}
+    assert {"tpu.googleapis.com", "compute.googleapis.com", "secretmanager.googleapis.com"} <= names
+    assert all(s.inputs["disableOnDestroy"] is False for s in services)
+
+
+def test_components_own_every_resource(run):
+    components = [r for r in run.resources if r.type_.startswith("tpu-pretrain:index:")]
+    assert {c.type_.split(":")[-1] for c in components} == {
+        "ProjectApis",
+        "Network",
+        "ServiceIdentity",
+        "TrainingBucket",
+        "PayloadDelivery",
+        "ControllerVm",
+        "TpuVm",
+        "VpnHop",
+    }
+    component_urns = {c.urn for c in components}
+    for resource in run.resources:
+        if resource not in components:
+            assert resource.options["parent"] in component_urns, resource.name
+
+
+def _key_material(run) -> dict[str, str]:
+    seeds = {
+        r.name: r.outputs["base64"]
+        for r in of_type(run.resources, "random:index/randomBytes:RandomBytes")
+    }
+    keys = {}
+    for name, seed in seeds.items():
+        keys[f"{name}:seed"] = seed
+        keys[f"{name}:private"] = wgkeys.private_key(seed)
+    return keys
+
+
+def test_no_key_material_outside_secret_manager(run):
+    material = _key_material(run)
+    assert len(material) == 4  # server and client: seed + private key each
+    server_private = material["vpn-hop-server-key:private"]
+    for resource in run.resources:
+        text = json.dumps(resource.inputs, default=str)
+        if resource.type_ == "gcp:secretmanager/secretVersion:SecretVersion":
+            assert resource.inputs["secretData"] == server_private
+            assert "secretData" in resource.secret_inputs
+            continue
+        for label, value in material.items():
+            assert value not in text, f"{label} appears in the inputs of {resource.name}"
+    hop_script = by_name(run, "vpn-hop-vm").inputs["metadata"]["startup-script"]
+    assert "gcloud secrets versions access latest" in hop_script
+    assert "PrivateKey = ${private_key}" in hop_script
+
+
+def test_vpn_client_config_is_a_secret_limited_to_the_vpc(run):
+    assert "vpnClientConfig" in run.secret_exports
+    config = run.exports["vpnClientConfig"]
+    material = _key_material(run)
+    server_public = wgkeys.public_key(material["vpn-hop-server-key:private"])
+    assert f"PrivateKey = {material['vpn-hop-client-key:private']}\n" in config
+    assert f"PublicKey = {server_public}\n" in config
+    assert run.exports["vpnServerPublicKey"] == server_public
+    address = by_name(run, "vpn-hop-address").outputs["address"]
+    assert f"Endpoint = {address}:51820\n" in config
+    assert "AllowedIPs = 10.10.0.0/20, 10.20.0.0/24\n" in config
+    hop_script = by_name(run, "vpn-hop-vm").inputs["metadata"]["startup-script"]
+    client_public = wgkeys.public_key(material["vpn-hop-client-key:private"])
+    assert f"readonly WG_CLIENT_PUBLIC_KEY={client_public}" in hop_script
+
+
+def test_a_user_supplied_client_key_replaces_the_generated_pair():
+    own = base64.b64encode(bytes(range(32))).decode()
+    run = run_offline("v6e-euw4", {"tpu-pretrain:vpnClientPublicKey": own})
+    seeds = [r.name for r in of_type(run.resources, "random:index/randomBytes:RandomBytes")]
+    assert seeds == ["vpn-hop-server-key"]
+    hop_script = by_name(run, "vpn-hop-vm").inputs["metadata"]["startup-script"]
+    assert f"readonly WG_CLIENT_PUBLIC_KEY={own}" in hop_script
+    assert f"PrivateKey = {render.OWN_CLIENT_KEY_PLACEHOLDER}\n" in run.exports["vpnClientConfig"]
+
+
+def test_payload_archive_is_content_addressed_and_uploaded(run):
+    archive_object = by_name(run, "payload-archive")
+    name = archive_object.inputs["name"]
+    match = re.fullmatch(r"payload/tpu-pretrain-payload-([0-9a-f]{16})\.tar\.gz", name)
+    assert match
+    source = archive_object.inputs["source"]
+    assert isinstance(source, pulumi.FileAsset)
+    data = Path(source.path).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    assert digest.startswith(match.group(1))
+    for vm in (one(run.resources, V2VM), by_name(run, "controller-vm")):
+        script = vm.inputs["metadata"]["startup-script"]
+        assert f"readonly PAYLOAD_SHA256={digest}\n" in script
+        assert f"/{name}\n" in script
+
+
+def test_payload_archive_is_deterministic_and_complete():
+    first, second = render.build_payload_archive(), render.build_payload_archive()
+    assert first.data == second.data and first.name == second.name
+    with tarfile.open(fileobj=io.BytesIO(first.data)) as tar:
+        names = tar.getnames()
+        assert all(m.mtime == 0 and m.uid == 0 for m in tar.getmembers())
+    assert {"pyproject.toml", "README.md", "requirements/payload.lock", "payload/spec.py"} <= set(
+        names
+    )
+    assert names == sorted(names)
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+
+def test_job_spec_is_rendered_into_the_bucket_layout(run):
+    job_object = by_name(run, "payload-job-spec")
+    bucket = one(run.resources, BUCKET).inputs["name"]
+    template_path = ROOT / stack_file(run.stack)["tpu-pretrain:job"]
+    template = jobspec.load_template(template_path)
+    spec = json.loads(job_object.inputs["content"])
+    assert job_object.inputs["name"] == f"jobs/{template['name']}.json"
+    assert spec == jobspec.render_job_spec(template, bucket)
+    assert spec["output"] == f"gs://{bucket}/runs/{template['name']}"
+    assert all(p.startswith(f"gs://{bucket}/corpus/") for p in spec["corpus"]["paths"])
+
+
+def test_stack_outputs(run):
+    exports = run.exports
+    zone = EXPECTED[run.stack][0]
+    assert exports["tpuName"] == f"tp-{run.stack}-tpu"
+    assert exports["tpuZone"] == zone
+    assert exports["tpuInternalIp"].startswith("10.10.")
+    assert exports["controllerInternalIp"].startswith("10.10.")
+    assert exports["bucketUrl"] == f"gs://tpu-pretrain-test-{run.stack}-tpu-pretrain"
+    assert exports["tensorboardUrl"].startswith(f"http://{exports['controllerInternalIp']}:6006")
+    assert exports["sshCommands"]["tpu"] == (
+        f"gcloud compute tpus tpu-vm ssh tp-{run.stack}-tpu --zone {zone} "
+        "--project tpu-pretrain-test --tunnel-through-iap"
+    )
+    assert "--tunnel-through-iap" in exports["sshCommands"]["controller"]
+    assert exports["vpnEndpoint"].endswith(":51820")
+    assert run.secret_exports == {"vpnClientConfig"}

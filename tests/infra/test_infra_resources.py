@@ -75,7 +75,13 @@ def test_tpu_vm(run):
     assert ("shieldedInstanceConfig" in vm.inputs) is shielded
     if shielded:
         assert vm.inputs["shieldedInstanceConfig"] == {"enableSecureBoot": True}
-    assert set(vm.inputs["metadata"]) == {"startup-script"}
+    assert vm.inputs["metadata"]["enable-oslogin"] == "TRUE"
+    assert vm.inputs["metadata"]["block-project-ssh-keys"] == "TRUE"
+    assert set(vm.inputs["metadata"]) == {
+        "startup-script",
+        "enable-oslogin",
+        "block-project-ssh-keys",
+    }
     assert vm.inputs["labels"]["stack"] == run.stack
     assert vm.inputs["labels"]["accelerator"] == accelerator
     assert vm.inputs["tags"] == ["tpu-pretrain-tpu"]

@@ -112,7 +112,7 @@ def _open(path: str) -> IO[bytes]:
     return handle
 
 
-def _cut(buf: bytes, final: bool) -> tuple[int, int, bool] | None:
+def _cut(buf: bytes, final: bool, max_document_bytes: int) -> tuple[int, int, bool] | None:
     """Where to cut ``buf``: (end of piece, start of rest, piece ends a document) or None."""
     if final:
         return len(buf), len(buf), True
@@ -124,7 +124,7 @@ def _cut(buf: bytes, final: bool) -> tuple[int, int, bool] | None:
         pass
     if last is not None:
         return last.start(), last.end(), True
-    if len(buf) < MAX_DOCUMENT_BYTES:
+    if len(buf) < max_document_bytes:
         return None  # keep reading: the document is not finished yet
     idx = buf.rfind(b"\n")
     if idx >= 0:
@@ -142,7 +142,7 @@ def iter_chunks(
     on_bad_input: str,
     stats: CorpusStats,
     *,
-    chunk_bytes: int = CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
 ) -> Iterator[Chunk]:
     """Stream every file as chunks of about ``chunk_bytes`` cut at document boundaries.
@@ -150,6 +150,7 @@ def iter_chunks(
     Updates ``stats.files``/``bytes``/``skipped_files``; ``on_bytes`` gets the number of
     raw bytes read as reading progresses (for progress bars).
     """
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
     index = 0
     for path in files:
         with _open(path) as handle:
@@ -172,7 +173,7 @@ def iter_chunks(
                     block = _read(handle, chunk_bytes, on_bytes)
                     eof = not block
                     buf += block
-                cut = _cut(buf, eof)
+                cut = _cut(buf, eof, MAX_DOCUMENT_BYTES)
                 if cut is None:  # a long document: read on until it ends
                     block = _read(handle, chunk_bytes, on_bytes)
                     eof = not block

@@ -1,0 +1,248 @@
+"""Encode stage: the shards hold exactly the packed token stream, deterministically."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from payload import corpus, encode, records, spec, storage, tokenizer
+from payload import manifest as mf
+from payload.errors import CorpusError, DataError
+from payload.status import StatusWriter
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+from generate_corpus import write_corpus  # noqa: E402
+
+
+def make_job(tmp_path: Path, corpus_paths: list[str], **overrides: object) -> spec.JobSpec:
+    objective = overrides.pop("objective", "mlm")
+    kind = overrides.pop("kind", "wordpiece")
+    family = {"mlm": "bert" if kind == "wordpiece" else "roberta", "clm": "gpt2"}[objective]
+    doc: dict = {
+        "name": "enc",
+        "output": overrides.pop("output", str(tmp_path / "out")),
+        "corpus": {"paths": corpus_paths},
+        "tokenizer": {"kind": kind, "vocab_size": 1500},
+        "data": {"objective": objective, "seq_length": 32, "records_per_shard": 100},
+        "model": {"family": family},
+        "train": {"steps": 4},
+    }
+    for dotted, value in overrides.items():
+        section, key = dotted.split("__")
+        doc[section][key] = value
+    path = tmp_path / "job.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc))
+    return spec.load_job(str(path))
+
+
+def status_for(job: spec.JobSpec) -> StatusWriter:
+    return StatusWriter(job.paths.status, job.name, min_interval_s=0)
+
+
+def prepared(job: spec.JobSpec) -> spec.JobSpec:
+    tokenizer.train_tokenizer(job, status_for(job))
+    return job
+
+
+def expected_rows(job: spec.JobSpec, files: list[str]) -> np.ndarray:
+    """The packing rule, computed independently with the transformers tokenizer."""
+    tok = tokenizer.load_tokenizer(job.paths.tokenizer)
+    stream: list[int] = []
+    for path in files:
+        text = Path(path).read_text(encoding="utf-8-sig").replace("\r\n", "\n")
+        for document in re.split(r"\n[ \t\r\f\v]*\n", text):
+            if not document.strip():
+                continue
+            encoded = tok(document.strip(), add_special_tokens=False, split_special_tokens=True)
+            ids = encoded["input_ids"]
+            if job.data.objective == "mlm":
+                stream += [*ids, tok.sep_token_id]
+            else:
+                stream += [tok.bos_token_id, *ids, tok.eos_token_id]
+    length = job.data.seq_length
+    width = length - 1 if job.data.objective == "mlm" else length
+    rows = np.array(stream[: len(stream) // width * width]).reshape(-1, width)
+    if job.data.objective == "mlm":
+        rows = np.concatenate([np.full((len(rows), 1), tok.cls_token_id), rows], axis=1)
+    return rows
+
+
+def read_rows_python(data_dir: str) -> np.ndarray:
+    manifest = mf.load_manifest(data_dir)
+    rows = []
+    for path in mf.shard_paths(data_dir, manifest):
+        with storage.open_read(path) as handle:
+            rows += [
+                records.decode_example(r, manifest.token_dtype)
+                for r in records.iter_records(handle)
+            ]
+    return np.stack(rows)
+
+
+def read_rows_tf(data_dir: str) -> np.ndarray:
+    import tensorflow as tf
+
+    manifest = mf.load_manifest(data_dir)
+    dataset = tf.data.TFRecordDataset(mf.shard_paths(data_dir, manifest)).batch(16)
+    dataset = dataset.map(
+        lambda s: records.parse_batch(s, manifest.seq_length, manifest.token_dtype)
+    )
+    return np.concatenate([batch.numpy() for batch in dataset])
+
+
+@pytest.fixture(scope="module")
+def corpus_files(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    root = tmp_path_factory.mktemp("corpus")
+    write_corpus(root / "a.txt", 150_000, seed=1)
+    (root / "b.txt").write_text(
+        "﻿첫 번째 문서입니다.\r\n둘째 줄.\r\n\r\n   \r\nSecond doc [MASK] stays text.\n\n\n",
+        encoding="utf-8",
+    )
+    write_corpus(root / "c.txt", 60_000, seed=2)
+    return [str(root / n) for n in ("a.txt", "b.txt", "c.txt")]
+
+
+@pytest.mark.parametrize(("objective", "kind"), [("mlm", "wordpiece"), ("clm", "bpe")])
+def test_shards_hold_exactly_the_packed_stream(tmp_path, corpus_files, objective, kind) -> None:
+    job = prepared(make_job(tmp_path, corpus_files, objective=objective, kind=kind))
+    manifest = encode.encode(job, status_for(job))
+    expected = expected_rows(job, corpus_files)
+    assert manifest.total_records == len(expected)
+    np.testing.assert_array_equal(read_rows_python(job.paths.data), expected)
+    np.testing.assert_array_equal(read_rows_tf(job.paths.data), expected)
+
+    mf.verify_shards(job.paths.data, manifest)
+    assert [s.records for s in manifest.shards[:-1]] == [100] * (len(manifest.shards) - 1)
+    assert manifest.total_tokens == manifest.total_records * 32
+    assert manifest.corpus["documents"] == sum(
+        1
+        for f in corpus_files
+        for d in re.split(r"\n\s*\n", Path(f).read_text(encoding="utf-8"))
+        if d.strip()
+    )
+    assert manifest.tokenizer_sha256 == tokenizer.tokenizer_sha256(job.paths.tokenizer)
+    assert manifest.vocab_size == len(tokenizer.load_tokenizer(job.paths.tokenizer))
+    # No per-line padding anywhere, and the literal "[MASK]" in the corpus is not a mask token.
+    stream = read_rows_python(job.paths.data)
+    assert not np.any(stream == manifest.special_ids["pad"])
+    if objective == "mlm":
+        assert not np.any(stream == manifest.special_ids["mask"])
+        assert np.all(stream[:, 0] == manifest.special_ids["cls"])
+    names = sorted(p.name for p in Path(job.paths.data).iterdir())
+    assert names == sorted([s.name for s in manifest.shards] + ["manifest.json", "stage.json"])
+
+
+def test_output_is_independent_of_workers_and_chunking(tmp_path, corpus_files, monkeypatch) -> None:
+    one = prepared(make_job(tmp_path / "one", corpus_files, data__workers=1))
+    first = encode.encode(one, status_for(one))
+    # Same tokenizer file, two workers, small chunks and forced mid-document cuts.
+    two = make_job(tmp_path / "two", corpus_files, data__workers=2)
+    storage.upload_tree(one.paths.tokenizer, two.paths.tokenizer)
+    monkeypatch.setattr(corpus, "CHUNK_BYTES", 16_384)
+    monkeypatch.setattr(corpus, "MAX_DOCUMENT_BYTES", 20_000)
+    (Path(corpus_files[0]).parent / "long.txt").write_text(
+        "\n".join(f"line {i} of one very long document" for i in range(3000)) + "\n"
+    )
+    second = encode.encode(two, status_for(two))
+    assert second.shards == first.shards
+    for shard in first.shards:
+        assert (
+            Path(one.paths.data, shard.name).read_bytes()
+            == Path(two.paths.data, shard.name).read_bytes()
+        )
+    (Path(corpus_files[0]).parent / "long.txt").unlink()
+
+
+def test_long_document_cut_keeps_the_stream(tmp_path, monkeypatch) -> None:
+    long_doc = tmp_path / "long.txt"
+    long_doc.write_text(
+        "\n".join(f"sentence {i} keeps going without a blank line" for i in range(4000))
+        + "\n\nshort tail document\n"
+    )
+    job = prepared(make_job(tmp_path, [str(long_doc)]))
+    monkeypatch.setattr(corpus, "CHUNK_BYTES", 8_192)
+    monkeypatch.setattr(corpus, "MAX_DOCUMENT_BYTES", 10_000)
+    manifest = encode.encode(job, status_for(job))
+    np.testing.assert_array_equal(
+        read_rows_python(job.paths.data), expected_rows(job, [str(long_doc)])
+    )
+    assert manifest.corpus["documents"] == 2
+
+
+def test_bad_input_is_skipped_and_counted(tmp_path, corpus_files) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "blob.bin").write_bytes(b"\x00\x01\x02" * 1000)
+    (bad / "latin1.txt").write_bytes(
+        "good document\n\ncaf\xe9 is latin-1\n\nanother good one\n".encode("latin-1")
+    )
+    job = prepared(make_job(tmp_path, [*corpus_files, str(bad)]))
+    manifest = encode.encode(job, status_for(job))
+    assert manifest.corpus["skipped_files"] == 1
+    assert manifest.corpus["skipped_documents"] == 1
+    status = yaml.safe_load(Path(job.paths.status).read_text())
+    assert status["stages"]["encode"]["metrics"]["skipped_documents"] == 1
+
+
+def test_bad_input_fails_when_asked(tmp_path, corpus_files) -> None:
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("ok\n\ncaf\xe9\n".encode("latin-1"))
+    job = prepared(make_job(tmp_path, corpus_files))
+    failing = make_job(tmp_path, [*corpus_files, str(bad)], corpus__on_bad_input="fail")
+    with pytest.raises(CorpusError, match=r"latin1\.txt: invalid UTF-8 at byte 7"):
+        encode.encode(failing, status_for(failing))
+    assert not encode.is_complete(job)
+    assert not any(p.suffix == ".tfrecord" for p in Path(job.paths.data).rglob("*"))
+
+
+def test_corpus_too_small_for_one_sequence(tmp_path) -> None:
+    small = tmp_path / "small.txt"
+    small.write_text("a few words of text here and there and more of them\n\nyes\n" * 3)
+    job = prepared(
+        make_job(tmp_path, [str(small)], tokenizer__vocab_size=200, tokenizer__min_frequency=1)
+    )
+    big = make_job(tmp_path, [str(small)], data__seq_length=512, tokenizer__vocab_size=200)
+    with pytest.raises(CorpusError, match=r"corpus too small: \d+ tokens do not fill one sequence"):
+        encode.encode(big, status_for(big))
+    assert not encode.is_complete(job)
+
+
+def test_complete_is_skipped_and_stale_data_detected(tmp_path, corpus_files) -> None:
+    job = prepared(make_job(tmp_path, corpus_files[1:]))
+    first = encode.encode(job, status_for(job))
+    manifest_bytes = Path(mf.manifest_path(job.paths.data)).read_bytes()
+    assert encode.encode(job, status_for(job)) == first
+    assert Path(mf.manifest_path(job.paths.data)).read_bytes() == manifest_bytes
+    # Retrained tokenizer: the finished data no longer matches and is not silently reused.
+    Path(job.paths.tokenizer, "tokenizer.json").unlink()
+    tokenizer.train_tokenizer(job, status_for(job))
+    Path(job.paths.tokenizer, "tokenizer.json").write_text(
+        Path(job.paths.tokenizer, "tokenizer.json")
+        .read_text()
+        .replace('"lowercase"', '"lowercase" ')
+    )
+    with pytest.raises(DataError, match="different tokenizer"):
+        encode.encode(job, status_for(job))
+
+
+def test_encode_without_tokenizer(tmp_path, corpus_files) -> None:
+    job = make_job(tmp_path, corpus_files)
+    with pytest.raises(DataError, match=r"no tokenizer\.json .* run `tpu-payload tokenizer"):
+        encode.encode(job, status_for(job))
+
+
+def test_worker_modules_do_not_import_tensorflow() -> None:
+    code = (
+        "import sys, payload.encode, payload.corpus, payload.tokenizer, payload.records;"
+        "assert 'tensorflow' not in sys.modules, 'tensorflow imported';"
+        "assert payload.encode.mp.get_context('spawn')"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,0 +1,232 @@
+"""Stack configuration: every rule fails with its exact one-line message."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+import yaml
+from harness import config_error, one, run_stack, stack_names
+
+from infra import wgkeys
+from infra.catalog import load_catalog
+from infra.config import KEYS
+
+ROOT = Path(__file__).resolve().parents[2]
+K = "tpu-pretrain:"
+ZONES = (
+    "asia-east1-c, europe-west4-a, europe-west4-b, us-central1-a, us-central1-b, "
+    "us-central1-c, us-central1-f, us-central2-b, us-east1-d, us-east5-a, us-east5-b, "
+    "us-south1-a, us-west1-c, us-west4-a"
+)
+CLASSIC = (
+    "tpu-vm-tf-2.16.1-pjrt, tpu-vm-tf-2.16.1-se, tpu-vm-tf-2.15.1-pjrt, tpu-vm-tf-2.15.1-se, "
+    "tpu-vm-tf-2.15.0-pjrt, tpu-vm-tf-2.15.0-se, tpu-vm-tf-2.14.1, tpu-vm-tf-2.14.0, "
+    "tpu-vm-tf-2.13.1, tpu-vm-tf-2.13.0, tpu-vm-tf-2.12.1, tpu-vm-tf-2.12.0, "
+    "tpu-vm-tf-2.11.1, tpu-vm-tf-2.11.0, tpu-vm-tf-2.10.1"
+)
+PJRT = "tpu-vm-tf-2.16.1-pjrt, tpu-vm-tf-2.15.1-pjrt, tpu-vm-tf-2.15.0-pjrt"
+
+CASES = [
+    (
+        "v3-euw4",
+        {K + "tpuZone": "mars-north1-a"},
+        f"tpu-pretrain:tpuZone: unknown zone 'mars-north1-a'; infra/catalog.yaml lists: {ZONES}",
+    ),
+    (
+        "v3-euw4",
+        {K + "tpuZone": "europe-west4"},
+        "tpu-pretrain:tpuZone: 'europe-west4' is not a zone name like europe-west4-a",
+    ),
+    (
+        "v3-euw4",
+        {K + "acceleratorType": "v4-8"},
+        "tpu-pretrain:acceleratorType: 'v4-8' is not offered in europe-west4-a; offered there: "
+        "v2-8, v3-8, v6e-1, v6e-4, v6e-8",
+    ),
+    (
+        "v3-euw4",
+        {K + "runtimeVersion": "tpu-ubuntu2204-base"},
+        "tpu-pretrain:runtimeVersion: 'tpu-ubuntu2204-base' is not a TensorFlow runtime; "
+        f"for TPU v3 use one of: {CLASSIC}",
+    ),
+    (
+        "v6e-euw4",
+        {K + "runtimeVersion": "tpu-vm-tf-2.14.1"},
+        "tpu-pretrain:runtimeVersion: 'tpu-vm-tf-2.14.1' is not a TensorFlow runtime for TPU "
+        f"v6e; use one of: {PJRT}",
+    ),
+    (
+        "v6e-euw4",
+        {K + "runtimeVersion": "v2-alpha-tpuv6e"},
+        "tpu-pretrain:runtimeVersion: 'v2-alpha-tpuv6e' is not a TensorFlow runtime; "
+        f"for TPU v6e use one of: {PJRT}",
+    ),
+    (
+        "v4-usc2",
+        {K + "runtimeVersion": "tpu-vm-tf-2.16.1-pod-pjrt"},
+        "tpu-pretrain:runtimeVersion: 'tpu-vm-tf-2.16.1-pod-pjrt' is for multi-host slices; "
+        f"v4-8 is a single host, use one of: {CLASSIC}",
+    ),
+    (
+        "v3-euw4",
+        {K + "tpuArchitecture": "node"},
+        "tpu-pretrain:tpuArchitecture: 'node' asks for a TPU Node, which Google no longer "
+        "provisions (new TPU Nodes are refused since 2025-04-15); set "
+        "tpu-pretrain:tpuArchitecture to 'vm' (TPU VM, gcp.tpu.V2Vm)",
+    ),
+    (
+        "v3-euw4",
+        {K + "runtimeVersion": "2.12.0"},
+        "tpu-pretrain:runtimeVersion: '2.12.0' is a TPU Node TensorFlow version; new TPU Nodes "
+        "are refused since 2025-04-15; use a TPU VM runtime such as 'tpu-vm-tf-2.12.0-pjrt' "
+        f"from: {CLASSIC}",
+    ),
+    (
+        "v3-euw4",
+        {K + "bucketLocation": "US"},
+        "tpu-pretrain:bucketLocation: 'US' is outside the TPU region europe-west4; "
+        "set it to europe-west4 (or leave it unset)",
+    ),
+    (
+        "v2-usc1",
+        {K + "bucketLocation": "us-east1"},
+        "tpu-pretrain:bucketLocation: 'US-EAST1' is outside the TPU region us-central1; "
+        "set it to us-central1 (or leave it unset)",
+    ),
+    (
+        "v3-euw4",
+        {K + "vpnZone": "europe-west4-b"},
+        "tpu-pretrain:vpnZone: 'europe-west4-b' is in the TPU's own region europe-west4; the hop "
+        "belongs in a region near you (default asia-northeast3-a)",
+    ),
+    (
+        "v3-euw4",
+        {K + "vpnAllowedCidrs": ["203.0.113.0/24", "10.0.0.0/33"]},
+        "tpu-pretrain:vpnAllowedCidrs[1]: '10.0.0.0/33' is not an IPv4 CIDR like 203.0.113.0/24",
+    ),
+    (
+        "v3-euw4",
+        {K + "vpnAllowedCidrs": ["203.0.113.7"]},
+        "tpu-pretrain:vpnAllowedCidrs[0]: '203.0.113.7' is not an IPv4 CIDR like 203.0.113.0/24",
+    ),
+    (
+        "v3-euw4",
+        {K + "vpnAllowedCidrs": ["203.0.113.1/24"]},
+        "tpu-pretrain:vpnAllowedCidrs[0]: '203.0.113.1/24' is not an IPv4 CIDR like 203.0.113.0/24",
+    ),
+    (
+        "v3-euw4",
+        {K + "tpuSubnetCidr": "10.10.0.0/200"},
+        "tpu-pretrain:tpuSubnetCidr: '10.10.0.0/200' is not an IPv4 CIDR like 203.0.113.0/24",
+    ),
+    (
+        "v3-euw4",
+        {K + "vpnClientCidr": "10.10.4.0/24"},
+        "tpu-pretrain:vpnClientCidr: 10.10.4.0/24 overlaps tpu-pretrain:tpuSubnetCidr "
+        "10.10.0.0/20; use disjoint ranges",
+    ),
+    (
+        "v3-euw4",
+        {K + "vpnAllowedCidrs": None},
+        'tpu-pretrain:vpnAllowedCidrs is required (e.g. ["203.0.113.0/24"]): Source CIDRs '
+        "allowed to reach WireGuard (UDP).",
+    ),
+    (
+        "v3-euw4",
+        {"gcp:project": None},
+        "gcp:project is required: run `pulumi config set gcp:project <your-project-id>`",
+    ),
+    (
+        "v3-euw4",
+        {K + "scheduling": "cheap"},
+        "tpu-pretrain:scheduling: 'cheap' is not allowed; use one of: on-demand, preemptible, spot",
+    ),
+    (
+        "v3-euw4",
+        {K + "tpuZones": "europe-west4-a"},
+        "tpu-pretrain:tpuZones: unknown setting; known: " + ", ".join(sorted(k.name for k in KEYS)),
+    ),
+    (
+        "v3-euw4",
+        {K + "vpnClientPublicKey": "not-a-key"},
+        "tpu-pretrain:vpnClientPublicKey: 'not-a-key' is not a WireGuard public key "
+        "(44 base64 characters, the output of `wg pubkey`)",
+    ),
+    (
+        "v3-euw4",
+        {K + "bucketSoftDeleteDays": 3},
+        "tpu-pretrain:bucketSoftDeleteDays: '3' must be an integer from 7 to 90",
+    ),
+    (
+        "v3-euw4",
+        {K + "job": "stacks/jobs/missing.yaml"},
+        "tpu-pretrain:job: 'stacks/jobs/missing.yaml': cannot read job template: "
+        "No such file or directory",
+    ),
+]
+
+
+@pytest.mark.parametrize(("stack", "overrides", "message"), CASES, ids=[c[2][:40] for c in CASES])
+def test_config_errors_are_one_exact_line(stack, overrides, message):
+    assert config_error(stack, overrides) == message
+
+
+def test_job_template_must_not_set_output(tmp_path):
+    template = tmp_path / "job.yaml"
+    template.write_text("name: x1\noutput: gs://elsewhere\ncorpus: {paths: [a]}\n")
+    message = config_error("v3-euw4", {K + "job": str(template)})
+    assert message.endswith("output: set by infra (gs://<bucket>/runs/<name>); remove it")
+
+
+def test_valid_variations_render():
+    vm = one(
+        run_stack("v6e-euw4", {K + "scheduling": "preemptible", K + "vpnZone": "us-west1-b"}),
+        "gcp:tpu/v2Vm:V2Vm",
+    )
+    assert vm.inputs["schedulingConfig"] == {"preemptible": True, "spot": False}
+
+
+def test_pulumi_yaml_declares_every_key_with_type_and_description():
+    project = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
+    assert project["name"] == "tpu-pretrain"
+    assert project["main"] == "infra/"
+    assert project["stackConfigDir"] == "stacks"
+    assert project["runtime"]["name"] == "python"
+    declared = project["config"]
+    assert set(declared) == {key.name for key in KEYS}
+    for key in KEYS:
+        assert declared[key.name]["type"] == key.type
+        assert declared[key.name]["description"] == key.description
+        if key.default not in (None, ""):
+            assert declared[key.name]["default"] == key.default
+
+
+def test_stack_files_use_only_declared_keys():
+    declared = {f"tpu-pretrain:{key.name}" for key in KEYS}
+    for stack in stack_names():
+        config = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"]
+        assert set(config) <= declared, stack
+        assert "gcp:project" not in config  # each user sets their own
+
+
+def test_catalog_is_consistent():
+    catalog = load_catalog()
+    for zone, types in catalog.zones.items():
+        assert types, zone
+        for accelerator_type in types:
+            generation = catalog.generation_of(accelerator_type)
+            assert all(r.startswith("tpu-vm-tf-") for r in generation.runtimes)
+            assert not [r for r in generation.runtimes if "-pod" in r]
+
+
+def test_wireguard_keys_match_rfc7748():
+    # RFC 7748 section 6.1: Alice's private scalar and public key.
+    private = bytes.fromhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")
+    public = bytes.fromhex("8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a")
+    clamped = wgkeys.private_key(base64.b64encode(private).decode())
+    assert base64.b64decode(clamped) == wgkeys.clamp(private)
+    assert wgkeys.public_key(clamped) == base64.b64encode(public).decode()
+    raw = base64.b64decode(wgkeys.private_key(base64.b64encode(b"\xff" * 32).decode()))
+    assert raw[0] & 7 == 0 and raw[31] & 0x80 == 0 and raw[31] & 0x40

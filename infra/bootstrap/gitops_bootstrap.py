@@ -1,0 +1,497 @@
+"""One-time GitOps setup for tpu-pretrain, as its own small Pulumi program.
+
+Creates what the workflows in .github/workflows need before any stack can be previewed:
+
+- the self-managed state bucket (versioned, uniform access, public access prevention),
+- a KMS key that encrypts each stack's secrets (rotated every 90 days),
+- a Workload Identity pool + GitHub OIDC provider that accepts tokens of ONE repository,
+- two CI service accounts with no keys:
+    preview: read-only; any workflow of the repository may use it (pull requests);
+    deploy:  applies stacks; only jobs in the GitHub environment that gates deploys.
+
+Its outputs are the values of the repository variables the workflows read. It is never
+imported by the main program (infra/) and has its own state (see README, GitOps).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+PROJECT_NAME = "tpu-pretrain-bootstrap"
+GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
+POOL_ID = "tpu-pretrain-github"
+PROVIDER_ID = "github-actions"
+PREVIEW_ACCOUNT_ID = "tpu-pretrain-preview"
+DEPLOY_ACCOUNT_ID = "tpu-pretrain-deploy"
+KEY_RING_ID = "tpu-pretrain-state"
+CRYPTO_KEY_ID = "pulumi-secrets"
+KEY_ROTATION = "7776000s"  # 90 days (CIS GCP 1.10)
+DEPLOYER_ROLE_ID = "tpuPretrainDeployer"
+IAM_GRANTER_ROLE_ID = "tpuPretrainIamGranter"
+
+# APIs the bootstrap itself and keyless CI authentication need; left enabled on destroy.
+APIS = (
+    "cloudresourcemanager.googleapis.com",
+    "serviceusage.googleapis.com",
+    "iam.googleapis.com",
+    "iamcredentials.googleapis.com",  # generateAccessToken for the impersonated accounts
+    "sts.googleapis.com",  # token exchange of Workload Identity Federation
+    "cloudkms.googleapis.com",
+    "storage.googleapis.com",
+)
+
+# Read-only project roles of the preview account: enough for the provider's reads during a
+# preview (and a `pulumi refresh --preview-only`), no write, no secret payloads, no admin.
+PREVIEW_PROJECT_ROLES = (
+    "roles/compute.viewer",  # networks, subnets, firewalls, routers, addresses, VMs
+    "roles/tpu.viewer",  # TPU VMs, accelerator types, runtime versions
+    "roles/iam.serviceAccountViewer",  # the stacks' service accounts
+    "roles/secretmanager.viewer",  # secret metadata only, never the versions' payload
+    "roles/serviceusage.serviceUsageViewer",  # which APIs are enabled
+    "roles/storage.bucketViewer",  # the training buckets' settings
+)
+
+# The deploy account's permissions, one custom role: exactly what the program's resources
+# need (infra/components), instead of predefined admin roles (CIS GCP 1.5 forbids admin
+# roles for service accounts; the policy pack enforces it on this program too).
+DEPLOYER_PERMISSIONS = (
+    # ProjectApis: enable the stack's APIs (never disabled on destroy).
+    "serviceusage.services.enable",
+    "serviceusage.services.get",
+    "serviceusage.services.list",
+    "serviceusage.operations.get",
+    "resourcemanager.projects.get",
+    # Network: VPC, subnets, firewall, Cloud Router + NAT, the hop's static address.
+    "compute.networks.create",
+    "compute.networks.delete",
+    "compute.networks.get",
+    "compute.networks.update",
+    "compute.networks.updatePolicy",  # firewall rules
+    "compute.firewalls.create",
+    "compute.firewalls.delete",
+    "compute.firewalls.get",
+    "compute.firewalls.update",
+    "compute.subnetworks.create",
+    "compute.subnetworks.delete",
+    "compute.subnetworks.get",
+    "compute.subnetworks.update",
+    "compute.subnetworks.use",
+    "compute.subnetworks.useExternalIp",  # the VPN hop only (policy pack)
+    "compute.subnetworks.setPrivateIpGoogleAccess",
+    "compute.routers.create",
+    "compute.routers.delete",
+    "compute.routers.get",
+    "compute.routers.update",
+    "compute.routers.use",
+    "compute.addresses.create",
+    "compute.addresses.delete",
+    "compute.addresses.get",
+    "compute.addresses.use",
+    "compute.addresses.setLabels",
+    "compute.globalOperations.get",
+    "compute.regionOperations.get",
+    "compute.zoneOperations.get",
+    "compute.projects.get",
+    "compute.zones.get",
+    "compute.machineTypes.get",
+    # ControllerVm and VpnHop.
+    "compute.instances.create",
+    "compute.instances.delete",
+    "compute.instances.get",
+    "compute.instances.start",
+    "compute.instances.stop",
+    "compute.instances.setMetadata",
+    "compute.instances.setLabels",
+    "compute.instances.setTags",
+    "compute.instances.setMachineType",
+    "compute.instances.setServiceAccount",
+    "compute.instances.updateShieldedInstanceConfig",
+    "compute.instances.setShieldedInstanceIntegrityPolicy",
+    "compute.instances.addAccessConfig",
+    "compute.instances.deleteAccessConfig",
+    "compute.disks.create",
+    "compute.disks.get",
+    "compute.images.get",
+    "compute.images.getFromFamily",
+    "compute.images.useReadOnly",
+    # TpuVm.
+    "tpu.nodes.create",
+    "tpu.nodes.delete",
+    "tpu.nodes.get",
+    "tpu.nodes.update",
+    "tpu.operations.get",
+    "tpu.acceleratortypes.list",
+    "tpu.runtimeversions.list",
+    # TrainingBucket and payload delivery (archive + job spec objects).
+    "storage.buckets.create",
+    "storage.buckets.delete",
+    "storage.buckets.get",
+    "storage.buckets.update",
+    "storage.buckets.getIamPolicy",
+    "storage.buckets.setIamPolicy",
+    "storage.objects.create",
+    "storage.objects.delete",
+    "storage.objects.get",
+    "storage.objects.list",
+    # The stacks' dedicated service accounts, attached to the VMs they create.
+    "iam.serviceAccounts.create",
+    "iam.serviceAccounts.delete",
+    "iam.serviceAccounts.get",
+    "iam.serviceAccounts.update",
+    "iam.serviceAccounts.actAs",
+    # The VPN hop's key in Secret Manager (the provider reads the version it wrote).
+    "secretmanager.secrets.create",
+    "secretmanager.secrets.delete",
+    "secretmanager.secrets.get",
+    "secretmanager.secrets.update",
+    "secretmanager.secrets.getIamPolicy",
+    "secretmanager.secrets.setIamPolicy",
+    "secretmanager.versions.add",
+    "secretmanager.versions.get",
+    "secretmanager.versions.access",
+    "secretmanager.versions.enable",
+    "secretmanager.versions.disable",
+    "secretmanager.versions.destroy",
+)
+
+# Project-level IAM the program writes (ServiceIdentity: log and metric writing). Changing
+# a project's IAM policy could grant anything, so the deploy account holds it only under a
+# condition that limits the roles it may grant or revoke to these.
+GRANTABLE_PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
+IAM_GRANTER_PERMISSIONS = (
+    "resourcemanager.projects.getIamPolicy",
+    "resourcemanager.projects.setIamPolicy",
+)
+
+
+class BootstrapConfigError(ValueError):
+    """A bootstrap setting is missing or invalid; the message is one line naming the key."""
+
+
+@dataclass(frozen=True)
+class BootstrapConfig:
+    project: str
+    region: str
+    github_repository: str  # "owner/name"
+    github_repository_id: str | None  # numeric id: survives renames, rejects a re-created repo
+    state_bucket: str
+    deploy_environment: str
+
+
+_REPOSITORY = re.compile(r"^[A-Za-z0-9-]{1,39}/[A-Za-z0-9._-]{1,100}$")
+_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9]$")
+_ENVIRONMENT = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
+_PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+
+
+def validate_config(
+    *,
+    project: str | None,
+    region: str | None,
+    github_repository: str | None,
+    github_repository_id: str | None,
+    state_bucket: str | None,
+    deploy_environment: str | None,
+) -> BootstrapConfig:
+    """Checks every setting; the first bad one raises BootstrapConfigError (one line)."""
+    ns = PROJECT_NAME
+
+    def need(key: str, value: str | None, pattern: re.Pattern[str], allowed: str) -> str:
+        if not value:
+            raise BootstrapConfigError(f"{key} is not set: set it to {allowed}")
+        if not pattern.match(value):
+            raise BootstrapConfigError(f"{key}: {value!r} is not {allowed}")
+        return value
+
+    checked_project = need("gcp:project", project, _PROJECT, "a GCP project id")
+    checked_region = need(f"{ns}:region", region, _REGION, "a GCP region such as europe-west4")
+    repository = need(
+        f"{ns}:githubRepository", github_repository, _REPOSITORY, "'owner/name' of the repository"
+    )
+    if github_repository_id is not None and not github_repository_id.isdigit():
+        raise BootstrapConfigError(
+            f"{ns}:githubRepositoryId: {github_repository_id!r} is not the repository's "
+            "numeric id (GitHub API: repos/<owner>/<name> .id)"
+        )
+    bucket = need(
+        f"{ns}:stateBucket",
+        state_bucket,
+        _BUCKET,
+        "a bucket name (3-63 lowercase letters, digits, '-', '_', '.')",
+    )
+    if bucket.startswith("goog") or "google" in bucket:
+        raise BootstrapConfigError(f"{ns}:stateBucket: {bucket!r} may not contain 'goog'")
+    environment = need(
+        f"{ns}:deployEnvironment",
+        deploy_environment,
+        _ENVIRONMENT,
+        "a GitHub environment name",
+    )
+    return BootstrapConfig(
+        project=checked_project,
+        region=checked_region,
+        github_repository=repository,
+        github_repository_id=github_repository_id,
+        state_bucket=bucket,
+        deploy_environment=environment,
+    )
+
+
+def read_config() -> BootstrapConfig:
+    """The only place that reads pulumi.Config."""
+    config = pulumi.Config()
+    return validate_config(
+        project=pulumi.Config("gcp").get("project"),
+        region=config.get("region"),
+        github_repository=config.get("githubRepository"),
+        github_repository_id=config.get("githubRepositoryId") or None,
+        state_bucket=config.get("stateBucket"),
+        deploy_environment=config.get("deployEnvironment") or "gcp-deploy",
+    )
+
+
+def attribute_condition(cfg: BootstrapConfig) -> str:
+    """The provider accepts only tokens minted for this repository's workflows."""
+    condition = f"assertion.repository == '{cfg.github_repository}'"
+    if cfg.github_repository_id:
+        condition += f" && assertion.repository_id == '{cfg.github_repository_id}'"
+    return condition
+
+
+def iam_granter_condition() -> str:
+    roles = ", ".join(f"'{role}'" for role in GRANTABLE_PROJECT_ROLES)
+    return f"api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', []).hasOnly([{roles}])"
+
+
+def state_lock_condition(bucket: str) -> str:
+    return f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/.pulumi/locks/")'
+
+
+def define(cfg: BootstrapConfig) -> None:
+    """Registers every bootstrap resource and exports the GitHub repository variables."""
+    project = cfg.project
+    keep = pulumi.ResourceOptions(protect=True)
+
+    apis = [
+        gcp.projects.Service(
+            f"api-{api.split('.')[0]}",
+            project=project,
+            service=api,
+            disable_on_destroy=False,
+            disable_dependent_services=False,
+        )
+        for api in APIS
+    ]
+    after_apis = pulumi.ResourceOptions(depends_on=apis)
+
+    # --- state bucket -------------------------------------------------------------------
+    bucket = gcp.storage.Bucket(
+        "state-bucket",
+        project=project,
+        name=cfg.state_bucket,
+        location=cfg.region.upper(),
+        storage_class="STANDARD",
+        uniform_bucket_level_access=True,
+        public_access_prevention="enforced",
+        versioning={"enabled": True},
+        # Old state versions are kept for 90 days after they are replaced, 100 at most.
+        lifecycle_rules=[
+            {
+                "action": {"type": "Delete"},
+                "condition": {"days_since_noncurrent_time": 90, "with_state": "ARCHIVED"},
+            },
+            {
+                "action": {"type": "Delete"},
+                "condition": {"num_newer_versions": 100, "with_state": "ARCHIVED"},
+            },
+        ],
+        force_destroy=False,
+        labels={"app": "tpu-pretrain", "purpose": "pulumi-state"},
+        opts=pulumi.ResourceOptions.merge(keep, after_apis),
+    )
+
+    # --- KMS key for stack secrets ------------------------------------------------------
+    key_ring = gcp.kms.KeyRing(
+        "state-key-ring",
+        project=project,
+        name=KEY_RING_ID,
+        location=cfg.region,
+        opts=pulumi.ResourceOptions.merge(keep, after_apis),
+    )
+    crypto_key = gcp.kms.CryptoKey(
+        "state-key",
+        name=CRYPTO_KEY_ID,
+        key_ring=key_ring.id,
+        purpose="ENCRYPT_DECRYPT",
+        rotation_period=KEY_ROTATION,
+        labels={"app": "tpu-pretrain", "purpose": "pulumi-secrets"},
+        opts=keep,
+    )
+
+    # --- Workload Identity Federation -------------------------------------------------
+    pool = gcp.iam.WorkloadIdentityPool(
+        "github-pool",
+        project=project,
+        workload_identity_pool_id=POOL_ID,
+        display_name="GitHub Actions",
+        description=f"Workflows of {cfg.github_repository}",
+        opts=after_apis,
+    )
+    provider = gcp.iam.WorkloadIdentityPoolProvider(
+        "github-provider",
+        project=project,
+        workload_identity_pool_id=pool.workload_identity_pool_id,
+        workload_identity_pool_provider_id=PROVIDER_ID,
+        display_name="GitHub OIDC",
+        attribute_mapping={
+            "google.subject": "assertion.sub",
+            "attribute.repository": "assertion.repository",
+            "attribute.repository_id": "assertion.repository_id",
+            "attribute.ref": "assertion.ref",
+        },
+        attribute_condition=attribute_condition(cfg),
+        oidc={"issuer_uri": GITHUB_ISSUER},
+    )
+
+    # --- CI service accounts ----------------------------------------------------------
+    preview = gcp.serviceaccount.Account(
+        "preview-sa",
+        project=project,
+        account_id=PREVIEW_ACCOUNT_ID,
+        display_name="tpu-pretrain CI preview (read-only)",
+        opts=after_apis,
+    )
+    deploy = gcp.serviceaccount.Account(
+        "deploy-sa",
+        project=project,
+        account_id=DEPLOY_ACCOUNT_ID,
+        display_name="tpu-pretrain CI deploy",
+        opts=after_apis,
+    )
+    preview_member = preview.email.apply(lambda email: f"serviceAccount:{email}")
+    deploy_member = deploy.email.apply(lambda email: f"serviceAccount:{email}")
+
+    # Any workflow run of the repository may preview (pull requests from its branches).
+    gcp.serviceaccount.IAMMember(
+        "preview-wif",
+        service_account_id=preview.name,
+        role="roles/iam.workloadIdentityUser",
+        member=pool.name.apply(
+            lambda name: (
+                f"principalSet://iam.googleapis.com/{name}"
+                f"/attribute.repository/{cfg.github_repository}"
+            )
+        ),
+    )
+    # Deploys: only jobs that run in the deploy environment. Their token's subject is
+    # "repo:<owner>/<name>:environment:<env>"; the environment's protection rules (required
+    # reviewers, main branch only) decide which jobs get there.
+    gcp.serviceaccount.IAMMember(
+        "deploy-wif",
+        service_account_id=deploy.name,
+        role="roles/iam.workloadIdentityUser",
+        member=pool.name.apply(
+            lambda name: (
+                f"principal://iam.googleapis.com/{name}/subject/"
+                f"repo:{cfg.github_repository}:environment:{cfg.deploy_environment}"
+            )
+        ),
+    )
+
+    # --- state bucket and key access (resource level, not project level) ----------------
+    gcp.storage.BucketIAMMember(
+        "preview-state-read",
+        bucket=bucket.name,
+        role="roles/storage.objectViewer",
+        member=preview_member,
+    )
+    gcp.storage.BucketIAMMember(
+        "preview-state-lock",
+        bucket=bucket.name,
+        role="roles/storage.objectUser",
+        member=preview_member,
+        condition={
+            "title": "pulumi-locks-only",
+            "description": "The preview account writes only the backend's lock files.",
+            "expression": state_lock_condition(cfg.state_bucket),
+        },
+    )
+    gcp.storage.BucketIAMMember(
+        "deploy-state-write",
+        bucket=bucket.name,
+        role="roles/storage.objectUser",
+        member=deploy_member,
+    )
+    for name, member in (("preview", preview_member), ("deploy", deploy_member)):
+        # Stacks are created by a person (`pulumi stack init --secrets-provider gcpkms://`),
+        # which wraps the stack's data key; CI only unwraps it.
+        gcp.kms.CryptoKeyIAMMember(
+            f"{name}-state-key-decrypt",
+            crypto_key_id=crypto_key.id,
+            role="roles/cloudkms.cryptoKeyDecrypter",
+            member=member,
+        )
+
+    # --- project roles ----------------------------------------------------------------
+    for role in PREVIEW_PROJECT_ROLES:
+        gcp.projects.IAMMember(
+            f"preview-{role.removeprefix('roles/')}",
+            project=project,
+            role=role,
+            member=preview_member,
+        )
+    deployer_role = gcp.projects.IAMCustomRole(
+        "deployer-role",
+        project=project,
+        role_id=DEPLOYER_ROLE_ID,
+        title="tpu-pretrain deployer",
+        description="What `pulumi up/destroy` of a tpu-pretrain stack needs (infra/bootstrap).",
+        permissions=list(DEPLOYER_PERMISSIONS),
+        stage="GA",
+        opts=after_apis,
+    )
+    granter_role = gcp.projects.IAMCustomRole(
+        "iam-granter-role",
+        project=project,
+        role_id=IAM_GRANTER_ROLE_ID,
+        title="tpu-pretrain IAM granter",
+        description="Project IAM reads/writes, bound only with a condition on granted roles.",
+        permissions=list(IAM_GRANTER_PERMISSIONS),
+        stage="GA",
+        opts=after_apis,
+    )
+    gcp.projects.IAMMember(
+        "deploy-deployer",
+        project=project,
+        role=deployer_role.name,
+        member=deploy_member,
+    )
+    gcp.projects.IAMMember(
+        "deploy-iam-granter",
+        project=project,
+        role=granter_role.name,
+        member=deploy_member,
+        condition={
+            "title": "only-reporting-roles",
+            "description": "May grant/revoke only log and metric writing.",
+            "expression": iam_granter_condition(),
+        },
+    )
+
+    # --- the values of the GitHub repository variables --------------------------------
+    pulumi.export(
+        "githubVariables",
+        {
+            "GCP_WORKLOAD_IDENTITY_PROVIDER": provider.name,
+            "GCP_PREVIEW_SERVICE_ACCOUNT": preview.email,
+            "GCP_DEPLOY_SERVICE_ACCOUNT": deploy.email,
+            "PULUMI_STATE_BUCKET": bucket.name,
+            "PULUMI_SECRETS_PROVIDER": crypto_key.id.apply(lambda key: f"gcpkms://{key}"),
+        },
+    )
+    pulumi.export("deployEnvironment", cfg.deploy_environment)

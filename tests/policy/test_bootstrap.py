@@ -1,0 +1,385 @@
+"""The GitOps bootstrap program (infra/bootstrap) under Pulumi's mocks: its resources'
+inputs, its exports (= the repository variables the workflows read), its config errors, and
+the policy pack over it."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextvars
+import json
+import re
+import runpy
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pytest
+import yaml
+from policy_harness import run_pack
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import settings as pulumi_settings
+from pulumi.runtime.config import set_all_config
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+ROOT = Path(__file__).resolve().parents[2]
+BOOTSTRAP = ROOT / "infra" / "bootstrap"
+sys.path.insert(0, str(BOOTSTRAP))
+import gitops_bootstrap as bootstrap  # noqa: E402
+
+PROJECT_NUMBER = "123456789012"
+SA_DOMAIN = "tpu-pretrain-example.iam.gserviceaccount.com"
+
+
+@dataclass(frozen=True)
+class Registered:
+    type_: str
+    name: str
+    inputs: dict[str, Any]
+    urn: str
+
+
+@dataclass(frozen=True)
+class Run:
+    resources: list[Registered]
+    exports: dict[str, Any]
+
+    def of_type(self, type_: str) -> list[Registered]:
+        return [r for r in self.resources if r.type_ == type_]
+
+    def named(self, name: str) -> Registered:
+        [found] = [r for r in self.resources if r.name == name]
+        return found
+
+
+class _Mocks(pulumi_mocks.Mocks):
+    """Outputs as GCP computes them, for the ones the program reads."""
+
+    def __init__(self, project: str) -> None:
+        self.project = project
+        self.registered: list[tuple[str, str, dict[str, Any]]] = []
+
+    def new_resource(self, args: pulumi_mocks.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        inputs = dict(args.inputs)
+        state = dict(inputs)
+        resource_id = f"{args.name}-id"
+        if args.typ == "gcp:serviceaccount/account:Account":
+            email = f"{inputs['accountId']}@{self.project}.iam.gserviceaccount.com"
+            state |= {"email": email, "name": f"projects/{self.project}/serviceAccounts/{email}"}
+        elif args.typ == "gcp:iam/workloadIdentityPool:WorkloadIdentityPool":
+            pool = inputs["workloadIdentityPoolId"]
+            state["name"] = (
+                f"projects/{PROJECT_NUMBER}/locations/global/workloadIdentityPools/{pool}"
+            )
+        elif args.typ == "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider":
+            state["name"] = (
+                f"projects/{PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
+                f"{inputs['workloadIdentityPoolId']}/providers/"
+                f"{inputs['workloadIdentityPoolProviderId']}"
+            )
+        elif args.typ == "gcp:kms/keyRing:KeyRing":
+            resource_id = (
+                f"projects/{self.project}/locations/{inputs['location']}/keyRings/{inputs['name']}"
+            )
+        elif args.typ == "gcp:kms/cryptoKey:CryptoKey":
+            resource_id = f"{inputs['keyRing']}/cryptoKeys/{inputs['name']}"
+        elif args.typ == "gcp:projects/iAMCustomRole:IAMCustomRole":
+            state["name"] = f"projects/{self.project}/roles/{inputs['roleId']}"
+        self.registered.append((args.typ, args.name, inputs))
+        return resource_id, state
+
+    def call(self, args: pulumi_mocks.MockCallArgs) -> tuple[dict[str, Any], None]:
+        return {}, None
+
+
+def _stack_config() -> dict[str, Any]:
+    document = yaml.safe_load((BOOTSTRAP / "Pulumi.bootstrap.yaml").read_text())
+    return dict(document["config"])
+
+
+def _run_in_context(config: dict[str, Any]) -> Run:
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        set_all_config({key: str(value) for key, value in config.items()}, [])
+        mocks = _Mocks(str(config.get("gcp:project")))
+        monitor = pulumi_mocks.MockMonitor(mocks)
+        pulumi.runtime.set_mocks(
+            mocks, project=bootstrap.PROJECT_NAME, stack="bootstrap", preview=False, monitor=monitor
+        )
+        # The entry point the CLI runs, not a re-implementation of it.
+        entry = str(BOOTSTRAP / "__main__.py")
+        _sync_await(run_pulumi_func(lambda: runpy.run_path(entry, run_name="__main__")))
+        root = pulumi_settings.get_root_resource()
+        exports = {
+            key: _sync_await(pulumi.Output.from_input(value).future())
+            for key, value in dict(getattr(root, "outputs", {}) or {}).items()
+        }
+        urns = {urn.split("::")[-1]: urn for urn in monitor.resources}
+        resources = [
+            Registered(type_, name, inputs, urns[name]) for type_, name, inputs in mocks.registered
+        ]
+        return Run(resources=resources, exports=exports)
+    finally:
+        loop.close()
+
+
+def run_bootstrap(overrides: dict[str, Any] | None = None) -> Run:
+    config = _stack_config()
+    for key, value in (overrides or {}).items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    return contextvars.Context().run(_run_in_context, config)
+
+
+@pytest.fixture(scope="module")
+def run() -> Run:
+    return run_bootstrap()
+
+
+NS = bootstrap.PROJECT_NAME
+REPO = "example-org/tpu-pretrain"
+
+
+def test_state_bucket(run: Run) -> None:
+    [bucket] = run.of_type("gcp:storage/bucket:Bucket")
+    inputs = bucket.inputs
+    assert inputs["name"] == "tpu-pretrain-example-pulumi-state"
+    assert inputs["location"] == "EUROPE-WEST4"
+    assert inputs["uniformBucketLevelAccess"] is True
+    assert inputs["publicAccessPrevention"] == "enforced"
+    assert inputs["versioning"] == {"enabled": True}
+    assert inputs["forceDestroy"] is False
+    assert {
+        rule["condition"].get("daysSinceNoncurrentTime") for rule in inputs["lifecycleRules"]
+    } == {
+        90,
+        None,
+    }
+
+
+def test_kms_key_for_stack_secrets(run: Run) -> None:
+    [ring] = run.of_type("gcp:kms/keyRing:KeyRing")
+    assert ring.inputs["location"] == "europe-west4"
+    [key] = run.of_type("gcp:kms/cryptoKey:CryptoKey")
+    assert key.inputs["purpose"] == "ENCRYPT_DECRYPT"
+    assert key.inputs["rotationPeriod"] == "7776000s"
+    assert key.inputs["keyRing"] == (
+        "projects/tpu-pretrain-example/locations/europe-west4/keyRings/tpu-pretrain-state"
+    )
+
+
+def test_workload_identity_provider_accepts_only_this_repository(run: Run) -> None:
+    [provider] = run.of_type("gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider")
+    assert provider.inputs["attributeCondition"] == f"assertion.repository == '{REPO}'"
+    assert provider.inputs["oidc"] == {"issuerUri": "https://token.actions.githubusercontent.com"}
+    mapping = provider.inputs["attributeMapping"]
+    assert mapping["google.subject"] == "assertion.sub"
+    assert mapping["attribute.repository"] == "assertion.repository"
+
+
+def test_repository_id_tightens_the_condition() -> None:
+    run = run_bootstrap({f"{NS}:githubRepositoryId": "987654"})
+    [provider] = run.of_type("gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider")
+    assert provider.inputs["attributeCondition"] == (
+        f"assertion.repository == '{REPO}' && assertion.repository_id == '987654'"
+    )
+
+
+def test_who_may_impersonate_which_account(run: Run) -> None:
+    pool = f"projects/{PROJECT_NUMBER}/locations/global/workloadIdentityPools/tpu-pretrain-github"
+    preview = run.named("preview-wif").inputs
+    assert preview["role"] == "roles/iam.workloadIdentityUser"
+    assert preview["serviceAccountId"].endswith(f"tpu-pretrain-preview@{SA_DOMAIN}")
+    assert (
+        preview["member"] == f"principalSet://iam.googleapis.com/{pool}/attribute.repository/{REPO}"
+    )
+    deploy = run.named("deploy-wif").inputs
+    assert deploy["serviceAccountId"].endswith(f"tpu-pretrain-deploy@{SA_DOMAIN}")
+    assert deploy["member"] == (
+        f"principal://iam.googleapis.com/{pool}/subject/repo:{REPO}:environment:gcp-deploy"
+    )
+    # Exactly these two grants of impersonation, nothing broader.
+    assert len(run.of_type("gcp:serviceaccount/iAMMember:IAMMember")) == 2
+
+
+def test_no_service_account_keys(run: Run) -> None:
+    assert run.of_type("gcp:serviceaccount/key:Key") == []
+
+
+def _project_roles(run: Run, account: str) -> set[str]:
+    return {
+        r.inputs["role"]
+        for r in run.of_type("gcp:projects/iAMMember:IAMMember")
+        if r.inputs["member"] == f"serviceAccount:{account}@{SA_DOMAIN}"
+    }
+
+
+def test_preview_account_is_read_only(run: Run) -> None:
+    roles = _project_roles(run, "tpu-pretrain-preview")
+    assert roles == set(bootstrap.PREVIEW_PROJECT_ROLES)
+    assert all(role.endswith(("viewer", "Viewer")) for role in roles)
+    bucket_grants = {
+        r.inputs["role"]: r.inputs.get("condition")
+        for r in run.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+        if "preview" in r.inputs["member"]
+    }
+    assert bucket_grants["roles/storage.objectViewer"] is None
+    lock_only = bucket_grants["roles/storage.objectUser"]["expression"]
+    assert lock_only == (
+        'resource.name.startsWith("projects/_/buckets/tpu-pretrain-example-pulumi-state'
+        '/objects/.pulumi/locks/")'
+    )
+
+
+def test_deploy_account_roles(run: Run) -> None:
+    roles = _project_roles(run, "tpu-pretrain-deploy")
+    assert roles == {
+        "projects/tpu-pretrain-example/roles/tpuPretrainDeployer",
+        "projects/tpu-pretrain-example/roles/tpuPretrainIamGranter",
+    }
+    deployer = run.named("deployer-role").inputs["permissions"]
+    assert len(deployer) == len(set(deployer))
+    assert all(re.fullmatch(r"[a-z]+\.[A-Za-z]+\.[A-Za-z]+", p) for p in deployer)
+    # Project IAM writes are not in the deployer role; the granter is conditional.
+    assert not any(p.startswith("resourcemanager.projects.setIamPolicy") for p in deployer)
+    granter = run.named("deploy-iam-granter").inputs["condition"]["expression"]
+    assert granter == (
+        "api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
+        ".hasOnly(['roles/logging.logWriter', 'roles/monitoring.metricWriter'])"
+    )
+
+
+def test_grantable_roles_cover_what_the_main_program_grants() -> None:
+    sys.path.insert(0, str(ROOT))
+    from infra.components.identity import REPORTING_ROLES
+
+    assert set(REPORTING_ROLES) <= set(bootstrap.GRANTABLE_PROJECT_ROLES)
+
+
+def test_both_accounts_only_unwrap_the_stack_data_key(run: Run) -> None:
+    grants = run.of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")
+    assert {g.inputs["role"] for g in grants} == {"roles/cloudkms.cryptoKeyDecrypter"}
+    assert len(grants) == 2
+
+
+def _workflow_variables() -> set[str]:
+    names: set[str] = set()
+    for path in (ROOT / ".github" / "workflows").glob("*.yml"):
+        names |= set(re.findall(r"vars\.([A-Z0-9_]+)", path.read_text()))
+    return names
+
+
+def test_exports_are_the_workflows_repository_variables(run: Run) -> None:
+    variables = run.exports["githubVariables"]
+    assert set(variables) == _workflow_variables()
+    assert variables == {
+        "GCP_WORKLOAD_IDENTITY_PROVIDER": f"projects/{PROJECT_NUMBER}/locations/global/"
+        "workloadIdentityPools/tpu-pretrain-github/providers/github-actions",
+        "GCP_PREVIEW_SERVICE_ACCOUNT": f"tpu-pretrain-preview@{SA_DOMAIN}",
+        "GCP_DEPLOY_SERVICE_ACCOUNT": f"tpu-pretrain-deploy@{SA_DOMAIN}",
+        "PULUMI_STATE_BUCKET": "tpu-pretrain-example-pulumi-state",
+        "PULUMI_SECRETS_PROVIDER": "gcpkms://projects/tpu-pretrain-example/locations/europe-west4/"
+        "keyRings/tpu-pretrain-state/cryptoKeys/pulumi-secrets",
+    }
+
+
+def test_deploy_environment_matches_the_workflows(run: Run) -> None:
+    for name in ("deploy.yml", "destroy.yml"):
+        text = (ROOT / ".github" / "workflows" / name).read_text()
+        assert f"environment: {run.exports['deployEnvironment']}\n" in text
+
+
+def test_policy_pack_passes_on_the_bootstrap(run: Run) -> None:
+    resources = [(r.type_, r.name, r.inputs, r.urn) for r in run.resources]
+    assert run_pack(resources) == []
+
+
+def test_policy_pack_rejects_a_weakened_bootstrap(run: Run) -> None:
+    resources = [(r.type_, r.name, json.loads(json.dumps(r.inputs)), r.urn) for r in run.resources]
+    for type_, _, inputs, _ in resources:
+        if type_ == "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider":
+            inputs.pop("attributeCondition")
+        if type_ == "gcp:projects/iAMMember:IAMMember" and inputs["role"].endswith("Deployer"):
+            inputs["role"] = "roles/editor"
+    violations = {v.policy for v in run_pack(resources)}
+    assert violations == {
+        "wif-provider-attribute-condition",
+        "no-basic-or-admin-roles-for-service-accounts",
+    }
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        (f"{NS}:githubRepository", "just-a-name", f"{NS}:githubRepository: 'just-a-name' is not"),
+        (f"{NS}:githubRepository", None, f"{NS}:githubRepository is not set"),
+        (f"{NS}:githubRepositoryId", "abc", f"{NS}:githubRepositoryId: 'abc' is not"),
+        (f"{NS}:stateBucket", "Bad_Bucket", f"{NS}:stateBucket: 'Bad_Bucket' is not"),
+        (f"{NS}:stateBucket", "my-google-state", "may not contain 'goog'"),
+        (f"{NS}:region", "europe-west4-a", f"{NS}:region: 'europe-west4-a' is not a GCP region"),
+        ("gcp:project", None, "gcp:project is not set"),
+    ],
+)
+def test_config_errors_name_the_key(key: str, value: str | None, fragment: str) -> None:
+    config = _stack_config()
+    if value is None:
+        config.pop(key)
+    else:
+        config[key] = value
+    kwargs = {
+        "project": config.get("gcp:project"),
+        "region": config.get(f"{NS}:region"),
+        "github_repository": config.get(f"{NS}:githubRepository"),
+        "github_repository_id": config.get(f"{NS}:githubRepositoryId"),
+        "state_bucket": config.get(f"{NS}:stateBucket"),
+        "deploy_environment": config.get(f"{NS}:deployEnvironment"),
+    }
+    with pytest.raises(bootstrap.BootstrapConfigError) as error:
+        bootstrap.validate_config(**kwargs)
+    message = str(error.value)
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_config_error_is_a_one_line_run_error() -> None:
+    """pulumi.RunError: the CLI prints the message without a Python traceback."""
+    with pytest.raises(pulumi.RunError) as error:
+        run_bootstrap({f"{NS}:githubRepository": "no slash"})
+    assert str(error.value) == (
+        f"{NS}:githubRepository: 'no slash' is not 'owner/name' of the repository"
+    )
+
+
+def test_stack_file_sets_only_declared_keys() -> None:
+    project = yaml.safe_load((BOOTSTRAP / "Pulumi.yaml").read_text())
+    assert project["name"] == bootstrap.PROJECT_NAME
+    declared = {f"{NS}:{key}" for key in project["config"]}
+    stack_keys = set(_stack_config()) - {"gcp:project"}
+    assert stack_keys <= declared
+    read_in_code = set(
+        re.findall(r'config\.get\("(\w+)"\)', (BOOTSTRAP / "gitops_bootstrap.py").read_text())
+    )
+    assert {f"{NS}:{key}" for key in read_in_code} == declared
+
+
+def test_main_program_never_imports_the_bootstrap() -> None:
+    offenders = []
+    for path in (ROOT / "infra").rglob("*.py"):
+        if BOOTSTRAP in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any("bootstrap" in name for name in names):
+                offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []
+    assert not (BOOTSTRAP / "__init__.py").exists(), "bootstrap must not be a package of infra"

@@ -82,20 +82,26 @@ def make_dataset(
     training: bool = True,
     repeat: bool = True,
     start_batch: int = 0,
+    replicas_per_pipeline: int = 1,
     input_context: tf.distribute.InputContext | None = None,
 ) -> tf.data.Dataset:
     """Batches of model inputs for `job.data.objective` (see masking.py for the features).
 
-    `batch_size` is the batch of this pipeline (per replica under a distribution
-    strategy). `start_batch` skips that many batches of this pipeline (resume).
+    `batch_size` is the batch of one replica. With `replicas_per_pipeline` R > 1, records
+    are read, parsed and masked as one host batch of R * batch_size (one set of ops
+    instead of R) and then split into R consecutive per-replica batches, which is the
+    order in which a distributed iterator hands them to the host's replicas.
+    `start_batch` skips that many HOST batches, i.e. training steps (resume).
     """
     paths = manifest_lib.shard_paths(job.paths.data, manifest)
     num_pipelines = input_context.num_input_pipelines if input_context else 1
     pipeline_id = input_context.input_pipeline_id if input_context else 0
+    replicas = int(replicas_per_pipeline)
+    host_batch = batch_size * replicas
     plan = plan_pipeline(
         paths,
         [s.records for s in manifest.shards],
-        batch_size=batch_size,
+        batch_size=host_batch,
         num_pipelines=num_pipelines,
         pipeline_id=pipeline_id,
     )
@@ -131,7 +137,7 @@ def make_dataset(
             ds = ds.shard(*plan.record_shard)
         if training:
             ds = ds.shuffle(shuffle_buffer, seed=base_seed * 7919 + epoch)
-        ds = ds.batch(batch_size, drop_remainder=True).take(plan.batches_per_epoch)
+        ds = ds.batch(host_batch, drop_remainder=True).take(plan.batches_per_epoch)
         return ds.enumerate().map(lambda index, serialized: (epoch, index, serialized))
 
     first_epoch, skip = divmod(int(start_batch), plan.batches_per_epoch)
@@ -158,6 +164,17 @@ def make_dataset(
         return masking.causal_labels(ids, pad_id=pad_id)
 
     ds = ds.map(to_features, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if replicas > 1:
+
+        def split(features: dict[str, tf.Tensor]) -> tf.data.Dataset:
+            return tf.data.Dataset.from_tensor_slices(
+                {
+                    k: tf.reshape(v, [replicas, batch_size, *v.shape[1:]])
+                    for k, v in features.items()
+                }
+            )
+
+        ds = ds.flat_map(split)
     options = tf.data.Options()
     options.deterministic = True
     options.experimental_optimization.map_parallelization = True

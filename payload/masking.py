@@ -59,20 +59,21 @@ def mask_tokens(
         raise ValueError("mask_tokens needs a static sequence length")
     p_slots = int(max_predictions)
 
-    # Candidates: neither special nor padding. A comparison against the (few) special ids
-    # is cheaper than a vocabulary-sized lookup table.
-    is_special = tf.reduce_any(
-        tf.equal(input_ids[:, :, None], tf.constant(special, tf.int32)[None, None, :]), axis=-1
-    )
-    candidate = tf.logical_not(is_special)
+    # Candidates: neither special nor padding. Special ids usually form one contiguous
+    # block (0..4): two comparisons then, instead of one per special id.
+    if special == list(range(special[0], special[-1] + 1)):
+        candidate = (input_ids < special[0]) | (input_ids > special[-1])
+    else:
+        candidate = tf.reduce_all(
+            tf.not_equal(input_ids[:, :, None], tf.constant(special, tf.int32)), axis=-1
+        )
     num_candidates = tf.reduce_sum(tf.cast(candidate, tf.int32), axis=1)  # [B]
-
     num_to_mask = tf.cast(
         tf.round(tf.cast(num_candidates, tf.float32) * mask_probability), tf.int32
     )
     num_to_mask = tf.minimum(tf.maximum(num_to_mask, 1), tf.minimum(num_candidates, p_slots))
 
-    seeds = tf.random.experimental.stateless_split(seed, num=4)
+    seeds = tf.random.experimental.stateless_split(seed, num=3)
     # Uniform scores in [0, 1) for candidates, -1 for the rest: the top-P scores are a
     # uniformly random subset of the candidates, in random order.
     scores = tf.random.stateless_uniform(tf.shape(input_ids), seed=seeds[0])
@@ -81,32 +82,30 @@ def mask_tokens(
     used = tf.range(p_slots)[None, :] < num_to_mask[:, None]  # [B, P]
     positions = tf.where(used, positions, 0)
     weights = tf.cast(used, tf.float32)
-    labels = tf.where(used, tf.gather(input_ids, positions, batch_dims=1), 0)
+    original = tf.gather(input_ids, positions, batch_dims=1)  # [B, P]
+    labels = tf.where(used, original, 0)
 
-    # Selected positions as a [B, S] mask (one-hot sum; no boolean indexing).
-    selected = (
-        tf.reduce_sum(
-            tf.one_hot(positions, seq_length, dtype=tf.int32) * tf.cast(used, tf.int32)[:, :, None],
-            axis=1,
-        )
-        > 0
-    )
-
-    action = tf.random.stateless_uniform(tf.shape(input_ids), seed=seeds[1])
+    # 80/10/10 is decided per slot ([B, P] random numbers, not [B, S]).
+    slot_shape = tf.shape(positions)
+    action = tf.random.stateless_uniform(slot_shape, seed=seeds[1])
     replacements = tf.constant(replacement_vocabulary(vocab_size, special), tf.int32)
     random_index = tf.random.stateless_uniform(
-        tf.shape(input_ids),
-        seed=seeds[2],
-        minval=0,
-        maxval=int(replacements.shape[0]),
-        dtype=tf.int32,
+        slot_shape, seed=seeds[2], minval=0, maxval=int(replacements.shape[0]), dtype=tf.int32
     )
-    random_tokens = tf.gather(replacements, random_index)
-    to_mask = selected & (action < mask_token_ratio)
-    to_random = (
-        selected & (action >= mask_token_ratio) & (action < mask_token_ratio + random_token_ratio)
+    new_tokens = tf.where(
+        action < mask_token_ratio,
+        mask_id,
+        tf.where(
+            action < mask_token_ratio + random_token_ratio,
+            tf.gather(replacements, random_index),
+            original,
+        ),
     )
-    corrupted = tf.where(to_mask, mask_id, tf.where(to_random, random_tokens, input_ids))
+    # Write the new tokens back as an addition of (new - old): used positions are distinct,
+    # and unused slots (all pointing at position 0) add exactly 0, so duplicates are harmless.
+    delta = tf.where(used, new_tokens - original, 0)
+    rows = tf.broadcast_to(tf.range(slot_shape[0])[:, None], slot_shape)
+    corrupted = tf.tensor_scatter_nd_add(input_ids, tf.stack([rows, positions], axis=-1), delta)
 
     if pad_id is None:
         attention_mask = tf.ones_like(input_ids)

@@ -213,7 +213,8 @@ class _TrainLoop:
                 manifest,
                 batch_size=per_replica,
                 seed=seed,
-                start_batch=start_step * replicas_per_pipeline,
+                start_batch=start_step,
+                replicas_per_pipeline=replicas_per_pipeline,
                 input_context=ctx,
             )
 

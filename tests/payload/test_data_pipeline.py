@@ -163,3 +163,15 @@ def test_too_little_data_for_one_batch_is_a_data_error(tmp_path: Path) -> None:
     job, manifest = _write_data(tmp_path, "clm", (3,))
     with pytest.raises(DataError, match=r"3 sequences, fewer than one batch of 8"):
         data_lib.make_dataset(job, manifest, batch_size=8, seed=0)
+
+
+def test_host_batch_is_masked_once_then_split_per_replica(tmp_path: Path) -> None:
+    job, manifest = _write_data(tmp_path, "mlm", (40, 40))
+    host = next(iter(data_lib.make_dataset(job, manifest, batch_size=8, seed=3)))
+    replicas = list(
+        data_lib.make_dataset(job, manifest, batch_size=4, seed=3, replicas_per_pipeline=2).take(2)
+    )
+    assert replicas[0]["input_ids"].shape == (4, SEQ)
+    for key in host:
+        np.testing.assert_array_equal(host[key].numpy()[:4], replicas[0][key].numpy())
+        np.testing.assert_array_equal(host[key].numpy()[4:], replicas[1][key].numpy())

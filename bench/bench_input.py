@@ -1,0 +1,145 @@
+"""Input pipeline throughput: shards -> batches with dynamic MLM masking (sequences/s).
+
+Writes a temporary shard set (random tokens, uint16, seq 128) with the payload's own record
+writer and manifest, then times `payload.data.make_dataset` (interleave, shuffle, batch,
+parse_batch, mask, prefetch) and, for contrast, the common `parse_single_example`-then-batch
+reader without masking. Bounded in time: each measurement stops after --seconds.
+
+    .venv/bin/python bench/bench_input.py [--records 200000] [--batch 256] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+
+import payload  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
+from payload import manifest as manifest_lib
+from payload import records
+from payload.spec import parse_job
+
+SEQ = 128
+VOCAB = 32000
+SPECIAL = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
+TARGET = 200_000
+
+
+def write_shards(root: Path, total: int, shards: int) -> tuple[object, object]:
+    doc = {
+        "name": "bench",
+        "output": str(root),
+        "corpus": {"paths": ["unused.txt"]},
+        "tokenizer": {"kind": "wordpiece", "vocab_size": VOCAB},
+        "data": {"objective": "mlm", "seq_length": SEQ},
+        "model": {"family": "bert"},
+        "train": {"steps": 1},
+    }
+    job = parse_job(doc, source=str(root / "job.yaml"))
+    data_dir = Path(job.paths.data)
+    data_dir.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    token_dtype = records.token_dtype_for(VOCAB)
+    entries = []
+    for index, count in enumerate(np.array_split(np.arange(total), shards)):
+        rows = rng.integers(5, VOCAB, size=(len(count), SEQ))
+        rows[:, 0] = SPECIAL["cls"]
+        rows[:, -1] = SPECIAL["sep"]
+        name = f"shard-{index:05d}-of-{shards:05d}.tfrecord"
+        path = data_dir / name
+        with path.open("wb") as f:
+            records.TFRecordWriter(f).write_framed(
+                records.frame_records(rows, token_dtype), len(rows)
+            )
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        entries.append(manifest_lib.Shard(name, len(rows), path.stat().st_size, digest))
+    manifest = manifest_lib.Manifest(
+        format_version=manifest_lib.FORMAT_VERSION,
+        objective="mlm",
+        seq_length=SEQ,
+        vocab_size=VOCAB,
+        token_dtype=token_dtype,
+        tokenizer_sha256="0" * 64,
+        special_ids=SPECIAL,
+        shards=tuple(entries),
+        total_records=total,
+        total_tokens=total * SEQ,
+    )
+    manifest_lib.write_manifest(job.paths.data, manifest)
+    return job, manifest
+
+
+def measure(ds: object, batch: int, seconds: float, warmup_batches: int = 20) -> float:
+    iterator = iter(ds)
+    for _ in range(warmup_batches):
+        next(iterator)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        next(iterator)
+        n += 1
+    return n * batch / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+
+    import tensorflow as tf
+
+    from payload import data as data_lib
+
+    with tempfile.TemporaryDirectory(prefix="bench-input-") as tmp:
+        t0 = time.perf_counter()
+        job, manifest = write_shards(Path(tmp), args.records, args.shards)
+        print(
+            f"wrote {args.records} records x {SEQ} tokens in {args.shards} shards "
+            f"({time.perf_counter() - t0:.1f}s); batch {args.batch}, {os.cpu_count()} cores"
+        )
+        ds = data_lib.make_dataset(job, manifest, batch_size=args.batch, seed=0)
+        ours = measure(ds, args.batch, args.seconds)
+        print(
+            f"payload pipeline (batch->parse_batch->mask, slots "
+            f"{job.data.max_predictions}): {ours:,.0f} sequences/s "
+            f"({ours * SEQ / 1e6:.1f}M tokens/s)"
+        )
+
+        paths = manifest_lib.shard_paths(job.paths.data, manifest)
+        feature = {records.FEATURE: tf.io.FixedLenFeature([], tf.string)}
+
+        def parse_one(serialized: tf.Tensor) -> tf.Tensor:
+            raw = tf.io.parse_single_example(serialized, feature)[records.FEATURE]
+            return tf.cast(tf.io.decode_raw(raw, tf.uint16, little_endian=True), tf.int32)
+
+        reference = (
+            tf.data.Dataset.from_tensor_slices(paths)
+            .interleave(tf.data.TFRecordDataset, num_parallel_calls=tf.data.AUTOTUNE)
+            .repeat()
+            .shuffle(10000)
+            .map(parse_one, num_parallel_calls=tf.data.AUTOTUNE)
+            .batch(args.batch, drop_remainder=True)
+            .prefetch(tf.data.AUTOTUNE)
+        )
+        slow = measure(reference, args.batch, min(args.seconds, 5.0), warmup_batches=5)
+        print(f"reference parse_single_example-then-batch, no masking: {slow:,.0f} sequences/s")
+        verdict = "OK" if ours >= TARGET else "BELOW TARGET"
+        print(
+            f"target >= {TARGET:,} sequences/s with masking: {verdict} ({ours / slow:.1f}x reference)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -160,7 +160,7 @@ def _script(role: str, values: Mapping[str, str], template: str) -> str:
         "#!/bin/bash",
         f"# tpu-pretrain {role} startup script, rendered by infra/render.py; runs on every",
         "# boot and is safe to run again by hand: sudo google_metadata_script_runner startup",
-        "set -euo pipefail",
+        "set -Eeuo pipefail  # -E: the ERR trap (failed status) also fires inside functions",
         f"readonly ROLE={shlex.quote(role)}",
     ]
     for key in sorted(values):

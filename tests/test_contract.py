@@ -1,0 +1,53 @@
+"""The contract between infra/ and payload/: the job spec infra uploads for every stack is
+one the payload accepts, and both agree on the bucket layout.
+
+Runs in the payload environment (.venv): infra.jobspec is pure (stdlib + PyYAML) on purpose,
+so this test renders exactly what the Pulumi program uploads, without Pulumi."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra import jobspec
+from payload import manifest, spec
+from payload.errors import SpecError
+
+ROOT = Path(__file__).resolve().parent.parent
+STACKS = sorted(ROOT.glob("stacks/Pulumi.*.yaml"))
+BUCKET = "contract-test-bucket"
+
+
+def rendered(stack_file: Path) -> dict:
+    config = yaml.safe_load(stack_file.read_text())["config"]
+    template = jobspec.load_template(ROOT / config["tpu-pretrain:job"])
+    # Exactly the text infra uploads as gs://<bucket>/jobs/<job>.json.
+    return json.loads(jobspec.to_json(jobspec.render_job_spec(template, BUCKET)))
+
+
+def test_there_are_stacks():
+    assert len(STACKS) >= 4
+
+
+@pytest.mark.parametrize("stack_file", STACKS, ids=[p.name for p in STACKS])
+def test_every_stack_job_spec_is_valid_for_the_payload(stack_file):
+    document = rendered(stack_file)
+    name = document["name"]
+    source = jobspec.job_uri(BUCKET, name)
+    job = spec.parse_job(document, source=source)  # raises SpecError when invalid
+    assert job.name == name
+    assert job.source == source
+    assert job.paths.root == jobspec.run_root(BUCKET, name)
+    assert job.paths.status == jobspec.status_uri(BUCKET, name)
+    assert manifest.manifest_path(job.paths.data) == jobspec.manifest_uri(BUCKET, name)
+    assert all(p.startswith(f"gs://{BUCKET}/corpus/") for p in job.corpus.paths)
+
+
+def test_the_payload_rejects_what_infra_must_not_produce():
+    document = rendered(STACKS[0])
+    document["train"]["steps"] = 0
+    with pytest.raises(SpecError, match=r"train\.steps"):
+        spec.parse_job(document, source=jobspec.job_uri(BUCKET, document["name"]))

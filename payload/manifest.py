@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -46,7 +46,9 @@ class Manifest:
     packing: str = ""
 
     def to_json(self) -> str:
-        data = asdict(self)
+        # Not dataclasses.asdict: it deep-copies, and mappingproxy values cannot be copied.
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["shards"] = [asdict(shard) for shard in self.shards]
         data["special_ids"] = dict(self.special_ids)
         data["corpus"] = dict(self.corpus)
         return json.dumps(data, indent=2, sort_keys=True) + "\n"

@@ -58,6 +58,9 @@ def test_roundtrip_and_verify(data_dir: str) -> None:
 def test_finished_manifest_is_never_overwritten(data_dir: str) -> None:
     manifest = _write_shards(data_dir)
     mf.write_manifest(data_dir, manifest)
+    loaded = mf.load_manifest(data_dir)  # mappingproxy fields, as the trainer sees them
+    with pytest.raises(DataError, match="never overwritten"):
+        mf.write_manifest(data_dir, loaded)
     other = mf.Manifest(**{**manifest.__dict__, "tokenizer_sha256": "f" * 64})
     with pytest.raises(DataError, match="never overwritten"):
         mf.write_manifest(data_dir, other)

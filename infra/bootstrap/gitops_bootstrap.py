@@ -487,6 +487,7 @@ def define(cfg: BootstrapConfig) -> None:
     pulumi.export(
         "githubVariables",
         {
+            "GCP_PROJECT": project,
             "GCP_WORKLOAD_IDENTITY_PROVIDER": provider.name,
             "GCP_PREVIEW_SERVICE_ACCOUNT": preview.email,
             "GCP_DEPLOY_SERVICE_ACCOUNT": deploy.email,

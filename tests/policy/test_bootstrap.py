@@ -279,6 +279,7 @@ def test_exports_are_the_workflows_repository_variables(run: Run) -> None:
     variables = run.exports["githubVariables"]
     assert set(variables) == _workflow_variables()
     assert variables == {
+        "GCP_PROJECT": "tpu-pretrain-example",
         "GCP_WORKLOAD_IDENTITY_PROVIDER": f"projects/{PROJECT_NUMBER}/locations/global/"
         "workloadIdentityPools/tpu-pretrain-github/providers/github-actions",
         "GCP_PREVIEW_SERVICE_ACCOUNT": f"tpu-pretrain-preview@{SA_DOMAIN}",

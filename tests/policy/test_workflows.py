@@ -221,6 +221,7 @@ def test_pulumi_steps_use_the_self_managed_backend(name: str, command: str) -> N
     assert options["command"] == command
     assert options["cloud-url"] == "gs://${{ vars.PULUMI_STATE_BUCKET }}"
     assert options["secrets-provider"] == "${{ vars.PULUMI_SECRETS_PROVIDER }}"
+    assert options["config-map"] == "{gcp:project: {value: ${{ vars.GCP_PROJECT }}, secret: false}}"
     assert options["suppress-outputs"] is True  # the VPN client config is a stack output
     pin = re.search(r"^pulumi==(\S+)$", (ROOT / "infra" / "requirements.txt").read_text(), re.M)
     assert pin
@@ -352,13 +353,14 @@ def test_destroy_confirmation_step(tmp_path: Path) -> None:
 
 def test_preview_names_missing_repository_variables() -> None:
     script = _step_named(WORKFLOWS / "preview.yml", "preview", "Check repository variables")
-    result = _bash(script, {"WIF_PROVIDER": "projects/1/x", "SERVICE_ACCOUNT": ""})
+    result = _bash(script, {"PROJECT": "p", "WIF_PROVIDER": "projects/1/x", "SERVICE_ACCOUNT": ""})
     assert result.returncode == 1
     assert (
         "GCP_PREVIEW_SERVICE_ACCOUNT PULUMI_STATE_BUCKET PULUMI_SECRETS_PROVIDER" in result.stdout
     )
     assert "GCP_WORKLOAD_IDENTITY_PROVIDER" not in result.stdout.split("Set")[1].split("(")[0]
     full = {
+        "PROJECT": "p",
         "WIF_PROVIDER": "p",
         "SERVICE_ACCOUNT": "s",
         "STATE_BUCKET": "b",

@@ -12,7 +12,7 @@ import base64
 import contextvars
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,7 +192,10 @@ class _GcpMocks:
 
 
 def _run_in_fresh_context(
-    stack: str, config: Mapping[str, object], build_dir: Path | None
+    stack: str,
+    config: Mapping[str, object],
+    build_dir: Path | None,
+    entry: Callable[[], None] | None,
 ) -> OfflineRun:
     project = str(config.get("gcp:project") or "")
 
@@ -217,7 +220,10 @@ def _run_in_fresh_context(
         )
 
         def program() -> None:
-            define(read_stack_config(), build_dir=build_dir or BUILD_DIR)
+            if entry is not None:
+                entry()
+            else:
+                define(read_stack_config(), build_dir=build_dir or BUILD_DIR)
 
         _sync_await(run_pulumi_func(program))
         root = pulumi_settings.get_root_resource()
@@ -260,8 +266,12 @@ def run_offline(
     overrides: Mapping[str, object] | None = None,
     *,
     build_dir: Path | None = None,
+    entry: Callable[[], None] | None = None,
 ) -> OfflineRun:
-    """Run the program for `stack` under mocks; raises ConfigError for a bad setting."""
+    """Run the program for `stack` under mocks; raises ConfigError for a bad setting.
+
+    `entry` replaces the default `define(read_stack_config())`, e.g. to run infra/__main__.py
+    the way the Pulumi CLI does."""
     config = stack_config(stack, overrides)
     context = contextvars.Context()
-    return context.run(_run_in_fresh_context, stack, config, build_dir)
+    return context.run(_run_in_fresh_context, stack, config, build_dir, entry)

@@ -175,6 +175,16 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             f"--project {cfg.project} {iap}",
         },
     )
+    # A preempted or spot TPU VM cannot be restarted and holds quota until it is deleted;
+    # check its state, and replace it (training resumes from the bucket's checkpoints).
+    pulumi.export(
+        "tpuRecovery",
+        {
+            "check": f"gcloud compute tpus tpu-vm describe {cfg.tpu.name} --zone {cfg.tpu.zone} "
+            f"--project {cfg.project} --format='value(state)'",
+            "replace": tpu.vm.urn.apply(lambda urn: f"pulumi up --replace '{urn}'"),
+        },
+    )
     pulumi.export("vpnEndpoint", hop.endpoint)
     pulumi.export("vpnServerPublicKey", hop.server_public_key)
     pulumi.export("vpnClientConfig", hop.client_config)

@@ -20,7 +20,7 @@ included with empty inputs.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +44,15 @@ def stack_names() -> list[str]:
     return offline.stack_names()
 
 
-def run_offline(stack: str, overrides: Mapping[str, object] | None = None) -> offline.OfflineRun:
-    """The full result: resources (with mock outputs), stack exports and which are secret."""
-    return offline.run_offline(stack, overrides, build_dir=_BUILD_DIR)
+def run_offline(
+    stack: str,
+    overrides: Mapping[str, object] | None = None,
+    *,
+    entry: Callable[[], None] | None = None,
+) -> offline.OfflineRun:
+    """The full result: resources (with mock outputs and resource options), stack exports
+    and which are secret. `entry` replaces the default program (see infra.offline)."""
+    return offline.run_offline(stack, overrides, build_dir=_BUILD_DIR, entry=entry)
 
 
 def run_stack(stack: str, overrides: Mapping[str, object] | None = None) -> list[Captured]:

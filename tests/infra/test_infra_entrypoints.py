@@ -1,0 +1,86 @@
+"""The two ways in: infra/__main__.py (what the Pulumi CLI runs) and `python -m infra.plan`."""
+
+from __future__ import annotations
+
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pulumi
+import pytest
+from harness import run_offline
+
+from infra import wgkeys
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIN = ROOT / "infra" / "__main__.py"
+
+
+def _run_main() -> None:
+    runpy.run_path(str(MAIN), run_name="__main__")
+
+
+def test_main_registers_the_same_resources_as_the_harness():
+    via_main = run_offline("v4-usc2", entry=_run_main)
+    via_harness = run_offline("v4-usc2")
+    assert sorted((r.type_, r.name) for r in via_main.resources) == sorted(
+        (r.type_, r.name) for r in via_harness.resources
+    )
+    assert via_main.exports["tpuName"] == "tp-v4-usc2-tpu"
+
+
+def test_main_reports_config_errors_without_a_traceback():
+    # pulumi.RunError is printed by the CLI as the message alone.
+    with pytest.raises(pulumi.RunError) as caught:
+        run_offline("v4-usc2", {"tpu-pretrain:tpuArchitecture": "node"}, entry=_run_main)
+    assert str(caught.value).startswith("tpu-pretrain:tpuArchitecture: 'node' asks for a TPU Node")
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "infra.plan", *args],
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_plan_prints_resources_scripts_and_job_spec_but_no_secrets():
+    result = plan("--stack", "v6e-euw4")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    run = run_offline("v6e-euw4")
+    custom = [r for r in run.resources if not r.type_.startswith("tpu-pretrain:")]
+    assert f"Stack v6e-euw4: {len(custom)} resources in 9 components" in out
+    for resource in custom:
+        assert f"{resource.type_} " in out and f" {resource.name} " in out
+    assert 'acceleratorType="v6e-8"' in out
+    assert 'schedulingConfig={"preemptible":false,"spot":true}' in out
+    assert out.count("#!/bin/bash") == 3
+    assert (
+        "==== job spec gs://tpu-pretrain-test-v6e-euw4-tpu-pretrain/jobs/gpt2-small-clm.json" in out
+    )
+    assert "vpnClientConfig: [secret]" in out
+    for seed in [r.outputs["base64"] for r in run.resources if "base64" in r.outputs]:
+        assert seed not in out
+        assert wgkeys.private_key(seed) not in out
+
+
+def test_plan_errors_are_one_line_with_exit_2():
+    unknown = plan("--stack", "nope")
+    assert unknown.returncode == 2
+    assert unknown.stderr == (
+        "error: --stack 'nope': no stacks/Pulumi.nope.yaml; stacks: "
+        "v2-usc1, v3-euw4, v4-usc2, v6e-euw4\n"
+    )
+    bad = plan("--stack", "v3-euw4", "--set", "tpu-pretrain:acceleratorType=v5p-8")
+    assert bad.returncode == 2
+    assert bad.stderr == (
+        "error: tpu-pretrain:acceleratorType: 'v5p-8' is not offered in europe-west4-a; "
+        "offered there: v2-8, v3-8, v6e-1, v6e-4, v6e-8\n"
+    )
+    assert bad.stdout == ""

@@ -371,4 +371,9 @@ def test_stack_outputs(run):
     )
     assert "--tunnel-through-iap" in exports["sshCommands"]["controller"]
     assert exports["vpnEndpoint"].endswith(":51820")
+    vm = one(run.resources, V2VM)
+    assert exports["tpuRecovery"]["replace"] == f"pulumi up --replace '{vm.urn}'"
+    assert exports["tpuRecovery"]["check"].startswith(
+        f"gcloud compute tpus tpu-vm describe tp-{run.stack}-tpu --zone {zone} "
+    )
     assert run.secret_exports == {"vpnClientConfig"}

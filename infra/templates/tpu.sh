@@ -15,7 +15,9 @@ write_status starting "startup script started"
 install_payload
 
 # The trainer waits for the controller's data manifest, then trains; on failure systemd
-# restarts it and it resumes from the last checkpoint in the bucket.
+# restarts it and it resumes from the last checkpoint in the bucket. gcloud is called by
+# absolute path: systemd's PATH need not contain the image's SDK location.
+gcloud_bin="$(command -v gcloud)"
 install_unit tpu-pretrain-train.service "[Unit]
 Description=tpu-pretrain trainer for job ${JOB_NAME}
 Wants=network-online.target
@@ -27,7 +29,7 @@ Type=oneshot
 RemainAfterExit=yes
 Environment=TF_USE_LEGACY_KERAS=1
 Environment=PYTHONUNBUFFERED=1
-ExecStartPre=/bin/sh -c 'until gcloud storage ls ${MANIFEST_URI} >/dev/null 2>&1; do echo waiting for ${MANIFEST_URI}; sleep 60; done'
+ExecStartPre=/bin/sh -c 'until ${gcloud_bin} storage ls ${MANIFEST_URI} >/dev/null 2>&1; do echo waiting for ${MANIFEST_URI}; sleep 60; done'
 ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload train --job ${JOB_URI}
 Restart=on-failure
 RestartSec=60

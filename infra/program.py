@@ -175,6 +175,18 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             f"--project {cfg.project} {iap}",
         },
     )
+    # `pulumi up` updates a changed startup script (new payload, new job) in place without
+    # running it; run it now instead of waiting for a reboot.
+    rerun = "--command 'sudo google_metadata_script_runner startup'"
+    pulumi.export(
+        "rerunStartupCommands",
+        {
+            "controller": f"gcloud compute ssh {cfg.prefix}-controller --zone {cfg.tpu.zone} "
+            f"--project {cfg.project} {iap} {rerun}",
+            "tpu": f"gcloud compute tpus tpu-vm ssh {cfg.tpu.name} --zone {cfg.tpu.zone} "
+            f"--project {cfg.project} {iap} {rerun}",
+        },
+    )
     # A preempted or spot TPU VM cannot be restarted and holds quota until it is deleted;
     # check its state, and replace it (training resumes from the bucket's checkpoints).
     pulumi.export(

@@ -371,6 +371,9 @@ def test_stack_outputs(run):
     )
     assert "--tunnel-through-iap" in exports["sshCommands"]["controller"]
     assert exports["vpnEndpoint"].endswith(":51820")
+    assert exports["rerunStartupCommands"]["tpu"].endswith(
+        "--tunnel-through-iap --command 'sudo google_metadata_script_runner startup'"
+    )
     vm = one(run.resources, V2VM)
     assert exports["tpuRecovery"]["replace"] == f"pulumi up --replace '{vm.urn}'"
     assert exports["tpuRecovery"]["check"].startswith(

@@ -11,8 +11,9 @@ log() {
 }
 
 # Run a Google Cloud command, retrying errors that are transient on fresh resources:
-# IAM grants and new buckets answer 403/404 for a while, and 429/5xx happen.
-# Any other error fails at once.
+# IAM grants and new buckets/secrets answer 403/404 (PERMISSION_DENIED, NOT_FOUND) for a
+# while, and 429/5xx happen. Any other error fails at once.
+readonly TRANSIENT_ERRORS='(403|404|429|500|502|503|504|forbidden|permission[ _]denied|not[ _]?found|too many|resource[ _]exhausted|timed? ?out|deadline|connection|unavailable)'
 retry_gcloud() {
   local attempt=1 delay=5 err
   err="$(mktemp)"
@@ -22,7 +23,7 @@ retry_gcloud() {
       return 0
     fi
     if [ "${attempt}" -ge "${RETRY_ATTEMPTS}" ] \
-      || ! grep -Eqi '(403|404|429|500|502|503|504|forbidden|not ?found|too many|timed? ?out|connection|unavailable)' "${err}"; then
+      || ! grep -Eqi "${TRANSIENT_ERRORS}" "${err}"; then
       cat "${err}" >&2
       rm -f "${err}"
       return 1
@@ -106,6 +107,14 @@ install_payload() {
     ln -sfn "${venv}" "${APP_DIR}/venv"
     PAYLOAD_SWITCHED=1
   fi
+  # Earlier payload versions are no longer referenced: free their disk.
+  local old
+  for old in "${APP_DIR}"/venv-* "${APP_DIR}"/src-*; do
+    case "${old}" in
+      "${venv}" | "${src}") ;;
+      *) if [ -d "${old}" ]; then rm -rf "${old}" && log "removed ${old}"; fi ;;
+    esac
+  done
 }
 
 # Enable and (re)start units without waiting for them: oneshot stages run for hours.

@@ -52,6 +52,12 @@ elif [ "$1 $2" = "storage ls" ]; then
   echo "$3"
 elif [ "$1 $2 $3" = "secrets versions access" ]; then
   for a in "$@"; do case "$a" in --secret=*) s="${a#--secret=}" ;; esac; done
+  n="$(cat "$STATE/secret-fails" 2>/dev/null || echo 0)"
+  if [ "$n" -lt "${FAIL_FIRST_SECRETS:-0}" ]; then
+    echo $((n + 1)) >"$STATE/secret-fails"
+    echo "ERROR: (gcloud.secrets.versions.access) ${SECRET_ERROR:-PERMISSION_DENIED}: no" >&2
+    exit 1
+  fi
   cat "$FAKE_SECRETS/$s"
 else
   echo "unexpected: gcloud $*" >&2
@@ -196,9 +202,21 @@ def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
     short = _short_sha(script)
     venv = f"{sandbox.root}/opt/tpu-pretrain/venv-{short}"
 
+    # A previous payload version installed earlier (e.g. before `pulumi up` changed it).
+    for old in ("venv-0123456789abcdef/bin", "src-0123456789abcdef"):
+        (sandbox.root / "opt/tpu-pretrain" / old).mkdir(parents=True)
+    (sandbox.root / "opt/tpu-pretrain/venv").symlink_to(
+        sandbox.root / "opt/tpu-pretrain/venv-0123456789abcdef"
+    )
+
     first = sandbox.run(script)
     assert first.returncode == 0, first.stderr
     calls = sandbox.calls
+    assert sorted(p.name for p in (sandbox.root / "opt/tpu-pretrain").iterdir()) == [
+        f"src-{short}",
+        "venv",
+        f"venv-{short}",
+    ]
     assert f"python3 -m venv {venv}" in calls
     pip_calls = [c for c in calls if c.startswith("pip ")]
     assert len(pip_calls) == 3
@@ -360,3 +378,21 @@ def test_vpn_hop_script_configures_wireguard_once(stack_run, sandbox):
     assert sysctl.read_text() == "net.ipv4.ip_forward = 1\n"
     assert "systemctl start wg-quick@wg0" in sandbox.calls
     assert not [c for c in sandbox.calls if "restart" in c or c.startswith("apt-get")]
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [("PERMISSION_DENIED", True), ("NOT_FOUND", True), ("INVALID_ARGUMENT", False)],
+)
+def test_vpn_hop_retries_only_transient_secret_errors(stack_run, sandbox, error, transient):
+    script = _script(stack_run, "vpn-hop-vm")
+    secret_id = re.search(r"readonly WG_SECRET_ID=(\S+)", script).group(1)
+    (sandbox.secrets / secret_id).write_text(wgkeys.private_key("B" * 43 + "="))
+    result = sandbox.run(script, FAIL_FIRST_SECRETS="1", SECRET_ERROR=error)
+    reads = [c for c in sandbox.calls if c.startswith("gcloud secrets versions access")]
+    if transient:
+        assert result.returncode == 0, result.stderr
+        assert len(reads) == 2 and "sleep 5" in sandbox.calls
+    else:
+        assert result.returncode != 0
+        assert len(reads) == 1 and not (sandbox.root / "etc/wireguard/wg0.conf").exists()

@@ -11,6 +11,7 @@ corpus format described in payload/corpus.py).
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import re
 from collections.abc import Iterator
@@ -203,9 +204,31 @@ def _ko(rng: random.Random) -> str:
     )
 
 
-def documents(seed: int) -> Iterator[str]:
-    """An endless, deterministic stream of documents (paragraphs of 2-8 sentences)."""
+LATIN_SYLLABLES = [
+    c + v for c in "bcdfghjklmnprstvwz" for v in ("a", "e", "i", "o", "u", "ai", "ou")
+]
+HANGUL_SYLLABLES = [chr(0xAC00 + i) for i in range(0, 11172, 13)]
+
+
+def lexicon(seed: int, size: int = 60_000) -> list[str]:
+    """Made-up words (Latin and Hangul syllables), for corpora with a realistic vocabulary."""
     rng = random.Random(seed)  # noqa: S311  (reproducible text, not security)
+    words: dict[str, None] = {}
+    while len(words) < size:
+        syllables = HANGUL_SYLLABLES if rng.random() < 0.4 else LATIN_SYLLABLES
+        words["".join(rng.choices(syllables, k=rng.randint(1, 4)))] = None
+    return list(words)
+
+
+def documents(seed: int, *, rich: bool = False) -> Iterator[str]:
+    """An endless, deterministic stream of documents (paragraphs of 2-8 sentences).
+
+    ``rich`` appends clauses of Zipf-distributed made-up words to sentences, so a tokenizer
+    trained on the text needs tens of thousands of pieces (benchmarks).
+    """
+    rng = random.Random(seed)  # noqa: S311  (reproducible text, not security)
+    words = lexicon(seed) if rich else []
+    cum_weights = list(itertools.accumulate(1.0 / (rank + 1) for rank in range(len(words))))
     while True:
         kind = rng.random()
         sentences = []
@@ -220,16 +243,23 @@ def documents(seed: int) -> Iterator[str]:
                         p_en=rng.choice(PEOPLE_EN), ko_sentence=_ko(rng), en_sentence=_en(rng)
                     )
                 )
+        if rich:
+            sentences = [
+                s
+                + " "
+                + " ".join(rng.choices(words, cum_weights=cum_weights, k=rng.randint(3, 12)))
+                for s in sentences
+            ]
         # Some documents keep one sentence per line, others are a single long line.
         yield ("\n" if rng.random() < 0.3 else " ").join(sentences)
 
 
-def write_corpus(path: Path, size_bytes: int, seed: int = 0) -> int:
+def write_corpus(path: Path, size_bytes: int, seed: int = 0, *, rich: bool = False) -> int:
     """Write documents until the file reaches ``size_bytes``; returns the document count."""
     path.parent.mkdir(parents=True, exist_ok=True)
     written = count = 0
     with path.open("w", encoding="utf-8") as out:
-        for doc in documents(seed):
+        for doc in documents(seed, rich=rich):
             data = doc + "\n\n"
             out.write(data)
             written += len(data.encode("utf-8"))
@@ -243,11 +273,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=0.25, help="size in MB (default 0.25)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rich", action="store_true", help="add Zipf-distributed made-up words")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).resolve().parent / "corpus" / "mixed.txt"
     )
     args = parser.parse_args()
-    docs = write_corpus(args.out, int(args.mb * 1e6), args.seed)
+    docs = write_corpus(args.out, int(args.mb * 1e6), args.seed, rich=args.rich)
     print(f"wrote {docs} documents to {args.out}")
 
 

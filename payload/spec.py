@@ -469,13 +469,9 @@ def parse_job(document: Any, *, source: str) -> JobSpec:
 
 
 def _check_model(job: JobSpec) -> None:
-    """Model-side checks that need a built config (e.g. seq_length vs positions)."""
-    try:
-        from payload import model  # noqa: PLC0415
-    except ModuleNotFoundError as exc:  # the TRAIN side lands in parallel; drop once it exists
-        if exc.name != "payload.model":
-            raise
-        return
+    """Model-side checks that need a built config (e.g. seq_length vs positions); TF-free."""
+    from payload import model  # noqa: PLC0415  (transformers config classes only)
+
     model.check_compatible(job)
 
 

@@ -257,6 +257,13 @@ def _run_in_fresh_context(
             stack=stack, resources=resources, exports=exports, secret_exports=frozenset(secrets)
         )
     finally:
+        # Outputs nobody awaited (e.g. of unused resource properties) are still pending:
+        # cancel them so no task is destroyed pending when this loop is collected.
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
         asyncio.set_event_loop(None)
 

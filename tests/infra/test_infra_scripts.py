@@ -93,7 +93,12 @@ echo "ip $*" >>"$CALLS"
 echo "default via 10.20.0.1 dev ens4 proto dhcp src 10.20.0.2 metric 100"
 """,
 }
-RECORDED = ("systemctl", "apt-get", "sysctl", "wg")
+STUBS["apt-get"] = r"""
+echo "apt-get $*" >>"$CALLS"
+# Installing wireguard-tools provides `wg`.
+case " $* " in *" wireguard-tools "*) cp "$STUB_DIR/recorder" "$STUB_DIR/wg" ;; esac
+"""
+RECORDED = ("systemctl", "sysctl", "wg")
 
 
 @dataclass
@@ -396,3 +401,17 @@ def test_vpn_hop_retries_only_transient_secret_errors(stack_run, sandbox, error,
     else:
         assert result.returncode != 0
         assert len(reads) == 1 and not (sandbox.root / "etc/wireguard/wg0.conf").exists()
+
+
+def test_vpn_hop_installs_wireguard_only_when_missing(stack_run, sandbox):
+    script = _script(stack_run, "vpn-hop-vm")
+    secret_id = re.search(r"readonly WG_SECRET_ID=(\S+)", script).group(1)
+    (sandbox.secrets / secret_id).write_text(wgkeys.private_key("C" * 43 + "="))
+    (sandbox.bin / "wg").unlink()
+    first = sandbox.run(script)
+    assert first.returncode == 0, first.stderr
+    installs = [c for c in sandbox.calls if c.startswith("apt-get install")]
+    assert installs == ["apt-get install -y -q wireguard-tools iptables"]
+    second = sandbox.run(script)
+    assert second.returncode == 0, second.stderr
+    assert not [c for c in sandbox.calls if c.startswith("apt-get")]

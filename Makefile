@@ -5,7 +5,7 @@ VENV := .venv
 IVENV := .venv-infra
 PY := $(VENV)/bin/python
 IPY := $(IVENV)/bin/python
-STACK ?= v5e-spot
+STACK ?= v6e-euw4
 JOB ?= examples/tiny.yaml
 
 .PHONY: demo test test-payload test-infra lint format plan bench venv venv-infra tools clean
@@ -40,7 +40,7 @@ demo: venv
 test: lint test-payload test-infra
 
 test-payload: venv
-	$(PY) -m pytest tests/payload tests/test_boundaries.py
+	$(PY) -m pytest tests/payload tests/test_boundaries.py tests/test_contract.py
 
 test-infra: venv-infra $(TOOLS)
 	$(IPY) -m pytest tests/infra tests/policy

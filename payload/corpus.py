@@ -27,6 +27,7 @@ import gzip
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import IO
 
 from payload import storage
@@ -88,7 +89,7 @@ def resolve_files(corpus: CorpusSpec) -> list[str]:
             if not matches:
                 raise CorpusError(f"{key}: pattern {path} matched no files")
             files.extend(matches)
-        elif storage.exists(path) and not (not storage.is_gcs(path) and storage.is_dir(path)):
+        elif _is_file(path):
             files.append(path)
         elif storage.is_dir(path):
             found = storage.walk_files(path)
@@ -98,6 +99,12 @@ def resolve_files(corpus: CorpusSpec) -> list[str]:
         else:
             raise CorpusError(f"{key}: no such file or directory: {path}")
     return list(dict.fromkeys(files))
+
+
+def _is_file(path: str) -> bool:
+    if storage.is_gcs(path):
+        return storage.exists(path)  # an object; a "directory" is only a prefix
+    return Path(path).is_file()
 
 
 def total_bytes(files: list[str]) -> int:

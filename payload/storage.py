@@ -107,10 +107,8 @@ def _retry() -> Any:
 def _client() -> Any:
     from google.cloud import storage as gcs  # noqa: PLC0415
 
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
-        from google.auth.credentials import AnonymousCredentials  # noqa: PLC0415
-
-        return gcs.Client(project="emulator", credentials=AnonymousCredentials())
+    # Application default credentials in production; with STORAGE_EMULATOR_HOST set the
+    # library itself switches to the emulator with anonymous credentials.
     return gcs.Client()
 
 

@@ -8,6 +8,7 @@ is recorded in status.json and re-raised with its traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -50,6 +51,8 @@ def _one_line(exc: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # TensorFlow's C++ INFO lines (oneDNN, CUDA stubs, XLA service) drown the progress output.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     from payload import pipeline  # noqa: PLC0415  (keep --help fast)
     from payload.spec import load_job  # noqa: PLC0415
     from payload.status import StatusWriter  # noqa: PLC0415

@@ -1,0 +1,104 @@
+"""Shared by the training tests: a learnable corpus, job specs, and the real data stages.
+
+The data for a training test is made by the real stages (`tokenizer.train_tokenizer`,
+`encode.encode`), once per objective per session, and copied into each test's own output
+root so a test can tamper with it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from payload import encode, tokenizer
+from payload.spec import JobSpec, load_job
+from payload.status import StatusWriter
+
+SUBJECTS = {
+    "the cat": "eats fish",
+    "a dog": "chases the ball",
+    "my teacher": "reads a book",
+    "the farmer": "grows rice",
+    "고양이가": "생선을 먹는다",
+    "선생님이": "책을 읽는다",
+}
+PLACES = ["in the garden", "at home", "near the river", "every morning", "집에서", "아침마다"]
+
+
+def write_corpus(path: Path, lines: int = 1500, seed: int = 0) -> Path:
+    """Sentences where the subject determines the predicate: quickly learnable."""
+    rng = random.Random(seed)
+    subjects = list(SUBJECTS)
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(lines):
+            subject = rng.choice(subjects)
+            f.write(f"{subject} {SUBJECTS[subject]} {rng.choice(PLACES)} .\n")
+            if i % 7 == 6:
+                f.write("\n")  # documents of a few sentences
+    return path
+
+
+def job_document(
+    root: Path, corpus: Path, objective: str = "mlm", family: str | None = None, **train: Any
+) -> dict[str, Any]:
+    family = family or ("bert" if objective == "mlm" else "gpt2")
+    kind = "wordpiece" if family == "bert" else "bpe"
+    return {
+        "name": f"train-{family}",
+        "output": str(root / "out"),
+        "corpus": {"paths": [str(corpus)]},
+        "tokenizer": {"kind": kind, "vocab_size": 400 if kind == "wordpiece" else 600},
+        "data": {"objective": objective, "seq_length": 32, "records_per_shard": 100},
+        "model": {"family": family, "size": "tiny"},
+        "train": {
+            "steps": 30,
+            "global_batch_size": 16,
+            "learning_rate": 2e-3,
+            "warmup_steps": 5,
+            "checkpoint_every": 10,
+            "log_every": 5,
+            "shuffle_buffer": 200,
+            **train,
+        },
+    }
+
+
+def write_job(root: Path, document: dict[str, Any]) -> JobSpec:
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "job.yaml"
+    path.write_text(yaml.safe_dump(document, allow_unicode=True))
+    return load_job(str(path))
+
+
+def prepare_data(job: JobSpec) -> None:
+    """The real tokenizer and encode stages."""
+    status = StatusWriter(job.paths.status, job.name)
+    tokenizer.train_tokenizer(job, status)
+    encode.encode(job, status)
+
+
+def copy_prepared(source: JobSpec, root: Path, document: dict[str, Any]) -> JobSpec:
+    """A new job under `root` whose tokenizer/ and data/ are copies of `source`'s."""
+    document = {**document, "output": str(root / "out")}
+    job = write_job(root, document)
+    shutil.copytree(source.paths.tokenizer, job.paths.tokenizer)
+    shutil.copytree(source.paths.data, job.paths.data)
+    return job
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "payload", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )

@@ -1,0 +1,97 @@
+"""SIGKILL during `python -m payload train`, then a rerun resumes from the last checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+from train_helpers import job_document, prepare_data, run_cli, write_corpus, write_job
+
+from payload import train
+
+CHECKPOINT_WAIT_S = 180.0
+CHECKPOINT_EVERY = 20
+
+
+def _latest_step(checkpoint_dir: str) -> int | None:
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    return int(latest.rsplit("-", 1)[1]) if latest else None
+
+
+def _logged_steps(stderr: str) -> list[int]:
+    return [int(m) for m in re.findall(r"^step (\d+)/\d+ ", stderr, flags=re.MULTILINE)]
+
+
+@pytest.mark.slow
+def test_sigkill_then_rerun_resumes_from_last_checkpoint(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    doc = job_document(
+        tmp_path, corpus, "mlm", steps=5000, checkpoint_every=CHECKPOINT_EVERY, log_every=10
+    )
+    job = write_job(tmp_path, doc)
+    prepare_data(job)
+    job_file = str(tmp_path / "job.yaml")
+
+    log_path = tmp_path / "first-run.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "payload", "train", "--job", job_file],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        )
+        try:
+            deadline = time.monotonic() + CHECKPOINT_WAIT_S
+            while _latest_step(job.paths.checkpoints) is None:
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "no checkpoint appeared in time"
+                time.sleep(0.05)
+            time.sleep(0.3)  # let it run on past the checkpoint
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    first_log = log_path.read_text()
+    kept = _latest_step(job.paths.checkpoints)
+    assert kept is not None and kept % CHECKPOINT_EVERY == 0
+    # At most one checkpoint interval of work is lost.
+    last_logged = max(_logged_steps(first_log), default=0)
+    assert last_logged - kept < CHECKPOINT_EVERY, (kept, last_logged)
+    assert not train.is_complete(job)
+    status = json.loads(Path(job.paths.status).read_text())
+    assert status["stage"] == "train" and status["state"] == "running"
+
+    # Rerun with a reachable end: the step counter continues from the checkpoint.
+    doc["train"]["steps"] = kept + 2 * CHECKPOINT_EVERY
+    write_job(tmp_path, doc)
+    result = run_cli("train", "--job", job_file)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resumed from {job.paths.checkpoints}/ckpt-{kept} at step {kept}" in result.stderr
+    logged = _logged_steps(result.stderr)
+    assert logged[0] == kept + 10 and logged[-1] == kept + 2 * CHECKPOINT_EVERY, logged
+    assert _latest_step(job.paths.checkpoints) == kept + 2 * CHECKPOINT_EVERY
+    assert train.is_complete(job)
+
+
+def test_cli_train_mismatch_is_one_line_exit_2(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.txt", lines=300)
+    doc = job_document(tmp_path, corpus, "clm", steps=5)
+    job = write_job(tmp_path, doc)
+    prepare_data(job)
+    doc["data"]["seq_length"] = 64
+    write_job(tmp_path, doc)
+    result = run_cli("train", "--job", str(tmp_path / "job.yaml"))
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr
+    assert "has seq_length 32 but the job says data.seq_length: 64" in errors[0]
+    assert not train.is_complete(job)
+    assert not Path(job.paths.checkpoints, "checkpoint").exists()

@@ -61,7 +61,9 @@ def mask_tokens(
 
     # Candidates: neither special nor padding. Special ids usually form one contiguous
     # block (0..4): two comparisons then, instead of one per special id.
-    if special == list(range(special[0], special[-1] + 1)):
+    if special == list(range(special[-1] + 1)):
+        candidate = input_ids > special[-1]
+    elif special == list(range(special[0], special[-1] + 1)):
         candidate = (input_ids < special[0]) | (input_ids > special[-1])
     else:
         candidate = tf.reduce_all(

@@ -154,3 +154,27 @@ def test_causal_labels_are_next_tokens() -> None:
     np.testing.assert_array_equal(out["attention_mask"][0], [1, 1, 1, 1, 1, 0, 0])
     without_pad = causal_labels(tf.constant(ids), pad_id=None)
     assert without_pad["label_weights"].numpy()[:, :-1].all()
+
+
+@pytest.mark.parametrize("special", [(0, 7, 500), (3, 4, 5), (0, 1, 2, 3, 4)])
+def test_any_layout_of_special_ids_is_never_masked(special: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 600, size=(256, 64), dtype=np.int32)
+    ids[:, ::3] = rng.choice(special, size=ids[:, ::3].shape)  # specials everywhere
+    out = mask_tokens(
+        tf.constant(ids),
+        seed=tf.constant([3, 4], tf.int64),
+        vocab_size=600,
+        special_ids=special,
+        mask_id=special[-1],
+        pad_id=None,
+        max_predictions=16,
+    )
+    used = out["masked_lm_weights"].numpy() > 0
+    assert used.sum() > 0
+    assert not np.isin(out["masked_lm_ids"].numpy()[used], special).any()
+    corrupted, original = out["input_ids"].numpy(), ids
+    changed = corrupted != original
+    assert not np.isin(original[changed], special).any()
+    # Only the mask token may appear as a new special token.
+    assert set(np.unique(corrupted[changed & np.isin(corrupted, special)])) <= {special[-1]}

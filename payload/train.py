@@ -367,8 +367,8 @@ class _Meter:
 def export(job: JobSpec, model: Any, stats: dict[str, Any]) -> None:
     """save_pretrained model + tokenizer, upload, then write the completion marker last."""
     marker = storage.join(job.paths.export, EXPORT_MARKER)
-    if storage.exists(job.paths.export):
-        storage.remove_tree(job.paths.export)
+    # An earlier, unfinished export (no marker) is replaced, never mixed with this one.
+    storage.remove_tree(job.paths.export)
     with tempfile.TemporaryDirectory(prefix="tpu-payload-export-") as tmp:
         model.save_pretrained(tmp)
         tokenizer_lib.load_tokenizer(job.paths.tokenizer).save_pretrained(tmp)

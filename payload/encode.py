@@ -198,8 +198,9 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
         manifest = mf.load_manifest(data_dir)
         check_current(job, manifest)
         return manifest
-    tokenizer_text = tokenizer_json(job.paths.tokenizer).decode("utf-8")
-    tokenizer_sha = hashlib.sha256(tokenizer_text.encode("utf-8")).hexdigest()
+    tokenizer_bytes = tokenizer_json(job.paths.tokenizer)
+    tokenizer_sha = hashlib.sha256(tokenizer_bytes).hexdigest()
+    tokenizer_text = tokenizer_bytes.decode("utf-8")
     from tokenizers import Tokenizer  # noqa: PLC0415
 
     tok = Tokenizer.from_str(tokenizer_text)

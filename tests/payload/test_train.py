@@ -216,3 +216,22 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_checkpoints(
         train.train(job, _status(job))
     assert tf.train.latest_checkpoint(job.paths.checkpoints).endswith("ckpt-10")
     assert not train.is_complete(job)
+
+
+def test_bf16_mixed_precision_when_asked_on_cpu(
+    tmp_path: Path, corpus: Path, clm_data: JobSpec
+) -> None:
+    import tf_keras
+    from transformers import TFAutoModelForCausalLM
+
+    job = copy_prepared(
+        clm_data, tmp_path, job_document(tmp_path, corpus, "clm", steps=10, precision="bf16")
+    )
+    try:
+        stats = train.train(job, _status(job))
+        assert tf_keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+    finally:
+        tf_keras.mixed_precision.set_global_policy("float32")
+    assert np.isfinite(stats["loss"]) and stats["loss"] < stats["first_loss"]
+    exported = TFAutoModelForCausalLM.from_pretrained(job.paths.export)
+    assert {w.dtype for w in exported.weights} == {tf.float32}  # master weights stay fp32

@@ -17,7 +17,7 @@ from payload import storage
 from payload.errors import DataError
 
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: raw packed-id records (1 wrapped them in tf.train.Example)
 SPECIAL_ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
 
 

@@ -1,14 +1,18 @@
 """The one definition of the TFRecord schema: writer (pure Python) and reader (TensorFlow).
 
-Each record is a serialized ``tf.train.Example`` with a single bytes feature
-``input_ids`` holding exactly ``seq_length`` token ids, packed little-endian as
-``uint16`` (vocabularies up to 65,536) or ``uint32``. At sequence length 128 a uint16
-record costs 256 payload bytes + 10 bytes of proto + 16 bytes of TFRecord framing,
-about 2.2 bytes per token, against 3.3+ for an ``int64_list`` feature.
+Each TFRecord record is exactly ``seq_length`` token ids packed little-endian as
+``uint16`` (vocabularies up to 65,536) or ``uint32``: no ``tf.train.Example`` around
+them. At length 128 that is 256 payload bytes + 16 bytes of TFRecord framing = 2.125
+bytes per token. Wrapping the same bytes in a one-feature ``tf.train.Example`` adds 26
+bytes of proto per record (2.33 bytes per token); an ``int64_list`` feature costs 3.3+.
+The schema is not self-describing by design: ``manifest.json`` next to the shards
+records the dtype, the sequence length and the tokenizer, and the reader refuses data
+it does not describe.
+(``FEATURE`` names the tensor the reader produces.)
 
-The writer hand-encodes the protobuf and the TFRecord framing (length, masked CRC32C)
-so encoder workers never import TensorFlow; ``tests/payload/test_records.py`` checks the
-bytes against TensorFlow's own ``tf.train.Example`` and ``tf.io.TFRecordWriter``.
+The writer hand-encodes the TFRecord framing (length, masked CRC32C) so encoder workers
+never import TensorFlow; ``tests/payload/test_records.py`` checks the bytes against
+``tf.io.TFRecordWriter`` and reads them back through ``tf.data``.
 """
 
 from __future__ import annotations
@@ -41,57 +45,15 @@ def _numpy_dtype(token_dtype: str) -> np.dtype:
     return np.dtype(token_dtype).newbyteorder("<")
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+def encode_record(ids: np.ndarray, token_dtype: str) -> bytes:
+    """One record: ``ids`` packed little-endian as ``token_dtype`` (no proto around it)."""
+    return np.ascontiguousarray(ids, dtype=_numpy_dtype(token_dtype)).tobytes()
 
 
-def _field(number: int, payload_len: int) -> bytes:
-    """Tag and length of a length-delimited protobuf field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(payload_len)
-
-
-def example_prefix(payload_bytes: int) -> bytes:
-    """Serialized ``Example`` bytes that precede a packed payload of ``payload_bytes``.
-
-    Example{features(1): Features{feature(1): MapEntry{key(1), value(2): Feature{
-    bytes_list(1): BytesList{value(1): payload}}}}}. The prefix depends only on the
-    payload length, so a shard of fixed-length sequences shares one prefix.
-    """
-    key = FEATURE.encode()
-    bytes_list_len = len(_field(1, payload_bytes)) + payload_bytes
-    feature_len = len(_field(1, bytes_list_len)) + bytes_list_len
-    entry_len = len(_field(1, len(key))) + len(key) + len(_field(2, feature_len)) + feature_len
-    features_len = len(_field(1, entry_len)) + entry_len
-    return (
-        _field(1, features_len)
-        + _field(1, entry_len)
-        + _field(1, len(key))
-        + key
-        + _field(2, feature_len)
-        + _field(1, bytes_list_len)
-        + _field(1, payload_bytes)
-    )
-
-
-def encode_example(ids: np.ndarray, token_dtype: str) -> bytes:
-    """One serialized ``tf.train.Example`` holding ``ids`` packed as ``token_dtype``."""
-    payload = np.ascontiguousarray(ids, dtype=_numpy_dtype(token_dtype)).tobytes()
-    return example_prefix(len(payload)) + payload
-
-
-def encode_examples(rows: np.ndarray, token_dtype: str) -> list[bytes]:
-    """Serialized examples for each row of a ``[n, seq_length]`` array."""
+def encode_records(rows: np.ndarray, token_dtype: str) -> list[bytes]:
+    """One record per row of a ``[n, seq_length]`` array."""
     packed = np.ascontiguousarray(rows, dtype=_numpy_dtype(token_dtype))
-    prefix = example_prefix(packed.shape[1] * packed.itemsize)
-    return [prefix + row.tobytes() for row in packed]
+    return [row.tobytes() for row in packed]
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -100,17 +62,15 @@ def masked_crc32c(data: bytes) -> int:
 
 
 def frame_records(rows: np.ndarray, token_dtype: str) -> bytes:
-    """TFRecord-framed bytes of one example per row, ready to append to a shard file.
+    """TFRecord-framed bytes of one record per row, ready to append to a shard file.
 
     Every record of a fixed-length shard has the same length, so the length header and
     its CRC are computed once; only the data CRC is per record.
     """
     packed = np.ascontiguousarray(rows, dtype=_numpy_dtype(token_dtype))
     count, width = packed.shape[0], packed.shape[1] * packed.itemsize
-    prefix = example_prefix(width)
-    record_len = len(prefix) + width
-    header = struct.pack("<Q", record_len)
-    head = header + struct.pack("<I", masked_crc32c(header)) + prefix
+    header = struct.pack("<Q", width)
+    head = header + struct.pack("<I", masked_crc32c(header))
     frame = np.empty((count, len(head) + width + 4), dtype=np.uint8)
     frame[:, : len(head)] = np.frombuffer(head, dtype=np.uint8)
     frame[:, len(head) : len(head) + width] = packed.view(np.uint8).reshape(count, width)
@@ -176,30 +136,25 @@ def iter_records(file: IO[bytes]) -> Iterator[bytes]:
         yield record
 
 
-def decode_example(record: bytes, token_dtype: str) -> np.ndarray:
-    """Inverse of :func:`encode_example` for records this module wrote (tests, tools)."""
+def decode_record(record: bytes, token_dtype: str) -> np.ndarray:
+    """Inverse of :func:`encode_record` (tests, tools)."""
     dtype = _numpy_dtype(token_dtype)
-    for width in range(0, len(record) + 1, dtype.itemsize):
-        prefix = example_prefix(width)
-        if len(prefix) + width == len(record) and record.startswith(prefix):
-            return np.frombuffer(record[len(prefix) :], dtype=dtype).astype(np.int64)
-    raise ValueError("record is not an input_ids example written by payload.records")
+    if len(record) % dtype.itemsize:
+        raise ValueError(f"record of {len(record)} bytes is not a whole number of {token_dtype}")
+    return np.frombuffer(record, dtype=dtype).astype(np.int64)
 
 
 def parse_batch(serialized: Any, seq_length: int, token_dtype: str) -> tf.Tensor:
-    """Parse a BATCH of serialized examples into int32 ``[batch, seq_length]`` token ids.
+    """Decode a BATCH of records into int32 ``[batch, seq_length]`` token ids.
 
-    Call after ``Dataset.batch``: one ``parse_example`` per batch is an order of
-    magnitude faster than ``parse_single_example`` per record.
+    Call after ``Dataset.batch``: one ``decode_raw`` per batch. A record of another size
+    (a shard from another seq_length) is an error here, never padded or truncated
+    (``decode_raw``'s ``fixed_length`` would silently do either).
     """
     import tensorflow as tf  # noqa: PLC0415  (TF only where records are read)
 
     # DecodeRaw has no uint32; ids < 2**31 have the same little-endian bytes as int32.
     out_type = {"uint16": tf.uint16, "uint32": tf.int32}[token_dtype]
-    itemsize = _numpy_dtype(token_dtype).itemsize
-    features = tf.io.parse_example(serialized, {FEATURE: tf.io.FixedLenFeature([], tf.string)})
-    ids = tf.io.decode_raw(
-        features[FEATURE], out_type, little_endian=True, fixed_length=seq_length * itemsize
-    )
+    ids = tf.io.decode_raw(serialized, out_type, little_endian=True)
     batch = serialized.shape[0] if getattr(serialized, "shape", None) is not None else None
     return tf.ensure_shape(tf.cast(ids, tf.int32), [batch, seq_length])

@@ -1,4 +1,4 @@
-"""The record schema: our hand-written bytes equal TensorFlow's, and TF reads them back."""
+"""The record schema: our hand-written framing equals TensorFlow's, and TF reads it back."""
 
 from __future__ import annotations
 
@@ -23,24 +23,18 @@ def _rows(seq_length: int, count: int, vocab: int, seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("seq_length", "vocab"), [(8, 300), (128, 65536), (100, 70000)])
-def test_example_bytes_equal_tensorflow(seq_length: int, vocab: int) -> None:
-    import tensorflow as tf
-
+def test_record_is_the_packed_ids_and_round_trips(seq_length: int, vocab: int) -> None:
     dtype = records.token_dtype_for(vocab)
     for row in _rows(seq_length, 3, vocab):
-        payload = row.astype(np.dtype(dtype).newbyteorder("<")).tobytes()
-        expected = tf.train.Example(
-            features=tf.train.Features(
-                feature={
-                    records.FEATURE: tf.train.Feature(
-                        bytes_list=tf.train.BytesList(value=[payload])
-                    )
-                }
-            )
-        ).SerializeToString()
-        ours = records.encode_example(row, dtype)
-        assert ours == expected
-        np.testing.assert_array_equal(records.decode_example(ours, dtype), row)
+        ours = records.encode_record(row, dtype)
+        assert ours == row.astype(np.dtype(dtype).newbyteorder("<")).tobytes()
+        assert len(ours) == seq_length * np.dtype(dtype).itemsize
+        np.testing.assert_array_equal(records.decode_record(ours, dtype), row)
+
+
+def test_bytes_per_token_at_length_128() -> None:
+    framed = records.frame_records(_rows(128, 10, 65536), "uint16")
+    assert len(framed) / (10 * 128) == 2.125
 
 
 def test_framing_equals_tf_record_writer(tmp_path) -> None:
@@ -50,15 +44,15 @@ def test_framing_equals_tf_record_writer(tmp_path) -> None:
     ours = records.frame_records(rows, "uint16")
     tf_path = tmp_path / "tf.tfrecord"
     with tf.io.TFRecordWriter(str(tf_path)) as writer:
-        for example in records.encode_examples(rows, "uint16"):
-            writer.write(example)
+        for record in records.encode_records(rows, "uint16"):
+            writer.write(record)
     assert ours == tf_path.read_bytes()
 
     # The record-at-a-time writer produces the same bytes as the vectorised framing.
     buffer = io.BytesIO()
     with records.TFRecordWriter(buffer) as writer:
-        for example in records.encode_examples(rows, "uint16"):
-            writer.write(example)
+        for record in records.encode_records(rows, "uint16"):
+            writer.write(record)
     assert buffer.getvalue() == ours
     assert writer.records == 50
     assert writer.bytes == len(ours)
@@ -81,6 +75,17 @@ def test_tf_dataset_reads_exactly_what_we_wrote(tmp_path, vocab: int, batch: int
     assert dataset.element_spec.dtype == tf.int32
     got = np.concatenate([b.numpy() for b in dataset])
     np.testing.assert_array_equal(got, rows)
+
+
+def test_reader_refuses_records_of_another_length(tmp_path) -> None:
+    import tensorflow as tf
+
+    path = tmp_path / "shard.tfrecord"
+    path.write_bytes(records.frame_records(_rows(32, 4, 300), "uint16"))
+    dataset = tf.data.TFRecordDataset([str(path)]).batch(4)
+    dataset = dataset.map(lambda s: records.parse_batch(s, 64, "uint16"))
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        next(iter(dataset))
 
 
 def test_iter_records_checks_crc() -> None:

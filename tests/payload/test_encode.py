@@ -81,8 +81,7 @@ def read_rows_python(data_dir: str) -> np.ndarray:
     for path in mf.shard_paths(data_dir, manifest):
         with storage.open_read(path) as handle:
             rows += [
-                records.decode_record(r, manifest.token_dtype)
-                for r in records.iter_records(handle)
+                records.decode_record(r, manifest.token_dtype) for r in records.iter_records(handle)
             ]
     return np.stack(rows)
 

@@ -57,8 +57,11 @@ format: venv
 plan: venv-infra
 	$(IPY) -m infra.plan --stack $(STACK)
 
+# Performance figures (printed, not asserted): encode vs raw tokenizers, bytes/token,
+# RSS at two corpus sizes, input pipeline sequences/s. BENCH_ARGS=--quick for a short run.
 bench: venv
-	$(PY) bench/run.py
+	$(PY) bench/bench_encode.py $(BENCH_ARGS)
+	$(PY) bench/bench_input.py
 
 clean:
 	rm -rf runs bench/out .pytest_cache .ruff_cache

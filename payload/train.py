@@ -164,15 +164,12 @@ def train(job: JobSpec, status: StatusWriter) -> dict[str, Any]:
     if restored is not None:
         _log(f"train: resumed from {manager.latest_checkpoint} at step {step}")
 
-    stats: dict[str, Any] = {"step": step, "loss": None, "resumed_from": restored}
+    stats: dict[str, Any] = {"step": step}
+    if restored is not None:
+        stats["resumed_from"] = restored
     if step < spec.steps:
         loop = _TrainLoop(job, manifest, runtime, model, optimizer)
         stats.update(loop.run(manager, status, step))
-    elif (
-        manager.latest_checkpoint is None
-        or int(manager.latest_checkpoint.rsplit("-", 1)[-1]) != step
-    ):
-        manager.save(checkpoint_number=step)
     stats["step"] = int(optimizer.iterations.numpy())
 
     status.update(stage="train", progress=1.0, step=stats["step"], message="exporting")
@@ -302,7 +299,12 @@ class _TrainLoop:
         finally:
             bar.close()
             meter.close()
-        return {"loss": meter.loss, "first_loss": meter.first_loss, "accuracy": meter.accuracy}
+        return {
+            "first_loss": meter.first_loss,
+            "loss": meter.loss,
+            "accuracy": meter.accuracy,
+            "steps_per_second": meter.mean_steps_per_second(),
+        }
 
 
 class _Meter:
@@ -318,6 +320,7 @@ class _Meter:
         self.loss = self.accuracy = float("nan")
         self.first_loss: float | None = None
         self.window_start, self.window_steps = time.perf_counter(), 0
+        self.run_start, self.run_steps = self.window_start, 0
         self.warm = False
 
     def record(self, step: int, n: int, loss: float, accuracy: float) -> None:
@@ -327,8 +330,14 @@ class _Meter:
         if not self.warm:
             # The first chunk includes tracing and compilation: keep it out of throughput.
             self.warm, self.window_start, self.window_steps = True, time.perf_counter(), 0
+            self.run_start, self.run_steps = self.window_start, 0
         else:
             self.window_steps += n
+            self.run_steps += n
+
+    def mean_steps_per_second(self) -> float:
+        elapsed = time.perf_counter() - self.run_start
+        return self.run_steps / elapsed if self.run_steps and elapsed > 0 else 0.0
 
     def log(self, step: int, grad_norm: float) -> None:
         elapsed = time.perf_counter() - self.window_start

@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
+import tf_keras
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
@@ -115,7 +116,10 @@ def _log(message: str) -> None:
     tqdm.write(message, file=sys.stderr)
 
 
-def train(job: JobSpec, status: StatusWriter) -> dict[str, Any]:
+def train(
+    job: JobSpec, status: StatusWriter, *, runtime: strategy_lib.Runtime | None = None
+) -> dict[str, Any]:
+    """Train (or resume) and export; `runtime` defaults to the detected accelerator."""
     status.update(stage="train", message="verifying data")
     manifest = manifest_lib.load_manifest(job.paths.data)
     check_data(job, manifest)
@@ -129,7 +133,7 @@ def train(job: JobSpec, status: StatusWriter) -> dict[str, Any]:
         vocab_size=manifest.vocab_size,
         special_ids=data_lib.special_ids_of(manifest),
     )
-    runtime = strategy_lib.setup(spec.precision)
+    runtime = runtime or strategy_lib.setup(spec.precision)
     replicas = runtime.num_replicas
     if spec.global_batch_size % replicas:
         raise SpecError(
@@ -139,10 +143,17 @@ def train(job: JobSpec, status: StatusWriter) -> dict[str, Any]:
     _log(f"train: {json.dumps(strategy_lib.describe(runtime))}")
 
     strategy = runtime.strategy
-    with strategy.scope():
-        model = model_lib.create_model(family, config, manifest.seq_length)
-        optimizer = schedule.create_optimizer(spec, jit_compile=runtime.plan.jit_compile)
-        optimizer.build(model.trainable_variables)
+    # Seeded initial weights. The global seed is cleared again afterwards: everything random
+    # in the input pipeline has explicit per-epoch seeds (data.py), and tf.data mishandles
+    # tensor-valued seeds under a global seed of 0.
+    tf_keras.utils.set_random_seed(spec.seed)
+    try:
+        with strategy.scope():
+            model = model_lib.create_model(family, config, manifest.seq_length)
+            optimizer = schedule.create_optimizer(spec, jit_compile=runtime.plan.jit_compile)
+            optimizer.build(model.trainable_variables)
+    finally:
+        tf.random.set_seed(None)
     ckpt, manager = checkpoint_lib.make_manager(
         model, optimizer, job.paths.checkpoints, keep=spec.keep_checkpoints
     )

@@ -11,11 +11,21 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tensorflow as tf
-from train_helpers import job_document, prepare_data, run_cli, write_corpus, write_job
+from train_helpers import (
+    copy_prepared,
+    job_document,
+    prepare_data,
+    run_cli,
+    write_corpus,
+    write_job,
+)
+from transformers import TFAutoModelForMaskedLM
 
 from payload import train
+from payload.status import StatusWriter
 
 CHECKPOINT_WAIT_S = 180.0
 CHECKPOINT_EVERY = 20
@@ -99,11 +109,7 @@ def test_cli_train_mismatch_is_one_line_exit_2(tmp_path: Path) -> None:
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path: Path) -> None:
     """Model, optimizer state, step counter and input position are all restored exactly."""
-    import numpy as np
-    from train_helpers import copy_prepared
-    from transformers import TFAutoModelForMaskedLM
 
-    from payload.status import StatusWriter
 
     corpus = write_corpus(tmp_path / "corpus.txt", lines=400)
     # No dropout and a schedule that does not depend on the total: runs are comparable.

@@ -110,7 +110,6 @@ def test_cli_train_mismatch_is_one_line_exit_2(tmp_path: Path) -> None:
 def test_resumed_run_equals_uninterrupted_run(tmp_path: Path) -> None:
     """Model, optimizer state, step counter and input position are all restored exactly."""
 
-
     corpus = write_corpus(tmp_path / "corpus.txt", lines=400)
     # No dropout and a schedule that does not depend on the total: runs are comparable.
     doc = job_document(tmp_path, corpus, "mlm", steps=16, decay="constant", warmup_steps=0)

@@ -1,9 +1,11 @@
 """The training input pipeline: TFRecord shards -> batches of model inputs with static shapes.
 
-Per epoch: the shard list is shuffled (seeded), shards are read interleaved in parallel,
-records are shuffled in a buffer, batched with drop_remainder, and only THEN parsed
-(`records.parse_batch`, one `parse_example` per batch) and masked (MLM, `masking.py`) or
-given shifted targets (CLM). Every epoch has exactly `batches_per_epoch` batches.
+Per epoch: the shard list is shuffled (seeded), shards are read in parallel (interleaved,
+in blocks of records), records are shuffled in a buffer, batched with drop_remainder, and
+only THEN decoded (`records.parse_batch`, one op per batch) and masked (MLM, `masking.py`)
+or given next-token targets (CLM). Every epoch has exactly `batches_per_epoch` batches.
+Under a distribution strategy one host batch is decoded and masked at once and then split
+into the per-replica batches of that host.
 
 Reproducibility and resuming: everything random is a pure function of (seed, epoch, batch
 index) -- the shard order, the shuffle buffer's seed and the stateless masking RNG. Batch k

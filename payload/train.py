@@ -18,8 +18,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import signal
 import sys
 import tempfile
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +49,20 @@ EXPORT_MARKER = "export_complete.json"
 
 class TrainingDivergedError(UserError):
     """The loss became NaN or infinite; checkpoints written before it are kept."""
+
+
+class TrainingInterrupted(SystemExit):
+    """SIGTERM/SIGINT during training, after a checkpoint of the current step was saved.
+
+    Exits with 128 + the signal number, as if the signal had killed the process.
+    """
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(128 + signum)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def is_complete(job: JobSpec) -> bool:
@@ -286,6 +302,7 @@ class _TrainLoop:
         bar = tqdm(
             total=total, initial=step, unit="step", file=sys.stderr, disable=not sys.stderr.isatty()
         )
+        stop = _StopRequest()
         try:
             while step < total:
                 n = _chunk_length(
@@ -307,7 +324,18 @@ class _TrainLoop:
                 if step % spec.log_every == 0 or step == total:
                     meter.log(step, float(norm.numpy()))
                     bar.set_postfix(loss=f"{meter.loss:.4f}")
+                if stop.signal is not None:
+                    # Preemption/shutdown: keep this step's work, then exit like the signal.
+                    path = manager.save(checkpoint_number=step)
+                    message = (
+                        f"stopped by signal {stop.signal} at step {step}; checkpoint {path} "
+                        "saved: rerun to resume"
+                    )
+                    _log(f"train: {message}")
+                    status.fail(stage="train", error=message)
+                    raise TrainingInterrupted(stop.signal, message)
         finally:
+            stop.restore()
             bar.close()
             meter.close()
         return {
@@ -316,6 +344,32 @@ class _TrainLoop:
             "accuracy": meter.accuracy,
             "steps_per_second": meter.mean_steps_per_second(),
         }
+
+
+class _StopRequest:
+    """SIGTERM/SIGINT while training: finish the running chunk, checkpoint, then exit.
+
+    A spot/preemptible VM shutting down sends SIGTERM; without this, up to
+    `checkpoint_every` steps would be lost instead of at most one chunk.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._request)
+
+    def _request(self, signum: int, frame: object) -> None:
+        if self.signal is not None:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
 
 class _Meter:

@@ -133,3 +133,40 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path: Path) -> None:
     b = TFAutoModelForMaskedLM.from_pretrained(resumed.paths.export).weights
     worst = max(float(np.abs(x.numpy() - y.numpy()).max()) for x, y in zip(a, b, strict=True))
     assert worst < 1e-5, worst
+
+
+def test_sigterm_checkpoints_the_current_step_and_exits_143(tmp_path: Path) -> None:
+    """A preempted VM's shutdown sends SIGTERM: nothing since the last chunk is lost."""
+    corpus = write_corpus(tmp_path / "corpus.txt", lines=400)
+    doc = job_document(tmp_path, corpus, "mlm", steps=5000, checkpoint_every=1000, log_every=5)
+    job = write_job(tmp_path, doc)
+    prepare_data(job)
+    log_path = tmp_path / "run.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "payload", "train", "--job", str(tmp_path / "job.yaml")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        )
+        try:
+            deadline = time.monotonic() + CHECKPOINT_WAIT_S
+            while not _logged_steps(log_path.read_text()):
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "training did not start in time"
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    output = log_path.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    saved = _latest_step(job.paths.checkpoints)
+    # No interval checkpoint was due (every 1000): this one is the interruption's.
+    assert saved is not None and 0 < saved < 1000, output[-3000:]
+    assert f"stopped by signal {int(signal.SIGTERM)} at step {saved}" in output
+    status = json.loads(Path(job.paths.status).read_text())
+    assert status["state"] == "failed" and "rerun to resume" in status["last_error"]["error"]
+    assert not train.is_complete(job)

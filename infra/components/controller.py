@@ -11,6 +11,24 @@ from infra.components.tpu import CLOUD_PLATFORM, _inherited_depends_on
 CONTROLLER_IMAGE = "debian-cloud/debian-12"
 
 
+# Every GCE VM of a stack (controller, VPN hop): shielded boot, OS Login, no project-wide
+# SSH keys, no serial console. The policy pack enforces the same settings.
+SHIELDED_VM = {
+    "enable_secure_boot": True,
+    "enable_vtpm": True,
+    "enable_integrity_monitoring": True,
+}
+
+
+def hardened_metadata(startup_script: pulumi.Input[str]) -> dict[str, pulumi.Input[str]]:
+    return {
+        "enable-oslogin": "TRUE",
+        "block-project-ssh-keys": "TRUE",
+        "serial-port-enable": "FALSE",
+        "startup-script": startup_script,
+    }
+
+
 @dataclass(frozen=True)
 class ControllerVmArgs:
     project: str
@@ -42,17 +60,8 @@ class ControllerVm(pulumi.ComponentResource):
             },
             network_interfaces=[{"subnetwork": args.subnetwork}],
             service_account={"email": args.service_account_email, "scopes": [CLOUD_PLATFORM]},
-            shielded_instance_config={
-                "enable_secure_boot": True,
-                "enable_vtpm": True,
-                "enable_integrity_monitoring": True,
-            },
-            metadata={
-                "enable-oslogin": "TRUE",
-                "block-project-ssh-keys": "TRUE",
-                "serial-port-enable": "FALSE",
-                "startup-script": args.startup_script,
-            },
+            shielded_instance_config=SHIELDED_VM,
+            metadata=hardened_metadata(args.startup_script),
             tags=[TAG_CONTROLLER],
             labels=args.labels,
             allow_stopping_for_update=True,

@@ -7,7 +7,7 @@ import pulumi_gcp as gcp
 import pulumi_random as random
 
 from infra import render, wgkeys
-from infra.components.controller import CONTROLLER_IMAGE
+from infra.components.controller import CONTROLLER_IMAGE, SHIELDED_VM, hardened_metadata
 from infra.components.network import TAG_HOP
 from infra.components.tpu import CLOUD_PLATFORM
 
@@ -113,17 +113,8 @@ class VpnHop(pulumi.ComponentResource):
                 }
             ],
             service_account={"email": args.service_account_email, "scopes": [CLOUD_PLATFORM]},
-            shielded_instance_config={
-                "enable_secure_boot": True,
-                "enable_vtpm": True,
-                "enable_integrity_monitoring": True,
-            },
-            metadata={
-                "enable-oslogin": "TRUE",
-                "block-project-ssh-keys": "TRUE",
-                "serial-port-enable": "FALSE",
-                "startup-script": startup_script,
-            },
+            shielded_instance_config=SHIELDED_VM,
+            metadata=hardened_metadata(startup_script),
             tags=[TAG_HOP],
             labels=args.labels,
             allow_stopping_for_update=True,

@@ -37,6 +37,7 @@ import tempfile
 import time
 import uuid
 from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -322,19 +323,25 @@ def _encode_to(
             tokens=tokens,
         )
 
-    context = mp.get_context("spawn")
+    # A ProcessPoolExecutor, not mp.Pool: a worker that dies (OOM kill, failed spawn)
+    # raises BrokenProcessPool here instead of leaving the stage waiting forever.
     max_in_flight = 2 * workers
     with (
         _progress_bar(total) as bar,
-        context.Pool(workers, _init_worker, (tokenizer_text, plan)) as pool,
+        ProcessPoolExecutor(
+            workers,
+            mp_context=mp.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(tokenizer_text, plan),
+        ) as pool,
     ):
-        pending: deque[Any] = deque()
+        pending: deque[Future[tuple[np.ndarray, dict[str, int], int]]] = deque()
         for chunk in corpus.iter_chunks(files, job.corpus.on_bad_input, stats):
-            pending.append(pool.apply_async(_encode_chunk, (chunk,)))
+            pending.append(pool.submit(_encode_chunk, chunk))
             if len(pending) >= max_in_flight:
-                consume(pending.popleft().get())
+                consume(pending.popleft().result())
         while pending:
-            consume(pending.popleft().get())
+            consume(pending.popleft().result())
     shards.close()
     return stats, shards, len(carry)
 

@@ -275,17 +275,19 @@ def download_tree(src_dir: str, local_dir: str) -> list[str]:
 # --------------------------------------------------------------------------- writes
 
 
+def _upload(blob: Any, method: str, source: Any, uri: str, *, if_absent: bool) -> None:
+    """One blob upload; ``if_absent`` makes it create-only (generation 0 precondition)."""
+    precondition = {"if_generation_match": 0} if if_absent else {}
+    try:
+        getattr(blob, method)(source, retry=_retry(), **precondition)
+    except _precondition_failed() as exc:
+        raise AlreadyExists(uri) from exc
+
+
 def write_bytes(path: str, data: bytes, *, if_absent: bool = False) -> None:
     """Write atomically; with ``if_absent`` raise :class:`AlreadyExists` instead of replacing."""
     if is_gcs(path):
-        blob = _blob(path)
-        try:
-            if if_absent:
-                blob.upload_from_string(data, if_generation_match=0, retry=_retry())
-            else:
-                blob.upload_from_string(data, retry=_retry())
-        except _precondition_failed() as exc:
-            raise AlreadyExists(path) from exc
+        _upload(_blob(path), "upload_from_string", data, path, if_absent=if_absent)
         return
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -328,13 +330,7 @@ def upload_file(local_path: str, dest: str, *, if_absent: bool = False) -> None:
     if is_gcs(dest):
         blob = _blob(dest)
         blob.chunk_size = _CHUNK * 4
-        try:
-            if if_absent:
-                blob.upload_from_filename(local_path, if_generation_match=0, retry=_retry())
-            else:
-                blob.upload_from_filename(local_path, retry=_retry())
-        except _precondition_failed() as exc:
-            raise AlreadyExists(dest) from exc
+        _upload(blob, "upload_from_filename", local_path, dest, if_absent=if_absent)
         return
     target = Path(dest)
     target.parent.mkdir(parents=True, exist_ok=True)

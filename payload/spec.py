@@ -81,15 +81,19 @@ CONFIG_KEYS = {"bert": BERT_CONFIG_KEYS, "roberta": BERT_CONFIG_KEYS, "gpt2": GP
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
-def special_roles(objective: str, kind: str) -> dict[str, str]:
-    """Role -> token of the default special-token style for this objective and kind."""
+def special_roles(objective: str, kind: str, family: str) -> dict[str, str]:
+    """Role -> token of the default special-token style for this objective, kind and model.
+
+    BERT style only for a WordPiece BERT; RoBERTa numbers positions from its pad id, which
+    TF RoBERTa fixes at 1, so a RoBERTa gets the RoBERTa layout whatever the tokenizer kind.
+    """
     if objective == "clm":
         return dict(CLM_STYLE)
-    return dict(BERT_STYLE if kind == "wordpiece" else ROBERTA_STYLE)
+    return dict(BERT_STYLE if kind == "wordpiece" and family == "bert" else ROBERTA_STYLE)
 
 
-def default_special_tokens(objective: str, kind: str) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(special_roles(objective, kind).values()))
+def default_special_tokens(objective: str, kind: str, family: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(special_roles(objective, kind, family).values()))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,7 +196,7 @@ class JobSpec:
     @property
     def special_roles(self) -> dict[str, str]:
         """Role (pad, unk, cls, sep, mask, bos, eos) -> token for this job."""
-        return special_roles(self.data.objective, self.tokenizer.kind)
+        return special_roles(self.data.objective, self.tokenizer.kind, self.model.family)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved spec (defaults filled in, paths absolute) as plain JSON data."""
@@ -340,11 +344,13 @@ def _corpus(section: _Section, base_dir: str) -> CorpusSpec:
     return spec
 
 
-def _tokenizer(section: _Section, objective: str) -> TokenizerSpec:
+def _tokenizer(section: _Section, objective: str, family: str) -> TokenizerSpec:
     kind = section.take("kind", _choice(TOKENIZER_KINDS))
     vocab_size = section.take("vocab_size", _int(1, MAX_VOCAB))
-    roles = special_roles(objective, kind)
-    specials = section.take("special_tokens", _str_list, default_special_tokens(objective, kind))
+    roles = special_roles(objective, kind, family)
+    specials = section.take(
+        "special_tokens", _str_list, default_special_tokens(objective, kind, family)
+    )
     key = section.key("special_tokens")
     if len(set(specials)) != len(specials):
         raise SpecError(f"{key}: duplicate tokens in {list(specials)}")
@@ -453,13 +459,17 @@ def parse_job(document: Any, *, source: str) -> JobSpec:
         )
     output = _resolve(base_dir, top.take("output", _str))
     data = top.take("data", lambda key, v: _data(_Section(v, key)))
+    model = top.take("model", lambda key, v: _model(_Section(v, key), data.objective))
     job = JobSpec(
         name=name,
         output=output,
         corpus=top.take("corpus", lambda key, v: _corpus(_Section(v, key), base_dir)),
-        tokenizer=top.take("tokenizer", lambda k, v: _tokenizer(_Section(v, k), data.objective)),
+        tokenizer=top.take(
+            "tokenizer",
+            lambda key, v: _tokenizer(_Section(v, key), data.objective, model.family),
+        ),
         data=data,
-        model=top.take("model", lambda key, v: _model(_Section(v, key), data.objective)),
+        model=model,
         train=top.take("train", lambda key, v: _train(_Section(v, key))),
         source=source,
     )

@@ -64,6 +64,23 @@ def test_defaults_and_paths(tmp_path: Path) -> None:
     assert json.loads(job.to_json())["data"]["max_predictions"] == 16
 
 
+@pytest.mark.parametrize(
+    ("family", "kind", "expected"),
+    [
+        ("bert", "wordpiece", ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")),
+        ("bert", "bpe", ("<s>", "<pad>", "</s>", "<unk>", "<mask>")),
+        # TF RoBERTa numbers positions from pad id 1: the RoBERTa layout even for WordPiece.
+        ("roberta", "wordpiece", ("<s>", "<pad>", "</s>", "<unk>", "<mask>")),
+    ],
+)
+def test_default_special_tokens_follow_tokenizer_and_model(
+    tmp_path: Path, family: str, kind: str, expected: tuple[str, ...]
+) -> None:
+    job = spec.load_job(_write(tmp_path, _with(model__family=family, tokenizer__kind=kind)))
+    assert job.tokenizer.special_tokens == expected
+    assert job.special_roles["pad"] == expected[0 if expected[0] == "[PAD]" else 1]
+
+
 def test_json_and_name_from_file(tmp_path: Path) -> None:
     job = spec.load_job(_write(tmp_path, _with(name=...), name="my-job.json"))
     assert job.name == "my-job"

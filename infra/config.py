@@ -44,6 +44,14 @@ KEYS: tuple[Key, ...] = (
     Key("tpuArchitecture", "string", "TPU architecture: 'vm' (TPU Nodes are gone).", "vm"),
     Key("scheduling", "string", "TPU capacity: on-demand, preemptible or spot.", "on-demand"),
     Key("tpuExternalIp", "boolean", "Give the TPU VM an external IP (default: no).", False),
+    # No fixed default: on for spot/preemptible scheduling, off for on-demand.
+    Key(
+        "tpuAutoRecover",
+        "boolean",
+        "Recreate a preempted/terminated TPU VM from the controller (default: on for spot "
+        "and preemptible, off for on-demand).",
+        "",
+    ),
     Key("bucketName", "string", "Bucket name (default <project>-<stack>-tpu-pretrain).", ""),
     Key("bucketLocation", "string", "Bucket location; must be the TPU region (default).", ""),
     Key("bucketSoftDeleteDays", "integer", "Days deleted objects stay restorable (7-90).", 7),
@@ -89,6 +97,7 @@ class TpuConfig:
     spot: bool
     external_ip: bool
     shielded_boot: bool
+    auto_recover: bool  # the controller's watchdog recreates a preempted TPU VM
 
 
 @dataclass(frozen=True)
@@ -273,7 +282,15 @@ def _tpu(values: Mapping[str, object], catalog: Catalog, prefix: str) -> TpuConf
         spot=scheduling == "spot",
         external_ip=_boolean(values, "tpuExternalIp"),
         shielded_boot=generation.shielded_boot,
+        auto_recover=_auto_recover(values, scheduling),
     )
+
+
+def _auto_recover(values: Mapping[str, object], scheduling: str) -> bool:
+    raw = values.get("tpuAutoRecover")
+    if raw is None or raw == "":
+        return scheduling != "on-demand"
+    return _boolean(values, "tpuAutoRecover")
 
 
 def _wireguard_key(name: str, value: str) -> str | None:

@@ -11,7 +11,7 @@ from harness import config_error, one, run_stack, stack_names
 
 from infra import wgkeys
 from infra.catalog import load_catalog
-from infra.config import KEYS
+from infra.config import KEYS, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 K = "tpu-pretrain:"
@@ -144,6 +144,11 @@ CASES = [
         "tpu-pretrain:scheduling: 'cheap' is not allowed; use one of: on-demand, preemptible, spot",
     ),
     (
+        "v6e-euw4",
+        {K + "tpuAutoRecover": "sometimes"},
+        "tpu-pretrain:tpuAutoRecover: 'sometimes' must be true or false",
+    ),
+    (
         "v3-euw4",
         {K + "tpuZones": "europe-west4-a"},
         "tpu-pretrain:tpuZones: unknown setting; known: " + ", ".join(sorted(k.name for k in KEYS)),
@@ -230,3 +235,21 @@ def test_wireguard_keys_match_rfc7748():
     assert wgkeys.public_key(clamped) == base64.b64encode(public).decode()
     raw = base64.b64decode(wgkeys.private_key(base64.b64encode(b"\xff" * 32).decode()))
     assert raw[0] & 7 == 0 and raw[31] & 0x80 == 0 and raw[31] & 0x40
+
+
+@pytest.mark.parametrize(
+    ("scheduling", "expected"), [("on-demand", False), ("preemptible", True), ("spot", True)]
+)
+def test_tpu_auto_recover_defaults_to_the_scheduling(scheduling, expected):
+    values = yaml.safe_load((ROOT / "stacks" / "Pulumi.v3-euw4.yaml").read_text())["config"]
+    values = {key.removeprefix(K): value for key, value in values.items()}
+    cfg = parse_config(
+        project="tpu-pretrain-test", stack="v3-euw4", values=values | {"scheduling": scheduling}
+    )
+    assert cfg.tpu.auto_recover is expected
+    explicit = parse_config(
+        project="tpu-pretrain-test",
+        stack="v3-euw4",
+        values=values | {"scheduling": scheduling, "tpuAutoRecover": str(not expected).lower()},
+    )
+    assert explicit.tpu.auto_recover is (not expected)

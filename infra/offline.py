@@ -147,7 +147,11 @@ class _GcpMocks:
         kind = args.typ
         if kind == "gcp:serviceaccount/account:Account":
             email = f"{inputs['accountId']}@{self.project}.iam.gserviceaccount.com"
-            state |= {"email": email, "member": f"serviceAccount:{email}", "name": email}
+            state |= {
+                "email": email,
+                "member": f"serviceAccount:{email}",
+                "name": f"projects/{self.project}/serviceAccounts/{email}",
+            }
         elif kind == "gcp:storage/bucket:Bucket":
             state |= {"url": f"gs://{name}", "selfLink": f"https://storage/{name}"}
         elif kind == "gcp:storage/bucketObject:BucketObject":
@@ -164,6 +168,8 @@ class _GcpMocks:
         elif kind == "random:index/randomBytes:RandomBytes":
             raw = hashlib.sha256(f"mock-random:{args.name}".encode()).digest()
             state |= {"base64": base64.b64encode(raw).decode(), "hex": raw.hex()}
+        elif kind == "gcp:projects/iAMCustomRole:IAMCustomRole":
+            state |= {"name": f"projects/{self.project}/roles/{inputs['roleId']}"}
         elif kind == "gcp:secretmanager/secret:Secret":
             state |= {"name": f"projects/{self.project}/secrets/{inputs['secretId']}"}
         elif kind == "gcp:secretmanager/secretVersion:SecretVersion":

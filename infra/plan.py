@@ -9,7 +9,9 @@ values (WireGuard keys, the client configuration) are never printed."""
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import re
 import sys
 from typing import Any
 
@@ -93,6 +95,11 @@ def format_plan(run: offline.OfflineRun) -> str:
         script = (resource.inputs.get("metadata") or {}).get("startup-script")
         if script:
             lines += ["", f"==== startup script of {resource.name} ({resource.type_}) ====", script]
+            # The controller carries the TPU watchdog base64-encoded; show it readable too.
+            match = re.search(r"^readonly TPU_WATCH_SCRIPT_B64=(\S+)$", script, re.MULTILINE)
+            if match:
+                watchdog = base64.b64decode(match.group(1)).decode()
+                lines += ["", f"==== TPU watchdog installed by {resource.name} ====", watchdog]
     for resource in run.resources:
         if resource.inputs.get("contentType") == "application/json":
             lines += [

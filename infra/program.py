@@ -15,8 +15,15 @@ from infra.components.bucket import TrainingBucket, TrainingBucketArgs
 from infra.components.controller import ControllerVm, ControllerVmArgs
 from infra.components.delivery import PayloadDelivery, PayloadDeliveryArgs
 from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
-from infra.components.network import TENSORBOARD_PORT, Network, NetworkArgs
-from infra.components.tpu import TpuVm, TpuVmArgs
+from infra.components.network import TAG_TPU, TENSORBOARD_PORT, Network, NetworkArgs
+from infra.components.recovery import TpuAutoRecovery, TpuAutoRecoveryArgs
+from infra.components.tpu import (
+    CLOUD_PLATFORM,
+    TPU_DESCRIPTION,
+    TPU_METADATA,
+    TpuVm,
+    TpuVmArgs,
+)
 from infra.components.vpn import VpnHop, VpnHopArgs
 from infra.config import StackConfig
 
@@ -97,6 +104,41 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
     # and the NAT that lets it install packages.
     ready = [delivery, bucket, workload_identity, network.nat]
 
+    tpu_args = TpuVmArgs(
+        project=cfg.project,
+        name=cfg.tpu.name,
+        zone=cfg.tpu.zone,
+        accelerator_type=cfg.tpu.accelerator_type,
+        runtime_version=cfg.tpu.runtime_version,
+        preemptible=cfg.tpu.preemptible,
+        spot=cfg.tpu.spot,
+        external_ip=cfg.tpu.external_ip,
+        shielded_boot=cfg.tpu.shielded_boot,
+        network=network.vpc.id,
+        subnetwork=network.tpu_subnet.id,
+        service_account_email=workload_identity.email,
+        startup_script=render.render_tpu_script(workload),
+        labels=cfg.labels | {"accelerator": cfg.tpu.accelerator_type},
+    )
+    controller_ready = list(ready)
+    if cfg.tpu.auto_recover:
+        recovery = TpuAutoRecovery(
+            "tpu-recovery",
+            TpuAutoRecoveryArgs(
+                project=cfg.project,
+                stack=cfg.stack,
+                service_account_name=workload_identity.resource_name,
+                service_account_member=workload_identity.member,
+            ),
+            opts=after_apis,
+        )
+        controller_ready.append(recovery)
+        controller_script: pulumi.Input[str] = pulumi.Output.all(
+            tpu_args.network, tpu_args.subnetwork, tpu_args.service_account_email
+        ).apply(lambda v: render.render_controller_script(workload, _tpu_watch(tpu_args, *v)))
+    else:
+        controller_script = render.render_controller_script(workload)
+
     controller = ControllerVm(
         "controller",
         ControllerVmArgs(
@@ -106,31 +148,12 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             machine_type=cfg.controller_machine_type,
             subnetwork=network.tpu_subnet.id,
             service_account_email=workload_identity.email,
-            startup_script=render.render_controller_script(workload),
+            startup_script=controller_script,
             labels=cfg.labels,
         ),
-        opts=pulumi.ResourceOptions(depends_on=ready),
+        opts=pulumi.ResourceOptions(depends_on=controller_ready),
     )
-    tpu = TpuVm(
-        "tpu",
-        TpuVmArgs(
-            project=cfg.project,
-            name=cfg.tpu.name,
-            zone=cfg.tpu.zone,
-            accelerator_type=cfg.tpu.accelerator_type,
-            runtime_version=cfg.tpu.runtime_version,
-            preemptible=cfg.tpu.preemptible,
-            spot=cfg.tpu.spot,
-            external_ip=cfg.tpu.external_ip,
-            shielded_boot=cfg.tpu.shielded_boot,
-            network=network.vpc.id,
-            subnetwork=network.tpu_subnet.id,
-            service_account_email=workload_identity.email,
-            startup_script=render.render_tpu_script(workload),
-            labels=cfg.labels | {"accelerator": cfg.tpu.accelerator_type},
-        ),
-        opts=pulumi.ResourceOptions(depends_on=ready),
-    )
+    tpu = TpuVm("tpu", tpu_args, opts=pulumi.ResourceOptions(depends_on=ready))
     hop = VpnHop(
         "vpn-hop",
         VpnHopArgs(
@@ -189,14 +212,50 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
     )
     # A preempted or spot TPU VM cannot be restarted and holds quota until it is deleted;
     # check its state, and replace it (training resumes from the bucket's checkpoints).
-    pulumi.export(
-        "tpuRecovery",
-        {
-            "check": f"gcloud compute tpus tpu-vm describe {cfg.tpu.name} --zone {cfg.tpu.zone} "
-            f"--project {cfg.project} --format='value(state)'",
-            "replace": tpu.vm.urn.apply(lambda urn: f"pulumi up --replace '{urn}'"),
-        },
-    )
+    recovery_commands: dict[str, pulumi.Input[str]] = {
+        "check": f"gcloud compute tpus tpu-vm describe {cfg.tpu.name} --zone {cfg.tpu.zone} "
+        f"--project {cfg.project} --format='value(state)'",
+        "replace": tpu.vm.urn.apply(lambda urn: f"pulumi up --replace '{urn}'"),
+    }
+    if cfg.tpu.auto_recover:
+        recovery_commands["watchdog"] = (
+            f"on: the controller checks the TPU VM every {render.TPU_WATCH_INTERVAL} and "
+            "recreates it when PREEMPTED or TERMINATED (at most once per "
+            f"{render.TPU_RECREATE_MIN_SECONDS}s); status "
+            f"{jobspec.run_root(cfg.bucket.name, cfg.job_name)}/bootstrap/tpu-watch.json, "
+            "logs: journalctl -u tpu-pretrain-tpu-watch.service on the controller"
+        )
+    else:
+        recovery_commands["watchdog"] = (
+            "off (tpu-pretrain:tpuAutoRecover=false): replace a preempted TPU VM by hand"
+        )
+    pulumi.export("tpuRecovery", recovery_commands)
     pulumi.export("vpnEndpoint", hop.endpoint)
     pulumi.export("vpnServerPublicKey", hop.server_public_key)
     pulumi.export("vpnClientConfig", hop.client_config)
+
+
+def _tpu_watch(
+    args: TpuVmArgs, network: str, subnetwork: str, service_account_email: str
+) -> render.TpuWatch:
+    """The watchdog recreates the TPU VM from the very arguments of its gcp.tpu.V2Vm."""
+    return render.TpuWatch(
+        project=args.project,
+        name=args.name,
+        zone=args.zone,
+        accelerator_type=args.accelerator_type,
+        runtime_version=args.runtime_version,
+        network=network,
+        subnetwork=subnetwork,
+        external_ip=args.external_ip,
+        preemptible=args.preemptible,
+        spot=args.spot,
+        shielded_boot=args.shielded_boot,
+        service_account_email=service_account_email,
+        scopes=(CLOUD_PLATFORM,),
+        description=TPU_DESCRIPTION,
+        labels=args.labels,
+        tags=(TAG_TPU,),
+        metadata=TPU_METADATA,
+        startup_script=args.startup_script,
+    )

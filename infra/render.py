@@ -9,6 +9,7 @@ install what is missing, rewrite files whose content changed and restart what de
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import io
@@ -35,6 +36,13 @@ ARCHIVE_PREFIX = "tpu-pretrain-payload"
 LIBTPU_VERSION = "0.0.14"
 TENSORBOARD_PORT = 6006
 OWN_CLIENT_KEY_PLACEHOLDER = "<the private key of the public key you set in vpnClientPublicKey>"
+# The TPU watchdog: a preempted VM is recreated at most once per this interval (a VM that is
+# preempted again at once waits instead of looping), checked every TPU_WATCH_INTERVAL.
+TPU_WATCH_INTERVAL = "2min"
+TPU_RECREATE_MIN_SECONDS = 900
+# pulumi-gcp >= 8 puts this label on every resource it creates (effectiveLabels); a recreated
+# VM carries it too, so `pulumi refresh` sees the VM Pulumi created.
+PULUMI_ATTRIBUTION_LABEL = ("goog-pulumi-provisioned", "true")
 
 
 @dataclass(frozen=True)
@@ -183,8 +191,85 @@ def render_tpu_script(workload: Workload, pins: Pins | None = None) -> str:
     return _script("tpu", values, "tpu.sh")
 
 
-def render_controller_script(workload: Workload) -> str:
-    values = workload.values | {"TENSORBOARD_PORT": str(TENSORBOARD_PORT)}
+@dataclass(frozen=True)
+class TpuWatch:
+    """Everything the controller's watchdog needs to recreate the TPU VM exactly as Pulumi's
+    gcp.tpu.V2Vm declares it (same name, so Pulumi state still addresses it)."""
+
+    project: str
+    name: str
+    zone: str
+    accelerator_type: str
+    runtime_version: str
+    network: str
+    subnetwork: str
+    external_ip: bool
+    preemptible: bool
+    spot: bool
+    shielded_boot: bool
+    service_account_email: str
+    scopes: tuple[str, ...]
+    description: str
+    labels: Mapping[str, str]
+    tags: tuple[str, ...]
+    metadata: Mapping[str, str]  # everything but the startup script (passed as a file)
+    startup_script: str
+
+    @property
+    def scheduling(self) -> str:
+        return "spot" if self.spot else "preemptible" if self.preemptible else "on-demand"
+
+    def values(self, workload: Workload) -> dict[str, str]:
+        def pairs(items: Mapping[str, str]) -> str:
+            for key, value in items.items():
+                if not re.fullmatch(r"[a-z0-9_.-]+", key) or "," in value or "=" in value:
+                    raise ValueError(f"cannot pass {key}={value!r} to gcloud as KEY=VALUE")
+            return ",".join(f"{key}={value}" for key, value in sorted(items.items()))
+
+        labels = dict(self.labels) | dict([PULUMI_ATTRIBUTION_LABEL])
+        return {
+            "JOB_NAME": workload.job_name,
+            "RUN_ROOT": jobspec.run_root(workload.bucket, workload.job_name),
+            "PROJECT": self.project,
+            "TPU_NAME": self.name,
+            "TPU_ZONE": self.zone,
+            "ACCELERATOR_TYPE": self.accelerator_type,
+            "RUNTIME_VERSION": self.runtime_version,
+            "TPU_NETWORK": self.network,
+            "TPU_SUBNETWORK": self.subnetwork,
+            "EXTERNAL_IPS": "true" if self.external_ip else "false",
+            "SCHEDULING": self.scheduling,
+            "SECURE_BOOT": "true" if self.shielded_boot else "false",
+            "SERVICE_ACCOUNT": self.service_account_email,
+            "SCOPES": ",".join(self.scopes),
+            "DESCRIPTION": self.description,
+            "LABELS": pairs(labels),
+            "TAGS": ",".join(self.tags),
+            "METADATA": pairs(self.metadata),
+            "TPU_STARTUP_SHA256": hashlib.sha256(self.startup_script.encode()).hexdigest(),
+            "MIN_RECREATE_SECONDS": str(TPU_RECREATE_MIN_SECONDS),
+        }
+
+
+def render_tpu_watch_script(workload: Workload, watch: TpuWatch) -> str:
+    """The watchdog the controller runs from a systemd timer (templates/tpu-watch.sh)."""
+    return _script("tpu-watch", watch.values(workload), "tpu-watch.sh")
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def render_controller_script(workload: Workload, watch: TpuWatch | None = None) -> str:
+    """With `watch`, the controller also installs the TPU watchdog (script, the TPU VM's
+    startup script it recreates the VM with, a systemd timer); without, it removes them."""
+    values = workload.values | {
+        "TENSORBOARD_PORT": str(TENSORBOARD_PORT),
+        "TPU_AUTO_RECOVER": "true" if watch else "false",
+        "TPU_WATCH_INTERVAL": TPU_WATCH_INTERVAL,
+        "TPU_WATCH_SCRIPT_B64": _b64(render_tpu_watch_script(workload, watch)) if watch else "",
+        "TPU_STARTUP_SCRIPT_B64": _b64(watch.startup_script) if watch else "",
+    }
     return _script("controller", values, "controller.sh")
 
 

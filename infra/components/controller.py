@@ -37,7 +37,7 @@ class ControllerVmArgs:
     machine_type: str
     subnetwork: pulumi.Input[str]
     service_account_email: pulumi.Input[str]
-    startup_script: str
+    startup_script: pulumi.Input[str]
     labels: dict[str, str]
 
 

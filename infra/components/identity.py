@@ -34,6 +34,7 @@ class ServiceIdentity(pulumi.ComponentResource):
             opts=child,
         )
         self.email = self.account.email
+        self.resource_name = self.account.name  # projects/<project>/serviceAccounts/<email>
         self.member = self.account.email.apply(lambda email: f"serviceAccount:{email}")
         self.reporting = [
             gcp.projects.IAMMember(

@@ -8,6 +8,11 @@ import pulumi_gcp as gcp
 from infra.components.network import TAG_TPU
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+TPU_DESCRIPTION = "tpu-pretrain trainer"
+# OS Login + no project-wide keys: policy pack rules os-login-enabled and
+# project-ssh-keys-blocked (CIS 4.3, 4.4) apply to TPU VMs too. The controller's watchdog
+# recreates a preempted TPU VM with exactly these settings (infra/render.py TpuWatch).
+TPU_METADATA = {"enable-oslogin": "TRUE", "block-project-ssh-keys": "TRUE"}
 
 
 def _inherited_depends_on(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
@@ -55,7 +60,7 @@ class TpuVm(pulumi.ComponentResource):
             zone=args.zone,
             accelerator_type=args.accelerator_type,
             runtime_version=args.runtime_version,
-            description="tpu-pretrain trainer",
+            description=TPU_DESCRIPTION,
             network_config={
                 "network": args.network,
                 "subnetwork": args.subnetwork,
@@ -64,13 +69,7 @@ class TpuVm(pulumi.ComponentResource):
             },
             scheduling_config={"preemptible": args.preemptible, "spot": args.spot},
             service_account={"email": args.service_account_email, "scopes": [CLOUD_PLATFORM]},
-            # OS Login + no project-wide keys: policy pack rules os-login-enabled and
-            # project-ssh-keys-blocked (CIS 4.3, 4.4) apply to TPU VMs too.
-            metadata={
-                "enable-oslogin": "TRUE",
-                "block-project-ssh-keys": "TRUE",
-                "startup-script": args.startup_script,
-            },
+            metadata={**TPU_METADATA, "startup-script": args.startup_script},
             labels=args.labels,
             tags=[TAG_TPU],
             opts=pulumi.ResourceOptions(parent=self, depends_on=_inherited_depends_on(opts)),

@@ -42,5 +42,59 @@ RestartSec=30
 [Install]
 WantedBy=multi-user.target"
 
-start_units tpu-pretrain-data.service tpu-pretrain-tensorboard.service
-write_status started "data preparation and TensorBoard units started"
+units=(tpu-pretrain-data.service tpu-pretrain-tensorboard.service)
+
+# Preemption recovery (tpu-pretrain:tpuAutoRecover): a timer runs the TPU watchdog
+# (templates/tpu-watch.sh), which recreates a preempted TPU VM with the startup script
+# installed next to it. Turned off, the watchdog is removed.
+# Decode base64 into a file, byte for byte; rewritten only when the bytes change.
+install_decoded() {
+  local path="$1" mode="$2" data="$3" tmp
+  mkdir -p "$(dirname "${path}")"
+  tmp="$(mktemp)"
+  base64 -d <<<"${data}" >"${tmp}"
+  if [ -f "${path}" ] && cmp -s "${tmp}" "${path}"; then
+    rm -f "${tmp}"
+    return 1
+  fi
+  chmod "${mode}" "${tmp}"
+  mv -f "${tmp}" "${path}"
+  log "installed ${path}"
+}
+
+watch_dir="${APP_DIR}/tpu-watch"
+if [ "${TPU_AUTO_RECOVER}" = true ]; then
+  # The TPU VM's own startup script, byte for byte: a recreated VM gets the same metadata.
+  install_decoded "${watch_dir}/tpu-startup.sh" 0644 "${TPU_STARTUP_SCRIPT_B64}" || true
+  install_decoded "${watch_dir}/tpu-watch.sh" 0755 "${TPU_WATCH_SCRIPT_B64}" || true
+  gcloud_dir="$(dirname "$(command -v gcloud)")"
+  install_unit tpu-pretrain-tpu-watch.service "[Unit]
+Description=tpu-pretrain: recreate the TPU VM of job ${JOB_NAME} when it is preempted
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=oneshot
+Environment=PATH=${gcloud_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+ExecStart=/opt/tpu-pretrain/tpu-watch/tpu-watch.sh
+TimeoutStartSec=45min"
+  install_unit tpu-pretrain-tpu-watch.timer "[Unit]
+Description=tpu-pretrain: check the TPU VM every ${TPU_WATCH_INTERVAL}
+
+[Timer]
+OnBootSec=${TPU_WATCH_INTERVAL}
+OnUnitActiveSec=${TPU_WATCH_INTERVAL}
+
+[Install]
+WantedBy=timers.target"
+  units+=(tpu-pretrain-tpu-watch.timer)
+elif [ -e "${UNIT_DIR}/tpu-pretrain-tpu-watch.timer" ]; then
+  systemctl disable --now --quiet tpu-pretrain-tpu-watch.timer || true
+  rm -f "${UNIT_DIR}/tpu-pretrain-tpu-watch.timer" "${UNIT_DIR}/tpu-pretrain-tpu-watch.service"
+  rm -rf "${watch_dir}"
+  UNITS_CHANGED=1
+  log "TPU watchdog removed"
+fi
+
+start_units "${units[@]}"
+write_status started "units started: ${units[*]}"

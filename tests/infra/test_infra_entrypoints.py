@@ -55,12 +55,16 @@ def test_plan_prints_resources_scripts_and_job_spec_but_no_secrets():
     out = result.stdout
     run = run_offline("v6e-euw4")
     custom = [r for r in run.resources if not r.type_.startswith("tpu-pretrain:")]
-    assert f"Stack v6e-euw4: {len(custom)} resources in 9 components" in out
+    # 10 components: the spot stack adds TpuAutoRecovery (preemption watchdog).
+    assert f"Stack v6e-euw4: {len(custom)} resources in 10 components" in out
     for resource in custom:
         assert f"{resource.type_} " in out and f" {resource.name} " in out
     assert 'acceleratorType="v6e-8"' in out
     assert 'schedulingConfig={"preemptible":false,"spot":true}' in out
-    assert out.count("#!/bin/bash") == 3
+    # TPU, controller and hop startup scripts, and the watchdog the controller installs.
+    assert out.count("#!/bin/bash") == 4
+    assert "==== TPU watchdog installed by controller-vm ====" in out
+    assert "compute tpus tpu-vm create" in out
     assert (
         "==== job spec gs://tpu-pretrain-test-v6e-euw4-tpu-pretrain/jobs/gpt2-small-clm.json" in out
     )

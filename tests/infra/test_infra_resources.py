@@ -16,6 +16,7 @@ import yaml
 from harness import of_type, one, run_offline, stack_names
 
 from infra import jobspec, render, wgkeys
+from infra.components.recovery import RECOVERY_PERMISSIONS, recovery_role_id
 from infra.offline import Registered
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,11 @@ EXPECTED = {
     "v4-usc2": ("us-central2-b", "v4-8", "tpu-vm-tf-2.16.1-pjrt", (False, False), True),
     "v6e-euw4": ("europe-west4-a", "v6e-8", "tpu-vm-tf-2.16.1-pjrt", (False, True), True),
 }
+
+# tpuAutoRecover defaults to on for spot/preemptible stacks, off for on-demand ones.
+AUTO_RECOVER = {stack: any(flags) for stack, (_, _, _, flags, _) in EXPECTED.items()}
+CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
+SA_IAM_MEMBER = "gcp:serviceaccount/iAMMember:IAMMember"
 
 
 def stack_file(stack: str) -> dict:
@@ -179,6 +185,8 @@ def test_iam_is_bucket_level_for_the_dedicated_account(run):
         for r in of_type(run.resources, "gcp:projects/iAMMember:IAMMember")
     )
     hop = f"serviceAccount:{hop_email(run)}"
+    # The preemption watchdog's custom role, only where it is on (spot/preemptible stacks).
+    recovery = [(workload, f"projects/tpu-pretrain-test/roles/{recovery_role_id(run.stack)}")]
     assert project_roles == sorted(
         [
             (hop, "roles/logging.logWriter"),
@@ -186,6 +194,7 @@ def test_iam_is_bucket_level_for_the_dedicated_account(run):
             (workload, "roles/logging.logWriter"),
             (workload, "roles/monitoring.metricWriter"),
         ]
+        + (recovery if AUTO_RECOVER[run.stack] else [])
     )
     text = json.dumps([r.inputs for r in run.resources], default=str)
     assert "compute@developer.gserviceaccount.com" not in text
@@ -253,7 +262,7 @@ def test_components_own_every_resource(run):
         "ControllerVm",
         "TpuVm",
         "VpnHop",
-    }
+    } | ({"TpuAutoRecovery"} if AUTO_RECOVER[run.stack] else set())
     component_urns = {c.urn for c in components}
     for resource in run.resources:
         if resource not in components:
@@ -376,7 +385,68 @@ def test_stack_outputs(run):
     )
     vm = one(run.resources, V2VM)
     assert exports["tpuRecovery"]["replace"] == f"pulumi up --replace '{vm.urn}'"
+    watchdog = exports["tpuRecovery"]["watchdog"]
+    if AUTO_RECOVER[run.stack]:
+        assert watchdog.startswith("on: the controller checks the TPU VM every 2min")
+        bucket = exports["bucketUrl"]
+        assert re.search(rf"status {bucket}/runs/[a-z0-9-]+/bootstrap/tpu-watch\.json,", watchdog)
+        assert "journalctl -u tpu-pretrain-tpu-watch.service" in watchdog
+    else:
+        assert watchdog.startswith("off (tpu-pretrain:tpuAutoRecover=false)")
     assert exports["tpuRecovery"]["check"].startswith(
         f"gcloud compute tpus tpu-vm describe tp-{run.stack}-tpu --zone {zone} "
     )
     assert run.secret_exports == {"vpnClientConfig"}
+
+
+def test_tpu_recovery_least_privilege(run):
+    """The watchdog's grants: a custom role with exactly the TPU permissions it uses, bound
+    to the workload account at project level, and actAs on that one account, only when
+    tpuAutoRecover is on (the default for spot/preemptible, not for on-demand)."""
+    roles = of_type(run.resources, CUSTOM_ROLE)
+    sa_grants = of_type(run.resources, SA_IAM_MEMBER)
+    if not AUTO_RECOVER[run.stack]:
+        assert roles == [] and sa_grants == []
+        return
+    (role,) = roles
+    assert role.inputs["roleId"] == recovery_role_id(run.stack)
+    assert re.fullmatch(r"[a-zA-Z0-9_.]{3,64}", role.inputs["roleId"])
+    assert role.inputs["project"] == "tpu-pretrain-test"
+    assert sorted(role.inputs["permissions"]) == [
+        "tpu.nodes.create",
+        "tpu.nodes.delete",
+        "tpu.nodes.get",
+        "tpu.operations.get",
+    ]
+    assert sorted(RECOVERY_PERMISSIONS) == sorted(role.inputs["permissions"])
+    workload = f"serviceAccount:{workload_email(run)}"
+    (grant,) = [
+        r
+        for r in of_type(run.resources, "gcp:projects/iAMMember:IAMMember")
+        if r.inputs["role"] == role.outputs["name"]
+    ]
+    assert grant.inputs["member"] == workload
+    assert grant.inputs["role"] == f"projects/tpu-pretrain-test/roles/{role.inputs['roleId']}"
+    (act_as,) = sa_grants
+    assert act_as.inputs == {
+        "serviceAccountId": (f"projects/tpu-pretrain-test/serviceAccounts/{workload_email(run)}"),
+        "role": "roles/iam.serviceAccountUser",
+        "member": workload,
+    }
+    # The controller boots after its grants exist.
+    dependencies = by_name(run, "controller-vm").options["dependencies"]
+    assert {role.urn, grant.urn, act_as.urn} <= set(dependencies)
+
+
+@pytest.mark.parametrize(
+    ("stack", "value", "on"),
+    [("v3-euw4", True, True), ("v6e-euw4", False, False), ("v2-usc1", "false", False)],
+)
+def test_tpu_auto_recover_can_be_set_either_way(stack, value, on):
+    run = run_offline(stack, {"tpu-pretrain:tpuAutoRecover": value})
+    assert len(of_type(run.resources, CUSTOM_ROLE)) == int(on)
+    assert len(of_type(run.resources, SA_IAM_MEMBER)) == int(on)
+    script = by_name(run, "controller-vm").inputs["metadata"]["startup-script"]
+    assert f"readonly TPU_AUTO_RECOVER={'true' if on else 'false'}\n" in script
+    assert ("readonly TPU_WATCH_SCRIPT_B64=''\n" in script) is not on
+    assert run.exports["tpuRecovery"]["watchdog"].startswith("on:" if on else "off")

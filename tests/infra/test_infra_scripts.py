@@ -6,6 +6,8 @@ ip and sleep that record every call. Everything else (tar, sha256sum, cmp, ...) 
 
 from __future__ import annotations
 
+import base64
+import fcntl
 import json
 import re
 import shutil
@@ -59,6 +61,30 @@ elif [ "$1 $2 $3" = "secrets versions access" ]; then
     exit 1
   fi
   cat "$FAKE_SECRETS/$s"
+elif [ "$1 $2 $3" = "compute tpus tpu-vm" ]; then
+  # The TPU API: $STATE/tpu-state holds the VM's state (no file: the VM does not exist).
+  verb="$4"
+  if [ "$verb" = describe ] && [ -n "${DESCRIBE_ERROR:-}" ]; then
+    echo "ERROR: (gcloud.compute.tpus.tpu-vm.describe) $DESCRIBE_ERROR" >&2
+    exit 1
+  fi
+  if [ "$verb" != create ] && [ ! -f "$STATE/tpu-state" ]; then
+    echo "ERROR: (gcloud.compute.tpus.tpu-vm.$verb) NOT_FOUND: Resource '$5' was not found" >&2
+    exit 1
+  fi
+  case "$verb" in
+    describe) cat "$STATE/tpu-state" ;;
+    delete) rm -f "$STATE/tpu-state" ;;
+    create)
+      n="$(ls "$STATE" | grep -c '^create-.*\.args$' || true)"
+      printf '%s\n' "$@" >"$STATE/create-$n.args"
+      if [ -n "${CREATE_ERROR:-}" ]; then
+        echo "ERROR: (gcloud.compute.tpus.tpu-vm.create) $CREATE_ERROR" >&2
+        exit 1
+      fi
+      echo READY >"$STATE/tpu-state"
+      ;;
+  esac
 else
   echo "unexpected: gcloud $*" >&2
   exit 3
@@ -320,6 +346,9 @@ def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
     assert sorted(p.name for p in unit_dir.iterdir()) == [
         "tpu-pretrain-data.service",
         "tpu-pretrain-tensorboard.service",
+        # v6e-euw4 is a spot stack: the preemption watchdog is on by default.
+        "tpu-pretrain-tpu-watch.service",
+        "tpu-pretrain-tpu-watch.timer",
     ]
 
 
@@ -415,3 +444,263 @@ def test_vpn_hop_installs_wireguard_only_when_missing(stack_run, sandbox):
     second = sandbox.run(script)
     assert second.returncode == 0, second.stderr
     assert not [c for c in sandbox.calls if c.startswith("apt-get")]
+
+
+# --- the TPU watchdog (preemption recovery on the controller) ----------------------------
+WATCH_UNITS = ("tpu-pretrain-tpu-watch.service", "tpu-pretrain-tpu-watch.timer")
+BOOLEAN_FLAGS = {"--internal-ips", "--spot", "--preemptible", "--shielded-secure-boot", "--quiet"}
+
+
+def _watchdog_of(run) -> str:
+    controller = _script(run, "controller-vm")
+    encoded = re.search(r"^readonly TPU_WATCH_SCRIPT_B64=(\S+)$", controller, re.MULTILINE)
+    return base64.b64decode(encoded.group(1)).decode()
+
+
+@pytest.mark.parametrize(
+    ("stack", "overrides"),
+    [
+        ("v2-usc1", None),
+        ("v6e-euw4", None),
+        ("v3-euw4", {"tpu-pretrain:tpuAutoRecover": True, "tpu-pretrain:tpuExternalIp": True}),
+    ],
+)
+def test_rendered_watchdog_passes_shellcheck(stack, overrides, tmp_path):
+    path = tmp_path / "tpu-watch.sh"
+    path.write_text(_watchdog_of(run_offline(stack, overrides)))
+    result = subprocess.run(
+        [SHELLCHECK, "--shell=bash", "--severity=style", str(path)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, f"{stack}:\n{result.stdout}"
+
+
+class Watch:
+    """The controller installed in the sandbox; `tick()` runs its watchdog once."""
+
+    def __init__(self, run, box: Sandbox) -> None:
+        self.run, self.box = run, box
+        self.bucket, _ = _publish_payload(run, box)
+        installed = box.run(_script(run, "controller-vm"))
+        assert installed.returncode == 0, installed.stderr
+        self.dir = box.root / "opt/tpu-pretrain/tpu-watch"
+        self.vm = next(r for r in run.resources if r.type_ == "gcp:tpu/v2Vm:V2Vm")
+
+    def set_state(self, state: str | None) -> None:
+        path = self.box.state / "tpu-state"
+        if state is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(state + "\n")
+
+    def tick(self, **extra: str) -> subprocess.CompletedProcess[str]:
+        self.box.calls_file.write_text("")
+        return subprocess.run(
+            ["bash", str(self.dir / "tpu-watch.sh")],
+            check=False,
+            env=self.box.env(**extra),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    @property
+    def tpu_calls(self) -> list[str]:
+        return [c.split()[4] for c in self.box.calls if c.startswith("gcloud compute tpus")]
+
+    @property
+    def status(self) -> dict:
+        path = self.box.gcs / self.bucket / "runs/gpt2-small-clm/bootstrap/tpu-watch.json"
+        return json.loads(path.read_text())
+
+    def creates(self) -> list[list[str]]:
+        files = sorted(self.box.state.glob("create-*.args"), key=lambda p: int(p.stem[7:]))
+        return [p.read_text().splitlines() for p in files]
+
+
+@pytest.fixture
+def watch(stack_run, sandbox) -> Watch:
+    return Watch(stack_run, sandbox)
+
+
+def _flags(argv: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
+    positional, values, switches = [], {}, set()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in BOOLEAN_FLAGS:
+            switches.add(arg)
+        elif arg.startswith("--"):
+            assert arg not in values, f"{arg} given twice"
+            values[arg] = argv[i + 1]
+            i += 1
+        else:
+            positional.append(arg)
+        i += 1
+    return positional, values, switches
+
+
+def _pairs(text: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in text.split(","))
+
+
+def test_controller_installs_the_watchdog_once_and_removes_it_when_off(stack_run, sandbox):
+    watch = Watch(stack_run, sandbox)
+    unit_dir = sandbox.root / "etc/systemd/system"
+    service = (unit_dir / WATCH_UNITS[0]).read_text()
+    timer = (unit_dir / WATCH_UNITS[1]).read_text()
+    assert "Type=oneshot\n" in service
+    assert "ExecStart=/opt/tpu-pretrain/tpu-watch/tpu-watch.sh\n" in service
+    assert f"Environment=PATH={sandbox.bin}:" in service  # where gcloud is
+    assert "OnUnitActiveSec=2min\n" in timer and "WantedBy=timers.target" in timer
+    assert "systemctl enable --quiet tpu-pretrain-tpu-watch.timer" in sandbox.calls
+    # The TPU VM's startup script, byte for byte as Pulumi sets it.
+    startup = (watch.dir / "tpu-startup.sh").read_bytes()
+    assert startup == watch.vm.inputs["metadata"]["startup-script"].encode()
+    assert (watch.dir / "tpu-watch.sh").read_text() == _watchdog_of(stack_run)
+    assert stat.S_IMODE((watch.dir / "tpu-watch.sh").stat().st_mode) == 0o755
+
+    again = sandbox.run(_script(stack_run, "controller-vm"))
+    assert again.returncode == 0, again.stderr
+    assert "systemctl daemon-reload" not in sandbox.calls
+    assert f"installed {watch.dir}" not in again.stderr
+
+    off = run_offline("v6e-euw4", {"tpu-pretrain:tpuAutoRecover": False})
+    removed = sandbox.run(_script(off, "controller-vm"))
+    assert removed.returncode == 0, removed.stderr
+    assert "systemctl disable --now --quiet tpu-pretrain-tpu-watch.timer" in sandbox.calls
+    assert "systemctl daemon-reload" in sandbox.calls
+    assert not [p for p in unit_dir.iterdir() if p.name in WATCH_UNITS]
+    assert not watch.dir.exists()
+
+
+def test_a_ready_tpu_is_left_alone(watch):
+    watch.set_state("READY")
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert watch.tpu_calls == ["describe"]
+    assert watch.creates() == []
+    assert watch.status["tpu_state"] == "READY" and watch.status["action"] == "none"
+
+
+def test_a_preempted_tpu_is_deleted_and_recreated_with_pulumis_settings(watch):
+    watch.set_state("PREEMPTED")
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert watch.tpu_calls == ["describe", "delete", "create"]
+    (delete,) = [c for c in watch.box.calls if "tpu-vm delete" in c]
+    vm = watch.vm.inputs
+    assert delete == (
+        f"gcloud compute tpus tpu-vm delete {vm['name']} --zone {vm['zone']} "
+        f"--project {vm['project']} --quiet"
+    )
+    (argv,) = watch.creates()
+    positional, flags, switches = _flags(argv)
+    assert positional == ["compute", "tpus", "tpu-vm", "create", vm["name"]]
+    assert flags["--zone"] == vm["zone"] == "europe-west4-a"
+    assert flags["--project"] == vm["project"]
+    assert flags["--accelerator-type"] == vm["acceleratorType"] == "v6e-8"
+    assert flags["--version"] == vm["runtimeVersion"]
+    assert flags["--network"] == vm["networkConfig"]["network"]
+    assert flags["--subnetwork"] == vm["networkConfig"]["subnetwork"]
+    assert flags["--service-account"] == vm["serviceAccount"]["email"]
+    assert flags["--scopes"] == ",".join(vm["serviceAccount"]["scopes"])
+    assert flags["--description"] == vm["description"]
+    assert flags["--tags"] == ",".join(vm["tags"])
+    assert _pairs(flags["--labels"]) == vm["labels"] | {"goog-pulumi-provisioned": "true"}
+    metadata = dict(vm["metadata"])
+    startup = metadata.pop("startup-script")
+    assert _pairs(flags["--metadata"]) == metadata
+    key, path = flags["--metadata-from-file"].split("=", 1)
+    assert key == "startup-script" and Path(path).read_text() == startup
+    # No external IP, spot, secure boot: as the V2Vm says.
+    assert vm["networkConfig"]["enableExternalIps"] is False
+    assert vm["schedulingConfig"] == {"preemptible": False, "spot": True}
+    assert vm["shieldedInstanceConfig"] == {"enableSecureBoot": True}
+    assert switches == {"--internal-ips", "--spot", "--shielded-secure-boot"}
+    assert set(flags) == {
+        "--zone", "--project", "--accelerator-type", "--version", "--network", "--subnetwork",
+        "--service-account", "--scopes", "--description", "--tags", "--labels", "--metadata",
+        "--metadata-from-file",
+    }  # fmt: skip
+    status = watch.status
+    assert status["action"] == "recreated" and status["tpu"] == vm["name"]
+    assert status["role"] == "tpu-watch" and status["job"] == "gpt2-small-clm"
+    assert status["last_recreate_at"] and status["updated_at"]
+
+    # Preempted again at once: no second recreation within the minimum interval.
+    watch.set_state("PREEMPTED")
+    second = watch.tick()
+    assert second.returncode == 0, second.stderr
+    assert watch.tpu_calls == ["describe"]
+    assert len(watch.creates()) == 1
+    assert watch.status["tpu_state"] == "PREEMPTED" and watch.status["action"] == "waiting"
+    assert "recreating again after 900s" in watch.status["message"]
+
+    # Once the interval has passed, it is recreated again.
+    (watch.dir / "last-create").write_text("1000\n")
+    third = watch.tick()
+    assert third.returncode == 0, third.stderr
+    assert watch.tpu_calls == ["describe", "delete", "create"]
+    assert len(watch.creates()) == 2
+
+
+def test_terminated_is_recovered_too(watch):
+    watch.set_state("TERMINATED")
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert watch.tpu_calls == ["describe", "delete", "create"]
+
+
+def test_a_failed_create_is_retried_on_the_next_tick(watch):
+    watch.set_state("PREEMPTED")
+    stockout = "RESOURCE_EXHAUSTED: There is no more capacity in the zone europe-west4-a"
+    failed = watch.tick(CREATE_ERROR=stockout)
+    assert failed.returncode == 1
+    assert watch.tpu_calls == ["describe", "delete", "create"]  # one attempt, no retry loop
+    assert not [c for c in watch.box.calls if c.startswith("sleep")]
+    status = watch.status
+    assert status["action"] == "create-failed" and status["tpu_state"] == "MISSING"
+    assert stockout in status["message"] and "next tick" in status["message"]
+    assert status["last_recreate_at"] == ""  # nothing was recreated: no interval applies
+
+    retried = watch.tick()
+    assert retried.returncode == 0, retried.stderr
+    assert watch.tpu_calls == ["describe", "create"]  # already deleted: create only
+    assert len(watch.creates()) == 2
+    assert watch.status["action"] == "recreated"
+
+    # Afterwards a missing VM is not ours to create any more.
+    watch.set_state(None)
+    later = watch.tick()
+    assert later.returncode == 0
+    assert watch.tpu_calls == ["describe"]
+
+
+def test_a_vm_the_watchdog_did_not_delete_is_not_created(watch):
+    watch.set_state(None)
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert watch.tpu_calls == ["describe"]
+    assert watch.status["action"] == "none" and "run pulumi up" in watch.status["message"]
+
+
+def test_a_permission_error_is_not_taken_for_a_missing_vm(watch):
+    watch.set_state("PREEMPTED")
+    denied = "PERMISSION_DENIED: Permission 'tpu.nodes.get' denied (or it may not be found)"
+    result = watch.tick(DESCRIBE_ERROR=denied)
+    assert result.returncode == 1
+    assert watch.tpu_calls == ["describe"]
+    assert watch.status["action"] == "describe-failed"
+
+
+def test_a_tick_that_finds_the_lock_held_does_nothing(watch):
+    watch.set_state("PREEMPTED")
+    with (watch.dir / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert watch.box.calls == []
+    assert "another tick holds" in result.stderr

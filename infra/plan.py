@@ -28,6 +28,8 @@ KEY_SETTINGS: dict[str, tuple[str, ...]] = {
     "gcp:compute/firewall:Firewall": ("allows", "sourceRanges", "sourceTags", "targetTags"),
     "gcp:serviceaccount/account:Account": ("accountId",),
     "gcp:projects/iAMMember:IAMMember": ("role", "member"),
+    "gcp:projects/iAMCustomRole:IAMCustomRole": ("roleId", "permissions"),
+    "gcp:serviceaccount/iAMMember:IAMMember": ("serviceAccountId", "role", "member"),
     "gcp:storage/bucket:Bucket": (
         "name",
         "location",

@@ -163,11 +163,22 @@ class WireGuardServer:
         return f"{ipaddress.IPv4Network(self.client_cidr).network_address + 2}/32"
 
 
-def _script(role: str, values: Mapping[str, str], template: str) -> str:
+STARTUP_SCRIPT_HEADER = (
+    "startup script, rendered by infra/render.py; runs on every",
+    "# boot and is safe to run again by hand: sudo google_metadata_script_runner startup",
+)
+
+
+def _script(
+    role: str,
+    values: Mapping[str, str],
+    template: str,
+    about: tuple[str, str] = STARTUP_SCRIPT_HEADER,
+) -> str:
     header = [
         "#!/bin/bash",
-        f"# tpu-pretrain {role} startup script, rendered by infra/render.py; runs on every",
-        "# boot and is safe to run again by hand: sudo google_metadata_script_runner startup",
+        f"# tpu-pretrain {role} {about[0]}",
+        about[1],
         "set -Eeuo pipefail  # -E: the ERR trap (failed status) also fires inside functions",
         f"readonly ROLE={shlex.quote(role)}",
     ]
@@ -253,7 +264,12 @@ class TpuWatch:
 
 def render_tpu_watch_script(workload: Workload, watch: TpuWatch) -> str:
     """The watchdog the controller runs from a systemd timer (templates/tpu-watch.sh)."""
-    return _script("tpu-watch", watch.values(workload), "tpu-watch.sh")
+    about = (
+        "watchdog, rendered by infra/render.py and installed by the",
+        "# controller's startup script; tpu-pretrain-tpu-watch.timer runs it every "
+        + TPU_WATCH_INTERVAL,
+    )
+    return _script("tpu-watch", watch.values(workload), "tpu-watch.sh", about)
 
 
 def _b64(text: str) -> str:

@@ -126,6 +126,9 @@ case "${state}" in
     fi
     ;;
   *)
+    # The VM exists (e.g. a create that timed out on our side went through): a later
+    # deletion is not ours, so forget the pending create.
+    rm -f "${PENDING}"
     watch_status "${state}" none "nothing to do"
     ;;
 esac

@@ -74,7 +74,13 @@ elif [ "$1 $2 $3" = "compute tpus tpu-vm" ]; then
   fi
   case "$verb" in
     describe) cat "$STATE/tpu-state" ;;
-    delete) rm -f "$STATE/tpu-state" ;;
+    delete)
+      if [ -n "${DELETE_ERROR:-}" ]; then
+        echo "ERROR: (gcloud.compute.tpus.tpu-vm.delete) $DELETE_ERROR" >&2
+        exit 1
+      fi
+      rm -f "$STATE/tpu-state"
+      ;;
     create)
       n="$(ls "$STATE" | grep -c '^create-.*\.args$' || true)"
       printf '%s\n' "$@" >"$STATE/create-$n.args"
@@ -704,3 +710,50 @@ def test_a_tick_that_finds_the_lock_held_does_nothing(watch):
     assert result.returncode == 0, result.stderr
     assert watch.box.calls == []
     assert "another tick holds" in result.stderr
+
+
+def test_a_failed_delete_creates_nothing_and_is_retried(watch):
+    watch.set_state("PREEMPTED")
+    failed = watch.tick(DELETE_ERROR="INTERNAL: backend error")
+    assert failed.returncode == 1
+    assert watch.tpu_calls == ["describe", "delete"]
+    assert watch.status["action"] == "delete-failed"
+    assert "INTERNAL: backend error" in watch.status["message"]
+    retried = watch.tick()
+    assert retried.returncode == 0, retried.stderr
+    assert watch.tpu_calls == ["describe", "delete", "create"]
+
+
+def test_a_create_that_went_through_anyway_is_not_repeated(watch):
+    watch.set_state("PREEMPTED")
+    assert watch.tick(CREATE_ERROR="DEADLINE_EXCEEDED: timed out").returncode == 1
+    watch.set_state("CREATING")  # the operation went on server-side
+    assert watch.tick().returncode == 0
+    assert watch.status["action"] == "none"
+    watch.set_state(None)  # deleted on purpose later: not recreated
+    assert watch.tick().returncode == 0
+    assert watch.tpu_calls == ["describe"]
+    assert len(watch.creates()) == 1
+
+
+@pytest.mark.parametrize(
+    ("stack", "overrides", "switches"),
+    [
+        ("v2-usc1", None, {"--internal-ips", "--preemptible"}),  # v2: no secure boot
+        (
+            "v3-euw4",
+            {"tpu-pretrain:tpuAutoRecover": True, "tpu-pretrain:tpuExternalIp": True},
+            set(),  # on-demand with an external IP: no scheduling flag, no --internal-ips
+        ),
+    ],
+)
+def test_recreation_flags_follow_the_stack(stack, overrides, switches, sandbox):
+    watch = Watch(run_offline(stack, overrides), sandbox)
+    watch.set_state("TERMINATED")
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    (argv,) = watch.creates()
+    _, flags, found = _flags(argv)
+    assert found == switches
+    assert flags["--accelerator-type"] == watch.vm.inputs["acceleratorType"]
+    assert _pairs(flags["--labels"])["stack"] == stack

@@ -10,6 +10,7 @@ readonly WATCH_DIR="${APP_DIR}/tpu-watch"
 readonly STARTUP_FILE="${WATCH_DIR}/tpu-startup.sh"
 readonly PENDING="${WATCH_DIR}/pending-create"  # deleted by us, not yet created again
 readonly LAST_CREATE="${WATCH_DIR}/last-create"  # epoch seconds of the last recreation
+readonly METADATA_URL="http://metadata.google.internal/computeMetadata/v1/instance/attributes/startup-script"
 
 # {"tpu_state": seen, "action": taken, "message", "last_recreate_at", "updated_at"}
 watch_status() {
@@ -86,6 +87,23 @@ exec 9>"${WATCH_DIR}/lock"
 if ! flock -n 9; then
   log "another tick holds ${WATCH_DIR}/lock; nothing to do"
   exit 0
+fi
+
+# The settings above come from the controller startup script that installed this watchdog.
+# `pulumi up` updates that script in the controller's metadata without running it; when the
+# watchdog it carries differs from this one, run it now (it installs the current watchdog
+# and TPU startup script, or removes them) and leave this tick to the new watchdog.
+if current="$(curl -fsS -H 'Metadata-Flavor: Google' "${METADATA_URL}" 2>"${ERR_FILE}")"; then
+  encoded="$(sed -n 's/^readonly TPU_WATCH_SCRIPT_B64=//p' <<<"${current}")"
+  if [ "${encoded}" = "''" ] || ! cmp -s <(base64 -d <<<"${encoded}" 2>/dev/null) "$0"; then
+    watch_status UNCHECKED rerun-startup "the controller's startup script changed (pulumi up); re-running it"
+    if google_metadata_script_runner startup; then
+      exit 0
+    fi
+    log "re-running the controller's startup script failed; checking with the installed settings"
+  fi
+else
+  log "cannot read the controller's metadata ($(last_error)); checking with the installed settings"
 fi
 
 if gcloud_once compute tpus tpu-vm describe "${TPU_NAME}" --zone "${TPU_ZONE}" \

@@ -130,6 +130,16 @@ echo "apt-get $*" >>"$CALLS"
 # Installing wireguard-tools provides `wg`.
 case " $* " in *" wireguard-tools "*) cp "$STUB_DIR/recorder" "$STUB_DIR/wg" ;; esac
 """
+STUBS["curl"] = r"""
+echo "curl $*" >>"$CALLS"
+# The metadata server: $STATE/metadata is this VM's startup-script attribute.
+[ -f "$STATE/metadata" ] || { echo "curl: (7) Failed to connect" >&2; exit 7; }
+cat "$STATE/metadata"
+"""
+STUBS["google_metadata_script_runner"] = r"""
+echo "google_metadata_script_runner $*" >>"$CALLS"
+exit "${RUNNER_EXIT:-0}"
+"""
 RECORDED = ("systemctl", "sysctl", "wg")
 
 
@@ -492,6 +502,8 @@ class Watch:
         installed = box.run(_script(run, "controller-vm"))
         assert installed.returncode == 0, installed.stderr
         self.dir = box.root / "opt/tpu-pretrain/tpu-watch"
+        # The controller's metadata holds the startup script that installed the watchdog.
+        (box.state / "metadata").write_text(_script(run, "controller-vm"))
         self.vm = next(r for r in run.resources if r.type_ == "gcp:tpu/v2Vm:V2Vm")
 
     def set_state(self, state: str | None) -> None:
@@ -586,6 +598,11 @@ def test_a_ready_tpu_is_left_alone(watch):
     watch.set_state("READY")
     result = watch.tick()
     assert result.returncode == 0, result.stderr
+    assert watch.box.calls[0] == (
+        "curl -fsS -H Metadata-Flavor: Google http://metadata.google.internal/computeMetadata"
+        "/v1/instance/attributes/startup-script"
+    )
+    assert not [c for c in watch.box.calls if c.startswith("google_metadata_script_runner")]
     assert watch.tpu_calls == ["describe"]
     assert watch.creates() == []
     assert watch.status["tpu_state"] == "READY" and watch.status["action"] == "none"
@@ -757,3 +774,40 @@ def test_recreation_flags_follow_the_stack(stack, overrides, switches, sandbox):
     assert found == switches
     assert flags["--accelerator-type"] == watch.vm.inputs["acceleratorType"]
     assert _pairs(flags["--labels"])["stack"] == stack
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"tpu-pretrain:tpuExternalIp": True}, {"tpu-pretrain:tpuAutoRecover": False}],
+    ids=["settings-changed", "turned-off"],
+)
+def test_a_changed_controller_script_is_rerun_before_anything_else(watch, overrides):
+    """`pulumi up` changed the controller's metadata without running it: the watchdog runs
+    it (installing the current watchdog, or removing it) instead of using stale settings."""
+    watch.set_state("PREEMPTED")
+    changed = run_offline("v6e-euw4", overrides)
+    (watch.box.state / "metadata").write_text(_script(changed, "controller-vm"))
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert "google_metadata_script_runner startup" in watch.box.calls
+    assert watch.tpu_calls == [] and watch.creates() == []
+    assert watch.status["action"] == "rerun-startup"
+
+
+def test_without_metadata_or_a_working_rerun_it_uses_the_installed_settings(watch):
+    watch.set_state("PREEMPTED")
+    (watch.box.state / "metadata").unlink()
+    unreachable = watch.tick()
+    assert unreachable.returncode == 0, unreachable.stderr
+    assert "cannot read the controller's metadata" in unreachable.stderr
+    assert watch.tpu_calls == ["describe", "delete", "create"]
+
+    watch.set_state("PREEMPTED")
+    (watch.dir / "last-create").write_text("1000\n")
+    changed = run_offline("v6e-euw4", {"tpu-pretrain:tpuExternalIp": True})
+    (watch.box.state / "metadata").write_text(_script(changed, "controller-vm"))
+    failed_rerun = watch.tick(RUNNER_EXIT="1")
+    assert failed_rerun.returncode == 0, failed_rerun.stderr
+    assert "google_metadata_script_runner startup" in watch.box.calls
+    assert watch.tpu_calls == ["describe", "delete", "create"]
+    assert "--internal-ips" in watch.creates()[-1]  # the installed (older) settings

@@ -148,20 +148,48 @@ MIXED = [
 ]
 
 
-def _en(rng: random.Random) -> str:
-    topic, why = rng.choice(TOPICS_EN)
-    p, p2 = rng.sample(PEOPLE_EN, 2)
-    text = rng.choice(EN_TEMPLATES).format(
+WORDS_EN = (
+    TOPICS_EN,
+    PEOPLE_EN,
+    EN_TEMPLATES,
+    PLACES_EN,
+    THINGS_EN,
+    VERBS_EN,
+    TIMES_EN,
+    FEELINGS_EN,
+)
+WORDS_KO = (
+    TOPICS_KO,
+    PEOPLE_KO,
+    KO_TEMPLATES,
+    PLACES_KO,
+    THINGS_KO,
+    VERBS_KO,
+    TIMES_KO,
+    FEELINGS_KO,
+)
+
+
+def _fill(rng: random.Random, words: tuple[list, ...]) -> str:
+    """One sentence from a language's templates and word lists (draw order is fixed)."""
+    topics, people, templates, places, things, verbs, times, feelings = words
+    topic, why = rng.choice(topics)
+    p, p2 = rng.sample(people, 2)
+    return rng.choice(templates).format(
         p=p,
         p2=p2,
-        pl=rng.choice(PLACES_EN),
-        t=rng.choice(THINGS_EN),
-        v=rng.choice(VERBS_EN),
-        tm=rng.choice(TIMES_EN),
-        f=rng.choice(FEELINGS_EN),
+        pl=rng.choice(places),
+        t=rng.choice(things),
+        v=rng.choice(verbs),
+        tm=rng.choice(times),
+        f=rng.choice(feelings),
         topic=topic,
         why=why,
     )
+
+
+def _en(rng: random.Random) -> str:
+    text = _fill(rng, WORDS_EN)
     return text[0].upper() + text[1:]
 
 
@@ -187,21 +215,7 @@ def _particles(text: str) -> str:
 
 
 def _ko(rng: random.Random) -> str:
-    topic, why = rng.choice(TOPICS_KO)
-    p, p2 = rng.sample(PEOPLE_KO, 2)
-    return _particles(
-        rng.choice(KO_TEMPLATES).format(
-            p=p,
-            p2=p2,
-            pl=rng.choice(PLACES_KO),
-            t=rng.choice(THINGS_KO),
-            v=rng.choice(VERBS_KO),
-            tm=rng.choice(TIMES_KO),
-            f=rng.choice(FEELINGS_KO),
-            topic=topic,
-            why=why,
-        )
-    )
+    return _particles(_fill(rng, WORDS_KO))
 
 
 LATIN_SYLLABLES = [

@@ -50,28 +50,22 @@ class Network(pulumi.ComponentResource):
             "flow_sampling": 0.5,
             "metadata": "INCLUDE_ALL_METADATA",
         }
-        self.tpu_subnet = gcp.compute.Subnetwork(
-            f"{name}-tpu-subnet",
-            project=args.project,
-            name=f"{args.name}-{args.tpu_region}",
-            region=args.tpu_region,
-            network=self.vpc.id,
-            ip_cidr_range=args.tpu_subnet_cidr,
-            private_ip_google_access=True,
-            log_config=flow_logs,
-            opts=child,
-        )
-        self.hop_subnet = gcp.compute.Subnetwork(
-            f"{name}-hop-subnet",
-            project=args.project,
-            name=f"{args.name}-{args.hop_region}",
-            region=args.hop_region,
-            network=self.vpc.id,
-            ip_cidr_range=args.hop_subnet_cidr,
-            private_ip_google_access=True,
-            log_config=flow_logs,
-            opts=child,
-        )
+
+        def subnet(role: str, region: str, cidr: str) -> gcp.compute.Subnetwork:
+            return gcp.compute.Subnetwork(
+                f"{name}-{role}-subnet",
+                project=args.project,
+                name=f"{args.name}-{region}",
+                region=region,
+                network=self.vpc.id,
+                ip_cidr_range=cidr,
+                private_ip_google_access=True,
+                log_config=flow_logs,
+                opts=child,
+            )
+
+        self.tpu_subnet = subnet("tpu", args.tpu_region, args.tpu_subnet_cidr)
+        self.hop_subnet = subnet("hop", args.hop_region, args.hop_subnet_cidr)
         self.router = gcp.compute.Router(
             f"{name}-router",
             project=args.project,

@@ -280,11 +280,13 @@ def run_offline(
     *,
     build_dir: Path | None = None,
     entry: Callable[[], None] | None = None,
+    stack_name: str | None = None,
 ) -> OfflineRun:
     """Run the program for `stack` under mocks; raises ConfigError for a bad setting.
 
     `entry` replaces the default `define(read_stack_config())`, e.g. to run infra/__main__.py
-    the way the Pulumi CLI does."""
+    the way the Pulumi CLI does. `stack_name` runs the stack file's settings under another
+    Pulumi stack name (names derive from it)."""
     config = stack_config(stack, overrides)
     context = contextvars.Context()
-    return context.run(_run_in_fresh_context, stack, config, build_dir, entry)
+    return context.run(_run_in_fresh_context, stack_name or stack, config, build_dir, entry)

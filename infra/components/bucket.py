@@ -13,7 +13,8 @@ class TrainingBucketArgs:
     location: str
     soft_delete_seconds: int
     destroy_with_stack: bool
-    object_admin: pulumi.Input[str]  # IAM member of the workload service account
+    object_admin: pulumi.Input[str]  # IAM member of the TPU VM's service account
+    controller_object_admin: pulumi.Input[str]  # IAM member of the controller's account
     labels: dict[str, str]
 
 
@@ -48,6 +49,13 @@ class TrainingBucket(pulumi.ComponentResource):
             bucket=self.bucket.name,
             role="roles/storage.objectAdmin",
             member=args.object_admin,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.controller_object_admin = gcp.storage.BucketIAMMember(
+            f"{name}-object-admin-controller",
+            bucket=self.bucket.name,
+            role="roles/storage.objectAdmin",
+            member=args.controller_object_admin,
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.name = self.bucket.name

@@ -99,7 +99,7 @@ MUTATIONS: list[tuple[str, str, str, Callable[[dict], None]]] = [
     ("bucket-uniform-access", rules.BUCKET, "training", _set("uniformBucketLevelAccess", False)),
     ("bucket-public-access-prevention", rules.BUCKET, "training",
      _set("publicAccessPrevention", "inherited")),
-    ("no-public-principals", "gcp:storage/bucketIAMMember:BucketIAMMember", "object-admin",
+    ("no-public-principals", "gcp:storage/bucketIAMMember:BucketIAMMember", "admin-controller",
      _set("member", "allUsers")),
     ("no-public-principals", "gcp:secretmanager/secretIamMember:SecretIamMember", "key-access",
      _set("member", "allAuthenticatedUsers")),

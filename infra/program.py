@@ -182,7 +182,8 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             service_account_member=hop_identity.member,
             labels=cfg.labels,
         ),
-        opts=after_apis,
+        # Its VM boots once its account has settled (ServiceIdentity.settled).
+        opts=pulumi.ResourceOptions(depends_on=[apis, hop_identity]),
     )
 
     iap = "--tunnel-through-iap"

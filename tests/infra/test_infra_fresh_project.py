@@ -113,3 +113,39 @@ def _stack_name_error(name: str) -> str:
         assert "\n" not in str(error)
         return str(error)
     raise AssertionError(f"stack name {name!r} was accepted")
+
+
+def _seconds(duration: str) -> int:
+    match = re.fullmatch(r"(\d+)s", duration)
+    assert match, duration
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize(("stack", "overrides"), _variants())
+def test_every_vm_waits_for_its_service_account_to_settle(stack, overrides):
+    """Each VM (TPU VM, controller, hop) is created at least 60 s after the service account it
+    runs as (Google's tpu_v2_vm_full example waits 60 s for IAM's eventual consistency)."""
+    run = run_offline(stack, overrides)
+    accounts = {
+        r.outputs["email"]: r.urn
+        for r in of_type(run.resources, "gcp:serviceaccount/account:Account")
+    }
+    sleeps = of_type(run.resources, "time:index/sleep:Sleep")
+    vms = of_type(run.resources, "gcp:compute/instance:Instance") + of_type(
+        run.resources, "gcp:tpu/v2Vm:V2Vm"
+    )
+    assert len(vms) == 3
+    for vm in vms:
+        account = accounts[vm.inputs["serviceAccount"]["email"]]
+        waits = [
+            s
+            for s in sleeps
+            if account in s.options["dependencies"]
+            and s.urn in vm.options["dependencies"]
+            and _seconds(s.inputs["createDuration"]) >= 60
+        ]
+        assert waits, f"{vm.name} does not wait after creating its service account"
+        # A re-created account (new email) waits again.
+        assert all(
+            vm.inputs["serviceAccount"]["email"] in s.inputs["triggers"].values() for s in waits
+        )

@@ -11,7 +11,7 @@ import pulumi
 
 from infra import jobspec, render
 from infra.components.apis import ProjectApis, ProjectApisArgs
-from infra.components.bucket import TrainingBucket, TrainingBucketArgs
+from infra.components.bucket import TrainingBucket, TrainingBucketArgs, kept_bucket_exists
 from infra.components.controller import ControllerVm, ControllerVmArgs
 from infra.components.delivery import PayloadDelivery, PayloadDeliveryArgs
 from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
@@ -90,6 +90,7 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             object_admin=workload_identity.member,
             controller_object_admin=controller_identity.member,
             labels=cfg.labels,
+            adopt=kept_bucket_exists(cfg.project, cfg.bucket.name),
         ),
         opts=after_apis,
     )

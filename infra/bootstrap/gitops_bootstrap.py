@@ -81,7 +81,9 @@ PREVIEW_PROJECT_ROLES = (
     "roles/iam.serviceAccountViewer",  # the stacks' service accounts
     "roles/secretmanager.viewer",  # secret metadata only, never the versions' payload
     "roles/serviceusage.serviceUsageViewer",  # which APIs are enabled
-    "roles/storage.bucketViewer",  # the training buckets' settings
+    # The training buckets' settings, and the program's look-up of a kept bucket
+    # (storage.buckets.list; "view buckets and their metadata" in Google's role list).
+    "roles/storage.bucketViewer",
 )
 
 # The deploy account's permissions, one custom role: exactly what the program's resources

@@ -149,3 +149,30 @@ def test_every_vm_waits_for_its_service_account_to_settle(stack, overrides):
         assert all(
             vm.inputs["serviceAccount"]["email"] in s.inputs["triggers"].values() for s in waits
         )
+
+
+BUCKET = "gcp:storage/bucket:Bucket"
+
+
+def _bucket(stack: str, existing: frozenset[str] = frozenset(), overrides=None):
+    run = run_offline(stack, overrides, existing_buckets=existing)
+    (bucket,) = of_type(run.resources, BUCKET)
+    return bucket
+
+
+@pytest.mark.parametrize("stack", stack_names())
+def test_up_after_destroy_adopts_the_kept_bucket(stack):
+    """`destroy` keeps the bucket; the next `up` finds it in the project and imports it (then
+    applies the program's settings) instead of failing to create it with 409."""
+    fresh = _bucket(stack)
+    name = fresh.inputs["name"]
+    assert fresh.options["importId"] is None  # a fresh project: created
+    kept = _bucket(stack, frozenset({name, f"{name}-archive"}))
+    assert kept.options["importId"] == name  # the provider's id of a bucket is its name
+    assert kept.inputs == fresh.inputs  # the program's settings, applied after the import
+    assert kept.options["retainOnDelete"] is True  # and kept again by the next destroy
+
+
+def test_a_bucket_that_only_shares_the_prefix_is_not_adopted():
+    name = _bucket("v3-euw4").inputs["name"]
+    assert _bucket("v3-euw4", frozenset({f"{name}-old", name[:-1]})).options["importId"] is None

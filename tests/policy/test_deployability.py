@@ -290,3 +290,16 @@ def test_the_recovery_role_covers_what_the_watchdog_runs(bootstrap_run) -> None:
     assert all(
         p.startswith(("tpu.nodes.", "tpu.queuedResources.", "tpu.operations.")) for p in recovery
     )
+
+
+def test_the_readme_creates_the_same_recovery_role(bootstrap_run) -> None:
+    """Without GitOps, the README's one-time gcloud command makes the role the bootstrap
+    would: same id, same permissions."""
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(
+        r"gcloud iam roles create (\w+) --project <id> .*?--permissions ([a-zA-Z.,]+)`", readme
+    )
+    assert match, "README: the recovery role's gcloud command is missing"
+    role = bootstrap_run.named("tpu-recovery-role").inputs
+    assert match.group(1) == role["roleId"]
+    assert sorted(match.group(2).split(",")) == sorted(role["permissions"])

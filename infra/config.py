@@ -83,6 +83,14 @@ _GCE_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 _PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _MACHINE_RE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")
+# Every GCP name of a stack starts with "tp-<stack>". Service account ids are the tightest
+# limit: 6-30 characters, [a-z][a-z0-9-]*[a-z0-9] (IAM serviceAccounts.create accountId);
+# the stack's accounts are "<prefix>-<suffix>" for each suffix below (infra/program.py).
+SERVICE_ACCOUNT_ID_MAX = 30
+SERVICE_ACCOUNT_SUFFIXES = ("-workload", "-controller", "-vpn-hop")
+LONGEST_ACCOUNT_SUFFIX = max(SERVICE_ACCOUNT_SUFFIXES, key=len)
+MAX_PREFIX = SERVICE_ACCOUNT_ID_MAX - len(LONGEST_ACCOUNT_SUFFIX)
+MAX_STACK_NAME = MAX_PREFIX - len("tp-")
 
 
 @dataclass(frozen=True)
@@ -392,9 +400,11 @@ def parse_config(
     if not _PROJECT_RE.match(project):
         raise ConfigError(f"gcp:project: {project!r} is not a GCP project id")
     prefix = f"tp-{stack}"
-    if not _GCE_NAME_RE.match(prefix) or len(prefix) > 30:
+    if not _GCE_NAME_RE.match(prefix) or len(prefix) > MAX_PREFIX:
         raise ConfigError(
-            f"stack name {stack!r}: use lowercase letters, digits and '-' (at most 27 characters)"
+            f"stack name {stack!r}: use lowercase letters, digits and '-', starting with a letter "
+            f"or digit, at most {MAX_STACK_NAME} characters (service account ids such as "
+            f"'tp-<stack>{LONGEST_ACCOUNT_SUFFIX}' are limited to {SERVICE_ACCOUNT_ID_MAX})"
         )
     unknown = sorted(set(values) - set(KEYS_BY_NAME))
     if unknown:

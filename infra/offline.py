@@ -106,6 +106,9 @@ def _unwrap_secrets(value: Any) -> Any:
     return value
 
 
+GET_BUCKETS = "gcp:storage/getBuckets:getBuckets"  # the invoke kept_bucket_exists() calls
+
+
 def _fake_ip(seed: str, prefix: str) -> str:
     digest = hashlib.sha256(seed.encode()).digest()
     return f"{prefix}.{digest[0] % 250 + 2}"
@@ -128,6 +131,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
             ),
             "dependencies": sorted(request.dependencies),
             "replaceOnChanges": list(request.replaceOnChanges),
+            "importId": request.importId or None,
         }
         return response
 
@@ -135,8 +139,9 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
 class _GcpMocks:
     """pulumi.runtime.Mocks: resource outputs as GCP would compute them."""
 
-    def __init__(self, project: str) -> None:
+    def __init__(self, project: str, existing_buckets: frozenset[str] = frozenset()) -> None:
         self.project = project
+        self.existing_buckets = existing_buckets  # buckets the project already has
         self.resources: list[Registered] = []
 
     def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
@@ -193,8 +198,13 @@ class _GcpMocks:
         )
         return resource_id, state
 
-    def call(self, args: Any) -> tuple[dict[str, Any], None]:
-        return {}, None
+    def call(self, args: Any) -> dict[str, Any]:
+        if args.token == GET_BUCKETS:
+            prefix = str(args.args.get("prefix") or "")
+            names = sorted(n for n in self.existing_buckets if n.startswith(prefix))
+            buckets = [{"name": n, "location": "", "labels": {}, "selfLink": ""} for n in names]
+            return {"buckets": buckets, "id": self.project, "project": self.project}
+        return {}
 
 
 def _run_in_fresh_context(
@@ -202,12 +212,13 @@ def _run_in_fresh_context(
     config: Mapping[str, object],
     build_dir: Path | None,
     entry: Callable[[], None] | None,
+    existing_buckets: frozenset[str] = frozenset(),
 ) -> OfflineRun:
     project = str(config.get("gcp:project") or "")
 
     class Mocks(pulumi_mocks.Mocks):
         def __init__(self) -> None:
-            self.inner = _GcpMocks(project or DEFAULT_TEST_PROJECT)
+            self.inner = _GcpMocks(project or DEFAULT_TEST_PROJECT, existing_buckets)
 
         def new_resource(self, args: pulumi_mocks.MockResourceArgs):  # type: ignore[override]
             return self.inner.new_resource(args)
@@ -280,11 +291,17 @@ def run_offline(
     *,
     build_dir: Path | None = None,
     entry: Callable[[], None] | None = None,
+    stack_name: str | None = None,
+    existing_buckets: frozenset[str] = frozenset(),
 ) -> OfflineRun:
     """Run the program for `stack` under mocks; raises ConfigError for a bad setting.
 
     `entry` replaces the default `define(read_stack_config())`, e.g. to run infra/__main__.py
-    the way the Pulumi CLI does."""
+    the way the Pulumi CLI does. `stack_name` runs the stack file's settings under another
+    Pulumi stack name (names derive from it). `existing_buckets`: bucket names the mocked
+    project already has (e.g. one kept by an earlier `pulumi destroy`)."""
     config = stack_config(stack, overrides)
     context = contextvars.Context()
-    return context.run(_run_in_fresh_context, stack, config, build_dir, entry)
+    return context.run(
+        _run_in_fresh_context, stack_name or stack, config, build_dir, entry, existing_buckets
+    )

@@ -11,7 +11,7 @@ import pulumi
 
 from infra import jobspec, render
 from infra.components.apis import ProjectApis, ProjectApisArgs
-from infra.components.bucket import TrainingBucket, TrainingBucketArgs
+from infra.components.bucket import TrainingBucket, TrainingBucketArgs, kept_bucket_exists
 from infra.components.controller import ControllerVm, ControllerVmArgs
 from infra.components.delivery import PayloadDelivery, PayloadDeliveryArgs
 from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
@@ -50,12 +50,23 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         ),
         opts=after_apis,
     )
+    # The TPU VM's account (training code) gets bucket objects and nothing else; the
+    # controller's account also runs the TPU watchdog, so recovery rights live there.
     workload_identity = ServiceIdentity(
         "workload-identity",
         ServiceIdentityArgs(
             project=cfg.project,
             account_id=f"{cfg.prefix}-workload",
-            display_name=f"tpu-pretrain {cfg.stack}: TPU VM and controller",
+            display_name=f"tpu-pretrain {cfg.stack}: TPU VM",
+        ),
+        opts=after_apis,
+    )
+    controller_identity = ServiceIdentity(
+        "controller-identity",
+        ServiceIdentityArgs(
+            project=cfg.project,
+            account_id=f"{cfg.prefix}-controller",
+            display_name=f"tpu-pretrain {cfg.stack}: controller and TPU watchdog",
         ),
         opts=after_apis,
     )
@@ -77,7 +88,9 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             soft_delete_seconds=cfg.bucket.soft_delete_seconds,
             destroy_with_stack=cfg.bucket.destroy_with_stack,
             object_admin=workload_identity.member,
+            controller_object_admin=controller_identity.member,
             labels=cfg.labels,
+            adopt=kept_bucket_exists(cfg.project, cfg.bucket.name),
         ),
         opts=after_apis,
     )
@@ -102,7 +115,7 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
     )
     # VMs start after their inputs exist, so a first boot finds payload, job, bucket access
     # and the NAT that lets it install packages.
-    ready = [delivery, bucket, workload_identity, network.nat]
+    ready = [delivery, bucket, workload_identity, controller_identity, network.nat]
 
     tpu_args = TpuVmArgs(
         project=cfg.project,
@@ -126,9 +139,8 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             "tpu-recovery",
             TpuAutoRecoveryArgs(
                 project=cfg.project,
-                stack=cfg.stack,
-                service_account_name=workload_identity.resource_name,
-                service_account_member=workload_identity.member,
+                watchdog_member=controller_identity.member,
+                tpu_service_account_name=workload_identity.resource_name,
             ),
             opts=after_apis,
         )
@@ -147,7 +159,7 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             zone=cfg.tpu.zone,
             machine_type=cfg.controller_machine_type,
             subnetwork=network.tpu_subnet.id,
-            service_account_email=workload_identity.email,
+            service_account_email=controller_identity.email,
             startup_script=controller_script,
             labels=cfg.labels,
         ),
@@ -171,7 +183,8 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             service_account_member=hop_identity.member,
             labels=cfg.labels,
         ),
-        opts=after_apis,
+        # Its VM boots once its account has settled (ServiceIdentity.settled).
+        opts=pulumi.ResourceOptions(depends_on=[apis, hop_identity]),
     )
 
     iap = "--tunnel-through-iap"

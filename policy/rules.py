@@ -79,7 +79,12 @@ PUBLIC_PRINCIPALS = ("allusers", "allauthenticatedusers")
 DEFAULT_COMPUTE_SA_SUFFIX = "-compute@developer.gserviceaccount.com"
 BASIC_ROLES = ("roles/owner", "roles/editor", "roles/viewer")
 WORLD_RANGES = ("0.0.0.0/0", "::/0")
-ADMIN_PORTS = {22: "SSH", 3389: "RDP"}
+# (first port, last port, service) that must never be open to the internet.
+ADMIN_PORTS = ((22, 22, "SSH"), (3389, 3389, "RDP"))
+# TensorBoard (infra/components/network.py TENSORBOARD_PORT) and the TPU runtime's gRPC
+# port 8470 (the port the TPU API reports in a TPU VM's networkEndpoints); 8471-8479 are
+# reserved with it here as a margin (a guess: no Google page lists the whole range).
+SERVICE_PORTS = ((6006, 6006, "TensorBoard"), (8470, 8479, "TPU runtime"))
 MAX_KMS_ROTATION_SECONDS = 90 * 24 * 3600
 
 # TPU generations whose TPU VM images support Secure Boot (v4 and later; v2/v3 hosts do
@@ -99,6 +104,8 @@ MSG_PUBLIC_MEMBER = "IAM/ACL grant to a public principal (allUsers/allAuthentica
 MSG_DEFAULT_SA = "the default compute service account must not be used"
 MSG_SA_ROLE = "service accounts must not hold basic (owner/editor/viewer) or admin roles"
 MSG_SSH_RDP = "firewall opens SSH/RDP to the internet"
+MSG_SERVICE_PORTS = "firewall opens TensorBoard/TPU ports to the internet"
+MSG_HOP = "the VPN hop exemption allows one compute instance outside the TPU region"
 MSG_EXTERNAL_IP = "external IP address outside the VPN hop"
 MSG_IP_FORWARD = "IP forwarding outside the VPN hop"
 MSG_SHIELDED = "shielded VM: secure boot, vTPM and integrity monitoring must be on"
@@ -242,6 +249,10 @@ def _check_default_sa(
     if resource_type in TPU_TYPES and not email:
         # A TPU VM without an explicit service account runs as the default compute account.
         report(f"{MSG_DEFAULT_SA}: TPU VM without serviceAccount.email runs as the default one")
+    elif isinstance(_get(props, "serviceAccount"), Mapping) and not email:
+        # A GCE VM with a service_account block but no email gets the default compute
+        # account (the provider leaves the email to the API, which picks the default).
+        report(f"{MSG_DEFAULT_SA}: serviceAccount without email runs as the default one")
     elif isinstance(email, str) and (
         email.lower().endswith(DEFAULT_COMPUTE_SA_SUFFIX) or email.lower() == "default"
     ):
@@ -287,38 +298,50 @@ def _port_ranges(ports: Any) -> list[tuple[int, int]] | None:
 
 
 def _world_source(props: Mapping[str, Any]) -> str | None:
+    """The source ranges when, together, they cover every IPv4 or every IPv6 address
+    (0.0.0.0/0, or 0.0.0.0/1 + 128.0.0.0/1, ...); None otherwise."""
     ranges = [str(r) for r in _items(_get(props, "sourceRanges"))]
     no_source = not _items(_get(props, "sourceTags")) and not _items(
         _get(props, "sourceServiceAccounts")
     )
     if not ranges and no_source:
         return "no source (GCE defaults to 0.0.0.0/0)"
+    v4: list[ipaddress.IPv4Network] = []
+    v6: list[ipaddress.IPv6Network] = []
     for cidr in ranges:
         try:
             network = ipaddress.ip_network(cidr, strict=False)
         except ValueError:
             continue
-        if network.prefixlen == 0:
-            return cidr
+        (v4 if network.version == 4 else v6).append(network)  # type: ignore[arg-type]
+    for family in (v4, v6):
+        if any(n.prefixlen == 0 for n in ipaddress.collapse_addresses(family)):  # type: ignore[type-var]
+            return " + ".join(str(n) for n in family)
     return None
 
 
-def _check_ssh_rdp(_t: str, props: Mapping[str, Any], report: Callable[[str], None]) -> None:
-    direction = _get(props, "direction") or "INGRESS"
-    if direction != "INGRESS" or _get(props, "disabled") is True:
-        return
-    source = _world_source(props)
-    if source is None:
-        return
-    for allow in _items(_get(props, "allows")):
-        protocol = str(_get(allow, "protocol") or "").lower()
-        if protocol not in {"tcp", "all", "6"}:
-            continue
-        ranges = _port_ranges(_get(allow, "ports"))
-        for port, service in ADMIN_PORTS.items():
-            if ranges is None or any(low <= port <= high for low, high in ranges):
-                shown = "all ports" if ranges is None else f"port {port}"
-                report(f"{MSG_SSH_RDP}: {service} ({protocol} {shown}) from {source}")
+def _check_world_ingress(
+    ports: Sequence[tuple[int, int, str]], message: str
+) -> Callable[[str, Mapping[str, Any], Callable[[str], None]], None]:
+    def check(_t: str, props: Mapping[str, Any], report: Callable[[str], None]) -> None:
+        direction = _get(props, "direction") or "INGRESS"
+        if direction != "INGRESS" or _get(props, "disabled") is True:
+            return
+        source = _world_source(props)
+        if source is None:
+            return
+        for allow in _items(_get(props, "allows")):
+            protocol = str(_get(allow, "protocol") or "").lower()
+            if protocol not in {"tcp", "all", "6"}:
+                continue
+            ranges = _port_ranges(_get(allow, "ports"))
+            for first, last, service in ports:
+                if ranges is None or any(lo <= last and first <= hi for lo, hi in ranges):
+                    wanted = f"port {first}" if first == last else f"ports {first}-{last}"
+                    shown = "all ports" if ranges is None else wanted
+                    report(f"{message}: {service} ({protocol} {shown}) from {source}")
+
+    return check
 
 
 def _tpu_network_configs(props: Mapping[str, Any]) -> list[Any]:
@@ -416,7 +439,11 @@ _PEM_PRIVATE = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 # Manager, which is the design.
 _WG_PRIVATE_LINE = re.compile(r"^\s*PrivateKey\s*=\s*(?![$%{<\s])\S", re.MULTILINE | re.IGNORECASE)
 _BASE64_32 = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{43}=(?![A-Za-z0-9+/=])")
-_PUBLIC_CONTEXT = re.compile(r"public|pubkey|peer", re.IGNORECASE)
+# A WireGuard public key has the same shape as a private one. A key is taken as public only
+# when it is the value of a public-key field: the text right before it on its line ends in
+# "PublicKey =", "..._PUBLIC_KEY=", "pubkey:" or "peer " (`wg set wg0 peer <key>`). The word
+# "public" or "peer" elsewhere on the line proves nothing.
+_PUBLIC_FIELD = re.compile(r"(public[ _-]?key|pubkey|\bpeer)[\s\"']*[=:]?[\s\"']*$", re.IGNORECASE)
 
 
 def find_key_material(text: str) -> list[str]:
@@ -427,11 +454,11 @@ def find_key_material(text: str) -> list[str]:
     if _WG_PRIVATE_LINE.search(text):
         reasons.append("WireGuard 'PrivateKey =' line with a literal key")
     for line in text.splitlines():
-        if _PUBLIC_CONTEXT.search(line):
-            continue  # WireGuard public keys have the same shape and are fine to publish
-        for token in _BASE64_32.findall(line):
+        for match in _BASE64_32.finditer(line):
+            if _PUBLIC_FIELD.search(line[: match.start()]):
+                continue  # the value of a public-key field: fine to publish
             try:
-                decoded = base64.b64decode(token, validate=True)
+                decoded = base64.b64decode(match.group(0), validate=True)
             except (binascii.Error, ValueError):
                 continue
             if len(decoded) == 32:
@@ -537,6 +564,44 @@ def _validate_regions(args: StackValidationArgs, report_violation: ReportViolati
                 )
 
 
+def _validate_single_hop(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    """The resource rules exempt the VM marked as the hop; this makes the mark structural:
+    one compute instance at most, and not in a region that holds a TPU (the hop is the VPN
+    endpoint near the user, never a VM next to the training data)."""
+    marked = [
+        r
+        for r in args.resources
+        if r.resource_type in (*VM_TYPES, *TPU_TYPES, TPU_QUEUED) and _is_vpn_hop(r.props)
+    ]
+    instances = [r for r in marked if r.resource_type == INSTANCE]
+    for resource in marked:
+        if resource.resource_type != INSTANCE:
+            report_violation(
+                f"{MSG_HOP}: {resource.resource_type} {resource.name} carries {HOP_MARK}",
+                resource.urn,
+            )
+    if len(instances) > 1:
+        names = ", ".join(r.name for r in instances)
+        for resource in instances:
+            report_violation(
+                f"{MSG_HOP}: {len(instances)} VMs carry {HOP_MARK}: {names}", resource.urn
+            )
+    tpu_regions = {
+        _region_of_zone(zone)
+        for r in args.resources
+        if r.resource_type in (TPU_VM, TPU_QUEUED)
+        for zone in [_get(r.props, "zone")]
+        if isinstance(zone, str)
+    }
+    for resource in instances:
+        zone = _get(resource.props, "zone")
+        if isinstance(zone, str) and _region_of_zone(zone) in tpu_regions:
+            report_violation(
+                f"{MSG_HOP}: {resource.name} is in the TPU region {_region_of_zone(zone)}",
+                resource.urn,
+            )
+
+
 def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
     vm_and_tpu = (*VM_TYPES, *TPU_TYPES)
     return [
@@ -565,10 +630,18 @@ def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
         ),
         _resource_policy(
             "no-ssh-rdp-from-internet",
-            "Ingress firewalls never open TCP 22/3389 (or all ports) to 0.0.0.0/0 or ::/0.",
+            "Ingress firewalls never open TCP 22/3389 (or all ports) to the whole internet "
+            "(0.0.0.0/0, ::/0, or ranges that add up to it).",
             (FIREWALL,),
-            _check_ssh_rdp,
+            _check_world_ingress(ADMIN_PORTS, MSG_SSH_RDP),
             cis="3.6, 3.7",
+        ),
+        _resource_policy(
+            "no-tensorboard-tpu-from-internet",
+            "Ingress firewalls never open TensorBoard (6006) or the TPU runtime ports "
+            "(8470-8479) to the whole internet; they are reached over the VPN.",
+            (FIREWALL,),
+            _check_world_ingress(SERVICE_PORTS, MSG_SERVICE_PORTS),
         ),
         _resource_policy(
             "no-external-ip-except-vpn-hop",
@@ -661,6 +734,13 @@ def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
             _check_wif_condition,
         ),
         StackValidationPolicy(
+            name="one-vpn-hop-outside-tpu-region",
+            description=f"At most one VM carries {HOP_MARK}: a compute instance outside every "
+            "TPU region (so the hop's exemptions cannot be claimed by another VM).",
+            validate=_validate_single_hop,
+            enforcement_level=EnforcementLevel.MANDATORY,
+        ),
+        StackValidationPolicy(
             name="tpu-and-bucket-same-region",
             description="Every TPU VM and every bucket of a stack are in one region "
             "(no cross-region reads of training data).",
@@ -718,6 +798,7 @@ POLICY_MESSAGES = {
     "no-default-compute-service-account": MSG_DEFAULT_SA,
     "no-basic-or-admin-roles-for-service-accounts": MSG_SA_ROLE,
     "no-ssh-rdp-from-internet": MSG_SSH_RDP,
+    "no-tensorboard-tpu-from-internet": MSG_SERVICE_PORTS,
     "no-external-ip-except-vpn-hop": MSG_EXTERNAL_IP,
     "ip-forwarding-only-on-vpn-hop": MSG_IP_FORWARD,
     "shielded-vm": MSG_SHIELDED,
@@ -732,4 +813,5 @@ POLICY_MESSAGES = {
     "no-auto-mode-network": MSG_AUTO_NETWORK,
     "wif-provider-attribute-condition": MSG_WIF_CONDITION,
     "tpu-and-bucket-same-region": MSG_REGION,
+    "one-vpn-hop-outside-tpu-region": MSG_HOP,
 }

@@ -4,10 +4,15 @@ Creates what the workflows in .github/workflows need before any stack can be pre
 
 - the self-managed state bucket (versioned, uniform access, public access prevention),
 - a KMS key that encrypts each stack's secrets (rotated every 90 days),
-- a Workload Identity pool + GitHub OIDC provider that accepts tokens of ONE repository,
+- a Workload Identity pool + GitHub OIDC provider that accepts tokens of ONE repository
+  (its name AND its numeric repository and owner ids, so a re-created repository or owner of
+  the same name is refused),
 - two CI service accounts with no keys:
     preview: read-only; any workflow of the repository may use it (pull requests);
-    deploy:  applies stacks; only jobs in the GitHub environment that gates deploys.
+    deploy:  applies stacks; only jobs in the GitHub environment that gates deploys, AND
+             running on refs/heads/main,
+- the TPU recovery custom role that stacks with tpuAutoRecover bind to their controller
+  account (the deploy account may grant it, never edit it).
 
 Its outputs are the values of the repository variables the workflows read. It is never
 imported by the main program (infra/) and has its own state (see README, GitOps).
@@ -32,6 +37,30 @@ CRYPTO_KEY_ID = "pulumi-secrets"
 KEY_ROTATION = "7776000s"  # 90 days (CIS GCP 1.10)
 DEPLOYER_ROLE_ID = "tpuPretrainDeployer"
 IAM_GRANTER_ROLE_ID = "tpuPretrainIamGranter"
+# The main program binds this role by name (infra/components/recovery.py RECOVERY_ROLE_ID).
+RECOVERY_ROLE_ID = "tpuPretrainTpuRecovery"
+DEPLOY_REF = "refs/heads/main"
+# A custom attribute "<token subject>@<git ref>": the deploy binding names one value of it,
+# so a job must run in the deploy environment AND on DEPLOY_REF.
+DEPLOY_ATTRIBUTE = "sub_ref"
+
+# What the controller's TPU watchdog (infra/templates/tpu-watch.sh) calls: `gcloud compute
+# tpus tpu-vm describe/list/create/delete` and `gcloud compute tpus queued-resources
+# create/describe/list/delete`, waiting on their long-running operations. Names as in the
+# Cloud TPU REST reference (projects.locations.nodes / queuedResources / operations) and the
+# Terraform provider's permission maps; attaching the TPU VM's account to the recreated VM
+# needs iam.serviceAccounts.actAs, granted on that one account by the program.
+RECOVERY_PERMISSIONS = (
+    "tpu.nodes.create",
+    "tpu.nodes.delete",
+    "tpu.nodes.get",
+    "tpu.nodes.list",
+    "tpu.operations.get",
+    "tpu.queuedResources.create",
+    "tpu.queuedResources.delete",
+    "tpu.queuedResources.get",
+    "tpu.queuedResources.list",
+)
 
 # APIs the bootstrap itself and keyless CI authentication need; left enabled on destroy.
 APIS = (
@@ -52,7 +81,9 @@ PREVIEW_PROJECT_ROLES = (
     "roles/iam.serviceAccountViewer",  # the stacks' service accounts
     "roles/secretmanager.viewer",  # secret metadata only, never the versions' payload
     "roles/serviceusage.serviceUsageViewer",  # which APIs are enabled
-    "roles/storage.bucketViewer",  # the training buckets' settings
+    # The training buckets' settings, and the program's look-up of a kept bucket
+    # (storage.buckets.list; "view buckets and their metadata" in Google's role list).
+    "roles/storage.bucketViewer",
 )
 
 # The deploy account's permissions, one custom role: exactly what the program's resources
@@ -130,6 +161,7 @@ DEPLOYER_PERMISSIONS = (
     "storage.buckets.create",
     "storage.buckets.delete",
     "storage.buckets.get",
+    "storage.buckets.list",  # the program looks for a bucket kept by an earlier destroy
     "storage.buckets.update",
     "storage.buckets.getIamPolicy",
     "storage.buckets.setIamPolicy",
@@ -158,14 +190,30 @@ DEPLOYER_PERMISSIONS = (
     "secretmanager.versions.destroy",
 )
 
-# Project-level IAM the program writes (ServiceIdentity: log and metric writing). Changing
-# a project's IAM policy could grant anything, so the deploy account holds it only under a
-# condition that limits the roles it may grant or revoke to these.
-GRANTABLE_PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
+# IAM the program writes on the project (ServiceIdentity: log and metric writing; the
+# recovery role for the watchdog) and on the TPU VM's service account (actAs for the
+# watchdog). Changing an IAM policy could grant anything, so the deploy account holds these
+# permissions only under a condition that limits the roles it may grant or revoke.
+GRANTABLE_PREDEFINED_ROLES = (
+    "roles/logging.logWriter",
+    "roles/monitoring.metricWriter",
+    "roles/iam.serviceAccountUser",
+)
 IAM_GRANTER_PERMISSIONS = (
     "resourcemanager.projects.getIamPolicy",
     "resourcemanager.projects.setIamPolicy",
+    "iam.serviceAccounts.getIamPolicy",
+    "iam.serviceAccounts.setIamPolicy",
 )
+
+
+def recovery_role_name(project: str) -> str:
+    return f"projects/{project}/roles/{RECOVERY_ROLE_ID}"
+
+
+def grantable_roles(project: str) -> tuple[str, ...]:
+    """Every role the deploy account may grant or revoke: custom roles by full name."""
+    return (*GRANTABLE_PREDEFINED_ROLES, recovery_role_name(project))
 
 
 class BootstrapConfigError(ValueError):
@@ -177,7 +225,8 @@ class BootstrapConfig:
     project: str
     region: str
     github_repository: str  # "owner/name"
-    github_repository_id: str | None  # numeric id: survives renames, rejects a re-created repo
+    github_repository_id: str  # numeric id: survives renames, rejects a re-created repo
+    github_owner_id: str  # numeric id of the owner (user or organization), likewise
     state_bucket: str
     deploy_environment: str
 
@@ -187,6 +236,7 @@ _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9]$")
 _ENVIRONMENT = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
 _PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+_NUMERIC_ID = re.compile(r"^[0-9]{1,20}$")
 
 
 def validate_config(
@@ -195,6 +245,7 @@ def validate_config(
     region: str | None,
     github_repository: str | None,
     github_repository_id: str | None,
+    github_owner_id: str | None,
     state_bucket: str | None,
     deploy_environment: str | None,
 ) -> BootstrapConfig:
@@ -213,11 +264,18 @@ def validate_config(
     repository = need(
         f"{ns}:githubRepository", github_repository, _REPOSITORY, "'owner/name' of the repository"
     )
-    if github_repository_id is not None and not github_repository_id.isdigit():
-        raise BootstrapConfigError(
-            f"{ns}:githubRepositoryId: {github_repository_id!r} is not the repository's "
-            "numeric id (GitHub API: repos/<owner>/<name> .id)"
-        )
+    repository_id = need(
+        f"{ns}:githubRepositoryId",
+        github_repository_id,
+        _NUMERIC_ID,
+        "the repository's numeric id (`gh api repos/<owner>/<name> --jq .id`)",
+    )
+    owner_id = need(
+        f"{ns}:githubOwnerId",
+        github_owner_id,
+        _NUMERIC_ID,
+        "the owner's numeric id (`gh api repos/<owner>/<name> --jq .owner.id`)",
+    )
     bucket = need(
         f"{ns}:stateBucket",
         state_bucket,
@@ -236,7 +294,8 @@ def validate_config(
         project=checked_project,
         region=checked_region,
         github_repository=repository,
-        github_repository_id=github_repository_id,
+        github_repository_id=repository_id,
+        github_owner_id=owner_id,
         state_bucket=bucket,
         deploy_environment=environment,
     )
@@ -249,22 +308,32 @@ def read_config() -> BootstrapConfig:
         project=pulumi.Config("gcp").get("project"),
         region=config.get("region"),
         github_repository=config.get("githubRepository"),
-        github_repository_id=config.get("githubRepositoryId") or None,
+        github_repository_id=config.get("githubRepositoryId"),
+        github_owner_id=config.get("githubOwnerId"),
         state_bucket=config.get("stateBucket"),
         deploy_environment=config.get("deployEnvironment") or "gcp-deploy",
     )
 
 
 def attribute_condition(cfg: BootstrapConfig) -> str:
-    """The provider accepts only tokens minted for this repository's workflows."""
-    condition = f"assertion.repository == '{cfg.github_repository}'"
-    if cfg.github_repository_id:
-        condition += f" && assertion.repository_id == '{cfg.github_repository_id}'"
-    return condition
+    """The provider accepts only tokens minted for this repository's workflows: its name and
+    the numeric ids GitHub puts in every token (claims repository_id, repository_owner_id),
+    which a deleted and re-created repository or owner of the same name does not have."""
+    return (
+        f"assertion.repository == '{cfg.github_repository}'"
+        f" && assertion.repository_id == '{cfg.github_repository_id}'"
+        f" && assertion.repository_owner_id == '{cfg.github_owner_id}'"
+    )
 
 
-def iam_granter_condition() -> str:
-    roles = ", ".join(f"'{role}'" for role in GRANTABLE_PROJECT_ROLES)
+def deploy_principal_value(cfg: BootstrapConfig) -> str:
+    """The DEPLOY_ATTRIBUTE value of a job in the deploy environment on DEPLOY_REF: an
+    environment job's subject is "repo:<owner>/<name>:environment:<env>" (no ref in it)."""
+    return f"repo:{cfg.github_repository}:environment:{cfg.deploy_environment}@{DEPLOY_REF}"
+
+
+def iam_granter_condition(project: str) -> str:
+    roles = ", ".join(f"'{role}'" for role in grantable_roles(project))
     return f"api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', []).hasOnly([{roles}])"
 
 
@@ -353,6 +422,7 @@ def define(cfg: BootstrapConfig) -> None:
             "attribute.repository": "assertion.repository",
             "attribute.repository_id": "assertion.repository_id",
             "attribute.ref": "assertion.ref",
+            f"attribute.{DEPLOY_ATTRIBUTE}": "assertion.sub + '@' + assertion.ref",
         },
         attribute_condition=attribute_condition(cfg),
         oidc={"issuer_uri": GITHUB_ISSUER},
@@ -388,17 +458,17 @@ def define(cfg: BootstrapConfig) -> None:
             )
         ),
     )
-    # Deploys: only jobs that run in the deploy environment. Their token's subject is
-    # "repo:<owner>/<name>:environment:<env>"; the environment's protection rules (required
-    # reviewers, main branch only) decide which jobs get there.
+    # Deploys: only jobs that run in the deploy environment AND on refs/heads/main (the
+    # environment's protection rules are repository settings; this holds even if they are
+    # loosened). The token's subject carries the environment, its ref claim the branch.
     gcp.serviceaccount.IAMMember(
         "deploy-wif",
         service_account_id=deploy.name,
         role="roles/iam.workloadIdentityUser",
         member=pool.name.apply(
             lambda name: (
-                f"principal://iam.googleapis.com/{name}/subject/"
-                f"repo:{cfg.github_repository}:environment:{cfg.deploy_environment}"
+                f"principalSet://iam.googleapis.com/{name}/attribute.{DEPLOY_ATTRIBUTE}/"
+                f"{deploy_principal_value(cfg)}"
             )
         ),
     )
@@ -477,10 +547,22 @@ def define(cfg: BootstrapConfig) -> None:
         role=granter_role.name,
         member=deploy_member,
         condition={
-            "title": "only-reporting-roles",
-            "description": "May grant/revoke only log and metric writing.",
-            "expression": iam_granter_condition(),
+            "title": "only-stack-roles",
+            "description": "May grant/revoke only log/metric writing, TPU recovery and actAs.",
+            "expression": iam_granter_condition(project),
         },
+    )
+    # Created here, not by the stacks: the deploy account may grant it (above) but holds no
+    # iam.roles.* permission, so it cannot widen a role it is allowed to grant.
+    gcp.projects.IAMCustomRole(
+        "tpu-recovery-role",
+        project=project,
+        role_id=RECOVERY_ROLE_ID,
+        title="tpu-pretrain TPU recovery",
+        description="Describe, delete and recreate a stack's preempted TPU VM (the watchdog).",
+        permissions=list(RECOVERY_PERMISSIONS),
+        stage="GA",
+        opts=after_apis,
     )
 
     # --- the values of the GitHub repository variables --------------------------------

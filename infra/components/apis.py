@@ -5,7 +5,12 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+# cloudresourcemanager: project IAM bindings (projects.getIamPolicy/setIamPolicy) go through
+# it and new projects do not have it on. serviceusage: the API that enables the others; it
+# is on by default in new projects, and listing it keeps it on (README, Deploy on GCP).
 REQUIRED_APIS = (
+    "serviceusage.googleapis.com",
+    "cloudresourcemanager.googleapis.com",
     "compute.googleapis.com",
     "tpu.googleapis.com",
     "storage.googleapis.com",

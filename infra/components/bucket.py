@@ -13,8 +13,30 @@ class TrainingBucketArgs:
     location: str
     soft_delete_seconds: int
     destroy_with_stack: bool
-    object_admin: pulumi.Input[str]  # IAM member of the workload service account
+    object_admin: pulumi.Input[str]  # IAM member of the TPU VM's service account
+    controller_object_admin: pulumi.Input[str]  # IAM member of the controller's account
     labels: dict[str, str]
+    # The bucket already exists in the project (kept by an earlier `pulumi destroy`): the
+    # stack imports it instead of failing to create it (409). See `kept_bucket_exists`.
+    adopt: bool = False
+
+
+def kept_bucket_exists(project: str, name: str) -> bool:
+    """Whether the project already has a bucket of this name (a read; storage.buckets.list).
+
+    `pulumi destroy` keeps the bucket (retain_on_delete) and forgets it; a later `up` would
+    try to create it again and get 409. With `import` the engine adopts it instead: the
+    resource is read, then updated to the program's settings (the engine's import-then-update,
+    pulumi/pulumi#19339). While the bucket is in the stack's state with the same id the
+    import id is ignored and the resource is treated as usual (pulumi/pulumi#2893), so the
+    option is harmless on every later `up`. A bucket of that name in another project is not
+    listed: creating it fails as it should."""
+    found = gcp.storage.get_buckets(prefix=name, project=project)
+    names = [
+        getattr(b, "name", None) or (b.get("name") if isinstance(b, dict) else None)
+        for b in (found.buckets or [])
+    ]
+    return name in names
 
 
 class TrainingBucket(pulumi.ComponentResource):
@@ -22,8 +44,8 @@ class TrainingBucket(pulumi.ComponentResource):
 
     Trained models outlive the stack: unless the stack sets destroyBucketWithStack, the
     bucket is retained on `pulumi destroy` (removed from the state, kept in GCP) and cannot
-    be force-destroyed with its contents. Soft delete keeps overwritten or deleted objects
-    restorable for the configured days."""
+    be force-destroyed with its contents; the next `pulumi up` adopts it (args.adopt). Soft
+    delete keeps overwritten or deleted objects restorable for the configured days."""
 
     def __init__(
         self, name: str, args: TrainingBucketArgs, opts: pulumi.ResourceOptions | None = None
@@ -41,13 +63,25 @@ class TrainingBucket(pulumi.ComponentResource):
             soft_delete_policy={"retention_duration_seconds": args.soft_delete_seconds},
             force_destroy=args.destroy_with_stack,
             labels=args.labels,
-            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=keep),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                retain_on_delete=keep,
+                # The bucket's id in the provider is its name.
+                import_=args.name if args.adopt else None,
+            ),
         )
         self.object_admin = gcp.storage.BucketIAMMember(
             f"{name}-object-admin",
             bucket=self.bucket.name,
             role="roles/storage.objectAdmin",
             member=args.object_admin,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.controller_object_admin = gcp.storage.BucketIAMMember(
+            f"{name}-object-admin-controller",
+            bucket=self.bucket.name,
+            role="roles/storage.objectAdmin",
+            member=args.controller_object_admin,
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.name = self.bucket.name

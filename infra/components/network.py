@@ -11,6 +11,7 @@ TAG_CONTROLLER = "tpu-pretrain-controller"
 TAG_HOP = "tpu-pretrain-vpn-hop"
 IAP_RANGE = "35.235.240.0/20"
 TENSORBOARD_PORT = 6006
+HOP_TCP_PORTS = ("22", str(TENSORBOARD_PORT))  # what VPN clients reach through the hop
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,8 @@ class Network(pulumi.ComponentResource):
 
     Private Google Access lets VMs without external IPs reach Cloud Storage; Cloud NAT in
     the TPU region lets them install packages from PyPI. Ingress is closed except: SSH from
-    the IAP range and the VPN, WireGuard from the configured sources, and traffic between
-    the hop, the controller and the TPU VM."""
+    the IAP range and the VPN, WireGuard from the configured sources, traffic between the
+    controller and the TPU VM, and from the hop only SSH, TensorBoard and ICMP."""
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-pretrain:index:Network", name, None, opts)
@@ -113,6 +114,7 @@ class Network(pulumi.ComponentResource):
             log_config={"metadata": "INCLUDE_ALL_METADATA"},
             opts=child,
         )
+        workers = [TAG_TPU, TAG_CONTROLLER]
         self.internal_rule = gcp.compute.Firewall(
             f"{name}-allow-internal",
             project=args.project,
@@ -120,8 +122,22 @@ class Network(pulumi.ComponentResource):
             network=self.vpc.id,
             direction="INGRESS",
             allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}],
-            source_tags=roles,
-            target_tags=roles,
+            source_tags=workers,
+            target_tags=workers,
+            opts=child,
+        )
+        # VPN clients reach the VMs through the hop (it masquerades them): SSH, TensorBoard
+        # and ping, nothing else.
+        self.hop_rule = gcp.compute.Firewall(
+            f"{name}-allow-from-hop",
+            project=args.project,
+            name=f"{args.name}-allow-from-hop",
+            network=self.vpc.id,
+            direction="INGRESS",
+            allows=[{"protocol": "tcp", "ports": list(HOP_TCP_PORTS)}, {"protocol": "icmp"}],
+            source_tags=[TAG_HOP],
+            target_tags=workers,
+            log_config={"metadata": "INCLUDE_ALL_METADATA"},
             opts=child,
         )
         self.register_outputs(

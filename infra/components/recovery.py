@@ -5,64 +5,50 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-# What the controller's TPU watchdog (templates/tpu-watch.sh) calls: `gcloud compute tpus
-# tpu-vm describe/delete/create` (nodes.get/delete/create) and waits for their long-running
-# operations (operations.get). Attaching the workload service account to the new VM needs
-# iam.serviceAccounts.actAs, granted on that one account (roles/iam.serviceAccountUser).
-RECOVERY_PERMISSIONS = (
-    "tpu.nodes.create",
-    "tpu.nodes.delete",
-    "tpu.nodes.get",
-    "tpu.operations.get",
-)
+# The custom role that lets the controller's TPU watchdog (templates/tpu-watch.sh) describe,
+# delete and recreate the TPU VM (directly or through a queued resource). It is created once
+# per project by the GitOps bootstrap (infra/bootstrap/gitops_bootstrap.py RECOVERY_ROLE_ID,
+# or the README's one-time gcloud command): the deploy account may grant it but must not be
+# able to edit it, or it could put any permission into a role it may grant.
+RECOVERY_ROLE_ID = "tpuPretrainTpuRecovery"
 SERVICE_ACCOUNT_USER = "roles/iam.serviceAccountUser"
 
 
-def recovery_role_id(stack: str) -> str:
-    """A custom role id: letters, digits, '_' and '.' only (3-64 characters)."""
-    return "tpuPretrainRecover_" + stack.replace("-", "_")
+def recovery_role_name(project: str) -> str:
+    return f"projects/{project}/roles/{RECOVERY_ROLE_ID}"
 
 
 @dataclass(frozen=True)
 class TpuAutoRecoveryArgs:
     project: str
-    stack: str
-    service_account_name: pulumi.Input[str]  # projects/<p>/serviceAccounts/<email>
-    service_account_member: pulumi.Input[str]  # serviceAccount:<email>
+    watchdog_member: pulumi.Input[str]  # serviceAccount:<controller account>
+    tpu_service_account_name: pulumi.Input[str]  # projects/<p>/serviceAccounts/<tpu email>
 
 
 class TpuAutoRecovery(pulumi.ComponentResource):
-    """Least privilege for the TPU watchdog: a custom role with only the TPU permissions it
-    uses, bound at project level to the workload account, plus actAs on that account itself
-    (an account-level grant, not a project-wide one)."""
+    """Least privilege for the TPU watchdog, which runs as the controller's own account (not
+    the TPU VM's): the bootstrap's recovery role at project level, and actAs on the TPU VM's
+    service account only (a grant on that one account), so a recreated TPU VM runs as the
+    same account. Nothing here creates or edits a role."""
 
     def __init__(
         self, name: str, args: TpuAutoRecoveryArgs, opts: pulumi.ResourceOptions | None = None
     ):
         super().__init__("tpu-pretrain:index:TpuAutoRecovery", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.role = gcp.projects.IAMCustomRole(
-            f"{name}-role",
-            project=args.project,
-            role_id=recovery_role_id(args.stack),
-            title=f"tpu-pretrain {args.stack}: TPU VM recovery",
-            description="Describe, delete and recreate the stack's preempted TPU VM.",
-            permissions=list(RECOVERY_PERMISSIONS),
-            stage="GA",
-            opts=child,
-        )
+        self.role = recovery_role_name(args.project)
         self.project_grant = gcp.projects.IAMMember(
             f"{name}-tpu-nodes",
             project=args.project,
-            role=self.role.name,
-            member=args.service_account_member,
+            role=self.role,
+            member=args.watchdog_member,
             opts=child,
         )
         self.act_as = gcp.serviceaccount.IAMMember(
             f"{name}-act-as",
-            service_account_id=args.service_account_name,
+            service_account_id=args.tpu_service_account_name,
             role=SERVICE_ACCOUNT_USER,
-            member=args.service_account_member,
+            member=args.watchdog_member,
             opts=child,
         )
-        self.register_outputs({"role": self.role.name})
+        self.register_outputs({"role": self.role})

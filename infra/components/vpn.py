@@ -9,7 +9,7 @@ import pulumi_random as random
 from infra import render, wgkeys
 from infra.components.controller import CONTROLLER_IMAGE, SHIELDED_VM, hardened_metadata
 from infra.components.network import TAG_HOP
-from infra.components.tpu import CLOUD_PLATFORM
+from infra.components.tpu import CLOUD_PLATFORM, _inherited_depends_on
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,8 @@ class VpnHop(pulumi.ComponentResource):
             labels=args.labels,
             allow_stopping_for_update=True,
             opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[self.secret_version, self.secret_access]
+                parent=self,
+                depends_on=[self.secret_version, self.secret_access, *_inherited_depends_on(opts)],
             ),
         )
         self.endpoint = pulumi.Output.concat(self.address.address, ":", str(args.port))

@@ -49,10 +49,20 @@ def run_offline(
     overrides: Mapping[str, object] | None = None,
     *,
     entry: Callable[[], None] | None = None,
+    stack_name: str | None = None,
+    existing_buckets: frozenset[str] = frozenset(),
 ) -> offline.OfflineRun:
     """The full result: resources (with mock outputs and resource options), stack exports
-    and which are secret. `entry` replaces the default program (see infra.offline)."""
-    return offline.run_offline(stack, overrides, build_dir=_BUILD_DIR, entry=entry)
+    and which are secret. `entry` replaces the default program (see infra.offline);
+    `stack_name` runs the stack file under another Pulumi stack name."""
+    return offline.run_offline(
+        stack,
+        overrides,
+        build_dir=_BUILD_DIR,
+        entry=entry,
+        stack_name=stack_name,
+        existing_buckets=existing_buckets,
+    )
 
 
 def run_stack(stack: str, overrides: Mapping[str, object] | None = None) -> list[Captured]:

@@ -55,8 +55,8 @@ def test_plan_prints_resources_scripts_and_job_spec_but_no_secrets():
     out = result.stdout
     run = run_offline("v6e-euw4")
     custom = [r for r in run.resources if not r.type_.startswith("tpu-pretrain:")]
-    # 10 components: the spot stack adds TpuAutoRecovery (preemption watchdog).
-    assert f"Stack v6e-euw4: {len(custom)} resources in 10 components" in out
+    # 11 components: the spot stack adds TpuAutoRecovery (preemption watchdog).
+    assert f"Stack v6e-euw4: {len(custom)} resources in 11 components" in out
     for resource in custom:
         assert f"{resource.type_} " in out and f" {resource.name} " in out
     assert 'acceleratorType="v6e-8"' in out

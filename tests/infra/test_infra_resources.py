@@ -16,7 +16,7 @@ import yaml
 from harness import of_type, one, run_offline, stack_names
 
 from infra import jobspec, render, wgkeys
-from infra.components.recovery import RECOVERY_PERMISSIONS, recovery_role_id
+from infra.components.recovery import RECOVERY_ROLE_ID
 from infra.offline import Registered
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +55,10 @@ def by_name(run, name: str) -> Registered:
 
 def workload_email(run) -> str:
     return f"tp-{run.stack}-workload@tpu-pretrain-test.iam.gserviceaccount.com"
+
+
+def controller_email(run) -> str:
+    return f"tp-{run.stack}-controller@tpu-pretrain-test.iam.gserviceaccount.com"
 
 
 def hop_email(run) -> str:
@@ -118,7 +122,8 @@ def test_controller_vm(run):
         "enableVtpm": True,
         "enableIntegrityMonitoring": True,
     }
-    assert vm.inputs["serviceAccount"]["email"] == workload_email(run)
+    # Its own account: the watchdog's recovery rights never reach the TPU VM's training code.
+    assert vm.inputs["serviceAccount"]["email"] == controller_email(run)
     assert vm.inputs.get("canIpForward") in (None, False)
 
 
@@ -174,25 +179,29 @@ def test_bucket_goes_with_the_stack_only_when_the_stack_says_so():
 
 def test_iam_is_bucket_level_for_the_dedicated_account(run):
     workload = f"serviceAccount:{workload_email(run)}"
-    (binding,) = of_type(run.resources, "gcp:storage/bucketIAMMember:BucketIAMMember")
-    assert binding.inputs == {
-        "bucket": one(run.resources, BUCKET).inputs["name"],
-        "role": "roles/storage.objectAdmin",
-        "member": workload,
-    }
+    controller = f"serviceAccount:{controller_email(run)}"
+    bindings = of_type(run.resources, "gcp:storage/bucketIAMMember:BucketIAMMember")
+    bucket_name = one(run.resources, BUCKET).inputs["name"]
+    assert sorted((b.inputs["member"], b.inputs["role"], b.inputs["bucket"]) for b in bindings) == [
+        (controller, "roles/storage.objectAdmin", bucket_name),
+        (workload, "roles/storage.objectAdmin", bucket_name),
+    ]
     project_roles = sorted(
         (r.inputs["member"], r.inputs["role"])
         for r in of_type(run.resources, "gcp:projects/iAMMember:IAMMember")
     )
     hop = f"serviceAccount:{hop_email(run)}"
-    # The preemption watchdog's custom role, only where it is on (spot/preemptible stacks).
-    recovery = [(workload, f"projects/tpu-pretrain-test/roles/{recovery_role_id(run.stack)}")]
+    # The watchdog's recovery role (made by the bootstrap), only where it is on
+    # (spot/preemptible stacks), and only for the controller's account.
+    recovery = [(controller, f"projects/tpu-pretrain-test/roles/{RECOVERY_ROLE_ID}")]
     assert project_roles == sorted(
         [
             (hop, "roles/logging.logWriter"),
             (hop, "roles/monitoring.metricWriter"),
             (workload, "roles/logging.logWriter"),
             (workload, "roles/monitoring.metricWriter"),
+            (controller, "roles/logging.logWriter"),
+            (controller, "roles/monitoring.metricWriter"),
         ]
         + (recovery if AUTO_RECOVER[run.stack] else [])
     )
@@ -211,7 +220,12 @@ def test_secret_access_is_the_hop_account_on_one_secret(run):
 
 def test_firewall(run):
     rules = {r.name: r.inputs for r in of_type(run.resources, FIREWALL)}
-    assert set(rules) == {"network-allow-ssh", "network-allow-wireguard", "network-allow-internal"}
+    assert set(rules) == {
+        "network-allow-ssh",
+        "network-allow-wireguard",
+        "network-allow-internal",
+        "network-allow-from-hop",
+    }
     ssh = rules["network-allow-ssh"]
     assert ssh["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
     assert ssh["sourceRanges"] == [IAP, "10.250.0.0/24"]
@@ -220,9 +234,21 @@ def test_firewall(run):
     assert wireguard["sourceRanges"] == stack_file(run.stack)["tpu-pretrain:vpnAllowedCidrs"]
     assert wireguard["targetTags"] == ["tpu-pretrain-vpn-hop"]
     internal = rules["network-allow-internal"]
-    roles = ["tpu-pretrain-tpu", "tpu-pretrain-controller", "tpu-pretrain-vpn-hop"]
-    assert internal["sourceTags"] == roles and internal["targetTags"] == roles
+    workers = ["tpu-pretrain-tpu", "tpu-pretrain-controller"]
+    assert internal["sourceTags"] == workers and internal["targetTags"] == workers
     assert "sourceRanges" not in internal
+    # The hop (and the VPN clients it masquerades) reaches the VMs on SSH, TensorBoard, ICMP.
+    from_hop = rules["network-allow-from-hop"]
+    assert from_hop["sourceTags"] == ["tpu-pretrain-vpn-hop"]
+    assert from_hop["targetTags"] == workers
+    assert from_hop["allows"] == [
+        {"protocol": "tcp", "ports": ["22", "6006"]},
+        {"protocol": "icmp"},
+    ]
+    assert "sourceRanges" not in from_hop
+    for rule in rules.values():
+        if "tpu-pretrain-vpn-hop" in rule.get("sourceTags", []):
+            assert rule is from_hop
     for rule in rules.values():
         assert rule["direction"] == "INGRESS"
         assert "0.0.0.0/0" not in rule.get("sourceRanges", [])
@@ -248,6 +274,7 @@ def test_apis_stay_enabled_on_destroy(run):
     services = of_type(run.resources, "gcp:projects/service:Service")
     names = {s.inputs["service"] for s in services}
     assert {"tpu.googleapis.com", "compute.googleapis.com", "secretmanager.googleapis.com"} <= names
+    assert {"cloudresourcemanager.googleapis.com", "serviceusage.googleapis.com"} <= names
     assert all(s.inputs["disableOnDestroy"] is False for s in services)
 
 
@@ -400,42 +427,42 @@ def test_stack_outputs(run):
 
 
 def test_tpu_recovery_least_privilege(run):
-    """The watchdog's grants: a custom role with exactly the TPU permissions it uses, bound
-    to the workload account at project level, and actAs on that one account, only when
-    tpuAutoRecover is on (the default for spot/preemptible, not for on-demand)."""
-    roles = of_type(run.resources, CUSTOM_ROLE)
+    """The watchdog runs as the controller's account: the bootstrap's recovery role bound to
+    it at project level and actAs on the TPU VM's account only, when tpuAutoRecover is on
+    (the default for spot/preemptible). The program creates no role, and the TPU VM's own
+    account gets none of it."""
+    assert of_type(run.resources, CUSTOM_ROLE) == []
     sa_grants = of_type(run.resources, SA_IAM_MEMBER)
-    if not AUTO_RECOVER[run.stack]:
-        assert roles == [] and sa_grants == []
-        return
-    (role,) = roles
-    assert role.inputs["roleId"] == recovery_role_id(run.stack)
-    assert re.fullmatch(r"[a-zA-Z0-9_.]{3,64}", role.inputs["roleId"])
-    assert role.inputs["project"] == "tpu-pretrain-test"
-    assert sorted(role.inputs["permissions"]) == [
-        "tpu.nodes.create",
-        "tpu.nodes.delete",
-        "tpu.nodes.get",
-        "tpu.operations.get",
-    ]
-    assert sorted(RECOVERY_PERMISSIONS) == sorted(role.inputs["permissions"])
-    workload = f"serviceAccount:{workload_email(run)}"
-    (grant,) = [
+    role = f"projects/tpu-pretrain-test/roles/{RECOVERY_ROLE_ID}"
+    grants = [
         r
         for r in of_type(run.resources, "gcp:projects/iAMMember:IAMMember")
-        if r.inputs["role"] == role.outputs["name"]
+        if r.inputs["role"] == role
     ]
-    assert grant.inputs["member"] == workload
-    assert grant.inputs["role"] == f"projects/tpu-pretrain-test/roles/{role.inputs['roleId']}"
+    if not AUTO_RECOVER[run.stack]:
+        assert grants == [] and sa_grants == []
+        return
+    controller = f"serviceAccount:{controller_email(run)}"
+    (grant,) = grants
+    assert grant.inputs["member"] == controller
     (act_as,) = sa_grants
     assert act_as.inputs == {
-        "serviceAccountId": (f"projects/tpu-pretrain-test/serviceAccounts/{workload_email(run)}"),
+        "serviceAccountId": f"projects/tpu-pretrain-test/serviceAccounts/{workload_email(run)}",
         "role": "roles/iam.serviceAccountUser",
-        "member": workload,
+        "member": controller,
     }
+    workload = f"serviceAccount:{workload_email(run)}"
+    workload_grants = [
+        r.inputs["role"] for r in run.resources if r.inputs.get("member") == workload
+    ]
+    assert sorted(workload_grants) == [
+        "roles/logging.logWriter",
+        "roles/monitoring.metricWriter",
+        "roles/storage.objectAdmin",
+    ]
     # The controller boots after its grants exist.
     dependencies = by_name(run, "controller-vm").options["dependencies"]
-    assert {role.urn, grant.urn, act_as.urn} <= set(dependencies)
+    assert {grant.urn, act_as.urn} <= set(dependencies)
 
 
 @pytest.mark.parametrize(
@@ -444,7 +471,7 @@ def test_tpu_recovery_least_privilege(run):
 )
 def test_tpu_auto_recover_can_be_set_either_way(stack, value, on):
     run = run_offline(stack, {"tpu-pretrain:tpuAutoRecover": value})
-    assert len(of_type(run.resources, CUSTOM_ROLE)) == int(on)
+    assert of_type(run.resources, CUSTOM_ROLE) == []
     assert len(of_type(run.resources, SA_IAM_MEMBER)) == int(on)
     script = by_name(run, "controller-vm").inputs["metadata"]["startup-script"]
     assert f"readonly TPU_AUTO_RECOVER={'true' if on else 'false'}\n" in script

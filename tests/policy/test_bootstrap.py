@@ -175,20 +175,24 @@ def test_kms_key_for_stack_secrets(run: Run) -> None:
 
 
 def test_workload_identity_provider_accepts_only_this_repository(run: Run) -> None:
+    """Name AND numeric repository and owner ids: a repository or owner deleted and re-created
+    under the same name has new ids, and its tokens are refused."""
     [provider] = run.of_type("gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider")
-    assert provider.inputs["attributeCondition"] == f"assertion.repository == '{REPO}'"
+    assert provider.inputs["attributeCondition"] == (
+        f"assertion.repository == '{REPO}' && assertion.repository_id == '987654321'"
+        " && assertion.repository_owner_id == '123456'"
+    )
     assert provider.inputs["oidc"] == {"issuerUri": "https://token.actions.githubusercontent.com"}
     mapping = provider.inputs["attributeMapping"]
     assert mapping["google.subject"] == "assertion.sub"
     assert mapping["attribute.repository"] == "assertion.repository"
 
 
-def test_repository_id_tightens_the_condition() -> None:
-    run = run_bootstrap({f"{NS}:githubRepositoryId": "987654"})
-    [provider] = run.of_type("gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider")
-    assert provider.inputs["attributeCondition"] == (
-        f"assertion.repository == '{REPO}' && assertion.repository_id == '987654'"
-    )
+@pytest.mark.parametrize("key", ["githubRepositoryId", "githubOwnerId"])
+def test_numeric_ids_are_required(key: str) -> None:
+    with pytest.raises(pulumi.RunError) as error:
+        run_bootstrap({f"{NS}:{key}": None})
+    assert str(error.value).startswith(f"{NS}:{key} is not set: set it to ")
 
 
 def test_who_may_impersonate_which_account(run: Run) -> None:
@@ -201,8 +205,14 @@ def test_who_may_impersonate_which_account(run: Run) -> None:
     )
     deploy = run.named("deploy-wif").inputs
     assert deploy["serviceAccountId"].endswith(f"tpu-pretrain-deploy@{SA_DOMAIN}")
+    # Environment AND branch: one value of the attribute "<subject>@<ref>".
     assert deploy["member"] == (
-        f"principal://iam.googleapis.com/{pool}/subject/repo:{REPO}:environment:gcp-deploy"
+        f"principalSet://iam.googleapis.com/{pool}/attribute.sub_ref/"
+        f"repo:{REPO}:environment:gcp-deploy@refs/heads/main"
+    )
+    [provider] = run.of_type("gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider")
+    assert provider.inputs["attributeMapping"]["attribute.sub_ref"] == (
+        "assertion.sub + '@' + assertion.ref"
     )
     # Exactly these two grants of impersonation, nothing broader.
     assert len(run.of_type("gcp:serviceaccount/iAMMember:IAMMember")) == 2
@@ -251,15 +261,10 @@ def test_deploy_account_roles(run: Run) -> None:
     granter = run.named("deploy-iam-granter").inputs["condition"]["expression"]
     assert granter == (
         "api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
-        ".hasOnly(['roles/logging.logWriter', 'roles/monitoring.metricWriter'])"
+        ".hasOnly(['roles/logging.logWriter', 'roles/monitoring.metricWriter', "
+        "'roles/iam.serviceAccountUser', "
+        "'projects/tpu-pretrain-example/roles/tpuPretrainTpuRecovery'])"
     )
-
-
-def test_grantable_roles_cover_what_the_main_program_grants() -> None:
-    sys.path.insert(0, str(ROOT))
-    from infra.components.identity import REPORTING_ROLES
-
-    assert set(REPORTING_ROLES) <= set(bootstrap.GRANTABLE_PROJECT_ROLES)
 
 
 def test_both_accounts_only_unwrap_the_stack_data_key(run: Run) -> None:
@@ -321,6 +326,7 @@ def test_policy_pack_rejects_a_weakened_bootstrap(run: Run) -> None:
         (f"{NS}:githubRepository", "just-a-name", f"{NS}:githubRepository: 'just-a-name' is not"),
         (f"{NS}:githubRepository", None, f"{NS}:githubRepository is not set"),
         (f"{NS}:githubRepositoryId", "abc", f"{NS}:githubRepositoryId: 'abc' is not"),
+        (f"{NS}:githubOwnerId", "org", f"{NS}:githubOwnerId: 'org' is not the owner's"),
         (f"{NS}:stateBucket", "Bad_Bucket", f"{NS}:stateBucket: 'Bad_Bucket' is not"),
         (f"{NS}:stateBucket", "my-google-state", "may not contain 'goog'"),
         (f"{NS}:region", "europe-west4-a", f"{NS}:region: 'europe-west4-a' is not a GCP region"),
@@ -338,6 +344,7 @@ def test_config_errors_name_the_key(key: str, value: str | None, fragment: str) 
         "region": config.get(f"{NS}:region"),
         "github_repository": config.get(f"{NS}:githubRepository"),
         "github_repository_id": config.get(f"{NS}:githubRepositoryId"),
+        "github_owner_id": config.get(f"{NS}:githubOwnerId"),
         "state_bucket": config.get(f"{NS}:stateBucket"),
         "deploy_environment": config.get(f"{NS}:deployEnvironment"),
     }

@@ -113,6 +113,17 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
         rules.FIREWALL,
         {"sourceTags": ["tpu-pretrain"], "allows": [{"protocol": "all"}]},
     ),
+    "tensorboard-from-hop": (
+        rules.FIREWALL,
+        {
+            "sourceTags": ["tpu-pretrain-vpn-hop"],
+            "allows": [{"protocol": "tcp", "ports": ["6006"]}],
+        },
+    ),
+    "tpu-ports-from-half-the-internet-is-not-the-internet": (
+        rules.FIREWALL,
+        {"sourceRanges": ["0.0.0.0/1"], "allows": [{"protocol": "tcp", "ports": ["8470"]}]},
+    ),
     "bucket-iam": (
         "gcp:storage/bucketIAMMember:BucketIAMMember",
         {"bucket": "b", "role": "roles/storage.objectAdmin", "member": f"serviceAccount:{SA}"},
@@ -208,6 +219,8 @@ FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
      _variant("tpu", ("serviceAccount.email", DEFAULT_SA))),
     ("no-default-compute-service-account", "tpu-implicit",
      _variant("tpu", ("serviceAccount", DELETE))),
+    ("no-default-compute-service-account", "instance-without-email",
+     _variant("controller", ("serviceAccount.email", DELETE))),
     ("no-default-compute-service-account", "iam-grant",
      _iam("gcp:storage/bucketIAMMember:BucketIAMMember", "roles/storage.objectViewer",
           f"serviceAccount:{DEFAULT_SA}")),
@@ -232,6 +245,17 @@ FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
      (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "all"}]})),
     ("no-ssh-rdp-from-internet", "no-source-means-world",
      _variant("ssh-from-iap", ("sourceRanges", DELETE))),
+    ("no-ssh-rdp-from-internet", "two-halves-make-the-world",
+     _variant("ssh-from-iap", ("sourceRanges", ["0.0.0.0/1", "128.0.0.0/1"]))),
+    ("no-ssh-rdp-from-internet", "ipv6-halves",
+     _variant("ssh-from-iap", ("sourceRanges", ["::/1", "8000::/1"]))),
+    ("no-tensorboard-tpu-from-internet", "tensorboard-world",
+     _variant("tensorboard-from-hop", ("sourceRanges", ["0.0.0.0/0"]))),
+    ("no-tensorboard-tpu-from-internet", "tpu-port-range-split-world",
+     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/2", "64.0.0.0/2", "128.0.0.0/1"],
+                       "allows": [{"protocol": "tcp", "ports": ["8000-9000"]}]})),
+    ("no-tensorboard-tpu-from-internet", "all-tcp-no-source",
+     (rules.FIREWALL, {"allows": [{"protocol": "tcp"}]})),
     ("no-external-ip-except-vpn-hop", "controller-nat",
      _variant("controller", ("networkInterfaces.0.accessConfigs", [{}]))),
     ("no-external-ip-except-vpn-hop", "hop-without-tag",
@@ -267,6 +291,10 @@ FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
      _variant("hop", ("metadata.startup-script", f"[Interface]\nPrivateKey = {WG_KEY}\n"))),
     ("no-key-material-in-metadata", "bare-wg-key",
      _variant("hop", ("metadata.wg-seed", WG_KEY))),
+    ("no-key-material-in-metadata", "key-on-a-line-that-says-public",
+     _variant("hop", ("metadata.startup-script", f"echo {WG_KEY} >/etc/wg/k  # not public\n"))),
+    ("no-key-material-in-metadata", "private-key-then-peer",
+     _variant("hop", ("metadata.startup-script", f"PrivateKey={WG_KEY} peer\n"))),
     ("no-key-material-in-metadata", "key-named-private",
      _variant("tpu", ("metadata.wireguard-private-key", "see secret manager"))),
     ("no-key-material-in-metadata", "startup-script-property",
@@ -338,6 +366,12 @@ def test_egress_and_disabled_firewalls_are_not_ingress_holes() -> None:
 def test_key_material_detector() -> None:
     assert rules.find_key_material(f"PublicKey = {WG_KEY}") == []
     assert rules.find_key_material(f"peer_public_key={WG_KEY}") == []
+    assert rules.find_key_material(f"readonly WG_CLIENT_PUBLIC_KEY={WG_KEY}") == []
+    assert rules.find_key_material(f"wg set wg0 peer {WG_KEY} allowed-ips 10.250.0.2/32") == []
+    # A public-looking word elsewhere on the line exempts nothing.
+    assert rules.find_key_material(f"seed={WG_KEY}  # public") != []
+    assert rules.find_key_material(f"peer_seed={WG_KEY}") != []
+    assert rules.find_key_material(f"PublicKey = {WG_KEY} PrivateKey = {WG_KEY}") != []
     assert rules.find_key_material(f"key={WG_KEY}")
     # 44 base64 characters that do not decode to 32 bytes are not a WireGuard key.
     assert rules.find_key_material("sha=" + "A" * 42 + "==") == []
@@ -391,3 +425,66 @@ def test_unknown_values_during_preview_are_left_to_the_engine() -> None:
             "gcp:storage/bucketIAMMember:BucketIAMMember",
             props,
         )
+
+
+# --- the VPN hop's exemption is structural ----------------------------------------------------
+HOP_RULE = "one-vpn-hop-outside-tpu-region"
+
+
+def test_one_hop_outside_the_tpu_region_passes() -> None:
+    resources = [
+        _stack_resource("tpu", "tpu"),
+        _stack_resource("controller", "controller"),
+        _stack_resource("hop", "hop"),
+    ]
+    assert check_stack(POLICY_BY_NAME[HOP_RULE], resources) == []
+    assert check_stack(POLICY_BY_NAME[HOP_RULE], [_stack_resource("bucket", "state")]) == []
+
+
+HOP_CASES = [
+    (
+        "second-hop",
+        [_stack_resource("hop", "hop"), _stack_resource("hop", "hop-2", zone="us-west1-b")],
+        "2 VMs carry",
+    ),
+    (
+        "controller-claims-the-tag",
+        [
+            _stack_resource("hop", "hop"),
+            _stack_resource("controller", "controller", tags=["tpu-pretrain-vpn-hop"]),
+        ],
+        "2 VMs carry",
+    ),
+    (
+        "hop-in-the-tpu-region",
+        [_stack_resource("tpu", "tpu"), _stack_resource("hop", "hop", zone="europe-west4-b")],
+        "hop is in the TPU region europe-west4",
+    ),
+    (
+        "tpu-claims-the-label",
+        [_stack_resource("tpu", "tpu", labels={"role": "vpn-hop"})],
+        f"{rules.TPU_VM} tpu carries",
+    ),
+    (
+        "template-claims-the-tag",
+        [
+            (
+                "gcp:compute/instanceTemplate:InstanceTemplate",
+                "tmpl",
+                {"tags": ["tpu-pretrain-vpn-hop"]},
+                urn_for("gcp:compute/instanceTemplate:InstanceTemplate", "tmpl"),
+            )
+        ],
+        "InstanceTemplate tmpl carries",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "resources", "fragment"), HOP_CASES, ids=[case[0] for case in HOP_CASES]
+)
+def test_the_hop_exemption_cannot_be_claimed(case: str, resources: list, fragment: str) -> None:
+    messages = check_stack(POLICY_BY_NAME[HOP_RULE], resources)
+    assert messages, case
+    assert all(m.startswith(rules.MSG_HOP) for m in messages)
+    assert any(fragment in m for m in messages), messages

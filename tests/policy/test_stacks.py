@@ -99,7 +99,7 @@ MUTATIONS: list[tuple[str, str, str, Callable[[dict], None]]] = [
     ("bucket-uniform-access", rules.BUCKET, "training", _set("uniformBucketLevelAccess", False)),
     ("bucket-public-access-prevention", rules.BUCKET, "training",
      _set("publicAccessPrevention", "inherited")),
-    ("no-public-principals", "gcp:storage/bucketIAMMember:BucketIAMMember", "object-admin",
+    ("no-public-principals", "gcp:storage/bucketIAMMember:BucketIAMMember", "admin-controller",
      _set("member", "allUsers")),
     ("no-public-principals", "gcp:secretmanager/secretIamMember:SecretIamMember", "key-access",
      _set("member", "allAuthenticatedUsers")),
@@ -107,6 +107,15 @@ MUTATIONS: list[tuple[str, str, str, Callable[[dict], None]]] = [
      _set("serviceAccount.email", "42-compute@developer.gserviceaccount.com")),
     ("no-default-compute-service-account", rules.INSTANCE, "controller",
      _set("serviceAccount.email", "default")),
+    ("no-default-compute-service-account", rules.INSTANCE, "controller",
+     lambda props: props["serviceAccount"].pop("email")),
+    ("no-ssh-rdp-from-internet", rules.FIREWALL, "allow-ssh",
+     _set("sourceRanges", ["0.0.0.0/1", "128.0.0.0/1"])),
+    ("no-tensorboard-tpu-from-internet", rules.FIREWALL, "allow-from-hop",
+     lambda props: props.update(sourceRanges=["0.0.0.0/1", "128.0.0.0/1"],
+                                allows=[{"protocol": "tcp", "ports": ["6006"]}])),
+    ("one-vpn-hop-outside-tpu-region", rules.INSTANCE, "controller",
+     lambda props: props.update(tags=[*props["tags"], rules.HOP_NETWORK_TAG])),
     ("no-basic-or-admin-roles-for-service-accounts", "gcp:projects/iAMMember:IAMMember",
      "workload-identity-logging", _set("role", "roles/editor")),
     ("no-ssh-rdp-from-internet", rules.FIREWALL, "allow-ssh", _set("sourceRanges", ["0.0.0.0/0"])),
@@ -152,3 +161,11 @@ def test_hop_loses_its_exemptions_without_its_tag() -> None:
         "no-external-ip-except-vpn-hop",
         "ip-forwarding-only-on-vpn-hop",
     }
+
+
+def test_a_hop_moved_into_the_tpu_region_loses_its_exemption() -> None:
+    stack_resources = resources("v6e-euw4")
+    tpu_zone = next(r[2]["zone"] for r in stack_resources if r[0] == rules.TPU_VM)
+    edited = _edit(stack_resources, rules.INSTANCE, "vpn-hop", lambda p: p.update(zone=tpu_zone))
+    [violation] = _only(run_pack(edited), "one-vpn-hop-outside-tpu-region")
+    assert violation.urn.endswith("::vpn-hop-vm")

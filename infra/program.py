@@ -174,7 +174,6 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         opts=after_apis,
     )
 
-    iap = "--tunnel-through-iap"
     pulumi.export("tpuName", tpu.vm.name)
     pulumi.export("tpuZone", tpu.vm.zone)
     pulumi.export("tpuInternalIp", tpu.internal_ip)
@@ -187,28 +186,14 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         "tensorboardUrl",
         controller.internal_ip.apply(lambda ip: f"http://{ip}:{TENSORBOARD_PORT} (over the VPN)"),
     )
-    pulumi.export(
-        "sshCommands",
-        {
-            "controller": f"gcloud compute ssh {cfg.prefix}-controller --zone {cfg.tpu.zone} "
-            f"--project {cfg.project} {iap}",
-            "tpu": f"gcloud compute tpus tpu-vm ssh {cfg.tpu.name} --zone {cfg.tpu.zone} "
-            f"--project {cfg.project} {iap}",
-            "vpnHop": f"gcloud compute ssh {cfg.prefix}-vpn-hop --zone {cfg.vpn.zone} "
-            f"--project {cfg.project} {iap}",
-        },
-    )
+    ssh = ssh_commands(cfg)
+    pulumi.export("sshCommands", ssh)
     # `pulumi up` updates a changed startup script (new payload, new job) in place without
     # running it; run it now instead of waiting for a reboot.
     rerun = "--command 'sudo google_metadata_script_runner startup'"
     pulumi.export(
         "rerunStartupCommands",
-        {
-            "controller": f"gcloud compute ssh {cfg.prefix}-controller --zone {cfg.tpu.zone} "
-            f"--project {cfg.project} {iap} {rerun}",
-            "tpu": f"gcloud compute tpus tpu-vm ssh {cfg.tpu.name} --zone {cfg.tpu.zone} "
-            f"--project {cfg.project} {iap} {rerun}",
-        },
+        {"controller": f"{ssh['controller']} {rerun}", "tpu": f"{ssh['tpu']} {rerun}"},
     )
     # A preempted or spot TPU VM cannot be restarted and holds quota until it is deleted;
     # check its state, and replace it (training resumes from the bucket's checkpoints).
@@ -233,6 +218,24 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
     pulumi.export("vpnEndpoint", hop.endpoint)
     pulumi.export("vpnServerPublicKey", hop.server_public_key)
     pulumi.export("vpnClientConfig", hop.client_config)
+
+
+def ssh_commands(cfg: StackConfig) -> dict[str, str]:
+    """SSH commands that work as printed. `gcloud compute ssh` has --tunnel-through-iap in
+    GA; `gcloud compute tpus tpu-vm ssh` has it only in the alpha track (GA offers
+    --internal-ip alone), so the TPU VM is reached through `gcloud alpha` over IAP, or with
+    the GA command and --internal-ip over the WireGuard VPN. Flags are checked against
+    gcloud's own definitions in tests/infra/data/gcloud_flags.yaml."""
+    where = f"--project {cfg.project}"
+    tpu = f"compute tpus tpu-vm ssh {cfg.tpu.name} --zone {cfg.tpu.zone} {where}"
+    return {
+        "controller": f"gcloud compute ssh {cfg.prefix}-controller --zone {cfg.tpu.zone} "
+        f"{where} --tunnel-through-iap",
+        "tpu": f"gcloud alpha {tpu} --tunnel-through-iap",
+        "tpuOverVpn": f"gcloud {tpu} --internal-ip",
+        "vpnHop": f"gcloud compute ssh {cfg.prefix}-vpn-hop --zone {cfg.vpn.zone} "
+        f"{where} --tunnel-through-iap",
+    }
 
 
 def _tpu_watch(

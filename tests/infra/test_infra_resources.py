@@ -374,14 +374,19 @@ def test_stack_outputs(run):
     assert exports["controllerInternalIp"].startswith("10.10.")
     assert exports["bucketUrl"] == f"gs://tpu-pretrain-test-{run.stack}-tpu-pretrain"
     assert exports["tensorboardUrl"].startswith(f"http://{exports['controllerInternalIp']}:6006")
+    # IAP tunneling to a TPU VM is in gcloud's alpha track only; GA reaches it over the VPN.
     assert exports["sshCommands"]["tpu"] == (
-        f"gcloud compute tpus tpu-vm ssh tp-{run.stack}-tpu --zone {zone} "
+        f"gcloud alpha compute tpus tpu-vm ssh tp-{run.stack}-tpu --zone {zone} "
         "--project tpu-pretrain-test --tunnel-through-iap"
+    )
+    assert exports["sshCommands"]["tpuOverVpn"] == (
+        f"gcloud compute tpus tpu-vm ssh tp-{run.stack}-tpu --zone {zone} "
+        "--project tpu-pretrain-test --internal-ip"
     )
     assert "--tunnel-through-iap" in exports["sshCommands"]["controller"]
     assert exports["vpnEndpoint"].endswith(":51820")
-    assert exports["rerunStartupCommands"]["tpu"].endswith(
-        "--tunnel-through-iap --command 'sudo google_metadata_script_runner startup'"
+    assert exports["rerunStartupCommands"]["tpu"] == (
+        exports["sshCommands"]["tpu"] + " --command 'sudo google_metadata_script_runner startup'"
     )
     vm = one(run.resources, V2VM)
     assert exports["tpuRecovery"]["replace"] == f"pulumi up --replace '{vm.urn}'"

@@ -12,7 +12,7 @@ import pulumi
 from infra import jobspec, render
 from infra.components.apis import ProjectApis, ProjectApisArgs
 from infra.components.bucket import TrainingBucket, TrainingBucketArgs
-from infra.components.controller import ControllerVm, ControllerVmArgs
+from infra.components.controller import ControllerVm, ControllerVmArgs, WatchLease
 from infra.components.delivery import PayloadDelivery, PayloadDeliveryArgs
 from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
 from infra.components.network import TAG_TPU, TENSORBOARD_PORT, Network, NetworkArgs
@@ -120,8 +120,12 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         startup_script=render.render_tpu_script(workload),
         labels=cfg.labels | {"accelerator": cfg.tpu.accelerator_type},
     )
+    tpu = TpuVm("tpu", tpu_args, opts=pulumi.ResourceOptions(depends_on=ready))
     controller_ready = list(ready)
     if cfg.tpu.auto_recover:
+        # The watchdog must never outlive the stack: the controller is created after the TPU
+        # VM and so destroyed before it (see the lease below).
+        controller_ready.append(tpu)
         recovery = TpuAutoRecovery(
             "tpu-recovery",
             TpuAutoRecoveryArgs(
@@ -135,7 +139,11 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         controller_ready.append(recovery)
         controller_script: pulumi.Input[str] = pulumi.Output.all(
             tpu_args.network, tpu_args.subnetwork, tpu_args.service_account_email
-        ).apply(lambda v: render.render_controller_script(workload, _tpu_watch(tpu_args, *v)))
+        ).apply(
+            lambda v: render.render_controller_script(
+                workload, _tpu_watch(tpu_args, *v, release_when_done=cfg.tpu.release_when_done)
+            )
+        )
     else:
         controller_script = render.render_controller_script(workload)
 
@@ -150,10 +158,18 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             service_account_email=workload_identity.email,
             startup_script=controller_script,
             labels=cfg.labels,
+            watch_lease=(
+                WatchLease(
+                    bucket=bucket.name,
+                    object_name=jobspec.watch_lease_object_name(cfg.job_name),
+                    tpu_name=cfg.tpu.name,
+                )
+                if cfg.tpu.auto_recover
+                else None
+            ),
         ),
         opts=pulumi.ResourceOptions(depends_on=controller_ready),
     )
-    tpu = TpuVm("tpu", tpu_args, opts=pulumi.ResourceOptions(depends_on=ready))
     hop = VpnHop(
         "vpn-hop",
         VpnHopArgs(
@@ -239,7 +255,12 @@ def ssh_commands(cfg: StackConfig) -> dict[str, str]:
 
 
 def _tpu_watch(
-    args: TpuVmArgs, network: str, subnetwork: str, service_account_email: str
+    args: TpuVmArgs,
+    network: str,
+    subnetwork: str,
+    service_account_email: str,
+    *,
+    release_when_done: bool,
 ) -> render.TpuWatch:
     """The watchdog recreates the TPU VM from the very arguments of its gcp.tpu.V2Vm."""
     return render.TpuWatch(
@@ -261,4 +282,5 @@ def _tpu_watch(
         tags=(TAG_TPU,),
         metadata=TPU_METADATA,
         startup_script=args.startup_script,
+        release_when_done=release_when_done,
     )

@@ -222,7 +222,13 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         recovery_commands["watchdog"] = (
             f"on: the controller checks the TPU VM every {render.TPU_WATCH_INTERVAL} and "
             "recreates it when PREEMPTED or TERMINATED (at most once per "
-            f"{render.TPU_RECREATE_MIN_SECONDS}s); status "
+            f"{render.TPU_RECREATE_MIN_SECONDS}s; without capacity "
+            + (
+                "it retries with growing waits"
+                if cfg.tpu.preemptible
+                else f"it waits in the queued resource {render.queued_resource_name(cfg.tpu.name)}"
+            )
+            + "; never once the job's export is complete); status "
             f"{jobspec.run_root(cfg.bucket.name, cfg.job_name)}/bootstrap/tpu-watch.json, "
             "logs: journalctl -u tpu-pretrain-tpu-watch.service on the controller"
         )

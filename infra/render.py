@@ -206,6 +206,11 @@ def render_tpu_script(workload: Workload, pins: Pins | None = None) -> str:
     return _script("tpu", values, "tpu.sh")
 
 
+def queued_resource_name(tpu_name: str) -> str:
+    """The one queued resource the TPU watchdog waits in (the TPU VM's zone and project)."""
+    return f"{tpu_name}-watch"
+
+
 @dataclass(frozen=True)
 class TpuWatch:
     """Everything the controller's watchdog needs to recreate the TPU VM exactly as Pulumi's
@@ -233,8 +238,7 @@ class TpuWatch:
 
     @property
     def queued_resource(self) -> str:
-        """The one queued resource the watchdog waits in (same zone and project)."""
-        return f"{self.name}-watch"
+        return queued_resource_name(self.name)
 
     @property
     def scheduling(self) -> str:

@@ -79,7 +79,7 @@ object_state() {
   elif err_is_not_found; then
     echo missing
   else
-    watch_status UNCHECKED check-failed "cannot read ${what} ${uri}, retrying on the next tick: $(last_error)"
+    watch_status UNCHECKED check-failed "cannot read ${what} ${uri}, retrying on the next tick: $(last_error)" >&2
     return 1
   fi
 }
@@ -313,18 +313,18 @@ case "${state}" in
     # Marked before the delete: if this tick dies after it, the next one creates the VM.
     touch "${PENDING}"
     watch_status "${state}" deleting "deleting the ${state} VM (it holds quota and cannot restart)"
-    if [ "${qr}" != MISSING ]; then
-      # The VM came from our queued resource: delete both (the name is queued again below).
-      if ! delete_queued --force; then
-        watch_status "${state}" delete-failed "deleting ${QUEUED_RESOURCE} and its VM failed, retrying on the next tick: $(last_error)"
-        exit 1
-      fi
-      qr=MISSING
-    elif ! gcloud_once compute tpus tpu-vm delete "${TPU_NAME}" "${WHERE[@]}" --quiet \
-      && ! err_is_not_found; then
+    if [ "${qr}" != MISSING ] && ! delete_queued --force; then
+      # ACTIVE: the VM came from our queued resource, --force deletes both; any other state:
+      # a stale request that must not race the new one (the name is queued again below).
+      watch_status "${state}" delete-failed "deleting ${QUEUED_RESOURCE} (${qr}) failed, retrying on the next tick: $(last_error)"
+      exit 1
+    fi
+    if [ "${qr}" != ACTIVE ] && ! gcloud_once compute tpus tpu-vm delete "${TPU_NAME}" \
+      "${WHERE[@]}" --quiet && ! err_is_not_found; then
       watch_status "${state}" delete-failed "delete failed, retrying on the next tick: $(last_error)"
       exit 1
     fi
+    qr=MISSING
     ;;
   MISSING)
     if [ ! -f "${PENDING}" ]; then

@@ -808,6 +808,16 @@ def test_failed_and_suspended_queued_resources_are_cleaned_up(watch, dead):
     assert watch.qr_state == "WAITING_FOR_RESOURCES"
 
 
+def test_a_preempted_vm_beside_a_stale_queue_is_deleted_with_it(watch):
+    """A queued resource that does not own the preempted VM (still waiting) is deleted, and
+    so is the VM itself, before the name is queued again."""
+    watch.set_state("PREEMPTED", qr="WAITING_FOR_RESOURCES")
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert watch.tpu_calls == ["describe", "qr-describe", "qr-delete", "delete", "qr-create"]
+    assert watch.qr_state == "WAITING_FOR_RESOURCES" and watch.status["action"] == "queued"
+
+
 def test_a_vm_created_by_pulumi_meanwhile_cancels_the_queue(watch):
     """`pulumi up` (after a refresh) created the VM while the watchdog waited: the waiting
     queued resource is cancelled, without --force, and the recovery is over."""

@@ -52,6 +52,13 @@ KEYS: tuple[Key, ...] = (
         "and preemptible, off for on-demand).",
         "",
     ),
+    Key(
+        "tpuReleaseWhenDone",
+        "boolean",
+        "With tpuAutoRecover: delete the TPU VM once the job's export is complete (default: "
+        "keep it).",
+        False,
+    ),
     Key("bucketName", "string", "Bucket name (default <project>-<stack>-tpu-pretrain).", ""),
     Key("bucketLocation", "string", "Bucket location; must be the TPU region (default).", ""),
     Key("bucketSoftDeleteDays", "integer", "Days deleted objects stay restorable (7-90).", 7),
@@ -106,6 +113,7 @@ class TpuConfig:
     external_ip: bool
     shielded_boot: bool
     auto_recover: bool  # the controller's watchdog recreates a preempted TPU VM
+    release_when_done: bool = False  # ...and deletes it once the job's export is complete
 
 
 @dataclass(frozen=True)
@@ -279,6 +287,13 @@ def _tpu(values: Mapping[str, object], catalog: Catalog, prefix: str) -> TpuConf
             f"{_k('scheduling')}: {scheduling!r} is not allowed; use one of: "
             + ", ".join(SCHEDULING)
         )
+    auto_recover = _auto_recover(values, scheduling)
+    release_when_done = _boolean(values, "tpuReleaseWhenDone")
+    if release_when_done and not auto_recover:
+        raise ConfigError(
+            f"{_k('tpuReleaseWhenDone')}: true needs {_k('tpuAutoRecover')}: true (the "
+            "controller's watchdog releases the TPU VM); turn both on or leave it false"
+        )
     return TpuConfig(
         name=f"{prefix}-tpu",
         zone=zone,
@@ -290,7 +305,8 @@ def _tpu(values: Mapping[str, object], catalog: Catalog, prefix: str) -> TpuConf
         spot=scheduling == "spot",
         external_ip=_boolean(values, "tpuExternalIp"),
         shielded_boot=generation.shielded_boot,
-        auto_recover=_auto_recover(values, scheduling),
+        auto_recover=auto_recover,
+        release_when_done=release_when_done,
     )
 
 

@@ -88,6 +88,21 @@ def status_uri(bucket: str, job_name: str) -> str:
     return f"{run_root(bucket, job_name)}/status.json"
 
 
+# Written last by the payload's export (payload/train.py EXPORT_MARKER; the contract test
+# checks that the two agree): once it exists the job is finished.
+EXPORT_MARKER = "export_complete.json"
+
+
+def export_marker_uri(bucket: str, job_name: str) -> str:
+    return f"{run_root(bucket, job_name)}/export/{EXPORT_MARKER}"
+
+
+def watch_lease_object_name(job_name: str) -> str:
+    """The TPU watchdog acts only while this object exists: Pulumi creates it after the
+    controller and, on destroy, deletes it before the controller and the TPU VM."""
+    return f"runs/{job_name}/bootstrap/tpu-watch-lease"
+
+
 def render_job_spec(template: Mapping[str, Any], bucket: str) -> dict[str, Any]:
     """The job spec the payload runs on GCP: gs:// output and corpus in the bucket."""
     spec = copy.deepcopy(dict(template))

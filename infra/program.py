@@ -12,7 +12,7 @@ import pulumi
 from infra import jobspec, render
 from infra.components.apis import ProjectApis, ProjectApisArgs
 from infra.components.bucket import TrainingBucket, TrainingBucketArgs, kept_bucket_exists
-from infra.components.controller import ControllerVm, ControllerVmArgs
+from infra.components.controller import ControllerVm, ControllerVmArgs, WatchLease
 from infra.components.delivery import PayloadDelivery, PayloadDeliveryArgs
 from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
 from infra.components.network import TAG_TPU, TENSORBOARD_PORT, Network, NetworkArgs
@@ -133,8 +133,12 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         startup_script=render.render_tpu_script(workload),
         labels=cfg.labels | {"accelerator": cfg.tpu.accelerator_type},
     )
+    tpu = TpuVm("tpu", tpu_args, opts=pulumi.ResourceOptions(depends_on=ready))
     controller_ready = list(ready)
     if cfg.tpu.auto_recover:
+        # The watchdog must never outlive the stack: the controller is created after the TPU
+        # VM and so destroyed before it (see the lease below).
+        controller_ready.append(tpu)
         recovery = TpuAutoRecovery(
             "tpu-recovery",
             TpuAutoRecoveryArgs(
@@ -147,7 +151,11 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         controller_ready.append(recovery)
         controller_script: pulumi.Input[str] = pulumi.Output.all(
             tpu_args.network, tpu_args.subnetwork, tpu_args.service_account_email
-        ).apply(lambda v: render.render_controller_script(workload, _tpu_watch(tpu_args, *v)))
+        ).apply(
+            lambda v: render.render_controller_script(
+                workload, _tpu_watch(tpu_args, *v, release_when_done=cfg.tpu.release_when_done)
+            )
+        )
     else:
         controller_script = render.render_controller_script(workload)
 
@@ -162,10 +170,18 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             service_account_email=controller_identity.email,
             startup_script=controller_script,
             labels=cfg.labels,
+            watch_lease=(
+                WatchLease(
+                    bucket=bucket.name,
+                    object_name=jobspec.watch_lease_object_name(cfg.job_name),
+                    tpu_name=cfg.tpu.name,
+                )
+                if cfg.tpu.auto_recover
+                else None
+            ),
         ),
         opts=pulumi.ResourceOptions(depends_on=controller_ready),
     )
-    tpu = TpuVm("tpu", tpu_args, opts=pulumi.ResourceOptions(depends_on=ready))
     hop = VpnHop(
         "vpn-hop",
         VpnHopArgs(
@@ -187,7 +203,6 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         opts=pulumi.ResourceOptions(depends_on=[apis, hop_identity]),
     )
 
-    iap = "--tunnel-through-iap"
     pulumi.export("tpuName", tpu.vm.name)
     pulumi.export("tpuZone", tpu.vm.zone)
     pulumi.export("tpuInternalIp", tpu.internal_ip)
@@ -200,28 +215,14 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         "tensorboardUrl",
         controller.internal_ip.apply(lambda ip: f"http://{ip}:{TENSORBOARD_PORT} (over the VPN)"),
     )
-    pulumi.export(
-        "sshCommands",
-        {
-            "controller": f"gcloud compute ssh {cfg.prefix}-controller --zone {cfg.tpu.zone} "
-            f"--project {cfg.project} {iap}",
-            "tpu": f"gcloud compute tpus tpu-vm ssh {cfg.tpu.name} --zone {cfg.tpu.zone} "
-            f"--project {cfg.project} {iap}",
-            "vpnHop": f"gcloud compute ssh {cfg.prefix}-vpn-hop --zone {cfg.vpn.zone} "
-            f"--project {cfg.project} {iap}",
-        },
-    )
+    ssh = ssh_commands(cfg)
+    pulumi.export("sshCommands", ssh)
     # `pulumi up` updates a changed startup script (new payload, new job) in place without
     # running it; run it now instead of waiting for a reboot.
     rerun = "--command 'sudo google_metadata_script_runner startup'"
     pulumi.export(
         "rerunStartupCommands",
-        {
-            "controller": f"gcloud compute ssh {cfg.prefix}-controller --zone {cfg.tpu.zone} "
-            f"--project {cfg.project} {iap} {rerun}",
-            "tpu": f"gcloud compute tpus tpu-vm ssh {cfg.tpu.name} --zone {cfg.tpu.zone} "
-            f"--project {cfg.project} {iap} {rerun}",
-        },
+        {"controller": f"{ssh['controller']} {rerun}", "tpu": f"{ssh['tpu']} {rerun}"},
     )
     # A preempted or spot TPU VM cannot be restarted and holds quota until it is deleted;
     # check its state, and replace it (training resumes from the bucket's checkpoints).
@@ -234,7 +235,13 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         recovery_commands["watchdog"] = (
             f"on: the controller checks the TPU VM every {render.TPU_WATCH_INTERVAL} and "
             "recreates it when PREEMPTED or TERMINATED (at most once per "
-            f"{render.TPU_RECREATE_MIN_SECONDS}s); status "
+            f"{render.TPU_RECREATE_MIN_SECONDS}s; without capacity "
+            + (
+                "it retries with growing waits"
+                if cfg.tpu.preemptible
+                else f"it waits in the queued resource {render.queued_resource_name(cfg.tpu.name)}"
+            )
+            + "; never once the job's export is complete); status "
             f"{jobspec.run_root(cfg.bucket.name, cfg.job_name)}/bootstrap/tpu-watch.json, "
             "logs: journalctl -u tpu-pretrain-tpu-watch.service on the controller"
         )
@@ -248,8 +255,31 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
     pulumi.export("vpnClientConfig", hop.client_config)
 
 
+def ssh_commands(cfg: StackConfig) -> dict[str, str]:
+    """SSH commands that work as printed. `gcloud compute ssh` has --tunnel-through-iap in
+    GA; `gcloud compute tpus tpu-vm ssh` has it only in the alpha track (GA offers
+    --internal-ip alone), so the TPU VM is reached through `gcloud alpha` over IAP, or with
+    the GA command and --internal-ip over the WireGuard VPN. Flags are checked against
+    gcloud's own definitions in tests/infra/data/gcloud_flags.yaml."""
+    where = f"--project {cfg.project}"
+    tpu = f"compute tpus tpu-vm ssh {cfg.tpu.name} --zone {cfg.tpu.zone} {where}"
+    return {
+        "controller": f"gcloud compute ssh {cfg.prefix}-controller --zone {cfg.tpu.zone} "
+        f"{where} --tunnel-through-iap",
+        "tpu": f"gcloud alpha {tpu} --tunnel-through-iap",
+        "tpuOverVpn": f"gcloud {tpu} --internal-ip",
+        "vpnHop": f"gcloud compute ssh {cfg.prefix}-vpn-hop --zone {cfg.vpn.zone} "
+        f"{where} --tunnel-through-iap",
+    }
+
+
 def _tpu_watch(
-    args: TpuVmArgs, network: str, subnetwork: str, service_account_email: str
+    args: TpuVmArgs,
+    network: str,
+    subnetwork: str,
+    service_account_email: str,
+    *,
+    release_when_done: bool,
 ) -> render.TpuWatch:
     """The watchdog recreates the TPU VM from the very arguments of its gcp.tpu.V2Vm."""
     return render.TpuWatch(
@@ -271,4 +301,5 @@ def _tpu_watch(
         tags=(TAG_TPU,),
         metadata=TPU_METADATA,
         startup_script=args.startup_script,
+        release_when_done=release_when_done,
     )

@@ -40,6 +40,10 @@ OWN_CLIENT_KEY_PLACEHOLDER = "<the private key of the public key you set in vpnC
 # preempted again at once waits instead of looping), checked every TPU_WATCH_INTERVAL.
 TPU_WATCH_INTERVAL = "2min"
 TPU_RECREATE_MIN_SECONDS = 900
+# Without capacity the watchdog waits in a queued resource (spot, on-demand) instead of
+# failing every tick; gcloud's GA `queued-resources create` has no --preemptible, so a
+# preemptible VM is created directly, retried at these growing intervals (seconds).
+TPU_CAPACITY_BACKOFF = (240, 3600)  # first wait, longest wait
 # pulumi-gcp >= 8 puts this label on every resource it creates (effectiveLabels); a recreated
 # VM carries it too, so `pulumi refresh` sees the VM Pulumi created.
 PULUMI_ATTRIBUTION_LABEL = ("goog-pulumi-provisioned", "true")
@@ -202,6 +206,11 @@ def render_tpu_script(workload: Workload, pins: Pins | None = None) -> str:
     return _script("tpu", values, "tpu.sh")
 
 
+def queued_resource_name(tpu_name: str) -> str:
+    """The one queued resource the TPU watchdog waits in (the TPU VM's zone and project)."""
+    return f"{tpu_name}-watch"
+
+
 @dataclass(frozen=True)
 class TpuWatch:
     """Everything the controller's watchdog needs to recreate the TPU VM exactly as Pulumi's
@@ -225,6 +234,11 @@ class TpuWatch:
     tags: tuple[str, ...]
     metadata: Mapping[str, str]  # everything but the startup script (passed as a file)
     startup_script: str
+    release_when_done: bool = False  # delete the TPU VM once the job's export is complete
+
+    @property
+    def queued_resource(self) -> str:
+        return queued_resource_name(self.name)
 
     @property
     def scheduling(self) -> str:
@@ -259,6 +273,13 @@ class TpuWatch:
             "METADATA": pairs(self.metadata),
             "TPU_STARTUP_SHA256": hashlib.sha256(self.startup_script.encode()).hexdigest(),
             "MIN_RECREATE_SECONDS": str(TPU_RECREATE_MIN_SECONDS),
+            "CAPACITY_BACKOFF_FIRST": str(TPU_CAPACITY_BACKOFF[0]),
+            "CAPACITY_BACKOFF_MAX": str(TPU_CAPACITY_BACKOFF[1]),
+            "QUEUED_RESOURCE": self.queued_resource,
+            "LEASE_URI": f"gs://{workload.bucket}/"
+            + jobspec.watch_lease_object_name(workload.job_name),
+            "EXPORT_MARKER_URI": jobspec.export_marker_uri(workload.bucket, workload.job_name),
+            "RELEASE_WHEN_DONE": "true" if self.release_when_done else "false",
         }
 
 

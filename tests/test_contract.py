@@ -51,3 +51,13 @@ def test_the_payload_rejects_what_infra_must_not_produce():
     document["train"]["steps"] = 0
     with pytest.raises(SpecError, match=r"train\.steps"):
         spec.parse_job(document, source=jobspec.job_uri(BUCKET, document["name"]))
+
+
+def test_infra_knows_the_payloads_export_marker():
+    """The TPU watchdog stops recreating the TPU VM once this marker exists."""
+    from payload import train
+
+    assert jobspec.EXPORT_MARKER == train.EXPORT_MARKER
+    assert jobspec.export_marker_uri(BUCKET, "j") == f"gs://{BUCKET}/runs/j/export/" + (
+        train.EXPORT_MARKER
+    )

@@ -30,6 +30,15 @@ def hardened_metadata(startup_script: pulumi.Input[str]) -> dict[str, pulumi.Inp
 
 
 @dataclass(frozen=True)
+class WatchLease:
+    """The TPU watchdog acts only while this bucket object exists (templates/tpu-watch.sh)."""
+
+    bucket: pulumi.Input[str]
+    object_name: str
+    tpu_name: str
+
+
+@dataclass(frozen=True)
 class ControllerVmArgs:
     project: str
     name: str
@@ -39,6 +48,7 @@ class ControllerVmArgs:
     service_account_email: pulumi.Input[str]
     startup_script: pulumi.Input[str]
     labels: dict[str, str]
+    watch_lease: WatchLease | None = None
 
 
 class ControllerVm(pulumi.ComponentResource):
@@ -68,4 +78,19 @@ class ControllerVm(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=_inherited_depends_on(opts)),
         )
         self.internal_ip = self.instance.network_interfaces.apply(lambda nics: nics[0].network_ip)
+        if args.watch_lease is not None:
+            # Created after the VM, so `pulumi destroy` deletes it first: the watchdog sees the
+            # stack going away (its next tick, or its shutdown hook while the VM is deleted),
+            # cancels its queued resource and stops, before Pulumi deletes the TPU VM (the
+            # program makes the controller depend on the TPU VM, so the TPU VM goes last).
+            lease = args.watch_lease
+            gcp.storage.BucketObject(
+                f"{name}-tpu-watch-lease",
+                bucket=lease.bucket,
+                name=lease.object_name,
+                content=f"The TPU watchdog on {args.name} may recreate {lease.tpu_name} while "
+                "this object exists. Pulumi owns it: `pulumi destroy` deletes it first.\n",
+                content_type="text/plain",
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.instance]),
+            )
         self.register_outputs({"name": self.instance.name, "internalIp": self.internal_ip})

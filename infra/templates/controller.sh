@@ -71,13 +71,30 @@ if [ "${TPU_AUTO_RECOVER}" = true ]; then
   install_unit tpu-pretrain-tpu-watch.service "[Unit]
 Description=tpu-pretrain: recreate the TPU VM of job ${JOB_NAME} when it is preempted
 Wants=network-online.target
-After=network-online.target
+After=network-online.target tpu-pretrain-tpu-watch-guard.service
 
 [Service]
 Type=oneshot
 Environment=PATH=${gcloud_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 ExecStart=/opt/tpu-pretrain/tpu-watch/tpu-watch.sh
 TimeoutStartSec=45min"
+  # On shutdown (after any running tick is stopped, before the network goes): when the stack
+  # is being destroyed, cancel the watchdog's queued resource before the VM is gone.
+  install_unit tpu-pretrain-tpu-watch-guard.service "[Unit]
+Description=tpu-pretrain: cancel the TPU watchdog's queue when the stack is destroyed
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+Environment=PATH=${gcloud_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+ExecStart=/bin/true
+ExecStop=/opt/tpu-pretrain/tpu-watch/tpu-watch.sh shutdown
+TimeoutStopSec=90
+
+[Install]
+WantedBy=multi-user.target"
   install_unit tpu-pretrain-tpu-watch.timer "[Unit]
 Description=tpu-pretrain: check the TPU VM every ${TPU_WATCH_INTERVAL}
 
@@ -87,10 +104,12 @@ OnUnitActiveSec=${TPU_WATCH_INTERVAL}
 
 [Install]
 WantedBy=timers.target"
-  units+=(tpu-pretrain-tpu-watch.timer)
+  units+=(tpu-pretrain-tpu-watch-guard.service tpu-pretrain-tpu-watch.timer)
 elif [ -e "${UNIT_DIR}/tpu-pretrain-tpu-watch.timer" ]; then
   systemctl disable --now --quiet tpu-pretrain-tpu-watch.timer || true
-  rm -f "${UNIT_DIR}/tpu-pretrain-tpu-watch.timer" "${UNIT_DIR}/tpu-pretrain-tpu-watch.service"
+  systemctl disable --quiet tpu-pretrain-tpu-watch-guard.service || true
+  rm -f "${UNIT_DIR}/tpu-pretrain-tpu-watch.timer" "${UNIT_DIR}/tpu-pretrain-tpu-watch.service" \
+    "${UNIT_DIR}/tpu-pretrain-tpu-watch-guard.service"
   rm -rf "${watch_dir}"
   UNITS_CHANGED=1
   log "TPU watchdog removed"

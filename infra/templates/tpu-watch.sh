@@ -1,16 +1,33 @@
 # ---- templates/tpu-watch.sh: recreate a preempted TPU VM (controller, systemd timer) ---
-# One tick of tpu-pretrain-tpu-watch.timer. A preempted/spot TPU VM cannot be restarted and
-# holds quota until it is deleted, so on PREEMPTED or TERMINATED this deletes the VM and
-# creates it again under the same name with exactly the settings of the Pulumi program
-# (gcp.tpu.V2Vm): Pulumi state still addresses it, `pulumi refresh` finds it. The new VM's
-# startup script installs the payload and the trainer resumes from the bucket's checkpoints.
-# A failed create (no capacity) is retried on the next tick; a VM that is preempted again
-# soon after is recreated at most once per MIN_RECREATE_SECONDS. Status: bootstrap/tpu-watch.json.
+# One tick of tpu-pretrain-tpu-watch.timer (`tpu-watch.sh`), or the controller's shutdown
+# hook (`tpu-watch.sh shutdown`). A preempted/spot TPU VM cannot be restarted and holds quota
+# until it is deleted, so on PREEMPTED or TERMINATED this deletes the VM and creates it again
+# under the same name with exactly the settings of the Pulumi program (gcp.tpu.V2Vm): Pulumi
+# state still addresses it, `pulumi refresh` finds it. The new VM's startup script installs
+# the payload and the trainer resumes from the bucket's checkpoints.
+#
+# Rules, in the order a tick applies them:
+# - It acts only while the lease object (LEASE_URI) exists. Pulumi creates it after the
+#   controller and deletes it first on `pulumi destroy`; without it the watchdog cancels its
+#   queued resource and does nothing else, so it never leaves a TPU behind a destroyed stack.
+# - Once the job's export is complete (EXPORT_MARKER_URI) it never recreates the TPU VM;
+#   with RELEASE_WHEN_DONE it deletes it (nothing is left to train).
+# - Without capacity it does not fail every tick: a spot or on-demand VM waits in the queued
+#   resource QUEUED_RESOURCE (gcloud's GA queued-resources create has no --preemptible);
+#   a preemptible VM is created directly, retried after growing waits. FAILED and SUSPENDED
+#   queued resources are deleted (they can hold quota).
+# - It only ever creates a VM it deleted itself (the pending marker); a VM deleted by hand or
+#   by Pulumi is left alone, and a VM that exists again (created by Pulumi or the queue) ends
+#   the recovery. A VM is recreated at most once per MIN_RECREATE_SECONDS.
+# Status: gs://…/runs/<job>/bootstrap/tpu-watch.json.
 readonly WATCH_DIR="${APP_DIR}/tpu-watch"
 readonly STARTUP_FILE="${WATCH_DIR}/tpu-startup.sh"
 readonly PENDING="${WATCH_DIR}/pending-create"  # deleted by us, not yet created again
 readonly LAST_CREATE="${WATCH_DIR}/last-create"  # epoch seconds of the last recreation
+readonly NEXT_ATTEMPT="${WATCH_DIR}/next-attempt"  # preemptible: no create before (epoch, wait)
 readonly METADATA_URL="http://metadata.google.internal/computeMetadata/v1/instance/attributes/startup-script"
+readonly WHERE=(--zone "${TPU_ZONE}" --project "${PROJECT}")
+readonly MODE="${1:-tick}"
 
 # {"tpu_state": seen, "action": taken, "message", "last_recreate_at", "updated_at"}
 watch_status() {
@@ -20,9 +37,9 @@ watch_status() {
     last="$(date -u -d "@$(cat "${LAST_CREATE}")" +%Y-%m-%dT%H:%M:%SZ)"
   fi
   file="$(mktemp)"
-  printf '{"role": "%s", "host": "%s", "job": "%s", "tpu": "%s", "zone": "%s", "tpu_state": "%s", "action": "%s", "message": "%s", "last_recreate_at": "%s", "updated_at": "%s"}\n' \
-    "${ROLE}" "$(hostname)" "${JOB_NAME}" "${TPU_NAME}" "${TPU_ZONE}" "${tpu_state}" "${action}" \
-    "${message//\"/\'}" "${last}" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"${file}"
+  printf '{"role": "%s", "host": "%s", "job": "%s", "tpu": "%s", "zone": "%s", "queued_resource": "%s", "tpu_state": "%s", "action": "%s", "message": "%s", "last_recreate_at": "%s", "updated_at": "%s"}\n' \
+    "${ROLE}" "$(hostname)" "${JOB_NAME}" "${TPU_NAME}" "${TPU_ZONE}" "${QUEUED_RESOURCE}" \
+    "${tpu_state}" "${action}" "${message//\"/\'}" "${last}" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"${file}"
   retry_gcloud gcloud storage cp --quiet "${file}" "${RUN_ROOT}/bootstrap/${ROLE}.json" \
     || log "could not write status ${action}"
   rm -f "${file}"
@@ -37,53 +54,175 @@ gcloud_once() {
   return 1
 }
 
-# NOT_FOUND without a permission error: the VM does not exist (a fresh IAM grant also
-# answers 403, which must not look like a missing VM).
+# NOT_FOUND without a permission error: the resource does not exist (a fresh IAM grant also
+# answers 403, which must not look like a missing one). `gcloud storage ls` says "matched no
+# objects" (googlecloudsdk/command_lib/storage/list_util.py).
 err_is_not_found() {
-  grep -Eqi 'not[ _]?found|404' "${ERR_FILE}" \
+  grep -Eqi 'not[ _]?found|404|matched no objects' "${ERR_FILE}" \
     && ! grep -Eqi '403|permission[ _]denied|forbidden' "${ERR_FILE}"
+}
+
+# Out of capacity or quota: worth waiting for, not an error in the request.
+err_is_capacity() {
+  grep -Eqi 'resource[ _]?exhausted|no more capacity|stockout|insufficient capacity|quota' "${ERR_FILE}"
 }
 
 last_error() {
   tail -n 1 "${ERR_FILE}" | tr -d '\r' | cut -c 1-300
 }
 
-create_tpu() {
-  local args
+# Prints present or missing; fails (status written) when the bucket cannot be read.
+object_state() {
+  local uri="$1" what="$2"
+  if gcloud_once storage ls "${uri}" >/dev/null; then
+    echo present
+  elif err_is_not_found; then
+    echo missing
+  else
+    watch_status UNCHECKED check-failed "cannot read ${what} ${uri}, retrying on the next tick: $(last_error)" >&2
+    return 1
+  fi
+}
+
+# The queued resource's state (MISSING when there is none); fails when it cannot be read.
+queued_state() {
+  local state
+  if state="$(gcloud_once compute tpus queued-resources describe "${QUEUED_RESOURCE}" \
+    "${WHERE[@]}" --format='value(state.state)')"; then
+    state="$(tr -d '[:space:]' <<<"${state}")"
+    echo "${state:-UNKNOWN}"
+  elif err_is_not_found; then
+    echo MISSING
+  else
+    return 1
+  fi
+}
+
+# Delete the queued resource. --force also deletes a node it created (gcloud's help for
+# --force); --async returns at once (a shutdown hook has little time).
+delete_queued() {
+  gcloud_once compute tpus queued-resources delete "${QUEUED_RESOURCE}" "${WHERE[@]}" \
+    --quiet "$@" || err_is_not_found
+}
+
+# The stack is not deployed yet, or `pulumi destroy` is under way: cancel what is queued
+# (it would create a TPU nobody owns) and forget the recovery.
+stand_down() {
+  local why="$1" qr
+  rm -f "${PENDING}" "${NEXT_ATTEMPT}"
+  if ! qr="$(queued_state)"; then
+    watch_status UNCHECKED stand-down-failed "${why}; cannot read ${QUEUED_RESOURCE}, retrying: $(last_error)"
+    return 1
+  fi
+  if [ "${qr}" != MISSING ]; then
+    if ! delete_queued --force --async; then
+      watch_status UNCHECKED stand-down-failed "${why}; deleting ${QUEUED_RESOURCE} (${qr}) failed, retrying: $(last_error)"
+      return 1
+    fi
+    watch_status UNCHECKED stopped "${why}; deleted the queued resource ${QUEUED_RESOURCE} (${qr})"
+  else
+    watch_status UNCHECKED stopped "${why}; nothing to do"
+  fi
+}
+
+check_startup_file() {
   if ! echo "${TPU_STARTUP_SHA256}  ${STARTUP_FILE}" | sha256sum --check --quiet - 2>/dev/null; then
     watch_status MISSING create-failed "${STARTUP_FILE} is missing or not the rendered TPU startup script; re-run the controller's startup script"
     return 1
   fi
-  args=(compute tpus tpu-vm create "${TPU_NAME}" --zone "${TPU_ZONE}" --project "${PROJECT}"
-    --accelerator-type "${ACCELERATOR_TYPE}" --version "${RUNTIME_VERSION}"
+}
+
+# The V2Vm's settings as gcloud flags, shared by `tpu-vm create` and `queued-resources create`
+# (every flag is GA in both: tests/infra/data/gcloud_flags.yaml).
+node_flags() {
+  NODE_FLAGS=(--accelerator-type "${ACCELERATOR_TYPE}"
     --network "${TPU_NETWORK}" --subnetwork "${TPU_SUBNETWORK}"
     --service-account "${SERVICE_ACCOUNT}" --scopes "${SCOPES}"
     --description "${DESCRIPTION}" --labels "${LABELS}" --tags "${TAGS}"
     --metadata "${METADATA}" --metadata-from-file "startup-script=${STARTUP_FILE}")
   if [ "${EXTERNAL_IPS}" != true ]; then
-    args+=(--internal-ips)
+    NODE_FLAGS+=(--internal-ips)
   fi
-  case "${SCHEDULING}" in
-    spot) args+=(--spot) ;;
-    preemptible) args+=(--preemptible) ;;
-  esac
   if [ "${SECURE_BOOT}" = true ]; then
-    args+=(--shielded-secure-boot)
+    NODE_FLAGS+=(--shielded-secure-boot)
   fi
+}
+
+# Preemptible: `tpu-vm create --preemptible`; without capacity, wait CAPACITY_BACKOFF_FIRST
+# seconds, doubling up to CAPACITY_BACKOFF_MAX, and exit 0 (waiting is not a failure).
+create_directly() {
+  local now delay=0 next=0
+  now="$(date -u +%s)"
+  if [ -f "${NEXT_ATTEMPT}" ]; then
+    read -r next delay <"${NEXT_ATTEMPT}"
+    if [ "${now}" -lt "${next}" ]; then
+      watch_status MISSING waiting-capacity "no capacity at the last attempt; next attempt in $((next - now))s"
+      return 0
+    fi
+  fi
+  check_startup_file || return 1
+  node_flags
   watch_status MISSING creating "creating ${TPU_NAME} (${ACCELERATOR_TYPE}, ${SCHEDULING})"
-  if ! gcloud_once "${args[@]}"; then
+  if ! gcloud_once compute tpus tpu-vm create "${TPU_NAME}" "${WHERE[@]}" \
+    --version "${RUNTIME_VERSION}" "${NODE_FLAGS[@]}" --preemptible; then
+    if err_is_capacity; then
+      delay=$((delay > 0 ? delay * 2 : CAPACITY_BACKOFF_FIRST))
+      delay=$((delay > CAPACITY_BACKOFF_MAX ? CAPACITY_BACKOFF_MAX : delay))
+      echo "$((now + delay)) ${delay}" >"${NEXT_ATTEMPT}"
+      watch_status MISSING waiting-capacity "no capacity, trying again in ${delay}s: $(last_error)"
+      return 0
+    fi
     watch_status MISSING create-failed "create failed, retrying on the next tick: $(last_error)"
     return 1
   fi
   date -u +%s >"${LAST_CREATE}"
-  rm -f "${PENDING}"
+  rm -f "${PENDING}" "${NEXT_ATTEMPT}"
   watch_status CREATED recreated "${TPU_NAME} recreated; its startup script installs the payload and training resumes from the checkpoints"
+}
+
+# Spot and on-demand: wait in the queued resource, which creates the node ${TPU_NAME} when
+# capacity frees up (a tick that then finds the VM ends the recovery).
+create_queued() {
+  local qr="$1"
+  case "${qr}" in
+    MISSING)
+      check_startup_file || return 1
+      node_flags
+      local tier=()
+      if [ "${SCHEDULING}" = spot ]; then
+        tier=(--spot)
+      fi
+      if ! gcloud_once compute tpus queued-resources create "${QUEUED_RESOURCE}" "${WHERE[@]}" \
+        --node-id "${TPU_NAME}" --runtime-version "${RUNTIME_VERSION}" "${NODE_FLAGS[@]}" \
+        "${tier[@]}" --async; then
+        watch_status MISSING create-failed "queued resource ${QUEUED_RESOURCE} not created, retrying on the next tick: $(last_error)"
+        return 1
+      fi
+      date -u +%s >"${LAST_CREATE}"
+      watch_status MISSING queued "queued ${QUEUED_RESOURCE} for ${TPU_NAME} (${ACCELERATOR_TYPE}, ${SCHEDULING}); the node is created when capacity frees up"
+      ;;
+    *)
+      watch_status MISSING queued "waiting in ${QUEUED_RESOURCE} (${qr}) for ${TPU_NAME}"
+      ;;
+  esac
 }
 
 mkdir -p "${WATCH_DIR}"
 ERR_FILE="$(mktemp)"
 trap 'rm -f "${ERR_FILE}"' EXIT
 exec 9>"${WATCH_DIR}/lock"
+if [ "${MODE}" = shutdown ]; then
+  # The controller is going down. If it is because the stack is being destroyed (the lease
+  # is gone), cancel the queue now: the next tick would never come.
+  flock -w 60 9 || log "a tick still holds the lock; going on"
+  lease="$(object_state "${LEASE_URI}" lease)" || exit 1
+  if [ "${lease}" = missing ]; then
+    stand_down "controller shutting down and the lease is gone (pulumi destroy)" || exit 1
+  else
+    log "controller shutting down; the stack is still deployed, nothing to do"
+  fi
+  exit 0
+fi
 if ! flock -n 9; then
   log "another tick holds ${WATCH_DIR}/lock; nothing to do"
   exit 0
@@ -106,8 +245,15 @@ else
   log "cannot read the controller's metadata ($(last_error)); checking with the installed settings"
 fi
 
-if gcloud_once compute tpus tpu-vm describe "${TPU_NAME}" --zone "${TPU_ZONE}" \
-  --project "${PROJECT}" --format='value(state)' >"${WATCH_DIR}/state"; then
+lease="$(object_state "${LEASE_URI}" lease)" || exit 1
+if [ "${lease}" = missing ]; then
+  stand_down "no lease ${LEASE_URI}: the stack is not deployed yet or is being destroyed" || exit 1
+  exit 0
+fi
+export_state="$(object_state "${EXPORT_MARKER_URI}" "the export marker")" || exit 1
+
+if gcloud_once compute tpus tpu-vm describe "${TPU_NAME}" "${WHERE[@]}" \
+  --format='value(state)' >"${WATCH_DIR}/state"; then
   state="$(tr -d '[:space:]' <"${WATCH_DIR}/state")"
   state="${state:-UNKNOWN}"
 elif err_is_not_found; then
@@ -115,6 +261,45 @@ elif err_is_not_found; then
 else
   watch_status UNKNOWN describe-failed "describe failed, retrying on the next tick: $(last_error)"
   exit 1
+fi
+
+qr=MISSING
+if [ "${SCHEDULING}" != preemptible ]; then
+  if ! qr="$(queued_state)"; then
+    watch_status "${state}" describe-failed "cannot read ${QUEUED_RESOURCE}, retrying on the next tick: $(last_error)"
+    exit 1
+  fi
+  case "${qr}" in
+    FAILED | SUSPENDED)
+      # Nothing more comes from it (and it can hold quota): delete it, queue again if needed.
+      if ! delete_queued; then
+        watch_status "${state}" cleanup-failed "deleting the ${qr} queued resource ${QUEUED_RESOURCE} failed, retrying: $(last_error)"
+        exit 1
+      fi
+      log "deleted the ${qr} queued resource ${QUEUED_RESOURCE}"
+      qr=MISSING
+      ;;
+  esac
+fi
+
+if [ "${export_state}" = present ]; then
+  # The job is finished: nothing to resume, never recreate the VM.
+  rm -f "${PENDING}" "${NEXT_ATTEMPT}"
+  case "${qr}" in
+    MISSING | ACTIVE) ;;
+    *) delete_queued --force --async || log "could not cancel ${QUEUED_RESOURCE}: $(last_error)" ;;
+  esac
+  if [ "${RELEASE_WHEN_DONE}" = true ] && [ "${state}" != MISSING ] && [ "${state}" != DELETING ]; then
+    if ! gcloud_once compute tpus tpu-vm delete "${TPU_NAME}" "${WHERE[@]}" --quiet --async \
+      && ! err_is_not_found; then
+      watch_status "${state}" release-failed "the job is complete; deleting ${TPU_NAME} failed, retrying: $(last_error)"
+      exit 1
+    fi
+    watch_status "${state}" released "the job's export is complete; deleted ${TPU_NAME} (tpu-pretrain:tpuReleaseWhenDone)"
+  else
+    watch_status "${state}" complete "the job's export is complete; ${TPU_NAME} is not recreated"
+  fi
+  exit 0
 fi
 
 case "${state}" in
@@ -128,25 +313,49 @@ case "${state}" in
     # Marked before the delete: if this tick dies after it, the next one creates the VM.
     touch "${PENDING}"
     watch_status "${state}" deleting "deleting the ${state} VM (it holds quota and cannot restart)"
-    if ! gcloud_once compute tpus tpu-vm delete "${TPU_NAME}" --zone "${TPU_ZONE}" \
-      --project "${PROJECT}" --quiet && ! err_is_not_found; then
+    if [ "${qr}" != MISSING ] && ! delete_queued --force; then
+      # ACTIVE: the VM came from our queued resource, --force deletes both; any other state:
+      # a stale request that must not race the new one (the name is queued again below).
+      watch_status "${state}" delete-failed "deleting ${QUEUED_RESOURCE} (${qr}) failed, retrying on the next tick: $(last_error)"
+      exit 1
+    fi
+    if [ "${qr}" != ACTIVE ] && ! gcloud_once compute tpus tpu-vm delete "${TPU_NAME}" \
+      "${WHERE[@]}" --quiet && ! err_is_not_found; then
       watch_status "${state}" delete-failed "delete failed, retrying on the next tick: $(last_error)"
       exit 1
     fi
-    create_tpu
+    qr=MISSING
     ;;
   MISSING)
-    if [ -f "${PENDING}" ]; then
-      create_tpu
-    else
+    if [ ! -f "${PENDING}" ]; then
       # Not deleted by this watchdog (not created yet, or deleted on purpose): leave it.
       watch_status MISSING none "${TPU_NAME} does not exist and was not deleted by this watchdog; run pulumi up to create it"
+      exit 0
     fi
     ;;
   *)
-    # The VM exists (e.g. a create that timed out on our side went through): a later
-    # deletion is not ours, so forget the pending create.
-    rm -f "${PENDING}"
+    # The VM exists (recreated by the queue or by `pulumi up`, or a create that timed out on
+    # our side went through): a later deletion is not ours, so forget the pending create.
+    rm -f "${PENDING}" "${NEXT_ATTEMPT}"
+    case "${qr}" in
+      WAITING_FOR_RESOURCES | ACCEPTED | CREATING)
+        # Someone else (pulumi up) created the VM first: the queue is not needed any more.
+        # No --force: a queued resource that has a node is never deleted here.
+        if delete_queued; then
+          watch_status "${state}" dequeued "${TPU_NAME} exists; cancelled ${QUEUED_RESOURCE} (${qr})"
+        else
+          watch_status "${state}" cleanup-failed "${TPU_NAME} exists; cancelling ${QUEUED_RESOURCE} failed, retrying: $(last_error)"
+        fi
+        exit 0
+        ;;
+    esac
     watch_status "${state}" none "nothing to do"
+    exit 0
     ;;
 esac
+
+if [ "${SCHEDULING}" = preemptible ]; then
+  create_directly
+else
+  create_queued "${qr}"
+fi

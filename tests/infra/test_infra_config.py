@@ -253,3 +253,13 @@ def test_tpu_auto_recover_defaults_to_the_scheduling(scheduling, expected):
         values=values | {"scheduling": scheduling, "tpuAutoRecover": str(not expected).lower()},
     )
     assert explicit.tpu.auto_recover is (not expected)
+
+
+def test_release_when_done_needs_the_watchdog():
+    assert config_error("v3-euw4", {K + "tpuReleaseWhenDone": True}) == (
+        "tpu-pretrain:tpuReleaseWhenDone: true needs tpu-pretrain:tpuAutoRecover: true (the "
+        "controller's watchdog releases the TPU VM); turn both on or leave it false"
+    )
+    assert config_error("v6e-euw4", {K + "tpuReleaseWhenDone": "maybe"}) == (
+        "tpu-pretrain:tpuReleaseWhenDone: 'maybe' must be true or false"
+    )

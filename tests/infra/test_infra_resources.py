@@ -401,14 +401,19 @@ def test_stack_outputs(run):
     assert exports["controllerInternalIp"].startswith("10.10.")
     assert exports["bucketUrl"] == f"gs://tpu-pretrain-test-{run.stack}-tpu-pretrain"
     assert exports["tensorboardUrl"].startswith(f"http://{exports['controllerInternalIp']}:6006")
+    # IAP tunneling to a TPU VM is in gcloud's alpha track only; GA reaches it over the VPN.
     assert exports["sshCommands"]["tpu"] == (
-        f"gcloud compute tpus tpu-vm ssh tp-{run.stack}-tpu --zone {zone} "
+        f"gcloud alpha compute tpus tpu-vm ssh tp-{run.stack}-tpu --zone {zone} "
         "--project tpu-pretrain-test --tunnel-through-iap"
+    )
+    assert exports["sshCommands"]["tpuOverVpn"] == (
+        f"gcloud compute tpus tpu-vm ssh tp-{run.stack}-tpu --zone {zone} "
+        "--project tpu-pretrain-test --internal-ip"
     )
     assert "--tunnel-through-iap" in exports["sshCommands"]["controller"]
     assert exports["vpnEndpoint"].endswith(":51820")
-    assert exports["rerunStartupCommands"]["tpu"].endswith(
-        "--tunnel-through-iap --command 'sudo google_metadata_script_runner startup'"
+    assert exports["rerunStartupCommands"]["tpu"] == (
+        exports["sshCommands"]["tpu"] + " --command 'sudo google_metadata_script_runner startup'"
     )
     vm = one(run.resources, V2VM)
     assert exports["tpuRecovery"]["replace"] == f"pulumi up --replace '{vm.urn}'"
@@ -477,3 +482,57 @@ def test_tpu_auto_recover_can_be_set_either_way(stack, value, on):
     assert f"readonly TPU_AUTO_RECOVER={'true' if on else 'false'}\n" in script
     assert ("readonly TPU_WATCH_SCRIPT_B64=''\n" in script) is not on
     assert run.exports["tpuRecovery"]["watchdog"].startswith("on:" if on else "off")
+
+
+def _depends_on(run, dependent: Registered, target: Registered) -> bool:
+    """Whether `dependent` waits for `target` (directly, or through resources it depends on,
+    their children included): Pulumi then destroys `dependent` before `target`."""
+    by_urn = {r.urn: r for r in run.resources}
+    children: dict[str, list[str]] = {}
+    for r in run.resources:
+        children.setdefault(r.options.get("parent", ""), []).append(r.urn)
+    seen, todo = set(), list(dependent.options["dependencies"])
+    while todo:
+        urn = todo.pop()
+        if urn in seen:
+            continue
+        seen.add(urn)
+        if urn == target.urn:
+            return True
+        todo += children.get(urn, [])
+        if urn in by_urn:
+            todo += by_urn[urn].options.get("dependencies", [])
+    return False
+
+
+def test_destroy_order_leaves_no_tpu_behind(run):
+    """With the watchdog on, `pulumi destroy` deletes the lease first, then the controller
+    (whose shutdown hook cancels the watchdog's queue), and the TPU VM last: nothing can
+    recreate the TPU VM after Pulumi deleted it."""
+    leases = [r for r in run.resources if r.name == "controller-tpu-watch-lease"]
+    controller, tpu = by_name(run, "controller-vm"), by_name(run, "tpu-vm")
+    if not AUTO_RECOVER[run.stack]:
+        assert leases == []
+        return
+    (lease,) = leases
+    assert _depends_on(run, controller, tpu)
+    assert _depends_on(run, lease, controller)
+    assert not _depends_on(run, tpu, controller) and not _depends_on(run, controller, lease)
+    bucket = run.exports["bucketUrl"].removeprefix("gs://")
+    assert lease.inputs["bucket"] == bucket
+    # The watchdog looks for exactly this object.
+    script = controller.inputs["metadata"]["startup-script"]
+    encoded = re.search(r"^readonly TPU_WATCH_SCRIPT_B64=(\S+)$", script, re.MULTILINE)
+    watchdog = base64.b64decode(encoded.group(1)).decode()
+    assert f"readonly LEASE_URI=gs://{bucket}/{lease.inputs['name']}\n" in watchdog
+    job = json.loads(by_name(run, "payload-job-spec").inputs["content"])
+    assert f"readonly EXPORT_MARKER_URI={job['output']}/export/export_complete.json\n" in (watchdog)
+    assert "readonly RELEASE_WHEN_DONE=false\n" in watchdog
+    assert f"readonly QUEUED_RESOURCE={tpu.inputs['name']}-watch\n" in watchdog
+
+
+def test_the_destroy_order_check_can_fail():
+    """Without the watchdog the controller does not wait for the TPU VM (created in
+    parallel, as before): the helper above reports that."""
+    run = run_offline("v3-euw4")
+    assert not _depends_on(run, by_name(run, "controller-vm"), by_name(run, "tpu-vm"))

@@ -10,6 +10,7 @@ import base64
 import fcntl
 import json
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from gcloud_flags import problems
 from harness import run_offline, stack_names
 
 from infra import wgkeys
@@ -50,8 +52,44 @@ if [ "$1 $2" = "storage cp" ]; then
     cp "$src" "$f"
   fi
 elif [ "$1 $2" = "storage ls" ]; then
-  [ -e "$FAKE_GCS/${3#gs://}" ] || { echo "ERROR: 404 matched no objects" >&2; exit 1; }
+  if [ -n "${STORAGE_LS_ERROR:-}" ]; then
+    echo "ERROR: (gcloud.storage.ls) $STORAGE_LS_ERROR" >&2
+    exit 1
+  fi
+  # gcloud's own words for a missing object (googlecloudsdk/command_lib/storage/list_util.py)
+  [ -e "$FAKE_GCS/${3#gs://}" ] || {
+    echo "ERROR: (gcloud.storage.ls) One or more URLs matched no objects." >&2; exit 1; }
   echo "$3"
+elif [ "$1 $2 $3" = "compute tpus queued-resources" ]; then
+  # $STATE/qr-state holds the queued resource's state (no file: there is none).
+  verb="$4"
+  if [ "$verb" != create ] && [ ! -f "$STATE/qr-state" ]; then
+    echo "ERROR: (gcloud.compute.tpus.queued-resources.$verb) NOT_FOUND: '$5' was not found" >&2
+    exit 1
+  fi
+  case "$verb" in
+    describe) cat "$STATE/qr-state" ;;
+    delete)
+      if [ "$(cat "$STATE/qr-state")" = ACTIVE ] && [[ " $* " != *" --force "* ]]; then
+        echo "ERROR: (gcloud.compute.tpus.queued-resources.delete) FAILED_PRECONDITION" >&2
+        exit 1
+      fi
+      # --force deletes the queued resource's node too.
+      if [[ " $* " == *" --force "* ]] && [ "$(cat "$STATE/qr-state")" = ACTIVE ]; then
+        rm -f "$STATE/tpu-state"
+      fi
+      rm -f "$STATE/qr-state"
+      ;;
+    create)
+      n="$(ls "$STATE" | grep -c '^qr-create-.*\.args$' || true)"
+      printf '%s\n' "$@" >"$STATE/qr-create-$n.args"
+      if [ -n "${QR_CREATE_ERROR:-}" ]; then
+        echo "ERROR: (gcloud.compute.tpus.queued-resources.create) $QR_CREATE_ERROR" >&2
+        exit 1
+      fi
+      echo WAITING_FOR_RESOURCES >"$STATE/qr-state"
+      ;;
+  esac
 elif [ "$1 $2 $3" = "secrets versions access" ]; then
   for a in "$@"; do case "$a" in --secret=*) s="${a#--secret=}" ;; esac; done
   n="$(cat "$STATE/secret-fails" 2>/dev/null || echo 0)"
@@ -363,6 +401,7 @@ def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
         "tpu-pretrain-data.service",
         "tpu-pretrain-tensorboard.service",
         # v6e-euw4 is a spot stack: the preemption watchdog is on by default.
+        "tpu-pretrain-tpu-watch-guard.service",
         "tpu-pretrain-tpu-watch.service",
         "tpu-pretrain-tpu-watch.timer",
     ]
@@ -463,8 +502,15 @@ def test_vpn_hop_installs_wireguard_only_when_missing(stack_run, sandbox):
 
 
 # --- the TPU watchdog (preemption recovery on the controller) ----------------------------
-WATCH_UNITS = ("tpu-pretrain-tpu-watch.service", "tpu-pretrain-tpu-watch.timer")
-BOOLEAN_FLAGS = {"--internal-ips", "--spot", "--preemptible", "--shielded-secure-boot", "--quiet"}
+WATCH_UNITS = (
+    "tpu-pretrain-tpu-watch-guard.service",
+    "tpu-pretrain-tpu-watch.service",
+    "tpu-pretrain-tpu-watch.timer",
+)
+BOOLEAN_FLAGS = {
+    "--internal-ips", "--spot", "--preemptible", "--shielded-secure-boot", "--quiet", "--async",
+    "--force",
+}  # fmt: skip
 
 
 def _watchdog_of(run) -> str:
@@ -494,7 +540,8 @@ def test_rendered_watchdog_passes_shellcheck(stack, overrides, tmp_path):
 
 
 class Watch:
-    """The controller installed in the sandbox; `tick()` runs its watchdog once."""
+    """The controller installed in the sandbox, its lease published as `pulumi up` does;
+    `tick()` runs its watchdog once."""
 
     def __init__(self, run, box: Sandbox) -> None:
         self.run, self.box = run, box
@@ -505,18 +552,34 @@ class Watch:
         # The controller's metadata holds the startup script that installed the watchdog.
         (box.state / "metadata").write_text(_script(run, "controller-vm"))
         self.vm = next(r for r in run.resources if r.type_ == "gcp:tpu/v2Vm:V2Vm")
+        (lease,) = [r for r in run.resources if r.name == "controller-tpu-watch-lease"]
+        self.lease = box.gcs / lease.inputs["bucket"] / lease.inputs["name"]
+        self.lease.parent.mkdir(parents=True, exist_ok=True)
+        self.lease.write_text(lease.inputs["content"])
+        job = json.loads(
+            next(r for r in run.resources if r.name == "payload-job-spec").inputs["content"]
+        )
+        self.run_root = box.gcs / job["output"].removeprefix("gs://")
+        self.export_marker = self.run_root / "export/export_complete.json"
+        self.qr = f"{self.vm.inputs['name']}-watch"
 
-    def set_state(self, state: str | None) -> None:
-        path = self.box.state / "tpu-state"
-        if state is None:
-            path.unlink(missing_ok=True)
-        else:
-            path.write_text(state + "\n")
+    def set_state(self, state: str | None, qr: str | None = None) -> None:
+        for name, value in (("tpu-state", state), ("qr-state", qr)):
+            path = self.box.state / name
+            if value is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_text(value + "\n")
 
-    def tick(self, **extra: str) -> subprocess.CompletedProcess[str]:
+    @property
+    def qr_state(self) -> str | None:
+        path = self.box.state / "qr-state"
+        return path.read_text().strip() if path.exists() else None
+
+    def tick(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
         self.box.calls_file.write_text("")
         return subprocess.run(
-            ["bash", str(self.dir / "tpu-watch.sh")],
+            ["bash", str(self.dir / "tpu-watch.sh"), *args],
             check=False,
             env=self.box.env(**extra),
             capture_output=True,
@@ -526,15 +589,26 @@ class Watch:
 
     @property
     def tpu_calls(self) -> list[str]:
-        return [c.split()[4] for c in self.box.calls if c.startswith("gcloud compute tpus")]
+        """`describe`, `delete`, `create` for the TPU VM; `qr-…` for the queued resource."""
+        calls = []
+        for call in self.box.calls:
+            words = call.split()
+            if words[:3] == ["gcloud", "compute", "tpus"]:
+                calls.append(("qr-" if words[3] == "queued-resources" else "") + words[4])
+        return calls
+
+    def tpu_commands(self) -> list[str]:
+        return [c for c in self.box.calls if c.startswith("gcloud compute tpus")]
 
     @property
     def status(self) -> dict:
-        path = self.box.gcs / self.bucket / "runs/gpt2-small-clm/bootstrap/tpu-watch.json"
-        return json.loads(path.read_text())
+        return json.loads((self.run_root / "bootstrap/tpu-watch.json").read_text())
 
-    def creates(self) -> list[list[str]]:
-        files = sorted(self.box.state.glob("create-*.args"), key=lambda p: int(p.stem[7:]))
+    def creates(self, prefix: str = "create") -> list[list[str]]:
+        files = sorted(
+            self.box.state.glob(f"{prefix}-*.args"),
+            key=lambda p: int(p.stem.rsplit("-", 1)[1]),
+        )
         return [p.read_text().splitlines() for p in files]
 
 
@@ -564,16 +638,27 @@ def _pairs(text: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in text.split(","))
 
 
+def _assert_gcloud_flags_exist(watch: Watch) -> None:
+    """Every TPU command the watchdog ran uses only flags of gcloud's GA track."""
+    commands = watch.tpu_commands()
+    bad = {c: problems(shlex.split(c)) for c in commands if problems(shlex.split(c))}
+    assert bad == {}
+
+
 def test_controller_installs_the_watchdog_once_and_removes_it_when_off(stack_run, sandbox):
     watch = Watch(stack_run, sandbox)
     unit_dir = sandbox.root / "etc/systemd/system"
-    service = (unit_dir / WATCH_UNITS[0]).read_text()
-    timer = (unit_dir / WATCH_UNITS[1]).read_text()
+    guard, service, timer = ((unit_dir / unit).read_text() for unit in WATCH_UNITS)
     assert "Type=oneshot\n" in service
     assert "ExecStart=/opt/tpu-pretrain/tpu-watch/tpu-watch.sh\n" in service
     assert f"Environment=PATH={sandbox.bin}:" in service  # where gcloud is
+    # At shutdown a running tick stops first, then the guard's hook runs (network still up).
+    assert "After=network-online.target tpu-pretrain-tpu-watch-guard.service\n" in service
+    assert "ExecStop=/opt/tpu-pretrain/tpu-watch/tpu-watch.sh shutdown\n" in guard
+    assert "RemainAfterExit=yes\n" in guard and "After=network-online.target\n" in guard
     assert "OnUnitActiveSec=2min\n" in timer and "WantedBy=timers.target" in timer
     assert "systemctl enable --quiet tpu-pretrain-tpu-watch.timer" in sandbox.calls
+    assert "systemctl enable --quiet tpu-pretrain-tpu-watch-guard.service" in sandbox.calls
     # The TPU VM's startup script, byte for byte as Pulumi sets it.
     startup = (watch.dir / "tpu-startup.sh").read_bytes()
     assert startup == watch.vm.inputs["metadata"]["startup-script"].encode()
@@ -602,30 +687,41 @@ def test_a_ready_tpu_is_left_alone(watch):
         "curl -fsS -H Metadata-Flavor: Google http://metadata.google.internal/computeMetadata"
         "/v1/instance/attributes/startup-script"
     )
+    bucket = f"gs://{watch.bucket}/runs/gpt2-small-clm"
+    assert [c for c in watch.box.calls if c.startswith("gcloud storage ls")] == [
+        f"gcloud storage ls {bucket}/bootstrap/tpu-watch-lease",
+        f"gcloud storage ls {bucket}/export/export_complete.json",
+    ]
     assert not [c for c in watch.box.calls if c.startswith("google_metadata_script_runner")]
-    assert watch.tpu_calls == ["describe"]
-    assert watch.creates() == []
+    assert watch.tpu_calls == ["describe", "qr-describe"]
+    assert watch.creates() == [] and watch.creates("qr-create") == []
     assert watch.status["tpu_state"] == "READY" and watch.status["action"] == "none"
+    _assert_gcloud_flags_exist(watch)
 
 
-def test_a_preempted_tpu_is_deleted_and_recreated_with_pulumis_settings(watch):
+def test_a_preempted_spot_tpu_waits_in_a_queued_resource_with_pulumis_settings(watch):
+    """Spot: deleted, then queued (GA `queued-resources create --spot`) instead of a create
+    that fails every tick without capacity; the queue creates the node under its name."""
     watch.set_state("PREEMPTED")
     result = watch.tick()
     assert result.returncode == 0, result.stderr
-    assert watch.tpu_calls == ["describe", "delete", "create"]
+    assert watch.tpu_calls == ["describe", "qr-describe", "delete", "qr-create"]
+    _assert_gcloud_flags_exist(watch)
     (delete,) = [c for c in watch.box.calls if "tpu-vm delete" in c]
     vm = watch.vm.inputs
     assert delete == (
         f"gcloud compute tpus tpu-vm delete {vm['name']} --zone {vm['zone']} "
         f"--project {vm['project']} --quiet"
     )
-    (argv,) = watch.creates()
+    assert watch.creates() == []
+    (argv,) = watch.creates("qr-create")
     positional, flags, switches = _flags(argv)
-    assert positional == ["compute", "tpus", "tpu-vm", "create", vm["name"]]
+    assert positional == ["compute", "tpus", "queued-resources", "create", watch.qr]
+    assert flags["--node-id"] == vm["name"]
     assert flags["--zone"] == vm["zone"] == "europe-west4-a"
     assert flags["--project"] == vm["project"]
     assert flags["--accelerator-type"] == vm["acceleratorType"] == "v6e-8"
-    assert flags["--version"] == vm["runtimeVersion"]
+    assert flags["--runtime-version"] == vm["runtimeVersion"]
     assert flags["--network"] == vm["networkConfig"]["network"]
     assert flags["--subnetwork"] == vm["networkConfig"]["subnetwork"]
     assert flags["--service-account"] == vm["serviceAccount"]["email"]
@@ -642,71 +738,176 @@ def test_a_preempted_tpu_is_deleted_and_recreated_with_pulumis_settings(watch):
     assert vm["networkConfig"]["enableExternalIps"] is False
     assert vm["schedulingConfig"] == {"preemptible": False, "spot": True}
     assert vm["shieldedInstanceConfig"] == {"enableSecureBoot": True}
-    assert switches == {"--internal-ips", "--spot", "--shielded-secure-boot"}
+    assert switches == {"--internal-ips", "--spot", "--shielded-secure-boot", "--async"}
     assert set(flags) == {
-        "--zone", "--project", "--accelerator-type", "--version", "--network", "--subnetwork",
-        "--service-account", "--scopes", "--description", "--tags", "--labels", "--metadata",
-        "--metadata-from-file",
+        "--zone", "--project", "--node-id", "--accelerator-type", "--runtime-version",
+        "--network", "--subnetwork", "--service-account", "--scopes", "--description",
+        "--tags", "--labels", "--metadata", "--metadata-from-file",
     }  # fmt: skip
     status = watch.status
-    assert status["action"] == "recreated" and status["tpu"] == vm["name"]
+    assert status["action"] == "queued" and status["queued_resource"] == watch.qr
     assert status["role"] == "tpu-watch" and status["job"] == "gpt2-small-clm"
     assert status["last_recreate_at"] and status["updated_at"]
 
+    # No capacity yet: every tick waits, quietly (exit 0), nothing else is created.
+    waiting = watch.tick()
+    assert waiting.returncode == 0, waiting.stderr
+    assert watch.tpu_calls == ["describe", "qr-describe"]
+    assert (
+        watch.status["action"] == "queued" and "WAITING_FOR_RESOURCES" in (watch.status["message"])
+    )
+
+    # Capacity: the queue created the node; the recovery is over.
+    watch.set_state("READY", qr="ACTIVE")
+    found = watch.tick()
+    assert found.returncode == 0, found.stderr
+    assert watch.status["action"] == "none" and not (watch.dir / "pending-create").exists()
+    assert watch.qr_state == "ACTIVE"  # a queued resource with a node is kept
+
     # Preempted again at once: no second recreation within the minimum interval.
-    watch.set_state("PREEMPTED")
+    watch.set_state("PREEMPTED", qr="ACTIVE")
     second = watch.tick()
     assert second.returncode == 0, second.stderr
-    assert watch.tpu_calls == ["describe"]
-    assert len(watch.creates()) == 1
+    assert watch.tpu_calls == ["describe", "qr-describe"]
     assert watch.status["tpu_state"] == "PREEMPTED" and watch.status["action"] == "waiting"
     assert "recreating again after 900s" in watch.status["message"]
 
-    # Once the interval has passed, it is recreated again.
+    # Once the interval has passed: the queued resource and its VM go, the name is queued again.
     (watch.dir / "last-create").write_text("1000\n")
     third = watch.tick()
     assert third.returncode == 0, third.stderr
-    assert watch.tpu_calls == ["describe", "delete", "create"]
-    assert len(watch.creates()) == 2
+    assert watch.tpu_calls == ["describe", "qr-describe", "qr-delete", "qr-create"]
+    (qr_delete,) = [c for c in watch.box.calls if "queued-resources delete" in c]
+    assert qr_delete.endswith(" --quiet --force")
+    assert len(watch.creates("qr-create")) == 2 and watch.qr_state == "WAITING_FOR_RESOURCES"
+    _assert_gcloud_flags_exist(watch)
 
 
 def test_terminated_is_recovered_too(watch):
     watch.set_state("TERMINATED")
     result = watch.tick()
     assert result.returncode == 0, result.stderr
-    assert watch.tpu_calls == ["describe", "delete", "create"]
+    assert watch.tpu_calls == ["describe", "qr-describe", "delete", "qr-create"]
 
 
-def test_a_failed_create_is_retried_on_the_next_tick(watch):
+@pytest.mark.parametrize("dead", ["FAILED", "SUSPENDED"])
+def test_failed_and_suspended_queued_resources_are_cleaned_up(watch, dead):
+    # A VM that is running: the dead queued resource is only deleted (without --force).
+    watch.set_state("READY", qr=dead)
+    kept = watch.tick()
+    assert kept.returncode == 0, kept.stderr
+    assert watch.tpu_calls == ["describe", "qr-describe", "qr-delete"]
+    assert "--force" not in watch.tpu_commands()[-1]
+    assert watch.qr_state is None and watch.status["action"] == "none"
+    # A VM being recovered: the dead queue is deleted, then the name is queued again.
+    (watch.dir / "pending-create").touch()
+    watch.set_state(None, qr=dead)
+    requeued = watch.tick()
+    assert requeued.returncode == 0, requeued.stderr
+    assert watch.tpu_calls == ["describe", "qr-describe", "qr-delete", "qr-create"]
+    assert watch.qr_state == "WAITING_FOR_RESOURCES"
+
+
+def test_a_preempted_vm_beside_a_stale_queue_is_deleted_with_it(watch):
+    """A queued resource that does not own the preempted VM (still waiting) is deleted, and
+    so is the VM itself, before the name is queued again."""
+    watch.set_state("PREEMPTED", qr="WAITING_FOR_RESOURCES")
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert watch.tpu_calls == ["describe", "qr-describe", "qr-delete", "delete", "qr-create"]
+    assert watch.qr_state == "WAITING_FOR_RESOURCES" and watch.status["action"] == "queued"
+
+
+def test_a_vm_created_by_pulumi_meanwhile_cancels_the_queue(watch):
+    """`pulumi up` (after a refresh) created the VM while the watchdog waited: the waiting
+    queued resource is cancelled, without --force, and the recovery is over."""
     watch.set_state("PREEMPTED")
-    stockout = "RESOURCE_EXHAUSTED: There is no more capacity in the zone europe-west4-a"
-    failed = watch.tick(CREATE_ERROR=stockout)
+    assert watch.tick().returncode == 0
+    watch.set_state("CREATING", qr="WAITING_FOR_RESOURCES")
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert watch.tpu_calls == ["describe", "qr-describe", "qr-delete"]
+    assert "--force" not in watch.tpu_commands()[-1]
+    assert watch.status["action"] == "dequeued" and watch.qr_state is None
+    assert not (watch.dir / "pending-create").exists()
+
+
+def test_a_failed_queued_resource_create_is_retried_on_the_next_tick(watch):
+    watch.set_state("PREEMPTED")
+    error = "INVALID_ARGUMENT: runtime version not found"
+    failed = watch.tick(QR_CREATE_ERROR=error)
     assert failed.returncode == 1
-    assert watch.tpu_calls == ["describe", "delete", "create"]  # one attempt, no retry loop
+    assert watch.tpu_calls == ["describe", "qr-describe", "delete", "qr-create"]
     assert not [c for c in watch.box.calls if c.startswith("sleep")]
     status = watch.status
     assert status["action"] == "create-failed" and status["tpu_state"] == "MISSING"
-    assert stockout in status["message"] and "next tick" in status["message"]
-    assert status["last_recreate_at"] == ""  # nothing was recreated: no interval applies
+    assert error in status["message"] and "next tick" in status["message"]
+    assert status["last_recreate_at"] == ""  # nothing was requested: no interval applies
 
     retried = watch.tick()
     assert retried.returncode == 0, retried.stderr
-    assert watch.tpu_calls == ["describe", "create"]  # already deleted: create only
-    assert len(watch.creates()) == 2
-    assert watch.status["action"] == "recreated"
+    assert watch.tpu_calls == ["describe", "qr-describe", "qr-create"]  # already deleted
+    assert watch.status["action"] == "queued"
 
-    # Afterwards a missing VM is not ours to create any more.
-    watch.set_state(None)
-    later = watch.tick()
-    assert later.returncode == 0
+
+def test_a_preemptible_vm_without_capacity_waits_with_growing_intervals(sandbox):
+    """gcloud's GA queued-resources create has no --preemptible: a preemptible VM is created
+    directly (with every V2Vm setting), and a stockout is waited out, not failed."""
+    watch = Watch(run_offline("v2-usc1"), sandbox)
+    watch.set_state("PREEMPTED")
+    stockout = "RESOURCE_EXHAUSTED: There is no more capacity in the zone us-central1-f"
+    first = watch.tick(CREATE_ERROR=stockout)
+    assert first.returncode == 0, first.stderr
+    assert watch.tpu_calls == ["describe", "delete", "create"]  # no queued resource calls
+    _assert_gcloud_flags_exist(watch)
+    assert watch.status["action"] == "waiting-capacity" and "240s" in watch.status["message"]
+    _, delay = (watch.dir / "next-attempt").read_text().split()
+    assert delay == "240"
+
+    early = watch.tick(CREATE_ERROR=stockout)
+    assert early.returncode == 0
     assert watch.tpu_calls == ["describe"]
+    assert (
+        watch.status["action"] == "waiting-capacity"
+        and "next attempt in" in (watch.status["message"])
+    )
+
+    (watch.dir / "next-attempt").write_text("1000 240\n")  # the wait is over
+    again = watch.tick(CREATE_ERROR=stockout)
+    assert again.returncode == 0 and watch.tpu_calls == ["describe", "create"]
+    assert (watch.dir / "next-attempt").read_text().split()[1] == "480"
+
+    (watch.dir / "next-attempt").write_text("1000 2400\n")
+    capped = watch.tick(CREATE_ERROR=stockout)
+    assert capped.returncode == 0
+    assert (watch.dir / "next-attempt").read_text().split()[1] == "3600"
+
+    (watch.dir / "next-attempt").write_text("1000 3600\n")
+    created = watch.tick()
+    assert created.returncode == 0, created.stderr
+    assert watch.status["action"] == "recreated"
+    assert not (watch.dir / "next-attempt").exists()
+    assert not (watch.dir / "pending-create").exists()
+    (argv,) = {tuple(a) for a in watch.creates()}  # the same request every time
+    _, flags, switches = _flags(list(argv))
+    assert switches == {"--internal-ips", "--preemptible"}  # v2: no secure boot
+    assert flags["--version"] == watch.vm.inputs["runtimeVersion"]
+
+
+def test_a_create_error_that_is_not_capacity_fails_the_tick(sandbox):
+    watch = Watch(run_offline("v2-usc1"), sandbox)
+    watch.set_state("PREEMPTED")
+    failed = watch.tick(CREATE_ERROR="INVALID_ARGUMENT: bad runtime")
+    assert failed.returncode == 1
+    assert watch.status["action"] == "create-failed"
+    assert not (watch.dir / "next-attempt").exists()
 
 
 def test_a_vm_the_watchdog_did_not_delete_is_not_created(watch):
     watch.set_state(None)
     result = watch.tick()
     assert result.returncode == 0, result.stderr
-    assert watch.tpu_calls == ["describe"]
+    assert watch.tpu_calls == ["describe", "qr-describe"]
     assert watch.status["action"] == "none" and "run pulumi up" in watch.status["message"]
 
 
@@ -733,15 +934,16 @@ def test_a_failed_delete_creates_nothing_and_is_retried(watch):
     watch.set_state("PREEMPTED")
     failed = watch.tick(DELETE_ERROR="INTERNAL: backend error")
     assert failed.returncode == 1
-    assert watch.tpu_calls == ["describe", "delete"]
+    assert watch.tpu_calls == ["describe", "qr-describe", "delete"]
     assert watch.status["action"] == "delete-failed"
     assert "INTERNAL: backend error" in watch.status["message"]
     retried = watch.tick()
     assert retried.returncode == 0, retried.stderr
-    assert watch.tpu_calls == ["describe", "delete", "create"]
+    assert watch.tpu_calls == ["describe", "qr-describe", "delete", "qr-create"]
 
 
-def test_a_create_that_went_through_anyway_is_not_repeated(watch):
+def test_a_create_that_went_through_anyway_is_not_repeated(sandbox):
+    watch = Watch(run_offline("v2-usc1"), sandbox)
     watch.set_state("PREEMPTED")
     assert watch.tick(CREATE_ERROR="DEADLINE_EXCEEDED: timed out").returncode == 1
     watch.set_state("CREATING")  # the operation went on server-side
@@ -753,6 +955,95 @@ def test_a_create_that_went_through_anyway_is_not_repeated(watch):
     assert len(watch.creates()) == 1
 
 
+@pytest.mark.parametrize("tpu_state", ["PREEMPTED", "READY", None])
+def test_a_finished_job_is_never_recreated(watch, tpu_state):
+    watch.export_marker.parent.mkdir(parents=True)
+    watch.export_marker.write_text("{}")
+    (watch.dir / "pending-create").touch()
+    watch.set_state(tpu_state)
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert watch.tpu_calls == ["describe", "qr-describe"]  # nothing deleted, nothing created
+    assert watch.status["action"] == "complete" and "not recreated" in watch.status["message"]
+    assert not (watch.dir / "pending-create").exists()
+
+
+def test_a_finished_job_cancels_a_waiting_queue(watch):
+    watch.set_state("PREEMPTED")
+    assert watch.tick().returncode == 0 and watch.qr_state == "WAITING_FOR_RESOURCES"
+    watch.export_marker.parent.mkdir(parents=True)
+    watch.export_marker.write_text("{}")
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert watch.tpu_calls == ["describe", "qr-describe", "qr-delete"]
+    assert watch.qr_state is None and watch.creates("qr-create") != []
+    assert watch.status["action"] == "complete"
+
+
+def test_release_when_done_deletes_the_finished_tpu(stack_run, sandbox):
+    run = run_offline("v6e-euw4", {"tpu-pretrain:tpuReleaseWhenDone": True})
+    watch = Watch(run, sandbox)
+    watch.export_marker.parent.mkdir(parents=True)
+    watch.export_marker.write_text("{}")
+    watch.set_state("READY")
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert watch.tpu_calls == ["describe", "qr-describe", "delete"]
+    (delete,) = [c for c in watch.box.calls if "tpu-vm delete" in c]
+    assert delete.endswith(" --quiet --async")
+    assert watch.status["action"] == "released"
+    _assert_gcloud_flags_exist(watch)
+    # Released: a missing VM stays missing.
+    again = watch.tick()
+    assert again.returncode == 0 and watch.tpu_calls == ["describe", "qr-describe"]
+    assert watch.status["action"] == "complete"
+
+
+def test_without_the_lease_the_watchdog_stands_down(watch):
+    """`pulumi destroy` deletes the lease first: the queue is cancelled (with its node, which
+    Pulumi deletes next anyway) and nothing is recreated, so no TPU outlives the stack."""
+    watch.set_state("PREEMPTED")
+    assert watch.tick().returncode == 0 and watch.qr_state == "WAITING_FOR_RESOURCES"
+    watch.lease.unlink()
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert watch.tpu_calls == ["qr-describe", "qr-delete"]  # the TPU VM is not even looked at
+    (qr_delete,) = [c for c in watch.box.calls if "queued-resources delete" in c]
+    assert qr_delete.endswith(" --quiet --force --async")
+    assert watch.qr_state is None and not (watch.dir / "pending-create").exists()
+    assert watch.status["action"] == "stopped" and "being destroyed" in watch.status["message"]
+    _assert_gcloud_flags_exist(watch)
+    # The VM is gone (Pulumi deleted it): still nothing is created.
+    watch.set_state(None)
+    assert watch.tick().returncode == 0
+    assert watch.tpu_calls == ["qr-describe"] and watch.creates("qr-create") != []
+
+
+def test_a_lease_that_cannot_be_read_changes_nothing(watch):
+    watch.set_state("PREEMPTED")
+    result = watch.tick(STORAGE_LS_ERROR="HTTPError 403: caller does not have storage.objects.list")
+    assert result.returncode == 1
+    assert watch.tpu_calls == []
+    assert watch.status["action"] == "check-failed"
+
+
+@pytest.mark.parametrize("lease", [True, False], ids=["reboot", "destroy"])
+def test_the_shutdown_hook_cancels_the_queue_only_when_the_stack_goes(watch, lease):
+    watch.set_state("PREEMPTED")
+    assert watch.tick().returncode == 0 and watch.qr_state == "WAITING_FOR_RESOURCES"
+    if not lease:
+        watch.lease.unlink()
+    result = watch.tick("shutdown")
+    assert result.returncode == 0, result.stderr
+    assert not [c for c in watch.box.calls if c.startswith("curl")]  # no re-run at shutdown
+    if lease:
+        assert watch.tpu_calls == [] and watch.qr_state == "WAITING_FOR_RESOURCES"
+        assert (watch.dir / "pending-create").exists()
+    else:
+        assert watch.tpu_calls == ["qr-describe", "qr-delete"] and watch.qr_state is None
+        assert watch.status["action"] == "stopped"
+
+
 @pytest.mark.parametrize(
     ("stack", "overrides", "switches"),
     [
@@ -760,7 +1051,7 @@ def test_a_create_that_went_through_anyway_is_not_repeated(watch):
         (
             "v3-euw4",
             {"tpu-pretrain:tpuAutoRecover": True, "tpu-pretrain:tpuExternalIp": True},
-            set(),  # on-demand with an external IP: no scheduling flag, no --internal-ips
+            {"--async"},  # on-demand, external IP: a queued resource without a tier flag
         ),
     ],
 )
@@ -769,11 +1060,12 @@ def test_recreation_flags_follow_the_stack(stack, overrides, switches, sandbox):
     watch.set_state("TERMINATED")
     result = watch.tick()
     assert result.returncode == 0, result.stderr
-    (argv,) = watch.creates()
+    (argv,) = watch.creates() + watch.creates("qr-create")
     _, flags, found = _flags(argv)
     assert found == switches
     assert flags["--accelerator-type"] == watch.vm.inputs["acceleratorType"]
     assert _pairs(flags["--labels"])["stack"] == stack
+    _assert_gcloud_flags_exist(watch)
 
 
 @pytest.mark.parametrize(
@@ -790,7 +1082,7 @@ def test_a_changed_controller_script_is_rerun_before_anything_else(watch, overri
     result = watch.tick()
     assert result.returncode == 0, result.stderr
     assert "google_metadata_script_runner startup" in watch.box.calls
-    assert watch.tpu_calls == [] and watch.creates() == []
+    assert watch.tpu_calls == [] and watch.creates("qr-create") == []
     assert watch.status["action"] == "rerun-startup"
 
 
@@ -800,14 +1092,14 @@ def test_without_metadata_or_a_working_rerun_it_uses_the_installed_settings(watc
     unreachable = watch.tick()
     assert unreachable.returncode == 0, unreachable.stderr
     assert "cannot read the controller's metadata" in unreachable.stderr
-    assert watch.tpu_calls == ["describe", "delete", "create"]
+    assert watch.tpu_calls == ["describe", "qr-describe", "delete", "qr-create"]
 
-    watch.set_state("PREEMPTED")
+    watch.set_state("PREEMPTED", qr=None)
     (watch.dir / "last-create").write_text("1000\n")
     changed = run_offline("v6e-euw4", {"tpu-pretrain:tpuExternalIp": True})
     (watch.box.state / "metadata").write_text(_script(changed, "controller-vm"))
     failed_rerun = watch.tick(RUNNER_EXIT="1")
     assert failed_rerun.returncode == 0, failed_rerun.stderr
     assert "google_metadata_script_runner startup" in watch.box.calls
-    assert watch.tpu_calls == ["describe", "delete", "create"]
-    assert "--internal-ips" in watch.creates()[-1]  # the installed (older) settings
+    assert watch.tpu_calls == ["describe", "qr-describe", "delete", "qr-create"]
+    assert "--internal-ips" in watch.creates("qr-create")[-1]  # the installed (older) settings

@@ -25,9 +25,13 @@ SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 WORKFLOW_FILES = sorted(WORKFLOWS.glob("*.yml"))
 ACTION_FILES = sorted(LOCAL_ACTIONS.glob("*/action.yml"))
 SHA_PIN = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
-# Third-party actions whose release commit could not be verified offline are pinned to an
-# exact release tag (never a moving major tag). Keep this list short and say why.
-EXACT_TAG_PINS = {"pulumi/actions": "v7.0.0"}
+# Commits verified in the actions' own repositories (tag -> commit), e.g. pulumi/actions:
+# refs/tags/v7.0.0 and refs/tags/v7 both point at 8e5e406f ("prepare v7.0.0 release").
+VERIFIED_PINS = {
+    "pulumi/actions": ("8e5e406f4007fca908480587cb9893c07090f58d", "v7.0.0"),
+    "actions/upload-artifact": ("bbbca2ddaa5d8feaa63e36b76fdaad77386f024f", "v7.0.0"),
+    "actions/download-artifact": ("3e5f45b2cfb9172054b4087a40e8e0b5a5461e7c", "v8.0.1"),
+}
 EXPECTED = {"ci.yml", "preview.yml", "deploy.yml", "destroy.yml"}
 
 
@@ -116,7 +120,11 @@ def test_job_permissions_are_least_privilege(path: Path) -> None:
         permissions = job.get("permissions", {})
         steps = job.get("steps", [])
         uses_wif = any(_step_uses(s, "google-github-actions/auth") for s in steps)
-        comments = any(str(s.get("with", {}).get("comment-on-pr")).lower() == "true" for s in steps)
+        comments = any(
+            str(s.get("with", {}).get("comment-on-pr")).lower() == "true"
+            or "gh pr comment" in s.get("run", "")
+            for s in steps
+        )
         assert (permissions.get("id-token") == "write") == uses_wif, name
         assert (permissions.get("pull-requests") == "write") == comments, name
         allowed = {"contents": "read", "id-token": "write", "pull-requests": "write"}
@@ -136,12 +144,10 @@ def test_actions_are_pinned(path: Path) -> None:
             assert (ROOT / ref / "action.yml").is_file(), ref
             continue
         action, _, version = ref.partition("@")
-        if action in EXACT_TAG_PINS:
-            assert version == EXACT_TAG_PINS[action], line
-            assert re.fullmatch(r"v\d+\.\d+\.\d+", version)
-            continue
         assert SHA_PIN.match(ref), f"not pinned to a commit SHA: {line}"
         assert comment and re.fullmatch(r"v\d+(\.\d+)*", comment), f"no version comment: {line}"
+        if action in VERIFIED_PINS:
+            assert (version, comment) == VERIFIED_PINS[action], line
 
 
 def test_one_version_per_action() -> None:
@@ -200,52 +206,109 @@ def test_stack_matrix_comes_from_the_folder(name: str) -> None:
     lister = workflow_jobs["stacks"]
     assert any(".github/scripts/list_stacks.py" in s.get("run", "") for s in lister["steps"])
     assert lister["outputs"]["stacks"] == "${{ steps.list.outputs.stacks }}"
-    runner = workflow_jobs["preview" if name == "preview.yml" else "deploy"]
-    assert runner["needs"] == "stacks"
-    assert runner["strategy"]["matrix"] == {"stack": "${{ fromJSON(needs.stacks.outputs.stacks) }}"}
-    assert runner["strategy"]["fail-fast"] is False
+    runners = ["preview"] if name == "preview.yml" else ["plan", "deploy"]
+    for runner in (workflow_jobs[job] for job in runners):
+        assert runner["needs"] in ("stacks", ["stacks", "plan"])
+        matrix = {"stack": "${{ fromJSON(needs.stacks.outputs.stacks) }}"}
+        assert runner["strategy"]["matrix"] == matrix
+        assert runner["strategy"]["fail-fast"] is False
 
 
-# --- pulumi steps -----------------------------------------------------------------------------
-def _pulumi_step(name: str) -> dict[str, Any]:
-    [step] = [s for s in steps_of(WORKFLOWS / name) if _step_uses(s, "pulumi/actions")]
-    return step["with"]
+# --- pulumi steps ---------------------------------------------------------------------------
+def _pulumi_steps(name: str, job: str) -> list[dict[str, Any]]:
+    return [
+        s["with"] for s in jobs(WORKFLOWS / name)[job]["steps"] if _step_uses(s, "pulumi/actions")
+    ]
+
+
+def _cli_pin() -> str:
+    pin = re.search(r"^pulumi==(\S+)$", (ROOT / "infra" / "requirements.txt").read_text(), re.M)
+    assert pin
+    return pin.group(1)
 
 
 @pytest.mark.parametrize(
-    ("name", "command"),
-    [("preview.yml", "preview"), ("deploy.yml", "up"), ("destroy.yml", "destroy")],
+    ("name", "job", "command"),
+    [
+        ("deploy.yml", "plan", "preview"),
+        ("deploy.yml", "deploy", "up"),
+        ("destroy.yml", "destroy", "destroy"),
+    ],
 )
-def test_pulumi_steps_use_the_self_managed_backend(name: str, command: str) -> None:
-    options = _pulumi_step(name)
+def test_pulumi_steps_use_the_self_managed_backend(name: str, job: str, command: str) -> None:
+    [options] = _pulumi_steps(name, job)
     assert options["command"] == command
     assert options["cloud-url"] == "gs://${{ vars.PULUMI_STATE_BUCKET }}"
     assert options["secrets-provider"] == "${{ vars.PULUMI_SECRETS_PROVIDER }}"
     assert options["config-map"] == "{gcp:project: {value: ${{ vars.GCP_PROJECT }}, secret: false}}"
     assert options["suppress-outputs"] is True  # the VPN client config is a stack output
-    pin = re.search(r"^pulumi==(\S+)$", (ROOT / "infra" / "requirements.txt").read_text(), re.M)
-    assert pin
-    assert options["pulumi-version"] == pin.group(1), "CLI and SDK versions must match"
+    assert options["pulumi-version"] == _cli_pin(), "CLI and SDK versions must match"
     if command != "destroy":
         assert options["policyPacks"] == "policy"
-    assert (options.get("comment-on-pr") is True) == (command == "preview")
+    assert "comment-on-pr" not in options
+
+
+def test_preview_runs_the_pinned_cli_with_the_policy_pack() -> None:
+    [install] = _pulumi_steps("preview.yml", "preview")
+    assert install == {"pulumi-version": _cli_pin()}  # install only: no command
+    script = _step_named(WORKFLOWS / "preview.yml", "preview", "Preview")
+    assert 'pulumi login "gs://${STATE_BUCKET}"' in script
+    for flag in (
+        '--stack "${STACK}"', '--config "gcp:project=${PROJECT}"', "--diff",
+        "--policy-pack policy", "--suppress-outputs", "--non-interactive", "--color never",
+    ):  # fmt: skip
+        assert flag in script, flag
+    assert 'echo "exit-code=${PIPESTATUS[0]}" >> "$GITHUB_OUTPUT"' in script
+
+
+def test_a_failed_preview_still_comments_then_fails() -> None:
+    steps = {s.get("name"): s for s in jobs(WORKFLOWS / "preview.yml")["preview"]["steps"]}
+    comment = steps["Comment on the pull request"]
+    assert comment["if"] == "always() && steps.preview.outputs.exit-code != ''"
+    assert ".github/scripts/preview_comment.py" in comment["run"]
+    assert 'gh pr comment "$PR"' in comment["run"]
+    assert comment["env"]["GH_TOKEN"] == "${{ github.token }}"  # noqa: S105 (an expression)
+    assert steps["Fail when the preview failed"]["if"] == "steps.preview.outputs.exit-code != '0'"
+
+
+def test_deploy_applies_the_plan_the_approver_saw() -> None:
+    workflow = jobs(WORKFLOWS / "deploy.yml")
+    plan, deploy = workflow["plan"], workflow["deploy"]
+    assert "environment" not in plan  # read-only, before the approval
+    assert deploy["needs"] == ["stacks", "plan"] and deploy["environment"] == "gcp-deploy"
+    [preview] = _pulumi_steps("deploy.yml", "plan")
+    [up] = _pulumi_steps("deploy.yml", "deploy")
+    assert preview["plan"] == up["plan"] == "plan.json"
+    assert preview["comment-on-summary"] is True  # what the approver reads
+    [upload] = [s for s in plan["steps"] if _step_uses(s, "actions/upload-artifact")]
+    [download] = [s for s in deploy["steps"] if _step_uses(s, "actions/download-artifact")]
+    assert upload["with"]["name"] == download["with"]["name"] == "plan-${{ matrix.stack }}"
+    assert upload["with"]["path"] == "plan.json" and upload["with"]["if-no-files-found"] == "error"
+    assert upload["with"]["retention-days"] == 1
+    order = [s.get("uses", s.get("name", "")).split("@")[0] for s in deploy["steps"]]
+    assert order.index("actions/download-artifact") < order.index("pulumi/actions")
 
 
 def test_wif_service_accounts_match_the_job() -> None:
-    def auth(name: str) -> dict[str, Any]:
+    def auth(name: str, job: str) -> dict[str, Any]:
         [step] = [
-            s for s in steps_of(WORKFLOWS / name) if _step_uses(s, "google-github-actions/auth")
+            s
+            for s in jobs(WORKFLOWS / name)[job]["steps"]
+            if _step_uses(s, "google-github-actions/auth")
         ]
         return step["with"]
 
-    assert auth("preview.yml")["service_account"] == "${{ vars.GCP_PREVIEW_SERVICE_ACCOUNT }}"
-    for name in ("deploy.yml", "destroy.yml"):
-        assert auth(name)["service_account"] == "${{ vars.GCP_DEPLOY_SERVICE_ACCOUNT }}"
-    for name in ("preview.yml", "deploy.yml", "destroy.yml"):
-        assert (
-            auth(name)["workload_identity_provider"] == "${{ vars.GCP_WORKLOAD_IDENTITY_PROVIDER }}"
-        )
-        assert "credentials_json" not in auth(name)
+    accounts = {
+        ("preview.yml", "preview"): "${{ vars.GCP_PREVIEW_SERVICE_ACCOUNT }}",
+        ("deploy.yml", "plan"): "${{ vars.GCP_PREVIEW_SERVICE_ACCOUNT }}",  # read-only
+        ("deploy.yml", "deploy"): "${{ vars.GCP_DEPLOY_SERVICE_ACCOUNT }}",
+        ("destroy.yml", "destroy"): "${{ vars.GCP_DEPLOY_SERVICE_ACCOUNT }}",
+    }
+    for (name, job), account in accounts.items():
+        options = auth(name, job)
+        assert options["service_account"] == account, (name, job)
+        assert options["workload_identity_provider"] == "${{ vars.GCP_WORKLOAD_IDENTITY_PROVIDER }}"
+        assert "credentials_json" not in options
 
 
 def test_forked_pull_requests_are_explained_not_failed() -> None:
@@ -377,3 +440,71 @@ def test_fork_notice_step_says_why(tmp_path: Path) -> None:
     assert result.stdout.startswith("::notice title=Pulumi preview skipped::")
     assert "someone/fork" in result.stdout
     assert "OIDC" in summary.read_text()
+
+
+def test_preview_steps_comment_on_a_policy_violation_and_fail(tmp_path: Path) -> None:
+    """The Preview, Comment and Fail steps as the runner runs them, with stand-ins for the
+    pulumi and gh commands: a preview that exits 255 with a violation gets a comment naming
+    the rule and the resource, and the job fails."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "pulumi").write_text(
+        "#!/bin/bash\n"
+        'echo "pulumi $*" >>"$CALLS"\n'
+        '[ "$1" = login ] && exit 0\n'
+        "echo 'Policies:'\n"
+        "echo '    x tpu-pretrain@v0.1.0 (local: policy)'\n"
+        "echo '        - [mandatory]  no-default-compute-sa  (gcp:compute:Instance: vm-1)'\n"
+        "echo '          Uses the default compute service account.'\n"
+        "echo 'error: preview failed' >&2\n"
+        "exit 255\n"
+    )
+    (stubs / "gh").write_text(
+        '#!/bin/bash\necho "gh $*" >>"$CALLS"\ncp "${@: -1}" "$CALLS.comment"\n'
+    )
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    (tmp_path / ".github").symlink_to(ROOT / ".github")
+    calls, output, summary = tmp_path / "calls", tmp_path / "output", tmp_path / "summary"
+    env = {
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "CALLS": str(calls),
+        "GITHUB_OUTPUT": str(output),
+        "GITHUB_STEP_SUMMARY": str(summary),
+        "GITHUB_REPOSITORY": "owner/repo",
+        "STACK": "v6e-euw4",
+        "PROJECT": "my-project",
+        "STATE_BUCKET": "state",
+        "PR": "7",
+        "GH_TOKEN": "t",
+    }
+
+    def step(fragment: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        script = _step_named(WORKFLOWS / "preview.yml", "preview", fragment)
+        return subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+            check=False,
+            cwd=tmp_path,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    preview = step("Preview")
+    assert preview.returncode == 0, preview.stderr  # the step records, the last one fails
+    assert output.read_text() == "exit-code=255\n"
+    assert calls.read_text().splitlines()[1] == (
+        "pulumi preview --stack v6e-euw4 --config gcp:project=my-project --diff "
+        "--policy-pack policy --suppress-outputs --non-interactive --color never"
+    )
+    commented = step("Comment", EXIT_CODE="255")
+    assert commented.returncode == 0, commented.stderr
+    assert "gh pr comment 7 --repo owner/repo --body-file comment.md" in calls.read_text()
+    body = Path(f"{calls}.comment").read_text()
+    assert "| `no-default-compute-sa` | mandatory | `vm-1` | `gcp:compute:Instance` |" in body
+    assert "- preview failed" in body
+    assert summary.read_text() == body
+    failed = step("Fail when", EXIT_CODE="255")
+    assert failed.returncode == 1
+    assert "exited with 255" in failed.stdout

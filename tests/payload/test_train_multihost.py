@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,49 +120,66 @@ def _free_loopback_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _launch(worker: Path, job_file: Path, mode: str) -> tuple[list[int], list[str], list[str]]:
+def _launch(worker: Path, job_file: Path, mode: str, logs: Path) -> list[tuple[int, str, str]]:
+    """HOSTS workers on fresh ports; (exit code, stdout, stderr) of each, in task order.
+
+    Output goes to files (a chatty worker cannot block on a full pipe). When one worker
+    fails, the others are stopped at once instead of waiting for it until their deadline.
+    """
     ports = _free_loopback_ports(HOSTS)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    logs.mkdir(parents=True, exist_ok=True)
     procs = []
     try:
         for index in range(HOSTS):
             tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, str(worker), str(job_file), mode, str(WORKER_DEADLINE_S)],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    env={
-                        **os.environ,
-                        "TF_CONFIG": json.dumps(tf_config),
-                        "TF_CPP_MIN_LOG_LEVEL": "2",
-                    },
-                    start_new_session=True,
+            with (logs / f"{index}.out").open("w") as out, (logs / f"{index}.err").open("w") as err:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, str(worker), str(job_file), mode, str(WORKER_DEADLINE_S)],
+                        stdout=out,
+                        stderr=err,
+                        env={
+                            **os.environ,
+                            "TF_CONFIG": json.dumps(tf_config),
+                            "TF_CPP_MIN_LOG_LEVEL": "2",
+                        },
+                        start_new_session=True,
+                    )
                 )
-            )
-        outputs = [proc.communicate(timeout=WORKER_DEADLINE_S + 30) for proc in procs]
+        deadline = time.monotonic() + WORKER_DEADLINE_S + 30
+        while time.monotonic() < deadline:
+            codes = [proc.poll() for proc in procs]
+            if all(code is not None for code in codes) or any(code for code in codes):
+                break
+            time.sleep(0.2)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return [p.returncode for p in procs], [o for o, _ in outputs], [e for _, e in outputs]
+            proc.wait()
+    return [
+        (proc.returncode, (logs / f"{i}.out").read_text(), (logs / f"{i}.err").read_text())
+        for i, proc in enumerate(procs)
+    ]
 
 
 def _run_cluster(worker: Path, job_file: Path, mode: str) -> list[dict[str, Any]]:
     """HOSTS workers on loopback, to the end; their reports in task order."""
-    for _ in range(LAUNCH_ATTEMPTS):
-        codes, stdouts, stderrs = _launch(worker, job_file, mode)
-        lost_port = any("address already in use" in err.lower() for err in stderrs)
+    for attempt in range(LAUNCH_ATTEMPTS):
+        results = _launch(worker, job_file, mode, job_file.parent / f"logs-{mode}-{attempt}")
+        codes = [code for code, _, _ in results]
+        stderr = "\n".join(err for _, _, err in results).lower()
+        # A port taken by another process between picking and binding: pick again.
+        lost_port = "address already in use" in stderr or "failed to add port" in stderr
         if codes == [0] * HOSTS or not lost_port:
             break
     assert codes == [0] * HOSTS, f"worker exit codes {codes}:\n" + "\n".join(
-        err[-3000:] for err in stderrs
+        err[-3000:] for _, _, err in results
     )
     reports = [
         json.loads(next(ln for ln in out.splitlines() if ln.startswith("REPORT "))[7:])
-        for out in stdouts
+        for _, out, _ in results
     ]
     return sorted(reports, key=lambda r: r["task"])
 

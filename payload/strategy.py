@@ -13,9 +13,10 @@ accelerator; `connect()` can only be exercised for real on the matching hardware
 
 Multi-host TPU slices (v4-32, v5litepod-16, v5p-16, ...): TensorFlow's own engine, one
 client driving every host. A TF TPU worker (gRPC server, port 8470) runs on every host; the
-training program runs on worker 0 only, with `TPU_NAME=<node name>` and `TPU_LOAD_LIBRARY=0`
-(so this client does not load libtpu and lock the chips the local TPU worker owns), and
-connects with `TPUClusterResolver(tpu=<node name>, zone, project)`; see `slice_target()`.
+training program runs on worker 0 only, with `TPU_NAME=<node name>` (or the workers'
+grpc:// endpoints) and `TPU_LOAD_LIBRARY=0` (so this client does not load libtpu and lock the
+chips the local TPU worker owns), and connects with `TPUClusterResolver(tpu=TPU_NAME, zone,
+project)`; see `slice_target()`.
 Every other rule (precision, steps per execution) is the single-host TPU's. The input
 pipeline runs once per host (`distribute_datasets_from_function`, one `input_pipeline_id`
 per host, data.py shards the files by it); checkpoints, TensorBoard, status and the export
@@ -145,7 +146,6 @@ _NODE_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _ENDPOINT_RE = re.compile(r"^grpc://[A-Za-z0-9.\-]+:[0-9]{1,5}$")
 _ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _PROJECT_RE = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
-SLICE_ENVIRONMENT = ("TPU_NAME", "TPU_ZONE", "TPU_PROJECT", "TPU_LOAD_LIBRARY")
 
 
 @dataclass(frozen=True)
@@ -263,10 +263,9 @@ def check_global_batch(global_batch_size: int, runtime: Runtime) -> None:
 def require_shared_paths(paths: Mapping[str, str], target: SliceTarget | None) -> None:
     """On a slice the paths must be gs://: a local path names a different disk on each host.
 
-    Every host's input pipeline runs on that host (it reads `data`), and TensorFlow places a
-    TPU variable's save ops on its host worker (TPU worker 0's process, not this client), so
-    checkpoints must go where both can reach. (Placement read in TF's source, not yet
-    watched on a real slice.)
+    Every host's input pipeline runs on that host (it reads `data`). Checkpoints: as we
+    understand TF's placement, a TPU variable's save ops run on its host's TPU worker, not
+    in this client, so they must go where both can reach (not yet observed on a slice).
     """
     if target is None:
         return

@@ -211,6 +211,14 @@ def slice_target(environ: Mapping[str, str]) -> SliceTarget | None:
             f"TPU_NAME={name} (a multi-host slice) needs TPU_LOAD_LIBRARY=0, got "
             f"{environ.get('TPU_LOAD_LIBRARY')!r}: the TPU worker on this host owns its chips"
         )
+    if environ.get("TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
+        # TF 2.20 loads libtpu as a PJRT plugin when this is set (its __init__.py); Google's
+        # TF TPU CI sets it on single hosts only, never for pods.
+        raise SpecError(
+            f"TPU_NAME={name} (a multi-host slice) needs TF_PLUGGABLE_DEVICE_LIBRARY_PATH "
+            "unset (it is for one host): this client would load libtpu and take the chips "
+            "of worker 0's TPU worker"
+        )
     return SliceTarget(tpu=name, zone=zone, project=project)
 
 

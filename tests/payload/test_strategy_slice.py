@@ -65,6 +65,14 @@ def test_node_name_without_the_api_client_is_one_line() -> None:
             r"'10.0.0.3:8470' is not a TPU worker endpoint",
         ),
         (
+            {
+                "TPU_NAME": ENDPOINTS,
+                "TPU_LOAD_LIBRARY": "0",
+                "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/opt/venv/lib/libtpu/libtpu.so",
+            },
+            r"needs TF_PLUGGABLE_DEVICE_LIBRARY_PATH unset",
+        ),
+        (
             {"TPU_NAME": ENDPOINTS, "TPU_LOAD_LIBRARY": "0", "TPU_ZONE": "us-central2"},
             r"TPU_ZONE: 'us-central2' is not a zone",
         ),

@@ -17,6 +17,7 @@ from payload.errors import UserError
 
 if TYPE_CHECKING:
     from payload.status import StatusWriter
+    from payload.strategy import SliceTarget
 
 COMMANDS = {
     "validate": "check the job spec and print it with defaults filled in",
@@ -69,10 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     status = StatusWriter(job.paths.status, job.name)
     try:
+        target = _slice_target(args.command)
         if args.command == "run":
-            pipeline.run(job, status, force=args.force)
+            pipeline.run(job, status, force=args.force, target=target)
         else:
-            pipeline.run_stage(job, args.command, status, force=args.force)
+            pipeline.run_stage(job, args.command, status, force=args.force, target=target)
     except UserError as exc:
         _record_failure(status, args.command, _one_line(exc))
         print(f"error: {_one_line(exc)}", file=sys.stderr)
@@ -81,6 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         _record_failure(status, args.command, f"{type(exc).__name__}: {_one_line(exc)}")
         raise
     return 0
+
+
+def _slice_target(command: str) -> SliceTarget | None:
+    """The multi-host TPU slice from TPU_NAME & co. (train/run only: TensorFlow is imported)."""
+    if command not in ("train", "run") or os.environ.get("TPU_NAME", "local") == "local":
+        return None
+    from payload.strategy import slice_target  # noqa: PLC0415
+
+    return slice_target(os.environ)
 
 
 def _record_failure(status: StatusWriter, command: str, error: str) -> None:

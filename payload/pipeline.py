@@ -8,11 +8,14 @@ Completion markers, each written last by its stage:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from payload import encode, storage, tokenizer
 from payload.spec import JobSpec
 from payload.status import StatusWriter
+
+if TYPE_CHECKING:
+    from payload.strategy import SliceTarget  # imports TensorFlow
 
 STAGES = ("tokenizer", "encode", "train")
 Printer = Callable[[str], None]
@@ -59,9 +62,18 @@ def clear(job: JobSpec, stage: str) -> None:
 
 
 def run_stage(
-    job: JobSpec, stage: str, status: StatusWriter, *, force: bool = False, echo: Printer = print
+    job: JobSpec,
+    stage: str,
+    status: StatusWriter,
+    *,
+    force: bool = False,
+    echo: Printer = print,
+    target: SliceTarget | None = None,
 ) -> dict[str, Any]:
-    """Run one stage (or skip it when complete); returns a summary for printing."""
+    """Run one stage (or skip it when complete); returns a summary for printing.
+
+    `target`: the multi-host TPU slice the train stage drives (None: this host only).
+    """
     if force:
         clear(job, stage)
     elif is_complete(job, stage):
@@ -85,7 +97,7 @@ def run_stage(
             **dict(manifest.corpus),
         }
     else:
-        summary = dict(_train_module().train(job, status) or {})
+        summary = dict(_train_module().train(job, status, target=target) or {})
     details = ", ".join(f"{k}={_fmt(v)}" for k, v in summary.items())
     status.update(stage=stage, state="complete", message=details or "complete")
     status.flush()
@@ -104,12 +116,17 @@ def _echo_outputs(job: JobSpec, stage: str, echo: Printer) -> None:
 
 
 def run(
-    job: JobSpec, status: StatusWriter, *, force: bool = False, echo: Printer = print
+    job: JobSpec,
+    status: StatusWriter,
+    *,
+    force: bool = False,
+    echo: Printer = print,
+    target: SliceTarget | None = None,
 ) -> dict[str, dict[str, Any]]:
     """All stages in order; complete ones are skipped unless ``force``."""
     results = {}
     for stage in STAGES:
-        results[stage] = run_stage(job, stage, status, force=force, echo=echo)
+        results[stage] = run_stage(job, stage, status, force=force, echo=echo, target=target)
     status.update(stage="run", state="complete", message="all stages complete")
     status.flush()
     echo(f"status: {job.paths.status}")

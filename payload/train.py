@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
@@ -37,12 +38,12 @@ from payload import model as model_lib
 from payload import schedule, storage
 from payload import strategy as strategy_lib
 from payload import tokenizer as tokenizer_lib
-from payload.errors import DataError, SpecError, UserError
+from payload.errors import DataError, UserError
+from payload.status import StatusWriter
 
 if TYPE_CHECKING:
     from payload.manifest import Manifest
     from payload.spec import JobSpec
-    from payload.status import StatusWriter
 
 EXPORT_MARKER = "export_complete.json"
 
@@ -133,9 +134,22 @@ def _log(message: str) -> None:
 
 
 def train(
-    job: JobSpec, status: StatusWriter, *, runtime: strategy_lib.Runtime | None = None
+    job: JobSpec,
+    status: StatusWriter,
+    *,
+    runtime: strategy_lib.Runtime | None = None,
+    target: strategy_lib.SliceTarget | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume) and export; `runtime` defaults to the detected accelerator."""
+    """Train (or resume) and export.
+
+    `runtime` defaults to the detected accelerator, or to the multi-host TPU slice `target`
+    (strategy.slice_target). Only the chief writes (checkpoints, run.json, TensorBoard,
+    status, export): on a slice that is this one client on worker 0; in a multi-client
+    run (the tests' loopback cluster) every other worker computes and reads only.
+    """
+    strategy_lib.require_shared_paths({"output": job.paths.root, "data": job.paths.data}, target)
+    if runtime is not None and not runtime.is_chief:
+        status = _UnwrittenStatus(status.path, status.job_name)
     status.update(stage="train", message="verifying data")
     manifest = manifest_lib.load_manifest(job.paths.data)
     check_data(job, manifest)
@@ -149,13 +163,9 @@ def train(
         vocab_size=manifest.vocab_size,
         special_ids=data_lib.special_ids_of(manifest),
     )
-    runtime = runtime or strategy_lib.setup(spec.precision)
-    replicas = runtime.num_replicas
-    if spec.global_batch_size % replicas:
-        raise SpecError(
-            f"train.global_batch_size: {spec.global_batch_size} must be a multiple of the "
-            f"{replicas} replicas of this {runtime.plan.accelerator}"
-        )
+    runtime = runtime or strategy_lib.setup(spec.precision, target=target)
+    strategy_lib.check_global_batch(spec.global_batch_size, runtime)
+    chief = runtime.is_chief
     _log(f"train: {json.dumps(strategy_lib.describe(runtime))}")
 
     strategy = runtime.strategy
@@ -182,10 +192,13 @@ def train(
         global_batch_size=spec.global_batch_size,
         seed=spec.seed,
     )
-    storage.makedirs(job.paths.checkpoints)
-    checkpoint_lib.check_identity(
-        job.paths.checkpoints, run_identity, has_checkpoint=manager.latest_checkpoint is not None
-    )
+    if chief:
+        storage.makedirs(job.paths.checkpoints)
+        checkpoint_lib.check_identity(
+            job.paths.checkpoints,
+            run_identity,
+            has_checkpoint=manager.latest_checkpoint is not None,
+        )
     restored = checkpoint_lib.restore_latest(ckpt, manager)
     step = int(optimizer.iterations.numpy())
     if restored is not None:
@@ -199,6 +212,8 @@ def train(
         stats.update(loop.run(manager, status, step))
     stats["step"] = int(optimizer.iterations.numpy())
 
+    if not chief:
+        return stats
     status.update(stage="train", progress=1.0, step=stats["step"], message="exporting")
     export(job, model, stats)
     stats["export"] = job.paths.export
@@ -222,27 +237,9 @@ class _TrainLoop:
         self.spec = job.train
 
     def dataset(self, start_step: int) -> Any:
-        global_batch, job, manifest, seed = (
-            self.spec.global_batch_size,
-            self.job,
-            self.manifest,
-            self.spec.seed,
+        return self.runtime.strategy.distribute_datasets_from_function(
+            input_fn(self.job, self.manifest, start_step)
         )
-
-        def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-            per_replica = ctx.get_per_replica_batch_size(global_batch)
-            replicas_per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
-            return data_lib.make_dataset(
-                job,
-                manifest,
-                batch_size=per_replica,
-                seed=seed,
-                start_batch=start_step,
-                replicas_per_pipeline=replicas_per_pipeline,
-                input_context=ctx,
-            )
-
-        return self.runtime.strategy.distribute_datasets_from_function(dataset_fn)
 
     def make_train_chunk(self, iterator: Any) -> Any:
         strategy, model, optimizer = self.runtime.strategy, self.model, self.optimizer
@@ -297,7 +294,8 @@ class _TrainLoop:
     ) -> dict[str, Any]:
         spec, plan = self.spec, self.runtime.plan
         train_chunk = self.make_train_chunk(iter(self.dataset(start_step)))
-        meter = _Meter(self.job, self.manifest, status)
+        chief = self.runtime.is_chief
+        meter = _Meter(self.job, self.manifest, status, chief=chief)
         step, total = start_step, spec.steps
         bar = tqdm(
             total=total, initial=step, unit="step", file=sys.stderr, disable=not sys.stderr.isatty()
@@ -319,14 +317,14 @@ class _TrainLoop:
                         f"is kept ({manager.latest_checkpoint or 'none yet'}): lower "
                         "train.learning_rate or raise train.warmup_steps"
                     )
-                if step % spec.checkpoint_every == 0 or step == total:
+                if chief and (step % spec.checkpoint_every == 0 or step == total):
                     manager.save(checkpoint_number=step)
                 if step % spec.log_every == 0 or step == total:
                     meter.log(step, float(norm.numpy()))
                     bar.set_postfix(loss=f"{meter.loss:.4f}")
                 if stop.signal is not None:
                     # Preemption/shutdown: keep this step's work, then exit like the signal.
-                    path = manager.save(checkpoint_number=step)
+                    path = manager.save(checkpoint_number=step) if chief else "(the chief's)"
                     message = (
                         f"stopped by signal {stop.signal} at step {step}; checkpoint {path} "
                         "saved: rerun to resume"
@@ -344,6 +342,40 @@ class _TrainLoop:
             "accuracy": meter.accuracy,
             "steps_per_second": meter.mean_steps_per_second(),
         }
+
+
+def input_fn(
+    job: JobSpec, manifest: Manifest, start_step: int
+) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+    """The per-host dataset function for `distribute_datasets_from_function`.
+
+    The strategy calls it once per input pipeline: once on one host; on a multi-host slice
+    once per host, on that host (`ctx.input_pipeline_id` = the host's index), and data.py
+    gives each pipeline its own shards. Every pipeline feeds its own replicas.
+    """
+    global_batch, seed = job.train.global_batch_size, job.train.seed
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        per_replica = ctx.get_per_replica_batch_size(global_batch)
+        replicas_per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+        return data_lib.make_dataset(
+            job,
+            manifest,
+            batch_size=per_replica,
+            seed=seed,
+            start_batch=start_step,
+            replicas_per_pipeline=replicas_per_pipeline,
+            input_context=ctx,
+        )
+
+    return dataset_fn
+
+
+class _UnwrittenStatus(StatusWriter):
+    """status.json as a worker that is not the chief sees it: kept in memory, never written."""
+
+    def flush(self) -> None:
+        self._dirty = False
 
 
 class _StopRequest:
@@ -375,13 +407,18 @@ class _StopRequest:
 class _Meter:
     """Loss, learning rate and throughput to the log, TensorBoard and status.json."""
 
-    def __init__(self, job: JobSpec, manifest: Manifest, status: StatusWriter):
+    def __init__(self, job: JobSpec, manifest: Manifest, status: StatusWriter, *, chief: bool):
         self.total = job.train.steps
         self.sequences_per_step = job.train.global_batch_size
         self.tokens_per_step = job.train.global_batch_size * manifest.seq_length
         self.schedule = schedule.learning_rate_schedule(job.train)
         self.status = status
-        self.writer = tf.summary.create_file_writer(job.paths.logs)
+        # One event file per run, the chief's: other workers' would duplicate every scalar.
+        self.writer = (
+            tf.summary.create_file_writer(job.paths.logs)
+            if chief
+            else tf.summary.create_noop_writer()
+        )
         self.loss = self.accuracy = float("nan")
         self.first_loss: float | None = None
         self.window_start, self.window_steps = time.perf_counter(), 0

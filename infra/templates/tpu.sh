@@ -91,7 +91,8 @@ esac"
   fi
 }
 
-trap 'write_status failed "startup script failed at line ${LINENO}"' ERR
+# With set -E the trap fires in every enclosing function: report the innermost line once.
+trap '[ -n "${FAILED_AT:-}" ] || { FAILED_AT="${LINENO}"; write_status failed "startup script failed at line ${LINENO}"; }' ERR
 log "step 1/4: checks (runtime ${RUNTIME_VERSION}, accelerator ${ACCELERATOR_TYPE})"
 write_status starting "startup script started on ${ACCELERATOR_TYPE} (${RUNTIME_VERSION})"
 check_python

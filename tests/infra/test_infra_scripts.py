@@ -143,7 +143,9 @@ fi
 if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
   mkdir -p "$3/bin"
   for tool in pip tpu-payload tensorboard python; do cp "$STUB_DIR/recorder" "$3/bin/$tool"; done
-  if [ -n "${STUB_VENV_PYTHON:-}" ]; then ln -sf "$STUB_VENV_PYTHON" "$3/bin/python"; fi
+  if [ -n "${STUB_VENV_PYTHON:-}" ]; then
+    printf '#!/bin/sh\nexec %s "$@"\n' "$STUB_VENV_PYTHON" >"$3/bin/python"
+  fi
 fi
 """,
     "recorder": r"""

@@ -74,7 +74,7 @@ trainer_stopped() {
 
 install_helper() {
   local body
-  body="#!/bin/bash
+  body="#!/usr/bin/env bash
 # tpu-pretrain: the trainer unit's helper, written by the TPU VM's startup script.
 set -Euo pipefail
 $(declare -p SANDBOX_ROOT APP_DIR RETRY_ATTEMPTS LOG_TAG CONSOLE TRANSIENT_ERRORS)

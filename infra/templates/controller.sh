@@ -30,6 +30,7 @@ build_wheelhouse() {
 }
 
 trap 'write_status failed "startup script failed at line ${LINENO}"' ERR
+gcs_cli
 write_status starting "startup script started"
 install_payload
 

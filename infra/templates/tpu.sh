@@ -94,6 +94,7 @@ esac"
 # With set -E the trap fires in every enclosing function: report the innermost line once.
 trap '[ -n "${FAILED_AT:-}" ] || { FAILED_AT="${LINENO}"; write_status failed "startup script failed at line ${LINENO}"; }' ERR
 log "step 1/4: checks (runtime ${RUNTIME_VERSION}, accelerator ${ACCELERATOR_TYPE})"
+gcs_cli
 write_status starting "startup script started on ${ACCELERATOR_TYPE} (${RUNTIME_VERSION})"
 check_python
 log "step 2/4: payload install"

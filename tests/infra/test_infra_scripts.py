@@ -958,3 +958,151 @@ def test_without_metadata_or_a_working_rerun_it_uses_the_installed_settings(watc
     assert "google_metadata_script_runner startup" in watch.box.calls
     assert watch.tpu_calls == ["describe", "delete", "create"]
     assert "--internal-ips" in watch.creates()[-1]  # the installed (older) settings
+
+
+# --- first boot on a real TPU image: retries, old SDKs, the wheelhouse ------------------
+def test_apt_waits_for_the_dpkg_lock_and_is_retried(stack_run, sandbox):
+    _publish_payload(stack_run, sandbox)
+    (sandbox.bin / "python3").write_text(
+        (sandbox.bin / "python3")
+        .read_text()
+        .replace(
+            'echo "python3 $*" >>"$CALLS"',
+            'echo "python3 $*" >>"$CALLS"\n'
+            'if [ "$2" = "import ensurepip" ] && [ ! -f "$STATE/venv-pkg" ]; then exit 1; fi',
+        )
+    )
+    (sandbox.bin / "apt-get").write_text(
+        (sandbox.bin / "apt-get").read_text() + '\ncase " $* " in *" python3-venv "*) '
+        'touch "$STATE/venv-pkg" ;; esac\n'
+    )
+    result = sandbox.run(_script(stack_run, "tpu-vm"), FAIL_FIRST_APT="2")
+    assert result.returncode == 0, result.stderr
+    apt = [c for c in sandbox.calls if c.startswith("apt-get")]
+    lock = "apt-get -o DPkg::Lock::Timeout=600 -q"
+    assert apt == [f"{lock} update"] * 3 + [f"{lock} install -y python3-venv"]
+    assert [c for c in sandbox.calls if c.startswith("sleep")] == ["sleep 15", "sleep 15"]
+    assert "apt-get update failed (attempt 1/4); retrying in 15s" in result.stderr
+
+
+def test_a_failed_install_is_retried_as_a_whole(stack_run, sandbox):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    script = _script(stack_run, "tpu-vm")
+    result = sandbox.run(script, FAIL_FIRST_PIP="1", TPU_PRETRAIN_INSTALL_ATTEMPTS="3")
+    assert result.returncode == 0, result.stderr
+    assert "payload install attempt 1 failed (exit 1); retrying the whole install in 30s" in (
+        result.stderr
+    )
+    assert "sleep 30" in sandbox.calls
+    # The whole unit again: download, unpack, a fresh venv, every pip step.
+    downloads = [c for c in sandbox.calls if c.startswith("gcloud storage cp") and "/payload/" in c]
+    assert len(downloads) == 2
+    assert len([c for c in sandbox.calls if c.startswith("python3 -m venv")]) == 2
+    assert len([c for c in sandbox.calls if c.startswith("pip ")]) == 1 + 3
+    assert (
+        sandbox.root / f"opt/tpu-pretrain/venv-{_short_sha(script)}/.tpu-pretrain-installed"
+    ).exists()
+    assert _bootstrap_status(sandbox, bucket)["state"] == "started"
+
+
+def test_an_install_that_keeps_failing_stops_with_a_status(stack_run, sandbox):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    result = sandbox.run(
+        _script(stack_run, "tpu-vm"), FAIL_FIRST_PIP="9", TPU_PRETRAIN_INSTALL_ATTEMPTS="2"
+    )
+    assert result.returncode == 1
+    assert [c for c in sandbox.calls if c.startswith("sleep")] == ["sleep 30"]
+    status = _bootstrap_status(sandbox, bucket)
+    assert status["state"] == "failed"
+    assert status["message"] == (
+        "payload install failed 2 times (last exit 1); see journalctl -t tpu-pretrain"
+    )
+    assert not list((sandbox.root / "opt/tpu-pretrain").glob("venv*"))
+
+
+def test_an_old_sdk_without_gcloud_storage_uses_gsutil(stack_run, sandbox):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    result = sandbox.run(_script(stack_run, "tpu-vm"), NO_GCLOUD_STORAGE="1")
+    assert result.returncode == 0, result.stderr
+    assert "this gcloud has no 'storage' command (an old SDK): using gsutil" in result.stderr
+    gsutil = [c for c in sandbox.calls if c.startswith("gsutil")]
+    assert any(c.startswith("gsutil -q -m cp gs://") and "/payload/" in c for c in gsutil)
+    assert any(c.startswith("gsutil ls gs://") and "/wheelhouse/" in c for c in gsutil)
+    assert not [c for c in sandbox.calls if c.startswith("gcloud storage c")]
+    assert _bootstrap_status(sandbox, bucket)["state"] == "started"
+    # The unit's helper uses the same wrapper: the manifest wait works with gsutil too.
+    manifest = sandbox.gcs / bucket / "runs/gpt2-small-clm/data/manifest.json"
+    waited = _helper(sandbox, "wait-manifest", NO_GCLOUD_STORAGE="1", CREATE_ON_SLEEP=str(manifest))
+    assert waited.returncode == 0, waited.stderr
+    assert [c for c in sandbox.calls if c.startswith("gsutil ls")] == [
+        f"gsutil ls gs://{bucket}/runs/gpt2-small-clm/data/manifest.json"
+    ] * 2
+
+
+def test_the_tpu_vm_installs_from_the_controllers_wheelhouse(stack_run, sandbox, tmp_path):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    controller = sandbox.run(_script(stack_run, "controller-vm"))
+    assert controller.returncode == 0, controller.stderr
+    (wheelhouse,) = (sandbox.gcs / bucket / "wheelhouse").iterdir()
+    built = sorted(p.name for p in wheelhouse.glob("*.whl"))
+    shutil.rmtree(sandbox.root / "opt")  # the TPU VM is another machine; the bucket stays
+
+    seen = tmp_path / "seen.txt"
+    tpu = sandbox.run(_script(stack_run, "tpu-vm"), WHEELHOUSE_SEEN=str(seen))
+    assert tpu.returncode == 0, tpu.stderr
+    assert f"wheelhouse {wheelhouse.name}: 2 wheels downloaded" in tpu.stderr, tpu.stderr
+    pip_calls = [c for c in sandbox.calls if c.startswith("pip ")]
+    assert re.fullmatch(
+        r"pip install --quiet --no-index --find-links \S+/wheels -r \S+", pip_calls[0]
+    )
+    assert re.fullmatch(
+        r"pip install --quiet --no-index --find-links \S+/wheels --no-deps tf_keras==2\.20\.1",
+        pip_calls[1],
+    )
+    assert pip_calls[2].startswith("pip install --quiet --no-deps ")  # the payload
+    assert sorted(seen.read_text().split()) == built
+    assert "installed from the wheelhouse" in tpu.stderr
+
+
+def test_an_incomplete_wheelhouse_falls_back_to_the_index(stack_run, sandbox):
+    _publish_payload(stack_run, sandbox)
+    assert sandbox.run(_script(stack_run, "controller-vm")).returncode == 0
+    shutil.rmtree(sandbox.root / "opt")
+    # pip cannot resolve offline (a wheel is missing): fail the first (offline) pip call.
+    result = sandbox.run(_script(stack_run, "tpu-vm"), FAIL_FIRST_PIP="1")
+    assert result.returncode == 0, result.stderr
+    assert "wheelhouse incomplete; installing from the package index" in result.stderr
+    pip_calls = [c for c in sandbox.calls if c.startswith("pip ")]
+    assert "--no-index" in pip_calls[0]
+    assert re.fullmatch(r"pip install --quiet -r \S+", pip_calls[1])
+    assert pip_calls[2] == "pip install --quiet --no-deps tf_keras==2.20.1"
+
+
+def test_an_image_with_an_old_python_is_refused_on_the_vm(stack_run, sandbox):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    result = sandbox.run(_script(stack_run, "tpu-vm"), STUB_PYTHON_VERSION="3.8")
+    assert result.returncode == 1
+    assert not [c for c in sandbox.calls if c.startswith(("pip ", "python3 -m venv"))]
+    assert _bootstrap_status(sandbox, bucket)["message"] == (
+        "python3 is 3.8 on runtime v2-alpha-tpuv6e; the payload needs Python >= 3.10 "
+        "(use an image from infra/catalog.yaml)"
+    )
+
+
+def test_steps_are_mirrored_to_the_serial_console_and_the_journal(stack_run, sandbox):
+    _publish_payload(stack_run, sandbox)
+    console = sandbox.root / "dev/console"
+    console.parent.mkdir()
+    console.write_text("")
+    assert sandbox.run(_script(stack_run, "tpu-vm")).returncode == 0
+    lines = console.read_text().splitlines()
+    steps = [line for line in lines if "step " in line]
+    assert steps[0].startswith("tpu-pretrain[tpu]: step 1/4: checks (runtime v2-alpha-tpuv6e")
+    assert [line.split(":")[1] for line in steps] == [
+        " step 1/4",
+        " step 2/4",
+        " step 3/4",
+        " step 4/4",
+    ]
+    journal = (sandbox.state / "journal").read_text().splitlines()
+    assert "logger -t tpu-pretrain -- [tpu] step 4/4: start" in journal

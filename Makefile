@@ -76,5 +76,9 @@ bench: venv
 	$(PY) bench/bench_encode.py $(BENCH_ARGS)
 	$(PY) bench/bench_input.py
 
+# Install time of the TPU VM's environment: wheelhouse vs package index (printed figures).
+bench-tpu-install:
+	bash bench/bench_tpu_install.sh
+
 clean:
 	rm -rf runs bench/out .pytest_cache .ruff_cache

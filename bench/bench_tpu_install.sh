@@ -6,7 +6,7 @@
 # every wheel. Prints figures; asserts nothing. Usage: bash bench/bench_tpu_install.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=../infra/templates/tpu-install.sh
+# shellcheck source=/dev/null
 . infra/templates/tpu-install.sh
 export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 out="${BENCH_OUT:-bench/out/tpu-install}"

@@ -165,6 +165,20 @@ install_payload_once() {
   rm -rf "${work}"
 }
 
+# A VM must not sit idle after a failed boot: run the startup script again later, from a
+# transient systemd timer (google_metadata_script_runner is the guest agent's runner).
+schedule_rerun() {
+  local runner
+  runner="$(command -v google_metadata_script_runner || true)"
+  if [ -z "${runner}" ]; then
+    log "google_metadata_script_runner not found: re-run the startup script by hand"
+    return 0
+  fi
+  systemctl stop tpu-pretrain-startup-rerun.timer >/dev/null 2>&1 || true
+  systemd-run --unit=tpu-pretrain-startup-rerun --on-active=30min "${runner}" startup \
+    || log "could not schedule a re-run of the startup script"
+}
+
 install_payload() {
   local short="${PAYLOAD_SHA256:0:16}" venv src attempt=1 delay=30 rc
   venv="${APP_DIR}/venv-${short}"
@@ -189,7 +203,8 @@ install_payload() {
       fi
       rm -rf "${venv}" "${src}"
       if [ "${attempt}" -ge "${INSTALL_ATTEMPTS}" ]; then
-        write_status failed "payload install failed ${attempt} times (last exit ${rc}); see journalctl -t ${LOG_TAG}"
+        write_status failed "payload install failed ${attempt} times (last exit ${rc}); see journalctl -t ${LOG_TAG}; the startup script runs again in 30 min"
+        schedule_rerun
         exit 1
       fi
       log "payload install attempt ${attempt} failed (exit ${rc}); retrying the whole install in ${delay}s"

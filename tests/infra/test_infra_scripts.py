@@ -210,7 +210,7 @@ exit "${RUNNER_EXIT:-0}"
 STUBS["logger"] = r"""
 echo "logger $*" >>"$STATE/journal"
 """
-RECORDED = ("systemctl", "sysctl", "wg")
+RECORDED = ("systemctl", "sysctl", "wg", "systemd-run")
 
 
 @dataclass
@@ -1015,9 +1015,15 @@ def test_an_install_that_keeps_failing_stops_with_a_status(stack_run, sandbox):
     status = _bootstrap_status(sandbox, bucket)
     assert status["state"] == "failed"
     assert status["message"] == (
-        "payload install failed 2 times (last exit 1); see journalctl -t tpu-pretrain"
+        "payload install failed 2 times (last exit 1); see journalctl -t tpu-pretrain; "
+        "the startup script runs again in 30 min"
     )
     assert not list((sandbox.root / "opt/tpu-pretrain").glob("venv*"))
+    # Not left idle: a transient timer runs the startup script again.
+    assert (
+        "systemd-run --unit=tpu-pretrain-startup-rerun --on-active=30min "
+        f"{sandbox.bin}/google_metadata_script_runner startup"
+    ) in sandbox.calls
 
 
 def test_an_old_sdk_without_gcloud_storage_uses_gsutil(stack_run, sandbox):

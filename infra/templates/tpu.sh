@@ -73,10 +73,17 @@ trainer_stopped() {
 }
 
 install_helper() {
-  local body
+  local body sdk_path="" tool
+  # systemd's PATH need not contain the image's SDK (e.g. /snap/bin): pin where it is now.
+  for tool in gcloud gsutil; do
+    if command -v "${tool}" >/dev/null 2>&1; then
+      sdk_path="${sdk_path}$(dirname "$(command -v "${tool}")"):"
+    fi
+  done
   body="#!/usr/bin/env bash
 # tpu-pretrain: the trainer unit's helper, written by the TPU VM's startup script.
 set -Euo pipefail
+export PATH=${sdk_path}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 $(declare -p SANDBOX_ROOT APP_DIR RETRY_ATTEMPTS LOG_TAG CONSOLE TRANSIENT_ERRORS)
 $(declare -p ROLE RUN_ROOT MANIFEST_URI STATUS_URI PAYLOAD_SHA256)
 GCS_CLI=''

@@ -377,6 +377,8 @@ def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
     }
     helper = sandbox.root / "opt/tpu-pretrain/bin/tpu-pretrain-helper"
     assert stat.S_IMODE(helper.stat().st_mode) == 0o755
+    # systemd's PATH need not hold the SDK: the helper pins where gcloud/gsutil were found.
+    assert f"\nexport PATH={sandbox.bin}:{sandbox.bin}:/usr/local/sbin:" in helper.read_text()
     assert "systemctl daemon-reload" in calls
     assert "systemctl enable --quiet tpu-pretrain-train.service" in calls
     assert "systemctl restart --no-block tpu-pretrain-train.service" in calls

@@ -19,12 +19,40 @@ tpu_libtpu_path() {
 print(os.path.relpath(libtpu.get_library_path(), sys.prefix))'
 }
 
-# The requirements pip resolves for a TPU VM: the tested lock without tensorflow/tf_keras,
-# plus tensorflow-tpu and libtpu from requirements/tpu-vm.txt.
+# The requirements pip resolves for a TPU VM: the tested lock without tensorflow/tf_keras
+# and without what requirements/tpu-vm.txt pins, plus requirements/tpu-vm.txt.
 tpu_requirements() {
-  local src="$1" out="$2"
-  grep -Ev '^(tensorflow|tf[-_]keras)==' "${src}/requirements/payload.lock" >"${out}"
+  local src="$1" out="$2" names
+  names="$(grep -Eo '^[A-Za-z0-9_.-]+==' "${src}/requirements/tpu-vm.txt" | tr -d '=' \
+    | tr 'A-Z_' 'a-z-' | paste -sd '|' -)"
+  awk -F'==' -v drop="^(tensorflow|tf-keras|${names})\$" '
+    /^[A-Za-z0-9_.-]+==/ { name = tolower($1); gsub(/_/, "-", name); if (name ~ drop) next }
+    { print }' "${src}/requirements/payload.lock" >"${out}"
   grep -Ev '^[[:space:]]*(#|$)' "${src}/requirements/tpu-vm.txt" >>"${out}"
+}
+
+# pip's target flags for the TPU VM's wheels: CPython PYTHON_VERSION, x86-64 Linux, binary
+# wheels only (the controller's own Python may differ).
+tpu_wheel_target() {
+  local python_version="$1"
+  printf '%s\n' --only-binary=:all: --python-version "${python_version}" --implementation cp \
+    --abi "cp${python_version//./}" --platform manylinux2014_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64 --platform linux_x86_64
+}
+
+# Resolve (no install, metadata only) the TPU VM's requirements for PYTHON_VERSION: what the
+# wheelhouse build and the TPU VM's install would find, checked from any machine.
+tpu_check_resolves() {
+  local pip="$1" src="$2" python_version="$3" reqs target dir rc=0
+  reqs="$(mktemp)"
+  dir="$(mktemp -d)"
+  tpu_requirements "${src}" "${reqs}"
+  mapfile -t target < <(tpu_wheel_target "${python_version}")
+  "${pip}" install --dry-run --ignore-installed --quiet --target "${dir}" "${target[@]}" \
+    -r "${reqs}" || rc=$?
+  rm -rf "${reqs}" "${dir}"
+  return "${rc}"
 }
 
 # tf_keras as pinned in the lock; installed with --no-deps (it requires `tensorflow`).
@@ -82,10 +110,8 @@ tpu_build_wheelhouse() {
   reqs="$(mktemp)"
   tpu_requirements "${src}" "${reqs}"
   keras="$(tpu_tf_keras_pin "${src}")"
-  local target=(--only-binary=:all: --python-version "${python_version}"
-    --implementation cp --abi "cp${python_version//./}" --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
-    --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64
-    --platform manylinux_2_31_x86_64 --platform linux_x86_64)
+  local target
+  mapfile -t target < <(tpu_wheel_target "${python_version}")
   "${pip}" download --quiet --dest "${dir}" "${target[@]}" -r "${reqs}"
   "${pip}" download --quiet --dest "${dir}" "${target[@]}" --no-deps "${keras}"
   rm -f "${reqs}"

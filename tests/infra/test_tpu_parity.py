@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from harness import run_offline
 from test_infra_scripts import Sandbox, _publish_payload, _script, unit_environment
 
 from infra import render
+from infra.catalog import load_catalog
 
 sandbox = scripts.sandbox  # the script tests' sandbox fixture, shared
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,6 +112,27 @@ def test_the_unit_environment_is_the_parity_environment_plus_the_documented_chan
         assert unit_env[key] == value
     assert unit_env["TPU_PRETRAIN_ACCELERATOR_TYPE"] == "v5litepod-8"
     assert unit_env["TPU_PRETRAIN_RUNTIME_VERSION"] == "v2-alpha-tpuv5-lite"
+
+
+def test_the_tpu_vm_requirements_resolve_for_the_images_python():
+    """The parity venv runs this machine's Python; the TPU images ship another (3.10). The
+    TPU VM's exact requirements must resolve for it with binary wheels only, as the
+    controller's wheelhouse build and the TPU VM's install will ask (metadata only, no
+    install; needs the package index, like `make test`)."""
+    pythons = {image.python for image in load_catalog().images.values() if image.python_ok}
+    assert pythons == {"3.10"}
+    pip = str(Path(sys.executable).with_name("pip"))
+    for python_version in sorted(pythons):
+        check = '. infra/templates/tpu-install.sh; tpu_check_resolves "$0" . "$1"'
+        result = subprocess.run(
+            ["bash", "-c", check, pip, python_version],
+            cwd=ROOT,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
 
 
 def _job(tmp_path: Path) -> Path:

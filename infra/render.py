@@ -27,13 +27,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).with_name("templates")
 LOCK_FILE = "requirements/payload.lock"
 # What the payload distribution needs to be pip-installed (pyproject's readme included).
-ARCHIVE_FILES = ("pyproject.toml", "README.md", LOCK_FILE)
+TPU_REQUIREMENTS_FILE = "requirements/tpu-vm.txt"
+ARCHIVE_FILES = ("pyproject.toml", "README.md", LOCK_FILE, TPU_REQUIREMENTS_FILE)
 ARCHIVE_DIRS = ("payload",)
 ARCHIVE_PREFIX = "tpu-pretrain-payload"
 
-# tensorflow-tpu 2.20.0 declares libtpu~=0.0.14 (any 0.0.x >= 0.0.14); pip would pick the
-# newest libtpu, built for later releases. Pin the version TF 2.20 was released against.
-LIBTPU_VERSION = "0.0.14"
 TENSORBOARD_PORT = 6006
 OWN_CLIENT_KEY_PLACEHOLDER = "<the private key of the public key you set in vpnClientPublicKey>"
 # The TPU watchdog: a preempted VM is recreated at most once per this interval (a VM that is
@@ -62,23 +60,39 @@ class PayloadArchive:
 
 @dataclass(frozen=True)
 class Pins:
-    """Versions the VMs install, read from the tested lock file (one source of truth)."""
+    """Versions the VMs install, read from the pinned files (the startup scripts install
+    from the same files, shipped in the payload archive)."""
 
-    tensorflow: str
+    tensorflow: str  # the lock's (CPU) TensorFlow
     tf_keras: str
-    libtpu: str = LIBTPU_VERSION
+    tensorflow_tpu: str  # requirements/tpu-vm.txt
+    libtpu: str
 
 
-def read_pins(root: Path = REPO_ROOT) -> Pins:
+def _read_pinned(path: Path) -> dict[str, str]:
     pins: dict[str, str] = {}
-    for line in (root / LOCK_FILE).read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         match = re.match(r"^([A-Za-z0-9_.-]+)==([^\s;#]+)", line)
         if match:
             pins[match.group(1).lower().replace("_", "-")] = match.group(2)
-    missing = [name for name in ("tensorflow", "tf-keras") if name not in pins]
+    return pins
+
+
+def read_pins(root: Path = REPO_ROOT) -> Pins:
+    lock = _read_pinned(root / LOCK_FILE)
+    tpu = _read_pinned(root / TPU_REQUIREMENTS_FILE)
+    missing = [f"{LOCK_FILE}: {n}" for n in ("tensorflow", "tf-keras") if n not in lock]
+    missing += [
+        f"{TPU_REQUIREMENTS_FILE}: {n}" for n in ("tensorflow-tpu", "libtpu") if n not in tpu
+    ]
     if missing:
-        raise ValueError(f"{LOCK_FILE} pins no {', '.join(missing)}")
-    return Pins(tensorflow=pins["tensorflow"], tf_keras=pins["tf-keras"])
+        raise ValueError(f"no pin for {', '.join(missing)}")
+    return Pins(
+        tensorflow=lock["tensorflow"],
+        tf_keras=lock["tf-keras"],
+        tensorflow_tpu=tpu["tensorflow-tpu"],
+        libtpu=tpu["libtpu"],
+    )
 
 
 def _archive_members(root: Path) -> list[Path]:
@@ -131,6 +145,15 @@ def write_archive(archive: PayloadArchive, directory: Path) -> Path:
 
 
 @dataclass(frozen=True)
+class TpuHost:
+    """The TPU VM as the catalog describes it: what it is and what its image ships."""
+
+    accelerator_type: str
+    runtime_version: str  # the base image
+    python_version: str  # the image's python3 ("3.10"): the wheelhouse is built for it
+
+
+@dataclass(frozen=True)
 class Workload:
     """What a TPU VM or controller needs to know to fetch and run its stage."""
 
@@ -138,6 +161,12 @@ class Workload:
     job_name: str
     payload_object: str
     payload_sha256: str
+    tpu: TpuHost
+
+    @property
+    def wheelhouse_root(self) -> str:
+        """gs://<bucket>/wheelhouse/<key>/: the TPU VM's wheels, built by the controller."""
+        return f"gs://{self.bucket}/wheelhouse"
 
     @property
     def values(self) -> dict[str, str]:
@@ -176,7 +205,7 @@ STARTUP_SCRIPT_HEADER = (
 def _script(
     role: str,
     values: Mapping[str, str],
-    template: str,
+    *templates: str,
     about: tuple[str, str] = STARTUP_SCRIPT_HEADER,
 ) -> str:
     header = [
@@ -191,19 +220,28 @@ def _script(
             raise ValueError(f"bad script constant name {key!r}")
         header.append(f"readonly {key}={shlex.quote(str(values[key]))}")
     body = (TEMPLATES / "common.sh").read_text(encoding="utf-8")
-    body += "\n" + (TEMPLATES / template).read_text(encoding="utf-8")
+    for template in templates:
+        body += "\n" + (TEMPLATES / template).read_text(encoding="utf-8")
     return "\n".join(header) + "\n\n" + body
 
 
-def render_tpu_script(workload: Workload, pins: Pins | None = None) -> str:
-    pins = pins or read_pins()
+def render_tpu_script(workload: Workload) -> str:
+    """The TPU VM: common.sh + tpu-install.sh (the one install definition, shared with
+    `make venv-tpu`) + tpu.sh."""
+    pins = read_pins()
+    if pins.tensorflow_tpu != pins.tensorflow:
+        raise ValueError(
+            f"{TPU_REQUIREMENTS_FILE} pins tensorflow-tpu=={pins.tensorflow_tpu} but "
+            f"{LOCK_FILE} tests tensorflow=={pins.tensorflow}: they must be the same version"
+        )
     values = workload.values | {
         "MANIFEST_URI": jobspec.manifest_uri(workload.bucket, workload.job_name),
-        "TF_TPU_VERSION": pins.tensorflow,
-        "TF_KERAS_VERSION": pins.tf_keras,
-        "LIBTPU_VERSION": pins.libtpu,
+        "STATUS_URI": f"{jobspec.run_root(workload.bucket, workload.job_name)}/status.json",
+        "ACCELERATOR_TYPE": workload.tpu.accelerator_type,
+        "RUNTIME_VERSION": workload.tpu.runtime_version,
+        "WHEELHOUSE_ROOT": workload.wheelhouse_root,
     }
-    return _script("tpu", values, "tpu.sh")
+    return _script("tpu", values, "tpu-install.sh", "tpu.sh")
 
 
 def queued_resource_name(tpu_name: str) -> str:
@@ -290,7 +328,7 @@ def render_tpu_watch_script(workload: Workload, watch: TpuWatch) -> str:
         "# controller's startup script; tpu-pretrain-tpu-watch.timer runs it every "
         + TPU_WATCH_INTERVAL,
     )
-    return _script("tpu-watch", watch.values(workload), "tpu-watch.sh", about)
+    return _script("tpu-watch", watch.values(workload), "tpu-watch.sh", about=about)
 
 
 def _b64(text: str) -> str:
@@ -306,8 +344,11 @@ def render_controller_script(workload: Workload, watch: TpuWatch | None = None) 
         "TPU_WATCH_INTERVAL": TPU_WATCH_INTERVAL,
         "TPU_WATCH_SCRIPT_B64": _b64(render_tpu_watch_script(workload, watch)) if watch else "",
         "TPU_STARTUP_SCRIPT_B64": _b64(watch.startup_script) if watch else "",
+        # The wheelhouse: built once per lock for the TPU image's Python (tpu-install.sh).
+        "WHEELHOUSE_ROOT": workload.wheelhouse_root,
+        "TPU_PYTHON_VERSION": workload.tpu.python_version,
     }
-    return _script("controller", values, "controller.sh")
+    return _script("controller", values, "tpu-install.sh", "controller.sh")
 
 
 def render_vpn_hop_script(server: WireGuardServer, *, client_public_key: str) -> str:

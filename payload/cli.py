@@ -69,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     status = StatusWriter(job.paths.status, job.name)
+    _declare_tpu_host(args.command)
     try:
         target = _slice_target(args.command)
         if args.command == "run":
@@ -92,6 +93,17 @@ def _slice_target(command: str) -> SliceTarget | None:
     from payload.strategy import slice_target  # noqa: PLC0415
 
     return slice_target(os.environ)
+
+
+def _declare_tpu_host(command: str) -> None:
+    """The TPU VM's trainer unit names the host (infra/templates/tpu.sh): then training
+    refuses to fall back to the CPU (payload/strategy.py)."""
+    accelerator = os.environ.get("TPU_PRETRAIN_ACCELERATOR_TYPE", "")
+    if command in ("train", "run") and accelerator:
+        from payload import strategy  # noqa: PLC0415  (imports TensorFlow)
+
+        runtime = os.environ.get("TPU_PRETRAIN_RUNTIME_VERSION", "") or "unknown"
+        strategy.expect_tpu(strategy.TpuHost(accelerator, runtime))
 
 
 def _record_failure(status: StatusWriter, command: str, error: str) -> None:

@@ -21,12 +21,21 @@ Every other rule (precision, steps per execution) is the single-host TPU's. The 
 pipeline runs once per host (`distribute_datasets_from_function`, one `input_pipeline_id`
 per host, data.py shards the files by it); checkpoints, TensorBoard, status and the export
 are written by this one client (`is_chief()`), from gs:// paths every host can read.
+
+Two facts of the TPU VM's environment (tensorflow-tpu, requirements/tpu-vm.txt) live here
+too: that TensorFlow build has no XLA CPU backend (`jit_compile=True` on the host fails
+with "could not find registered transfer manager for platform Host"), so jit is turned off
+on a CPU without XLA, with a log line; and on a TPU VM (`expect_tpu()`, set by the CLI from
+the trainer unit's environment) a missing TPU is a one-line `TpuNotFoundError` instead of
+a silent run on the host CPU.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +44,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
-from payload.errors import SpecError
+from payload.errors import SpecError, UserError
 
 ACCELERATORS = ("tpu", "gpu", "cpu")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -67,8 +76,37 @@ class Runtime:
         return is_chief(self.strategy)
 
 
-def decide(accelerator: str, precision: str) -> RuntimePlan:
-    """The rules, as a pure function of the accelerator kind and the requested precision."""
+class TpuNotFoundError(UserError):
+    """This is a TPU VM, but TensorFlow finds no TPU: training on its CPU would be useless."""
+
+
+@dataclass(frozen=True)
+class TpuHost:
+    """What the TPU VM's trainer unit says this host is (catalog names)."""
+
+    accelerator_type: str  # e.g. v5litepod-8
+    runtime_version: str  # the base image, e.g. v2-alpha-tpuv5-lite
+
+
+_expected_tpu: TpuHost | None = None
+
+
+def expect_tpu(host: TpuHost | None) -> None:
+    """Declare that this host is a TPU VM (the CLI calls it from the unit's environment):
+    then `setup()` trains on its TPU or fails with `TpuNotFoundError`, never on the CPU."""
+    global _expected_tpu  # noqa: PLW0603  (set once by the CLI, the edge that reads env)
+    _expected_tpu = host
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def decide(accelerator: str, precision: str, *, host_xla: bool = True) -> RuntimePlan:
+    """The rules, as a pure function of the accelerator kind and the requested precision.
+
+    `host_xla`: whether this TensorFlow build can XLA-compile on the host CPU (tensorflow-tpu
+    cannot); without it a CPU plan does not jit_compile."""
     if accelerator not in ACCELERATORS:
         raise ValueError(f"accelerator must be one of {ACCELERATORS}, got {accelerator!r}")
     if precision not in PRECISIONS:
@@ -78,7 +116,7 @@ def decide(accelerator: str, precision: str) -> RuntimePlan:
         accelerator=accelerator,
         policy="mixed_bfloat16" if bf16 else "float32",
         # XLA on TPU is implicit; jit_compile=True there breaks TPUStrategy's own compilation.
-        jit_compile=accelerator != "tpu",
+        jit_compile=accelerator == "gpu" or (accelerator == "cpu" and host_xla),
         # On a TPU each host->device round trip costs more than a small step: run many
         # steps per call. On CPU/GPU the loop overhead is negligible.
         steps_per_execution=64 if accelerator == "tpu" else 8,
@@ -93,11 +131,33 @@ def tpu_present() -> bool:
 
 
 def detect() -> str:
+    if _expected_tpu is not None:
+        _require_tpu_files(_expected_tpu)
+        return "tpu"
     if tpu_present():
         return "tpu"
     if tf.config.list_physical_devices("GPU"):
         return "gpu"
     return "cpu"
+
+
+def _tpu_not_found(host: TpuHost, reason: str) -> TpuNotFoundError:
+    return TpuNotFoundError(
+        f"TPU not found: runtime {host.runtime_version} on accelerator {host.accelerator_type}: "
+        f"{reason}; not training on the host CPU (check the VM's accelerator and runtime "
+        "against infra/catalog.yaml, and `journalctl -t tpu-pretrain` on the VM)"
+    )
+
+
+def _require_tpu_files(host: TpuHost) -> None:
+    if importlib.util.find_spec("libtpu") is None:
+        raise _tpu_not_found(host, "libtpu is not installed in this environment")
+    if not tpu_present():
+        raise _tpu_not_found(host, "no TPU device files (/dev/accel*, /dev/vfio/*)")
+
+
+def tpu_devices() -> list[str]:
+    return [device.name for device in tf.config.list_logical_devices("TPU")]
 
 
 def connect(accelerator: str, target: SliceTarget | None = None) -> tf.distribute.Strategy:
@@ -112,6 +172,44 @@ def connect(accelerator: str, target: SliceTarget | None = None) -> tf.distribut
     return tf.distribute.get_strategy()
 
 
+def _connect_tpu_or_fail(target: SliceTarget | None = None) -> tf.distribute.Strategy:
+    """Connect to the TPU; on a declared TPU VM any failure is one `TpuNotFoundError` line."""
+    host = _expected_tpu
+    try:
+        strategy = connect("tpu", target)
+    except (tf.errors.OpError, ValueError, RuntimeError) as exc:
+        if host is None:
+            raise
+        detail = " ".join(str(exc).split())[:300]
+        raise _tpu_not_found(
+            host, f"TensorFlow could not initialise it ({type(exc).__name__}: {detail})"
+        ) from None
+    devices = tpu_devices()
+    if not devices:
+        if host is not None:
+            raise _tpu_not_found(host, "TensorFlow lists no TPU devices after initialising")
+        raise RuntimeError("TPUStrategy connected but TensorFlow lists no TPU devices")
+    _log(f"strategy: {len(devices)} TPU devices: {', '.join(devices)}")
+    return strategy
+
+
+@functools.cache
+def host_xla_available() -> bool:
+    """Whether this TensorFlow build can XLA-compile on the host CPU. tensorflow-tpu cannot
+    (no XLA CPU backend is linked in): probed once with a one-op function."""
+
+    @tf.function(jit_compile=True)
+    def double(x: tf.Tensor) -> tf.Tensor:
+        return x * 2.0
+
+    try:
+        with tf.device("/CPU:0"):
+            double(tf.constant(1.0))
+    except (tf.errors.NotFoundError, tf.errors.UnimplementedError, tf.errors.InternalError):
+        return False
+    return True
+
+
 def setup(
     precision: str, accelerator: str | None = None, target: SliceTarget | None = None
 ) -> Runtime:
@@ -121,8 +219,14 @@ def setup(
     worker 0's own chips belong to its TPU worker process. Must run before any model is
     built; build the model and optimizer inside `runtime.strategy.scope()`.
     """
-    plan = decide(accelerator or ("tpu" if target is not None else detect()), precision)
-    strategy = connect(plan.accelerator, target)
+    kind = accelerator or ("tpu" if target is not None else detect())
+    plan = decide(kind, precision, host_xla=kind != "cpu" or host_xla_available())
+    if kind == "cpu" and not plan.jit_compile and decide(kind, precision).jit_compile:
+        _log(
+            f"strategy: jit_compile off: this TensorFlow build ({tf.__version__}) has no XLA "
+            "CPU backend (the TPU VM's tensorflow-tpu); the CPU runs the step without XLA"
+        )
+    strategy = _connect_tpu_or_fail(target) if kind == "tpu" else connect(kind)
     tf_keras.mixed_precision.set_global_policy(plan.policy)
     return Runtime(plan=plan, strategy=strategy)
 

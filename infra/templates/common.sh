@@ -4,10 +4,22 @@ readonly SANDBOX_ROOT="${TPU_PRETRAIN_SANDBOX:-}"
 readonly APP_DIR="${SANDBOX_ROOT}/opt/tpu-pretrain"
 readonly UNIT_DIR="${SANDBOX_ROOT}/etc/systemd/system"
 readonly RETRY_ATTEMPTS="${TPU_PRETRAIN_RETRY_ATTEMPTS:-10}"
+# The payload install is retried as a whole (a half-built venv is removed first).
+readonly INSTALL_ATTEMPTS="${TPU_PRETRAIN_INSTALL_ATTEMPTS:-5}"
+# Every step is mirrored to the journal (journalctl -t tpu-pretrain) and the serial console.
+readonly LOG_TAG=tpu-pretrain
+readonly CONSOLE="${SANDBOX_ROOT}/dev/console"
 UNITS_CHANGED=0
+GCS_CLI=""
 
 log() {
   echo "tpu-pretrain[${ROLE}]: $*" >&2
+  if command -v logger >/dev/null 2>&1; then
+    logger -t "${LOG_TAG}" -- "[${ROLE}] $*" 2>/dev/null || true
+  fi
+  if [ -w "${CONSOLE}" ]; then
+    echo "tpu-pretrain[${ROLE}]: $*" >>"${CONSOLE}" 2>/dev/null || true
+  fi
 }
 
 # Run a Google Cloud command, retrying errors that are transient on fresh resources:
@@ -35,6 +47,61 @@ retry_gcloud() {
   done
 }
 
+# One wrapper for Cloud Storage: `gcloud storage` where the SDK has it, else gsutil (some
+# TPU images ship an SDK older than `gcloud storage`). Probed once per shell.
+#   gcs cp SRC... DST | gcs ls URI
+gcs_cli() {
+  if [ -n "${GCS_CLI}" ]; then
+    return 0
+  fi
+  if gcloud storage --help >/dev/null 2>&1; then
+    GCS_CLI=gcloud
+  elif command -v gsutil >/dev/null 2>&1; then
+    GCS_CLI=gsutil
+    log "this gcloud has no 'storage' command (an old SDK): using gsutil"
+  else
+    log "neither 'gcloud storage' nor gsutil is available"
+    return 1
+  fi
+}
+
+gcs() {
+  local verb="$1"
+  shift
+  gcs_cli || return 1
+  case "${GCS_CLI}:${verb}" in
+    gcloud:cp) gcloud storage cp --quiet "$@" ;;
+    gcloud:ls) gcloud storage ls "$@" ;;
+    gsutil:cp) gsutil -q -m cp "$@" ;;
+    gsutil:ls) gsutil ls "$@" ;;
+    *)
+      log "gcs: unknown verb ${verb}"
+      return 2
+      ;;
+  esac
+}
+
+# apt-get that waits for the dpkg lock (a first boot runs unattended-upgrades and the
+# guest agent's own apt) and retries transient mirror errors. DPkg::Lock::Timeout exists
+# since apt 1.9.11 (Ubuntu 22.04 ships apt 2.4, Debian 12 apt 2.6).
+apt_get() {
+  local attempt=1
+  while ! DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -q "$@"; do
+    if [ "${attempt}" -ge "${RETRY_ATTEMPTS}" ]; then
+      log "apt-get $* failed ${attempt} times"
+      return 1
+    fi
+    log "apt-get $* failed (attempt ${attempt}/${RETRY_ATTEMPTS}); retrying in 15s"
+    sleep 15
+    attempt=$((attempt + 1))
+  done
+}
+
+apt_install() {
+  apt_get update
+  apt_get install -y "$@"
+}
+
 # Bootstrap status next to the payload's own status.json: gs://…/runs/<job>/bootstrap/<role>.json
 write_status() {
   local state="$1" message="$2" file
@@ -42,7 +109,8 @@ write_status() {
   printf '{"role": "%s", "host": "%s", "state": "%s", "message": "%s", "payload_sha256": "%s", "updated_at": "%s"}\n' \
     "${ROLE}" "$(hostname)" "${state}" "${message//\"/\'}" "${PAYLOAD_SHA256:-}" \
     "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"${file}"
-  retry_gcloud gcloud storage cp --quiet "${file}" "${RUN_ROOT}/bootstrap/${ROLE}.json" \
+  log "status ${state}: ${message}"
+  retry_gcloud gcs cp "${file}" "${RUN_ROOT}/bootstrap/${ROLE}.json" \
     || log "could not write status ${state}"
   rm -f "${file}"
 }
@@ -73,35 +141,77 @@ install_unit() {
 ensure_python_venv() {
   if ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
     log "installing python3-venv"
-    DEBIAN_FRONTEND=noninteractive apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
+    apt_install python3-venv
   fi
 }
 
 # Download the content-addressed payload archive, check its sha256 and install it into its
 # own virtualenv (venv-<sha>); `venv` points at the current one. A finished install leaves a
-# marker, so reboots skip it. Sets PAYLOAD_SWITCHED=1 when `venv` now points elsewhere.
+# marker, so reboots skip it. The install is retried as a unit (INSTALL_ATTEMPTS, backoff):
+# a failed attempt's venv is removed and the next one starts from the download.
+# Sets PAYLOAD_SWITCHED=1 when `venv` now points elsewhere.
+install_payload_once() {
+  local venv="$1" src="$2" work
+  ensure_python_venv
+  work="$(mktemp -d)"
+  retry_gcloud gcs cp "${PAYLOAD_URI}" "${work}/payload.tar.gz"
+  echo "${PAYLOAD_SHA256}  ${work}/payload.tar.gz" | sha256sum --check --quiet -
+  rm -rf "${venv}" "${src}"
+  mkdir -p "${src}"
+  tar -xzf "${work}/payload.tar.gz" -C "${src}"
+  python3 -m venv "${venv}"
+  install_requirements "${venv}" "${src}" "${work}"
+  touch "${venv}/.tpu-pretrain-installed"
+  rm -rf "${work}"
+}
+
+# A VM must not sit idle after a failed boot: run the startup script again later, from a
+# transient systemd timer (google_metadata_script_runner is the guest agent's runner).
+schedule_rerun() {
+  local runner
+  runner="$(command -v google_metadata_script_runner || true)"
+  if [ -z "${runner}" ]; then
+    log "google_metadata_script_runner not found: re-run the startup script by hand"
+    return 0
+  fi
+  systemctl stop tpu-pretrain-startup-rerun.timer >/dev/null 2>&1 || true
+  systemd-run --unit=tpu-pretrain-startup-rerun --on-active=30min "${runner}" startup \
+    || log "could not schedule a re-run of the startup script"
+}
+
 install_payload() {
-  local short="${PAYLOAD_SHA256:0:16}" venv src work
+  local short="${PAYLOAD_SHA256:0:16}" venv src attempt=1 delay=30 rc
   venv="${APP_DIR}/venv-${short}"
   src="${APP_DIR}/src-${short}"
   PAYLOAD_SWITCHED=0
   if [ -f "${venv}/.tpu-pretrain-installed" ]; then
     log "payload ${short} already installed"
   else
-    write_status installing "installing payload ${short}"
-    ensure_python_venv
-    work="$(mktemp -d)"
-    retry_gcloud gcloud storage cp --quiet "${PAYLOAD_URI}" "${work}/payload.tar.gz"
-    echo "${PAYLOAD_SHA256}  ${work}/payload.tar.gz" | sha256sum --check --quiet -
-    rm -rf "${venv}" "${src}"
-    mkdir -p "${src}"
-    tar -xzf "${work}/payload.tar.gz" -C "${src}"
-    python3 -m venv "${venv}"
-    install_requirements "${venv}" "${src}" "${work}"
-    "${venv}/bin/pip" install --quiet --no-deps "${src}"
-    touch "${venv}/.tpu-pretrain-installed"
-    rm -rf "${work}"
+    while true; do
+      write_status installing "installing payload ${short} (attempt ${attempt}/${INSTALL_ATTEMPTS})"
+      # A subshell with its own errexit: any failing command ends this attempt only.
+      set +e
+      (
+        set -e
+        trap - ERR
+        install_payload_once "${venv}" "${src}"
+      )
+      rc=$?
+      set -e
+      if [ "${rc}" = 0 ]; then
+        break
+      fi
+      rm -rf "${venv}" "${src}"
+      if [ "${attempt}" -ge "${INSTALL_ATTEMPTS}" ]; then
+        write_status failed "payload install failed ${attempt} times (last exit ${rc}); see journalctl -t ${LOG_TAG}; the startup script runs again in 30 min"
+        schedule_rerun
+        exit 1
+      fi
+      log "payload install attempt ${attempt} failed (exit ${rc}); retrying the whole install in ${delay}s"
+      sleep "${delay}"
+      attempt=$((attempt + 1))
+      delay=$((delay * 2 > 600 ? 600 : delay * 2))
+    done
   fi
   if [ "$(readlink "${APP_DIR}/venv" || true)" != "${venv}" ]; then
     ln -sfn "${venv}" "${APP_DIR}/venv"

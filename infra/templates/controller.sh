@@ -3,9 +3,34 @@
 install_requirements() {
   local venv="$1" src="$2"
   "${venv}/bin/pip" install --quiet -r "${src}/requirements/payload.lock"
+  "${venv}/bin/pip" install --quiet --no-deps "${src}"
+}
+
+# The TPU VM's wheels, downloaded once per lock into gs://<bucket>/wheelhouse/<key>/ for the
+# TPU image's Python (TPU_PYTHON_VERSION), `complete` written last. A recreated (preempted)
+# TPU VM installs from there instead of the package index. Failure only costs speed.
+build_wheelhouse() {
+  local src="${APP_DIR}/src-${PAYLOAD_SHA256:0:16}" key dir count
+  key="$(tpu_wheelhouse_key "${src}" "${TPU_PYTHON_VERSION}")"
+  if gcs ls "${WHEELHOUSE_ROOT}/${key}/complete" >/dev/null 2>&1; then
+    log "wheelhouse ${key} (Python ${TPU_PYTHON_VERSION}) is already in the bucket"
+    return 0
+  fi
+  log "building wheelhouse ${key} for the TPU VM (Python ${TPU_PYTHON_VERSION})"
+  dir="$(mktemp -d)"
+  tpu_build_wheelhouse "${APP_DIR}/venv/bin/pip" "${src}" "${TPU_PYTHON_VERSION}" "${dir}" \
+    || { rm -rf "${dir}"; return 1; }
+  count="$(find "${dir}" -name '*.whl' | wc -l)"
+  retry_gcloud gcs cp "${dir}"/*.whl "${WHEELHOUSE_ROOT}/${key}/" || { rm -rf "${dir}"; return 1; }
+  date -u +%Y-%m-%dT%H:%M:%SZ >"${dir}/complete"
+  retry_gcloud gcs cp "${dir}/complete" "${WHEELHOUSE_ROOT}/${key}/complete" \
+    || { rm -rf "${dir}"; return 1; }
+  rm -rf "${dir}"
+  log "wheelhouse ${key}: ${count} wheels uploaded to ${WHEELHOUSE_ROOT}/${key}/"
 }
 
 trap 'write_status failed "startup script failed at line ${LINENO}"' ERR
+gcs_cli
 write_status starting "startup script started"
 install_payload
 
@@ -117,3 +142,4 @@ fi
 
 start_units "${units[@]}"
 write_status started "units started: ${units[*]}"
+build_wheelhouse || log "wheelhouse not built; TPU VMs install from the package index"

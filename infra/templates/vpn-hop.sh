@@ -6,8 +6,7 @@ readonly SYSCTL_FILE="${SANDBOX_ROOT}/etc/sysctl.d/60-tpu-pretrain-forwarding.co
 
 if ! command -v wg >/dev/null 2>&1; then
   log "installing wireguard-tools"
-  DEBIAN_FRONTEND=noninteractive apt-get update -q
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q wireguard-tools iptables
+  apt_install wireguard-tools iptables
 fi
 
 if write_if_changed "${SYSCTL_FILE}" 0644 "net.ipv4.ip_forward = 1"; then

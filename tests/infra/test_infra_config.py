@@ -20,13 +20,7 @@ ZONES = (
     "us-central1-c, us-central1-f, us-central2-b, us-east1-d, us-east5-a, us-east5-b, "
     "us-south1-a, us-west1-c, us-west4-a"
 )
-CLASSIC = (
-    "tpu-vm-tf-2.16.1-pjrt, tpu-vm-tf-2.16.1-se, tpu-vm-tf-2.15.1-pjrt, tpu-vm-tf-2.15.1-se, "
-    "tpu-vm-tf-2.15.0-pjrt, tpu-vm-tf-2.15.0-se, tpu-vm-tf-2.14.1, tpu-vm-tf-2.14.0, "
-    "tpu-vm-tf-2.13.1, tpu-vm-tf-2.13.0, tpu-vm-tf-2.12.1, tpu-vm-tf-2.12.0, "
-    "tpu-vm-tf-2.11.1, tpu-vm-tf-2.11.0, tpu-vm-tf-2.10.1"
-)
-PJRT = "tpu-vm-tf-2.16.1-pjrt, tpu-vm-tf-2.15.1-pjrt, tpu-vm-tf-2.15.0-pjrt"
+CLASSIC = "v2-alpha-tpuv5, tpu-ubuntu2204-base"  # usable images for v2/v3/v4
 
 CASES = [
     (
@@ -47,27 +41,28 @@ CASES = [
     ),
     (
         "v3-euw4",
+        {K + "runtimeVersion": "tpu-vm-tf-2.16.1-pjrt"},
+        "tpu-pretrain:runtimeVersion: 'tpu-vm-tf-2.16.1-pjrt' is a TensorFlow image; TensorFlow "
+        "comes from pip (tensorflow-tpu in the payload's venv), so boot the base image for TPU "
+        f"v3: {CLASSIC} (recommended: v2-alpha-tpuv5)",
+    ),
+    (
+        "v6e-euw4",
+        {K + "runtimeVersion": "v2-alpha-tpuv5"},
+        "tpu-pretrain:runtimeVersion: 'v2-alpha-tpuv5' is not a base image for TPU v6e (v6e-8); "
+        "use one of: v2-alpha-tpuv6e",
+    ),
+    (
+        "v5e-euw4",
         {K + "runtimeVersion": "tpu-ubuntu2204-base"},
-        "tpu-pretrain:runtimeVersion: 'tpu-ubuntu2204-base' is not a TensorFlow runtime; "
-        f"for TPU v3 use one of: {CLASSIC}",
-    ),
-    (
-        "v6e-euw4",
-        {K + "runtimeVersion": "tpu-vm-tf-2.14.1"},
-        "tpu-pretrain:runtimeVersion: 'tpu-vm-tf-2.14.1' is not a TensorFlow runtime for TPU "
-        f"v6e; use one of: {PJRT}",
-    ),
-    (
-        "v6e-euw4",
-        {K + "runtimeVersion": "v2-alpha-tpuv6e"},
-        "tpu-pretrain:runtimeVersion: 'v2-alpha-tpuv6e' is not a TensorFlow runtime; "
-        f"for TPU v6e use one of: {PJRT}",
+        "tpu-pretrain:runtimeVersion: 'tpu-ubuntu2204-base' is not a base image for TPU v5e "
+        "(v5litepod-8); use one of: v2-alpha-tpuv5-lite",
     ),
     (
         "v4-usc2",
-        {K + "runtimeVersion": "tpu-vm-tf-2.16.1-pod-pjrt"},
-        "tpu-pretrain:runtimeVersion: 'tpu-vm-tf-2.16.1-pod-pjrt' is for multi-host slices; "
-        f"v4-8 is a single host, use one of: {CLASSIC}",
+        {K + "runtimeVersion": "tpu-vm-base"},
+        "tpu-pretrain:runtimeVersion: 'tpu-vm-base' ships Python 3.8; the payload needs "
+        f"Python >= 3.10; use one of: {CLASSIC}",
     ),
     (
         "v3-euw4",
@@ -80,8 +75,7 @@ CASES = [
         "v3-euw4",
         {K + "runtimeVersion": "2.12.0"},
         "tpu-pretrain:runtimeVersion: '2.12.0' is a TPU Node TensorFlow version; new TPU Nodes "
-        "are refused since 2025-04-15; use a TPU VM runtime such as 'tpu-vm-tf-2.12.0-pjrt' "
-        f"from: {CLASSIC}",
+        f"are refused since 2025-04-15; use a TPU VM base image for TPU v3: {CLASSIC}",
     ),
     (
         "v3-euw4",
@@ -222,8 +216,47 @@ def test_catalog_is_consistent():
         assert types, zone
         for accelerator_type in types:
             generation = catalog.generation_of(accelerator_type)
-            assert all(r.startswith("tpu-vm-tf-") for r in generation.runtimes)
-            assert not [r for r in generation.runtimes if "-pod" in r]
+            # Base images only: TensorFlow comes from pip, never from a tpu-vm-tf-* image.
+            assert not [i for i in generation.images if i.startswith("tpu-vm-tf-")]
+            # The recommended (first) image runs the payload's Python.
+            assert catalog.images[generation.images[0]].python_ok
+
+
+def test_catalog_images_follow_googles_tf_ci_and_docs():
+    """GoogleCloudPlatform/ml-auto-solutions (TF release/nightly DAGs) and
+    cloud.google.com/tpu/docs/runtimes, as recorded in catalog.yaml."""
+    catalog = load_catalog()
+    first = {name: generation.images[0] for name, generation in catalog.generations.items()}
+    assert first == {
+        "v2": "v2-alpha-tpuv5",
+        "v3": "v2-alpha-tpuv5",
+        "v4": "v2-alpha-tpuv5",
+        "v5e": "v2-alpha-tpuv5-lite",
+        "v5p": "v2-alpha-tpuv5",
+        "v6e": "v2-alpha-tpuv6e",
+    }
+    covered = {name for name, image in first.items() if catalog.images[image].tf_ci}
+    assert covered == {"v2", "v3", "v4", "v5e", "v5p"}  # Google's TF CI has no v6e
+    assert not catalog.images["tpu-vm-base"].python_ok  # Ubuntu 20.04, Python 3.8
+
+
+def test_catalog_refuses_an_unusable_recommended_image(tmp_path):
+    text = (ROOT / "infra/catalog.yaml").read_text()
+    bad = tmp_path / "catalog.yaml"
+    bad.write_text(text.replace("images: [v2-alpha-tpuv5-lite]", "images: [tpu-vm-base]"))
+    with pytest.raises(ValueError, match="generation v5e needs a usable first image"):
+        load_catalog(bad)
+
+
+def test_every_stack_boots_a_base_image_and_the_current_generation_is_in_googles_tf_ci():
+    catalog = load_catalog()
+    for stack in stack_names():
+        config = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"]
+        image = config["tpu-pretrain:runtimeVersion"]
+        generation = catalog.generation_of(config["tpu-pretrain:acceleratorType"])
+        assert image == generation.images[0], stack
+    current = yaml.safe_load((ROOT / "stacks/Pulumi.v5e-euw4.yaml").read_text())["config"]
+    assert catalog.images[current["tpu-pretrain:runtimeVersion"]].tf_ci
 
 
 def test_wireguard_keys_match_rfc7748():

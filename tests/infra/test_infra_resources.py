@@ -27,10 +27,11 @@ BUCKET = "gcp:storage/bucket:Bucket"
 FIREWALL = "gcp:compute/firewall:Firewall"
 EXPECTED = {
     # stack: zone, accelerator, runtime, (preemptible, spot), shielded boot, job
-    "v3-euw4": ("europe-west4-a", "v3-8", "tpu-vm-tf-2.16.1-pjrt", (False, False), False),
-    "v2-usc1": ("us-central1-f", "v2-8", "tpu-vm-tf-2.16.1-pjrt", (True, False), False),
-    "v4-usc2": ("us-central2-b", "v4-8", "tpu-vm-tf-2.16.1-pjrt", (False, False), True),
-    "v6e-euw4": ("europe-west4-a", "v6e-8", "tpu-vm-tf-2.16.1-pjrt", (False, True), True),
+    "v3-euw4": ("europe-west4-a", "v3-8", "v2-alpha-tpuv5", (False, False), False),
+    "v2-usc1": ("us-central1-f", "v2-8", "v2-alpha-tpuv5", (True, False), False),
+    "v4-usc2": ("us-central2-b", "v4-8", "v2-alpha-tpuv5", (False, False), True),
+    "v5e-euw4": ("europe-west4-b", "v5litepod-8", "v2-alpha-tpuv5-lite", (False, True), True),
+    "v6e-euw4": ("europe-west4-a", "v6e-8", "v2-alpha-tpuv6e", (False, True), True),
 }
 
 # tpuAutoRecover defaults to on for spot/preemptible stacks, off for on-demand ones.

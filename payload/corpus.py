@@ -49,6 +49,7 @@ class CorpusStats:
     documents: int = 0
     skipped_files: int = 0
     skipped_documents: int = 0
+    long_words: int = 0  # words cut by tokenizer.max_word_length (see payload.tokenizer)
 
     def add(self, other: CorpusStats) -> None:
         for key, value in asdict(other).items():

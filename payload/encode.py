@@ -48,7 +48,7 @@ from payload import corpus, records, storage
 from payload import manifest as mf
 from payload.errors import CorpusError, DataError
 from payload.spec import JobSpec
-from payload.tokenizer import tokenizer_json
+from payload.tokenizer import LongWordCounter, max_word_length_of, tokenizer_json
 
 if TYPE_CHECKING:
     from payload.status import StatusWriter
@@ -107,7 +107,7 @@ def _init_worker(tokenizer_text: str, plan: _Plan) -> None:
     tok.no_truncation()
     tok.no_padding()
     tok.encode_special_tokens = True  # corpus text "[MASK]" is text, not the mask token
-    _WORKER.update(tokenizer=tok, plan=plan)
+    _WORKER.update(tokenizer=tok, plan=plan, long_words=LongWordCounter(tok))
 
 
 def _encode_chunk(chunk: corpus.Chunk) -> tuple[np.ndarray, dict[str, int], int]:
@@ -130,6 +130,7 @@ def _encode_chunk(chunk: corpus.Chunk) -> tuple[np.ndarray, dict[str, int], int]
             if i != last or not text.continues:
                 flat.append(plan.last_id)
     ids = np.array(flat, dtype=np.dtype(plan.token_dtype))
+    text.stats.long_words = _WORKER["long_words"].count(text.documents)
     return ids, text.stats.as_dict(), len(chunk.data)
 
 
@@ -206,6 +207,12 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
 
     tok = Tokenizer.from_str(tokenizer_text)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    if max_word_length_of(tok) != job.tokenizer.max_word_length:
+        raise DataError(
+            f"tokenizer in {job.paths.tokenizer} was trained with max_word_length "
+            f"{max_word_length_of(tok)} (job: {job.tokenizer.max_word_length}); "
+            "re-run `tpu-payload tokenizer --force`"
+        )
     token_dtype = records.token_dtype_for(vocab_size)
     special_ids = {role: tok.token_to_id(token) for role, token in job.special_roles.items()}
     if any(i is None for i in special_ids.values()):
@@ -305,6 +312,7 @@ def _encode_to(
         ids, counts, nbytes = result
         stats.documents += counts["documents"]
         stats.skipped_documents += counts["skipped_documents"]
+        stats.long_words += counts["long_words"]
         tokens += len(ids)
         stream = np.concatenate([carry, ids]) if len(carry) else ids
         rows = len(stream) // width
@@ -379,7 +387,11 @@ def _publish(
         shards=tuple(entries),
         total_records=total_records,
         total_tokens=total_records * job.data.seq_length,
-        corpus={**stats.as_dict(), "dropped_tokens": dropped},
+        corpus={
+            **stats.as_dict(),
+            "dropped_tokens": dropped,
+            "max_word_length": job.tokenizer.max_word_length,
+        },
         packing=packing_description(job.data.objective),
     )
     stage = {"stage": STAGE, "job": job.to_dict(), "manifest": mf.MANIFEST_NAME}

@@ -45,6 +45,14 @@ ON_BAD_INPUT = ("skip", "fail")
 MIN_EXTRA_VOCAB = {"wordpiece": 100, "unigram": 100, "bpe": 256}
 MAX_VOCAB = 1 << 20
 MIN_SEQ_LENGTH = 8
+# Words (what the tokenizer's pre-tokenizer yields) longer than this are cut into pieces of
+# at most this many characters, in training and encoding alike: the trainers' cost grows
+# with the square of a word's length, so one whitespace-free line of a few hundred KB
+# (base64, minified code) would stall the stage. 100 is transformers' WordPiece default
+# (max_input_chars_per_word); google-research/bert uses 200.
+DEFAULT_MAX_WORD_LENGTH = 100
+MIN_WORD_LENGTH = 8
+MAX_WORD_LENGTH = 1 << 16
 MAX_SEQ_LENGTH = 1 << 16
 
 BERT_STYLE = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -109,6 +117,7 @@ class TokenizerSpec:
     lowercase: bool = False
     min_frequency: int = 2
     special_tokens: tuple[str, ...] = ()
+    max_word_length: int = DEFAULT_MAX_WORD_LENGTH
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -372,6 +381,9 @@ def _tokenizer(section: _Section, objective: str, family: str) -> TokenizerSpec:
         lowercase=section.take("lowercase", _bool, False),
         min_frequency=section.take("min_frequency", _int(1, 1_000_000), 2),
         special_tokens=specials,
+        max_word_length=section.take(
+            "max_word_length", _int(MIN_WORD_LENGTH, MAX_WORD_LENGTH), DEFAULT_MAX_WORD_LENGTH
+        ),
     )
     section.finish()
     return spec

@@ -9,6 +9,14 @@ stripping, which would decompose Hangul syllables into jamo):
 * ``unigram``: Metaspace pre-tokenizer and decoder, Unigram model (``min_frequency`` does not
   apply: the Unigram trainer prunes by likelihood).
 
+Word length. The last pre-tokenizer step cuts every word longer than
+``tokenizer.max_word_length`` characters (for byte-level bpe: bytes, plus the ``Ġ`` of a
+leading space) into pieces of at most that length. It lives in ``tokenizer.json``, so
+training, encoding and any later user of the tokenizer apply the same rule; the trainers'
+cost grows with the square of a word's length, and without it one whitespace-free line of a
+few hundred KB takes minutes (and crashes the Unigram trainer). ``long_words`` counts the
+words cut (status.json, stage.json, manifest.json).
+
 Post-processor: ``[CLS] $A [SEP]`` (mlm, wordpiece), ``<s> $A </s>`` (mlm with bpe/unigram,
 RoBERTa style; also clm, where <s>/</s> are BOS/EOS). A bare trained model has none.
 
@@ -21,9 +29,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from payload import corpus, storage
@@ -40,11 +50,15 @@ TOKENIZER_FILE = "tokenizer.json"
 STAGE_FILE = "stage.json"
 HF_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 STAGE = "tokenizer"
+# Oniguruma (the tokenizers regex engine, Ruby syntax) has no (?s); [\s\S] matches anything.
+_WORD_PIECE = "[\\s\\S]{{1,{limit}}}"
+_WORD_PIECE_LIMIT = re.compile(r"^\[\\s\\S\]\{1,(\d+)\}$")
 
 
 def build_tokenizer(job: JobSpec) -> tuple[Tokenizer, Any]:
     """An untrained tokenizer and its trainer for ``job.tokenizer``."""
     from tokenizers import (  # noqa: PLC0415
+        Regex,
         Tokenizer,
         decoders,
         models,
@@ -60,7 +74,7 @@ def build_tokenizer(job: JobSpec) -> tuple[Tokenizer, Any]:
         steps.append(normalizers.Lowercase())
     specials = list(spec.special_tokens)
     if spec.kind == "wordpiece":
-        tok = Tokenizer(models.WordPiece(unk_token=unk, max_input_chars_per_word=100))
+        tok = Tokenizer(models.WordPiece(unk_token=unk, max_input_chars_per_word=spec.max_word_length))
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece(prefix="##")
         trainer = trainers.WordPieceTrainer(
@@ -92,7 +106,50 @@ def build_tokenizer(job: JobSpec) -> tuple[Tokenizer, Any]:
             show_progress=False,
         )
     tok.normalizer = normalizers.Sequence(steps)
+    cut = pre_tokenizers.Split(
+        Regex(_WORD_PIECE.format(limit=spec.max_word_length)), behavior="isolated"
+    )
+    tok.pre_tokenizer = pre_tokenizers.Sequence([tok.pre_tokenizer, cut])
     return tok, trainer
+
+
+def max_word_length_of(tok: Tokenizer) -> int | None:
+    """The word-length limit saved in a tokenizer (None: trained without one)."""
+    pre = json.loads(tok.to_str()).get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else []
+    last = steps[-1] if steps else {}
+    match = _WORD_PIECE_LIMIT.match(str(last.get("pattern", {}).get("Regex", "")))
+    return int(match.group(1)) if last.get("type") == "Split" and match else None
+
+
+class LongWordCounter:
+    """Counts the words the tokenizer's length limit cuts, using the tokenizer's own steps.
+
+    Only whitespace-free runs that could be too long (a quarter of the limit: a character
+    is at most 4 UTF-8 bytes) are normalized and pre-tokenized again, so the cost is small
+    and linear. Exact unless normalization expands a run more than fourfold.
+    """
+
+    def __init__(self, tok: Tokenizer):
+        limit = max_word_length_of(tok)
+        if limit is None:
+            raise DataError("tokenizer has no word-length limit: re-run `tokenizer --force`")
+        self.limit = limit
+        self._normalizer = tok.normalizer
+        self._split_words = tok.pre_tokenizer[0]  # the kind's pre-tokenizer, before the cut
+        self._candidate = re.compile(rf"\S{{{max(1, limit // 4)},}}")
+
+    def count(self, documents: Iterable[str]) -> int:
+        found = 0
+        for doc in documents:
+            for match in self._candidate.finditer(doc):
+                # Keep the whitespace before the run: byte-level BPE attaches a space to it.
+                text = doc[max(match.start() - 1, 0) : match.end()]
+                if self._normalizer is not None:
+                    text = self._normalizer.normalize_str(text)
+                words = self._split_words.pre_tokenize_str(text)
+                found += sum(1 for word, _ in words if len(word) > self.limit)
+        return found
 
 
 def set_post_processor(tok: Tokenizer, job: JobSpec) -> None:
@@ -190,7 +247,8 @@ def train_tokenizer(job: JobSpec, status: StatusWriter) -> str:
         batches = corpus.iter_document_batches(
             files, job.corpus.on_bad_input, stats, on_bytes=on_bytes
         )
-        tok.train_from_iterator(batches, trainer)
+        counter = LongWordCounter(tok)  # before training, which holds the tokenizer
+        tok.train_from_iterator(_counting_long_words(batches, counter, stats), trainer)
     corpus.require_text(stats, job.corpus)
     vocab_size = tok.get_vocab_size()
     if vocab_size > job.tokenizer.vocab_size:
@@ -209,6 +267,14 @@ def train_tokenizer(job: JobSpec, status: StatusWriter) -> str:
         **stats.as_dict(),
     )
     return out_dir
+
+
+def _counting_long_words(
+    batches: Iterable[list[str]], counter: LongWordCounter, stats: corpus.CorpusStats
+) -> Iterator[list[str]]:
+    for batch in batches:
+        stats.long_words += counter.count(batch)
+        yield batch
 
 
 def _save(tok: Tokenizer, job: JobSpec, stats: corpus.CorpusStats, out_dir: str) -> None:

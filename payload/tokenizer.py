@@ -32,8 +32,8 @@ import json
 import re
 import sys
 import tempfile
-from pathlib import Path
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from payload import corpus, storage
@@ -74,7 +74,9 @@ def build_tokenizer(job: JobSpec) -> tuple[Tokenizer, Any]:
         steps.append(normalizers.Lowercase())
     specials = list(spec.special_tokens)
     if spec.kind == "wordpiece":
-        tok = Tokenizer(models.WordPiece(unk_token=unk, max_input_chars_per_word=spec.max_word_length))
+        tok = Tokenizer(
+            models.WordPiece(unk_token=unk, max_input_chars_per_word=spec.max_word_length)
+        )
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece(prefix="##")
         trainer = trainers.WordPieceTrainer(

@@ -7,8 +7,13 @@ and a real fake-gcs-server (or a dead endpoint on 127.0.0.1) for storage.
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
 import random
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,21 +26,55 @@ from payload.status import StatusWriter
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def job_for(tmp_path: Path, corpus: list[str], **sections: dict) -> spec.JobSpec:
+CLI_TIMEOUT_S = 300
+
+
+def write_job(tmp_path: Path, paths: list[str], **sections: dict) -> Path:
     doc: dict = {
         "name": "robust",
         "output": str(tmp_path / "out"),
-        "corpus": {"paths": corpus},
+        "corpus": {"paths": paths},
         "tokenizer": {"kind": "wordpiece", "vocab_size": 1200},
         "data": {"objective": "mlm", "seq_length": 32, "records_per_shard": 100},
         "model": {"family": "bert"},
         "train": {"steps": 2},
     }
     for section, values in sections.items():
-        doc[section].update(values)
+        if isinstance(doc.get(section), dict):
+            doc[section].update(values)
+        else:
+            doc[section] = values
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc, allow_unicode=True))
-    return spec.load_job(str(path))
+    return path
+
+
+def job_for(tmp_path: Path, paths: list[str], **sections: dict) -> spec.JobSpec:
+    return spec.load_job(str(write_job(tmp_path, paths, **sections)))
+
+
+def tpu_payload(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "payload", *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})},
+    )
+
+
+def assert_user_error(result: subprocess.CompletedProcess[str], pattern: str) -> str:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, result.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+    return lines[0]
+
+
+def corpus_text() -> str:
+    return (EXAMPLES / "corpus" / "mixed.txt").read_text(encoding="utf-8")[:40_000]
 
 
 # --------------------------------------------------------------------------- long words
@@ -88,3 +127,44 @@ def test_long_words_are_cut_in_training_and_encoding(
     assert manifest.corpus["long_words"] == expected
     assert manifest.corpus["max_word_length"] == 100
     assert mf.load_manifest(job.paths.data).corpus["long_words"] == expected
+
+
+# --------------------------------------------------------------------------- corrupt .gz
+
+
+def _bad_gzips(corpus_dir: Path) -> None:
+    whole = gzip.compress(corpus_text().encode("utf-8"))
+    (corpus_dir / "truncated.txt.gz").write_bytes(whole[: len(whole) // 2])
+    (corpus_dir / "plain.txt.gz").write_text("this was never compressed\n")
+
+
+def test_corrupt_gzip_is_skipped_and_counted(tmp_path: Path) -> None:
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    (corpus_dir / "good.txt.gz").write_bytes(gzip.compress(corpus_text().encode("utf-8")))
+    _bad_gzips(corpus_dir)
+    job = write_job(tmp_path, [str(corpus_dir)])
+    for stage in ("tokenizer", "encode"):
+        result = tpu_payload(stage, "--job", str(job))
+        assert result.returncode == 0, result.stderr
+    manifest = mf.load_manifest(str(tmp_path / "out" / "data"))
+    assert manifest.corpus["skipped_files"] == 2
+    assert manifest.corpus["files"] == 1
+
+
+def test_corrupt_gzip_fails_with_one_line(tmp_path: Path) -> None:
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    (corpus_dir / "a-good.txt").write_text(corpus_text(), encoding="utf-8")
+    _bad_gzips(corpus_dir)
+    job = write_job(tmp_path, [str(corpus_dir)], corpus={"on_bad_input": "fail"})
+    assert_user_error(
+        tpu_payload("tokenizer", "--job", str(job)),
+        r"^error: .*plain\.txt\.gz is not a readable gzip file \(Not a gzipped file",
+    )
+    (corpus_dir / "plain.txt.gz").unlink()
+    assert_user_error(
+        tpu_payload("run", "--job", str(job)),
+        r"^error: .*truncated\.txt\.gz is not a readable gzip file \(Compressed file ended",
+    )
+    assert not (tmp_path / "out" / "tokenizer" / "tokenizer.json").exists()

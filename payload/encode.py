@@ -32,6 +32,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -101,6 +102,8 @@ class _Plan:
 def _init_worker(tokenizer_text: str, plan: _Plan) -> None:
     # One Rust thread per worker: the parallelism comes from the worker processes.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # Ctrl-C reaches the whole process group: the main process reports it, workers stay quiet.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from tokenizers import Tokenizer  # noqa: PLC0415
 
     tok = Tokenizer.from_str(tokenizer_text)

@@ -343,10 +343,25 @@ def _resolve(base_dir: str, path: str) -> str:
     return os.path.normpath(os.path.join(base_dir, path))  # noqa: PTH118
 
 
+def _bucket_checked(key: str, path: str) -> str:
+    """``path`` unchanged, or SpecError when its gs:// bucket name breaks GCS naming rules."""
+    if storage.is_gcs(path):
+        bucket = path[len(storage.GCS_SCHEME) :].partition("/")[0]
+        problem = storage.bucket_name_problem(bucket)
+        if problem:
+            raise SpecError(
+                f"{key}: {_show(path)}: bucket name {bucket!r} {problem} (Cloud Storage rules)"
+            )
+    return path
+
+
 def _corpus(section: _Section, base_dir: str) -> CorpusSpec:
     paths = section.take("paths", _str_list)
+    key = section.key("paths")
     spec = CorpusSpec(
-        paths=tuple(_resolve(base_dir, p) for p in paths),
+        paths=tuple(
+            _resolve(base_dir, _bucket_checked(f"{key}[{i}]", p)) for i, p in enumerate(paths)
+        ),
         on_bad_input=section.take("on_bad_input", _choice(ON_BAD_INPUT), "skip"),
     )
     section.finish()
@@ -469,7 +484,7 @@ def parse_job(document: Any, *, source: str) -> JobSpec:
         raise SpecError(
             f"name: {name!r} must be 1-63 letters, digits, '.', '_' or '-', starting alphanumeric"
         )
-    output = _resolve(base_dir, top.take("output", _str))
+    output = _resolve(base_dir, _bucket_checked("output", top.take("output", _str)))
     data = top.take("data", lambda key, v: _data(_Section(v, key)))
     model = top.take("model", lambda key, v: _model(_Section(v, key), data.objective))
     job = JobSpec(

@@ -12,6 +12,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,90 @@ def test_corrupt_gzip_fails_with_one_line(tmp_path: Path) -> None:
         r"^error: .*truncated\.txt\.gz is not a readable gzip file \(Compressed file ended",
     )
     assert not (tmp_path / "out" / "tokenizer" / "tokenizer.json").exists()
+
+
+# --------------------------------------------------------------------------- output paths
+
+
+def _as_unprivileged() -> list[str]:
+    """A command prefix under which permission bits apply (root ignores them otherwise)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: permission bits cannot be tested")
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
+
+
+@pytest.mark.parametrize("case", ["below-file", "is-file", "unwritable"])
+def test_bad_output_path_is_one_line_before_any_stage(tmp_path: Path, case: str) -> None:
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text(corpus_text(), encoding="utf-8")
+    blocker = tmp_path / "blocker"
+    prefix: list[str] = []
+    if case == "below-file":
+        blocker.write_text("a regular file\n")
+        output, pattern = blocker / "runs" / "x", r"is below .*blocker, which is a file"
+    elif case == "is-file":
+        blocker.write_text("a regular file\n")
+        output, pattern = blocker, r"blocker is a file; output must be a directory"
+    else:
+        blocker.mkdir()
+        blocker.chmod(0o555)
+        output, pattern = blocker / "run", r"cannot write to .*blocker/run \(Permission denied\)"
+        prefix = _as_unprivileged()
+    job = write_job(tmp_path, [str(corpus_file)], output=str(output))
+    result = subprocess.run(
+        [*prefix, sys.executable, "-m", "payload", "run", "--job", str(job)],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+    assert_user_error(result, rf"^error: output: .*{pattern}")
+    assert "status" not in result.stdout
+    if case == "unwritable":
+        assert list(blocker.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- bucket names
+
+
+@pytest.mark.parametrize(
+    ("bucket", "problem"),
+    [
+        ("ab", "must be 3-63 characters"),
+        ("a" * 64, "must be 3-63 characters"),
+        ("My-Bucket", "may hold only a-z"),
+        ("bucket-", "must start and end"),
+        ("b..c", r"may not contain '\.\.'"),
+        ("192.168.5.4", "may not be an IP address"),
+        ("goog-data", "may not start with 'goog'"),
+        ("my-g00gle-data", "may not contain 'google'"),
+        ("a." + "b" * 64, "each dot-separated part"),
+    ],
+)
+def test_bad_bucket_names_are_refused_by_validate(
+    tmp_path: Path, bucket: str, problem: str
+) -> None:
+    job = write_job(tmp_path, [str(tmp_path / "c.txt")], output=f"gs://{bucket}/runs/x")
+    with pytest.raises(spec.SpecError, match=rf"^output: .*{problem}"):
+        spec.load_job(str(job))
+    job = write_job(tmp_path, [f"gs://{bucket}/corpus/*.txt"])
+    with pytest.raises(spec.SpecError, match=rf"^corpus\.paths\[0\]: .*{problem}"):
+        spec.load_job(str(job))
+
+
+def test_bad_bucket_name_through_cli(tmp_path: Path) -> None:
+    job = write_job(tmp_path, [str(tmp_path / "c.txt")], output="gs://Bad_Bucket/runs/x")
+    assert_user_error(
+        tpu_payload("validate", "--job", str(job)),
+        r"^error: output: 'gs://Bad_Bucket/runs/x': bucket name 'Bad_Bucket' may hold only",
+    )
+
+
+def test_good_bucket_names_pass() -> None:
+    from payload import storage
+
+    for name in ("tpu-pretrain_data-1", "a.b.c", "x" * 63, ".".join(["y" * 63] * 3)):
+        assert storage.bucket_name_problem(name) is None, name

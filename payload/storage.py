@@ -251,8 +251,11 @@ def _client() -> Any:
 
     # Application default credentials in production; with STORAGE_EMULATOR_HOST set the
     # library itself switches to the emulator with anonymous credentials. Credentials are
-    # looked up here, so callers create the client inside _access().
-    return gcs.Client()
+    # looked up here, so callers create the client inside _access(). project=None, not
+    # omitted: object and bucket-scoped calls need no project, and without it credentials
+    # with no project attached (a laptop's `gcloud auth application-default login` without
+    # a quota project) fail with "Project was not passed" (google/cloud/storage/client.py).
+    return gcs.Client(project=None)
 
 
 def reset_client() -> None:

@@ -7,15 +7,21 @@ and a real fake-gcs-server (or a dead endpoint on 127.0.0.1) for storage.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import http.server
 import json
 import os
 import random
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -256,3 +262,164 @@ def test_good_bucket_names_pass() -> None:
 
     for name in ("tpu-pretrain_data-1", "a.b.c", "x" * 63, ".".join(["y" * 63] * 3)):
         assert storage.bucket_name_problem(name) is None, name
+
+
+# --------------------------------------------------------------------------- buckets, credentials
+
+
+class _FixedReply(http.server.BaseHTTPRequestHandler):
+    """Answers every request with one status and JSON body, like a refusing Google endpoint."""
+
+    status = 403
+    body: ClassVar[dict] = {}
+
+    def _reply(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        payload = json.dumps(self.body).encode()
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _reply  # noqa: N815  (http.server's names)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def fixed_reply_server(status: int, body: dict) -> Iterator[str]:
+    handler = type("Handler", (_FixedReply,), {"status": status, "body": body})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _without_emulator() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "STORAGE_EMULATOR_HOST"}
+
+
+def _run_bounded(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "payload", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,  # the stage must give up on its own well before this
+        check=False,
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "3", "TPU_PAYLOAD_GCS_RETRY_S": "2"},
+    )
+
+
+@pytest.mark.emulator
+def test_missing_bucket_is_one_line(gcs_emulator: str, tmp_path: Path) -> None:
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text(corpus_text(), encoding="utf-8")
+    missing = f"no-such-bucket-{os.getpid()}"
+    job = write_job(tmp_path, [str(corpus_file)], output=f"gs://{missing}/runs/x")
+    assert_user_error(
+        tpu_payload("tokenizer", "--job", str(job)),
+        rf"^error: gs://{missing}: the bucket does not exist: check its name and project$",
+    )
+    job = write_job(tmp_path, [f"gs://{missing}/corpus/"])
+    assert_user_error(
+        tpu_payload("tokenizer", "--job", str(job)), rf"^error: gs://{missing}: the bucket does not"
+    )
+    assert not (tmp_path / "out" / "tokenizer" / "tokenizer.json").exists()
+    assert_user_error(
+        tpu_payload("validate", "--job", f"gs://{missing}/jobs/job.yaml"),
+        rf"^error: gs://{missing}: the bucket does not exist",
+    )
+
+
+def test_unreachable_endpoint_gives_up_with_one_line(tmp_path: Path) -> None:
+    endpoint = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    job = write_job(tmp_path, [str(tmp_path / "c.txt")], output="gs://some-bucket/runs/x")
+    result = _run_bounded(
+        ["tokenizer", "--job", str(job)], {**os.environ, "STORAGE_EMULATOR_HOST": endpoint}
+    )
+    assert_user_error(
+        result,
+        rf"^error: gs://some-bucket: cannot reach Cloud Storage at {endpoint} "
+        r"\(after retrying for 2s\)",
+    )
+
+
+def test_forbidden_bucket_names_the_role(tmp_path: Path) -> None:
+    refusal = {
+        "error": {
+            "code": 403,
+            "message": "tpu@p.iam.gserviceaccount.com does not have storage.objects.create "
+            "access to the Google Cloud Storage object.",
+        }
+    }
+    job = write_job(tmp_path, [str(tmp_path / "c.txt")], output="gs://locked-bucket/runs/x")
+    with fixed_reply_server(403, refusal) as endpoint:
+        result = _run_bounded(
+            ["encode", "--job", str(job)], {**os.environ, "STORAGE_EMULATOR_HOST": endpoint}
+        )
+    assert_user_error(
+        result,
+        r"^error: gs://locked-bucket: permission denied \(after retrying for 2s\) "
+        r"\(.*does not have storage\.objects\.create access.*\): grant the job's service "
+        r"account roles/storage\.objectAdmin on the bucket",
+    )
+
+
+def test_missing_credentials_say_how_to_log_in(tmp_path: Path) -> None:
+    job = write_job(tmp_path, [str(tmp_path / "c.txt")], output="gs://some-bucket/runs/x")
+    env = {**_without_emulator(), "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "nope.json")}
+    assert_user_error(
+        _run_bounded(["run", "--job", str(job)], env),
+        r"^error: gs://some-bucket: no Google credentials found \(.*nope\.json.*\): "
+        r"run `gcloud auth application-default login`",
+    )
+
+
+def _service_account_key(token_uri: str) -> dict[str, str]:
+    """A well-formed key file for a service account that the token endpoint will refuse."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = private.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    return {
+        "type": "service_account",
+        "project_id": "p",
+        "private_key_id": "0" * 40,
+        "private_key": pem,
+        "client_email": "deleted@p.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
+
+
+def test_refused_credentials_say_how_to_log_in(tmp_path: Path) -> None:
+    job = write_job(tmp_path, [str(tmp_path / "c.txt")], output="gs://some-bucket/runs/x")
+    refusal = {"error": "invalid_grant", "error_description": "Invalid JWT Signature."}
+    with fixed_reply_server(400, refusal) as token_endpoint:
+        key = tmp_path / "key.json"
+        key.write_text(json.dumps(_service_account_key(f"{token_endpoint}/token")))
+        env = {**_without_emulator(), "GOOGLE_APPLICATION_CREDENTIALS": str(key)}
+        result = _run_bounded(["run", "--job", str(job)], env)
+    assert_user_error(
+        result,
+        r"^error: gs://some-bucket: the Google credentials were refused \(.*invalid_grant.*\): "
+        r"run `gcloud auth application-default login`",
+    )

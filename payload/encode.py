@@ -27,6 +27,7 @@ output; a local temp directory for gs://), renamed/uploaded to
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
@@ -35,9 +36,11 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,8 +105,6 @@ class _Plan:
 def _init_worker(tokenizer_text: str, plan: _Plan) -> None:
     # One Rust thread per worker: the parallelism comes from the worker processes.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    # Ctrl-C reaches the whole process group: the main process reports it, workers stay quiet.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from tokenizers import Tokenizer  # noqa: PLC0415
 
     tok = Tokenizer.from_str(tokenizer_text)
@@ -347,14 +348,31 @@ def _encode_to(
         ) as pool,
     ):
         pending: deque[Future[tuple[np.ndarray, dict[str, int], int]]] = deque()
-        for chunk in corpus.iter_chunks(files, job.corpus.on_bad_input, stats):
-            pending.append(pool.submit(_encode_chunk, chunk))
+        chunks = corpus.iter_chunks(files, job.corpus.on_bad_input, stats)
+        for submitted, chunk in enumerate(chunks):
+            # With spawn, each of the first `workers` submits starts one worker.
+            with _sigint_ignored(submitted < workers):
+                pending.append(pool.submit(_encode_chunk, chunk))
             if len(pending) >= max_in_flight:
                 consume(pending.popleft().result())
         while pending:
             consume(pending.popleft().result())
     shards.close()
     return stats, shards, len(carry)
+
+
+@contextlib.contextmanager
+def _sigint_ignored(active: bool) -> Iterator[None]:
+    """Ignore SIGINT while workers start: they inherit it (and Python keeps an inherited
+    ignore), so a Ctrl-C, which reaches the whole process group, is reported once, here."""
+    if not active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _publish(

@@ -15,11 +15,13 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
 
@@ -423,3 +425,107 @@ def test_refused_credentials_say_how_to_log_in(tmp_path: Path) -> None:
         r"^error: gs://some-bucket: the Google credentials were refused \(.*invalid_grant.*\): "
         r"run `gcloud auth application-default login`",
     )
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+
+
+def _wait_for_stage(status_path: Path, stage: str, proc: subprocess.Popen, limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"finished before it could be interrupted: {proc.communicate()}")
+        try:
+            doc = json.loads(status_path.read_text())
+        except (OSError, ValueError):
+            doc = {}
+        if doc.get("stage") == stage and doc.get("state") == "running":
+            return
+        time.sleep(0.05)
+    pytest.fail(f"stage {stage} did not start within {limit_s}s")
+
+
+@pytest.mark.parametrize("stage", ["tokenizer", "encode"])
+def test_ctrl_c_says_where_it_stopped_and_rerun_continues(tmp_path: Path, stage: str) -> None:
+    corpus_file = tmp_path / "corpus.txt"
+    text = (EXAMPLES / "corpus" / "mixed.txt").read_text(encoding="utf-8")
+    corpus_file.write_text("\n\n".join([text] * 24), encoding="utf-8")  # ~6 MB
+    job = write_job(tmp_path, [str(corpus_file)], data={"workers": 2})
+    if stage == "encode":
+        assert tpu_payload("tokenizer", "--job", str(job)).returncode == 0
+    # A terminal's Ctrl-C goes to the whole foreground process group: workers included.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "payload", stage, "--job", str(job)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        start_new_session=True,
+    )
+    try:
+        _wait_for_stage(tmp_path / "out" / "status.json", stage, proc, 120)
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    assert re.search(
+        rf"^interrupted during {stage}( at \d+%)?; .*rerun `tpu-payload {stage} --job .*` to "
+        "continue",
+        stderr,
+        re.MULTILINE,
+    ), stderr
+    out = tmp_path / "out"
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "failed"
+    assert status["last_error"]["error"].startswith(f"interrupted during {stage}")
+    marker = out / ("tokenizer/tokenizer.json" if stage == "tokenizer" else "data/manifest.json")
+    assert not marker.exists()
+    assert not list((out / "data").glob(".staging-*")) if (out / "data").exists() else True
+
+    again = tpu_payload(stage, "--job", str(job))
+    assert again.returncode == 0, again.stderr
+    assert marker.exists()
+
+
+# --------------------------------------------------------------------------- checkpoint writes
+
+
+def _interrupted_checkpoints(write: Callable[[str, bytes], None], root: str) -> None:
+    write(f"{root}/checkpoint", b'model_checkpoint_path: "ckpt-2"\n')
+    write(f"{root}/ckpt-2.index", b"index")
+    write(f"{root}/ckpt-2.data-00000-of-00001", b"data")
+    write(f"{root}/ckpt-3_temp/part-00000-of-00001.index", b"half")
+    write(f"{root}/ckpt-3_temp/part-00000-of-00001.data-00000-of-00001", b"half")
+    write(f"{root}/ckpt-4_temp/part-00000-of-00001.index", b"half")
+
+
+def test_interrupted_checkpoint_writes_are_removed_locally(tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    from payload import checkpoint, storage
+
+    root = str(tmp_path / "checkpoints")
+    _interrupted_checkpoints(storage.write_bytes, root)
+    model, optimizer = tf.Module(), tf.Module()
+    model.w = tf.Variable([1.0, 2.0])
+    optimizer.iterations = tf.Variable(2, dtype=tf.int64)
+    _, manager = checkpoint.make_manager(model, optimizer, root, keep=3)  # cleans up first
+    assert storage.listdir(root) == ["checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]
+    assert manager.latest_checkpoint == str(Path(root, "ckpt-2"))
+
+
+@pytest.mark.emulator
+def test_interrupted_checkpoint_writes_are_removed_in_the_bucket(gcs_root: str) -> None:
+    from payload import checkpoint, storage
+
+    root = f"{gcs_root}/runs/x/checkpoints"
+    _interrupted_checkpoints(storage.write_bytes, root)
+    removed = checkpoint.remove_interrupted_writes(root)
+    assert removed == [f"{root}/ckpt-3_temp", f"{root}/ckpt-4_temp"]
+    assert storage.listdir(root) == ["checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]
+    assert checkpoint.remove_interrupted_writes(root) == []

@@ -62,6 +62,7 @@ plan: venv-infra
 bench: venv
 	$(PY) bench/bench_encode.py $(BENCH_ARGS)
 	$(PY) bench/bench_input.py
+	$(PY) bench/bench_long_words.py
 
 clean:
 	rm -rf runs bench/out .pytest_cache .ruff_cache

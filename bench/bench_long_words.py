@@ -2,7 +2,7 @@
 whitespace-free lines added (a base64 blob, and corpus text with its whitespace removed,
 like a minified file or glued URL lists), for each tokenizer kind.
 
-    .venv/bin/python bench/bench_long_words.py                  # 2 lines of 300 KB
+    .venv/bin/python bench/bench_long_words.py                  # 300 KB + 150 KB lines
     .venv/bin/python bench/bench_long_words.py --line-kb 100 --kinds bpe
     .venv/bin/python bench/bench_long_words.py --max-word-length 65536   # (almost) no limit
 
@@ -83,12 +83,15 @@ def run_stages(work: Path, kind: str, extra: str | None, max_word_length: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--line-kb", type=int, default=300, help="size of each odd line")
+    parser.add_argument("--line-kb", type=int, default=300, help="size of the base64 line")
     parser.add_argument("--kinds", default="wordpiece,bpe,unigram")
     parser.add_argument("--max-word-length", type=int, default=100)
     args = parser.parse_args()
     extra = odd_lines(args.line_kb)
-    print(f"max_word_length={args.max_word_length}, 2 whitespace-free lines of {args.line_kb} KB")
+    print(
+        f"max_word_length={args.max_word_length}; added: a {args.line_kb} KB base64 line and "
+        f"a {args.line_kb // 2} KB line of corpus text without whitespace"
+    )
     print(f"{'kind':10} {'corpus':>8} {'MB':>6} {'tokenizer s':>12} {'encode s':>9} {'total s':>8}")
     for kind in args.kinds.split(","):
         rows = {}

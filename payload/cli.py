@@ -1,8 +1,10 @@
 """Command line: ``tpu-payload {validate,tokenizer,encode,train,run} --job PATH [--force]``.
 
-argv is read here and nowhere else. A :class:`UserError` becomes ``error: <one line>`` on
-stderr, exit status 2, and ``last_error`` in status.json; any other exception is a bug: it
-is recorded in status.json and re-raised with its traceback.
+argv (and ``TPU_PAYLOAD_GCS_RETRY_S``) is read here and nowhere else. ``output`` is checked
+before any stage. A :class:`UserError` becomes ``error: <one line>`` on stderr, exit status
+2, and ``last_error`` in status.json; Ctrl-C says where the run stopped and that a rerun
+continues (exit 130); any other exception is a bug: it is recorded in status.json and
+re-raised with its traceback.
 """
 
 from __future__ import annotations

@@ -129,7 +129,23 @@ def _gzip_problem(path: str) -> str | None:
                 pass
     except _GZIP_ERRORS as exc:
         return " ".join(str(exc).split()) or type(exc).__name__
+    except OSError as exc:
+        raise CorpusError(f"cannot read {path}: {exc.strerror or exc}") from None
     return None
+
+
+def _bad_gzip(path: str, on_bad_input: str, stats: CorpusStats) -> bool:
+    """True (and counted) when ``path`` is a corrupt .gz to skip; CorpusError under fail."""
+    problem = _gzip_problem(path) if path.endswith(".gz") else None
+    if problem is None:
+        return False
+    if on_bad_input == "fail":
+        raise CorpusError(
+            f"{path} is not a readable gzip file ({problem}); "
+            "fix or remove it, or set corpus.on_bad_input: skip"
+        )
+    stats.skipped_files += 1
+    return True
 
 
 def _open(path: str) -> IO[bytes]:
@@ -180,14 +196,7 @@ def iter_chunks(
     chunk_bytes = chunk_bytes or CHUNK_BYTES
     index = 0
     for path in files:
-        problem = _gzip_problem(path) if path.endswith(".gz") else None
-        if problem is not None:
-            if on_bad_input == "fail":
-                raise CorpusError(
-                    f"{path} is not a readable gzip file ({problem}); "
-                    "fix or remove it, or set corpus.on_bad_input: skip"
-                )
-            stats.skipped_files += 1
+        if _bad_gzip(path, on_bad_input, stats):
             continue
         try:
             with _open(path) as handle:
@@ -230,6 +239,8 @@ def iter_chunks(
                         break
         except _GZIP_ERRORS as exc:  # changed since it was checked: never use half of it
             raise CorpusError(f"{path} became unreadable while reading it: {exc}") from None
+        except OSError as exc:  # permissions, a path that vanished, a dead disk or network
+            raise CorpusError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _read(handle: IO[bytes], size: int, on_bytes: Callable[[int], None] | None) -> bytes:

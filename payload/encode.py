@@ -211,11 +211,12 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
 
     tok = Tokenizer.from_str(tokenizer_text)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    if max_word_length_of(tok) != job.tokenizer.max_word_length:
+    trained_limit = max_word_length_of(tok)
+    if trained_limit != job.tokenizer.max_word_length:
         raise DataError(
             f"tokenizer in {job.paths.tokenizer} was trained with max_word_length "
-            f"{max_word_length_of(tok)} (job: {job.tokenizer.max_word_length}); "
-            "re-run `tpu-payload tokenizer --force`"
+            f"{trained_limit or 'unlimited'} (job: tokenizer.max_word_length="
+            f"{job.tokenizer.max_word_length}); re-run `tpu-payload tokenizer --force`"
         )
     token_dtype = records.token_dtype_for(vocab_size)
     special_ids = {role: tok.token_to_id(token) for role, token in job.special_roles.items()}

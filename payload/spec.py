@@ -519,6 +519,7 @@ def load_job(path: str) -> JobSpec:
     import yaml  # noqa: PLC0415
 
     source = path if storage.is_gcs(path) else os.path.abspath(path)  # noqa: PTH100
+    _bucket_checked("--job", source)
     try:
         text = storage.read_text(source)
     except FileNotFoundError:
@@ -527,6 +528,8 @@ def load_job(path: str) -> JobSpec:
         raise SpecError(f"job spec is a directory, not a file: {path}") from None
     except UnicodeDecodeError:
         raise SpecError(f"job spec {path} is not UTF-8 text") from None
+    except OSError as exc:  # e.g. permission denied
+        raise SpecError(f"cannot read job spec {path}: {exc.strerror or exc}") from None
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:

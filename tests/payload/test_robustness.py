@@ -30,6 +30,7 @@ import yaml
 
 from payload import encode, spec, tokenizer
 from payload import manifest as mf
+from payload.errors import DataError
 from payload.status import StatusWriter
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -136,6 +137,20 @@ def test_long_words_are_cut_in_training_and_encoding(
     assert manifest.corpus["long_words"] == expected
     assert manifest.corpus["max_word_length"] == 100
     assert mf.load_manifest(job.paths.data).corpus["long_words"] == expected
+
+
+def test_encode_refuses_a_tokenizer_trained_with_another_limit(tmp_path: Path) -> None:
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text(corpus_text(), encoding="utf-8")
+    job = job_for(tmp_path, [str(corpus_file)], tokenizer={"max_word_length": 100})
+    status = StatusWriter(job.paths.status, job.name, min_interval_s=0)
+    tokenizer.train_tokenizer(job, status)
+    other = job_for(tmp_path, [str(corpus_file)], tokenizer={"max_word_length": 50})
+    with pytest.raises(
+        DataError, match=r"trained with max_word_length 100 \(job: tokenizer\.max_word_length=50\)"
+    ):
+        encode.encode(other, status)
+    assert not Path(job.paths.data, "manifest.json").exists()
 
 
 # --------------------------------------------------------------------------- corrupt .gz
@@ -529,3 +544,48 @@ def test_interrupted_checkpoint_writes_are_removed_in_the_bucket(gcs_root: str) 
     assert removed == [f"{root}/ckpt-3_temp", f"{root}/ckpt-4_temp"]
     assert storage.listdir(root) == ["checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]
     assert checkpoint.remove_interrupted_writes(root) == []
+
+
+# --------------------------------------------------------------------------- similar inputs
+
+
+def test_unreadable_corpus_file_is_one_line(tmp_path: Path) -> None:
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text(corpus_text(), encoding="utf-8")
+    corpus_file.chmod(0o000)
+    out = tmp_path / "out"
+    out.mkdir()
+    job = write_job(tmp_path, [str(corpus_file)])
+    result = subprocess.run(
+        [*_as_unprivileged(), sys.executable, "-m", "payload", "tokenizer", "--job", str(job)],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+    assert_user_error(result, r"^error: cannot read .*corpus\.txt: Permission denied$")
+    assert not (out / "tokenizer" / "tokenizer.json").exists()
+
+
+def test_unreadable_job_spec_is_one_line(tmp_path: Path) -> None:
+    job = write_job(tmp_path, [str(tmp_path / "c.txt")])
+    job.chmod(0o000)
+    result = subprocess.run(
+        [*_as_unprivileged(), sys.executable, "-m", "payload", "validate", "--job", str(job)],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+    assert_user_error(result, r"^error: cannot read job spec .*job\.yaml: Permission denied$")
+
+
+def test_job_spec_uri_with_a_bad_bucket_name(tmp_path: Path) -> None:
+    assert_user_error(
+        tpu_payload("validate", "--job", "gs://Jobs_Bucket/jobs/x.yaml"),
+        r"^error: --job: 'gs://Jobs_Bucket/jobs/x\.yaml': bucket name 'Jobs_Bucket' may hold",
+    )
+    assert_user_error(
+        tpu_payload("validate", "--job", "gs:///x.yaml"),
+        r"^error: --job: .*bucket name '' must be 3-63 characters",
+    )

@@ -52,7 +52,7 @@ from payload import corpus, records, storage
 from payload import manifest as mf
 from payload.errors import CorpusError, DataError
 from payload.spec import JobSpec
-from payload.tokenizer import LongWordCounter, max_word_length_of, tokenizer_json
+from payload.tokenizer import WordLimit, max_word_length_of, tokenizer_json
 
 if TYPE_CHECKING:
     from payload.status import StatusWriter
@@ -111,14 +111,14 @@ def _init_worker(tokenizer_text: str, plan: _Plan) -> None:
     tok.no_truncation()
     tok.no_padding()
     tok.encode_special_tokens = True  # corpus text "[MASK]" is text, not the mask token
-    _WORKER.update(tokenizer=tok, plan=plan, long_words=LongWordCounter(tok))
+    _WORKER.update(tokenizer=tok, plan=plan, word_limit=WordLimit(tok))
 
 
 def _encode_chunk(chunk: corpus.Chunk) -> tuple[np.ndarray, dict[str, int], int]:
     """Token stream of one chunk (with separators), its document counts, its byte size."""
-    tok, plan = _WORKER["tokenizer"], _WORKER["plan"]
+    plan = _WORKER["plan"]
     text = corpus.split_documents(chunk, plan.on_bad_input)
-    encodings = tok.encode_batch_fast(text.documents, add_special_tokens=False)
+    encodings, text.stats.long_words = _WORKER["word_limit"].encode(text.documents)
     flat: list[int] = []
     last = len(encodings) - 1
     if plan.objective == "mlm":
@@ -134,7 +134,6 @@ def _encode_chunk(chunk: corpus.Chunk) -> tuple[np.ndarray, dict[str, int], int]
             if i != last or not text.continues:
                 flat.append(plan.last_id)
     ids = np.array(flat, dtype=np.dtype(plan.token_dtype))
-    text.stats.long_words = _WORKER["long_words"].count(text.documents)
     return ids, text.stats.as_dict(), len(chunk.data)
 
 

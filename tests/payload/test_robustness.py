@@ -129,7 +129,14 @@ def test_long_words_are_cut_in_training_and_encoding(
     assert tokenizer.max_word_length_of(tok) == 100
     words = tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(odd))
     assert max(len(word) for word, _ in words) <= 100
-    assert tokenizer.LongWordCounter(tok).count([odd]) == expected
+    limit = tokenizer.WordLimit(tok)
+    assert limit.count([odd]) == expected
+    # Documents without a long run skip the cut; the ids are the full tokenizer's all the same.
+    docs = [*text.split("\n\n"), odd, f"x {hangul}{hangul} y", " " * 300 + "z"]
+    encodings, cut = limit.encode(docs)
+    full = tok.encode_batch_fast(docs, add_special_tokens=False)
+    assert [e.ids for e in encodings] == [e.ids for e in full]
+    assert cut == limit.count(docs) >= expected
     if kind == "bpe":  # byte-level: nothing is lost, the cut pieces decode back to the text
         assert tok.decode(tok.encode(odd).ids) == odd
 

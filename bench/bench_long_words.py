@@ -7,8 +7,9 @@ like a minified file or glued URL lists), for each tokenizer kind.
     .venv/bin/python bench/bench_long_words.py --max-word-length 65536   # (almost) no limit
 
 Each run is the real CLI (`tpu-payload tokenizer`, then `encode`) in a child process with a
-timeout; peak RSS is the children's ru_maxrss. It prints the time ratio (with lines / alone)
-next to the size ratio; figures are printed, not asserted.
+timeout; peak RSS is the children's ru_maxrss. It prints the time ratio (with lines / alone;
+wall and CPU seconds, the latter steadier on a shared host) next to the size ratio; figures
+are printed, not asserted.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def run_stages(work: Path, kind: str, extra: str | None, max_word_length: int) -
     job_path = work / "job.yaml"
     job_path.write_text(yaml.safe_dump(job))
     times = {}
+    cpu_before = _children_cpu()
     for stage in ("tokenizer", "encode"):
         started = time.perf_counter()
         try:
@@ -78,7 +80,13 @@ def run_stages(work: Path, kind: str, extra: str | None, max_word_length: int) -
         if result.returncode != 0:
             tail = (result.stderr.strip().splitlines() or ["?"])[-1]
             return {"size": size, "error": f"{stage} exit {result.returncode}: {tail}"}
-    return {"size": size, **times}
+    return {"size": size, **times, "cpu": _children_cpu() - cpu_before}
+
+
+def _children_cpu() -> float:
+    """CPU seconds of finished children (and theirs): steadier than wall time on a busy host."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -92,7 +100,10 @@ def main() -> None:
         f"max_word_length={args.max_word_length}; added: a {args.line_kb} KB base64 line and "
         f"a {args.line_kb // 2} KB line of corpus text without whitespace"
     )
-    print(f"{'kind':10} {'corpus':>8} {'MB':>6} {'tokenizer s':>12} {'encode s':>9} {'total s':>8}")
+    print(
+        f"{'kind':10} {'corpus':>8} {'MB':>6} {'tokenizer s':>12} {'encode s':>9} "
+        f"{'total s':>8} {'CPU s':>7}"
+    )
     for kind in args.kinds.split(","):
         rows = {}
         for label, text in (("alone", None), ("+lines", extra)):
@@ -106,12 +117,13 @@ def main() -> None:
             row["total"] = total
             print(
                 f"{kind:10} {label:>8} {row['size'] / 1e6:6.2f} {row['tokenizer']:12.2f} "
-                f"{row['encode']:9.2f} {total:8.2f}"
+                f"{row['encode']:9.2f} {total:8.2f} {row['cpu']:7.2f}"
             )
         alone, lines = rows["alone"], rows["+lines"]
         if "total" in alone and "total" in lines:
             print(
-                f"{kind:10} time ratio {lines['total'] / alone['total']:.2f} vs size ratio "
+                f"{kind:10} time ratio {lines['total'] / alone['total']:.2f} (CPU "
+                f"{lines['cpu'] / alone['cpu']:.2f}) vs size ratio "
                 f"{lines['size'] / alone['size']:.2f}"
             )
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024

@@ -149,10 +149,14 @@ class WordLimit:
         limit = max_word_length_of(tok)
         if limit is None:
             raise DataError("tokenizer has no word-length limit: re-run `tokenizer --force`")
+        from tokenizers import Tokenizer  # noqa: PLC0415
+
         self.limit = limit
         self.full = tok
-        self._normalizer = tok.normalizer
-        self._split_words = tok.pre_tokenizer[0]  # the kind's pre-tokenizer, before the cut
+        # Own copies of the steps, so counting never touches a tokenizer that is training.
+        own = Tokenizer.from_str(tok.to_str())
+        self._normalizer = own.normalizer
+        self._split_words = own.pre_tokenizer[0]  # the kind's pre-tokenizer, before the cut
         if isinstance(self._split_words, pre_tokenizers.ByteLevel):
             k = max(1, limit // 4 - 1)
             pattern = f"[^{_WHITE_SPACE}]{{{k},}}|[{_WHITE_SPACE}]{{{k},}}"
@@ -165,8 +169,6 @@ class WordLimit:
         self._candidate = re.compile(pattern)
         self.uncut = None
         if pattern:
-            from tokenizers import Tokenizer  # noqa: PLC0415
-
             self.uncut = Tokenizer.from_str(tok.to_str())
             self.uncut.pre_tokenizer = self._split_words
             self.uncut.encode_special_tokens = tok.encode_special_tokens

@@ -235,14 +235,9 @@ def _missing_bucket(uri: str) -> str:
     return f"{GCS_SCHEME}{split_gcs(uri)[0]}: the bucket does not exist: check its name and project"
 
 
-def _missing(uri: str, exc: Exception) -> Exception:
+def _missing(uri: str) -> Exception:
     """FileNotFoundError for a missing object, StorageError for a missing bucket."""
-    if _bucket_missing(uri):
-        return StorageError(
-            f"{GCS_SCHEME}{split_gcs(uri)[0]}: the bucket does not exist: "
-            "check its name and project"
-        )
-    return FileNotFoundError(uri)
+    return StorageError(_missing_bucket(uri)) if _bucket_missing(uri) else FileNotFoundError(uri)
 
 
 @functools.cache
@@ -296,8 +291,8 @@ def size(path: str) -> int:
             blob = _blob(path)
             try:
                 blob.reload(retry=_retry())
-            except _not_found() as exc:
-                raise _missing(path, exc) from None
+            except _not_found():
+                raise _missing(path) from None
             return int(blob.size)
     return Path(path).stat().st_size
 
@@ -373,8 +368,8 @@ def read_bytes(path: str) -> bytes:
         with _access(path):
             try:
                 return bytes(_blob(path).download_as_bytes(retry=_retry()))
-            except _not_found() as exc:
-                raise _missing(path, exc) from None
+            except _not_found():
+                raise _missing(path) from None
     return Path(path).read_bytes()
 
 
@@ -388,7 +383,7 @@ def open_read(path: str) -> IO[bytes]:
         with _access(path):
             blob = _blob(path)
             if not blob.exists(retry=_retry()):
-                raise _missing(path, FileNotFoundError(path))
+                raise _missing(path)
             return blob.open("rb", chunk_size=_CHUNK, retry=_retry())
     return Path(path).open("rb")
 
@@ -408,9 +403,9 @@ def download_file(src: str, local_path: str) -> None:
         with _access(src):
             try:
                 _blob(src).download_to_filename(tmp, retry=_retry())
-            except _not_found() as exc:
+            except _not_found():
                 Path(tmp).unlink(missing_ok=True)
-                raise _missing(src, exc) from None
+                raise _missing(src) from None
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
@@ -441,8 +436,8 @@ def _upload(blob: Any, method: str, source: Any, uri: str, *, if_absent: bool) -
             getattr(blob, method)(source, retry=_retry(), **precondition)
         except _precondition_failed() as exc:
             raise AlreadyExists(uri) from exc
-        except _not_found() as exc:  # uploads 404 only when the bucket is missing
-            raise _missing(uri, exc) from None
+        except _not_found():  # uploads 404 only when the bucket is missing
+            raise _missing(uri) from None
 
 
 def write_bytes(path: str, data: bytes, *, if_absent: bool = False) -> None:

@@ -76,6 +76,7 @@ bench: venv
 	$(PY) bench/bench_encode.py $(BENCH_ARGS)
 	$(PY) bench/bench_input.py
 	$(PY) bench/bench_input.py --cores 1 --records 100000
+	$(PY) bench/bench_long_words.py
 
 # Install time of the TPU VM's environment: wheelhouse vs package index (printed figures).
 bench-tpu-install:

@@ -12,6 +12,7 @@ different value would silently mix two runs, so it is a one-line error instead.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,10 @@ from payload import storage
 from payload.errors import DataError
 
 RUN_IDENTITY = "run.json"
+# tf.train.CheckpointManager names checkpoints ckpt-<step>; TF writes each into
+# ckpt-<step>_temp/ and merges it into place ("on failure ... an orphaned temporary directory
+# can be safely removed": tensorflow/python/checkpoint/functional_saver.py).
+_INTERRUPTED_WRITE = re.compile(r"^ckpt-\d+_temp$")
 
 
 def identity(
@@ -71,9 +76,24 @@ def check_identity(checkpoint_dir: str, current: dict[str, Any], *, has_checkpoi
         )
 
 
+def remove_interrupted_writes(checkpoint_dir: str) -> list[str]:
+    """Delete the ``ckpt-*_temp`` directories of checkpoint writes that never finished."""
+    if not storage.is_dir(checkpoint_dir):
+        return []
+    leftovers = [
+        storage.join(checkpoint_dir, name)
+        for name in storage.listdir(checkpoint_dir)
+        if _INTERRUPTED_WRITE.match(name)
+    ]
+    for path in leftovers:
+        storage.remove_tree(path)
+    return leftovers
+
+
 def make_manager(
     model: Any, optimizer: Any, checkpoint_dir: str, *, keep: int
 ) -> tuple[tf.train.Checkpoint, tf.train.CheckpointManager]:
+    remove_interrupted_writes(checkpoint_dir)
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
     manager = tf.train.CheckpointManager(
         ckpt, checkpoint_dir, max_to_keep=keep, step_counter=optimizer.iterations

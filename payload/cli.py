@@ -1,8 +1,10 @@
 """Command line: ``tpu-payload {validate,tokenizer,encode,train,run} --job PATH [--force]``.
 
-argv is read here and nowhere else. A :class:`UserError` becomes ``error: <one line>`` on
-stderr, exit status 2, and ``last_error`` in status.json; any other exception is a bug: it
-is recorded in status.json and re-raised with its traceback.
+argv (and ``TPU_PAYLOAD_GCS_RETRY_S``) is read here and nowhere else. ``output`` is checked
+before any stage. A :class:`UserError` becomes ``error: <one line>`` on stderr, exit status
+2, and ``last_error`` in status.json; Ctrl-C says where the run stopped and that a rerun
+continues (exit 130); any other exception is a bug: it is recorded in status.json and
+re-raised with its traceback.
 """
 
 from __future__ import annotations
@@ -50,19 +52,29 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+RETRY_ENV = "TPU_PAYLOAD_GCS_RETRY_S"
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a process killed by Ctrl-C
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # TensorFlow's C++ INFO lines (oneDNN, CUDA stubs, XLA service) drown the progress output.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    from payload import pipeline  # noqa: PLC0415  (keep --help fast)
+    from payload import pipeline, storage  # noqa: PLC0415  (keep --help fast)
     from payload.spec import load_job  # noqa: PLC0415
     from payload.status import StatusWriter  # noqa: PLC0415
 
     try:
+        _read_retry_deadline()
         job = load_job(args.job)
+        if args.command != "validate":
+            storage.check_output(job.output)  # before any stage, and before status.json
     except UserError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted before any stage started", file=sys.stderr)
+        return INTERRUPTED_EXIT
     if args.command == "validate":
         print(job.to_json(), end="")
         print(f"ok: {args.job} is valid", file=sys.stderr)
@@ -80,6 +92,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         _record_failure(status, args.command, _one_line(exc))
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        stage = _stage(status, args.command)
+        progress = status.document.get("progress")
+        where = f"{stage}" + (f" at {progress:.0%}" if isinstance(progress, float) else "")
+        message = (
+            f"interrupted during {where}; nothing half-written is marked complete: rerun "
+            f"`tpu-payload {args.command} --job {args.job}` to continue (complete stages are "
+            "skipped, training resumes from its last checkpoint)"
+        )
+        _record_failure(status, args.command, message)
+        print(message, file=sys.stderr)
+        return INTERRUPTED_EXIT
     except BaseException as exc:
         _record_failure(status, args.command, f"{type(exc).__name__}: {_one_line(exc)}")
         raise
@@ -104,6 +128,21 @@ def _declare_tpu_host(command: str) -> None:
 
         runtime = os.environ.get("TPU_PRETRAIN_RUNTIME_VERSION", "") or "unknown"
         strategy.expect_tpu(strategy.TpuHost(accelerator, runtime))
+
+
+def _read_retry_deadline() -> None:
+    from payload import storage  # noqa: PLC0415
+
+    raw = os.environ.get(RETRY_ENV)
+    if raw is None:
+        return
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 3600:
+        raise UserError(f"{RETRY_ENV}: {raw!r} must be a number of seconds in (0, 3600]")
+    storage.set_retry_deadline(seconds)
 
 
 def _record_failure(status: StatusWriter, command: str, error: str) -> None:

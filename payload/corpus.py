@@ -12,11 +12,15 @@ cut at a line break into pieces that the encoder keeps together (no separator be
 
 Bad input (``corpus.on_bad_input``):
 
-* ``skip`` (default): a binary file (a NUL byte in its first 8 KiB) is skipped whole and
-  counted in ``skipped_files``; a document that is not valid UTF-8 is skipped and counted in
+* ``skip`` (default): a binary file (a NUL byte in its first 8 KiB) or a corrupt ``.gz``
+  (truncated, failing its CRC, or not gzip at all) is skipped whole and counted in
+  ``skipped_files``; a document that is not valid UTF-8 is skipped and counted in
   ``skipped_documents``. Both counts are reported in status.json and manifest.json.
-* ``fail``: the first binary file or undecodable document stops the stage with a
-  one-line CorpusError naming the file and byte offset.
+* ``fail``: the first binary file, corrupt ``.gz`` or undecodable document stops the stage
+  with a one-line CorpusError naming the file (and the byte offset).
+
+gzip keeps its CRC and length at the end of the file, so a ``.gz`` is decompressed once to
+check it before any of its text is used (cheap next to tokenizing it).
 
 No usable text at all (no files, only empty or skipped files) is always a CorpusError.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,6 +54,7 @@ class CorpusStats:
     documents: int = 0
     skipped_files: int = 0
     skipped_documents: int = 0
+    long_words: int = 0  # words cut by tokenizer.max_word_length (see payload.tokenizer)
 
     def add(self, other: CorpusStats) -> None:
         for key, value in asdict(other).items():
@@ -112,6 +118,36 @@ def total_bytes(files: list[str]) -> int:
     return sum(storage.size(f) for f in files)
 
 
+_GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+
+
+def _gzip_problem(path: str) -> str | None:
+    """Why ``path`` (a .gz) cannot be decompressed to its end, or None if it can."""
+    try:
+        with _open(path) as handle:
+            while handle.read(CHUNK_BYTES):
+                pass
+    except _GZIP_ERRORS as exc:
+        return " ".join(str(exc).split()) or type(exc).__name__
+    except OSError as exc:
+        raise CorpusError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return None
+
+
+def _bad_gzip(path: str, on_bad_input: str, stats: CorpusStats) -> bool:
+    """True (and counted) when ``path`` is a corrupt .gz to skip; CorpusError under fail."""
+    problem = _gzip_problem(path) if path.endswith(".gz") else None
+    if problem is None:
+        return False
+    if on_bad_input == "fail":
+        raise CorpusError(
+            f"{path} is not a readable gzip file ({problem}); "
+            "fix or remove it, or set corpus.on_bad_input: skip"
+        )
+    stats.skipped_files += 1
+    return True
+
+
 def _open(path: str) -> IO[bytes]:
     handle = storage.open_read(path)
     if path.endswith(".gz"):
@@ -160,43 +196,51 @@ def iter_chunks(
     chunk_bytes = chunk_bytes or CHUNK_BYTES
     index = 0
     for path in files:
-        with _open(path) as handle:
-            head = handle.read(BINARY_SNIFF_BYTES)
-            if b"\x00" in head:
-                if on_bad_input == "fail":
-                    raise CorpusError(
-                        f"{path} looks binary (NUL byte in its first {BINARY_SNIFF_BYTES} bytes); "
-                        "remove it or set corpus.on_bad_input: skip"
-                    )
-                stats.skipped_files += 1
-                continue
-            stats.files += 1
-            if on_bytes:
-                on_bytes(len(head))
-            buf, offset, first, eof = head, 0, True, False
-            starts = True
-            while True:
-                while not eof and len(buf) < chunk_bytes:
-                    block = _read(handle, chunk_bytes, on_bytes)
-                    eof = not block
-                    buf += block
-                cut = _cut(buf, eof, MAX_DOCUMENT_BYTES)
-                if cut is None:  # a long document: read on until it ends
-                    block = _read(handle, chunk_bytes, on_bytes)
-                    eof = not block
-                    buf += block
+        if _bad_gzip(path, on_bad_input, stats):
+            continue
+        try:
+            with _open(path) as handle:
+                head = handle.read(BINARY_SNIFF_BYTES)
+                if b"\x00" in head:
+                    if on_bad_input == "fail":
+                        raise CorpusError(
+                            f"{path} looks binary (NUL byte in its first "
+                            f"{BINARY_SNIFF_BYTES} bytes); remove it or set "
+                            "corpus.on_bad_input: skip"
+                        )
+                    stats.skipped_files += 1
                     continue
-                end, rest, ends_document = cut
-                if buf[:end].strip():
-                    yield Chunk(index, path, offset, buf[:end], ends_document, first, starts)
-                    index += 1
-                    first = False
-                    starts = ends_document
-                stats.bytes += rest
-                offset += rest
-                buf = buf[rest:]
-                if eof and not buf:
-                    break
+                stats.files += 1
+                if on_bytes:
+                    on_bytes(len(head))
+                buf, offset, first, eof = head, 0, True, False
+                starts = True
+                while True:
+                    while not eof and len(buf) < chunk_bytes:
+                        block = _read(handle, chunk_bytes, on_bytes)
+                        eof = not block
+                        buf += block
+                    cut = _cut(buf, eof, MAX_DOCUMENT_BYTES)
+                    if cut is None:  # a long document: read on until it ends
+                        block = _read(handle, chunk_bytes, on_bytes)
+                        eof = not block
+                        buf += block
+                        continue
+                    end, rest, ends_document = cut
+                    if buf[:end].strip():
+                        yield Chunk(index, path, offset, buf[:end], ends_document, first, starts)
+                        index += 1
+                        first = False
+                        starts = ends_document
+                    stats.bytes += rest
+                    offset += rest
+                    buf = buf[rest:]
+                    if eof and not buf:
+                        break
+        except _GZIP_ERRORS as exc:  # changed since it was checked: never use half of it
+            raise CorpusError(f"{path} became unreadable while reading it: {exc}") from None
+        except OSError as exc:  # permissions, a path that vanished, a dead disk or network
+            raise CorpusError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _read(handle: IO[bytes], size: int, on_bytes: Callable[[int], None] | None) -> bytes:
@@ -260,8 +304,8 @@ def require_text(stats: CorpusStats, corpus: CorpusSpec) -> None:
         skipped = ""
         if stats.skipped_files or stats.skipped_documents:
             skipped = (
-                f" ({stats.skipped_files} binary files and {stats.skipped_documents} "
-                "non-UTF-8 documents skipped)"
+                f" ({stats.skipped_files} binary or corrupt .gz files and "
+                f"{stats.skipped_documents} non-UTF-8 documents skipped)"
             )
         raise CorpusError(
             f"corpus has no text: corpus.paths {list(corpus.paths)} gave {stats.files} "

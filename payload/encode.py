@@ -27,16 +27,20 @@ output; a local temp directory for gs://), renamed/uploaded to
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +52,7 @@ from payload import corpus, records, storage
 from payload import manifest as mf
 from payload.errors import CorpusError, DataError
 from payload.spec import JobSpec
-from payload.tokenizer import tokenizer_json
+from payload.tokenizer import WordLimit, max_word_length_of, tokenizer_json
 
 if TYPE_CHECKING:
     from payload.status import StatusWriter
@@ -107,14 +111,14 @@ def _init_worker(tokenizer_text: str, plan: _Plan) -> None:
     tok.no_truncation()
     tok.no_padding()
     tok.encode_special_tokens = True  # corpus text "[MASK]" is text, not the mask token
-    _WORKER.update(tokenizer=tok, plan=plan)
+    _WORKER.update(tokenizer=tok, plan=plan, word_limit=WordLimit(tok))
 
 
 def _encode_chunk(chunk: corpus.Chunk) -> tuple[np.ndarray, dict[str, int], int]:
     """Token stream of one chunk (with separators), its document counts, its byte size."""
-    tok, plan = _WORKER["tokenizer"], _WORKER["plan"]
+    plan = _WORKER["plan"]
     text = corpus.split_documents(chunk, plan.on_bad_input)
-    encodings = tok.encode_batch_fast(text.documents, add_special_tokens=False)
+    encodings, text.stats.long_words = _WORKER["word_limit"].encode(text.documents)
     flat: list[int] = []
     last = len(encodings) - 1
     if plan.objective == "mlm":
@@ -206,6 +210,13 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
 
     tok = Tokenizer.from_str(tokenizer_text)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    trained_limit = max_word_length_of(tok)
+    if trained_limit != job.tokenizer.max_word_length:
+        raise DataError(
+            f"tokenizer in {job.paths.tokenizer} was trained with max_word_length "
+            f"{trained_limit or 'unlimited'} (job: tokenizer.max_word_length="
+            f"{job.tokenizer.max_word_length}); re-run `tpu-payload tokenizer --force`"
+        )
     token_dtype = records.token_dtype_for(vocab_size)
     special_ids = {role: tok.token_to_id(token) for role, token in job.special_roles.items()}
     if any(i is None for i in special_ids.values()):
@@ -305,6 +316,7 @@ def _encode_to(
         ids, counts, nbytes = result
         stats.documents += counts["documents"]
         stats.skipped_documents += counts["skipped_documents"]
+        stats.long_words += counts["long_words"]
         tokens += len(ids)
         stream = np.concatenate([carry, ids]) if len(carry) else ids
         rows = len(stream) // width
@@ -336,14 +348,31 @@ def _encode_to(
         ) as pool,
     ):
         pending: deque[Future[tuple[np.ndarray, dict[str, int], int]]] = deque()
-        for chunk in corpus.iter_chunks(files, job.corpus.on_bad_input, stats):
-            pending.append(pool.submit(_encode_chunk, chunk))
+        chunks = corpus.iter_chunks(files, job.corpus.on_bad_input, stats)
+        for submitted, chunk in enumerate(chunks):
+            # With spawn, each of the first `workers` submits starts one worker.
+            with _sigint_ignored(submitted < workers):
+                pending.append(pool.submit(_encode_chunk, chunk))
             if len(pending) >= max_in_flight:
                 consume(pending.popleft().result())
         while pending:
             consume(pending.popleft().result())
     shards.close()
     return stats, shards, len(carry)
+
+
+@contextlib.contextmanager
+def _sigint_ignored(active: bool) -> Iterator[None]:
+    """Ignore SIGINT while workers start: they inherit it (and Python keeps an inherited
+    ignore), so a Ctrl-C, which reaches the whole process group, is reported once, here."""
+    if not active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _publish(
@@ -379,7 +408,11 @@ def _publish(
         shards=tuple(entries),
         total_records=total_records,
         total_tokens=total_records * job.data.seq_length,
-        corpus={**stats.as_dict(), "dropped_tokens": dropped},
+        corpus={
+            **stats.as_dict(),
+            "dropped_tokens": dropped,
+            "max_word_length": job.tokenizer.max_word_length,
+        },
         packing=packing_description(job.data.objective),
     )
     stage = {"stage": STAGE, "job": job.to_dict(), "manifest": mf.MANIFEST_NAME}

@@ -20,3 +20,7 @@ class CorpusError(UserError):
 
 class DataError(UserError):
     """Prepared data is missing, corrupt, or does not match the tokenizer or model."""
+
+
+class StorageError(UserError):
+    """An output path that cannot be written, or a bucket that is missing or refuses access."""

@@ -45,6 +45,14 @@ ON_BAD_INPUT = ("skip", "fail")
 MIN_EXTRA_VOCAB = {"wordpiece": 100, "unigram": 100, "bpe": 256}
 MAX_VOCAB = 1 << 20
 MIN_SEQ_LENGTH = 8
+# Words (what the tokenizer's pre-tokenizer yields) longer than this are cut into pieces of
+# at most this many characters, in training and encoding alike: the trainers' cost grows
+# with the square of a word's length, so one whitespace-free line of a few hundred KB
+# (base64, minified code) would stall the stage. 100 is transformers' WordPiece default
+# (max_input_chars_per_word); google-research/bert uses 200.
+DEFAULT_MAX_WORD_LENGTH = 100
+MIN_WORD_LENGTH = 8
+MAX_WORD_LENGTH = 1 << 16
 MAX_SEQ_LENGTH = 1 << 16
 
 BERT_STYLE = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -109,6 +117,7 @@ class TokenizerSpec:
     lowercase: bool = False
     min_frequency: int = 2
     special_tokens: tuple[str, ...] = ()
+    max_word_length: int = DEFAULT_MAX_WORD_LENGTH
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -334,10 +343,25 @@ def _resolve(base_dir: str, path: str) -> str:
     return os.path.normpath(os.path.join(base_dir, path))  # noqa: PTH118
 
 
+def _bucket_checked(key: str, path: str) -> str:
+    """``path`` unchanged, or SpecError when its gs:// bucket name breaks GCS naming rules."""
+    if storage.is_gcs(path):
+        bucket = path[len(storage.GCS_SCHEME) :].partition("/")[0]
+        problem = storage.bucket_name_problem(bucket)
+        if problem:
+            raise SpecError(
+                f"{key}: {_show(path)}: bucket name {bucket!r} {problem} (Cloud Storage rules)"
+            )
+    return path
+
+
 def _corpus(section: _Section, base_dir: str) -> CorpusSpec:
     paths = section.take("paths", _str_list)
+    key = section.key("paths")
     spec = CorpusSpec(
-        paths=tuple(_resolve(base_dir, p) for p in paths),
+        paths=tuple(
+            _resolve(base_dir, _bucket_checked(f"{key}[{i}]", p)) for i, p in enumerate(paths)
+        ),
         on_bad_input=section.take("on_bad_input", _choice(ON_BAD_INPUT), "skip"),
     )
     section.finish()
@@ -372,6 +396,9 @@ def _tokenizer(section: _Section, objective: str, family: str) -> TokenizerSpec:
         lowercase=section.take("lowercase", _bool, False),
         min_frequency=section.take("min_frequency", _int(1, 1_000_000), 2),
         special_tokens=specials,
+        max_word_length=section.take(
+            "max_word_length", _int(MIN_WORD_LENGTH, MAX_WORD_LENGTH), DEFAULT_MAX_WORD_LENGTH
+        ),
     )
     section.finish()
     return spec
@@ -457,7 +484,7 @@ def parse_job(document: Any, *, source: str) -> JobSpec:
         raise SpecError(
             f"name: {name!r} must be 1-63 letters, digits, '.', '_' or '-', starting alphanumeric"
         )
-    output = _resolve(base_dir, top.take("output", _str))
+    output = _resolve(base_dir, _bucket_checked("output", top.take("output", _str)))
     data = top.take("data", lambda key, v: _data(_Section(v, key)))
     model = top.take("model", lambda key, v: _model(_Section(v, key), data.objective))
     job = JobSpec(
@@ -492,6 +519,7 @@ def load_job(path: str) -> JobSpec:
     import yaml  # noqa: PLC0415
 
     source = path if storage.is_gcs(path) else os.path.abspath(path)  # noqa: PTH100
+    _bucket_checked("--job", source)
     try:
         text = storage.read_text(source)
     except FileNotFoundError:
@@ -500,6 +528,8 @@ def load_job(path: str) -> JobSpec:
         raise SpecError(f"job spec is a directory, not a file: {path}") from None
     except UnicodeDecodeError:
         raise SpecError(f"job spec {path} is not UTF-8 text") from None
+    except OSError as exc:  # e.g. permission denied
+        raise SpecError(f"cannot read job spec {path}: {exc.strerror or exc}") from None
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:

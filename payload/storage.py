@@ -5,7 +5,13 @@ place, so a reader never sees half a file; ``if_absent`` writes are create-only 
 link of the finished temp file). gs:// goes through google-cloud-storage, which honours
 ``STORAGE_EMULATOR_HOST`` (tests run against a real fake-gcs-server); create-only writes
 use ``if_generation_match=0``. Transient errors (429, 5xx, connection resets) and the
-403s of freshly granted IAM roles are retried with exponential backoff for a bounded time.
+403s of freshly granted IAM roles are retried with exponential backoff for a bounded time
+(``RETRY_DEADLINE_S``, or ``TPU_PAYLOAD_GCS_RETRY_S`` read by the CLI).
+
+What the user must fix becomes a one-line :class:`StorageError` naming the bucket and what to
+do: no credentials, credentials refused, 403 after the retries, a bucket that does not exist,
+an endpoint that cannot be reached; a local output below a regular file or in a directory
+that cannot be written (:func:`check_output`, run before any stage).
 
 TensorFlow (checkpoints, TensorBoard, reading shards) does not use this module: it takes
 the path strings directly and reads gs:// natively.
@@ -13,17 +19,37 @@ the path strings directly and reads gs:// natively.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import hashlib
+import ipaddress
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from payload.errors import StorageError
+
 GCS_SCHEME = "gs://"
 RETRY_DEADLINE_S = 120.0
+# Cloud Storage bucket names (https://cloud.google.com/storage/docs/buckets#naming): only
+# a-z 0-9 - _ . ; start and end alphanumeric; 3-63 characters, or up to 222 with dots and
+# each dot-separated part at most 63; no IPv4 address; no "goog" prefix; no "google" or
+# close misspellings such as "g00gle" (we check those two; others are Google's call).
+_BUCKET_CHARS = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
+_GOOGLE_LIKE = re.compile(r"g[o0][o0]gle")
+SA_ROLE_HINT = (
+    "grant the job's service account roles/storage.objectAdmin on the bucket "
+    "(roles/storage.objectViewer is enough for inputs)"
+)
+LOGIN_HINT = (
+    "run `gcloud auth application-default login` (on a laptop) or give the VM its service "
+    "account, or set GOOGLE_APPLICATION_CREDENTIALS to a key file"
+)
 _CHUNK = 8 << 20
 
 
@@ -66,6 +92,34 @@ def split_gcs(uri: str) -> tuple[str, str]:
     return bucket, name
 
 
+def bucket_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid Cloud Storage bucket name, or None."""
+    try:
+        ipaddress.IPv4Address(name)
+        is_ip = True
+    except ValueError:
+        is_ip = False
+    checks = (
+        (
+            3 <= len(name) <= (222 if "." in name else 63),
+            f"must be 3-63 characters (up to 222 with dots), not {len(name)}",
+        ),
+        (
+            bool(_BUCKET_CHARS.match(name)),
+            "may hold only a-z, 0-9, '-', '_' and '.', and must start and end with a-z or 0-9",
+        ),
+        (
+            all(len(part) <= 63 for part in name.split(".")),
+            "each dot-separated part may hold at most 63 characters",
+        ),
+        (".." not in name, "may not contain '..'"),
+        (not is_ip, "may not be an IP address"),
+        (not name.startswith("goog"), "may not start with 'goog'"),
+        (not _GOOGLE_LIKE.search(name), "may not contain 'google' or a look-alike"),
+    )
+    return next((problem for ok, problem in checks if not ok), None)
+
+
 # --------------------------------------------------------------------------- gs:// client
 
 
@@ -94,13 +148,96 @@ def _retryable(exc: BaseException) -> bool:
         return False
 
 
+def set_retry_deadline(seconds: float) -> None:
+    """How long transient errors and fresh-IAM 403s are retried (CLI: TPU_PAYLOAD_GCS_RETRY_S)."""
+    global RETRY_DEADLINE_S  # noqa: PLW0603  (one process-wide setting, read at the edge)
+    RETRY_DEADLINE_S = float(seconds)
+    _retry.cache_clear()
+
+
 @functools.cache
 def _retry() -> Any:
     from google.api_core.retry import Retry  # noqa: PLC0415
 
     return Retry(
-        predicate=_retryable, initial=0.5, maximum=16.0, multiplier=2.0, timeout=RETRY_DEADLINE_S
+        predicate=_retryable,
+        initial=min(0.5, RETRY_DEADLINE_S / 4),
+        maximum=16.0,
+        multiplier=2.0,
+        timeout=RETRY_DEADLINE_S,
     )
+
+
+@contextlib.contextmanager
+def _access(uri: str) -> Iterator[None]:
+    """Turn what the user must fix about a gs:// bucket into one StorageError line."""
+    from google.api_core import exceptions as gexc  # noqa: PLC0415
+    from google.auth import exceptions as auth_exc  # noqa: PLC0415
+
+    bucket = split_gcs(uri)[0]
+    where = f"{GCS_SCHEME}{bucket}"
+    try:
+        yield
+    except (gexc.RetryError, auth_exc.DefaultCredentialsError, auth_exc.RefreshError) as exc:
+        cause = exc.cause if isinstance(exc, gexc.RetryError) and exc.cause else exc
+        raise StorageError(_access_message(where, cause, retried=cause is not exc)) from None
+    except (gexc.Forbidden, gexc.Unauthorized) as exc:
+        raise StorageError(_access_message(where, exc, retried=True)) from None
+    except Exception as exc:
+        if _retryable(exc):  # transient, but still failing when the retries ran out
+            raise StorageError(_access_message(where, exc, retried=True)) from None
+        raise
+
+
+def _access_message(where: str, exc: BaseException, *, retried: bool) -> str:
+    from google.api_core import exceptions as gexc  # noqa: PLC0415
+    from google.auth import exceptions as auth_exc  # noqa: PLC0415
+
+    detail = " ".join(str(getattr(exc, "message", "") or exc).split())[:200]
+    after = f" (after retrying for {RETRY_DEADLINE_S:.0f}s)" if retried else ""
+    if isinstance(exc, auth_exc.DefaultCredentialsError):
+        return f"{where}: no Google credentials found ({detail}): {LOGIN_HINT}"
+    if isinstance(exc, auth_exc.RefreshError | gexc.Unauthorized):
+        return (
+            f"{where}: the Google credentials were refused ({detail}): {LOGIN_HINT}; "
+            "`gcloud auth application-default print-access-token` shows whether they work"
+        )
+    if isinstance(exc, gexc.Forbidden):
+        return f"{where}: permission denied{after} ({detail}): {SA_ROLE_HINT}"
+    if isinstance(exc, gexc.NotFound):
+        return _missing_bucket(where)
+    endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "storage.googleapis.com"
+    return f"{where}: cannot reach Cloud Storage at {endpoint}{after}: {detail}"
+
+
+def _bucket_missing(uri: str) -> bool:
+    """True when the bucket of ``uri`` does not exist (a listing 404s only then)."""
+    bucket = split_gcs(uri)[0]
+    with _access(uri):
+        try:
+            for _ in _client().list_blobs(bucket, max_results=1, retry=_retry()):
+                break
+        except _not_found():
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def _listing(uri: str) -> Iterator[None]:
+    """A listing 404s only when the bucket does not exist."""
+    try:
+        yield
+    except _not_found():
+        raise StorageError(_missing_bucket(uri)) from None
+
+
+def _missing_bucket(uri: str) -> str:
+    return f"{GCS_SCHEME}{split_gcs(uri)[0]}: the bucket does not exist: check its name and project"
+
+
+def _missing(uri: str) -> Exception:
+    """FileNotFoundError for a missing object, StorageError for a missing bucket."""
+    return StorageError(_missing_bucket(uri)) if _bucket_missing(uri) else FileNotFoundError(uri)
 
 
 @functools.cache
@@ -108,8 +245,12 @@ def _client() -> Any:
     from google.cloud import storage as gcs  # noqa: PLC0415
 
     # Application default credentials in production; with STORAGE_EMULATOR_HOST set the
-    # library itself switches to the emulator with anonymous credentials.
-    return gcs.Client()
+    # library itself switches to the emulator with anonymous credentials. Credentials are
+    # looked up here, so callers create the client inside _access(). project=None, not
+    # omitted: object and bucket-scoped calls need no project, and without it credentials
+    # with no project attached (a laptop's `gcloud auth application-default login` without
+    # a quota project) fail with "Project was not passed" (google/cloud/storage/client.py).
+    return gcs.Client(project=None)
 
 
 def reset_client() -> None:
@@ -139,18 +280,20 @@ def _precondition_failed() -> type[Exception]:
 
 def exists(path: str) -> bool:
     if is_gcs(path):
-        return bool(_blob(path).exists(retry=_retry()))
+        with _access(path):
+            return bool(_blob(path).exists(retry=_retry()))
     return Path(path).exists()
 
 
 def size(path: str) -> int:
     if is_gcs(path):
-        blob = _blob(path)
-        try:
-            blob.reload(retry=_retry())
-        except _not_found() as exc:
-            raise FileNotFoundError(path) from exc
-        return int(blob.size)
+        with _access(path):
+            blob = _blob(path)
+            try:
+                blob.reload(retry=_retry())
+            except _not_found():
+                raise _missing(path) from None
+            return int(blob.size)
     return Path(path).stat().st_size
 
 
@@ -159,9 +302,10 @@ def listdir(path: str) -> list[str]:
     if is_gcs(path):
         bucket, name = split_gcs(path)
         prefix = name.rstrip("/") + "/" if name.strip("/") else ""
-        iterator = _client().list_blobs(bucket, prefix=prefix, delimiter="/", retry=_retry())
-        names = {blob.name[len(prefix) :] for blob in iterator}
-        names |= {p[len(prefix) :].rstrip("/") for p in iterator.prefixes}
+        with _access(path), _listing(path):
+            iterator = _client().list_blobs(bucket, prefix=prefix, delimiter="/", retry=_retry())
+            names = {blob.name[len(prefix) :] for blob in iterator}
+            names |= {p[len(prefix) :].rstrip("/") for p in iterator.prefixes}
         return sorted(n for n in names if n)
     return sorted(p.name for p in Path(path).iterdir())
 
@@ -171,13 +315,14 @@ def walk_files(path: str) -> list[str]:
     if is_gcs(path):
         bucket, name = split_gcs(path)
         prefix = name.rstrip("/") + "/" if name.strip("/") else ""
-        blobs = _client().list_blobs(bucket, prefix=prefix, retry=_retry())
-        return sorted(
-            f"{GCS_SCHEME}{bucket}/{b.name}"
-            for b in blobs
-            if not b.name.endswith("/")
-            and not any(p.startswith(".") for p in b.name[len(prefix) :].split("/"))
-        )
+        with _access(path), _listing(path):
+            blobs = _client().list_blobs(bucket, prefix=prefix, retry=_retry())
+            return sorted(
+                f"{GCS_SCHEME}{bucket}/{b.name}"
+                for b in blobs
+                if not b.name.endswith("/")
+                and not any(p.startswith(".") for p in b.name[len(prefix) :].split("/"))
+            )
     out = []
     for root, dirs, files in os.walk(path):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -194,10 +339,11 @@ def glob(pattern: str) -> list[str]:
             if ch in "*?[":
                 literal = name[:i]
                 break
-        blobs = _client().list_blobs(bucket, prefix=literal, retry=_retry())
-        return sorted(
-            f"{GCS_SCHEME}{bucket}/{b.name}" for b in blobs if fnmatch.fnmatchcase(b.name, name)
-        )
+        with _access(pattern), _listing(pattern):
+            blobs = _client().list_blobs(bucket, prefix=literal, retry=_retry())
+            return sorted(
+                f"{GCS_SCHEME}{bucket}/{b.name}" for b in blobs if fnmatch.fnmatchcase(b.name, name)
+            )
     import glob as _glob  # noqa: PLC0415
 
     matches = _glob.glob(pattern, recursive=True)  # noqa: PTH207  (absolute patterns)
@@ -208,8 +354,9 @@ def is_dir(path: str) -> bool:
     if is_gcs(path):
         bucket, name = split_gcs(path)
         prefix = name.rstrip("/") + "/" if name.strip("/") else ""
-        blobs = _client().list_blobs(bucket, prefix=prefix, max_results=1, retry=_retry())
-        return any(True for _ in blobs)
+        with _access(path), _listing(path):
+            blobs = _client().list_blobs(bucket, prefix=prefix, max_results=1, retry=_retry())
+            return any(True for _ in blobs)
     return Path(path).is_dir()
 
 
@@ -218,10 +365,11 @@ def is_dir(path: str) -> bool:
 
 def read_bytes(path: str) -> bytes:
     if is_gcs(path):
-        try:
-            return bytes(_blob(path).download_as_bytes(retry=_retry()))
-        except _not_found() as exc:
-            raise FileNotFoundError(path) from exc
+        with _access(path):
+            try:
+                return bytes(_blob(path).download_as_bytes(retry=_retry()))
+            except _not_found():
+                raise _missing(path) from None
     return Path(path).read_bytes()
 
 
@@ -232,10 +380,11 @@ def read_text(path: str) -> str:
 def open_read(path: str) -> IO[bytes]:
     """A binary file object streaming ``path`` (gs:// is read in chunks, not all at once)."""
     if is_gcs(path):
-        blob = _blob(path)
-        if not blob.exists(retry=_retry()):
-            raise FileNotFoundError(path)
-        return blob.open("rb", chunk_size=_CHUNK, retry=_retry())
+        with _access(path):
+            blob = _blob(path)
+            if not blob.exists(retry=_retry()):
+                raise _missing(path)
+            return blob.open("rb", chunk_size=_CHUNK, retry=_retry())
     return Path(path).open("rb")
 
 
@@ -251,11 +400,15 @@ def download_file(src: str, local_path: str) -> None:
     Path(local_path).parent.mkdir(parents=True, exist_ok=True)
     if is_gcs(src):
         tmp = f"{local_path}.part"
-        try:
-            _blob(src).download_to_filename(tmp, retry=_retry())
-        except _not_found() as exc:
-            Path(tmp).unlink(missing_ok=True)
-            raise FileNotFoundError(src) from exc
+        with _access(src):
+            try:
+                _blob(src).download_to_filename(tmp, retry=_retry())
+            except _not_found():
+                Path(tmp).unlink(missing_ok=True)
+                raise _missing(src) from None
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
         Path(tmp).replace(local_path)
     else:
         shutil.copyfile(src, local_path)
@@ -278,16 +431,21 @@ def download_tree(src_dir: str, local_dir: str) -> list[str]:
 def _upload(blob: Any, method: str, source: Any, uri: str, *, if_absent: bool) -> None:
     """One blob upload; ``if_absent`` makes it create-only (generation 0 precondition)."""
     precondition = {"if_generation_match": 0} if if_absent else {}
-    try:
-        getattr(blob, method)(source, retry=_retry(), **precondition)
-    except _precondition_failed() as exc:
-        raise AlreadyExists(uri) from exc
+    with _access(uri):
+        try:
+            getattr(blob, method)(source, retry=_retry(), **precondition)
+        except _precondition_failed() as exc:
+            raise AlreadyExists(uri) from exc
+        except _not_found():  # uploads 404 only when the bucket is missing
+            raise _missing(uri) from None
 
 
 def write_bytes(path: str, data: bytes, *, if_absent: bool = False) -> None:
     """Write atomically; with ``if_absent`` raise :class:`AlreadyExists` instead of replacing."""
     if is_gcs(path):
-        _upload(_blob(path), "upload_from_string", data, path, if_absent=if_absent)
+        with _access(path):
+            blob = _blob(path)
+        _upload(blob, "upload_from_string", data, path, if_absent=if_absent)
         return
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -328,7 +486,8 @@ def write_text(path: str, text: str, *, if_absent: bool = False) -> None:
 def upload_file(local_path: str, dest: str, *, if_absent: bool = False) -> None:
     """Copy a finished local file to ``dest`` (gs:// or local, atomically)."""
     if is_gcs(dest):
-        blob = _blob(dest)
+        with _access(dest):
+            blob = _blob(dest)
         blob.chunk_size = _CHUNK * 4
         _upload(blob, "upload_from_filename", local_path, dest, if_absent=if_absent)
         return
@@ -357,10 +516,11 @@ def upload_tree(local_dir: str, dest_dir: str) -> list[str]:
 def remove(path: str) -> None:
     """Delete one file if present."""
     if is_gcs(path):
-        try:
-            _blob(path).delete(retry=_retry())
-        except _not_found():
-            pass
+        with _access(path):
+            try:
+                _blob(path).delete(retry=_retry())
+            except _not_found():
+                pass
         return
     Path(path).unlink(missing_ok=True)
 
@@ -370,13 +530,46 @@ def remove_tree(path: str) -> None:
     if is_gcs(path):
         bucket, name = split_gcs(path)
         prefix = name.rstrip("/") + "/" if name.strip("/") else ""
-        for blob in _client().list_blobs(bucket, prefix=prefix, retry=_retry()):
-            try:
-                blob.delete(retry=_retry())
-            except _not_found():
-                pass
+        with _access(path), _listing(path):
+            for blob in _client().list_blobs(bucket, prefix=prefix, retry=_retry()):
+                with contextlib.suppress(_not_found()):
+                    blob.delete(retry=_retry())
         return
     shutil.rmtree(path, ignore_errors=True)
+
+
+def check_output(path: str, key: str = "output") -> None:
+    """StorageError unless the job's outputs can be written under ``path``.
+
+    Run before any stage, so a wrong path costs one line instead of a stage's work. Local:
+    no regular file on the way, and the directory can be created and written. gs://: the
+    bucket exists and a probe object can be created and deleted under ``path``.
+    """
+    if is_gcs(path):
+        probe = join(path, f".write-probe-{os.getpid()}")
+        write_bytes(probe, b"")
+        remove(probe)
+        return
+    target = Path(path)
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        if existing == target:
+            raise StorageError(f"{key}: {path} is a file; {key} must be a directory")
+        raise StorageError(
+            f"{key}: {path} is below {existing}, which is a file; {key} must be a directory path"
+        )
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        fd, probe_path = tempfile.mkstemp(prefix=".write-probe-", dir=target)
+        os.close(fd)
+        Path(probe_path).unlink()
+    except OSError as exc:
+        raise StorageError(
+            f"{key}: cannot write to {path} ({exc.strerror or exc}); choose a directory you "
+            "can write to"
+        ) from None
 
 
 def makedirs(path: str) -> None:

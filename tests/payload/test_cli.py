@@ -123,7 +123,7 @@ def test_missing_job_file(tmp_path: Path) -> None:
         ("empty", r"^error: corpus has no text"),
         ("missing", r"^error: corpus\.paths\[0\]: no such file or directory: .*nope\.txt$"),
         ("unmatched", r"^error: corpus\.paths\[0\]: pattern .*\*\.md matched no files$"),
-        ("binary-skip", r"^error: corpus has no text: .*\(1 binary files and 0 non-UTF-8"),
+        ("binary-skip", r"^error: corpus has no text: .*\(1 binary or corrupt \.gz files and 0"),
         ("binary-fail", r"^error: .*blob\.bin looks binary"),
         ("tiny-vocab", r"^error: tokenizer\.vocab_size: 105 is too small for this corpus"),
     ],

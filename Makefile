@@ -70,6 +70,7 @@ plan: venv-infra
 bench: venv
 	$(PY) bench/bench_encode.py $(BENCH_ARGS)
 	$(PY) bench/bench_input.py
+	$(PY) bench/bench_eval.py
 
 clean:
 	rm -rf runs bench/out .pytest_cache .ruff_cache

@@ -122,7 +122,7 @@ class DataSpec:
     # Held-out split, chosen by document (see encode.py): a share of the corpus, raised to
     # reach eval_min_sequences and capped at eval_max_sequences; 0 turns it off.
     eval_fraction: float = 0.01
-    eval_min_sequences: int = 64
+    eval_min_sequences: int = 32
     eval_max_sequences: int = 2000
 
     @property
@@ -394,7 +394,7 @@ def _data(section: _Section) -> DataSpec:
         ),
         workers=section.take("workers", _int(1, 1024), None),
         eval_fraction=section.take("eval_fraction", _float(0.0, MAX_EVAL_FRACTION), 0.01),
-        eval_min_sequences=section.take("eval_min_sequences", _int(0, 1 << 30), 64),
+        eval_min_sequences=section.take("eval_min_sequences", _int(0, 1 << 30), 32),
         eval_max_sequences=section.take("eval_max_sequences", _int(1, 1 << 30), 2000),
     )
     if spec.eval_max_sequences < spec.eval_min_sequences:

@@ -66,6 +66,14 @@ def main() -> None:
                 f"final eval, export); held-out loss {stats['eval_loss']:.4f}, "
                 f"ppl {stats['eval_perplexity']:.2f}, acc {stats['eval_accuracy']:.4f}"
             )
+        stats = results[100][0]
+        per_eval = stats["eval_seconds"]  # the final evaluation: warm (the one at 100 compiled)
+        per_step = 1.0 / stats["steps_per_second"]
+        print(
+            f"  one held-out evaluation ({stats['eval_sequences']} sequences, warm): "
+            f"{per_eval:.2f} s = {per_eval / per_step:.1f} training steps; every 100 steps that "
+            f"is {100 * per_eval / (100 * per_step + per_eval):.1f}% of the training time"
+        )
         w0, w1 = results[0][1], results[100][1]
         extra = (args.steps - 1) // 100  # evaluations before the final one
         print(

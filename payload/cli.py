@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from payload.errors import UserError
 
 if TYPE_CHECKING:
+    from payload.spec import JobSpec
     from payload.status import StatusWriter
     from payload.strategy import SliceTarget
 
@@ -27,6 +28,7 @@ COMMANDS = {
     "encode": "encode the corpus into TFRecord shards + manifest",
     "train": "pre-train the model on the shards, checkpointing and exporting",
     "run": "all stages in order, skipping complete ones",
+    "export": "check the finished export; --push-to-hub REPO uploads it to the Hugging Face Hub",
 }
 
 
@@ -41,7 +43,14 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--job", required=True, help="job spec (YAML/JSON), local path or gs:// URI"
         )
-        if name != "validate":
+        if name == "export":
+            sub.add_argument(
+                "--push-to-hub",
+                metavar="REPO",
+                help="upload export/ to this Hub model repo (owner/name; created private if "
+                "missing); the token comes from HF_TOKEN, HF_ENDPOINT picks the server",
+            )
+        elif name != "validate":
             sub.add_argument(
                 "--force", action="store_true", help="delete and redo outputs that are complete"
             )
@@ -84,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _declare_tpu_host(args.command)
     try:
         target = _slice_target(args.command)
-        if args.command == "run":
+        if args.command == "export":
+            _export(job, args.push_to_hub)
+        elif args.command == "run":
             pipeline.run(job, status, force=args.force, target=target)
         else:
             pipeline.run_stage(job, args.command, status, force=args.force, target=target)
@@ -143,6 +154,18 @@ def _read_retry_deadline() -> None:
     if not 0 < seconds <= 3600:
         raise UserError(f"{RETRY_ENV}: {raw!r} must be a number of seconds in (0, 3600]")
     storage.set_retry_deadline(seconds)
+
+
+def _export(job: JobSpec, push_to_hub: str | None) -> None:
+    from payload import export  # noqa: PLC0415
+
+    if not export.is_complete(job):
+        raise export.HubError(
+            f"no finished export in {job.paths.export}: run `tpu-payload train --job ...` first"
+        )
+    print(f"export: {job.paths.export}")
+    if push_to_hub:
+        export.push_to_hub(job, push_to_hub)
 
 
 def _record_failure(status: StatusWriter, command: str, error: str) -> None:

@@ -87,6 +87,7 @@ def make_dataset(
     start_batch: int = 0,
     replicas_per_pipeline: int = 1,
     input_context: tf.distribute.InputContext | None = None,
+    split: str = "train",
 ) -> tf.data.Dataset:
     """Batches of model inputs for `job.data.objective` (see masking.py for the features).
 
@@ -95,15 +96,17 @@ def make_dataset(
     instead of R) and then split into R consecutive per-replica batches, which is the
     order in which a distributed iterator hands them to the host's replicas.
     `start_batch` skips that many HOST batches, i.e. training steps (resume).
+    `split="eval"` reads the held-out shards instead of the training ones.
     """
-    paths = manifest_lib.shard_paths(job.paths.data, manifest)
+    paths = manifest_lib.shard_paths(job.paths.data, manifest, split=split)
+    split_shards = manifest.eval_shards if split == "eval" else manifest.shards
     num_pipelines = input_context.num_input_pipelines if input_context else 1
     pipeline_id = input_context.input_pipeline_id if input_context else 0
     replicas = int(replicas_per_pipeline)
     host_batch = batch_size * replicas
     plan = plan_pipeline(
         paths,
-        [s.records for s in manifest.shards],
+        [s.records for s in split_shards],
         batch_size=host_batch,
         num_pipelines=num_pipelines,
         pipeline_id=pipeline_id,

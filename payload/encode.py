@@ -11,6 +11,17 @@ Packing (no padding anywhere):
   produces); the concatenation is cut into windows of ``seq_length`` tokens.
 
 A final window shorter than a sequence is dropped (counted as ``dropped_tokens``).
+
+Held-out split (``data.eval_fraction``): whole documents are routed either to the training
+stream or to a separate held-out stream, packed the same way into ``eval-*.tfrecord``
+shards with their own records, bytes and sha256 in the manifest. No document contributes a
+token to both. The choice is a deterministic running quota over the documents in corpus
+order: a document goes to the held-out stream while that stream holds less than its share
+of all tokens seen so far, so held-out documents are spread evenly through the corpus. The
+share is ``eval_fraction``, raised to reach ``eval_min_sequences`` and lowered to stay at
+``eval_max_sequences`` (both judged against the corpus size estimated from the tokens per
+byte seen so far, never above half of the corpus); held-out sequences past the cap are
+dropped and counted. Like the shards, the split does not depend on the worker count.
 Special tokens written literally in the corpus (e.g. "[MASK]") are encoded as plain text.
 
 Parallelism: the main process reads the corpus as ~1 MiB chunks cut at document boundaries
@@ -51,7 +62,7 @@ import numpy as np
 from payload import corpus, records, storage
 from payload import manifest as mf
 from payload.errors import CorpusError, DataError
-from payload.spec import JobSpec
+from payload.spec import MAX_EVAL_FRACTION, DataSpec, JobSpec
 from payload.tokenizer import WordLimit, max_word_length_of, tokenizer_json
 
 if TYPE_CHECKING:
@@ -114,27 +125,100 @@ def _init_worker(tokenizer_text: str, plan: _Plan) -> None:
     _WORKER.update(tokenizer=tok, plan=plan, word_limit=WordLimit(tok))
 
 
-def _encode_chunk(chunk: corpus.Chunk) -> tuple[np.ndarray, dict[str, int], int]:
-    """Token stream of one chunk (with separators), its document counts, its byte size."""
+@dataclass(frozen=True)
+class _Encoded:
+    """One chunk's token stream (with separators) and where its documents lie in it."""
+
+    ids: np.ndarray
+    lengths: np.ndarray  # tokens of each document piece, in order; they add up to len(ids)
+    continues_previous: bool  # the first piece is the rest of the previous chunk's document
+    counts: dict[str, int]
+    nbytes: int
+
+
+def _encode_chunk(chunk: corpus.Chunk) -> _Encoded:
     plan = _WORKER["plan"]
     text = corpus.split_documents(chunk, plan.on_bad_input)
     encodings, text.stats.long_words = _WORKER["word_limit"].encode(text.documents)
     flat: list[int] = []
+    lengths: list[int] = []
     last = len(encodings) - 1
     if plan.objective == "mlm":
         for i, enc in enumerate(encodings):
+            start = len(flat)
             flat.extend(enc.ids)
             if i != last or not text.continues:
                 flat.append(plan.first_id)
+            lengths.append(len(flat) - start)
     else:
         for i, enc in enumerate(encodings):
+            start = len(flat)
             if i != 0 or chunk.starts_document:
                 flat.append(plan.first_id)
             flat.extend(enc.ids)
             if i != last or not text.continues:
                 flat.append(plan.last_id)
+            lengths.append(len(flat) - start)
     ids = np.array(flat, dtype=np.dtype(plan.token_dtype))
-    return ids, text.stats.as_dict(), len(chunk.data)
+    return _Encoded(
+        ids=ids,
+        lengths=np.array(lengths, dtype=np.int64),
+        continues_previous=not chunk.starts_document,
+        counts=text.stats.as_dict(),
+        nbytes=len(chunk.data),
+    )
+
+
+class _HeldOutQuota:
+    """Decides, document by document, whether a document goes to the held-out stream."""
+
+    def __init__(self, spec: DataSpec, width: int, total_bytes: int):
+        self.fraction = spec.eval_fraction
+        self.floor_tokens = spec.eval_min_sequences * width
+        self.cap_tokens = spec.eval_max_sequences * width
+        self.total_bytes = max(total_bytes, 1)
+        self.seen_tokens = self.seen_bytes = self.eval_tokens = 0
+        self.eval_documents = 0
+        self.current = False  # where the document being continued went
+
+    @property
+    def enabled(self) -> bool:
+        return self.fraction > 0
+
+    def share(self, chunk_tokens: int, chunk_bytes: int) -> float:
+        """The held-out share for this chunk, judged against the estimated corpus size."""
+        tokens = self.seen_tokens + chunk_tokens
+        estimated_total = tokens * self.total_bytes / max(self.seen_bytes + chunk_bytes, 1)
+        share = self.fraction
+        if estimated_total > 0:
+            share = max(share, self.floor_tokens / estimated_total)
+            share = min(share, self.cap_tokens / estimated_total)
+        return min(share, MAX_EVAL_FRACTION)
+
+    def split(self, encoded: _Encoded) -> tuple[np.ndarray, np.ndarray]:
+        """(training ids, held-out ids) of one chunk, documents kept whole and in order."""
+        ids = encoded.ids
+        if not self.enabled:
+            self.seen_tokens += len(ids)
+            self.seen_bytes += encoded.nbytes
+            return ids, ids[:0]
+        share = self.share(len(ids), encoded.nbytes)
+        to_eval = np.zeros(len(ids), dtype=bool)
+        start = 0
+        for i, length in enumerate(encoded.lengths.tolist()):
+            if not (i == 0 and encoded.continues_previous):
+                self.current = (
+                    self.eval_tokens < self.cap_tokens
+                    and self.eval_tokens < share * self.seen_tokens
+                )
+                self.eval_documents += int(self.current)
+            if self.current:
+                to_eval[start : start + length] = True
+                self.eval_tokens += length
+            self.seen_tokens += length
+            start += length
+        self.seen_bytes += encoded.nbytes
+        return ids[~to_eval], ids[to_eval]
 
 
 # --------------------------------------------------------------------------- shards
@@ -143,8 +227,19 @@ def _encode_chunk(chunk: corpus.Chunk) -> tuple[np.ndarray, dict[str, int], int]
 class _ShardSet:
     """Appends fixed-length rows to numbered shards in a local staging directory."""
 
-    def __init__(self, staging: Path, records_per_shard: int, token_dtype: str):
+    def __init__(
+        self,
+        staging: Path,
+        records_per_shard: int,
+        token_dtype: str,
+        *,
+        prefix: str = "shard",
+        max_records: int | None = None,
+    ):
         self.staging = staging
+        self.prefix = prefix
+        self.max_records = max_records
+        self.overflow_records = 0  # rows refused past max_records
         self.records_per_shard = records_per_shard
         self.token_dtype = token_dtype
         self.done: list[tuple[Path, int, int, str]] = []  # path, records, bytes, sha256
@@ -159,9 +254,13 @@ class _ShardSet:
         return sum(d[1] for d in self.done) + self._records
 
     def add(self, rows: np.ndarray) -> None:
+        if self.max_records is not None:
+            room = max(self.max_records - self.total_records, 0)
+            self.overflow_records += max(len(rows) - room, 0)
+            rows = rows[:room]
         while len(rows):
             if self._file is None:
-                self._path = self.staging / f"shard-{len(self.done):05d}.tmp"
+                self._path = self.staging / f"{self.prefix}-{len(self.done):05d}.tmp"
                 self._file = self._path.open("wb")
                 self._records, self._bytes, self._sha = 0, 0, hashlib.sha256()
             take = rows[: self.records_per_shard - self._records]
@@ -248,7 +347,7 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
         staging = Path(data_dir, f".staging-{uuid.uuid4().hex[:8]}")
         staging.mkdir(parents=True)
     try:
-        stats, shards, dropped = _encode_to(
+        stats, train, held_out, quota = _encode_to(
             staging,
             files,
             job=job,
@@ -261,17 +360,23 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
             status=status,
         )
         corpus.require_text(stats, job.corpus)
-        if not shards.done:
+        if not train.shards.done:
             raise CorpusError(
-                f"corpus too small: {dropped} tokens do not fill one sequence of "
+                f"corpus too small: {train.dropped_tokens} tokens do not fill one sequence of "
                 f"data.seq_length={job.data.seq_length}"
             )
         manifest = _publish(
             data_dir,
-            shards,
+            train.shards,
+            held_out.shards,
             job=job,
-            stats=stats,
-            dropped=dropped,
+            corpus_counts={
+                **stats.as_dict(),
+                "dropped_tokens": train.dropped_tokens,
+                "eval_documents": quota.eval_documents,
+                "eval_dropped_tokens": held_out.dropped_tokens,
+                "max_word_length": job.tokenizer.max_word_length,
+            },
             vocab_size=vocab_size,
             token_dtype=token_dtype,
             tokenizer_sha=tokenizer_sha,
@@ -282,12 +387,39 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
     status.update(
         stage=STAGE,
         state="complete",
-        message=f"{manifest.total_records} sequences, {len(manifest.shards)} shards in {data_dir}",
+        message=(
+            f"{manifest.total_records} sequences, {len(manifest.shards)} shards "
+            f"(held out: {manifest.eval_records} sequences) in {data_dir}"
+        ),
         records=manifest.total_records,
         shards=len(manifest.shards),
+        eval_records=manifest.eval_records,
         **stats.as_dict(),
     )
     return manifest
+
+
+class _Packer:
+    """Cuts one token stream into fixed-length rows and appends them to a shard set."""
+
+    def __init__(self, shards: _ShardSet, width: int, lead: int | None, dtype: np.dtype):
+        self.shards, self.width, self.lead, self.dtype = shards, width, lead, dtype
+        self.carry = np.empty(0, dtype=dtype)
+
+    def add(self, ids: np.ndarray) -> None:
+        stream = np.concatenate([self.carry, ids]) if len(self.carry) else ids
+        rows = len(stream) // self.width
+        block = stream[: rows * self.width].reshape(rows, self.width)
+        if self.lead is not None:
+            lead = np.full((rows, 1), self.lead, dtype=self.dtype)
+            block = np.concatenate([lead, block], axis=1)
+        self.shards.add(block)
+        self.carry = stream[rows * self.width :].copy()
+
+    @property
+    def dropped_tokens(self) -> int:
+        """The unfinished last window plus rows refused past the shard set's cap."""
+        return len(self.carry) + self.shards.overflow_records * self.width
 
 
 def _encode_to(
@@ -302,36 +434,47 @@ def _encode_to(
     lead: int | None,
     total: int,
     status: StatusWriter,
-) -> tuple[corpus.CorpusStats, _ShardSet, int]:
+) -> tuple[corpus.CorpusStats, _Packer, _Packer, _HeldOutQuota]:
     stats = corpus.CorpusStats()
-    shards = _ShardSet(staging, job.data.records_per_shard, plan.token_dtype)
     dtype = np.dtype(plan.token_dtype)
-    carry = np.empty(0, dtype=dtype)
+    train = _Packer(
+        _ShardSet(staging, job.data.records_per_shard, plan.token_dtype), width, lead, dtype
+    )
+    held_out = _Packer(
+        _ShardSet(
+            staging,
+            job.data.records_per_shard,
+            plan.token_dtype,
+            prefix="eval",
+            max_records=job.data.eval_max_sequences,
+        ),
+        width,
+        lead,
+        dtype,
+    )
+    quota = _HeldOutQuota(job.data, width, total)
     done_bytes = 0
     started = time.monotonic()
     tokens = 0
 
-    def consume(result: tuple[np.ndarray, dict[str, int], int]) -> None:
-        nonlocal carry, done_bytes, tokens
-        ids, counts, nbytes = result
-        stats.documents += counts["documents"]
-        stats.skipped_documents += counts["skipped_documents"]
-        stats.long_words += counts["long_words"]
-        tokens += len(ids)
-        stream = np.concatenate([carry, ids]) if len(carry) else ids
-        rows = len(stream) // width
-        block = stream[: rows * width].reshape(rows, width)
-        if lead is not None:
-            block = np.concatenate([np.full((rows, 1), lead, dtype=dtype), block], axis=1)
-        shards.add(block)
-        carry = stream[rows * width :].copy()
-        done_bytes += nbytes
-        bar.update(nbytes)
+    def consume(encoded: _Encoded) -> None:
+        nonlocal done_bytes, tokens
+        stats.documents += encoded.counts["documents"]
+        stats.skipped_documents += encoded.counts["skipped_documents"]
+        stats.long_words += encoded.counts["long_words"]
+        tokens += len(encoded.ids)
+        train_ids, eval_ids = quota.split(encoded)
+        train.add(train_ids)
+        if len(eval_ids):
+            held_out.add(eval_ids)
+        done_bytes += encoded.nbytes
+        bar.update(encoded.nbytes)
         bar.set_postfix_str(f"{tokens / max(time.monotonic() - started, 1e-9) / 1e3:.0f}k tok/s")
         status.update(
             stage=STAGE,
             progress=done_bytes / max(total, 1),
-            records=shards.total_records,
+            records=train.shards.total_records,
+            eval_records=held_out.shards.total_records,
             tokens=tokens,
         )
 
@@ -347,7 +490,7 @@ def _encode_to(
             initargs=(tokenizer_text, plan),
         ) as pool,
     ):
-        pending: deque[Future[tuple[np.ndarray, dict[str, int], int]]] = deque()
+        pending: deque[Future[_Encoded]] = deque()
         chunks = corpus.iter_chunks(files, job.corpus.on_bad_input, stats)
         for submitted, chunk in enumerate(chunks):
             # With spawn, each of the first `workers` submits starts one worker.
@@ -357,8 +500,9 @@ def _encode_to(
                 consume(pending.popleft().result())
         while pending:
             consume(pending.popleft().result())
-    shards.close()
-    return stats, shards, len(carry)
+    train.shards.close()
+    held_out.shards.close()
+    return stats, train, held_out, quota
 
 
 @contextlib.contextmanager
@@ -378,25 +522,31 @@ def _sigint_ignored(active: bool) -> Iterator[None]:
 def _publish(
     data_dir: str,
     shards: _ShardSet,
+    eval_shards: _ShardSet,
     *,
     job: JobSpec,
-    stats: corpus.CorpusStats,
-    dropped: int,
+    corpus_counts: dict[str, int],
     vocab_size: int,
     token_dtype: str,
     tokenizer_sha: str,
     special_ids: dict[str, int],
 ) -> mf.Manifest:
-    count = len(shards.done)
-    entries = []
-    for i, (path, n_records, n_bytes, sha) in enumerate(shards.done):
-        name = f"shard-{i:05d}-of-{count:05d}.tfrecord"
-        if storage.is_gcs(data_dir):
-            storage.upload_file(str(path), storage.join(data_dir, name))
-        else:
-            path.replace(Path(data_dir, name))
-        entries.append(mf.Shard(name=name, records=n_records, bytes=n_bytes, sha256=sha))
+    def place(shard_set: _ShardSet, prefix: str) -> tuple[mf.Shard, ...]:
+        count = len(shard_set.done)
+        entries = []
+        for i, (path, n_records, n_bytes, sha) in enumerate(shard_set.done):
+            name = f"{prefix}-{i:05d}-of-{count:05d}.tfrecord"
+            if storage.is_gcs(data_dir):
+                storage.upload_file(str(path), storage.join(data_dir, name))
+            else:
+                path.replace(Path(data_dir, name))
+            entries.append(mf.Shard(name=name, records=n_records, bytes=n_bytes, sha256=sha))
+        return tuple(entries)
+
+    entries = place(shards, "shard")
+    eval_entries = place(eval_shards, "eval")
     total_records = sum(s.records for s in entries)
+    eval_records = sum(s.records for s in eval_entries)
     manifest = mf.Manifest(
         format_version=mf.FORMAT_VERSION,
         objective=job.data.objective,
@@ -405,15 +555,14 @@ def _publish(
         token_dtype=token_dtype,
         tokenizer_sha256=tokenizer_sha,
         special_ids=special_ids,
-        shards=tuple(entries),
+        shards=entries,
         total_records=total_records,
         total_tokens=total_records * job.data.seq_length,
-        corpus={
-            **stats.as_dict(),
-            "dropped_tokens": dropped,
-            "max_word_length": job.tokenizer.max_word_length,
-        },
+        corpus=corpus_counts,
         packing=packing_description(job.data.objective),
+        eval_shards=eval_entries,
+        eval_records=eval_records,
+        eval_tokens=eval_records * job.data.seq_length,
     )
     stage = {"stage": STAGE, "job": job.to_dict(), "manifest": mf.MANIFEST_NAME}
     storage.write_text(

@@ -3,6 +3,10 @@
 The trainer trusts only the manifest: counts, hashes, lengths and the tokenizer it was
 made with live here, not in file names. ``verify_shards`` catches a missing, truncated or
 altered shard (a TFRecord cut between records would otherwise read as a shorter file).
+
+The held-out split (``eval_shards``, ``eval_records``, ``eval_tokens``) has its own shards
+and checksums, made from documents that never reach the training shards. It is optional:
+a manifest written before it existed, or with ``data.eval_fraction: 0``, has none.
 """
 
 from __future__ import annotations
@@ -44,11 +48,19 @@ class Manifest:
     # How the corpus was read: files, documents, skipped inputs, dropped tail tokens...
     corpus: Mapping[str, int] = field(default_factory=dict)
     packing: str = ""
+    eval_shards: tuple[Shard, ...] = ()
+    eval_records: int = 0
+    eval_tokens: int = 0
+
+    @property
+    def all_shards(self) -> tuple[Shard, ...]:
+        return self.shards + self.eval_shards
 
     def to_json(self) -> str:
         # Not dataclasses.asdict: it deep-copies, and mappingproxy values cannot be copied.
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["shards"] = [asdict(shard) for shard in self.shards]
+        data["eval_shards"] = [asdict(shard) for shard in self.eval_shards]
         data["special_ids"] = dict(self.special_ids)
         data["corpus"] = dict(self.corpus)
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
@@ -57,15 +69,7 @@ class Manifest:
     def from_json(cls, text: str, *, where: str = MANIFEST_NAME) -> Manifest:
         try:
             data = json.loads(text)
-            shards = tuple(
-                Shard(
-                    name=str(s["name"]),
-                    records=int(s["records"]),
-                    bytes=int(s["bytes"]),
-                    sha256=str(s["sha256"]),
-                )
-                for s in data["shards"]
-            )
+            shards = _shards(data["shards"])
             manifest = cls(
                 format_version=int(data["format_version"]),
                 objective=str(data["objective"]),
@@ -83,6 +87,9 @@ class Manifest:
                     {str(k): int(v) for k, v in data.get("corpus", {}).items()}
                 ),
                 packing=str(data.get("packing", "")),
+                eval_shards=_shards(data.get("eval_shards", [])),
+                eval_records=int(data.get("eval_records", 0)),
+                eval_tokens=int(data.get("eval_tokens", 0)),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DataError(f"invalid manifest {where}: {type(exc).__name__}: {exc}") from None
@@ -108,9 +115,25 @@ class Manifest:
             raise DataError(f"manifest {where}: shard records do not add up to total_records")
         if self.total_tokens != self.total_records * self.seq_length:
             raise DataError(f"manifest {where}: total_tokens != total_records * seq_length")
-        names = [s.name for s in self.shards]
+        if sum(s.records for s in self.eval_shards) != self.eval_records:
+            raise DataError(f"manifest {where}: eval shard records do not add up to eval_records")
+        if self.eval_tokens != self.eval_records * self.seq_length:
+            raise DataError(f"manifest {where}: eval_tokens != eval_records * seq_length")
+        names = [s.name for s in self.all_shards]
         if len(set(names)) != len(names) or any("/" in n or n.startswith(".") for n in names):
             raise DataError(f"manifest {where}: shard names must be unique plain file names")
+
+
+def _shards(entries: Any) -> tuple[Shard, ...]:
+    return tuple(
+        Shard(
+            name=str(s["name"]),
+            records=int(s["records"]),
+            bytes=int(s["bytes"]),
+            sha256=str(s["sha256"]),
+        )
+        for s in entries
+    )
 
 
 def manifest_path(data_dir: str) -> str:
@@ -131,13 +154,17 @@ def load_manifest(data_dir: str) -> Manifest:
     return Manifest.from_json(text, where=path)
 
 
-def shard_paths(data_dir: str, manifest: Manifest) -> list[str]:
-    return [storage.join(data_dir, shard.name) for shard in manifest.shards]
+def shard_paths(data_dir: str, manifest: Manifest, *, split: str = "train") -> list[str]:
+    """Paths of the training shards, or of the held-out ones with ``split="eval"``."""
+    shards = manifest.eval_shards if split == "eval" else manifest.shards
+    return [storage.join(data_dir, shard.name) for shard in shards]
 
 
 def verify_shards(data_dir: str, manifest: Manifest, *, checksums: bool = True) -> None:
-    """DataError naming the first shard that is missing, of the wrong size or altered."""
-    for shard, path in zip(manifest.shards, shard_paths(data_dir, manifest), strict=True):
+    """DataError naming the first shard (training or held-out) that is missing, of the wrong
+    size or altered."""
+    for shard in manifest.all_shards:
+        path = storage.join(data_dir, shard.name)
         try:
             actual = storage.size(path)
         except FileNotFoundError:

@@ -53,6 +53,7 @@ MIN_SEQ_LENGTH = 8
 DEFAULT_MAX_WORD_LENGTH = 100
 MIN_WORD_LENGTH = 8
 MAX_WORD_LENGTH = 1 << 16
+MAX_EVAL_FRACTION = 0.5  # the held-out split never takes more than half of the corpus
 MAX_SEQ_LENGTH = 1 << 16
 
 BERT_STYLE = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -127,6 +128,11 @@ class DataSpec:
     records_per_shard: int = 10000
     mask_probability: float = 0.15
     workers: int | None = None
+    # Held-out split, chosen by document (see encode.py): a share of the corpus, raised to
+    # reach eval_min_sequences and capped at eval_max_sequences; 0 turns it off.
+    eval_fraction: float = 0.01
+    eval_min_sequences: int = 32
+    eval_max_sequences: int = 2000
 
     @property
     def max_predictions(self) -> int:
@@ -163,6 +169,7 @@ class TrainSpec:
     checkpoint_every: int = 100
     keep_checkpoints: int = 3
     log_every: int = 10
+    eval_every: int = 500  # 0: evaluate on the held-out split only at the end
     shuffle_buffer: int = 10000
     seed: int = 0
 
@@ -413,7 +420,16 @@ def _data(section: _Section) -> DataSpec:
             "mask_probability", _float(0.0, 1.0, lo_open=True, hi_open=True), 0.15
         ),
         workers=section.take("workers", _int(1, 1024), None),
+        eval_fraction=section.take("eval_fraction", _float(0.0, MAX_EVAL_FRACTION), 0.01),
+        eval_min_sequences=section.take("eval_min_sequences", _int(0, 1 << 30), 32),
+        eval_max_sequences=section.take("eval_max_sequences", _int(1, 1 << 30), 2000),
     )
+    if spec.eval_max_sequences < spec.eval_min_sequences:
+        raise SpecError(
+            f"{section.key('eval_max_sequences')}: {spec.eval_max_sequences} is below "
+            f"{section.key('eval_min_sequences')}: {spec.eval_min_sequences} (the cap must be "
+            "at least the floor)"
+        )
     section.finish()
     return spec
 
@@ -466,6 +482,7 @@ def _train(section: _Section) -> TrainSpec:
         checkpoint_every=section.take("checkpoint_every", _int(1, 1 << 40), 100),
         keep_checkpoints=section.take("keep_checkpoints", _int(1, 1000), 3),
         log_every=section.take("log_every", _int(1, 1 << 40), 10),
+        eval_every=section.take("eval_every", _int(0, 1 << 40), 500),
         shuffle_buffer=section.take("shuffle_buffer", _int(1, 1 << 24), 10000),
         seed=section.take("seed", _int(0, (1 << 31) - 1), 0),
     )

@@ -7,9 +7,11 @@ Order of work:
  3. restore the newest checkpoint if there is one (the step counter continues; run.json
     must match) and start the input pipeline at that step's batch;
  4. train in chunks of up to `steps_per_execution` steps per call, stopping exactly at
-    log / checkpoint / final step boundaries; TensorBoard scalars, progress, status.json;
- 5. save a final checkpoint, `save_pretrained` model + tokenizer to a local temp dir,
-    upload it to `export/` and write the completion marker last.
+    log / checkpoint / eval / final step boundaries; TensorBoard scalars, progress,
+    status.json; every `eval_every` steps and at the end, evaluate on the fixed held-out
+    split (evaluate.py);
+ 5. save a final checkpoint, then export (export.py): TF and PyTorch weights, tokenizer and
+    model card to a local temp dir, uploaded to `export/`, the completion marker last.
 A kill at any time loses at most `checkpoint_every` steps.
 """
 
@@ -20,7 +22,6 @@ import json
 import math
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -33,9 +34,11 @@ from tqdm import tqdm
 
 from payload import checkpoint as checkpoint_lib
 from payload import data as data_lib
+from payload import evaluate as evaluate_lib
+from payload import export as export_lib
 from payload import manifest as manifest_lib
 from payload import model as model_lib
-from payload import schedule, storage
+from payload import modelcard, schedule, storage
 from payload import strategy as strategy_lib
 from payload import tokenizer as tokenizer_lib
 from payload.errors import DataError, UserError
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
     from payload.manifest import Manifest
     from payload.spec import JobSpec
 
-EXPORT_MARKER = "export_complete.json"
+EXPORT_MARKER = export_lib.EXPORT_MARKER
 
 
 class TrainingDivergedError(UserError):
@@ -120,10 +123,12 @@ def check_data(job: JobSpec, manifest: Manifest) -> None:
         )
 
 
-def _chunk_length(step: int, total: int, plan_spe: int, log_every: int, ckpt_every: int) -> int:
-    """Steps until the next log/checkpoint/final boundary, at most steps_per_execution."""
+def _chunk_length(
+    step: int, total: int, plan_spe: int, log_every: int, ckpt_every: int, *, eval_every: int = 0
+) -> int:
+    """Steps until the next log/checkpoint/eval/final boundary, at most steps_per_execution."""
     boundary = total
-    for every in (log_every, ckpt_every):
+    for every in (log_every, ckpt_every, eval_every):
         if every > 0:
             boundary = min(boundary, (step // every + 1) * every)
     return max(1, min(plan_spe, boundary - step))
@@ -155,7 +160,7 @@ def train(
     check_data(job, manifest)
     manifest_lib.verify_shards(job.paths.data, manifest, checksums=True)
 
-    family, objective, spec = job.model.family, job.data.objective, job.train
+    family, spec = job.model.family, job.train
     config = model_lib.build_config(
         family,
         job.model.size,
@@ -180,13 +185,51 @@ def train(
             optimizer.build(model.trainable_variables)
     finally:
         tf.random.set_seed(None)
+    manager, restored, step = _restore_or_start(
+        job, manifest, config, model, optimizer, chief=chief
+    )
+
+    stats: dict[str, Any] = {"step": step}
+    if restored is not None:
+        stats["resumed_from"] = restored
+    evaluator = (
+        evaluate_lib.Evaluator(job, manifest, runtime, model, status)
+        if manifest.eval_records
+        else None
+    )
+    try:
+        if step < spec.steps:
+            loop = _TrainLoop(job, manifest, runtime, model, optimizer, evaluator=evaluator)
+            stats.update(loop.run(manager, status, step))
+        stats["step"] = int(optimizer.iterations.numpy())
+        if evaluator is not None:
+            stats.update(evaluator.evaluate(stats["step"]))  # the final evaluation
+    finally:
+        if evaluator is not None:
+            evaluator.close()
+
+    if not chief:
+        return stats
+    status.update(stage="train", progress=1.0, step=stats["step"], message="exporting")
+    export(job, model, stats, manifest=manifest, runtime=runtime, status=status)
+    stats["export"] = job.paths.export
+    status.update(stage="train", progress=1.0, step=stats["step"], message="exported")
+    return stats
+
+
+def _restore_or_start(
+    job: JobSpec, manifest: Manifest, config: Any, model: Any, optimizer: Any, *, chief: bool
+) -> tuple[Any, Any, int]:
+    """The checkpoint manager, the checkpoint restored (None: a fresh start) and the step.
+    The chief refuses checkpoints of another run (run.json) before anything is restored."""
+    spec = job.train
     ckpt, manager = checkpoint_lib.make_manager(
         model, optimizer, job.paths.checkpoints, keep=spec.keep_checkpoints
     )
     run_identity = checkpoint_lib.identity(
         model_config=config.to_dict(),
-        family=family,
-        objective=objective,
+        family=job.model.family,
+        objective=job.data.objective,
         seq_length=manifest.seq_length,
         tokenizer_sha256=manifest.tokenizer_sha256,
         global_batch_size=spec.global_batch_size,
@@ -203,22 +246,7 @@ def train(
     step = int(optimizer.iterations.numpy())
     if restored is not None:
         _log(f"train: resumed from {manager.latest_checkpoint} at step {step}")
-
-    stats: dict[str, Any] = {"step": step}
-    if restored is not None:
-        stats["resumed_from"] = restored
-    if step < spec.steps:
-        loop = _TrainLoop(job, manifest, runtime, model, optimizer)
-        stats.update(loop.run(manager, status, step))
-    stats["step"] = int(optimizer.iterations.numpy())
-
-    if not chief:
-        return stats
-    status.update(stage="train", progress=1.0, step=stats["step"], message="exporting")
-    export(job, model, stats)
-    stats["export"] = job.paths.export
-    status.update(stage="train", progress=1.0, step=stats["step"], message="exported")
-    return stats
+    return manager, restored, step
 
 
 class _TrainLoop:
@@ -231,9 +259,12 @@ class _TrainLoop:
         runtime: strategy_lib.Runtime,
         model: Any,
         optimizer: Any,
+        *,
+        evaluator: evaluate_lib.Evaluator | None = None,
     ):
         self.job, self.manifest, self.runtime = job, manifest, runtime
         self.model, self.optimizer = model, optimizer
+        self.evaluator = evaluator
         self.spec = job.train
 
     def dataset(self, start_step: int) -> Any:
@@ -303,8 +334,14 @@ class _TrainLoop:
         stop = _StopRequest()
         try:
             while step < total:
+                eval_every = spec.eval_every if self.evaluator is not None else 0
                 n = _chunk_length(
-                    step, total, plan.steps_per_execution, spec.log_every, spec.checkpoint_every
+                    step,
+                    total,
+                    plan.steps_per_execution,
+                    spec.log_every,
+                    spec.checkpoint_every,
+                    eval_every=eval_every,
                 )
                 loss, accuracy, norm = train_chunk(tf.constant(n))
                 step += n
@@ -322,6 +359,15 @@ class _TrainLoop:
                 if step % spec.log_every == 0 or step == total:
                     meter.log(step, float(norm.numpy()))
                     bar.set_postfix(loss=f"{meter.loss:.4f}")
+                # The final evaluation follows the loop.
+                if (
+                    self.evaluator is not None
+                    and eval_every
+                    and step % eval_every == 0
+                    and step < total
+                ):
+                    self.evaluator.evaluate(step)
+                    meter.exclude_pause()
                 if stop.signal is not None:
                     # Preemption/shutdown: keep this step's work, then exit like the signal.
                     path = manager.save(checkpoint_number=step) if chief else "(the chief's)"
@@ -424,8 +470,10 @@ class _Meter:
         self.window_start, self.window_steps = time.perf_counter(), 0
         self.run_start, self.run_steps = self.window_start, 0
         self.warm = False
+        self._last_record = self.window_start
 
     def record(self, step: int, n: int, loss: float, accuracy: float) -> None:
+        self._last_record = time.perf_counter()
         self.loss, self.accuracy = loss, accuracy
         if self.first_loss is None:
             self.first_loss = loss
@@ -436,6 +484,13 @@ class _Meter:
         else:
             self.window_steps += n
             self.run_steps += n
+
+    def exclude_pause(self) -> None:
+        """Restart the throughput window after an evaluation: steps/s counts training only."""
+        now = time.perf_counter()
+        paused = now - self._last_record
+        self.window_start += paused
+        self.run_start += paused
 
     def mean_steps_per_second(self) -> float:
         elapsed = time.perf_counter() - self.run_start
@@ -475,15 +530,33 @@ class _Meter:
         self.writer.close()
 
 
-def export(job: JobSpec, model: Any, stats: dict[str, Any]) -> None:
-    """save_pretrained model + tokenizer, upload, then write the completion marker last."""
-    marker = storage.join(job.paths.export, EXPORT_MARKER)
-    # An earlier, unfinished export (no marker) is replaced, never mixed with this one.
-    storage.remove_tree(job.paths.export)
-    with tempfile.TemporaryDirectory(prefix="tpu-payload-export-") as tmp:
-        model.save_pretrained(tmp)
-        tokenizer_lib.load_tokenizer(job.paths.tokenizer).save_pretrained(tmp)
-        storage.upload_tree(tmp, job.paths.export)
+def export(
+    job: JobSpec,
+    model: Any,
+    stats: dict[str, Any],
+    *,
+    manifest: Manifest,
+    runtime: strategy_lib.Runtime,
+    status: StatusWriter,
+) -> None:
+    """TF + PyTorch weights, tokenizer and model card to `export/` (export.py)."""
+    # The metrics this run recorded (kept in status.json across reruns), this process's last.
+    recorded = dict(status.document.get("stages", {}).get("train", {}).get("metrics", {}))
+    recorded.update({k: v for k, v in stats.items() if k in ("step", "loss", "accuracy")})
+    recorded.update({k: v for k, v in stats.items() if k.startswith("eval_")})
+
+    def card(parameters: int) -> str:
+        return modelcard.render(
+            job=job,
+            manifest=manifest,
+            model_config=model.config.to_dict(),
+            pytorch_class=export_lib.PYTORCH_CLASSES[job.model.family],
+            tf_class=type(model).__name__,
+            parameters=parameters,
+            runtime=strategy_lib.describe(runtime),
+            metrics=recorded,
+        )
+
     summary = {
         "job": job.name,
         "family": job.model.family,
@@ -491,6 +564,12 @@ def export(job: JobSpec, model: Any, stats: dict[str, Any]) -> None:
         "step": stats.get("step"),
         "loss": stats.get("loss"),
         "first_loss": stats.get("first_loss"),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **{k: v for k, v in stats.items() if k.startswith("eval_")},
     }
-    storage.write_text(marker, json.dumps(summary, indent=2) + "\n")
+    export_lib.write_export(
+        job,
+        model,
+        tokenizer_lib.load_tokenizer(job.paths.tokenizer),
+        card=card,
+        summary=summary,
+    )

@@ -113,7 +113,8 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus.txt", lines=400)
     # No dropout and a schedule that does not depend on the total: runs are comparable.
     doc = job_document(tmp_path, corpus, "mlm", steps=16, decay="constant", warmup_steps=0)
-    doc["train"].update(checkpoint_every=8, log_every=4, shuffle_buffer=50)
+    doc["train"].update(checkpoint_every=8, log_every=4, shuffle_buffer=50, eval_every=4)
+    doc["data"].update(eval_fraction=0.1, eval_min_sequences=16)
     doc["model"]["config"] = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
     straight = write_job(
         tmp_path / "straight", {**doc, "output": str(tmp_path / "straight" / "out")}
@@ -129,10 +130,30 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path: Path) -> None:
     stats = train.train(resumed, StatusWriter(resumed.paths.status, resumed.name))
     assert stats["resumed_from"] == 8 and stats["step"] == 16
 
-    a = TFAutoModelForMaskedLM.from_pretrained(straight.paths.export).weights
-    b = TFAutoModelForMaskedLM.from_pretrained(resumed.paths.export).weights
+    a = TFAutoModelForMaskedLM.from_pretrained(straight.paths.export, use_safetensors=False).weights
+    b = TFAutoModelForMaskedLM.from_pretrained(resumed.paths.export, use_safetensors=False).weights
     worst = max(float(np.abs(x.numpy() - y.numpy()).max()) for x, y in zip(a, b, strict=True))
     assert worst < 1e-5, worst
+
+    # The held-out numbers at the same step are the same, resumed or not.
+    straight_eval, resumed_eval = _eval_scalars(straight), _eval_scalars(resumed)
+    assert set(straight_eval) == {4, 8, 12, 16} and set(resumed_eval) == {4, 8, 12, 16}
+    for step in (4, 8, 12, 16):
+        for tag in ("loss", "perplexity", "accuracy"):
+            a, b = straight_eval[step][tag], resumed_eval[step][tag]
+            assert abs(a - b) <= 1e-5 * max(1.0, abs(a)), (step, tag, a, b)
+    assert stats["eval_loss"] == pytest.approx(straight_eval[16]["loss"], rel=1e-5)
+
+
+def _eval_scalars(job) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    for path in sorted(Path(job.paths.logs, "eval").glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                out.setdefault(int(event.step), {})[value.tag] = float(
+                    tf.make_ndarray(value.tensor)
+                )
+    return out
 
 
 def test_sigterm_checkpoints_the_current_step_and_exits_143(tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ from payload import data as data_lib
 from payload import manifest as mf
 from payload import model as model_lib
 from payload import storage, train
+from payload import strategy as strategy_lib
+from payload.status import StatusWriter
 
 
 @pytest.mark.emulator
@@ -47,10 +49,18 @@ def test_export_to_gcs_uploads_model_and_tokenizer_marker_last(
     # A stale, unfinished export is replaced, not mixed with the new one.
     storage.write_text(storage.join(job.paths.export, "stale.txt"), "old")
     assert not train.is_complete(job)
-    train.export(job, model, {"step": 7, "loss": 1.5})
+    train.export(
+        job,
+        model,
+        {"step": 7, "loss": 1.5},
+        manifest=manifest,
+        runtime=strategy_lib.setup("fp32", "cpu"),
+        status=StatusWriter(job.paths.status, job.name),
+    )
 
     names = set(storage.listdir(job.paths.export))
-    assert {"config.json", "tf_model.h5", "tokenizer.json", train.EXPORT_MARKER} <= names
+    expected = {"config.json", "tf_model.h5", "model.safetensors", "README.md", "tokenizer.json"}
+    assert expected | {train.EXPORT_MARKER} <= names
     assert "stale.txt" not in names
     assert train.is_complete(job)
     marker = json.loads(storage.read_text(storage.join(job.paths.export, train.EXPORT_MARKER)))
@@ -59,6 +69,6 @@ def test_export_to_gcs_uploads_model_and_tokenizer_marker_last(
     # What was uploaded loads back with the standard auto classes.
     download = tmp_path / "download"
     storage.download_tree(job.paths.export, str(download))
-    loaded = TFAutoModelForMaskedLM.from_pretrained(str(download))
+    loaded = TFAutoModelForMaskedLM.from_pretrained(str(download), use_safetensors=False)
     assert loaded.config.vocab_size == manifest.vocab_size
     assert len(AutoTokenizer.from_pretrained(str(download))) == manifest.vocab_size

@@ -92,3 +92,7 @@ def test_chunks_stop_at_log_checkpoint_and_final_boundaries() -> None:
     assert ends == [5, 10, 15, 20, 25, 30, 35, 40, 42]
     assert _chunk_length(3, 1000, 64, 100, 100) == 64
     assert _chunk_length(96, 1000, 64, 100, 100) == 4
+    # Evaluation boundaries stop a chunk too (eval every 48 on a TPU-sized chunk of 64).
+    assert _chunk_length(0, 1000, 64, 100, 100, eval_every=48) == 48
+    assert _chunk_length(48, 1000, 64, 100, 100, eval_every=48) == 48
+    assert _chunk_length(96, 1000, 64, 1000, 1000, eval_every=0) == 64

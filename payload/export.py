@@ -1,0 +1,202 @@
+"""export/: the trained model for TensorFlow AND PyTorch, the tokenizer and a model card.
+
+transformers 5 is PyTorch-only: it refuses `tf_model.h5` and loads a TF-format
+`model.safetensors` silently with random weights. So next to the TF weights the export
+holds `model.safetensors` in the PyTorch layout of the same architecture (BertForMaskedLM,
+RobertaForMaskedLM, GPT2LMHeadModel), written with numpy + safetensors: no PyTorch on the
+TPU VM. Names come from transformers 4.57's own TF->PT mapping
+(`modeling_tf_pytorch_utils.convert_tf_weight_name_to_pt_weight_name`); dense kernels are
+transposed ([in, out] -> [out, in]), GPT-2's Conv1D weights are not (PyTorch's Conv1D is
+[in, out] too) and its [1, n] biases become [n]. Tied weights are stored once, as
+transformers' own `save_pretrained` does: the decoder weight (= the input embeddings) and
+the MLM decoder bias (= the head's bias) are left out, and the PyTorch classes tie them
+again from `_tied_weights_keys` on load. The file's metadata says `format: pt`, which is
+what both transformers 4.57 (TF, loading PyTorch safetensors) and 5.x read.
+
+The completion marker is written last; an export without it is replaced, never mixed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from payload import storage
+from payload.errors import UserError
+
+if TYPE_CHECKING:
+    from payload.spec import JobSpec
+
+EXPORT_MARKER = "export_complete.json"
+PT_WEIGHTS = "model.safetensors"
+MODEL_CARD = "README.md"
+PYTORCH_CLASSES = {
+    "bert": "BertForMaskedLM",
+    "roberta": "RobertaForMaskedLM",
+    "gpt2": "GPT2LMHeadModel",
+}
+# Stored once, tied on load (transformers 5's `_tied_weights_keys` of these classes).
+TIED_KEYS = {
+    "bert": {
+        "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    },
+    "roberta": {
+        "lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
+        "lm_head.decoder.bias": "lm_head.bias",
+    },
+    "gpt2": {"lm_head.weight": "transformer.wte.weight"},
+}
+HUB_TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+class HubError(UserError):
+    """The upload to the Hugging Face Hub failed (or cannot start)."""
+
+
+def pytorch_state_dict(model: Any) -> dict[str, np.ndarray]:
+    """PyTorch parameter name -> float32 array in PyTorch's shape, from a TF model."""
+    from transformers.modeling_tf_pytorch_utils import (  # noqa: PLC0415 (no torch needed)
+        TransposeType,
+        convert_tf_weight_name_to_pt_weight_name,
+    )
+
+    state: dict[str, np.ndarray] = {}
+    for weight in model.weights:
+        name, transpose = convert_tf_weight_name_to_pt_weight_name(
+            weight.name, tf_weight_shape=weight.shape
+        )
+        array = np.asarray(weight.numpy(), dtype=np.float32)
+        if transpose is TransposeType.SIMPLE:
+            array = array.T
+        elif transpose is not TransposeType.NO:
+            raise ValueError(f"{weight.name}: {transpose} weights are not expected in this model")
+        if name.endswith(".bias") and array.ndim == 2 and array.shape[0] == 1:
+            array = array[0]  # GPT-2 Conv1D bias: TF [1, n], PyTorch [n]
+        if name in state:
+            raise ValueError(f"two TF weights map to the PyTorch name {name}")
+        state[name] = np.ascontiguousarray(array)
+    return state
+
+
+def write_pytorch_weights(model: Any, directory: str) -> dict[str, np.ndarray]:
+    from safetensors.numpy import save_file  # noqa: PLC0415
+
+    state = pytorch_state_dict(model)
+    save_file(state, str(Path(directory, PT_WEIGHTS)), metadata={"format": "pt"})
+    return state
+
+
+def set_pytorch_architecture(directory: str, family: str) -> None:
+    """config.json's `architectures` names the PyTorch class (what transformers 5 reads)."""
+    path = Path(directory, "config.json")
+    config = json.loads(path.read_text())
+    config["architectures"] = [PYTORCH_CLASSES[family]]
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def parameter_count(state: dict[str, np.ndarray]) -> int:
+    return int(sum(a.size for a in state.values()))
+
+
+def write_export(
+    job: JobSpec,
+    model: Any,
+    tokenizer: Any,
+    *,
+    card: Any,
+    summary: dict[str, Any],
+) -> None:
+    """save_pretrained (TF) + model.safetensors (PyTorch) + tokenizer + model card, uploaded
+    to `export/`, then the completion marker last. `card(parameters) -> str` renders the
+    model card once the parameter count is known."""
+    marker = storage.join(job.paths.export, EXPORT_MARKER)
+    storage.remove_tree(job.paths.export)
+    with tempfile.TemporaryDirectory(prefix="tpu-payload-export-") as tmp:
+        model.save_pretrained(tmp)
+        state = write_pytorch_weights(model, tmp)
+        set_pytorch_architecture(tmp, job.model.family)
+        tokenizer.save_pretrained(tmp)
+        Path(tmp, MODEL_CARD).write_text(card(parameter_count(state)), encoding="utf-8")
+        storage.upload_tree(tmp, job.paths.export)
+    summary = {
+        **summary,
+        "pytorch_class": PYTORCH_CLASSES[job.model.family],
+        "parameters": parameter_count(state),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    storage.write_text(marker, json.dumps(summary, indent=2) + "\n")
+
+
+def is_complete(job: JobSpec) -> bool:
+    return storage.exists(storage.join(job.paths.export, EXPORT_MARKER))
+
+
+# ------------------------------------------------------------------ Hugging Face Hub
+
+
+def hub_token(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """The Hub token from the environment (never from the job spec, never printed)."""
+    for name in HUB_TOKEN_VARIABLES:
+        if environ.get(name):
+            return environ[name]
+    raise HubError(
+        "--push-to-hub needs a Hugging Face token in the environment "
+        f"({' or '.join(HUB_TOKEN_VARIABLES)}); create a write token at https://huggingface.co/settings/tokens"
+    )
+
+
+def push_to_hub(job: JobSpec, repo_id: str, *, private: bool = True) -> str:
+    """Upload the finished export to a Hub model repository (created private if missing).
+
+    huggingface_hub reads HF_ENDPOINT for the server; the token is passed through and never
+    logged (errors are reported without the request headers). Returns the commit URL.
+    """
+    from huggingface_hub import HfApi  # noqa: PLC0415
+    from huggingface_hub.errors import HfHubHTTPError  # noqa: PLC0415
+    from huggingface_hub.utils import validate_repo_id  # noqa: PLC0415
+
+    try:
+        validate_repo_id(repo_id)
+    except ValueError as exc:
+        raise HubError(
+            f"--push-to-hub: {repo_id!r} is not a Hub repo id (owner/name): {exc}"
+        ) from None
+    if "/" not in repo_id:
+        raise HubError(f"--push-to-hub: {repo_id!r} must be owner/name")
+    if not is_complete(job):
+        raise HubError(
+            f"no finished export in {job.paths.export}: run `tpu-payload train --job ...` first"
+        )
+    token = hub_token()
+    api = HfApi(token=token)
+    with tempfile.TemporaryDirectory(prefix="tpu-payload-push-") as tmp:
+        if storage.is_gcs(job.paths.export):
+            storage.download_tree(job.paths.export, tmp)
+            folder = tmp
+        else:
+            folder = job.paths.export
+        try:
+            api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+            commit = api.upload_folder(
+                repo_id=repo_id,
+                repo_type="model",
+                folder_path=folder,
+                commit_message=f"tpu-pretrain export of job {job.name}",
+                ignore_patterns=[EXPORT_MARKER],
+            )
+        except HfHubHTTPError as exc:
+            status = exc.response.status_code if exc.response is not None else "no response"
+            raise HubError(f"upload to {repo_id} failed: HTTP {status}") from None
+        except OSError as exc:  # connection refused, DNS, TLS
+            raise HubError(f"upload to {repo_id} failed: {type(exc).__name__}: {exc}") from None
+    url = str(getattr(commit, "commit_url", commit))
+    print(f"export: pushed {job.paths.export} to {repo_id} ({url})", file=sys.stderr)
+    return url

@@ -1,0 +1,178 @@
+"""The model card (`export/README.md`): only figures this run recorded.
+
+Every number comes from the job spec as resolved, the data manifest, the runtime that
+trained it, the model config and the metrics the trainer recorded in status.json (train
+loss at the last logged step, held-out loss/perplexity/accuracy at the last evaluation).
+A figure that was not recorded is written as "not recorded", never estimated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from payload.manifest import Manifest
+    from payload.spec import JobSpec
+
+NOT_RECORDED = "not recorded"
+
+
+def _num(value: Any, fmt: str = "{:,}") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return NOT_RECORDED
+    return fmt.format(value)
+
+
+def _architecture(family: str, config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    if family == "gpt2":
+        keys = [
+            ("layers", "n_layer"),
+            ("hidden size", "n_embd"),
+            ("attention heads", "n_head"),
+            ("positions", "n_positions"),
+        ]
+    else:
+        keys = [
+            ("layers", "num_hidden_layers"),
+            ("hidden size", "hidden_size"),
+            ("attention heads", "num_attention_heads"),
+            ("intermediate size", "intermediate_size"),
+            ("positions", "max_position_embeddings"),
+        ]
+    return [(label, _num(config.get(key))) for label, key in keys]
+
+
+def render(
+    *,
+    job: JobSpec,
+    manifest: Manifest,
+    model_config: Mapping[str, Any],
+    pytorch_class: str,
+    tf_class: str,
+    parameters: int,
+    runtime: Mapping[str, Any],
+    metrics: Mapping[str, Any],
+) -> str:
+    """The card as Markdown with a YAML header the Hub reads."""
+    objective = job.data.objective
+    spec = job.train
+    corpus = dict(manifest.corpus)
+    pipeline_tag = "fill-mask" if objective == "mlm" else "text-generation"
+    auto = "AutoModelForMaskedLM" if objective == "mlm" else "AutoModelForCausalLM"
+    tf_auto = "TF" + auto
+    accuracy_name = (
+        "MLM accuracy (masked positions)" if objective == "mlm" else ("next-token accuracy")
+    )
+    schedule = (
+        f"AdamW, peak {spec.learning_rate:g}, {spec.warmup_steps:,} warmup steps, "
+        f"{spec.decay} decay to {spec.end_learning_rate_ratio:g} x peak, weight decay "
+        f"{spec.weight_decay:g}, gradient clipping {spec.clip_norm:g}"
+    )
+    lines = [
+        "---",
+        "library_name: transformers",
+        f"pipeline_tag: {pipeline_tag}",
+        "tags: [tpu-pretrain]",
+        "---",
+        "",
+        f"# {job.name}",
+        "",
+        f"A {job.model.size} {job.model.family} model pre-trained from scratch with "
+        f"{'masked' if objective == 'mlm' else 'causal'} language modeling by tpu-pretrain. "
+        "Every figure below was recorded by this run (data manifest, trainer metrics); "
+        f'a figure marked "{NOT_RECORDED}" was not measured.',
+        "",
+        "## Model",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| PyTorch class | `{pytorch_class}` (`model.safetensors`) |",
+        f"| TensorFlow class | `{tf_class}` (`tf_model.h5`) |",
+        f"| parameters | {parameters:,} (tied input/output embeddings counted once) |",
+        *(
+            f"| {label} | {value} |"
+            for label, value in _architecture(job.model.family, model_config)
+        ),
+        f"| vocabulary | {manifest.vocab_size:,} |",
+        "",
+        "## Tokenizer",
+        "",
+        f"`{job.tokenizer.kind}` trained on the corpus with `tokenizers`, vocabulary "
+        f"{manifest.vocab_size:,}, lowercase: {str(job.tokenizer.lowercase).lower()}, "
+        f"special tokens: {', '.join(f'`{t}`' for t in job.tokenizer.special_tokens)}. "
+        f"tokenizer.json sha256 `{manifest.tokenizer_sha256}`.",
+        "",
+        "## Data",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| corpus files | {_num(corpus.get('files'))} ({_num(corpus.get('bytes'))} bytes) |",
+        f"| documents | {_num(corpus.get('documents'))} |",
+        f"| skipped files / documents | {_num(corpus.get('skipped_files'))} / "
+        f"{_num(corpus.get('skipped_documents'))} |",
+        f"| training sequences / tokens | {manifest.total_records:,} / {manifest.total_tokens:,} |",
+        f"| held-out sequences / tokens | {manifest.eval_records:,} / {manifest.eval_tokens:,} "
+        f"({_num(corpus.get('eval_documents'))} documents, none of them in training) |",
+        f"| sequence length | {manifest.seq_length} |",
+        f"| packing | {manifest.packing} |",
+        "",
+        "## Training",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| steps | {_num(metrics.get('step'))} of {spec.steps:,} |",
+        f"| global batch | {spec.global_batch_size:,} sequences "
+        f"({spec.global_batch_size * manifest.seq_length:,} tokens) |",
+        f"| learning-rate schedule | {schedule} |",
+        f"| hardware | {runtime.get('accelerator', NOT_RECORDED)}, "
+        f"{_num(runtime.get('replicas'))} replica(s) |",
+        f"| precision | {runtime.get('policy', NOT_RECORDED)} (weights exported in float32) |",
+        f"| seed | {spec.seed} |",
+        "",
+        "## Results",
+        "",
+        "| | train (last logged step) | held out |",
+        "|---|---|---|",
+        f"| step | {_num(metrics.get('step'))} | {_num(metrics.get('eval_step'))} |",
+        f"| loss | {_num(metrics.get('loss'), '{:.4f}')} | "
+        f"{_num(metrics.get('eval_loss'), '{:.4f}')} |",
+        f"| perplexity (exp loss) | {_num(_exp(metrics.get('loss')), '{:.2f}')} | "
+        f"{_num(metrics.get('eval_perplexity'), '{:.2f}')} |",
+        f"| {accuracy_name} | {_num(metrics.get('accuracy'), '{:.4f}')} | "
+        f"{_num(metrics.get('eval_accuracy'), '{:.4f}')} |",
+        "",
+        (
+            "The held-out set is fixed (same sequences and, for MLM, the same masks at every "
+            "evaluation), so the numbers compare across evaluations, resumes and runs with the "
+            "same data and batch size."
+        ),
+        "",
+        "## Use",
+        "",
+        "PyTorch (transformers 5.x, or 4.x), with `path` this directory or the Hub repo id:",
+        "",
+        "```python",
+        f"from transformers import AutoTokenizer, {auto}",
+        "tokenizer = AutoTokenizer.from_pretrained(path)",
+        f"model = {auto}.from_pretrained(path)",
+        "```",
+        "",
+        "TensorFlow (transformers 4.57 with tf-keras; `use_safetensors=False` reads "
+        "`tf_model.h5`, since 4.57 cannot read PyTorch safetensors with safetensors >= 0.7):",
+        "",
+        "```python",
+        f"from transformers import AutoTokenizer, {tf_auto}",
+        "tokenizer = AutoTokenizer.from_pretrained(path)",
+        f"model = {tf_auto}.from_pretrained(path, use_safetensors=False)",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _exp(loss: Any) -> float | None:
+    if loss is None or not isinstance(loss, int | float) or not math.isfinite(loss):
+        return None
+    return math.exp(min(float(loss), 700.0))

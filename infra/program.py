@@ -116,6 +116,7 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             accelerator_type=cfg.tpu.accelerator_type,
             runtime_version=cfg.tpu.runtime_version,
             python_version=cfg.tpu.python_version,
+            hosts=cfg.tpu.hosts,
         ),
     )
     # VMs start after their inputs exist, so a first boot finds payload, job, bucket access

@@ -279,6 +279,7 @@ class TpuWatch:
     metadata: Mapping[str, str]  # everything but the startup script (passed as a file)
     startup_script: str
     release_when_done: bool = False  # delete the TPU VM once the job's export is complete
+    hosts: int = 1  # a slice: one node of several hosts, deleted and recreated as one
 
     @property
     def queued_resource(self) -> str:
@@ -324,6 +325,7 @@ class TpuWatch:
             + jobspec.watch_lease_object_name(workload.job_name),
             "EXPORT_MARKER_URI": jobspec.export_marker_uri(workload.bucket, workload.job_name),
             "RELEASE_WHEN_DONE": "true" if self.release_when_done else "false",
+            "TPU_HOSTS": str(self.hosts),
         }
 
 

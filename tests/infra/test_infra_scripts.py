@@ -702,6 +702,7 @@ def _watchdog_of(run) -> str:
     [
         ("v2-usc1", None),
         ("v6e-euw4", None),
+        ("v4-32-usc2", None),  # a slice
         ("v3-euw4", {"tpu-pretrain:tpuAutoRecover": True, "tpu-pretrain:tpuExternalIp": True}),
     ],
 )

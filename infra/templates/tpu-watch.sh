@@ -157,6 +157,20 @@ node_flags() {
   fi
 }
 
+# A slice's hosts are gone with its node: overwrite each host's status, so that worker 0 of
+# the next slice never takes an earlier `ready` (same IPs again) for its own workers.
+workers_gone() {
+  local state="$1" i file
+  file="$(mktemp)"
+  for ((i = 0; i < TPU_HOSTS; i++)); do
+    printf '{"role": "tpu", "host": "", "state": "recreating", "message": "the %s slice was deleted by the watchdog (%s); this host comes back with the new slice", "worker": "%s", "slice": "", "updated_at": "%s"}\n' \
+      "${ACCELERATOR_TYPE}" "${state}" "${i}" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"${file}"
+    retry_gcloud gcloud storage cp --quiet "${file}" "${RUN_ROOT}/bootstrap/tpu-worker-${i}.json" \
+      || log "could not reset the status of worker ${i}"
+  done
+  rm -f "${file}"
+}
+
 # Preemptible: `tpu-vm create --preemptible`; without capacity, wait CAPACITY_BACKOFF_FIRST
 # seconds, doubling up to CAPACITY_BACKOFF_MAX, and exit 0 (waiting is not a failure).
 create_directly() {
@@ -332,6 +346,9 @@ case "${state}" in
       "${WHERE[@]}" --quiet && ! err_is_not_found; then
       watch_status "${state}" delete-failed "delete failed, retrying on the next tick: $(last_error)"
       exit 1
+    fi
+    if [ "${TPU_HOSTS}" -gt 1 ]; then
+      workers_gone "${state}"
     fi
     qr=MISSING
     ;;

@@ -1688,10 +1688,24 @@ def test_a_preempted_slice_is_recreated_as_one_node(slice_run, sandbox):
     """A v4-32 slice is one TPU node of 4 hosts: one describe, one delete, one queued create
     with the slice's accelerator type; never a host at a time."""
     watch = Watch(slice_run, sandbox)
+    # Every host of the old slice had reported ready.
+    boot = watch.run_root / "bootstrap"
+    for worker in range(4):
+        (boot / f"tpu-worker-{worker}.json").write_text(
+            json.dumps({"state": "ready", "worker": str(worker), "slice": ",".join(SLICE_IPS)})
+        )
     watch.set_state("PREEMPTED")
     result = watch.tick()
     assert result.returncode == 0, result.stderr
     assert watch.tpu_calls == ["describe", "qr-describe", "delete", "qr-create"]
+    # ...and none of them counts for the next slice, even if it gets the same IPs.
+    for worker in range(4):
+        status = json.loads((boot / f"tpu-worker-{worker}.json").read_text())
+        assert (status["state"], status["worker"], status["slice"]) == (
+            "recreating",
+            str(worker),
+            "",
+        )
     (argv,) = watch.creates("qr-create")
     positional, flags, switches = _flags(argv)
     assert positional[-1] == watch.qr

@@ -77,6 +77,7 @@ trainer_stopped() {
 # (gRPC, TPU_WORKER_PORT); worker 0 also runs the trainer, once every worker is ready.
 WORKER=""  # this host's index in the slice (metadata agent-worker-number); empty on one host
 SLICE_IPS=""  # every host's internal IP, in worker order
+SLICE_NOTE=""  # set when the node's host count differs from the catalog's
 STATUS_NAME=""  # bootstrap status object: tpu-worker-<i> on a slice, the role otherwise
 readonly METADATA_ATTRIBUTES="http://metadata.google.internal/computeMetadata/v1/instance/attributes"
 
@@ -104,7 +105,7 @@ read_slice() {
   if ! WORKER="$(metadata_attr agent-worker-number)" \
     || ! endpoints="$(metadata_attr worker-network-endpoints)"; then
     WORKER=""
-    write_status failed "a host of the ${TPU_HOSTS}-host slice cannot read its worker number or the worker endpoints from the metadata server; the startup script runs again in 30 min"
+    write_status failed "a host of the ${ACCELERATOR_TYPE} slice cannot read its worker number or the worker endpoints from the metadata server; the startup script runs again in 30 min"
     schedule_rerun
     exit 1
   fi
@@ -117,16 +118,21 @@ read_slice() {
     fi
     ips+=("${ip}")
   done
-  if ! [[ "${WORKER}" =~ ^[0-9]+$ ]] || [ "${WORKER}" -ge "${TPU_HOSTS}" ] \
-    || [ "${#ips[@]}" -ne "${TPU_HOSTS}" ]; then
+  if ! [[ "${WORKER}" =~ ^[0-9]+$ ]] || [ "${#ips[@]}" -lt 2 ] \
+    || [ "${WORKER}" -ge "${#ips[@]}" ]; then
     local seen="${WORKER}"
     WORKER=""
-    write_status failed "metadata does not describe a ${TPU_HOSTS}-host ${ACCELERATOR_TYPE} slice: agent-worker-number '${seen}', worker-network-endpoints '${endpoints}'"
+    write_status failed "metadata does not describe a multi-host ${ACCELERATOR_TYPE} slice: agent-worker-number '${seen}', worker-network-endpoints '${endpoints}'"
     exit 1
   fi
   SLICE_IPS="$(IFS=','; echo "${ips[*]}")"
   STATUS_NAME="tpu-worker-${WORKER}"
-  log "worker ${WORKER} of a ${TPU_HOSTS}-host slice (workers ${SLICE_IPS})"
+  # The node's own endpoint list is the truth; the catalog's host count is what we expect.
+  SLICE_NOTE=""
+  if [ "${#ips[@]}" -ne "${TPU_HOSTS}" ]; then
+    SLICE_NOTE=" (the catalog expects ${TPU_HOSTS} hosts for ${ACCELERATOR_TYPE}, the node has ${#ips[@]}: going by the node; please correct infra/catalog.yaml)"
+  fi
+  log "worker ${WORKER} of a ${#ips[@]}-host slice (workers ${SLICE_IPS})${SLICE_NOTE}"
 }
 
 # The workers' endpoints in worker order, the trainer's TPU_NAME (payload/strategy.py).
@@ -155,7 +161,7 @@ worker_ready() {
     sleep 5
     waited=$((waited + 5))
   done
-  STATUS_NAME="tpu-worker-${WORKER}" write_status ready "TPU worker ${WORKER} of ${TPU_HOSTS} serves on port ${TPU_WORKER_PORT}"
+  STATUS_NAME="tpu-worker-${WORKER}" write_status ready "TPU worker ${WORKER} serves on port ${TPU_WORKER_PORT}"
 }
 
 worker_stopped() {
@@ -165,12 +171,13 @@ worker_stopped() {
 # Worker 0's trainer starts once every host's status says ready for this very slice (the
 # same worker IPs: a status left by a slice before a recreation does not count).
 wait_workers() {
-  local waited=0 i dir file state reason previous="" waiting
+  local waited=0 i dir file state reason previous="" waiting hosts
+  hosts="$(tr ',' '\n' <<<"${SLICE_IPS}" | wc -l)"
   gcs_cli
   dir="$(mktemp -d)"
   while true; do
     waiting=""
-    for ((i = 0; i < TPU_HOSTS; i++)); do
+    for ((i = 0; i < hosts; i++)); do
       file="${dir}/tpu-worker-${i}.json"
       rm -f "${file}"
       if ! gcs cp "${RUN_ROOT}/bootstrap/tpu-worker-${i}.json" "${file}" >/dev/null 2>&1; then
@@ -186,7 +193,7 @@ wait_workers() {
     done
     if [ -z "${waiting}" ]; then
       rm -rf "${dir}"
-      write_status starting "all ${TPU_HOSTS} TPU workers are ready after ${waited}s; the trainer starts"
+      write_status starting "all ${hosts} TPU workers are ready after ${waited}s; the trainer starts"
       return 0
     fi
     reason="waiting for the slice's TPU workers: ${waiting} (see ${RUN_ROOT}/bootstrap/tpu-worker-<i>.json)"
@@ -255,7 +262,7 @@ slice_units() {
   # TPU_LIBRARY_PATH: the libtpu the worker loads (TensorFlow's FindAndLoadTpuLibrary reads
   # it; without it TF looks next to its own wheel).
   install_unit tpu-pretrain-tpu-worker.service "[Unit]
-Description=tpu-pretrain TensorFlow TPU worker ${WORKER} of ${TPU_HOSTS} (gRPC port ${TPU_WORKER_PORT})
+Description=tpu-pretrain TensorFlow TPU worker ${WORKER} (gRPC port ${TPU_WORKER_PORT})
 Wants=network-online.target
 After=network-online.target
 StartLimitIntervalSec=0
@@ -277,7 +284,7 @@ TimeoutStartSec=900
 WantedBy=multi-user.target"
   if [ "${WORKER}" = 0 ]; then
     install_unit tpu-pretrain-train.service "[Unit]
-Description=tpu-pretrain trainer for job ${JOB_NAME} (worker 0 of the ${TPU_HOSTS}-host slice)
+Description=tpu-pretrain trainer for job ${JOB_NAME} (worker 0 of the ${ACCELERATOR_TYPE} slice)
 Wants=network-online.target tpu-pretrain-tpu-worker.service
 After=network-online.target tpu-pretrain-tpu-worker.service
 StartLimitIntervalSec=0
@@ -322,7 +329,7 @@ log "step 1/4: checks (runtime ${RUNTIME_VERSION}, accelerator ${ACCELERATOR_TYP
 gcs_cli
 if [ "${TPU_HOSTS}" -gt 1 ]; then
   read_slice
-  write_status starting "startup script started on worker ${WORKER} of the ${TPU_HOSTS}-host ${ACCELERATOR_TYPE} slice (${RUNTIME_VERSION})"
+  write_status starting "startup script started on worker ${WORKER} of the ${ACCELERATOR_TYPE} slice, workers ${SLICE_IPS} (${RUNTIME_VERSION})${SLICE_NOTE}"
 else
   write_status starting "startup script started on ${ACCELERATOR_TYPE} (${RUNTIME_VERSION})"
 fi

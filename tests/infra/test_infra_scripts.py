@@ -1593,8 +1593,8 @@ def test_unreadable_slice_metadata_fails_with_a_status_and_a_rerun(slice_run, sa
 
 @pytest.mark.parametrize(
     ("worker", "ips"),
-    [(4, SLICE_IPS), ("x", SLICE_IPS), (1, SLICE_IPS[:3]), (0, ("10.10.0.2", "", "a", "b"))],
-    ids=["index-too-high", "index-not-a-number", "three-endpoints", "bad-ip"],
+    [(4, SLICE_IPS), ("x", SLICE_IPS), (0, SLICE_IPS[:1]), (0, ("10.10.0.2", "", "a", "b"))],
+    ids=["index-too-high", "index-not-a-number", "one-endpoint", "bad-ip"],
 )
 def test_metadata_that_is_not_this_slice_is_refused(slice_run, sandbox, worker, ips):
     bucket, _ = _publish_payload(slice_run, sandbox)
@@ -1603,8 +1603,33 @@ def test_metadata_that_is_not_this_slice_is_refused(slice_run, sandbox, worker, 
     assert result.returncode == 1
     status = _slice_status(sandbox, bucket, "tpu")
     assert status["state"] == "failed"
-    assert status["message"].startswith("metadata does not describe a 4-host v4-32 slice")
+    assert status["message"].startswith("metadata does not describe a multi-host v4-32 slice")
     assert not (sandbox.root / "etc/systemd/system").exists()
+
+
+def test_the_nodes_own_host_count_wins_over_the_catalogs(slice_run, sandbox):
+    """Host counts in the catalog are from Google's pages (which differ for v5e); the node's
+    worker-network-endpoints is the truth: worker 0 waits for exactly those workers."""
+    bucket, _ = _publish_payload(slice_run, sandbox)
+    _as_worker(sandbox, 0, SLICE_IPS[:2])
+    result = sandbox.run(_script(slice_run, "tpu-vm"))
+    assert result.returncode == 0, result.stderr
+    status = _slice_status(sandbox, bucket, "tpu-worker-0")
+    assert status["slice"] == "10.10.0.2,10.10.0.3"
+    unit = (sandbox.root / "etc/systemd/system/tpu-pretrain-train.service").read_text()
+    assert "Environment=TPU_NAME=grpc://10.10.0.2:8470,grpc://10.10.0.3:8470\n" in unit
+    assert "the catalog expects 4 hosts for v4-32, the node has 2" in result.stderr
+    boot = sandbox.gcs / bucket / "runs/bert-base-mlm/bootstrap"
+    for worker in (0, 1):
+        (boot / f"tpu-worker-{worker}.json").write_text(
+            f'{{"state": "ready", "worker": "{worker}", "slice": "10.10.0.2,10.10.0.3"}}'
+        )
+    waited = _helper(sandbox, "wait-workers")
+    assert waited.returncode == 0, waited.stderr
+    assert "sleep 30" not in sandbox.calls
+    assert _slice_status(sandbox, bucket, "tpu")["message"].startswith(
+        "all 2 TPU workers are ready after 0s"
+    )
 
 
 def _listen(port: int):

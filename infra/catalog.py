@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
@@ -36,11 +36,31 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class Slice:
+    """A multi-host accelerator type: one TPU node of `hosts` TPU VMs."""
+
+    hosts: int
+    chips_per_host: int
+
+    @property
+    def replicas(self) -> int:
+        """TensorFlow's replicas: one TPU device per chip on the listed generations
+        (catalog.yaml's sources; the payload checks the real count when it connects)."""
+        return self.hosts * self.chips_per_host
+
+
+@dataclass(frozen=True)
 class Catalog:
     images: Mapping[str, Image]
     generations: Mapping[str, Generation]
     accelerators: Mapping[str, str]  # accelerator type -> generation name
     zones: Mapping[str, tuple[str, ...]]  # zone -> accelerator types offered there
+    # multi-host accelerator types
+    slices: Mapping[str, Slice] = field(default_factory=lambda: MappingProxyType({}))
+
+    def slice_of(self, accelerator_type: str) -> Slice | None:
+        """The slice shape of a multi-host type, None for a single-host type."""
+        return self.slices.get(accelerator_type)
 
     def generation_of(self, accelerator_type: str) -> Generation:
         return self.generations[self.accelerators[accelerator_type]]
@@ -88,7 +108,17 @@ def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
     for accelerator_type, generation in accelerators.items():
         if generation not in generations:
             raise ValueError(f"{path}: {accelerator_type} has unknown generation {generation}")
+    slices = {
+        name: Slice(hosts=int(entry["hosts"]), chips_per_host=int(entry["chips_per_host"]))
+        for name, entry in (raw.get("slices") or {}).items()
+    }
+    for name, shape in slices.items():
+        if name not in accelerators:
+            raise ValueError(f"{path}: slice {name} is not an accelerator type")
+        if shape.hosts < 2 or shape.chips_per_host < 1:
+            raise ValueError(f"{path}: slice {name} needs hosts >= 2 and chips_per_host >= 1")
     return Catalog(
+        slices=MappingProxyType(slices),
         images=MappingProxyType(images),
         generations=MappingProxyType(generations),
         accelerators=MappingProxyType(accelerators),

@@ -19,7 +19,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from infra import jobspec
-from infra.catalog import MIN_PYTHON, Catalog, Generation, Image, load_catalog
+from infra.catalog import MIN_PYTHON, Catalog, Generation, Image, Slice, load_catalog
 from infra.errors import ConfigError
 
 NAMESPACE = "tpu-pretrain"
@@ -119,6 +119,8 @@ class TpuConfig:
     shielded_boot: bool
     auto_recover: bool  # the controller's watchdog recreates a preempted TPU VM
     release_when_done: bool = False  # ...and deletes it once the job's export is complete
+    hosts: int = 1  # TPU VMs of the node: > 1 for a multi-host slice (catalog.yaml slices)
+    chips_per_host: int = 0  # only set for a slice
 
 
 @dataclass(frozen=True)
@@ -277,7 +279,10 @@ def _tpu(values: Mapping[str, object], catalog: Catalog, prefix: str) -> TpuConf
             f"{_k('tpuReleaseWhenDone')}: true needs {_k('tpuAutoRecover')}: true (the "
             "controller's watchdog releases the TPU VM); turn both on or leave it false"
         )
+    shape = catalog.slice_of(accelerator_type)
     return TpuConfig(
+        hosts=shape.hosts if shape else 1,
+        chips_per_host=shape.chips_per_host if shape else 0,
         name=f"{prefix}-tpu",
         zone=zone,
         region=region,
@@ -419,6 +424,35 @@ def _vpn(values: Mapping[str, object], tpu_region: str) -> VpnConfig:
     )
 
 
+# The payload's default train.global_batch_size (payload/spec.py); infra reads the template
+# only as far as it must (the payload validates the whole spec when it starts).
+DEFAULT_GLOBAL_BATCH = 32
+
+
+def _check_slice_job(
+    job_file: str, template: Mapping[str, object], accelerator_type: str, shape: Slice
+) -> None:
+    """What a multi-host slice needs from its job, checked before anything is deployed:
+    the global batch splits evenly over every replica of every host (the payload checks the
+    same again against the replicas it finds, payload/strategy.py check_global_batch).
+    The output is always gs://<bucket>/runs/<job> (jobspec.render_job_spec; a template with
+    its own `output` is refused), which a slice needs: every host reads and worker 0 writes
+    there."""
+    train = template.get("train")
+    train = train if isinstance(train, dict) else {}
+    batch = train.get("global_batch_size", DEFAULT_GLOBAL_BATCH)
+    if not isinstance(batch, int) or isinstance(batch, bool):
+        return  # the payload refuses it with its own message
+    replicas = shape.replicas
+    if batch % replicas:
+        lower = batch // replicas * replicas
+        raise ConfigError(
+            f"{_k('job')}: {job_file!r}: train.global_batch_size {batch} must be a multiple "
+            f"of the {replicas} replicas of {accelerator_type} ({shape.hosts} hosts x "
+            f"{shape.chips_per_host} chips); e.g. {max(lower, replicas)} or {lower + replicas}"
+        )
+
+
 def parse_config(
     *,
     project: str | None,
@@ -464,6 +498,9 @@ def parse_config(
         template = jobspec.load_template(job_file)
     except jobspec.JobTemplateError as error:
         raise ConfigError(f"{_k('job')}: {job_file_value!r}: {error}") from None
+    shape = catalog.slice_of(tpu.accelerator_type)
+    if shape is not None:
+        _check_slice_job(job_file_value, template, tpu.accelerator_type, shape)
 
     return StackConfig(
         project=project,

@@ -26,6 +26,7 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from infra.catalog import load_catalog
 from infra.config import REPO_ROOT, read_stack_config
 from infra.program import BUILD_DIR, define
 
@@ -169,7 +170,14 @@ class _GcpMocks:
                 nic.setdefault("networkIp", _fake_ip(name, "10.10.0"))
             state |= {"networkInterfaces": nics}
         elif kind == "gcp:tpu/v2Vm:V2Vm":
-            state |= {"networkEndpoints": [{"ipAddress": _fake_ip(name, "10.10.1"), "port": 8470}]}
+            # One endpoint per host: a slice (infra/catalog.yaml) has several, worker 0 first.
+            shape = load_catalog().slice_of(inputs.get("acceleratorType", ""))
+            seeds = [name] + [f"{name}-worker-{i}" for i in range(1, shape.hosts if shape else 1)]
+            state |= {
+                "networkEndpoints": [
+                    {"ipAddress": _fake_ip(seed, "10.10.1"), "port": 8470} for seed in seeds
+                ]
+            }
         elif kind == "random:index/randomBytes:RandomBytes":
             raw = hashlib.sha256(f"mock-random:{args.name}".encode()).digest()
             state |= {"base64": base64.b64encode(raw).decode(), "hex": raw.hex()}

@@ -116,6 +116,7 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             accelerator_type=cfg.tpu.accelerator_type,
             runtime_version=cfg.tpu.runtime_version,
             python_version=cfg.tpu.python_version,
+            hosts=cfg.tpu.hosts,
         ),
     )
     # VMs start after their inputs exist, so a first boot finds payload, job, bucket access
@@ -158,7 +159,13 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             tpu_args.network, tpu_args.subnetwork, tpu_args.service_account_email
         ).apply(
             lambda v: render.render_controller_script(
-                workload, _tpu_watch(tpu_args, *v, release_when_done=cfg.tpu.release_when_done)
+                workload,
+                _tpu_watch(
+                    tpu_args,
+                    *v,
+                    release_when_done=cfg.tpu.release_when_done,
+                    hosts=cfg.tpu.hosts,
+                ),
             )
         )
     else:
@@ -211,6 +218,8 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
     pulumi.export("tpuName", tpu.vm.name)
     pulumi.export("tpuZone", tpu.vm.zone)
     pulumi.export("tpuInternalIp", tpu.internal_ip)
+    # Every host's IP in worker order (one on a single-host type; a slice lists them all).
+    pulumi.export("tpuWorkerIps", tpu.worker_ips)
     pulumi.export("controllerInternalIp", controller.internal_ip)
     pulumi.export("bucketUrl", bucket.url)
     pulumi.export("jobSpecUri", delivery.job_uri)
@@ -225,9 +234,11 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
     # `pulumi up` updates a changed startup script (new payload, new job) in place without
     # running it; run it now instead of waiting for a reboot.
     rerun = "--command 'sudo google_metadata_script_runner startup'"
+    # A slice's hosts all run the startup script: re-run it on every worker.
+    tpu_rerun = ssh["tpuAllWorkers"] if "tpuAllWorkers" in ssh else ssh["tpu"]
     pulumi.export(
         "rerunStartupCommands",
-        {"controller": f"{ssh['controller']} {rerun}", "tpu": f"{ssh['tpu']} {rerun}"},
+        {"controller": f"{ssh['controller']} {rerun}", "tpu": f"{tpu_rerun} {rerun}"},
     )
     # A preempted or spot TPU VM cannot be restarted and holds quota until it is deleted;
     # check its state, and replace it (training resumes from the bucket's checkpoints).
@@ -268,7 +279,7 @@ def ssh_commands(cfg: StackConfig) -> dict[str, str]:
     gcloud's own definitions in tests/infra/data/gcloud_flags.yaml."""
     where = f"--project {cfg.project}"
     tpu = f"compute tpus tpu-vm ssh {cfg.tpu.name} --zone {cfg.tpu.zone} {where}"
-    return {
+    commands = {
         "controller": f"gcloud compute ssh {cfg.prefix}-controller --zone {cfg.tpu.zone} "
         f"{where} --tunnel-through-iap",
         "tpu": f"gcloud alpha {tpu} --tunnel-through-iap",
@@ -276,6 +287,11 @@ def ssh_commands(cfg: StackConfig) -> dict[str, str]:
         "vpnHop": f"gcloud compute ssh {cfg.prefix}-vpn-hop --zone {cfg.vpn.zone} "
         f"{where} --tunnel-through-iap",
     }
+    if cfg.tpu.hosts > 1:
+        # On a slice `tpu` reaches worker 0 (gcloud's default --worker, where the trainer
+        # runs); --worker=all runs a --command on every host.
+        commands["tpuAllWorkers"] = f"gcloud alpha {tpu} --tunnel-through-iap --worker=all"
+    return commands
 
 
 def _tpu_watch(
@@ -285,6 +301,7 @@ def _tpu_watch(
     service_account_email: str,
     *,
     release_when_done: bool,
+    hosts: int = 1,
 ) -> render.TpuWatch:
     """The watchdog recreates the TPU VM from the very arguments of its gcp.tpu.V2Vm."""
     return render.TpuWatch(
@@ -307,4 +324,5 @@ def _tpu_watch(
         metadata=TPU_METADATA,
         startup_script=args.startup_script,
         release_when_done=release_when_done,
+        hosts=hosts,
     )

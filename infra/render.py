@@ -33,6 +33,9 @@ ARCHIVE_DIRS = ("payload",)
 ARCHIVE_PREFIX = "tpu-pretrain-payload"
 
 TENSORBOARD_PORT = 6006
+# TensorFlow's TPU worker (gRPC) on every host of a slice: TPU_TASK_PORT's default in the
+# tensorflow-tpu 2.20.0 wheel's tensorflow/python/tools/grpc_tpu_worker.py.
+TPU_WORKER_PORT = 8470
 OWN_CLIENT_KEY_PLACEHOLDER = "<the private key of the public key you set in vpnClientPublicKey>"
 # The TPU watchdog: a preempted VM is recreated at most once per this interval (a VM that is
 # preempted again at once waits instead of looping), checked every TPU_WATCH_INTERVAL.
@@ -151,6 +154,7 @@ class TpuHost:
     accelerator_type: str
     runtime_version: str  # the base image
     python_version: str  # the image's python3 ("3.10"): the wheelhouse is built for it
+    hosts: int = 1  # > 1: a multi-host slice, one startup script for every host
 
 
 @dataclass(frozen=True)
@@ -240,6 +244,8 @@ def render_tpu_script(workload: Workload) -> str:
         "ACCELERATOR_TYPE": workload.tpu.accelerator_type,
         "RUNTIME_VERSION": workload.tpu.runtime_version,
         "WHEELHOUSE_ROOT": workload.wheelhouse_root,
+        "TPU_HOSTS": str(workload.tpu.hosts),
+        "TPU_WORKER_PORT": str(TPU_WORKER_PORT),
     }
     return _script("tpu", values, "tpu-install.sh", "tpu.sh")
 
@@ -273,6 +279,7 @@ class TpuWatch:
     metadata: Mapping[str, str]  # everything but the startup script (passed as a file)
     startup_script: str
     release_when_done: bool = False  # delete the TPU VM once the job's export is complete
+    hosts: int = 1  # a slice: one node of several hosts, deleted and recreated as one
 
     @property
     def queued_resource(self) -> str:
@@ -318,6 +325,7 @@ class TpuWatch:
             + jobspec.watch_lease_object_name(workload.job_name),
             "EXPORT_MARKER_URI": jobspec.export_marker_uri(workload.bucket, workload.job_name),
             "RELEASE_WHEN_DONE": "true" if self.release_when_done else "false",
+            "TPU_HOSTS": str(self.hosts),
         }
 
 

@@ -80,6 +80,15 @@ class TpuVm(pulumi.ComponentResource):
         self.internal_ip = self.vm.network_endpoints.apply(
             lambda endpoints: endpoints[0].ip_address if endpoints else None
         )
+        # One endpoint per host, in worker order (a slice has several; worker 0 first).
+        self.worker_ips = self.vm.network_endpoints.apply(
+            lambda endpoints: [endpoint.ip_address for endpoint in endpoints or []]
+        )
         self.register_outputs(
-            {"name": self.vm.name, "zone": self.vm.zone, "internalIp": self.internal_ip}
+            {
+                "name": self.vm.name,
+                "zone": self.vm.zone,
+                "internalIp": self.internal_ip,
+                "workerIps": self.worker_ips,
+            }
         )

@@ -103,14 +103,19 @@ apt_install() {
 }
 
 # Bootstrap status next to the payload's own status.json: gs://…/runs/<job>/bootstrap/<role>.json
+# (STATUS_NAME instead of the role when set: each host of a slice has its own,
+# tpu-worker-<i>.json, which also names the host's worker index and the slice's worker IPs).
 write_status() {
-  local state="$1" message="$2" file
+  local state="$1" message="$2" file slice=""
   file="$(mktemp)"
-  printf '{"role": "%s", "host": "%s", "state": "%s", "message": "%s", "payload_sha256": "%s", "updated_at": "%s"}\n' \
+  if [ -n "${WORKER:-}" ]; then
+    slice="$(printf ', "worker": "%s", "slice": "%s"' "${WORKER}" "${SLICE_IPS:-}")"
+  fi
+  printf '{"role": "%s", "host": "%s", "state": "%s", "message": "%s", "payload_sha256": "%s", "updated_at": "%s"%s}\n' \
     "${ROLE}" "$(hostname)" "${state}" "${message//\"/\'}" "${PAYLOAD_SHA256:-}" \
-    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"${file}"
+    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${slice}" >"${file}"
   log "status ${state}: ${message}"
-  retry_gcloud gcs cp "${file}" "${RUN_ROOT}/bootstrap/${ROLE}.json" \
+  retry_gcloud gcs cp "${file}" "${RUN_ROOT}/bootstrap/${STATUS_NAME:-${ROLE}}.json" \
     || log "could not write status ${state}"
   rm -f "${file}"
 }

@@ -19,6 +19,10 @@
 # - It only ever creates a VM it deleted itself (the pending marker); a VM deleted by hand or
 #   by Pulumi is left alone, and a VM that exists again (created by Pulumi or the queue) ends
 #   the recovery. A VM is recreated at most once per MIN_RECREATE_SECONDS.
+# A multi-host slice (TPU_HOSTS > 1) is one TPU node: the same single delete and create (the
+# node's --accelerator-type, e.g. v4-32) replace every host at once; each new host's startup
+# script installs the payload again and worker 0 resumes from the checkpoints once every
+# host's TPU worker reports ready.
 # Status: gs://…/runs/<job>/bootstrap/tpu-watch.json.
 readonly WATCH_DIR="${APP_DIR}/tpu-watch"
 readonly STARTUP_FILE="${WATCH_DIR}/tpu-startup.sh"
@@ -28,6 +32,11 @@ readonly NEXT_ATTEMPT="${WATCH_DIR}/next-attempt"  # preemptible: no create befo
 readonly METADATA_URL="http://metadata.google.internal/computeMetadata/v1/instance/attributes/startup-script"
 readonly WHERE=(--zone "${TPU_ZONE}" --project "${PROJECT}")
 readonly MODE="${1:-tick}"
+if [ "${TPU_HOSTS}" -gt 1 ]; then
+  readonly WHAT="${TPU_NAME} (the whole ${TPU_HOSTS}-host ${ACCELERATOR_TYPE} slice, one node)"
+else
+  readonly WHAT="${TPU_NAME}"
+fi
 
 # {"tpu_state": seen, "action": taken, "message", "last_recreate_at", "updated_at"}
 watch_status() {
@@ -148,6 +157,20 @@ node_flags() {
   fi
 }
 
+# A slice's hosts are gone with its node: overwrite each host's status, so that worker 0 of
+# the next slice never takes an earlier `ready` (same IPs again) for its own workers.
+workers_gone() {
+  local state="$1" i file
+  file="$(mktemp)"
+  for ((i = 0; i < TPU_HOSTS; i++)); do
+    printf '{"role": "tpu", "host": "", "state": "recreating", "message": "the %s slice was deleted by the watchdog (%s); this host comes back with the new slice", "worker": "%s", "slice": "", "updated_at": "%s"}\n' \
+      "${ACCELERATOR_TYPE}" "${state}" "${i}" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"${file}"
+    retry_gcloud gcloud storage cp --quiet "${file}" "${RUN_ROOT}/bootstrap/tpu-worker-${i}.json" \
+      || log "could not reset the status of worker ${i}"
+  done
+  rm -f "${file}"
+}
+
 # Preemptible: `tpu-vm create --preemptible`; without capacity, wait CAPACITY_BACKOFF_FIRST
 # seconds, doubling up to CAPACITY_BACKOFF_MAX, and exit 0 (waiting is not a failure).
 create_directly() {
@@ -162,7 +185,7 @@ create_directly() {
   fi
   check_startup_file || return 1
   node_flags
-  watch_status MISSING creating "creating ${TPU_NAME} (${ACCELERATOR_TYPE}, ${SCHEDULING})"
+  watch_status MISSING creating "creating ${WHAT} (${ACCELERATOR_TYPE}, ${SCHEDULING})"
   if ! gcloud_once compute tpus tpu-vm create "${TPU_NAME}" "${WHERE[@]}" \
     --version "${RUNTIME_VERSION}" "${NODE_FLAGS[@]}" --preemptible; then
     if err_is_capacity; then
@@ -177,7 +200,7 @@ create_directly() {
   fi
   date -u +%s >"${LAST_CREATE}"
   rm -f "${PENDING}" "${NEXT_ATTEMPT}"
-  watch_status CREATED recreated "${TPU_NAME} recreated; its startup script installs the payload and training resumes from the checkpoints"
+  watch_status CREATED recreated "${WHAT} recreated; its startup script installs the payload and training resumes from the checkpoints"
 }
 
 # Spot and on-demand: wait in the queued resource, which creates the node ${TPU_NAME} when
@@ -199,7 +222,7 @@ create_queued() {
         return 1
       fi
       date -u +%s >"${LAST_CREATE}"
-      watch_status MISSING queued "queued ${QUEUED_RESOURCE} for ${TPU_NAME} (${ACCELERATOR_TYPE}, ${SCHEDULING}); the node is created when capacity frees up"
+      watch_status MISSING queued "queued ${QUEUED_RESOURCE} for ${WHAT} (${ACCELERATOR_TYPE}, ${SCHEDULING}); the node is created when capacity frees up"
       ;;
     *)
       watch_status MISSING queued "waiting in ${QUEUED_RESOURCE} (${qr}) for ${TPU_NAME}"
@@ -323,6 +346,9 @@ case "${state}" in
       "${WHERE[@]}" --quiet && ! err_is_not_found; then
       watch_status "${state}" delete-failed "delete failed, retrying on the next tick: $(last_error)"
       exit 1
+    fi
+    if [ "${TPU_HOSTS}" -gt 1 ]; then
+      workers_gone "${state}"
     fi
     qr=MISSING
     ;;

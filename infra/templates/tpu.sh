@@ -72,6 +72,141 @@ trainer_stopped() {
   esac
 }
 
+# ---- a multi-host slice (TPU_HOSTS > 1): one script for every host, branching on the
+# worker index. Every host installs the same environment and runs TensorFlow's TPU worker
+# (gRPC, TPU_WORKER_PORT); worker 0 also runs the trainer, once every worker is ready.
+WORKER=""  # this host's index in the slice (metadata agent-worker-number); empty on one host
+SLICE_IPS=""  # every host's internal IP, in worker order
+SLICE_NOTE=""  # set when the node's host count differs from the catalog's
+STATUS_NAME=""  # bootstrap status object: tpu-worker-<i> on a slice, the role otherwise
+readonly METADATA_ATTRIBUTES="http://metadata.google.internal/computeMetadata/v1/instance/attributes"
+
+# One instance attribute of this TPU VM; retried (the metadata server can lag a fresh boot).
+metadata_attr() {
+  local key="$1" attempt=1 value
+  while ! value="$(curl -fsS -H 'Metadata-Flavor: Google' "${METADATA_ATTRIBUTES}/${key}" 2>/dev/null)"; do
+    if [ "${attempt}" -ge "${RETRY_ATTEMPTS}" ]; then
+      log "metadata ${key}: not readable after ${attempt} attempts"
+      return 1
+    fi
+    log "metadata ${key} not readable yet (attempt ${attempt}/${RETRY_ATTEMPTS}); retrying in 5s"
+    sleep 5
+    attempt=$((attempt + 1))
+  done
+  printf '%s\n' "${value}"
+}
+
+# This host's worker index and the slice's worker IPs. The TPU VM's metadata names both:
+# agent-worker-number, and worker-network-endpoints, one comma-separated entry per worker
+# whose third ':' field is its IP (tensorflow-tpu 2.20.0 grpc_tpu_worker.py reads the same
+# attributes the same way, and so does jax's cloud_tpu_cluster.py).
+read_slice() {
+  local endpoints entry ip ips=()
+  if ! WORKER="$(metadata_attr agent-worker-number)" \
+    || ! endpoints="$(metadata_attr worker-network-endpoints)"; then
+    WORKER=""
+    write_status failed "a host of the ${ACCELERATOR_TYPE} slice cannot read its worker number or the worker endpoints from the metadata server; the startup script runs again in 30 min"
+    schedule_rerun
+    exit 1
+  fi
+  IFS=',' read -r -a entries <<<"${endpoints}"
+  for entry in "${entries[@]}"; do
+    ip="$(cut -d: -f3 <<<"${entry}")"
+    if ! [[ "${ip}" =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]]; then
+      ips=()
+      break
+    fi
+    ips+=("${ip}")
+  done
+  if ! [[ "${WORKER}" =~ ^[0-9]+$ ]] || [ "${#ips[@]}" -lt 2 ] \
+    || [ "${WORKER}" -ge "${#ips[@]}" ]; then
+    local seen="${WORKER}"
+    WORKER=""
+    write_status failed "metadata does not describe a multi-host ${ACCELERATOR_TYPE} slice: agent-worker-number '${seen}', worker-network-endpoints '${endpoints}'"
+    exit 1
+  fi
+  SLICE_IPS="$(IFS=','; echo "${ips[*]}")"
+  STATUS_NAME="tpu-worker-${WORKER}"
+  # The node's own endpoint list is the truth; the catalog's host count is what we expect.
+  SLICE_NOTE=""
+  if [ "${#ips[@]}" -ne "${TPU_HOSTS}" ]; then
+    SLICE_NOTE=" (the catalog expects ${TPU_HOSTS} hosts for ${ACCELERATOR_TYPE}, the node has ${#ips[@]}: going by the node; please correct infra/catalog.yaml)"
+  fi
+  log "worker ${WORKER} of a ${#ips[@]}-host slice (workers ${SLICE_IPS})${SLICE_NOTE}"
+}
+
+# The workers' endpoints in worker order, the trainer's TPU_NAME (payload/strategy.py).
+slice_tpu_name() {
+  local ip out=""
+  IFS=',' read -r -a ips <<<"${SLICE_IPS}"
+  for ip in "${ips[@]}"; do
+    out="${out:+${out},}grpc://${ip}:${TPU_WORKER_PORT}"
+  done
+  echo "${out}"
+}
+
+# shellcheck disable=SC2016  # $0/$1 belong to the inner bash
+port_open() {
+  timeout 2 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$1" "$2" 2>/dev/null
+}
+
+# The TPU worker unit's ExecStartPost: ready once the local gRPC port accepts connections.
+worker_ready() {
+  local waited=0
+  while ! port_open 127.0.0.1 "${TPU_WORKER_PORT}"; do
+    if [ "${waited}" -ge 600 ]; then
+      STATUS_NAME="tpu-worker-${WORKER}" write_status failed "TPU worker ${WORKER} does not accept connections on port ${TPU_WORKER_PORT} after ${waited}s (journalctl -u tpu-pretrain-tpu-worker); systemd restarts it"
+      return 1
+    fi
+    sleep 5
+    waited=$((waited + 5))
+  done
+  STATUS_NAME="tpu-worker-${WORKER}" write_status ready "TPU worker ${WORKER} serves on port ${TPU_WORKER_PORT}"
+}
+
+worker_stopped() {
+  STATUS_NAME="tpu-worker-${WORKER}" write_status restarting "TPU worker ${WORKER} ended (${SERVICE_RESULT:-unknown}, exit ${EXIT_STATUS:-none}); systemd restarts it in 10s"
+}
+
+# Worker 0's trainer starts once every host's status says ready for this very slice (the
+# same worker IPs: a status left by a slice before a recreation does not count).
+wait_workers() {
+  local waited=0 i dir file state reason previous="" waiting hosts
+  hosts="$(tr ',' '\n' <<<"${SLICE_IPS}" | wc -l)"
+  gcs_cli
+  dir="$(mktemp -d)"
+  while true; do
+    waiting=""
+    for ((i = 0; i < hosts; i++)); do
+      file="${dir}/tpu-worker-${i}.json"
+      rm -f "${file}"
+      if ! gcs cp "${RUN_ROOT}/bootstrap/tpu-worker-${i}.json" "${file}" >/dev/null 2>&1; then
+        state="no status yet"
+      elif ! grep -qF "\"slice\": \"${SLICE_IPS}\"" "${file}"; then
+        state="status of an earlier slice"
+      else
+        state="$(sed -n 's/.*"state": "\([a-z-]*\)".*/\1/p' "${file}")"
+      fi
+      if [ "${state}" != ready ]; then
+        waiting="${waiting:+${waiting}, }${i} (${state:-unknown})"
+      fi
+    done
+    if [ -z "${waiting}" ]; then
+      rm -rf "${dir}"
+      write_status starting "all ${hosts} TPU workers are ready after ${waited}s; the trainer starts"
+      return 0
+    fi
+    reason="waiting for the slice's TPU workers: ${waiting} (see ${RUN_ROOT}/bootstrap/tpu-worker-<i>.json)"
+    log "${reason}, ${waited}s so far"
+    if [ "${reason}" != "${previous}" ]; then
+      write_status waiting "${reason}"
+      previous="${reason}"
+    fi
+    sleep 30
+    waited=$((waited + 30))
+  done
+}
+
 install_helper() {
   local body sdk_path="" tool
   # systemd's PATH need not contain the image's SDK (e.g. /snap/bin): pin where it is now.
@@ -86,15 +221,105 @@ set -Euo pipefail
 export PATH=${sdk_path}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 $(declare -p SANDBOX_ROOT APP_DIR RETRY_ATTEMPTS LOG_TAG CONSOLE TRANSIENT_ERRORS)
 $(declare -p ROLE RUN_ROOT MANIFEST_URI STATUS_URI PAYLOAD_SHA256)
+$(declare -p TPU_HOSTS TPU_WORKER_PORT WORKER SLICE_IPS)
 GCS_CLI=''
+STATUS_NAME=''
 $(declare -f log retry_gcloud gcs_cli gcs write_status wait_manifest trainer_stopped)
+$(declare -f port_open worker_ready worker_stopped wait_workers)
 case \"\${1:-}\" in
   wait-manifest) wait_manifest ;;
+  wait-workers) wait_workers ;;
   stopped) trainer_stopped ;;
-  *) echo \"usage: \$0 wait-manifest|stopped\" >&2; exit 2 ;;
+  worker-ready) worker_ready ;;
+  worker-stopped) worker_stopped ;;
+  *) echo \"usage: \$0 wait-manifest|wait-workers|stopped|worker-ready|worker-stopped\" >&2; exit 2 ;;
 esac"
   if write_if_changed "${HELPER}" 0755 "${body}"; then
     log "helper ${HELPER} installed"
+  fi
+}
+
+# A slice host: TensorFlow's TPU worker on every host (the tensorflow-tpu wheel's console
+# script start_grpc_tpu_worker = tensorflow/python/tools/grpc_tpu_worker.py, which reads
+# agent-worker-number, accelerator-type and worker-network-endpoints from the metadata server
+# itself and serves on TPU_TASK_PORT); on worker 0 also the trainer, as a TPUStrategy client
+# of every worker: TPU_NAME=grpc://<ip0>:8470,... in worker order and TPU_LOAD_LIBRARY=0
+# (the local TPU worker owns this host's chips), without the single-host PJRT variables
+# (payload/strategy.py refuses TF_PLUGGABLE_DEVICE_LIBRARY_PATH on a slice).
+slice_units() {
+  local units=(tpu-pretrain-tpu-worker.service)
+  if [ ! -x "${APP_DIR}/venv/bin/start_grpc_tpu_worker" ]; then
+    write_status failed "the installed tensorflow-tpu has no start_grpc_tpu_worker (the TPU worker of a slice); check requirements/tpu-vm.txt"
+    exit 1
+  fi
+  # The -pod TF images run the TPU worker in a `tpu-runtime` service on the same port
+  # (tensorflow/tpu tools/grpc_tpu_worker/README.md stops it first); the base images are not
+  # known to have it: stop it only where it exists.
+  if systemctl cat tpu-runtime.service >/dev/null 2>&1; then
+    log "stopping tpu-runtime.service (it would hold port ${TPU_WORKER_PORT})"
+    systemctl disable --now tpu-runtime.service || log "could not stop tpu-runtime.service"
+  fi
+  # TPU_LIBRARY_PATH: the libtpu the worker loads (TensorFlow's FindAndLoadTpuLibrary reads
+  # it; without it TF looks next to its own wheel).
+  install_unit tpu-pretrain-tpu-worker.service "[Unit]
+Description=tpu-pretrain TensorFlow TPU worker ${WORKER} (gRPC port ${TPU_WORKER_PORT})
+Wants=network-online.target
+After=network-online.target
+StartLimitIntervalSec=0
+
+[Service]
+Type=simple
+SyslogIdentifier=tpu-pretrain-tpu-worker
+Environment=PYTHONUNBUFFERED=1
+Environment=TPU_TASK_PORT=${TPU_WORKER_PORT}
+Environment=TPU_LIBRARY_PATH=${libtpu_path}
+ExecStart=/opt/tpu-pretrain/venv/bin/start_grpc_tpu_worker
+ExecStartPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper worker-ready
+ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper worker-stopped
+Restart=always
+RestartSec=10
+TimeoutStartSec=900
+
+[Install]
+WantedBy=multi-user.target"
+  if [ "${WORKER}" = 0 ]; then
+    install_unit tpu-pretrain-train.service "[Unit]
+Description=tpu-pretrain trainer for job ${JOB_NAME} (worker 0 of the ${ACCELERATOR_TYPE} slice)
+Wants=network-online.target tpu-pretrain-tpu-worker.service
+After=network-online.target tpu-pretrain-tpu-worker.service
+StartLimitIntervalSec=0
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+SyslogIdentifier=tpu-pretrain-train
+Environment=PYTHONUNBUFFERED=1
+Environment=TF_USE_LEGACY_KERAS=1
+Environment=WRAPT_DISABLE_EXTENSIONS=true
+Environment=FORCE_TF_AVAILABLE=1
+Environment=TPU_NAME=$(slice_tpu_name)
+Environment=TPU_LOAD_LIBRARY=0
+Environment=TPU_PRETRAIN_ACCELERATOR_TYPE=${ACCELERATOR_TYPE}
+Environment=TPU_PRETRAIN_RUNTIME_VERSION=${RUNTIME_VERSION}
+ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-manifest
+ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-workers
+ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload train --job ${JOB_URI}
+ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper stopped
+Restart=on-failure
+RestartSec=60
+RestartPreventExitStatus=2
+TimeoutStartSec=infinity
+
+[Install]
+WantedBy=multi-user.target"
+    units+=(tpu-pretrain-train.service)
+  fi
+  log "step 4/4: start"
+  start_units "${units[@]}"
+  if [ "${WORKER}" = 0 ]; then
+    write_status started "TPU worker and trainer units started; the trainer waits for ${MANIFEST_URI} and for every worker's TPU server"
+  else
+    write_status started "TPU worker unit started; worker 0 trains once every worker is ready"
   fi
 }
 
@@ -102,13 +327,23 @@ esac"
 trap '[ -n "${FAILED_AT:-}" ] || { FAILED_AT="${LINENO}"; write_status failed "startup script failed at line ${LINENO}"; }' ERR
 log "step 1/4: checks (runtime ${RUNTIME_VERSION}, accelerator ${ACCELERATOR_TYPE})"
 gcs_cli
-write_status starting "startup script started on ${ACCELERATOR_TYPE} (${RUNTIME_VERSION})"
+if [ "${TPU_HOSTS}" -gt 1 ]; then
+  read_slice
+  write_status starting "startup script started on worker ${WORKER} of the ${ACCELERATOR_TYPE} slice, workers ${SLICE_IPS} (${RUNTIME_VERSION})${SLICE_NOTE}"
+else
+  write_status starting "startup script started on ${ACCELERATOR_TYPE} (${RUNTIME_VERSION})"
+fi
 check_python
 log "step 2/4: payload install"
 install_payload
 log "step 3/4: trainer unit"
 libtpu_path="/opt/tpu-pretrain/venv/$(tpu_libtpu_path "${APP_DIR}/venv")"
 install_helper
+
+if [ "${TPU_HOSTS}" -gt 1 ]; then
+  slice_units
+  exit 0
+fi
 
 # The trainer waits for the controller's data manifest, then trains; on failure systemd
 # restarts it and it resumes from the last checkpoint in the bucket; exit 2 (a user error,

@@ -296,3 +296,87 @@ def test_release_when_done_needs_the_watchdog():
     assert config_error("v6e-euw4", {K + "tpuReleaseWhenDone": "maybe"}) == (
         "tpu-pretrain:tpuReleaseWhenDone: 'maybe' must be true or false"
     )
+
+
+def test_the_catalog_lists_multi_host_slices_with_hosts_and_chips():
+    """Hosts x chips per host: cloud.google.com/tpu/docs/v4, /v5e, /v5p (catalog.yaml)."""
+    catalog = load_catalog()
+    shapes = {
+        name: (shape.hosts, shape.chips_per_host, shape.replicas)
+        for name, shape in catalog.slices.items()
+    }
+    assert shapes == {"v4-32": (4, 4, 16), "v5litepod-16": (4, 4, 16), "v5p-16": (2, 4, 8)}
+    assert catalog.slice_of("v4-8") is None
+    assert "v4-32" in catalog.zones["us-central2-b"]
+    assert catalog.generation_of("v4-32").images[0] == "v2-alpha-tpuv5"
+    assert catalog.generation_of("v5litepod-16").images[0] == "v2-alpha-tpuv5-lite"
+    assert catalog.generation_of("v5p-16").images[0] == "v2-alpha-tpuv5"
+
+
+def test_the_catalog_refuses_a_slice_of_one_host(tmp_path):
+    text = (ROOT / "infra/catalog.yaml").read_text()
+    bad = tmp_path / "catalog.yaml"
+    bad.write_text(text.replace("v5p-16: {hosts: 2,", "v5p-16: {hosts: 1,"))
+    with pytest.raises(ValueError, match="slice v5p-16 needs hosts >= 2"):
+        load_catalog(bad)
+
+
+def test_a_slice_stack_knows_its_hosts():
+    cfg = parse_config(
+        project="my-project-123",
+        stack="v4-32-usc2",
+        values={
+            key.removeprefix(K): value
+            for key, value in yaml.safe_load((ROOT / "stacks/Pulumi.v4-32-usc2.yaml").read_text())[
+                "config"
+            ].items()
+        },
+    )
+    assert (cfg.tpu.accelerator_type, cfg.tpu.hosts, cfg.tpu.chips_per_host) == ("v4-32", 4, 4)
+    assert cfg.job_name == "bert-base-mlm"
+
+
+def _job(tmp_path: Path, batch: int | None) -> str:
+    template = yaml.safe_load((ROOT / "stacks/jobs/bert-base-mlm.yaml").read_text())
+    if batch is None:
+        del template["train"]["global_batch_size"]
+    else:
+        template["train"]["global_batch_size"] = batch
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(template))
+    return str(path)
+
+
+def test_a_slice_refuses_a_global_batch_that_does_not_split_over_its_replicas(tmp_path):
+    job = _job(tmp_path, 100)
+    assert config_error("v4-32-usc2", {K + "job": job}) == (
+        f"tpu-pretrain:job: {job!r}: train.global_batch_size 100 must be a multiple of the 16 "
+        "replicas of v4-32 (4 hosts x 4 chips); e.g. 96 or 112"
+    )
+    # v5p-16 has 2 hosts x 4 chips: 100 is no multiple of 8 either.
+    message = config_error(
+        "v4-32-usc2",
+        {
+            K + "job": job,
+            K + "tpuZone": "us-east5-a",
+            K + "acceleratorType": "v5p-16",
+            K + "vpnZone": "asia-northeast3-a",
+        },
+    )
+    assert message.endswith(
+        "must be a multiple of the 8 replicas of v5p-16 (2 hosts x 4 chips); e.g. 96 or 104"
+    )
+
+
+def test_a_slice_takes_the_payloads_default_batch_and_single_hosts_are_not_checked(tmp_path):
+    # No train.global_batch_size: the payload's default 32 is a multiple of 16.
+    run_stack("v4-32-usc2", {K + "job": _job(tmp_path, None)})
+    # One host: infra leaves the batch to the payload (it knows the replicas it finds).
+    run_stack("v4-usc2", {K + "job": _job(tmp_path, 100)})
+
+
+def test_a_slice_type_is_refused_where_the_zone_does_not_offer_it():
+    assert config_error("v4-32-usc2", {K + "acceleratorType": "v5p-16"}) == (
+        "tpu-pretrain:acceleratorType: 'v5p-16' is not offered in us-central2-b; offered "
+        "there: v4-8, v4-32"
+    )

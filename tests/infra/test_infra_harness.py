@@ -20,7 +20,7 @@ def comparable(resources):
 
 
 def test_stack_names_come_from_the_stacks_folder():
-    assert stack_names() == ["v2-usc1", "v3-euw4", "v4-usc2", "v5e-euw4", "v6e-euw4"]
+    assert stack_names() == ["v2-usc1", "v3-euw4", "v4-32-usc2", "v4-usc2", "v5e-euw4", "v6e-euw4"]
 
 
 def test_every_stack_runs_twice_with_the_same_result():

@@ -30,6 +30,7 @@ EXPECTED = {
     "v3-euw4": ("europe-west4-a", "v3-8", "v2-alpha-tpuv5", (False, False), False),
     "v2-usc1": ("us-central1-f", "v2-8", "v2-alpha-tpuv5", (True, False), False),
     "v4-usc2": ("us-central2-b", "v4-8", "v2-alpha-tpuv5", (False, False), True),
+    "v4-32-usc2": ("us-central2-b", "v4-32", "v2-alpha-tpuv5", (False, True), True),
     "v5e-euw4": ("europe-west4-b", "v5litepod-8", "v2-alpha-tpuv5-lite", (False, True), True),
     "v6e-euw4": ("europe-west4-a", "v6e-8", "v2-alpha-tpuv6e", (False, True), True),
 }
@@ -413,9 +414,11 @@ def test_stack_outputs(run):
     )
     assert "--tunnel-through-iap" in exports["sshCommands"]["controller"]
     assert exports["vpnEndpoint"].endswith(":51820")
-    assert exports["rerunStartupCommands"]["tpu"] == (
-        exports["sshCommands"]["tpu"] + " --command 'sudo google_metadata_script_runner startup'"
-    )
+    if run.stack != "v4-32-usc2":
+        assert exports["rerunStartupCommands"]["tpu"] == (
+            exports["sshCommands"]["tpu"]
+            + " --command 'sudo google_metadata_script_runner startup'"
+        )
     vm = one(run.resources, V2VM)
     assert exports["tpuRecovery"]["replace"] == f"pulumi up --replace '{vm.urn}'"
     watchdog = exports["tpuRecovery"]["watchdog"]
@@ -430,6 +433,21 @@ def test_stack_outputs(run):
         f"gcloud compute tpus tpu-vm describe tp-{run.stack}-tpu --zone {zone} "
     )
     assert run.secret_exports == {"vpnClientConfig"}
+    # Every host's IP, worker 0 (the internal IP above) first.
+    hosts = 4 if run.stack == "v4-32-usc2" else 1
+    assert len(exports["tpuWorkerIps"]) == len(set(exports["tpuWorkerIps"])) == hosts
+    assert exports["tpuWorkerIps"][0] == exports["tpuInternalIp"]
+    if hosts > 1:
+        # Worker 0 by default; --worker=all for the startup script that every host runs.
+        assert exports["sshCommands"]["tpuAllWorkers"] == (
+            exports["sshCommands"]["tpu"] + " --worker=all"
+        )
+        assert exports["rerunStartupCommands"]["tpu"] == (
+            exports["sshCommands"]["tpu"]
+            + " --worker=all --command 'sudo google_metadata_script_runner startup'"
+        )
+    else:
+        assert "tpuAllWorkers" not in exports["sshCommands"]
 
 
 def test_tpu_recovery_least_privilege(run):

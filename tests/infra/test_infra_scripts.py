@@ -178,7 +178,9 @@ if [ "$1" = "-c" ]; then
 fi
 if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
   mkdir -p "$3/bin"
-  for tool in pip tpu-payload tensorboard python; do cp "$STUB_DIR/recorder" "$3/bin/$tool"; done
+  for tool in pip tpu-payload tensorboard python start_grpc_tpu_worker; do
+    cp "$STUB_DIR/recorder" "$3/bin/$tool"
+  done
   if [ -n "${STUB_VENV_PYTHON:-}" ]; then
     printf '#!/bin/sh\nexec %s "$@"\n' "$STUB_VENV_PYTHON" >"$3/bin/python"
   fi
@@ -211,6 +213,11 @@ fi
 """,
     "sleep": r"""
 echo "sleep $*" >>"$CALLS"
+# What changes while the script sleeps (e.g. other hosts report ready): run it once.
+if [ -f "$STATE/on-sleep" ]; then
+  bash "$STATE/on-sleep"
+  rm -f "$STATE/on-sleep"
+fi
 if [ -n "${CREATE_ON_SLEEP:-}" ]; then
   mkdir -p "$(dirname "$CREATE_ON_SLEEP")"
   touch "$CREATE_ON_SLEEP"
@@ -234,6 +241,23 @@ case " $* " in *" wireguard-tools "*) cp "$STUB_DIR/recorder" "$STUB_DIR/wg" ;; 
 """
 STUBS["curl"] = r"""
 echo "curl $*" >>"$CALLS"
+# A TPU VM's instance attributes: $STATE/md/<key> (the first FAIL_FIRST_METADATA reads fail).
+key="${*: -1}"
+key="${key##*/}"
+if [ -d "$STATE/md" ] && [ "$key" != startup-script ]; then
+  n="$(cat "$STATE/md-fails" 2>/dev/null || echo 0)"
+  if [ "$n" -lt "${FAIL_FIRST_METADATA:-0}" ]; then
+    echo $((n + 1)) >"$STATE/md-fails"
+    echo "curl: (7) Failed to connect to metadata.google.internal port 80" >&2
+    exit 7
+  fi
+  if [ ! -f "$STATE/md/$key" ]; then
+    echo "curl: (22) The requested URL returned error: 404" >&2
+    exit 22
+  fi
+  cat "$STATE/md/$key"
+  exit 0
+fi
 # The metadata server: $STATE/metadata is this VM's startup-script attribute.
 [ -f "$STATE/metadata" ] || { echo "curl: (7) Failed to connect" >&2; exit 7; }
 cat "$STATE/metadata"
@@ -678,6 +702,7 @@ def _watchdog_of(run) -> str:
     [
         ("v2-usc1", None),
         ("v6e-euw4", None),
+        ("v4-32-usc2", None),  # a slice
         ("v3-euw4", {"tpu-pretrain:tpuAutoRecover": True, "tpu-pretrain:tpuExternalIp": True}),
     ],
 )
@@ -1411,3 +1436,313 @@ def test_steps_are_mirrored_to_the_serial_console_and_the_journal(stack_run, san
     ]
     journal = (sandbox.state / "journal").read_text().splitlines()
     assert "logger -t tpu-pretrain -- [tpu] step 4/4: start" in journal
+
+
+# --- a multi-host slice: one startup script, every host ----------------------------------
+SLICE_IPS = ("10.10.0.2", "10.10.0.3", "10.10.0.4", "10.10.0.5")
+
+
+@pytest.fixture(scope="module")
+def slice_run():
+    return run_offline("v4-32-usc2")
+
+
+def _as_worker(sandbox: Sandbox, worker: object, ips: tuple[str, ...] = SLICE_IPS) -> None:
+    """This sandbox's metadata server: a host of a v4-32 slice (4 hosts)."""
+    md = sandbox.state / "md"
+    md.mkdir(exist_ok=True)
+    (md / "agent-worker-number").write_text(f"{worker}\n")
+    # One entry per worker, the IP in the third ':' field (grpc_tpu_worker.py, jax).
+    (md / "worker-network-endpoints").write_text(
+        ",".join(f"unknown:unknown:{ip}" for ip in ips) + "\n"
+    )
+    (md / "accelerator-type").write_text("v4-32\n")
+
+
+def _slice_status(sandbox: Sandbox, bucket: str, name: str) -> dict:
+    return json.loads(
+        (sandbox.gcs / bucket / f"runs/bert-base-mlm/bootstrap/{name}.json").read_text()
+    )
+
+
+def test_a_slice_worker_runs_the_tpu_worker_only_and_is_idempotent(slice_run, sandbox):
+    bucket, _ = _publish_payload(slice_run, sandbox)
+    script = _script(slice_run, "tpu-vm")
+    _as_worker(sandbox, 1)
+
+    first = sandbox.run(script)
+    assert first.returncode == 0, first.stderr
+    calls = sandbox.calls
+    # Every host installs the same environment.
+    assert [c for c in calls if c.startswith("pip install --quiet --no-deps tf_keras")]
+    unit_dir = sandbox.root / "etc/systemd/system"
+    assert [p.name for p in unit_dir.iterdir()] == ["tpu-pretrain-tpu-worker.service"]
+    unit = (unit_dir / "tpu-pretrain-tpu-worker.service").read_text()
+    assert "ExecStart=/opt/tpu-pretrain/venv/bin/start_grpc_tpu_worker\n" in unit
+    assert "ExecStartPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper worker-ready\n" in unit
+    assert "ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper worker-stopped\n" in unit
+    assert "Restart=always\n" in unit
+    assert unit_environment(unit) == {
+        "PYTHONUNBUFFERED": "1",
+        "TPU_TASK_PORT": "8470",
+        "TPU_LIBRARY_PATH": "/opt/tpu-pretrain/venv/lib/python3.10/site-packages/libtpu/libtpu.so",
+    }
+    assert "systemctl enable --quiet tpu-pretrain-tpu-worker.service" in calls
+    assert "systemctl restart --no-block tpu-pretrain-tpu-worker.service" in calls
+    assert not [c for c in calls if "tpu-pretrain-train" in c]
+    status = _slice_status(sandbox, bucket, "tpu-worker-1")
+    assert status["state"] == "started" and status["worker"] == "1"
+    assert status["slice"] == ",".join(SLICE_IPS)
+    # The trainer's status (worker 0's) is not touched by another host.
+    assert not (sandbox.gcs / bucket / "runs/bert-base-mlm/bootstrap/tpu.json").exists()
+
+    second = sandbox.run(script)
+    assert second.returncode == 0, second.stderr
+    calls = sandbox.calls
+    assert not [c for c in calls if c.startswith(("pip ", "python3 -m venv"))]
+    assert "systemctl daemon-reload" not in calls
+    assert "systemctl start --no-block tpu-pretrain-tpu-worker.service" in calls
+    assert not [c for c in calls if "restart" in c]
+    assert (unit_dir / "tpu-pretrain-tpu-worker.service").read_text() == unit
+
+
+def test_slice_worker_0_also_runs_the_trainer_against_every_worker(slice_run, sandbox):
+    bucket, _ = _publish_payload(slice_run, sandbox)
+    script = _script(slice_run, "tpu-vm")
+    _as_worker(sandbox, 0)
+
+    first = sandbox.run(script)
+    assert first.returncode == 0, first.stderr
+    unit_dir = sandbox.root / "etc/systemd/system"
+    assert sorted(p.name for p in unit_dir.iterdir()) == [
+        "tpu-pretrain-tpu-worker.service",
+        "tpu-pretrain-train.service",
+    ]
+    train = (unit_dir / "tpu-pretrain-train.service").read_text()
+    assert (
+        f"ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload train --job gs://{bucket}/jobs/"
+        "bert-base-mlm.json\n" in train
+    )
+    # The manifest first, then every worker's TPU server.
+    assert re.findall(r"^ExecStartPre=(.*)$", train, re.MULTILINE) == [
+        "/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-manifest",
+        "/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-workers",
+    ]
+    assert "After=network-online.target tpu-pretrain-tpu-worker.service\n" in train
+    # payload/strategy.py slice_target: grpc:// endpoints in worker order, TPU_LOAD_LIBRARY=0,
+    # and none of the single-host PJRT variables.
+    assert unit_environment(train) == {
+        "PYTHONUNBUFFERED": "1",
+        "TF_USE_LEGACY_KERAS": "1",
+        "WRAPT_DISABLE_EXTENSIONS": "true",
+        "FORCE_TF_AVAILABLE": "1",
+        "TPU_NAME": ",".join(f"grpc://{ip}:8470" for ip in SLICE_IPS),
+        "TPU_LOAD_LIBRARY": "0",
+        "TPU_PRETRAIN_ACCELERATOR_TYPE": "v4-32",
+        "TPU_PRETRAIN_RUNTIME_VERSION": "v2-alpha-tpuv5",
+    }
+    calls = sandbox.calls
+    for unit in ("tpu-pretrain-tpu-worker.service", "tpu-pretrain-train.service"):
+        assert f"systemctl restart --no-block {unit}" in calls
+    status = _slice_status(sandbox, bucket, "tpu-worker-0")
+    assert status["state"] == "started" and status["worker"] == "0"
+
+    second = sandbox.run(script)
+    assert second.returncode == 0, second.stderr
+    assert not [c for c in sandbox.calls if "restart" in c or c.startswith("pip ")]
+
+    # The slice was recreated with other IPs: the trainer's endpoints follow, and it restarts.
+    moved = ("10.10.0.9", "10.10.0.7", "10.10.0.8", "10.10.0.6")
+    _as_worker(sandbox, 0, moved)
+    third = sandbox.run(script)
+    assert third.returncode == 0, third.stderr
+    train = (unit_dir / "tpu-pretrain-train.service").read_text()
+    assert unit_environment(train)["TPU_NAME"] == ",".join(f"grpc://{ip}:8470" for ip in moved)
+    assert "systemctl restart --no-block tpu-pretrain-train.service" in sandbox.calls
+
+
+def test_the_single_host_script_reads_no_slice_metadata(stack_run, sandbox):
+    _publish_payload(stack_run, sandbox)
+    result = sandbox.run(_script(stack_run, "tpu-vm"))
+    assert result.returncode == 0, result.stderr
+    assert not [c for c in sandbox.calls if c.startswith("curl ")]
+    assert "readonly TPU_HOSTS=1\n" in _script(stack_run, "tpu-vm")
+
+
+def test_slice_metadata_is_retried_while_the_metadata_server_lags(slice_run, sandbox):
+    bucket, _ = _publish_payload(slice_run, sandbox)
+    _as_worker(sandbox, 2)
+    result = sandbox.run(_script(slice_run, "tpu-vm"), FAIL_FIRST_METADATA="2")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("metadata agent-worker-number not readable yet") == 2
+    assert sandbox.calls.count("sleep 5") == 2
+    assert _slice_status(sandbox, bucket, "tpu-worker-2")["state"] == "started"
+
+
+def test_unreadable_slice_metadata_fails_with_a_status_and_a_rerun(slice_run, sandbox):
+    bucket, _ = _publish_payload(slice_run, sandbox)
+    _as_worker(sandbox, 2)
+    result = sandbox.run(_script(slice_run, "tpu-vm"), FAIL_FIRST_METADATA="99")
+    assert result.returncode == 1
+    status = _slice_status(sandbox, bucket, "tpu")
+    assert status["state"] == "failed"
+    assert "cannot read its worker number" in status["message"]
+    assert [c for c in sandbox.calls if c.startswith("systemd-run --unit=tpu-pretrain-startup")]
+    assert not (sandbox.root / "etc/systemd/system").exists()
+
+
+@pytest.mark.parametrize(
+    ("worker", "ips"),
+    [(4, SLICE_IPS), ("x", SLICE_IPS), (0, SLICE_IPS[:1]), (0, ("10.10.0.2", "", "a", "b"))],
+    ids=["index-too-high", "index-not-a-number", "one-endpoint", "bad-ip"],
+)
+def test_metadata_that_is_not_this_slice_is_refused(slice_run, sandbox, worker, ips):
+    bucket, _ = _publish_payload(slice_run, sandbox)
+    _as_worker(sandbox, worker, ips)
+    result = sandbox.run(_script(slice_run, "tpu-vm"))
+    assert result.returncode == 1
+    status = _slice_status(sandbox, bucket, "tpu")
+    assert status["state"] == "failed"
+    assert status["message"].startswith("metadata does not describe a multi-host v4-32 slice")
+    assert not (sandbox.root / "etc/systemd/system").exists()
+
+
+def test_the_nodes_own_host_count_wins_over_the_catalogs(slice_run, sandbox):
+    """Host counts in the catalog are from Google's pages (which differ for v5e); the node's
+    worker-network-endpoints is the truth: worker 0 waits for exactly those workers."""
+    bucket, _ = _publish_payload(slice_run, sandbox)
+    _as_worker(sandbox, 0, SLICE_IPS[:2])
+    result = sandbox.run(_script(slice_run, "tpu-vm"))
+    assert result.returncode == 0, result.stderr
+    status = _slice_status(sandbox, bucket, "tpu-worker-0")
+    assert status["slice"] == "10.10.0.2,10.10.0.3"
+    unit = (sandbox.root / "etc/systemd/system/tpu-pretrain-train.service").read_text()
+    assert "Environment=TPU_NAME=grpc://10.10.0.2:8470,grpc://10.10.0.3:8470\n" in unit
+    assert "the catalog expects 4 hosts for v4-32, the node has 2" in result.stderr
+    boot = sandbox.gcs / bucket / "runs/bert-base-mlm/bootstrap"
+    for worker in (0, 1):
+        (boot / f"tpu-worker-{worker}.json").write_text(
+            f'{{"state": "ready", "worker": "{worker}", "slice": "10.10.0.2,10.10.0.3"}}'
+        )
+    waited = _helper(sandbox, "wait-workers")
+    assert waited.returncode == 0, waited.stderr
+    assert "sleep 30" not in sandbox.calls
+    assert _slice_status(sandbox, bucket, "tpu")["message"].startswith(
+        "all 2 TPU workers are ready after 0s"
+    )
+
+
+def _listen(port: int):
+    import socket
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        server.bind(("127.0.0.1", port))
+    except OSError as error:
+        server.close()
+        pytest.skip(f"port {port} is busy here: {error}")
+    server.listen(8)
+    return server
+
+
+def test_worker_0_trains_only_once_every_worker_of_this_slice_is_ready(slice_run, sandbox):
+    bucket, _ = _publish_payload(slice_run, sandbox)
+    _as_worker(sandbox, 0)
+    assert sandbox.run(_script(slice_run, "tpu-vm")).returncode == 0
+    boot = sandbox.gcs / bucket / "runs/bert-base-mlm/bootstrap"
+
+    # Worker 0's TPU server answers on 8470: its unit's ExecStartPost reports it ready.
+    server = _listen(8470)
+    try:
+        ready = _helper(sandbox, "worker-ready")
+    finally:
+        server.close()
+    assert ready.returncode == 0, ready.stderr
+    own = json.loads((boot / "tpu-worker-0.json").read_text())
+    assert own["state"] == "ready" and own["slice"] == ",".join(SLICE_IPS)
+
+    def ready_file(worker: int, slice_ips: str = ",".join(SLICE_IPS)) -> str:
+        text = (boot / "tpu-worker-0.json").read_text()
+        return text.replace('"worker": "0"', f'"worker": "{worker}"').replace(
+            f'"slice": "{",".join(SLICE_IPS)}"', f'"slice": "{slice_ips}"'
+        )
+
+    # Worker 1 is ready, but for an earlier slice (other IPs); worker 2 is still installing;
+    # worker 3 has written nothing yet.
+    (boot / "tpu-worker-1.json").write_text(ready_file(1, "10.9.9.1,10.9.9.2,10.9.9.3,10.9.9.4"))
+    (boot / "tpu-worker-2.json").write_text(ready_file(2).replace('"ready"', '"installing"'))
+    # While the helper sleeps the three of them report ready.
+    pending = sandbox.state / "pending"
+    pending.mkdir()
+    for worker in (1, 2, 3):
+        (pending / f"tpu-worker-{worker}.json").write_text(ready_file(worker))
+    (sandbox.state / "on-sleep").write_text(f"cp {pending}/*.json {boot}/\n")
+
+    result = _helper(sandbox, "wait-workers")
+    assert result.returncode == 0, result.stderr
+    assert (
+        "waiting for the slice's TPU workers: 1 (status of an earlier slice), 2 (installing), "
+        "3 (no status yet)" in result.stderr
+    )
+    assert sandbox.calls.count("sleep 30") == 1
+    trainer = json.loads((boot / "tpu.json").read_text())
+    assert trainer["state"] == "starting"
+    assert trainer["message"].startswith("all 4 TPU workers are ready after 30s")
+
+
+def test_a_tpu_worker_that_never_listens_is_reported_failed(slice_run, sandbox):
+    bucket, _ = _publish_payload(slice_run, sandbox)
+    _as_worker(sandbox, 3)
+    assert sandbox.run(_script(slice_run, "tpu-vm")).returncode == 0
+    _listen(8470).close()  # 8470 is free here (else skipped): nothing answers there
+    result = _helper(sandbox, "worker-ready")
+    assert result.returncode == 1
+    assert sandbox.calls.count("sleep 5") == 120
+    status = _slice_status(sandbox, bucket, "tpu-worker-3")
+    assert status["state"] == "failed"
+    assert "does not accept connections on port 8470 after 600s" in status["message"]
+
+    stopped = _helper(sandbox, "worker-stopped", SERVICE_RESULT="exit-code", EXIT_STATUS="1")
+    assert stopped.returncode == 0, stopped.stderr
+    status = _slice_status(sandbox, bucket, "tpu-worker-3")
+    assert status["state"] == "restarting" and "systemd restarts it" in status["message"]
+
+
+def test_a_preempted_slice_is_recreated_as_one_node(slice_run, sandbox):
+    """A v4-32 slice is one TPU node of 4 hosts: one describe, one delete, one queued create
+    with the slice's accelerator type; never a host at a time."""
+    watch = Watch(slice_run, sandbox)
+    # Every host of the old slice had reported ready.
+    boot = watch.run_root / "bootstrap"
+    for worker in range(4):
+        (boot / f"tpu-worker-{worker}.json").write_text(
+            json.dumps({"state": "ready", "worker": str(worker), "slice": ",".join(SLICE_IPS)})
+        )
+    watch.set_state("PREEMPTED")
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert watch.tpu_calls == ["describe", "qr-describe", "delete", "qr-create"]
+    # ...and none of them counts for the next slice, even if it gets the same IPs.
+    for worker in range(4):
+        status = json.loads((boot / f"tpu-worker-{worker}.json").read_text())
+        assert (status["state"], status["worker"], status["slice"]) == (
+            "recreating",
+            str(worker),
+            "",
+        )
+    (argv,) = watch.creates("qr-create")
+    positional, flags, switches = _flags(argv)
+    assert positional[-1] == watch.qr
+    assert flags["--node-id"] == watch.vm.inputs["name"] == "tp-v4-32-usc2-tpu"
+    assert flags["--accelerator-type"] == "v4-32"
+    assert flags["--runtime-version"] == "v2-alpha-tpuv5"
+    assert "--spot" in switches
+    _, path = flags["--metadata-from-file"].split("=", 1)
+    startup = Path(path).read_text()
+    assert startup == watch.vm.inputs["metadata"]["startup-script"]
+    assert "readonly TPU_HOSTS=4\n" in startup  # the one script every new host runs
+    assert watch.status["message"].startswith(
+        f"queued {watch.qr} for tp-v4-32-usc2-tpu (the whole 4-host v4-32 slice, one node)"
+    )
+    _assert_gcloud_flags_exist(watch)

@@ -72,6 +72,43 @@ trainer_stopped() {
   esac
 }
 
+# The trainer unit, one definition for a single host and a slice's worker 0. It waits for
+# the controller's data manifest, then trains; on failure systemd restarts it and it resumes
+# from the last checkpoint in the bucket; exit 2 (a user error, or no TPU found) stops it.
+# $1: Description suffix, $2: units it also waits for (" a.service"), $3: how TensorFlow
+# finds the TPU (Environment= lines), $4: further ExecStartPre= lines (or "").
+install_trainer_unit() {
+  local about="$1" after="$2" tpu_env="$3" pre="$4"
+  install_unit tpu-pretrain-train.service "[Unit]
+Description=tpu-pretrain trainer for job ${JOB_NAME}${about}
+Wants=network-online.target${after}
+After=network-online.target${after}
+StartLimitIntervalSec=0
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+SyslogIdentifier=tpu-pretrain-train
+Environment=PYTHONUNBUFFERED=1
+Environment=TF_USE_LEGACY_KERAS=1
+Environment=WRAPT_DISABLE_EXTENSIONS=true
+Environment=FORCE_TF_AVAILABLE=1
+${tpu_env}
+Environment=TPU_PRETRAIN_ACCELERATOR_TYPE=${ACCELERATOR_TYPE}
+Environment=TPU_PRETRAIN_RUNTIME_VERSION=${RUNTIME_VERSION}
+ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-manifest${pre:+
+${pre}}
+ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload train --job ${JOB_URI}
+ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper stopped
+Restart=on-failure
+RestartSec=60
+RestartPreventExitStatus=2
+TimeoutStartSec=infinity
+
+[Install]
+WantedBy=multi-user.target"
+}
+
 # ---- a multi-host slice (TPU_HOSTS > 1): one script for every host, branching on the
 # worker index. Every host installs the same environment and runs TensorFlow's TPU worker
 # (gRPC, TPU_WORKER_PORT); worker 0 also runs the trainer, once every worker is ready.
@@ -283,35 +320,11 @@ TimeoutStartSec=900
 [Install]
 WantedBy=multi-user.target"
   if [ "${WORKER}" = 0 ]; then
-    install_unit tpu-pretrain-train.service "[Unit]
-Description=tpu-pretrain trainer for job ${JOB_NAME} (worker 0 of the ${ACCELERATOR_TYPE} slice)
-Wants=network-online.target tpu-pretrain-tpu-worker.service
-After=network-online.target tpu-pretrain-tpu-worker.service
-StartLimitIntervalSec=0
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-SyslogIdentifier=tpu-pretrain-train
-Environment=PYTHONUNBUFFERED=1
-Environment=TF_USE_LEGACY_KERAS=1
-Environment=WRAPT_DISABLE_EXTENSIONS=true
-Environment=FORCE_TF_AVAILABLE=1
-Environment=TPU_NAME=$(slice_tpu_name)
-Environment=TPU_LOAD_LIBRARY=0
-Environment=TPU_PRETRAIN_ACCELERATOR_TYPE=${ACCELERATOR_TYPE}
-Environment=TPU_PRETRAIN_RUNTIME_VERSION=${RUNTIME_VERSION}
-ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-manifest
-ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-workers
-ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload train --job ${JOB_URI}
-ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper stopped
-Restart=on-failure
-RestartSec=60
-RestartPreventExitStatus=2
-TimeoutStartSec=infinity
-
-[Install]
-WantedBy=multi-user.target"
+    install_trainer_unit " (worker 0 of the ${ACCELERATOR_TYPE} slice)" \
+      " tpu-pretrain-tpu-worker.service" \
+      "Environment=TPU_NAME=$(slice_tpu_name)
+Environment=TPU_LOAD_LIBRARY=0" \
+      "ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-workers"
     units+=(tpu-pretrain-train.service)
   fi
   log "step 4/4: start"
@@ -345,45 +358,17 @@ if [ "${TPU_HOSTS}" -gt 1 ]; then
   exit 0
 fi
 
-# The trainer waits for the controller's data manifest, then trains; on failure systemd
-# restarts it and it resumes from the last checkpoint in the bucket; exit 2 (a user error,
-# or no TPU found) stops it. The environment is what TensorFlow needs to find the TPU
-# through PJRT, as Google's TF TPU CI sets it for a single host
+# A single host's trainer (install_trainer_unit). Its environment is what TensorFlow needs
+# to find the TPU through PJRT, as Google's TF TPU CI sets it for a single host
 # (GoogleCloudPlatform/ml-auto-solutions dags/solutions_team/configs/tensorflow/common.py,
 # export_env_variables: TF_USE_LEGACY_KERAS, WRAPT_DISABLE_EXTENSIONS, TPU_NAME=local,
 # NEXT_PLUGGABLE_DEVICE_USE_C_API, TF_PLUGGABLE_DEVICE_LIBRARY_PATH = libtpu.so; its
 # TF_XLA_FLAGS are for its sparse-core models and left out), plus FORCE_TF_AVAILABLE=1:
 # transformers 4.57 does not count the `tensorflow-tpu` distribution as TensorFlow.
 # systemd units read no login profile: everything is set here.
-install_unit tpu-pretrain-train.service "[Unit]
-Description=tpu-pretrain trainer for job ${JOB_NAME}
-Wants=network-online.target
-After=network-online.target
-StartLimitIntervalSec=0
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-SyslogIdentifier=tpu-pretrain-train
-Environment=PYTHONUNBUFFERED=1
-Environment=TF_USE_LEGACY_KERAS=1
-Environment=WRAPT_DISABLE_EXTENSIONS=true
-Environment=FORCE_TF_AVAILABLE=1
-Environment=NEXT_PLUGGABLE_DEVICE_USE_C_API=true
+install_trainer_unit "" "" "Environment=NEXT_PLUGGABLE_DEVICE_USE_C_API=true
 Environment=TF_PLUGGABLE_DEVICE_LIBRARY_PATH=${libtpu_path}
-Environment=TPU_NAME=local
-Environment=TPU_PRETRAIN_ACCELERATOR_TYPE=${ACCELERATOR_TYPE}
-Environment=TPU_PRETRAIN_RUNTIME_VERSION=${RUNTIME_VERSION}
-ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-manifest
-ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload train --job ${JOB_URI}
-ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper stopped
-Restart=on-failure
-RestartSec=60
-RestartPreventExitStatus=2
-TimeoutStartSec=infinity
-
-[Install]
-WantedBy=multi-user.target"
+Environment=TPU_NAME=local" ""
 
 log "step 4/4: start"
 start_units tpu-pretrain-train.service

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from train_helpers import assert_user_error
+from train_helpers import run_cli as tpu_payload
 
 from payload import cli, storage
 from payload import manifest as mf
 from payload.errors import DataError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-TIMEOUT_S = 300
 
 
 def write_job(tmp_path: Path, corpus: list[str] | str, **overrides: object) -> Path:
@@ -38,28 +37,6 @@ def write_job(tmp_path: Path, corpus: list[str] | str, **overrides: object) -> P
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-def tpu_payload(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "payload", *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
-
-
-def assert_user_error(result: subprocess.CompletedProcess[str], pattern: str) -> str:
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    import re
-
-    assert re.search(pattern, lines[0]), lines[0]
-    return lines[0]
 
 
 def assert_nothing_complete(out: Path) -> None:

@@ -27,6 +27,8 @@ from typing import ClassVar
 
 import pytest
 import yaml
+from train_helpers import assert_user_error
+from train_helpers import run_cli as tpu_payload
 
 from payload import encode, spec, tokenizer
 from payload import manifest as mf
@@ -61,26 +63,6 @@ def write_job(tmp_path: Path, paths: list[str], **sections: dict) -> Path:
 
 def job_for(tmp_path: Path, paths: list[str], **sections: dict) -> spec.JobSpec:
     return spec.load_job(str(write_job(tmp_path, paths, **sections)))
-
-
-def tpu_payload(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "payload", *args],
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        check=False,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})},
-    )
-
-
-def assert_user_error(result: subprocess.CompletedProcess[str], pattern: str) -> str:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, result.stderr
-    assert re.search(pattern, lines[0]), lines[0]
-    return lines[0]
 
 
 def corpus_text() -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -93,12 +94,25 @@ def copy_prepared(source: JobSpec, root: Path, document: dict[str, Any]) -> JobS
     return job
 
 
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real `tpu-payload` CLI in a child process (`env` adds to this environment)."""
     return subprocess.run(
         [sys.executable, "-m", "payload", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})},
     )
+
+
+def assert_user_error(result: subprocess.CompletedProcess[str], pattern: str) -> str:
+    """A user error: exit 2, no traceback, exactly one `error:` line matching `pattern`."""
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, result.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+    return lines[0]

@@ -61,7 +61,7 @@ demo: venv
 test: lint test-payload test-infra
 
 test-payload: venv venv-pt
-	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python $(PY) -m pytest tests/payload tests/test_boundaries.py tests/test_contract.py
+	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python $(PY) -m pytest tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py
 
 test-infra: venv-infra venv-tpu $(TOOLS)
 	$(IPY) -m pytest tests/infra tests/policy

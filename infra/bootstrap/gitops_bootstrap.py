@@ -15,7 +15,7 @@ Creates what the workflows in .github/workflows need before any stack can be pre
   account (the deploy account may grant it, never edit it).
 
 Its outputs are the values of the repository variables the workflows read. It is never
-imported by the main program (infra/) and has its own state (see README, GitOps).
+imported by the main program (infra/) and has its own state (see docs/gitops.md).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import pulumi_gcp as gcp
 
 # cloudresourcemanager: project IAM bindings (projects.getIamPolicy/setIamPolicy) go through
 # it and new projects do not have it on. serviceusage: the API that enables the others; it
-# is on by default in new projects, and listing it keeps it on (README, Deploy on GCP).
+# is on by default in new projects, and listing it keeps it on (docs/deploy-gcp.md, Prerequisites).
 REQUIRED_APIS = (
     "serviceusage.googleapis.com",
     "cloudresourcemanager.googleapis.com",

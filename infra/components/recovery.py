@@ -8,8 +8,8 @@ import pulumi_gcp as gcp
 # The custom role that lets the controller's TPU watchdog (templates/tpu-watch.sh) describe,
 # delete and recreate the TPU VM (directly or through a queued resource). It is created once
 # per project by the GitOps bootstrap (infra/bootstrap/gitops_bootstrap.py RECOVERY_ROLE_ID,
-# or the README's one-time gcloud command): the deploy account may grant it but must not be
-# able to edit it, or it could put any permission into a role it may grant.
+# or the one-time gcloud command in docs/deploy-gcp.md): the deploy account may grant it but
+# must not be able to edit it, or it could put any permission into a role it may grant.
 RECOVERY_ROLE_ID = "tpuPretrainTpuRecovery"
 SERVICE_ACCOUNT_USER = "roles/iam.serviceAccountUser"
 

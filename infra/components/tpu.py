@@ -44,9 +44,10 @@ class TpuVmArgs:
 
 class TpuVm(pulumi.ComponentResource):
     """The TPU VM (gcp.tpu.V2Vm). A changed startup script updates metadata in place but
-    does not re-run it; the script is idempotent and runs again on every boot (see README
-    for re-running it without a reboot). Accelerator, runtime, network, service account and
-    scheduling changes replace the VM; training resumes from the bucket's checkpoints.
+    does not re-run it; the script is idempotent and runs again on every boot (see
+    docs/deploy-gcp.md, Connect and watch, for re-running it without a reboot). Accelerator,
+    runtime, network, service account and scheduling changes replace the VM; training resumes
+    from the bucket's checkpoints.
     With tpuAutoRecover, the controller's watchdog (templates/tpu-watch.sh) recreates a
     preempted VM under the same name with these same settings."""
 

@@ -1,9 +1,11 @@
-"""Every gcloud command the project prints (stack outputs, the offline plan, the README) or
+"""Every gcloud command the project prints (stack outputs, the offline plan, the README and
+docs/) or
 runs (the TPU watchdog) uses only flags that its gcloud release track defines."""
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,8 @@ from harness import run_offline, stack_names
 
 from infra import plan
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from docs_files import doc_text
 
 
 def _printed(value: object) -> list[str]:
@@ -69,8 +72,9 @@ def test_the_offline_plan_prints_only_valid_commands(capsys):
     assert [problems(c) for c in commands if problems(c)] == []
 
 
-def _readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def _doc_commands() -> list[str]:
+    """Commands in the README and docs/*.md: fenced, indented and inline code."""
+    text = doc_text()
     lines = []
     for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.DOTALL | re.MULTILINE):
         lines += block.splitlines()
@@ -84,7 +88,7 @@ def _readme_commands() -> list[str]:
     return commands
 
 
-def test_readme_commands_work_as_printed():
-    commands = _readme_commands()
+def test_documented_commands_work_as_printed():
+    commands = _doc_commands()
     assert len(commands) >= 5
     assert [problems(c) for c in commands if problems(c)] == []

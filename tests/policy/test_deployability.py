@@ -17,6 +17,8 @@ import pytest
 from test_bootstrap import Run, run_bootstrap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from docs_files import doc_text
 from harness import run_offline, stack_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -292,14 +294,13 @@ def test_the_recovery_role_covers_what_the_watchdog_runs(bootstrap_run) -> None:
     )
 
 
-def test_the_readme_creates_the_same_recovery_role(bootstrap_run) -> None:
-    """Without GitOps, the README's one-time gcloud command makes the role the bootstrap
-    would: same id, same permissions."""
-    readme = (ROOT / "README.md").read_text()
+def test_the_documented_command_creates_the_same_recovery_role(bootstrap_run) -> None:
+    """Without GitOps, the one-time gcloud command in the docs (Deploy on GCP, Prerequisites)
+    makes the role the bootstrap would: same id, same permissions."""
     match = re.search(
-        r"gcloud iam roles create (\w+) --project <id> .*?--permissions ([a-zA-Z.,]+)`", readme
+        r"gcloud iam roles create (\w+) --project <id> .*?--permissions ([a-zA-Z.,]+)`", doc_text()
     )
-    assert match, "README: the recovery role's gcloud command is missing"
+    assert match, "docs: the recovery role's gcloud command is missing"
     role = bootstrap_run.named("tpu-recovery-role").inputs
     assert match.group(1) == role["roleId"]
     assert sorted(match.group(2).split(",")) == sorted(role["permissions"])

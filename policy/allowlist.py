@@ -65,6 +65,7 @@ class Grant:
     role: str
     member: str
     why: str
+    who: str  # the principals `member` matches, in words (violation messages)
     target: str | None = None
     same_stack: bool = False
     condition: str | None = None
@@ -181,24 +182,28 @@ MAIN_GRANTS = (
         "roles/logging.logWriter",
         rf"serviceAccount:{_ANY_STACK_ACCOUNT}",
         "every stack account writes its logs",
+        "the stack's own accounts tp-<stack>-<role>",
     ),
     Grant(
         (PROJECT_IAM_MEMBER,),
         "roles/monitoring.metricWriter",
         rf"serviceAccount:{_ANY_STACK_ACCOUNT}",
         "every stack account writes its metrics",
+        "the stack's own accounts tp-<stack>-<role>",
     ),
     Grant(
         (PROJECT_IAM_MEMBER,),
         f"custom:{RECOVERY_ROLE_ID}",
         rf"serviceAccount:{stack_account('controller')}",
         "the controller's TPU watchdog recreates a preempted TPU VM",
+        "the stack's controller account tp-<stack>-controller",
     ),
     Grant(
         (SA_IAM_MEMBER,),
         "roles/iam.serviceAccountUser",
         rf"serviceAccount:{stack_account('controller')}",
         "the watchdog attaches the TPU VM's account to the VM it recreates",
+        "the stack's controller account, on the same stack's tp-<stack>-workload account",
         target=rf"projects/{_PROJECT_ID}/serviceAccounts/{stack_account('workload')}",
         same_stack=True,
     ),
@@ -207,12 +212,14 @@ MAIN_GRANTS = (
         "roles/storage.objectAdmin",
         rf"serviceAccount:{stack_account('controller', 'workload')}",
         "the TPU VM and the controller read and write the training bucket",
+        "the stack's tp-<stack>-controller and tp-<stack>-workload accounts",
     ),
     Grant(
         (SECRET_IAM_MEMBER,),
         "roles/secretmanager.secretAccessor",
         rf"serviceAccount:{stack_account('vpn-hop')}",
         "the VPN hop reads its WireGuard key at boot",
+        "the stack's VPN hop account tp-<stack>-vpn-hop",
     ),
 )
 
@@ -376,7 +383,13 @@ _VIEWER_ROLES = (
 )
 BOOTSTRAP_GRANTS = (
     *(
-        Grant((PROJECT_IAM_MEMBER,), role, _PREVIEW, "the preview account reads the project")
+        Grant(
+            (PROJECT_IAM_MEMBER,),
+            role,
+            _PREVIEW,
+            "the preview account reads the project",
+            "the CI preview account",
+        )
         for role in _VIEWER_ROLES
     ),
     Grant(
@@ -384,12 +397,14 @@ BOOTSTRAP_GRANTS = (
         f"custom:{DEPLOYER_ROLE_ID}",
         _DEPLOY,
         "the deploy account creates the stacks' resources",
+        "the CI deploy account",
     ),
     Grant(
         (PROJECT_IAM_MEMBER,),
         f"custom:{PROJECT_IAM_WRITER_ROLE_ID}",
         _DEPLOY,
         "project IAM writes, limited to the roles the stacks grant",
+        "the CI deploy account",
         condition="iam.googleapis.com/modifiedGrantsByRole",
     ),
     Grant(
@@ -397,6 +412,7 @@ BOOTSTRAP_GRANTS = (
         f"custom:{STACK_ACCOUNT_USER_ROLE_ID}",
         _DEPLOY,
         "actAs and IAM writes on the stacks' own service accounts only",
+        "the CI deploy account",
         condition="resource.name",
     ),
     Grant(
@@ -404,23 +420,38 @@ BOOTSTRAP_GRANTS = (
         "roles/iam.workloadIdentityUser",
         WIF_POOL_PRINCIPAL_SET,
         "GitHub Actions jobs of the repository impersonate the CI accounts",
+        "a principal set of the bootstrap's GitHub workload identity pool, on a CI account",
         target=rf"projects/{_PROJECT_ID}/serviceAccounts/"
         rf"{bootstrap_account('tpu-pretrain-preview', 'tpu-pretrain-deploy')}",
     ),
-    Grant((BUCKET_IAM_MEMBER,), "roles/storage.objectViewer", _PREVIEW, "reads the state"),
+    Grant(
+        (BUCKET_IAM_MEMBER,),
+        "roles/storage.objectViewer",
+        _PREVIEW,
+        "reads the state",
+        "the CI preview account",
+    ),
     Grant(
         (BUCKET_IAM_MEMBER,),
         "roles/storage.objectUser",
         _PREVIEW,
         "writes the backend's lock files only",
+        "the CI preview account",
         condition="resource.name.startsWith",
     ),
-    Grant((BUCKET_IAM_MEMBER,), "roles/storage.objectUser", _DEPLOY, "writes the state"),
+    Grant(
+        (BUCKET_IAM_MEMBER,),
+        "roles/storage.objectUser",
+        _DEPLOY,
+        "writes the state",
+        "the CI deploy account",
+    ),
     Grant(
         (CRYPTO_KEY_IAM_MEMBER,),
         "roles/cloudkms.cryptoKeyDecrypter",
         _CI,
         "unwraps the stacks' secrets data key",
+        "the CI preview and deploy accounts",
     ),
 )
 

@@ -324,11 +324,12 @@ def _check_allowed_api(
         report(f"{MSG_UNKNOWN_API}: {api!r} in project {profile.project}; {HOW_TO_ALLOW}")
 
 
-_CUSTOM_ROLE_NAME = re.compile(r"^(?:projects|organizations)/[^/]+/roles/([^/]+)$")
+_CUSTOM_ROLE_NAME = re.compile(r"^projects/[^/]+/roles/([^/]+)$")
 
 
 def _role_key(role: str) -> str:
-    """Predefined roles by name; custom roles as "custom:<roleId>" (any project)."""
+    """Predefined roles by name; project custom roles as "custom:<roleId>" (the stack's
+    project). Organization custom roles keep their full name and match no entry."""
     match = _CUSTOM_ROLE_NAME.match(role)
     return f"custom:{match.group(1)}" if match else role
 
@@ -388,10 +389,8 @@ def _grant_problem(
         if grant.condition is not None and grant.condition not in condition:
             continue
         return None
-    wanted = "; ".join(
-        f"to {g.member}"
-        + (f" on {g.target}" + (" of the same stack" if g.same_stack else "") if g.target else "")
-        + (f" with a condition on {g.condition}" if g.condition else "")
+    wanted = "; or ".join(
+        f"to {g.who}" + (f" with a condition on {g.condition}" if g.condition else "")
         for g in candidates
     )
     on = f" on {target}" if target else ""
@@ -547,14 +546,18 @@ def _check_public_members(
 
 
 def _port_ranges(ports: Any) -> list[tuple[int, int]] | None:
-    """None means every port (no ports listed)."""
+    """None means every port (no ports listed, or one that cannot be read: judged as the
+    widest it could be)."""
     listed = [str(port) for port in _items(ports)]
     if not listed:
         return None
     ranges = []
     for item in listed:
-        low, _, high = item.partition("-")
-        ranges.append((int(low), int(high or low)))
+        low, _, high = item.strip().partition("-")
+        try:
+            ranges.append((int(low), int(high or low)))
+        except ValueError:
+            return None
     return ranges
 
 
@@ -631,12 +634,15 @@ def _protocol(allow: Any) -> str:
 
 
 def _is_vpn_entry(props: Mapping[str, Any]) -> bool:
-    """The WireGuard rule's shape: UDP on listed ports only, to the VPN hop only."""
+    """The WireGuard rule's shape: one UDP port, to the VPN hop only."""
     allows = _items(_get(props, "allows"))
     targets = [str(t) for t in _items(_get(props, "targetTags"))]
+    ports = [str(p).strip() for a in allows for p in _items(_get(a, "ports"))]
     return (
         bool(allows)
         and all(_protocol(a) == "udp" and _items(_get(a, "ports")) for a in allows)
+        and len(set(ports)) == 1
+        and ports[0].isdigit()
         and bool(targets)
         and all(t == HOP_NETWORK_TAG for t in targets)
         and not _items(_get(props, "targetServiceAccounts"))

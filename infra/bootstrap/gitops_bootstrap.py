@@ -10,7 +10,10 @@ Creates what the workflows in .github/workflows need before any stack can be pre
 - two CI service accounts with no keys:
     preview: read-only; any workflow of the repository may use it (pull requests);
     deploy:  applies stacks; only jobs in the GitHub environment that gates deploys, AND
-             running on refs/heads/main,
+             running on refs/heads/main; its permissions are derived from what the
+             program's resource types need (PERMISSIONS_BY_TYPE); it acts as, and edits
+             the IAM policy of, the stacks' own accounts only (no project-wide actAs), and
+             grants on the project only the roles the stacks grant,
 - the TPU recovery custom role that stacks with tpuAutoRecover bind to their controller
   account (the deploy account may grant it, never edit it).
 

@@ -372,3 +372,27 @@ def test_every_allowed_main_type_api_and_grant_is_used_by_a_stack() -> None:
 def test_every_stack_variant_passes(tpu_auto_recover: bool) -> None:
     for stack in STACKS:
         assert run_pack(resources(stack, {"tpu-pretrain:tpuAutoRecover": tpu_auto_recover})) == []
+
+
+def test_the_guard_rails_page_counts_the_rules_and_names_the_closed_world() -> None:
+    from pathlib import Path
+
+    from policy_harness import POLICY_BY_NAME
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "guard-rails.md").read_text()
+    assert page.startswith(
+        f"# Guard rails (policy/, Pulumi CrossGuard, {len(POLICY_BY_NAME)} rules,"
+    )
+    named = {
+        "allowed-resource-types",
+        "allowed-apis",
+        "allowed-iam-grants",
+        "custom-role-permissions",
+        "grants-on-own-resources",
+        "providers-without-credentials",
+        "no-ssh-rdp-from-internet",
+        "no-tensorboard-tpu-from-internet",
+        "no-public-ingress",
+    }
+    assert named <= set(POLICY_BY_NAME)
+    assert {name for name in named if f"`{name}`" not in page} == set()

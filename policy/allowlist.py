@@ -176,6 +176,9 @@ RECOVERY_PERMISSIONS = frozenset(
 )
 
 _ANY_STACK_ACCOUNT = stack_account(*STACK_ACCOUNT_ROLES)
+# The accounts a VM or TPU VM of a stack may run as: the stack's own. Attaching an account
+# gives everyone who can log in to the VM that account's powers, so it is a grant too.
+VM_ACCOUNT = _ANY_STACK_ACCOUNT
 MAIN_GRANTS = (
     Grant(
         (PROJECT_IAM_MEMBER,),

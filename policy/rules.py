@@ -177,6 +177,7 @@ MSG_CUSTOM_ROLE = "custom role holds permissions outside the pack's allowlist"
 MSG_PROVIDER = "provider must not carry credentials or impersonate another account"
 MSG_PUBLIC_INGRESS = "firewall opens ports to public addresses"
 MSG_FOREIGN_TARGET = "IAM grant on a resource this stack does not create"
+MSG_VM_ACCOUNT = "VM runs as an account that is not the stack's own"
 HOW_TO_ALLOW = (
     "allow it only by a reviewed code change to policy/allowlist.py (with its rules and a "
     "test under tests/policy); no stack setting can allow it"
@@ -440,6 +441,20 @@ def _check_custom_role(
     )
     danger = f"; it can escalate through {', '.join(dangerous)}" if dangerous else ""
     report(f"{MSG_CUSTOM_ROLE}: {what}{danger}; {HOW_TO_ALLOW}")
+
+
+def _check_vm_account(
+    urn: str, resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
+) -> None:
+    if resource_type not in (*VM_TYPES, *TPU_TYPES):
+        return
+    email = _get(props, "serviceAccount", "email")
+    if isinstance(email, str) and not re.fullmatch(allowlist.VM_ACCOUNT, email):
+        report(
+            f"{MSG_VM_ACCOUNT}: {resource_type} runs as {email}; a VM of "
+            f"project {project_of(urn)!r} runs as one of its stack's own accounts "
+            "(tp-<stack>-<role>)"
+        )
 
 
 def _check_provider(
@@ -1088,6 +1103,12 @@ def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
             _check_custom_role,
         ),
         _any_resource_policy(
+            "vm-accounts-are-stack-accounts",
+            "VMs and TPU VMs run as the stack's own service accounts, never as another "
+            "account of the project (a CI account, another stack's, a default one).",
+            _check_vm_account,
+        ),
+        _any_resource_policy(
             "providers-without-credentials",
             "Providers use the identity the workflow authenticated: no credentials, access "
             "token or impersonation of their own.",
@@ -1296,6 +1317,7 @@ POLICY_MESSAGES = {
     "providers-without-credentials": MSG_PROVIDER,
     "no-public-ingress": MSG_PUBLIC_INGRESS,
     "grants-on-own-resources": MSG_FOREIGN_TARGET,
+    "vm-accounts-are-stack-accounts": MSG_VM_ACCOUNT,
     "bucket-uniform-access": MSG_UNIFORM_ACCESS,
     "bucket-public-access-prevention": MSG_PAP,
     "no-public-principals": MSG_PUBLIC_MEMBER,

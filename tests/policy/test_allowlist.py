@@ -261,6 +261,24 @@ def test_a_grant_involving_a_default_account_is_rejected(case: str, extra: Resou
     assert "allowed-iam-grants" in {v.policy for v in violations}
 
 
+@pytest.mark.parametrize(
+    "email",
+    [
+        f"tpu-pretrain-deploy@{PROJECT}.iam.gserviceaccount.com",
+        f"tp-other-admin@{PROJECT}.iam.gserviceaccount.com",
+        DEFAULT_SA,
+        APPSPOT_SA,
+    ],
+)
+def test_a_vm_running_as_another_account_is_rejected(email: str) -> None:
+    stack_resources = resources(STACK)
+    [tpu] = [r for r in stack_resources if r[0] == rules.TPU_VM]
+    tpu[2]["serviceAccount"]["email"] = email
+    violations = run_pack(stack_resources)
+    assert "vm-accounts-are-stack-accounts" in {v.policy for v in violations}
+    assert {v.urn for v in violations} == {tpu[3]}
+
+
 # --- one near-world range set ---------------------------------------------------------------
 def _ssh_from(ranges: list[str], stack: str = STACK) -> list[Violation]:
     stack_resources = resources(stack)
@@ -390,6 +408,7 @@ def test_the_guard_rails_page_counts_the_rules_and_names_the_closed_world() -> N
         "custom-role-permissions",
         "grants-on-own-resources",
         "providers-without-credentials",
+        "vm-accounts-are-stack-accounts",
         "no-ssh-rdp-from-internet",
         "no-tensorboard-tpu-from-internet",
         "no-public-ingress",

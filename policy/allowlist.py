@@ -263,11 +263,13 @@ BOOTSTRAP_APIS = frozenset(
 DEPLOYER_ROLE_ID = "tpuPretrainDeployer"
 PROJECT_IAM_WRITER_ROLE_ID = "tpuPretrainIamGranter"
 STACK_ACCOUNT_USER_ROLE_ID = "tpuPretrainStackAccountUser"
+STACK_INSTANCE_ROLE_ID = "tpuPretrainStackInstances"
 
 # The deploy account's unconditional permissions: what the main program's resource types
 # need (infra/bootstrap/gitops_bootstrap.py PERMISSIONS_BY_TYPE; tests/policy/
 # test_deployability.py checks that the two lists are the same). No IAM policy write on a
-# project or a service account, no actAs, no token or key creation, no role editing.
+# project or a service account, no actAs, no change to a VM (those come with conditions),
+# no token or key creation, no role editing.
 DEPLOYER_PERMISSIONS = frozenset(
     {
         "compute.addresses.create",
@@ -285,20 +287,6 @@ DEPLOYER_PERMISSIONS = frozenset(
         "compute.images.get",
         "compute.images.getFromFamily",
         "compute.images.useReadOnly",
-        "compute.instances.addAccessConfig",
-        "compute.instances.create",
-        "compute.instances.delete",
-        "compute.instances.deleteAccessConfig",
-        "compute.instances.get",
-        "compute.instances.setLabels",
-        "compute.instances.setMachineType",
-        "compute.instances.setMetadata",
-        "compute.instances.setServiceAccount",
-        "compute.instances.setShieldedInstanceIntegrityPolicy",
-        "compute.instances.setTags",
-        "compute.instances.start",
-        "compute.instances.stop",
-        "compute.instances.updateShieldedInstanceConfig",
         "compute.machineTypes.get",
         "compute.networks.create",
         "compute.networks.delete",
@@ -362,6 +350,24 @@ DEPLOYER_PERMISSIONS = frozenset(
         "tpu.runtimeversions.list",
     }
 )
+STACK_INSTANCE_PERMISSIONS = frozenset(
+    {
+        "compute.instances.addAccessConfig",
+        "compute.instances.create",
+        "compute.instances.delete",
+        "compute.instances.deleteAccessConfig",
+        "compute.instances.get",
+        "compute.instances.setLabels",
+        "compute.instances.setMachineType",
+        "compute.instances.setMetadata",
+        "compute.instances.setServiceAccount",
+        "compute.instances.setShieldedInstanceIntegrityPolicy",
+        "compute.instances.setTags",
+        "compute.instances.start",
+        "compute.instances.stop",
+        "compute.instances.updateShieldedInstanceConfig",
+    }
+)
 PROJECT_IAM_WRITER_PERMISSIONS = frozenset(
     {"resourcemanager.projects.getIamPolicy", "resourcemanager.projects.setIamPolicy"}
 )
@@ -419,6 +425,14 @@ BOOTSTRAP_GRANTS = (
         condition="resource.name",
     ),
     Grant(
+        (PROJECT_IAM_MEMBER,),
+        f"custom:{STACK_INSTANCE_ROLE_ID}",
+        _DEPLOY,
+        "creates and changes the stacks' own VMs only",
+        "the CI deploy account",
+        condition="resource.name",
+    ),
+    Grant(
         (SA_IAM_MEMBER,),
         "roles/iam.workloadIdentityUser",
         WIF_POOL_PRINCIPAL_SET,
@@ -467,6 +481,7 @@ BOOTSTRAP = Profile(
         DEPLOYER_ROLE_ID: DEPLOYER_PERMISSIONS,
         PROJECT_IAM_WRITER_ROLE_ID: PROJECT_IAM_WRITER_PERMISSIONS,
         STACK_ACCOUNT_USER_ROLE_ID: STACK_ACCOUNT_USER_PERMISSIONS,
+        STACK_INSTANCE_ROLE_ID: STACK_INSTANCE_PERMISSIONS,
         RECOVERY_ROLE_ID: RECOVERY_PERMISSIONS,
     },
 )

@@ -41,6 +41,7 @@ KEY_ROTATION = "7776000s"  # 90 days (CIS GCP 1.10)
 DEPLOYER_ROLE_ID = "tpuPretrainDeployer"
 IAM_GRANTER_ROLE_ID = "tpuPretrainIamGranter"  # project IAM writes, limited roles
 STACK_ACCOUNT_USER_ROLE_ID = "tpuPretrainStackAccountUser"  # actAs on the stacks' accounts
+STACK_INSTANCE_ROLE_ID = "tpuPretrainStackInstances"  # the stacks' own VMs only
 # The main program binds this role by name (infra/components/recovery.py RECOVERY_ROLE_ID).
 RECOVERY_ROLE_ID = "tpuPretrainTpuRecovery"
 DEPLOY_REF = "refs/heads/main"
@@ -257,8 +258,20 @@ PROJECT_IAM_WRITER_PERMISSIONS = (
     "resourcemanager.projects.getIamPolicy",
     "resourcemanager.projects.setIamPolicy",
 )
-CONDITIONAL_PERMISSIONS = frozenset(STACK_ACCOUNT_USER_PERMISSIONS) | frozenset(
-    PROJECT_IAM_WRITER_PERMISSIONS
+# Everything that changes (or runs code on) an existing VM: setMetadata alone would let a
+# holder run a startup script on ANY VM of the project, as that VM's account (the default
+# compute account included). Only on VMs named like the stacks' ("tp-<stack>-..."): a
+# condition on the instance's resource name, which Google's "Resource attributes for IAM
+# Conditions" lists for Compute Engine instances ("projects/<p>/zones/<z>/instances/<n>").
+STACK_INSTANCE_PERMISSIONS = tuple(
+    p
+    for p in PERMISSIONS_BY_TYPE["gcp:compute/instance:Instance"]
+    if p.startswith("compute.instances.")
+)
+CONDITIONAL_PERMISSIONS = (
+    frozenset(STACK_ACCOUNT_USER_PERMISSIONS)
+    | frozenset(PROJECT_IAM_WRITER_PERMISSIONS)
+    | frozenset(STACK_INSTANCE_PERMISSIONS)
 )
 
 # The deployer role: every permission of the table that is not conditional, sorted.
@@ -288,6 +301,16 @@ def recovery_role_name(project: str) -> str:
 def grantable_roles(project: str) -> tuple[str, ...]:
     """Every role the deploy account may grant or revoke on the project."""
     return (*GRANTABLE_PROJECT_ROLES, recovery_role_name(project))
+
+
+def stack_instance_condition() -> str:
+    """The stacks' VMs: every GCP name of a stack starts with "tp-<stack>" (infra/config.py).
+    A VM of the project with another name (or a name the condition cannot test) is out of
+    reach: its metadata, account, tags and power state."""
+    return (
+        "resource.name.matches('^projects/[^/]+/zones/[^/]+/instances/"
+        f"{STACK_ACCOUNT_PREFIX}[a-z0-9-]+$')"
+    )
 
 
 def stack_account_name_pattern(project: str) -> str:
@@ -666,6 +689,27 @@ def define(cfg: BootstrapConfig) -> None:
             "title": "only-stack-roles",
             "description": "May grant/revoke only log/metric writing and TPU recovery.",
             "expression": iam_granter_condition(project),
+        },
+    )
+    stack_instance_role = gcp.projects.IAMCustomRole(
+        "stack-instance-role",
+        project=project,
+        role_id=STACK_INSTANCE_ROLE_ID,
+        title="tpu-pretrain stack instances",
+        description="Create and change the stacks' own VMs (conditional on their names).",
+        permissions=list(STACK_INSTANCE_PERMISSIONS),
+        stage="GA",
+        opts=after_apis,
+    )
+    gcp.projects.IAMMember(
+        "deploy-stack-instances",
+        project=project,
+        role=stack_instance_role.name,
+        member=deploy_member,
+        condition={
+            "title": "stack-instances-only",
+            "description": "VMs named tp-<stack>-... only.",
+            "expression": stack_instance_condition(),
         },
     )
     # No project-wide actAs: the deploy account acts as (and edits the IAM policy of) the

@@ -415,3 +415,18 @@ def test_the_guard_rails_page_counts_the_rules_and_names_the_closed_world() -> N
     }
     assert named <= set(POLICY_BY_NAME)
     assert {name for name in named if f"`{name}`" not in page} == set()
+
+
+def test_the_profiles_are_the_projects_of_the_two_programs() -> None:
+    """The pack selects its lists by the Pulumi project in each URN: the names must be the
+    `name` of the two programs' Pulumi.yaml (the real stacks passing shows the URNs use it)."""
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    main = yaml.safe_load((root / "Pulumi.yaml").read_text())["name"]
+    bootstrap = yaml.safe_load((root / "infra" / "bootstrap" / "Pulumi.yaml").read_text())["name"]
+    assert (main, bootstrap) == (allowlist.MAIN_PROJECT, allowlist.BOOTSTRAP_PROJECT)
+    assert set(allowlist.PROFILES) == {main, bootstrap}
+    assert {rules.project_of(r[3]) for r in resources(STACK)} == {main}

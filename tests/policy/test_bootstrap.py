@@ -253,6 +253,7 @@ def test_deploy_account_roles(run: Run) -> None:
         "projects/tpu-pretrain-example/roles/tpuPretrainDeployer",
         "projects/tpu-pretrain-example/roles/tpuPretrainIamGranter",
         "projects/tpu-pretrain-example/roles/tpuPretrainStackAccountUser",
+        "projects/tpu-pretrain-example/roles/tpuPretrainStackInstances",
     }
     deployer = run.named("deployer-role").inputs["permissions"]
     assert len(deployer) == len(set(deployer))
@@ -268,6 +269,11 @@ def test_deploy_account_roles(run: Run) -> None:
     # actAs and service-account IAM: only through the conditional stack-account role.
     assert not {p for p in deployer if p.startswith("iam.serviceAccounts.") and "IamPolicy" in p}
     assert "iam.serviceAccounts.actAs" not in deployer
+    # Changing a VM (its metadata runs code as its account): only the stacks' own VMs.
+    assert not {p for p in deployer if p.startswith("compute.instances.")}
+    assert run.named("deploy-stack-instances").inputs["condition"]["expression"] == (
+        "resource.name.matches('^projects/[^/]+/zones/[^/]+/instances/tp-[a-z0-9-]+$')"
+    )
     stack_accounts = run.named("deploy-stack-accounts").inputs["condition"]["expression"]
     assert stack_accounts == (
         "resource.name.matches('^projects/[^/]+/serviceAccounts/tp-[a-z0-9-]+-"

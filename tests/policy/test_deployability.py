@@ -252,6 +252,30 @@ def test_act_as_covers_the_stacks_accounts_and_nothing_else(bootstrap_run) -> No
         assert not pattern.fullmatch(other), other
 
 
+def test_vm_changes_cover_the_stacks_vms_and_nothing_else(bootstrap_run) -> None:
+    condition = _condition_of(bootstrap_run, bootstrap.STACK_INSTANCE_ROLE_ID)
+    match = re.fullmatch(r"resource\.name\.matches\('([^']+)'\)", condition)
+    assert match, condition
+    pattern = re.compile(match.group(1))
+    vms = {
+        f"projects/{PROJECT}/zones/{r.inputs['zone']}/instances/{r.inputs['name']}"
+        for stack, overrides in _variants()
+        for r in _run(stack, overrides)
+        if r.type_ == "gcp:compute/instance:Instance"
+    }
+    assert len(vms) == 2 * len(stack_names())
+    assert all(pattern.fullmatch(vm) for vm in vms), vms
+    for other in (
+        f"projects/{PROJECT}/zones/europe-west4-a/instances/build-runner",
+        f"projects/{PROJECT}/zones/europe-west4-a/instances/gke-pool-1-abc",
+        f"projects/{PROJECT}/zones/europe-west4-a/disks/tp-x-controller",
+    ):
+        assert not pattern.fullmatch(other), other
+    # Every permission that acts on an instance is behind this condition.
+    plain, _ = _deploy_permissions(bootstrap_run)
+    assert not {p for p in plain if p.startswith("compute.instances.")}
+
+
 def test_the_stack_account_names_match_the_program() -> None:
     sys.path.insert(0, str(ROOT))
     from infra import config

@@ -10,6 +10,11 @@ sequences that may be the policy SDK's read-only proxies. Reading a value that i
 during a preview raises the SDK's UnknownValueError, which the engine reports as "can't run
 policy during preview" (advisory) and then enforces on `pulumi up`, when the value is known.
 
+The pack is a closed world: policy/allowlist.py lists the resource types, APIs, IAM grants
+and custom-role permissions each Pulumi project may have, and the first rules below refuse
+anything else. The other rules hold the allowed types to their secure settings. Firewall
+sources are judged by the addresses they cover, not by how the ranges are written.
+
 Importing this module builds policy objects only. The pack itself (which starts a gRPC
 server and never returns) is built in policy/__main__.py.
 """
@@ -82,7 +87,6 @@ VM_TYPES = (INSTANCE, INSTANCE_TEMPLATE)
 TPU_TYPES = (TPU_VM,)
 
 PUBLIC_PRINCIPALS = ("allusers", "allauthenticatedusers")
-DEFAULT_COMPUTE_SA_SUFFIX = "-compute@developer.gserviceaccount.com"
 # Google-managed default accounts that a stack must neither run as nor grant anything on:
 # the Compute Engine default account "<project number>-compute@developer.gserviceaccount.com"
 # and the App Engine default account "<project id>@appspot.gserviceaccount.com".

@@ -430,3 +430,17 @@ def test_the_profiles_are_the_projects_of_the_two_programs() -> None:
     assert (main, bootstrap) == (allowlist.MAIN_PROJECT, allowlist.BOOTSTRAP_PROJECT)
     assert set(allowlist.PROFILES) == {main, bootstrap}
     assert {rules.project_of(r[3]) for r in resources(STACK)} == {main}
+
+
+def test_an_unknown_type_is_refused_even_while_its_values_are_unknown() -> None:
+    """The type check reads no property, so a preview (with values still unknown) already
+    fails on it; it is never left to the advisory "can't run during preview"."""
+    from policy_harness import POLICY_BY_NAME, check_resource
+    from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
+
+    [message] = check_resource(
+        POLICY_BY_NAME["allowed-resource-types"],
+        "gcp:tpu/v2QueuedResource:V2QueuedResource",
+        {"zone": UNKNOWN_STRING_VALUE, "tpu": UNKNOWN_STRING_VALUE},
+    )
+    assert message.startswith(rules.MSG_UNKNOWN_TYPE)

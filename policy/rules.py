@@ -10,6 +10,11 @@ sequences that may be the policy SDK's read-only proxies. Reading a value that i
 during a preview raises the SDK's UnknownValueError, which the engine reports as "can't run
 policy during preview" (advisory) and then enforces on `pulumi up`, when the value is known.
 
+The pack is a closed world: policy/allowlist.py lists the resource types, APIs, IAM grants
+and custom-role permissions each Pulumi project may have, and the first rules below refuse
+anything else. The other rules hold the allowed types to their secure settings. Firewall
+sources are judged by the addresses they cover, not by how the ranges are written.
+
 Importing this module builds policy objects only. The pack itself (which starts a gRPC
 server and never returns) is built in policy/__main__.py.
 """
@@ -21,18 +26,24 @@ import binascii
 import ipaddress
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pulumi_policy import (
     EnforcementLevel,
     PolicyComplianceFramework,
+    PolicyResource,
     ReportViolation,
     ResourceValidationArgs,
     ResourceValidationPolicy,
     StackValidationArgs,
     StackValidationPolicy,
 )
+
+try:  # inside the repository (tests): the package "policy"
+    from . import allowlist
+except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the working directory
+    import allowlist  # type: ignore[no-redef]
 
 PACK_NAME = "tpu-pretrain-guardrails"
 
@@ -76,9 +87,50 @@ VM_TYPES = (INSTANCE, INSTANCE_TEMPLATE)
 TPU_TYPES = (TPU_VM,)
 
 PUBLIC_PRINCIPALS = ("allusers", "allauthenticatedusers")
-DEFAULT_COMPUTE_SA_SUFFIX = "-compute@developer.gserviceaccount.com"
+# Google-managed default accounts that a stack must neither run as nor grant anything on:
+# the Compute Engine default account "<project number>-compute@developer.gserviceaccount.com"
+# and the App Engine default account "<project id>@appspot.gserviceaccount.com".
+DEFAULT_ACCOUNT = re.compile(
+    r"(?<![A-Za-z0-9._-])(?:[0-9]+-compute@developer\.gserviceaccount\.com"
+    r"|[a-z0-9.:-]+@appspot\.gserviceaccount\.com)",
+    re.IGNORECASE,
+)
 BASIC_ROLES = ("roles/owner", "roles/editor", "roles/viewer")
-WORLD_RANGES = ("0.0.0.0/0", "::/0")
+CUSTOM_ROLE_TYPES = (
+    "gcp:projects/iAMCustomRole:IAMCustomRole",
+    "gcp:organizations/iAMCustomRole:IAMCustomRole",
+)
+SERVICE = "gcp:projects/service:Service"
+SECRET = "gcp:secretmanager/secret:Secret"  # noqa: S105 (a type token)
+ACCOUNT = "gcp:serviceaccount/account:Account"
+BUCKET_OBJECT = "gcp:storage/bucketObject:BucketObject"
+PROVIDER_PREFIX = "pulumi:providers:"
+# Provider settings that would make the provider act as another identity than the one the
+# workflow authenticated (the deploy account), or with a credential of its own.
+PROVIDER_CREDENTIAL_KEYS = (
+    "credentials",
+    "accessToken",
+    "impersonateServiceAccount",
+    "impersonateServiceAccountDelegates",
+)
+
+# Source addresses of an ingress rule that are not "public": the RFC 1918 private ranges and
+# the Google ranges that Google documents as sources of its own traffic to VMs:
+# - 35.235.240.0/20: IAP TCP forwarding ("Using IAP for TCP forwarding": allow ingress from
+#   35.235.240.0/20; infra/components/network.py IAP_RANGE);
+# - 35.191.0.0/16 and 130.211.0.0/22: Google Cloud health check probers ("Health checks
+#   overview", probe IP ranges and firewall rules; pulumi-gcp's getLBIPRanges data source
+#   points at the same page).
+# Every other address, IPv6 included, is public. Python's ipaddress `is_private` is not used:
+# it also calls documentation and shared ranges (e.g. 203.0.113.0/24) private.
+PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
+GOOGLE_SOURCE_RANGES = ("35.235.240.0/20", "35.191.0.0/16", "130.211.0.0/22")
+NOT_PUBLIC = tuple(ipaddress.ip_network(r) for r in (*PRIVATE_RANGES, *GOOGLE_SOURCE_RANGES))
+# The CIDRs a stack declares for its users are the sources of its WireGuard rule (UDP to the
+# VPN hop; stack config vpnAllowedCidrs). Public sources of other rules are accepted inside
+# them, but only while the declaration names at most this many public addresses (a /16): a
+# declaration of "everywhere" (0.0.0.0/0 for WireGuard is allowed) exempts nothing.
+MAX_USER_ADDRESSES = 2**16
 # (first port, last port, service) that must never be open to the internet.
 ADMIN_PORTS = ((22, 22, "SSH"), (3389, 3389, "RDP"))
 # TensorBoard (infra/components/network.py TENSORBOARD_PORT) and the TPU runtime's gRPC
@@ -122,6 +174,18 @@ MSG_KMS_ROTATION = "KMS keys must rotate at least every 90 days"
 MSG_FLOW_LOGS = "subnetwork must have VPC flow logs enabled"
 MSG_AUTO_NETWORK = "auto-mode (default-style) VPC networks are not allowed"
 MSG_WIF_CONDITION = "workload identity provider must restrict the token with attributeCondition"
+MSG_UNKNOWN_TYPE = "resource type is not on the pack's allowlist"
+MSG_UNKNOWN_API = "API is not on the pack's allowlist"
+MSG_IAM_GRANT = "IAM grant is not on the pack's allowlist"
+MSG_CUSTOM_ROLE = "custom role holds permissions outside the pack's allowlist"
+MSG_PROVIDER = "provider must not carry credentials or impersonate another account"
+MSG_PUBLIC_INGRESS = "firewall opens ports to public addresses"
+MSG_FOREIGN_TARGET = "IAM grant on a resource this stack does not create"
+MSG_VM_ACCOUNT = "VM runs as an account that is not the stack's own"
+HOW_TO_ALLOW = (
+    "allow it only by a reviewed code change to policy/allowlist.py (with its rules and a "
+    "test under tests/policy); no stack setting can allow it"
+)
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -225,6 +289,211 @@ def _is_iam_type(resource_type: str) -> bool:
     return any(kind in lowered for kind in ("iammember", "iambinding", "iampolicy"))
 
 
+# --- the closed world: allowlists of policy/allowlist.py ------------------------------------
+def project_of(urn: str) -> str:
+    """The Pulumi project of a URN "urn:pulumi:<stack>::<project>::<type>::<name>"."""
+    parts = urn.split("::")
+    return parts[1] if len(parts) >= 4 else ""
+
+
+def profile_of(urn: str) -> allowlist.Profile | None:
+    return allowlist.PROFILES.get(project_of(urn))
+
+
+def _check_allowed_type(
+    urn: str, resource_type: str, _props: Mapping[str, Any], report: Callable[[str], None]
+) -> None:
+    profile = profile_of(urn)
+    if profile is None:
+        known = ", ".join(sorted(allowlist.PROFILES))
+        report(
+            f"{MSG_UNKNOWN_TYPE}: {resource_type} belongs to Pulumi project "
+            f"{project_of(urn)!r}, which the pack does not know (known: {known}); "
+            f"{HOW_TO_ALLOW}"
+        )
+    elif resource_type not in profile.types:
+        report(
+            f"{MSG_UNKNOWN_TYPE}: {resource_type} is not allowed in project {profile.project}; "
+            f"{HOW_TO_ALLOW}"
+        )
+
+
+def _check_allowed_api(
+    urn: str, resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
+) -> None:
+    profile = profile_of(urn)
+    if resource_type != SERVICE or profile is None:
+        return
+    api = _get(props, "service")
+    if api not in profile.apis:
+        report(f"{MSG_UNKNOWN_API}: {api!r} in project {profile.project}; {HOW_TO_ALLOW}")
+
+
+_CUSTOM_ROLE_NAME = re.compile(r"^projects/[^/]+/roles/([^/]+)$")
+
+
+def _role_key(role: str) -> str:
+    """Predefined roles by name; project custom roles as "custom:<roleId>" (the stack's
+    project). Organization custom roles keep their full name and match no entry."""
+    match = _CUSTOM_ROLE_NAME.match(role)
+    return f"custom:{match.group(1)}" if match else role
+
+
+def _iam_grants(props: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:
+    """(role, member, condition expression or "") of an IAM member/binding/policy."""
+    role = _get(props, "role")
+    role = role if isinstance(role, str) else ""
+    expression = _get(props, "condition", "expression")
+    condition = expression if isinstance(expression, str) else ""
+    member = _get(props, "member")
+    if isinstance(member, str):
+        yield role, member, condition
+    for member in _items(_get(props, "members")):
+        yield role, str(member), condition
+    policy_data = _get(props, "policyData")
+    if isinstance(policy_data, str) and policy_data.strip():
+        try:
+            policy = json.loads(policy_data)
+        except json.JSONDecodeError:
+            yield "unreadable policyData", "", ""
+            return
+        for binding in policy.get("bindings", []) if isinstance(policy, dict) else []:
+            binding_condition = str((binding.get("condition") or {}).get("expression") or "")
+            for member in binding.get("members", []):
+                yield str(binding.get("role", "")), str(member), binding_condition
+
+
+def _grant_problem(
+    profile: allowlist.Profile,
+    resource_type: str,
+    *,
+    props: Mapping[str, Any],
+    role: str,
+    member: str,
+    condition: str,
+) -> str | None:
+    key = _role_key(role)
+    candidates = [g for g in profile.grants if resource_type in g.types and g.role == key]
+    if not candidates:
+        allowed = sorted({g.role for g in profile.grants if resource_type in g.types})
+        return (
+            f"{role or 'no role'} to {member} on {resource_type}: this role may not be granted "
+            f"there in project {profile.project} (allowed: {', '.join(allowed) or 'none'})"
+        )
+    target = str(_get(props, "serviceAccountId") or "")
+    for grant in candidates:
+        member_match = re.fullmatch(grant.member, member)
+        if not member_match:
+            continue
+        if grant.target is not None:
+            target_match = re.fullmatch(grant.target, target)
+            if not target_match:
+                continue
+            if grant.same_stack and target_match.group(1) != member_match.group(1):
+                continue
+        if grant.condition is not None and grant.condition not in condition:
+            continue
+        return None
+    wanted = "; or ".join(
+        f"to {g.who}" + (f" with a condition on {g.condition}" if g.condition else "")
+        for g in candidates
+    )
+    on = f" on {target}" if target else ""
+    return f"{role} to {member}{on}: allowed only {wanted}"
+
+
+def _check_allowed_grants(
+    urn: str, resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
+) -> None:
+    profile = profile_of(urn)
+    if profile is None or not _is_iam_type(resource_type):
+        return
+    for role, member, condition in _iam_grants(props):
+        problem = _grant_problem(
+            profile, resource_type, props=props, role=role, member=member, condition=condition
+        )
+        if problem:
+            report(f"{MSG_IAM_GRANT}: {problem}; {HOW_TO_ALLOW}")
+
+
+def dangerous_permissions(permissions: Iterable[str]) -> list[str]:
+    return sorted(
+        p
+        for p in permissions
+        if any(re.fullmatch(pattern, p) for pattern in allowlist.DANGEROUS_PERMISSION_PATTERNS)
+    )
+
+
+def _check_custom_role(
+    urn: str, resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
+) -> None:
+    if resource_type not in CUSTOM_ROLE_TYPES:
+        return
+    profile = profile_of(urn)
+    role_id = str(_get(props, "roleId") or "")
+    permissions = {str(p) for p in _items(_get(props, "permissions"))}
+    allowed = profile.custom_roles.get(role_id) if profile else None
+    extra = sorted(permissions - (allowed or frozenset()))
+    if allowed is not None and not extra:
+        return
+    dangerous = dangerous_permissions(extra)
+    where = f"project {profile.project}" if profile else f"project {project_of(urn)!r}"
+    what = (
+        f"custom role {role_id!r} is not allowed in {where}"
+        if allowed is None
+        else f"custom role {role_id!r} may not hold {', '.join(extra)}"
+    )
+    danger = f"; it can escalate through {', '.join(dangerous)}" if dangerous else ""
+    report(f"{MSG_CUSTOM_ROLE}: {what}{danger}; {HOW_TO_ALLOW}")
+
+
+def _check_vm_account(
+    urn: str, resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
+) -> None:
+    if resource_type not in (*VM_TYPES, *TPU_TYPES):
+        return
+    email = _get(props, "serviceAccount", "email")
+    if isinstance(email, str) and not re.fullmatch(allowlist.VM_ACCOUNT, email):
+        report(
+            f"{MSG_VM_ACCOUNT}: {resource_type} runs as {email}; a VM of "
+            f"project {project_of(urn)!r} runs as one of its stack's own accounts "
+            "(tp-<stack>-<role>)"
+        )
+
+
+def _check_provider(
+    _urn: str, resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
+) -> None:
+    if not resource_type.startswith(PROVIDER_PREFIX):
+        return
+    for key in PROVIDER_CREDENTIAL_KEYS:
+        if _get(props, key) not in (None, "", []):
+            report(f"{MSG_PROVIDER}: {resource_type} sets {key}")
+
+
+def _any_resource_policy(
+    name: str,
+    description: str,
+    check: Callable[[str, str, Mapping[str, Any], Callable[[str], None]], None],
+) -> ResourceValidationPolicy:
+    """A mandatory policy over every resource, whatever its type (closed by default)."""
+
+    def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+        check(
+            args.urn,
+            args.resource_type,
+            args.props,
+            lambda message: report_violation(message, None),
+        )
+
+    return ResourceValidationPolicy(
+        name=name,
+        description=description,
+        validate=validate,
+        enforcement_level=EnforcementLevel.MANDATORY,
+    )
+
+
 # --- rules -----------------------------------------------------------------------------------
 def _check_uniform_access(_t: str, props: Mapping[str, Any], report: Callable[[str], None]) -> None:
     if _get(props, "uniformBucketLevelAccess") is not True:
@@ -242,8 +511,13 @@ def _check_default_sa(
 ) -> None:
     if _is_iam_type(resource_type):
         for role, member in _iam_members(resource_type, props):
-            if member.lower().endswith(DEFAULT_COMPUTE_SA_SUFFIX):
+            if DEFAULT_ACCOUNT.search(member):
                 report(f"{MSG_DEFAULT_SA}: {member} is granted {role or 'a role'}")
+        # A grant ON a default account (e.g. actAs on it) lets the grantee run as it.
+        for key in ("serviceAccountId", "name", "resource"):
+            target = _get(props, key)
+            if isinstance(target, str) and DEFAULT_ACCOUNT.search(target):
+                report(f"{MSG_DEFAULT_SA}: grant on the default account {target}")
         return
     email = _get(props, "serviceAccount", "email")
     if resource_type in TPU_TYPES and not email:
@@ -254,7 +528,7 @@ def _check_default_sa(
         # account (the provider leaves the email to the API, which picks the default).
         report(f"{MSG_DEFAULT_SA}: serviceAccount without email runs as the default one")
     elif isinstance(email, str) and (
-        email.lower().endswith(DEFAULT_COMPUTE_SA_SUFFIX) or email.lower() == "default"
+        DEFAULT_ACCOUNT.search(email) or email.strip().lower() == "default"
     ):
         report(f"{MSG_DEFAULT_SA}: {email}")
 
@@ -278,6 +552,11 @@ def _check_sa_roles(
 def _check_public_members(
     resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
 ) -> None:
+    if resource_type == BUCKET_OBJECT:
+        acl = _get(props, "predefinedAcl")
+        if isinstance(acl, str) and acl.strip().lower().startswith(("public", "authenticated")):
+            report(f"{MSG_PUBLIC_MEMBER}: object with predefinedAcl {acl!r}")
+        return
     if not (_is_iam_type(resource_type) or resource_type in STORAGE_ACL_TYPES):
         return
     for role, member in _iam_members(resource_type, props):
@@ -286,62 +565,206 @@ def _check_public_members(
 
 
 def _port_ranges(ports: Any) -> list[tuple[int, int]] | None:
-    """None means every port (no ports listed)."""
+    """None means every port (no ports listed, or one that cannot be read: judged as the
+    widest it could be)."""
     listed = [str(port) for port in _items(ports)]
     if not listed:
         return None
     ranges = []
     for item in listed:
-        low, _, high = item.partition("-")
-        ranges.append((int(low), int(high or low)))
+        low, _, high = item.strip().partition("-")
+        try:
+            ranges.append((int(low), int(high or low)))
+        except ValueError:
+            return None
     return ranges
 
 
-def _world_source(props: Mapping[str, Any]) -> str | None:
-    """The source ranges when, together, they cover every IPv4 or every IPv6 address
-    (0.0.0.0/0, or 0.0.0.0/1 + 128.0.0.0/1, ...); None otherwise."""
+Net = ipaddress.IPv4Network | ipaddress.IPv6Network
+_PROTOCOL_NUMBERS = {"6": "tcp", "17": "udp", "132": "sctp", "1": "icmp", "58": "ipv6-icmp"}
+
+
+def _collapse(networks: Iterable[Net]) -> list[Net]:
+    v4 = [n for n in networks if n.version == 4]
+    v6 = [n for n in networks if n.version == 6]
+    return [
+        *ipaddress.collapse_addresses(v4),  # type: ignore[arg-type]
+        *ipaddress.collapse_addresses(v6),  # type: ignore[arg-type]
+    ]
+
+
+def _subtract(networks: Iterable[Net], removed: Iterable[Net]) -> list[Net]:
+    """The addresses of `networks` that are in none of `removed`, collapsed."""
+    result = _collapse(networks)
+    for cut in removed:
+        kept: list[Net] = []
+        for network in result:
+            if network.version != cut.version or not network.overlaps(cut):
+                kept.append(network)
+            elif not network.subnet_of(cut):  # type: ignore[arg-type]
+                kept.extend(network.address_exclude(cut))  # type: ignore[arg-type]
+        result = kept
+    return _collapse(result)
+
+
+def _public(networks: Iterable[Net]) -> list[Net]:
+    return _subtract(networks, NOT_PUBLIC)
+
+
+def _address_count(networks: Iterable[Net]) -> int:
+    return sum(n.num_addresses for n in networks)
+
+
+def _summary(networks: Sequence[Net]) -> str:
+    shown = ", ".join(str(n) for n in networks[:3])
+    more = f" and {len(networks) - 3} more ranges" if len(networks) > 3 else ""
+    return f"{_address_count(networks)} public addresses ({shown}{more})"
+
+
+def _firewall_sources(props: Mapping[str, Any]) -> tuple[list[Net], list[str], str]:
+    """(parsed source ranges, unparseable ones, how the source reads)."""
     ranges = [str(r) for r in _items(_get(props, "sourceRanges"))]
     no_source = not _items(_get(props, "sourceTags")) and not _items(
         _get(props, "sourceServiceAccounts")
     )
-    if not ranges and no_source:
-        return "no source (GCE defaults to 0.0.0.0/0)"
-    v4: list[ipaddress.IPv4Network] = []
-    v6: list[ipaddress.IPv6Network] = []
+    if not ranges:
+        if no_source:
+            return [ipaddress.ip_network("0.0.0.0/0")], [], "no source (GCE defaults to 0.0.0.0/0)"
+        return [], [], "source tags/service accounts only"
+    parsed: list[Net] = []
+    bad: list[str] = []
     for cidr in ranges:
         try:
-            network = ipaddress.ip_network(cidr, strict=False)
+            parsed.append(ipaddress.ip_network(cidr.strip(), strict=False))
         except ValueError:
+            bad.append(cidr)
+    shown = " + ".join(ranges[:4]) + (f" + {len(ranges) - 4} more" if len(ranges) > 4 else "")
+    return parsed, bad, shown
+
+
+def _active_ingress(props: Mapping[str, Any]) -> bool:
+    direction = str(_get(props, "direction") or "INGRESS").upper()
+    return direction == "INGRESS" and _get(props, "disabled") is not True
+
+
+def _protocol(allow: Any) -> str:
+    protocol = str(_get(allow, "protocol") or "").strip().lower()
+    return _PROTOCOL_NUMBERS.get(protocol, protocol)
+
+
+def _is_vpn_entry(props: Mapping[str, Any]) -> bool:
+    """The WireGuard rule's shape: one UDP port, to the VPN hop only."""
+    allows = _items(_get(props, "allows"))
+    targets = [str(t) for t in _items(_get(props, "targetTags"))]
+    ports = [str(p).strip() for a in allows for p in _items(_get(a, "ports"))]
+    return (
+        bool(allows)
+        and all(_protocol(a) == "udp" and _items(_get(a, "ports")) for a in allows)
+        and len(set(ports)) == 1
+        and ports[0].isdigit()
+        and bool(targets)
+        and all(t == HOP_NETWORK_TAG for t in targets)
+        and not _items(_get(props, "targetServiceAccounts"))
+    )
+
+
+def _user_cidrs(resources: Sequence[PolicyResource]) -> tuple[list[Net], str]:
+    """The public addresses the stack declares for its users (its WireGuard rules' sources),
+    or none when that declaration is wider than MAX_USER_ADDRESSES; and how it reads."""
+    declared: list[Net] = []
+    for resource in resources:
+        props = resource.props
+        if resource.resource_type == FIREWALL and _active_ingress(props) and _is_vpn_entry(props):
+            declared.extend(_firewall_sources(props)[0])
+    public = _public(declared)
+    if _address_count(public) > MAX_USER_ADDRESSES:
+        return [], (
+            f"the stack's user CIDRs ({_summary(public)}) are wider than "
+            f"{MAX_USER_ADDRESSES} addresses and exempt nothing"
+        )
+    return public, ", ".join(str(n) for n in public) or "none declared"
+
+
+def _overlaps(ranges: list[tuple[int, int]] | None, first: int, last: int) -> bool:
+    return ranges is None or any(lo <= last and first <= hi for lo, hi in ranges)
+
+
+def _outside(ranges: list[tuple[int, int]] | None, known: Sequence[tuple[int, int, str]]) -> bool:
+    """Whether the port ranges open any port that is in none of `known`."""
+    if ranges is None:
+        return True
+    for low, high in ranges:
+        port = low
+        while port <= high:
+            inside = [k for k in known if k[0] <= port <= k[1]]
+            if not inside:
+                return True
+            port = max(k[1] for k in inside) + 1
+    return False
+
+
+def ingress_findings(resources: Sequence[PolicyResource]) -> Iterator[tuple[str, str, str]]:
+    """(policy name, message, urn) for every ingress firewall that lets public addresses
+    outside the stack's user CIDRs reach a port. Ranges are judged by the addresses they
+    cover (collapsed, private and Google ranges taken out), never by how they are written."""
+    users, users_text = _user_cidrs(resources)
+    known_ports = (*ADMIN_PORTS, *SERVICE_PORTS)
+    for resource in resources:
+        if resource.resource_type != FIREWALL or not _active_ingress(resource.props):
             continue
-        (v4 if network.version == 4 else v6).append(network)  # type: ignore[arg-type]
-    for family in (v4, v6):
-        if any(n.prefixlen == 0 for n in ipaddress.collapse_addresses(family)):  # type: ignore[type-var]
-            return " + ".join(str(n) for n in family)
-    return None
-
-
-def _check_world_ingress(
-    ports: Sequence[tuple[int, int, str]], message: str
-) -> Callable[[str, Mapping[str, Any], Callable[[str], None]], None]:
-    def check(_t: str, props: Mapping[str, Any], report: Callable[[str], None]) -> None:
-        direction = _get(props, "direction") or "INGRESS"
-        if direction != "INGRESS" or _get(props, "disabled") is True:
-            return
-        source = _world_source(props)
-        if source is None:
-            return
+        props = resource.props
+        parsed, bad, source_text = _firewall_sources(props)
+        for cidr in bad:
+            yield (
+                "no-public-ingress",
+                f"{MSG_PUBLIC_INGRESS}: source range {cidr!r} is not an IP range, so what it "
+                "covers cannot be judged",
+                resource.urn,
+            )
+        residual = _subtract(_public(parsed), users)
+        if not residual:
+            continue
+        source = f"{source_text}: {_summary(residual)} outside the user CIDRs ({users_text})"
+        vpn_entry = _is_vpn_entry(props)
         for allow in _items(_get(props, "allows")):
-            protocol = str(_get(allow, "protocol") or "").lower()
-            if protocol not in {"tcp", "all", "6"}:
-                continue
+            protocol = _protocol(allow)
             ranges = _port_ranges(_get(allow, "ports"))
-            for first, last, service in ports:
-                if ranges is None or any(lo <= last and first <= hi for lo, hi in ranges):
-                    wanted = f"port {first}" if first == last else f"ports {first}-{last}"
-                    shown = "all ports" if ranges is None else wanted
-                    report(f"{message}: {service} ({protocol} {shown}) from {source}")
+            if protocol in {"tcp", "all"}:
+                for rule, ports, message in (
+                    ("no-ssh-rdp-from-internet", ADMIN_PORTS, MSG_SSH_RDP),
+                    ("no-tensorboard-tpu-from-internet", SERVICE_PORTS, MSG_SERVICE_PORTS),
+                ):
+                    for first, last, service in ports:
+                        if _overlaps(ranges, first, last):
+                            wanted = f"port {first}" if first == last else f"ports {first}-{last}"
+                            shown = "all ports" if ranges is None else wanted
+                            text = f"{message}: {service} ({protocol} {shown}) from {source}"
+                            yield rule, text, resource.urn
+                if protocol == "tcp" and not _outside(ranges, known_ports):
+                    continue
+            elif protocol == "udp" and vpn_entry:
+                continue  # the WireGuard endpoint: authenticated by its keys, meant to be reached
+            ports_text = "all ports" if ranges is None else ",".join(_items(_get(allow, "ports")))
+            yield (
+                "no-public-ingress",
+                f"{MSG_PUBLIC_INGRESS}: {protocol or 'no protocol'} {ports_text} from {source}; "
+                "only the WireGuard rule (UDP to the VPN hop) may face the internet",
+                resource.urn,
+            )
 
-    return check
+
+def _ingress_policy(name: str, description: str) -> StackValidationPolicy:
+    def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+        for rule, message, urn in ingress_findings(args.resources):
+            if rule == name:
+                report_violation(message, urn)
+
+    return StackValidationPolicy(
+        name=name,
+        description=description,
+        validate=validate,
+        enforcement_level=EnforcementLevel.MANDATORY,
+    )
 
 
 def _tpu_network_configs(props: Mapping[str, Any]) -> list[Any]:
@@ -564,6 +987,60 @@ def _validate_regions(args: StackValidationArgs, report_violation: ReportViolati
                 )
 
 
+def _validate_own_targets(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    """Grants on buckets, secrets and service accounts name ones this stack creates: an
+    allowed role on someone else's resource (the state bucket, another stack's account) is
+    a grant the program never makes."""
+    buckets = {
+        str(_get(r.props, "name"))
+        for r in args.resources
+        if r.resource_type == BUCKET and _get(r.props, "name")
+    }
+    secrets = {
+        str(_get(r.props, "secretId"))
+        for r in args.resources
+        if r.resource_type == SECRET and _get(r.props, "secretId")
+    }
+    accounts = {
+        (str(_get(r.props, "accountId")), _get(r.props, "project"))
+        for r in args.resources
+        if r.resource_type == ACCOUNT
+    }
+    for resource in args.resources:
+        type_, props = resource.resource_type, resource.props
+        lowered = type_.lower()
+        if not _is_iam_type(type_):
+            continue
+        if lowered.startswith("gcp:storage/bucketiam"):
+            bucket = str(_get(props, "bucket") or "").removeprefix("b/")
+            if bucket not in buckets:
+                report_violation(
+                    f"{MSG_FOREIGN_TARGET}: bucket {bucket!r} is not a bucket of this stack",
+                    resource.urn,
+                )
+        elif lowered.startswith("gcp:secretmanager/secretiam"):
+            secret = str(_get(props, "secretId") or "").rsplit("/", 1)[-1]
+            if secret not in secrets:
+                report_violation(
+                    f"{MSG_FOREIGN_TARGET}: secret {secret!r} is not a secret of this stack",
+                    resource.urn,
+                )
+        elif lowered.startswith("gcp:serviceaccount/iam"):
+            target = str(_get(props, "serviceAccountId") or "").rsplit("/", 1)[-1]
+            local, _, domain = target.partition("@")
+            own = any(
+                local == account_id
+                and (project is None or domain == f"{project}.iam.gserviceaccount.com")
+                for account_id, project in accounts
+            )
+            if not own:
+                report_violation(
+                    f"{MSG_FOREIGN_TARGET}: service account {target!r} is not an account of "
+                    "this stack",
+                    resource.urn,
+                )
+
+
 def _validate_single_hop(args: StackValidationArgs, report_violation: ReportViolation) -> None:
     """The resource rules exempt the VM marked as the hop; this makes the mark structural:
     one compute instance at most, and not in a region that holds a TPU (the hop is the VPN
@@ -605,6 +1082,42 @@ def _validate_single_hop(args: StackValidationArgs, report_violation: ReportViol
 def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
     vm_and_tpu = (*VM_TYPES, *TPU_TYPES)
     return [
+        _any_resource_policy(
+            "allowed-resource-types",
+            "Every resource's type is on the allowlist of its Pulumi project "
+            "(policy/allowlist.py); anything else is refused (closed world).",
+            _check_allowed_type,
+        ),
+        _any_resource_policy(
+            "allowed-apis",
+            "Only the APIs the program needs may be enabled (policy/allowlist.py).",
+            _check_allowed_api,
+        ),
+        _any_resource_policy(
+            "allowed-iam-grants",
+            "Every IAM grant (role x principal x resource) is on the allowlist; custom roles "
+            "by role id, service-account grants by the account they are on.",
+            _check_allowed_grants,
+        ),
+        _any_resource_policy(
+            "custom-role-permissions",
+            "A custom role exists only under an allowed role id and holds only the "
+            "permissions listed for it (setIamPolicy, actAs, token or key creation, role "
+            "editing are named as escalation paths).",
+            _check_custom_role,
+        ),
+        _any_resource_policy(
+            "vm-accounts-are-stack-accounts",
+            "VMs and TPU VMs run as the stack's own service accounts, never as another "
+            "account of the project (a CI account, another stack's, a default one).",
+            _check_vm_account,
+        ),
+        _any_resource_policy(
+            "providers-without-credentials",
+            "Providers use the identity the workflow authenticated: no credentials, access "
+            "token or impersonation of their own.",
+            _check_provider,
+        ),
         _resource_policy(
             "bucket-uniform-access",
             "Buckets use uniform bucket-level access (no object ACLs).",
@@ -628,20 +1141,22 @@ def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
             _check_sa_roles,
             cis="1.5",
         ),
-        _resource_policy(
+        _ingress_policy(
             "no-ssh-rdp-from-internet",
-            "Ingress firewalls never open TCP 22/3389 (or all ports) to the whole internet "
-            "(0.0.0.0/0, ::/0, or ranges that add up to it).",
-            (FIREWALL,),
-            _check_world_ingress(ADMIN_PORTS, MSG_SSH_RDP),
-            cis="3.6, 3.7",
+            "Ingress firewalls never let a public address reach TCP 22/3389 (or all ports): "
+            "source ranges are judged by the addresses they cover, whatever their prefix "
+            "lengths; only RFC 1918, IAP and health-check ranges, and the stack's own user "
+            "CIDRs (its WireGuard sources, a /16 at most) are not public (CIS GCP 3.6, 3.7)",
         ),
-        _resource_policy(
+        _ingress_policy(
             "no-tensorboard-tpu-from-internet",
-            "Ingress firewalls never open TensorBoard (6006) or the TPU runtime ports "
-            "(8470-8479) to the whole internet; they are reached over the VPN.",
-            (FIREWALL,),
-            _check_world_ingress(SERVICE_PORTS, MSG_SERVICE_PORTS),
+            "Ingress firewalls never let a public address reach TensorBoard (6006) or the TPU "
+            "runtime ports (8470-8479); they are reached over the VPN.",
+        ),
+        _ingress_policy(
+            "no-public-ingress",
+            "No other port or protocol faces public addresses either (closed by default): "
+            "the one exception is the WireGuard rule, UDP on listed ports to the VPN hop.",
         ),
         _resource_policy(
             "no-external-ip-except-vpn-hop",
@@ -741,6 +1256,13 @@ def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
             enforcement_level=EnforcementLevel.MANDATORY,
         ),
         StackValidationPolicy(
+            name="grants-on-own-resources",
+            description="Bucket, secret and service-account grants are on resources the "
+            "same stack creates (never on the state bucket or another stack's account).",
+            validate=_validate_own_targets,
+            enforcement_level=EnforcementLevel.MANDATORY,
+        ),
+        StackValidationPolicy(
             name="tpu-and-bucket-same-region",
             description="Every TPU VM and every bucket of a stack are in one region "
             "(no cross-region reads of training data).",
@@ -792,6 +1314,14 @@ class DefaultServiceAccountPolicy(ResourceValidationPolicy):
 
 
 POLICY_MESSAGES = {
+    "allowed-resource-types": MSG_UNKNOWN_TYPE,
+    "allowed-apis": MSG_UNKNOWN_API,
+    "allowed-iam-grants": MSG_IAM_GRANT,
+    "custom-role-permissions": MSG_CUSTOM_ROLE,
+    "providers-without-credentials": MSG_PROVIDER,
+    "no-public-ingress": MSG_PUBLIC_INGRESS,
+    "grants-on-own-resources": MSG_FOREIGN_TARGET,
+    "vm-accounts-are-stack-accounts": MSG_VM_ACCOUNT,
     "bucket-uniform-access": MSG_UNIFORM_ACCESS,
     "bucket-public-access-prevention": MSG_PAP,
     "no-public-principals": MSG_PUBLIC_MEMBER,

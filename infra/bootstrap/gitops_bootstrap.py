@@ -10,7 +10,10 @@ Creates what the workflows in .github/workflows need before any stack can be pre
 - two CI service accounts with no keys:
     preview: read-only; any workflow of the repository may use it (pull requests);
     deploy:  applies stacks; only jobs in the GitHub environment that gates deploys, AND
-             running on refs/heads/main,
+             running on refs/heads/main; its permissions are derived from what the
+             program's resource types need (PERMISSIONS_BY_TYPE); it acts as, and edits
+             the IAM policy of, the stacks' own accounts only (no project-wide actAs), and
+             grants on the project only the roles the stacks grant,
 - the TPU recovery custom role that stacks with tpuAutoRecover bind to their controller
   account (the deploy account may grant it, never edit it).
 
@@ -36,7 +39,9 @@ KEY_RING_ID = "tpu-pretrain-state"
 CRYPTO_KEY_ID = "pulumi-secrets"
 KEY_ROTATION = "7776000s"  # 90 days (CIS GCP 1.10)
 DEPLOYER_ROLE_ID = "tpuPretrainDeployer"
-IAM_GRANTER_ROLE_ID = "tpuPretrainIamGranter"
+IAM_GRANTER_ROLE_ID = "tpuPretrainIamGranter"  # project IAM writes, limited roles
+STACK_ACCOUNT_USER_ROLE_ID = "tpuPretrainStackAccountUser"  # actAs on the stacks' accounts
+STACK_INSTANCE_ROLE_ID = "tpuPretrainStackInstances"  # the stacks' own VMs only
 # The main program binds this role by name (infra/components/recovery.py RECOVERY_ROLE_ID).
 RECOVERY_ROLE_ID = "tpuPretrainTpuRecovery"
 DEPLOY_REF = "refs/heads/main"
@@ -86,125 +91,207 @@ PREVIEW_PROJECT_ROLES = (
     "roles/storage.bucketViewer",
 )
 
-# The deploy account's permissions, one custom role: exactly what the program's resources
-# need (infra/components), instead of predefined admin roles (CIS GCP 1.5 forbids admin
-# roles for service accounts; the policy pack enforces it on this program too).
-DEPLOYER_PERMISSIONS = (
-    # ProjectApis: enable the stack's APIs (never disabled on destroy).
-    "serviceusage.services.enable",
-    "serviceusage.services.get",
-    "serviceusage.services.list",
-    "serviceusage.operations.get",
-    "resourcemanager.projects.get",
-    # Network: VPC, subnets, firewall, Cloud Router + NAT, the hop's static address.
-    "compute.networks.create",
-    "compute.networks.delete",
-    "compute.networks.get",
-    "compute.networks.update",
-    "compute.networks.updatePolicy",  # firewall rules
-    "compute.firewalls.create",
-    "compute.firewalls.delete",
-    "compute.firewalls.get",
-    "compute.firewalls.update",
-    "compute.subnetworks.create",
-    "compute.subnetworks.delete",
-    "compute.subnetworks.get",
-    "compute.subnetworks.update",
-    "compute.subnetworks.use",
-    "compute.subnetworks.useExternalIp",  # the VPN hop only (policy pack)
-    "compute.subnetworks.setPrivateIpGoogleAccess",
-    "compute.routers.create",
-    "compute.routers.delete",
-    "compute.routers.get",
-    "compute.routers.update",
-    "compute.routers.use",
-    "compute.addresses.create",
-    "compute.addresses.delete",
-    "compute.addresses.get",
-    "compute.addresses.use",
-    "compute.addresses.setLabels",
-    "compute.globalOperations.get",
-    "compute.regionOperations.get",
-    "compute.zoneOperations.get",
-    "compute.projects.get",
-    "compute.zones.get",
-    "compute.machineTypes.get",
-    # ControllerVm and VpnHop.
-    "compute.instances.create",
-    "compute.instances.delete",
-    "compute.instances.get",
-    "compute.instances.start",
-    "compute.instances.stop",
-    "compute.instances.setMetadata",
-    "compute.instances.setLabels",
-    "compute.instances.setTags",
-    "compute.instances.setMachineType",
-    "compute.instances.setServiceAccount",
-    "compute.instances.updateShieldedInstanceConfig",
-    "compute.instances.setShieldedInstanceIntegrityPolicy",
-    "compute.instances.addAccessConfig",
-    "compute.instances.deleteAccessConfig",
-    "compute.disks.create",
-    "compute.disks.get",
-    "compute.images.get",
-    "compute.images.getFromFamily",
-    "compute.images.useReadOnly",
-    # TpuVm.
-    "tpu.nodes.create",
-    "tpu.nodes.delete",
-    "tpu.nodes.get",
-    "tpu.nodes.update",
-    "tpu.operations.get",
-    "tpu.acceleratortypes.list",
-    "tpu.runtimeversions.list",
-    # TrainingBucket and payload delivery (archive + job spec objects).
-    "storage.buckets.create",
-    "storage.buckets.delete",
-    "storage.buckets.get",
-    "storage.buckets.list",  # the program looks for a bucket kept by an earlier destroy
-    "storage.buckets.update",
-    "storage.buckets.getIamPolicy",
-    "storage.buckets.setIamPolicy",
-    "storage.objects.create",
-    "storage.objects.delete",
-    "storage.objects.get",
-    "storage.objects.list",
-    # The stacks' dedicated service accounts, attached to the VMs they create.
-    "iam.serviceAccounts.create",
-    "iam.serviceAccounts.delete",
-    "iam.serviceAccounts.get",
-    "iam.serviceAccounts.update",
-    "iam.serviceAccounts.actAs",
-    # The VPN hop's key in Secret Manager (the provider reads the version it wrote).
-    "secretmanager.secrets.create",
-    "secretmanager.secrets.delete",
-    "secretmanager.secrets.get",
-    "secretmanager.secrets.update",
-    "secretmanager.secrets.getIamPolicy",
-    "secretmanager.secrets.setIamPolicy",
-    "secretmanager.versions.add",
-    "secretmanager.versions.get",
-    "secretmanager.versions.access",
-    "secretmanager.versions.enable",
-    "secretmanager.versions.disable",
-    "secretmanager.versions.destroy",
-)
+# Resource type of the main program -> permissions the deploy account needs for it over its
+# life (create, read, update, delete, waiting on the operation). Sources: the Cloud REST
+# references' "IAM Permissions" of each method and the Terraform provider's per-resource
+# permission maps (JamesWoolfenden/pike src/mapping/google/resource/*). The deploy account's
+# permissions are DERIVED from this table, nothing is added by hand:
+# tests/policy/test_deployability.py runs every stack under Pulumi's mocks and fails when the
+# program creates a type missing here, or when a permission of a created type is not held.
+PERMISSIONS_BY_TYPE: dict[str, tuple[str, ...]] = {
+    "gcp:projects/service:Service": (
+        "serviceusage.services.enable",
+        "serviceusage.services.get",
+        "serviceusage.services.list",
+        "serviceusage.operations.get",
+        "resourcemanager.projects.get",
+    ),
+    "gcp:compute/network:Network": (
+        "compute.networks.create",
+        "compute.networks.delete",
+        "compute.networks.get",
+        "compute.networks.update",
+        "compute.globalOperations.get",
+    ),
+    "gcp:compute/subnetwork:Subnetwork": (
+        "compute.subnetworks.create",
+        "compute.subnetworks.delete",
+        "compute.subnetworks.get",
+        "compute.subnetworks.update",
+        "compute.subnetworks.setPrivateIpGoogleAccess",
+        "compute.regionOperations.get",
+    ),
+    "gcp:compute/router:Router": (
+        "compute.routers.create",
+        "compute.routers.delete",
+        "compute.routers.get",
+        "compute.routers.update",
+        "compute.regionOperations.get",
+    ),
+    "gcp:compute/routerNat:RouterNat": (
+        "compute.routers.get",
+        "compute.routers.update",
+        "compute.routers.use",
+        "compute.subnetworks.use",  # the NAT names the TPU subnet
+        "compute.regionOperations.get",
+    ),
+    "gcp:compute/firewall:Firewall": (
+        "compute.firewalls.create",
+        "compute.firewalls.delete",
+        "compute.firewalls.get",
+        "compute.firewalls.update",
+        "compute.networks.updatePolicy",
+        "compute.globalOperations.get",
+    ),
+    "gcp:compute/address:Address": (
+        "compute.addresses.create",
+        "compute.addresses.delete",
+        "compute.addresses.get",
+        "compute.addresses.setLabels",
+        "compute.regionOperations.get",
+    ),
+    "gcp:compute/instance:Instance": (
+        "compute.instances.create",
+        "compute.instances.delete",
+        "compute.instances.get",
+        "compute.instances.start",
+        "compute.instances.stop",  # allow_stopping_for_update
+        "compute.instances.setMetadata",
+        "compute.instances.setLabels",
+        "compute.instances.setTags",
+        "compute.instances.setMachineType",
+        "compute.instances.setServiceAccount",
+        "compute.instances.updateShieldedInstanceConfig",
+        "compute.instances.setShieldedInstanceIntegrityPolicy",
+        "compute.instances.addAccessConfig",
+        "compute.instances.deleteAccessConfig",
+        "compute.disks.create",
+        "compute.disks.get",
+        "compute.images.get",
+        "compute.images.getFromFamily",
+        "compute.images.useReadOnly",
+        "compute.subnetworks.use",
+        "compute.subnetworks.useExternalIp",  # the VPN hop only (policy pack)
+        "compute.addresses.use",  # the VPN hop's static address
+        "compute.zoneOperations.get",
+        "compute.projects.get",
+        "compute.zones.get",
+        "compute.machineTypes.get",
+        "iam.serviceAccounts.actAs",  # attaching the stack's own account (conditional role)
+    ),
+    "gcp:tpu/v2Vm:V2Vm": (
+        "tpu.nodes.create",
+        "tpu.nodes.delete",
+        "tpu.nodes.get",
+        "tpu.nodes.update",
+        "tpu.operations.get",
+        "tpu.acceleratortypes.list",
+        "tpu.runtimeversions.list",
+        "iam.serviceAccounts.actAs",  # attaching the stack's own account (conditional role)
+    ),
+    "gcp:storage/bucket:Bucket": (
+        "storage.buckets.create",
+        "storage.buckets.delete",
+        "storage.buckets.get",
+        "storage.buckets.list",  # the program looks for a bucket kept by an earlier destroy
+        "storage.buckets.update",
+    ),
+    "gcp:storage/bucketIAMMember:BucketIAMMember": (
+        "storage.buckets.getIamPolicy",
+        "storage.buckets.setIamPolicy",
+    ),
+    "gcp:storage/bucketObject:BucketObject": (
+        "storage.objects.create",
+        "storage.objects.delete",
+        "storage.objects.get",
+        "storage.objects.list",
+    ),
+    "gcp:serviceaccount/account:Account": (
+        "iam.serviceAccounts.create",
+        "iam.serviceAccounts.delete",
+        "iam.serviceAccounts.get",
+        "iam.serviceAccounts.update",
+    ),
+    "gcp:serviceaccount/iAMMember:IAMMember": (
+        "iam.serviceAccounts.getIamPolicy",  # conditional role: the stack's accounts only
+        "iam.serviceAccounts.setIamPolicy",
+    ),
+    "gcp:projects/iAMMember:IAMMember": (
+        "resourcemanager.projects.getIamPolicy",  # conditional role: listed roles only
+        "resourcemanager.projects.setIamPolicy",
+    ),
+    "gcp:secretmanager/secret:Secret": (
+        "secretmanager.secrets.create",
+        "secretmanager.secrets.delete",
+        "secretmanager.secrets.get",
+        "secretmanager.secrets.update",
+    ),
+    "gcp:secretmanager/secretVersion:SecretVersion": (
+        "secretmanager.versions.add",
+        "secretmanager.versions.get",
+        "secretmanager.versions.access",  # the provider reads the version it wrote
+        "secretmanager.versions.enable",
+        "secretmanager.versions.disable",
+        "secretmanager.versions.destroy",
+    ),
+    "gcp:secretmanager/secretIamMember:SecretIamMember": (
+        "secretmanager.secrets.getIamPolicy",
+        "secretmanager.secrets.setIamPolicy",
+    ),
+    # Local providers: no Google API call.
+    "random:index/randomBytes:RandomBytes": (),
+    "time:index/sleep:Sleep": (),
+}
 
-# IAM the program writes on the project (ServiceIdentity: log and metric writing; the
-# recovery role for the watchdog) and on the TPU VM's service account (actAs for the
-# watchdog). Changing an IAM policy could grant anything, so the deploy account holds these
-# permissions only under a condition that limits the roles it may grant or revoke.
-GRANTABLE_PREDEFINED_ROLES = (
-    "roles/logging.logWriter",
-    "roles/monitoring.metricWriter",
-    "roles/iam.serviceAccountUser",
-)
-IAM_GRANTER_PERMISSIONS = (
-    "resourcemanager.projects.getIamPolicy",
-    "resourcemanager.projects.setIamPolicy",
+# Permissions that would let the deploy account escalate if held project-wide. They are
+# held only through the two conditional roles below, never through the deployer role.
+# Acting as an account, and the IAM policies of service accounts: only on the stacks' own
+# accounts (a condition on the account's resource name).
+STACK_ACCOUNT_USER_PERMISSIONS = (
+    "iam.serviceAccounts.actAs",
     "iam.serviceAccounts.getIamPolicy",
     "iam.serviceAccounts.setIamPolicy",
 )
+# The project's IAM policy: only grants/revocations of GRANTABLE_PROJECT_ROLES
+# (iam.googleapis.com/modifiedGrantsByRole, documented by Google for projects).
+PROJECT_IAM_WRITER_PERMISSIONS = (
+    "resourcemanager.projects.getIamPolicy",
+    "resourcemanager.projects.setIamPolicy",
+)
+# Everything that changes (or runs code on) an existing VM: setMetadata alone would let a
+# holder run a startup script on ANY VM of the project, as that VM's account (the default
+# compute account included). Only on VMs named like the stacks' ("tp-<stack>-..."): a
+# condition on the instance's resource name, which Google's "Resource attributes for IAM
+# Conditions" lists for Compute Engine instances ("projects/<p>/zones/<z>/instances/<n>").
+STACK_INSTANCE_PERMISSIONS = tuple(
+    p
+    for p in PERMISSIONS_BY_TYPE["gcp:compute/instance:Instance"]
+    if p.startswith("compute.instances.")
+)
+CONDITIONAL_PERMISSIONS = (
+    frozenset(STACK_ACCOUNT_USER_PERMISSIONS)
+    | frozenset(PROJECT_IAM_WRITER_PERMISSIONS)
+    | frozenset(STACK_INSTANCE_PERMISSIONS)
+)
+
+# The deployer role: every permission of the table that is not conditional, sorted.
+DEPLOYER_PERMISSIONS = tuple(
+    sorted({p for needs in PERMISSIONS_BY_TYPE.values() for p in needs} - CONDITIONAL_PERMISSIONS)
+)
+
+# The roles the program grants on the project (ServiceIdentity: log and metric writing; the
+# recovery role for the watchdog). roles/iam.serviceAccountUser is NOT among them: granted on
+# the project it would be actAs on every account of the project. The program grants it on
+# the TPU VM's own account only, through the stack-account role.
+GRANTABLE_PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
+GRANTABLE_ACCOUNT_ROLES = ("roles/iam.serviceAccountUser",)
+
+# The main program's service accounts are "tp-<stack>-<suffix>" (infra/config.py: every GCP
+# name of a stack starts with "tp-<stack>"; SERVICE_ACCOUNT_SUFFIXES), all in the stacks'
+# project. tests/policy/test_deployability.py checks these against infra/config.py and the
+# captured accounts of every stack.
+STACK_ACCOUNT_PREFIX = "tp-"
+STACK_ACCOUNT_SUFFIXES = ("workload", "controller", "vpn-hop")
 
 
 def recovery_role_name(project: str) -> str:
@@ -212,8 +299,29 @@ def recovery_role_name(project: str) -> str:
 
 
 def grantable_roles(project: str) -> tuple[str, ...]:
-    """Every role the deploy account may grant or revoke: custom roles by full name."""
-    return (*GRANTABLE_PREDEFINED_ROLES, recovery_role_name(project))
+    """Every role the deploy account may grant or revoke on the project."""
+    return (*GRANTABLE_PROJECT_ROLES, recovery_role_name(project))
+
+
+def stack_instance_condition() -> str:
+    """The stacks' VMs: every GCP name of a stack starts with "tp-<stack>" (infra/config.py).
+    A VM of the project with another name (or a name the condition cannot test) is out of
+    reach: its metadata, account, tags and power state."""
+    return (
+        "resource.name.matches('^projects/[^/]+/zones/[^/]+/instances/"
+        f"{STACK_ACCOUNT_PREFIX}[a-z0-9-]+$')"
+    )
+
+
+def stack_account_name_pattern(project: str) -> str:
+    """RE2 pattern of a stack account's IAM resource name
+    ("projects/<project or ->/serviceAccounts/<email>"); no backslash, so it can sit in a
+    CEL string literal as it is."""
+    suffixes = "|".join(STACK_ACCOUNT_SUFFIXES)
+    domain = f"{project}.iam.gserviceaccount.com".replace(".", "[.]")
+    return (
+        f"^projects/[^/]+/serviceAccounts/{STACK_ACCOUNT_PREFIX}[a-z0-9-]+-({suffixes})@{domain}$"
+    )
 
 
 class BootstrapConfigError(ValueError):
@@ -332,9 +440,40 @@ def deploy_principal_value(cfg: BootstrapConfig) -> str:
     return f"repo:{cfg.github_repository}:environment:{cfg.deploy_environment}@{DEPLOY_REF}"
 
 
+def _modified_grants_only(roles: tuple[str, ...]) -> str:
+    listed = ", ".join(f"'{role}'" for role in roles)
+    return f"api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', []).hasOnly([{listed}])"
+
+
 def iam_granter_condition(project: str) -> str:
-    roles = ", ".join(f"'{role}'" for role in grantable_roles(project))
-    return f"api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', []).hasOnly([{roles}])"
+    """Project IAM writes may add or remove bindings of grantable_roles() only. Google
+    documents the attribute for the allow policies of projects, folders and organizations
+    ("Set limits on granting roles", iam/docs/setting-limits-on-granting-roles)."""
+    return _modified_grants_only(grantable_roles(project))
+
+
+def stack_account_condition(project: str) -> str:
+    """actAs and IAM-policy reads/writes on the stacks' own accounts only, and on those only
+    grants of GRANTABLE_ACCOUNT_ROLES.
+
+    What is verified and what is not (Google's IAM docs; checked only offline):
+    - The account part is a condition on `resource.name`. Google's "Resource attributes for
+      IAM Conditions" page lists the services whose resource names a condition can test;
+      whether iam.googleapis.com service accounts (actAs, setIamPolicy) are among them was
+      not confirmed from that page here. A name the condition cannot test does not match
+      the pattern, so the binding then grants nothing (a 403 on the first deploy that
+      attaches an account), it never grants more.
+    - The role part uses `iam.googleapis.com/modifiedGrantsByRole`, which Google documents
+      for projects, folders and organizations only. If IAM does not set the attribute for a
+      service account's policy, `api.getAttribute(..., [])` is the empty list and the
+      `hasOnly` part is true: on the stacks' own accounts the deploy account could then
+      grant any role, but on no other account (the name part still applies). The policy
+      pack refuses such a grant in every stack before it reaches IAM.
+    Only a real project can tell which of these holds."""
+    return (
+        f"resource.name.matches('{stack_account_name_pattern(project)}')"
+        f" && {_modified_grants_only(GRANTABLE_ACCOUNT_ROLES)}"
+    )
 
 
 def state_lock_condition(bucket: str) -> str:
@@ -531,7 +670,7 @@ def define(cfg: BootstrapConfig) -> None:
         role_id=IAM_GRANTER_ROLE_ID,
         title="tpu-pretrain IAM granter",
         description="Project IAM reads/writes, bound only with a condition on granted roles.",
-        permissions=list(IAM_GRANTER_PERMISSIONS),
+        permissions=list(PROJECT_IAM_WRITER_PERMISSIONS),
         stage="GA",
         opts=after_apis,
     )
@@ -548,8 +687,54 @@ def define(cfg: BootstrapConfig) -> None:
         member=deploy_member,
         condition={
             "title": "only-stack-roles",
-            "description": "May grant/revoke only log/metric writing, TPU recovery and actAs.",
+            "description": "May grant/revoke only log/metric writing and TPU recovery.",
             "expression": iam_granter_condition(project),
+        },
+    )
+    stack_instance_role = gcp.projects.IAMCustomRole(
+        "stack-instance-role",
+        project=project,
+        role_id=STACK_INSTANCE_ROLE_ID,
+        title="tpu-pretrain stack instances",
+        description="Create and change the stacks' own VMs (conditional on their names).",
+        permissions=list(STACK_INSTANCE_PERMISSIONS),
+        stage="GA",
+        opts=after_apis,
+    )
+    gcp.projects.IAMMember(
+        "deploy-stack-instances",
+        project=project,
+        role=stack_instance_role.name,
+        member=deploy_member,
+        condition={
+            "title": "stack-instances-only",
+            "description": "VMs named tp-<stack>-... only.",
+            "expression": stack_instance_condition(),
+        },
+    )
+    # No project-wide actAs: the deploy account acts as (and edits the IAM policy of) the
+    # stacks' own accounts "tp-<stack>-<role>" only, never the default compute account,
+    # the App Engine default account or the CI accounts of this bootstrap.
+    stack_account_role = gcp.projects.IAMCustomRole(
+        "stack-account-user-role",
+        project=project,
+        role_id=STACK_ACCOUNT_USER_ROLE_ID,
+        title="tpu-pretrain stack account user",
+        description="actAs and IAM policy of the stacks' own service accounts (conditional).",
+        permissions=list(STACK_ACCOUNT_USER_PERMISSIONS),
+        stage="GA",
+        opts=after_apis,
+    )
+    gcp.projects.IAMMember(
+        "deploy-stack-accounts",
+        project=project,
+        role=stack_account_role.name,
+        member=deploy_member,
+        condition={
+            "title": "stack-accounts-only",
+            "description": "The stacks' own accounts (tp-<stack>-<role>); grants "
+            "roles/iam.serviceAccountUser only.",
+            "expression": stack_account_condition(project),
         },
     )
     # Created here, not by the stacks: the deploy account may grant it (above) but holds no

@@ -48,8 +48,11 @@ def _options() -> PolicyResourceOptions:
     )
 
 
-def urn_for(resource_type: str, name: str, stack: str = "test") -> str:
-    return f"urn:pulumi:{stack}::tpu-pretrain::{resource_type}::{name}"
+def urn_for(
+    resource_type: str, name: str, stack: str = "test", project: str = "tpu-pretrain"
+) -> str:
+    """A URN as the engine writes it; the pack reads the Pulumi project from it."""
+    return f"urn:pulumi:{stack}::{project}::{resource_type}::{name}"
 
 
 def engine_props(props: Mapping[str, Any]) -> Any:

@@ -252,6 +252,8 @@ def test_deploy_account_roles(run: Run) -> None:
     assert roles == {
         "projects/tpu-pretrain-example/roles/tpuPretrainDeployer",
         "projects/tpu-pretrain-example/roles/tpuPretrainIamGranter",
+        "projects/tpu-pretrain-example/roles/tpuPretrainStackAccountUser",
+        "projects/tpu-pretrain-example/roles/tpuPretrainStackInstances",
     }
     deployer = run.named("deployer-role").inputs["permissions"]
     assert len(deployer) == len(set(deployer))
@@ -262,8 +264,22 @@ def test_deploy_account_roles(run: Run) -> None:
     assert granter == (
         "api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
         ".hasOnly(['roles/logging.logWriter', 'roles/monitoring.metricWriter', "
-        "'roles/iam.serviceAccountUser', "
         "'projects/tpu-pretrain-example/roles/tpuPretrainTpuRecovery'])"
+    )
+    # actAs and service-account IAM: only through the conditional stack-account role.
+    assert not {p for p in deployer if p.startswith("iam.serviceAccounts.") and "IamPolicy" in p}
+    assert "iam.serviceAccounts.actAs" not in deployer
+    # Changing a VM (its metadata runs code as its account): only the stacks' own VMs.
+    assert not {p for p in deployer if p.startswith("compute.instances.")}
+    assert run.named("deploy-stack-instances").inputs["condition"]["expression"] == (
+        "resource.name.matches('^projects/[^/]+/zones/[^/]+/instances/tp-[a-z0-9-]+$')"
+    )
+    stack_accounts = run.named("deploy-stack-accounts").inputs["condition"]["expression"]
+    assert stack_accounts == (
+        "resource.name.matches('^projects/[^/]+/serviceAccounts/tp-[a-z0-9-]+-"
+        "(workload|controller|vpn-hop)@tpu-pretrain-example[.]iam[.]gserviceaccount[.]com$')"
+        " && api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
+        ".hasOnly(['roles/iam.serviceAccountUser'])"
     )
 
 
@@ -317,7 +333,35 @@ def test_policy_pack_rejects_a_weakened_bootstrap(run: Run) -> None:
     assert violations == {
         "wif-provider-attribute-condition",
         "no-basic-or-admin-roles-for-service-accounts",
+        "allowed-iam-grants",
     }
+
+
+@pytest.mark.parametrize(
+    ("change", "rule"),
+    [
+        # The deployer role gains a permission that is not on the pack's list for it.
+        (
+            lambda r: (
+                r.named("deployer-role")
+                .inputs["permissions"]
+                .append("iam.serviceAccounts.getAccessToken")
+            ),
+            "custom-role-permissions",
+        ),
+        # The stack-account binding loses its condition (actAs on every account).
+        (lambda r: r.named("deploy-stack-accounts").inputs.pop("condition"), "allowed-iam-grants"),
+        # The project IAM writer loses its limit on granted roles.
+        (lambda r: r.named("deploy-iam-granter").inputs.pop("condition"), "allowed-iam-grants"),
+    ],
+    ids=["deployer-gains-token-creation", "actas-unconditional", "granter-unlimited"],
+)
+def test_policy_pack_rejects_a_deploy_identity_that_could_escalate(change, rule) -> None:
+    weakened = run_bootstrap()
+    change(weakened)
+    resources = [(r.type_, r.name, r.inputs, r.urn) for r in weakened.resources]
+    violations = run_pack(resources)
+    assert {v.policy for v in violations} == {rule}, violations
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,12 @@
-"""Least privilege that still deploys: for every stack (and each with the TPU watchdog on),
-every resource the program registers under Pulumi's mocks is deployable by the bootstrap's
-deploy account, and every role the program grants is one that account may grant.
+"""Least privilege that still deploys, and cannot escalate: for every stack (and each with
+the TPU watchdog on and off), every resource the program registers under Pulumi's mocks is
+deployable by the bootstrap's deploy account, every role the program grants is one that
+account may grant, and the account holds nothing the program does not need.
 
-Both sides are captured, not hand-kept: the program's resources (tests/infra/harness.py)
-and the deploy account's custom roles and grant condition (the bootstrap program under its
-mocks, tests/policy/test_bootstrap.py). What is kept by hand is the table below: which
-permissions a resource type needs over its life (create, read, update, delete)."""
+Both sides are captured, not hand-kept: the program's resources (tests/infra/harness.py) and
+the deploy account's custom roles and grant conditions (the bootstrap program under its
+mocks, tests/policy/test_bootstrap.py). The permission table per resource type lives in the
+bootstrap (PERMISSIONS_BY_TYPE), and the deployer role is derived from it."""
 
 from __future__ import annotations
 
@@ -16,149 +17,21 @@ from pathlib import Path
 import pytest
 from test_bootstrap import Run, run_bootstrap
 
+from policy import allowlist
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from docs_files import doc_text
 from harness import run_offline, stack_names
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "infra" / "bootstrap"))
+import gitops_bootstrap as bootstrap
+
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "tpu-pretrain-example"  # the bootstrap stack's project; stacks run in it here
-
-# Resource type -> permissions the deploy account needs for it (create, read, update and
-# delete, plus waiting on the operation). Sources: the Cloud REST references' "IAM
-# Permissions" of each method and the Terraform provider's per-resource permission maps
-# (JamesWoolfenden/pike src/mapping/google/resource/*). A type missing here fails the test:
-# add its permissions here and to the deploy role (infra/bootstrap/gitops_bootstrap.py).
-NEEDS: dict[str, tuple[str, ...]] = {
-    "gcp:projects/service:Service": (
-        "serviceusage.services.enable",
-        "serviceusage.services.get",
-        "serviceusage.services.list",
-        "serviceusage.operations.get",
-        "resourcemanager.projects.get",
-    ),
-    "gcp:compute/network:Network": (
-        "compute.networks.create",
-        "compute.networks.delete",
-        "compute.networks.get",
-        "compute.globalOperations.get",
-    ),
-    "gcp:compute/subnetwork:Subnetwork": (
-        "compute.subnetworks.create",
-        "compute.subnetworks.delete",
-        "compute.subnetworks.get",
-        "compute.subnetworks.update",
-        "compute.subnetworks.setPrivateIpGoogleAccess",
-        "compute.regionOperations.get",
-    ),
-    "gcp:compute/router:Router": (
-        "compute.routers.create",
-        "compute.routers.delete",
-        "compute.routers.get",
-        "compute.routers.update",
-        "compute.regionOperations.get",
-    ),
-    "gcp:compute/routerNat:RouterNat": (
-        "compute.routers.get",
-        "compute.routers.update",
-        "compute.subnetworks.use",  # the NAT names the TPU subnet
-        "compute.regionOperations.get",
-    ),
-    "gcp:compute/firewall:Firewall": (
-        "compute.firewalls.create",
-        "compute.firewalls.delete",
-        "compute.firewalls.get",
-        "compute.firewalls.update",
-        "compute.networks.updatePolicy",
-        "compute.globalOperations.get",
-    ),
-    "gcp:compute/address:Address": (
-        "compute.addresses.create",
-        "compute.addresses.delete",
-        "compute.addresses.get",
-        "compute.addresses.setLabels",
-        "compute.regionOperations.get",
-    ),
-    "gcp:compute/instance:Instance": (
-        "compute.instances.create",
-        "compute.instances.delete",
-        "compute.instances.get",
-        "compute.instances.setMetadata",
-        "compute.instances.setLabels",
-        "compute.instances.setTags",
-        "compute.instances.setServiceAccount",
-        "compute.instances.setMachineType",
-        "compute.instances.start",
-        "compute.instances.stop",  # allow_stopping_for_update
-        "compute.disks.create",
-        "compute.images.useReadOnly",
-        "compute.subnetworks.use",
-        "compute.zoneOperations.get",
-        "iam.serviceAccounts.actAs",  # attaching the stack's service account
-    ),
-    "gcp:tpu/v2Vm:V2Vm": (
-        "tpu.nodes.create",
-        "tpu.nodes.delete",
-        "tpu.nodes.get",
-        "tpu.nodes.update",
-        "tpu.operations.get",
-        "iam.serviceAccounts.actAs",
-    ),
-    "gcp:storage/bucket:Bucket": (
-        "storage.buckets.create",
-        "storage.buckets.delete",
-        "storage.buckets.get",
-        "storage.buckets.list",  # finding a bucket kept by an earlier destroy
-        "storage.buckets.update",
-    ),
-    "gcp:storage/bucketIAMMember:BucketIAMMember": (
-        "storage.buckets.getIamPolicy",
-        "storage.buckets.setIamPolicy",
-    ),
-    "gcp:storage/bucketObject:BucketObject": (
-        "storage.objects.create",
-        "storage.objects.delete",
-        "storage.objects.get",
-    ),
-    "gcp:serviceaccount/account:Account": (
-        "iam.serviceAccounts.create",
-        "iam.serviceAccounts.delete",
-        "iam.serviceAccounts.get",
-        "iam.serviceAccounts.update",
-    ),
-    "gcp:serviceaccount/iAMMember:IAMMember": (
-        "iam.serviceAccounts.getIamPolicy",
-        "iam.serviceAccounts.setIamPolicy",
-    ),
-    "gcp:projects/iAMMember:IAMMember": (
-        "resourcemanager.projects.getIamPolicy",
-        "resourcemanager.projects.setIamPolicy",
-    ),
-    "gcp:secretmanager/secret:Secret": (
-        "secretmanager.secrets.create",
-        "secretmanager.secrets.delete",
-        "secretmanager.secrets.get",
-        "secretmanager.secrets.update",
-    ),
-    "gcp:secretmanager/secretVersion:SecretVersion": (
-        "secretmanager.versions.add",
-        "secretmanager.versions.get",
-        "secretmanager.versions.access",
-        "secretmanager.versions.destroy",
-    ),
-    "gcp:secretmanager/secretIamMember:SecretIamMember": (
-        "secretmanager.secrets.getIamPolicy",
-        "secretmanager.secrets.setIamPolicy",
-    ),
-    # Local providers: no Google API call.
-    "random:index/randomBytes:RandomBytes": (),
-    "time:index/sleep:Sleep": (),
-}
-# A VM with an external address (the VPN hop) needs these on top of NEEDS.
-EXTERNAL_IP_NEEDS = ("compute.subnetworks.useExternalIp", "compute.addresses.use")
-# IAM resources whose role the grant condition must allow (policy writes through the
-# conditional granter role); bucket and secret grants are on single resources the stack owns.
-CONDITIONAL_GRANTS = ("gcp:projects/iAMMember:IAMMember", "gcp:serviceaccount/iAMMember:IAMMember")
+NEEDS = bootstrap.PERMISSIONS_BY_TYPE
+PROJECT_GRANTS = ("gcp:projects/iAMMember:IAMMember",)
+ACCOUNT_GRANTS = ("gcp:serviceaccount/iAMMember:IAMMember",)
 # `gcloud compute tpus <group> <verb>` -> permissions (Cloud TPU REST reference).
 GCLOUD_TPU_NEEDS = {
     ("tpu-vm", "describe"): ("tpu.nodes.get",),
@@ -177,35 +50,52 @@ def bootstrap_run() -> Run:
     return run_bootstrap({"gcp:project": PROJECT})
 
 
-def _role_permissions(run: Run, name: str) -> set[str]:
-    return set(run.named(name).inputs["permissions"])
+def _roles(run: Run) -> dict[str, set[str]]:
+    return {
+        r.inputs["roleId"]: set(r.inputs["permissions"])
+        for r in run.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    }
+
+
+def _deploy_bindings(run: Run) -> list[tuple[str, str | None]]:
+    """(role id, condition expression or None) of every binding of the deploy account."""
+    return [
+        (b.inputs["role"].rsplit("/", 1)[-1], (b.inputs.get("condition") or {}).get("expression"))
+        for b in run.of_type("gcp:projects/iAMMember:IAMMember")
+        if "tpu-pretrain-deploy@" in b.inputs["member"]
+    ]
 
 
 def _deploy_permissions(run: Run) -> tuple[set[str], set[str]]:
     """(unconditional, conditional) permissions of the deploy account, from its bindings."""
-    roles = {
-        r.inputs["roleId"]: set(r.inputs["permissions"])
-        for r in run.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
-    }
+    roles = _roles(run)
     plain: set[str] = set()
     conditional: set[str] = set()
-    for binding in run.of_type("gcp:projects/iAMMember:IAMMember"):
-        if "tpu-pretrain-deploy@" not in binding.inputs["member"]:
-            continue
-        role_id = binding.inputs["role"].rsplit("/", 1)[-1]
-        (conditional if binding.inputs.get("condition") else plain).update(roles[role_id])
+    for role_id, condition in _deploy_bindings(run):
+        (conditional if condition else plain).update(roles[role_id])
     return plain, conditional
 
 
-def _grantable(run: Run) -> set[str]:
-    expression = run.named("deploy-iam-granter").inputs["condition"]["expression"]
-    match = re.fullmatch(
+def _condition_of(run: Run, role_id: str) -> str:
+    [condition] = [c for r, c in _deploy_bindings(run) if r == role_id]
+    assert condition, role_id
+    return condition
+
+
+def _grantable(expression: str) -> set[str]:
+    match = re.search(
         r"api\.getAttribute\('iam\.googleapis\.com/modifiedGrantsByRole', \[\]\)"
-        r"\.hasOnly\(\[(.*)\]\)",
+        r"\.hasOnly\(\[(.*)\]\)$",
         expression,
     )
     assert match, expression
     return set(re.findall(r"'([^']+)'", match.group(1)))
+
+
+def _account_pattern(expression: str) -> re.Pattern[str]:
+    match = re.match(r"resource\.name\.matches\('([^']+)'\) && ", expression)
+    assert match, expression
+    return re.compile(match.group(1))
 
 
 def _variants() -> list[tuple[str, dict[str, object]]]:
@@ -235,34 +125,171 @@ def test_the_deploy_account_can_deploy_every_resource(stack, overrides, bootstra
     for resource in _run(stack, overrides):
         if resource.type_.startswith("tpu-pretrain:"):
             continue
-        assert resource.type_ in NEEDS, f"{resource.type_}: add it to NEEDS (and to the role)"
+        assert resource.type_ in NEEDS, (
+            f"{resource.type_}: add it to PERMISSIONS_BY_TYPE (infra/bootstrap/gitops_bootstrap"
+            ".py) and to the policy pack's allowlist"
+        )
         needs = set(NEEDS[resource.type_])
-        if any(nic.get("accessConfigs") for nic in resource.inputs.get("networkInterfaces", [])):
-            needs |= set(EXTERNAL_IP_NEEDS)
         if needs - held:
             missing[resource.name] = sorted(needs - held)
     assert missing == {}
+
+
+def test_the_deployer_role_is_derived_from_the_table(bootstrap_run) -> None:
+    """Nothing in the deployer role that no resource type needs; the escalating permissions
+    only in the conditional roles; the pack's list for the role is the same list."""
+    deployer = _roles(bootstrap_run)[bootstrap.DEPLOYER_ROLE_ID]
+    table = {p for needs in NEEDS.values() for p in needs}
+    assert deployer == table - bootstrap.CONDITIONAL_PERMISSIONS
+    assert deployer == set(allowlist.DEPLOYER_PERMISSIONS)
+    plain, conditional = _deploy_permissions(bootstrap_run)
+    assert plain == deployer
+    assert conditional == set(bootstrap.CONDITIONAL_PERMISSIONS)
+    # Nothing the deployer holds unconditionally lets it act as, or mint credentials for,
+    # another identity, write a project's or account's IAM policy, or edit a role.
+    escalating = {
+        p
+        for p in plain
+        if p.startswith(("iam.roles.", "iam.serviceAccountKeys."))
+        or p
+        in {
+            "iam.serviceAccounts.actAs",
+            "iam.serviceAccounts.getAccessToken",
+            "iam.serviceAccounts.signBlob",
+            "iam.serviceAccounts.signJwt",
+            "iam.serviceAccounts.implicitDelegation",
+            "iam.serviceAccounts.setIamPolicy",
+            "resourcemanager.projects.setIamPolicy",
+        }
+    }
+    assert escalating == set()
+
+
+def test_the_pack_knows_every_custom_role_of_the_bootstrap(bootstrap_run) -> None:
+    assert {k: set(v) for k, v in allowlist.BOOTSTRAP.custom_roles.items()} == _roles(bootstrap_run)
+
+
+def test_the_program_s_types_are_the_table_s_types() -> None:
+    """The permission table and the pack's allowlist name the same cloud resource types,
+    and both are exactly what the program creates (no stale entry)."""
+    created = {
+        r.type_
+        for stack, overrides in _variants()
+        for r in _run(stack, overrides)
+        if not r.type_.startswith("tpu-pretrain:")
+    }
+    assert created == set(NEEDS)
+    pack_cloud_types = {
+        t for t in allowlist.MAIN.types if not t.startswith(("tpu-pretrain:", "pulumi:"))
+    }
+    assert pack_cloud_types == set(NEEDS)
 
 
 @pytest.mark.parametrize(("stack", "overrides"), _variants())
 def test_the_deploy_account_may_grant_every_role_the_program_grants(
     stack, overrides, bootstrap_run
 ) -> None:
-    grantable = _grantable(bootstrap_run)
-    granted = {
-        (r.name, r.inputs["role"]) for r in _run(stack, overrides) if r.type_ in CONDITIONAL_GRANTS
+    resources = _run(stack, overrides)
+    on_project = {(r.name, r.inputs["role"]) for r in resources if r.type_ in PROJECT_GRANTS}
+    on_accounts = {
+        (r.name, r.inputs["role"], r.inputs["serviceAccountId"])
+        for r in resources
+        if r.type_ in ACCOUNT_GRANTS
     }
-    assert granted, "the program grants project roles; the check must see them"
-    assert {(name, role) for name, role in granted if role not in grantable} == set()
+    assert on_project, "the program grants project roles; the check must see them"
+    project_roles = _grantable(_condition_of(bootstrap_run, bootstrap.IAM_GRANTER_ROLE_ID))
+    assert {(n, role) for n, role in on_project if role not in project_roles} == set()
+    account_condition = _condition_of(bootstrap_run, bootstrap.STACK_ACCOUNT_USER_ROLE_ID)
+    account_roles = _grantable(account_condition)
+    pattern = _account_pattern(account_condition)
+    for name, role, account in on_accounts:
+        assert role in account_roles, name
+        assert pattern.fullmatch(account), (name, account)
+
+
+def test_the_grantable_roles_are_exactly_those_the_program_grants(bootstrap_run) -> None:
+    """No spare role in either grant condition: each is granted by some stack variant."""
+    project_roles: set[str] = set()
+    account_roles: set[str] = set()
+    for stack, overrides in _variants():
+        for r in _run(stack, overrides):
+            if r.type_ in PROJECT_GRANTS:
+                project_roles.add(r.inputs["role"])
+            elif r.type_ in ACCOUNT_GRANTS:
+                account_roles.add(r.inputs["role"])
+    granter = _grantable(_condition_of(bootstrap_run, bootstrap.IAM_GRANTER_ROLE_ID))
+    assert granter == project_roles
+    assert "roles/iam.serviceAccountUser" not in granter, "project-wide actAs for anyone"
+    assert _grantable(_condition_of(bootstrap_run, bootstrap.STACK_ACCOUNT_USER_ROLE_ID)) == (
+        account_roles
+    )
+
+
+def test_act_as_covers_the_stacks_accounts_and_nothing_else(bootstrap_run) -> None:
+    """The deploy account may act as every account a stack creates, and as no other: not
+    the default compute or App Engine accounts, not the CI accounts, not another project's."""
+    pattern = _account_pattern(_condition_of(bootstrap_run, bootstrap.STACK_ACCOUNT_USER_ROLE_ID))
+    created = {
+        f"projects/{PROJECT}/serviceAccounts/{r.inputs['accountId']}@{PROJECT}"
+        ".iam.gserviceaccount.com"
+        for stack in stack_names()
+        for r in _run(stack)
+        if r.type_ == "gcp:serviceaccount/account:Account"
+    }
+    assert len(created) == 3 * len(stack_names())
+    for name in created:
+        assert pattern.fullmatch(name), name
+        assert pattern.fullmatch(name.replace(f"projects/{PROJECT}/", "projects/-/")), name
+    for other in (
+        "projects/-/serviceAccounts/123456789012-compute@developer.gserviceaccount.com",
+        f"projects/-/serviceAccounts/{PROJECT}@appspot.gserviceaccount.com",
+        f"projects/-/serviceAccounts/tpu-pretrain-deploy@{PROJECT}.iam.gserviceaccount.com",
+        f"projects/-/serviceAccounts/tpu-pretrain-preview@{PROJECT}.iam.gserviceaccount.com",
+        "projects/-/serviceAccounts/tp-x-controller@other-project.iam.gserviceaccount.com",
+        f"projects/-/serviceAccounts/tp-x-admin@{PROJECT}.iam.gserviceaccount.com",
+        f"projects/-/serviceAccounts/tp-x-controller@{PROJECT}.iam.gserviceaccount.com.evil",
+    ):
+        assert not pattern.fullmatch(other), other
+
+
+def test_vm_changes_cover_the_stacks_vms_and_nothing_else(bootstrap_run) -> None:
+    condition = _condition_of(bootstrap_run, bootstrap.STACK_INSTANCE_ROLE_ID)
+    match = re.fullmatch(r"resource\.name\.matches\('([^']+)'\)", condition)
+    assert match, condition
+    pattern = re.compile(match.group(1))
+    vms = {
+        f"projects/{PROJECT}/zones/{r.inputs['zone']}/instances/{r.inputs['name']}"
+        for stack, overrides in _variants()
+        for r in _run(stack, overrides)
+        if r.type_ == "gcp:compute/instance:Instance"
+    }
+    assert len(vms) == 2 * len(stack_names())
+    assert all(pattern.fullmatch(vm) for vm in vms), vms
+    for other in (
+        f"projects/{PROJECT}/zones/europe-west4-a/instances/build-runner",
+        f"projects/{PROJECT}/zones/europe-west4-a/instances/gke-pool-1-abc",
+        f"projects/{PROJECT}/zones/europe-west4-a/disks/tp-x-controller",
+    ):
+        assert not pattern.fullmatch(other), other
+    # Every permission that acts on an instance is behind this condition.
+    plain, _ = _deploy_permissions(bootstrap_run)
+    assert not {p for p in plain if p.startswith("compute.instances.")}
+
+
+def test_the_stack_account_names_match_the_program() -> None:
+    sys.path.insert(0, str(ROOT))
+    from infra import config
+
+    assert tuple(f"-{s}" for s in bootstrap.STACK_ACCOUNT_SUFFIXES) == (
+        config.SERVICE_ACCOUNT_SUFFIXES
+    )
+    assert allowlist.STACK_ACCOUNT_ROLES == bootstrap.STACK_ACCOUNT_SUFFIXES
 
 
 def test_the_deploy_account_cannot_edit_any_role(bootstrap_run) -> None:
     """It may grant the recovery role, so it must not be able to change what it contains."""
     plain, conditional = _deploy_permissions(bootstrap_run)
     assert not {p for p in plain | conditional if p.startswith("iam.roles.")}
-    # Policy writes only under the grant condition.
-    assert not {p for p in plain if p.endswith(".setIamPolicy") and "projects" in p}
-    assert "iam.serviceAccounts.setIamPolicy" not in plain
 
 
 def test_the_recovery_role_is_the_bootstrap_role_the_program_binds(bootstrap_run) -> None:
@@ -275,12 +302,12 @@ def test_the_recovery_role_is_the_bootstrap_role_the_program_binds(bootstrap_run
     }
     bound = recovery_role_name(PROJECT)
     assert bound.rsplit("/", 1)[-1] in roles
-    assert bound in _grantable(bootstrap_run)
+    assert bound in _grantable(_condition_of(bootstrap_run, bootstrap.IAM_GRANTER_ROLE_ID))
 
 
 def test_the_recovery_role_covers_what_the_watchdog_runs(bootstrap_run) -> None:
     """Derived from the watchdog script itself: every `gcloud compute tpus` verb it calls."""
-    recovery = _role_permissions(bootstrap_run, "tpu-recovery-role")
+    recovery = set(bootstrap_run.named("tpu-recovery-role").inputs["permissions"])
     script = (ROOT / "infra" / "templates" / "tpu-watch.sh").read_text()
     calls = set(re.findall(r"compute tpus (tpu-vm|queued-resources) ([a-z-]+)", script))
     assert ("tpu-vm", "create") in calls and ("tpu-vm", "describe") in calls

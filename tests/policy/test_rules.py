@@ -20,7 +20,10 @@ from pulumi_policy import EnforcementLevel, ResourceValidationPolicy, StackValid
 
 from policy import rules
 
-SA = "tpu-runtime@proj.iam.gserviceaccount.com"
+# Accounts shaped like the program's own ("tp-<stack>-<role>"): the grant allowlist names them.
+SA = "tp-test-workload@proj-test.iam.gserviceaccount.com"
+CONTROLLER_SA = "tp-test-controller@proj-test.iam.gserviceaccount.com"
+HOP_SA = "tp-test-vpn-hop@proj-test.iam.gserviceaccount.com"
 DEFAULT_SA = "123456789-compute@developer.gserviceaccount.com"
 WG_KEY = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk="  # example key from wireguard docs
 
@@ -107,7 +110,11 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "wireguard-from-anywhere": (
         rules.FIREWALL,
-        {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "udp", "ports": ["51820"]}]},
+        {
+            "sourceRanges": ["0.0.0.0/0"],
+            "allows": [{"protocol": "udp", "ports": ["51820"]}],
+            "targetTags": ["tpu-pretrain-vpn-hop"],
+        },
     ),
     "internal-all": (
         rules.FIREWALL,
@@ -120,9 +127,12 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
             "allows": [{"protocol": "tcp", "ports": ["6006"]}],
         },
     ),
-    "tpu-ports-from-half-the-internet-is-not-the-internet": (
+    "ssh-from-private-and-google-ranges": (
         rules.FIREWALL,
-        {"sourceRanges": ["0.0.0.0/1"], "allows": [{"protocol": "tcp", "ports": ["8470"]}]},
+        {
+            "sourceRanges": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "35.191.0.0/16"],
+            "allows": [{"protocol": "tcp", "ports": ["22", "6006", "8470"]}],
+        },
     ),
     "bucket-iam": (
         "gcp:storage/bucketIAMMember:BucketIAMMember",
@@ -137,7 +147,7 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
         {
             "secretId": "wg-key",
             "role": "roles/secretmanager.secretAccessor",
-            "member": f"serviceAccount:{SA}",
+            "member": f"serviceAccount:{HOP_SA}",
         },
     ),
     "network": (rules.NETWORK, {"autoCreateSubnetworks": False}),
@@ -158,11 +168,23 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
             "attributeCondition": "assertion.repository == 'acme/tpu-pretrain'",
         },
     ),
-    "project-metadata": (
-        rules.PROJECT_METADATA_ITEM,
-        {"key": "enable-oslogin", "value": "TRUE"},
+    "sa-user-on-own-workload": (
+        "gcp:serviceaccount/iAMMember:IAMMember",
+        {
+            "serviceAccountId": f"projects/proj-test/serviceAccounts/{SA}",
+            "role": "roles/iam.serviceAccountUser",
+            "member": f"serviceAccount:{CONTROLLER_SA}",
+        },
     ),
+    "api": ("gcp:projects/service:Service", {"service": "tpu.googleapis.com"}),
 }
+# Types of the bootstrap program: their URN names its Pulumi project.
+BOOTSTRAP_KEYS = {"kms-key", "wif-provider"}
+
+
+def _urn(key: str, resource_type: str, name: str) -> str:
+    project = "tpu-pretrain-bootstrap" if key in BOOTSTRAP_KEYS else "tpu-pretrain"
+    return urn_for(resource_type, name, project=project)
 
 
 def test_pack_has_at_least_twelve_mandatory_rules() -> None:
@@ -172,10 +194,19 @@ def test_pack_has_at_least_twelve_mandatory_rules() -> None:
     assert any(isinstance(p, StackValidationPolicy) for p in POLICIES)
 
 
+# What the baseline grants are on: a stack's grants name resources of the same stack.
+CONTEXT = [
+    (rules.BUCKET, "ctx-bucket", {**BASELINE["bucket"][1], "name": "b"}),
+    (rules.SECRET, "ctx-secret", {"secretId": "wg-key"}),
+    (rules.ACCOUNT, "ctx-account", {"accountId": "tp-test-workload", "project": "proj-test"}),
+]
+
+
 @pytest.mark.parametrize("key", sorted(BASELINE))
 def test_secure_baseline_passes_every_rule(key: str) -> None:
     resource_type, props = BASELINE[key]
-    violations = run_pack([(resource_type, key, props, urn_for(resource_type, key))])
+    context = [] if key in BOOTSTRAP_KEYS else [(*c, urn_for(c[0], c[1])) for c in CONTEXT]
+    violations = run_pack([(resource_type, key, props, _urn(key, resource_type, key)), *context])
     assert violations == []
 
 
@@ -192,6 +223,52 @@ def _iam(resource_type: str, role: str, member: str, **extra: Any) -> tuple[str,
 
 # (rule, case id, (type, props)): each must be rejected by that rule with its message.
 FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
+    ("allowed-resource-types", "firewall-policy-rule",
+     ("gcp:compute/firewallPolicyRule:FirewallPolicyRule", {"action": "allow"})),
+    ("allowed-resource-types", "queued-tpu",
+     ("gcp:tpu/v2QueuedResource:V2QueuedResource", {"zone": "europe-west4-a"})),
+    ("allowed-resource-types", "instance-template", (rules.INSTANCE_TEMPLATE, {})),
+    ("allowed-resource-types", "sa-key", (rules.SERVICE_ACCOUNT_KEY, {})),
+    ("allowed-resource-types", "hmac-key", ("gcp:storage/hmacKey:HmacKey", {})),
+    ("allowed-apis", "cloudfunctions",
+     ("gcp:projects/service:Service", {"service": "cloudfunctions.googleapis.com"})),
+    ("allowed-iam-grants", "token-creator",
+     _variant("project-iam", ("role", "roles/iam.serviceAccountTokenCreator"))),
+    ("allowed-iam-grants", "sa-user-on-the-project",
+     _variant("project-iam", ("role", "roles/iam.serviceAccountUser"))),
+    ("allowed-iam-grants", "project-iam-admin",
+     _variant("project-iam", ("role", "roles/resourcemanager.projectIamAdmin"))),
+    ("allowed-iam-grants", "logwriter-to-a-user",
+     _variant("project-iam", ("member", "user:mallory@example.com"))),
+    ("allowed-iam-grants", "unknown-custom-role",
+     _variant("project-iam", ("role", "projects/proj-test/roles/myOwnRole"))),
+    ("allowed-iam-grants", "sa-user-on-another-stacks-account",
+     _variant("sa-user-on-own-workload", ("serviceAccountId",
+              "projects/proj-test/serviceAccounts/tp-other-workload@proj-test.iam.gserviceaccount.com"))),
+    ("allowed-iam-grants", "sa-user-on-the-default-account",
+     _variant("sa-user-on-own-workload", ("serviceAccountId",
+              f"projects/proj-test/serviceAccounts/{DEFAULT_SA}"))),
+    ("allowed-iam-grants", "binding-type",
+     ("gcp:projects/iAMBinding:IAMBinding",
+      {"role": "roles/logging.logWriter", "members": [f"serviceAccount:{SA}"]})),
+    ("custom-role-permissions", "set-iam-policy",
+     ("gcp:projects/iAMCustomRole:IAMCustomRole",
+      {"roleId": "helper", "permissions": ["resourcemanager.projects.setIamPolicy"]})),
+    ("custom-role-permissions", "harmless-but-unknown",
+     ("gcp:projects/iAMCustomRole:IAMCustomRole",
+      {"roleId": "viewer", "permissions": ["compute.instances.get"]})),
+    ("vm-accounts-are-stack-accounts", "ci-deploy-account",
+     _variant("controller", ("serviceAccount.email",
+                             "tpu-pretrain-deploy@proj-test.iam.gserviceaccount.com"))),
+    ("vm-accounts-are-stack-accounts", "tpu-as-default-account",
+     _variant("tpu", ("serviceAccount.email", DEFAULT_SA))),
+    ("providers-without-credentials", "impersonation",
+     ("pulumi:providers:gcp", {"impersonateServiceAccount": SA})),
+    ("no-default-compute-service-account", "grant-on-the-default-account",
+     _variant("sa-user-on-own-workload", ("serviceAccountId",
+              f"projects/proj-test/serviceAccounts/{DEFAULT_SA}"))),
+    ("no-default-compute-service-account", "app-engine-default-account",
+     _variant("controller", ("serviceAccount.email", "proj-test@appspot.gserviceaccount.com"))),
     ("bucket-uniform-access", "off", _variant("bucket", ("uniformBucketLevelAccess", False))),
     ("bucket-uniform-access", "unset", _variant("bucket", ("uniformBucketLevelAccess", DELETE))),
     ("bucket-public-access-prevention", "inherited",
@@ -233,29 +310,6 @@ FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
      _variant("project-iam", ("role", "roles/storage.admin"))),
     ("no-basic-or-admin-roles-for-service-accounts", "instance-admin",
      _variant("project-iam", ("role", "roles/compute.instanceAdmin.v1"))),
-    ("no-ssh-rdp-from-internet", "ssh-world",
-     _variant("ssh-from-iap", ("sourceRanges", ["0.0.0.0/0"]))),
-    ("no-ssh-rdp-from-internet", "rdp-range-ipv6",
-     ("gcp:compute/firewall:Firewall",
-      {"sourceRanges": ["::/0"], "allows": [{"protocol": "tcp", "ports": ["3000-4000"]}]})),
-    ("no-ssh-rdp-from-internet", "tcp-without-ports",
-     ("gcp:compute/firewall:Firewall",
-      {"sourceRanges": ["10.0.0.0/8", "0.0.0.0/0"], "allows": [{"protocol": "tcp"}]})),
-    ("no-ssh-rdp-from-internet", "all-protocols",
-     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "all"}]})),
-    ("no-ssh-rdp-from-internet", "no-source-means-world",
-     _variant("ssh-from-iap", ("sourceRanges", DELETE))),
-    ("no-ssh-rdp-from-internet", "two-halves-make-the-world",
-     _variant("ssh-from-iap", ("sourceRanges", ["0.0.0.0/1", "128.0.0.0/1"]))),
-    ("no-ssh-rdp-from-internet", "ipv6-halves",
-     _variant("ssh-from-iap", ("sourceRanges", ["::/1", "8000::/1"]))),
-    ("no-tensorboard-tpu-from-internet", "tensorboard-world",
-     _variant("tensorboard-from-hop", ("sourceRanges", ["0.0.0.0/0"]))),
-    ("no-tensorboard-tpu-from-internet", "tpu-port-range-split-world",
-     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/2", "64.0.0.0/2", "128.0.0.0/1"],
-                       "allows": [{"protocol": "tcp", "ports": ["8000-9000"]}]})),
-    ("no-tensorboard-tpu-from-internet", "all-tcp-no-source",
-     (rules.FIREWALL, {"allows": [{"protocol": "tcp"}]})),
     ("no-external-ip-except-vpn-hop", "controller-nat",
      _variant("controller", ("networkInterfaces.0.accessConfigs", [{}]))),
     ("no-external-ip-except-vpn-hop", "hop-without-tag",
@@ -314,6 +368,72 @@ FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
 ]  # fmt: skip
 
 
+# (rule, case id, (type, props)) of firewalls: judged by a stack policy (the stack's user
+# CIDRs come from its WireGuard rule), each must be rejected by that rule with its message.
+FIREWALL_FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
+    ("no-ssh-rdp-from-internet", "ssh-world",
+     _variant("ssh-from-iap", ("sourceRanges", ["0.0.0.0/0"]))),
+    ("no-ssh-rdp-from-internet", "rdp-range-ipv6",
+     ("gcp:compute/firewall:Firewall",
+      {"sourceRanges": ["::/0"], "allows": [{"protocol": "tcp", "ports": ["3000-4000"]}]})),
+    ("no-ssh-rdp-from-internet", "tcp-without-ports",
+     ("gcp:compute/firewall:Firewall",
+      {"sourceRanges": ["10.0.0.0/8", "0.0.0.0/0"], "allows": [{"protocol": "tcp"}]})),
+    ("no-ssh-rdp-from-internet", "all-protocols",
+     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "all"}]})),
+    ("no-ssh-rdp-from-internet", "no-source-means-world",
+     _variant("ssh-from-iap", ("sourceRanges", DELETE))),
+    ("no-ssh-rdp-from-internet", "two-halves-make-the-world",
+     _variant("ssh-from-iap", ("sourceRanges", ["0.0.0.0/1", "128.0.0.0/1"]))),
+    ("no-ssh-rdp-from-internet", "ipv6-halves",
+     _variant("ssh-from-iap", ("sourceRanges", ["::/1", "8000::/1"]))),
+    ("no-tensorboard-tpu-from-internet", "tensorboard-world",
+     _variant("tensorboard-from-hop", ("sourceRanges", ["0.0.0.0/0"]))),
+    ("no-tensorboard-tpu-from-internet", "tpu-port-range-split-world",
+     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/2", "64.0.0.0/2", "128.0.0.0/1"],
+                       "allows": [{"protocol": "tcp", "ports": ["8000-9000"]}]})),
+    ("no-tensorboard-tpu-from-internet", "all-tcp-no-source",
+     (rules.FIREWALL, {"allows": [{"protocol": "tcp"}]})),
+    ("no-tensorboard-tpu-from-internet", "tpu-port-from-half-the-internet",
+     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/1"],
+                       "allows": [{"protocol": "tcp", "ports": ["8470"]}]})),
+    ("no-ssh-rdp-from-internet", "one-public-slash-24",
+     _variant("ssh-from-iap", ("sourceRanges", ["35.235.240.0/20", "198.51.100.0/24"]))),
+    ("no-ssh-rdp-from-internet", "256-slash-8s",
+     _variant("ssh-from-iap", ("sourceRanges", [f"{i}.0.0.0/8" for i in range(256)]))),
+    ("no-ssh-rdp-from-internet", "world-minus-private",
+     _variant("ssh-from-iap", ("sourceRanges", ["0.0.0.0/5", "8.0.0.0/7", "11.0.0.0/8",
+                                                "12.0.0.0/6", "16.0.0.0/4", "32.0.0.0/3",
+                                                "64.0.0.0/2", "128.0.0.0/1"]))),
+    ("no-ssh-rdp-from-internet", "protocol-number",
+     _variant("ssh-from-iap", ("sourceRanges", ["0.0.0.0/0"]),
+              ("allows", [{"protocol": "6", "ports": ["20-30"]}]))),
+    ("no-public-ingress", "https-from-world",
+     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/0"],
+                       "allows": [{"protocol": "tcp", "ports": ["443"]}]})),
+    ("no-public-ingress", "udp-to-every-vm",
+     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/0"],
+                       "allows": [{"protocol": "udp", "ports": ["51820"]}]})),
+    ("no-public-ingress", "icmp-from-a-public-range",
+     (rules.FIREWALL, {"sourceRanges": ["1.2.3.0/24"], "allows": [{"protocol": "icmp"}]})),
+    ("no-public-ingress", "not-a-range",
+     (rules.FIREWALL, {"sourceRanges": ["everyone"],
+                       "allows": [{"protocol": "tcp", "ports": ["443"]}]})),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rule", "case"), [(rule, case) for rule, case, _ in FIREWALL_FAILING], ids=str
+)
+def test_insecure_firewall_is_rejected_with_the_rules_message(rule: str, case: str) -> None:
+    resource_type, props = next(r for n, c, r in FIREWALL_FAILING if (n, c) == (rule, case))
+    messages = check_stack(
+        POLICY_BY_NAME[rule], [(resource_type, case, props, urn_for(resource_type, case))]
+    )
+    assert messages, f"{rule} accepted {case}"
+    assert all(m.startswith(rules.POLICY_MESSAGES[rule]) for m in messages), messages
+
+
 @pytest.mark.parametrize(("rule", "case"), [(rule, case) for rule, case, _ in FAILING], ids=str)
 def test_insecure_variant_is_rejected_with_the_rules_message(rule: str, case: str) -> None:
     resource_type, props = next(r for n, c, r in FAILING if (n, c) == (rule, case))
@@ -327,6 +447,11 @@ def test_insecure_variant_is_rejected_with_the_rules_message(rule: str, case: st
 def test_every_resource_rule_has_a_failing_case() -> None:
     resource_rules = {p.name for p in POLICIES if isinstance(p, ResourceValidationPolicy)}
     assert resource_rules == {rule for rule, _, _ in FAILING}
+    assert {rule for rule, _, _ in FIREWALL_FAILING} == {
+        "no-ssh-rdp-from-internet",
+        "no-tensorboard-tpu-from-internet",
+        "no-public-ingress",
+    }
 
 
 def test_hop_is_identified_by_its_network_tag_or_label() -> None:
@@ -347,9 +472,13 @@ def test_older_tpu_generations_need_no_secure_boot() -> None:
     assert check_resource(POLICY_BY_NAME["shielded-vm"], resource_type, props) == []
 
 
+def _firewall(props: dict[str, Any], name: str = "fw") -> tuple[str, str, dict, str]:
+    return rules.FIREWALL, name, props, urn_for(rules.FIREWALL, name)
+
+
 def test_rdp_rule_names_the_port_and_source() -> None:
     props = {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp", "ports": ["3389"]}]}
-    [message] = check_resource(POLICY_BY_NAME["no-ssh-rdp-from-internet"], rules.FIREWALL, props)
+    [message] = check_stack(POLICY_BY_NAME["no-ssh-rdp-from-internet"], [_firewall(props)])
     assert "RDP" in message
     assert "port 3389" in message
     assert "0.0.0.0/0" in message
@@ -358,9 +487,9 @@ def test_rdp_rule_names_the_port_and_source() -> None:
 def test_egress_and_disabled_firewalls_are_not_ingress_holes() -> None:
     policy = POLICY_BY_NAME["no-ssh-rdp-from-internet"]
     base = {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp", "ports": ["22"]}]}
-    assert check_resource(policy, rules.FIREWALL, {**base, "direction": "EGRESS"}) == []
-    assert check_resource(policy, rules.FIREWALL, {**base, "disabled": True}) == []
-    assert check_resource(policy, rules.FIREWALL, base)
+    assert check_stack(policy, [_firewall({**base, "direction": "EGRESS"})]) == []
+    assert check_stack(policy, [_firewall({**base, "disabled": True})]) == []
+    assert check_stack(policy, [_firewall(base)])
 
 
 def test_key_material_detector() -> None:

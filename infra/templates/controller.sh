@@ -29,6 +29,40 @@ build_wheelhouse() {
   log "wheelhouse ${key}: ${count} wheels uploaded to ${WHEELHOUSE_ROOT}/${key}/"
 }
 
+# What the data unit's ExecStartPre runs: wait until every corpus pattern of the job spec
+# matches an object, so a corpus uploaded after `pulumi up` is picked up (exit 2 of the
+# stages is not retried, see below). The patterns are read from the job spec itself.
+wait_corpus() {
+  local waited=0 spec patterns pattern out reason previous=""
+  gcs_cli
+  spec="$(mktemp)"
+  retry_gcloud gcs cp "${JOB_URI}" "${spec}" || { rm -f "${spec}"; return 1; }
+  patterns="$("${APP_DIR}/venv/bin/python" -c 'import json, sys
+print("\n".join(json.load(open(sys.argv[1]))["corpus"]["paths"]))' "${spec}")" \
+    || { rm -f "${spec}"; return 1; }
+  rm -f "${spec}"
+  while true; do
+    reason=""
+    while IFS= read -r pattern; do
+      if ! out="$(gcs ls "${pattern}" 2>&1)"; then
+        reason="${pattern}: $(printf '%s\n' "${out}" | tail -n 1)"
+        break
+      fi
+    done <<<"${patterns}"
+    if [ -z "${reason}" ]; then
+      log "corpus found after ${waited}s"
+      return 0
+    fi
+    log "waiting for the corpus (${waited}s so far): ${reason}"
+    if [ "${reason}" != "${previous}" ]; then
+      write_status waiting "waiting for the corpus: upload it (docs/deploy-gcp.md): ${reason}"
+      previous="${reason}"
+    fi
+    sleep 60
+    waited=$((waited + 60))
+  done
+}
+
 # What the data unit's ExecStopPost runs, as the TPU VM's trainer unit does (tpu.sh,
 # trainer_stopped): systemd sets SERVICE_RESULT, EXIT_CODE and EXIT_STATUS for it. Exit 2 is
 # the payload's user error (bad job spec, corpus or output; the line is in status.json):
@@ -58,13 +92,14 @@ install_helper() {
 set -Euo pipefail
 export PATH=${sdk_path}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 $(declare -p SANDBOX_ROOT APP_DIR RETRY_ATTEMPTS LOG_TAG CONSOLE TRANSIENT_ERRORS)
-$(declare -p ROLE RUN_ROOT MANIFEST_URI STATUS_URI PAYLOAD_SHA256)
+$(declare -p ROLE RUN_ROOT JOB_URI MANIFEST_URI STATUS_URI PAYLOAD_SHA256)
 GCS_CLI=''
 STATUS_NAME=''
-$(declare -f log retry_gcloud gcs_cli gcs write_status data_stopped)
+$(declare -f log retry_gcloud gcs_cli gcs write_status wait_corpus data_stopped)
 case \"\${1:-}\" in
+  wait-corpus) wait_corpus ;;
   data-stopped) data_stopped ;;
-  *) echo \"usage: \$0 data-stopped\" >&2; exit 2 ;;
+  *) echo \"usage: \$0 wait-corpus|data-stopped\" >&2; exit 2 ;;
 esac"
   if write_if_changed "${HELPER}" 0755 "${body}"; then
     log "helper ${HELPER} installed"
@@ -78,7 +113,8 @@ install_payload
 install_helper
 
 # Tokenizer, then encoding; each stage skips work that is already complete in the bucket.
-# Exit 2 (a user error) is not restarted: the helper records it in the bootstrap status.
+# It starts once the corpus is uploaded; exit 2 (a user error) is not restarted: the helper
+# records it in the bootstrap status.
 install_unit tpu-pretrain-data.service "[Unit]
 Description=tpu-pretrain data preparation for job ${JOB_NAME}
 Wants=network-online.target
@@ -89,6 +125,7 @@ StartLimitIntervalSec=0
 Type=oneshot
 RemainAfterExit=yes
 Environment=PYTHONUNBUFFERED=1
+ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-corpus
 ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload tokenizer --job ${JOB_URI}
 ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload encode --job ${JOB_URI}
 ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper data-stopped

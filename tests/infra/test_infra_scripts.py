@@ -34,11 +34,12 @@ STUBS = {
 verb="$1"; shift
 local_of() { echo "$FAKE_GCS/${1#gs://}"; }
 if [ "$verb" = ls ]; then
-  if [ ! -e "$(local_of "$1")" ]; then
-    echo "ERROR: (gcloud.storage.ls) One or more URLs matched no objects." >&2
-    exit 1
-  fi
-  echo "$1"; exit 0
+  # The URI may hold a * wildcard, as gcloud storage ls takes it.
+  for f in $(local_of "$1"); do
+    if [ -e "$f" ]; then echo "$1"; exit 0; fi
+  done
+  echo "ERROR: (gcloud.storage.ls) One or more URLs matched no objects." >&2
+  exit 1
 fi
 args=("$@"); dst="${args[-1]}"; unset 'args[-1]'
 for src in "${args[@]}"; do
@@ -642,6 +643,42 @@ def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
         "tpu-pretrain-tpu-watch.service",
         "tpu-pretrain-tpu-watch.timer",
     ]
+
+
+def _publish_job_spec(run, box: Sandbox) -> dict:
+    (obj,) = [r for r in run.resources if r.name == "payload-job-spec"]
+    target = box.gcs / obj.inputs["bucket"] / obj.inputs["name"]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(obj.inputs["content"])
+    return json.loads(obj.inputs["content"])
+
+
+def test_the_data_unit_waits_for_the_corpus_and_says_why(stack_run, sandbox):
+    """Exit 2 (e.g. no corpus) is not restarted any more, so the unit waits for the corpus
+    before its stages: a corpus uploaded after `pulumi up` is still picked up."""
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    spec = _publish_job_spec(stack_run, sandbox)
+    # The venv's python is a real interpreter here: the helper reads the job spec with it.
+    installed = sandbox.run(_script(stack_run, "controller-vm"), STUB_VENV_PYTHON=sys.executable)
+    assert installed.returncode == 0, installed.stderr
+    unit = (sandbox.root / "etc/systemd/system/tpu-pretrain-data.service").read_text()
+    assert re.findall(r"^ExecStartPre=(.*)$", unit, re.MULTILINE) == [
+        "/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-corpus"
+    ]
+    (pattern,) = spec["corpus"]["paths"]
+    assert pattern == f"gs://{bucket}/corpus/gpt2-small-clm/"  # a folder: any object in it
+    uploaded = sandbox.gcs / pattern.removeprefix("gs://") / "part-0.txt"
+    waited = _helper(sandbox, "wait-corpus", CREATE_ON_SLEEP=str(uploaded))
+    assert waited.returncode == 0, waited.stderr
+    assert sandbox.calls.count("sleep 60") == 1  # not there once, then found
+    assert f"gcloud storage ls {pattern}" in sandbox.calls
+    assert "waiting for the corpus (0s so far): " + pattern in waited.stderr
+    assert "corpus found after 60s" in waited.stderr
+    path = sandbox.gcs / bucket / "runs/gpt2-small-clm/bootstrap/controller.json"
+    status = json.loads(path.read_text())
+    assert status["state"] == "waiting" and "matched no objects" in status["message"]
+    again = _helper(sandbox, "wait-corpus")  # there now: no wait
+    assert again.returncode == 0 and "sleep 60" not in sandbox.calls, again.stderr
 
 
 @pytest.mark.parametrize(

@@ -338,6 +338,28 @@ def test_deploys_are_gated_and_serialized_per_stack() -> None:
     assert triggers["push"] == {"branches": ["main"]}
 
 
+def test_the_docs_say_what_happens_to_a_waiting_deploy() -> None:
+    """GitHub keeps at most one running and one pending job per concurrency group: with
+    cancel-in-progress false a running deploy is never cancelled, but a newer queued run
+    cancels an older pending one unless the group sets `queue` (GitHub Docs, "Control the
+    concurrency of workflows and jobs"). The docs must say that, not "never cancelled"."""
+    concurrency = jobs(WORKFLOWS / "deploy.yml")["deploy"]["concurrency"]
+    docs = (ROOT / "docs" / "gitops.md").read_text()
+    assert concurrency["cancel-in-progress"] is False
+    assert "queue" not in concurrency  # one pending run per stack: the behaviour documented
+    # "never cancelled" only ever about a running deploy (the README used to say all runs).
+    for sentence in re.split(r"[.;]\s", " ".join(docs.split())):
+        if "never cancelled" in sentence:
+            assert "running" in sentence, sentence
+    section = docs.split("### Deploys of one stack\n", 1)[1].split("\n## ", 1)[0]
+    flat = " ".join(section.split())
+    group = concurrency["group"].replace("${{ matrix.stack }}", "<stack>")
+    assert f"`{group}` with `cancel-in-progress: false`" in flat
+    assert "a deploy that is running (applying) is never cancelled" in flat
+    assert "GitHub cancels the older waiting one and the newer takes its place" in flat
+    assert "those in between show as cancelled" in flat
+
+
 def test_destroy_is_manual_with_typed_confirmation() -> None:
     workflow = load(WORKFLOWS / "destroy.yml")
     assert set(workflow["on"]) == {"workflow_dispatch"}

@@ -192,7 +192,7 @@ def _request(method: str, url: str, token: str, payload: dict | None = None):
         with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
             return json.loads(response.read() or b"null"), response.headers.get("Link", "")
     except urllib.error.HTTPError as error:
-        detail = error.read().decode("utf-8", errors="replace")[:500]
+        detail = " ".join(error.read().decode("utf-8", errors="replace").split())[:500]
         raise GitHubError(f"{method} {url}: HTTP {error.code}: {detail}") from None
     except urllib.error.URLError as error:
         raise GitHubError(f"{method} {url}: {error.reason}") from None

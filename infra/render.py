@@ -355,6 +355,9 @@ def render_controller_script(workload: Workload, watch: TpuWatch | None = None) 
         # The wheelhouse: built once per lock for the TPU image's Python (tpu-install.sh).
         "WHEELHOUSE_ROOT": workload.wheelhouse_root,
         "TPU_PYTHON_VERSION": workload.tpu.python_version,
+        # The data unit's status messages name the payload's status and the manifest.
+        "MANIFEST_URI": jobspec.manifest_uri(workload.bucket, workload.job_name),
+        "STATUS_URI": f"{jobspec.run_root(workload.bucket, workload.job_name)}/status.json",
     }
     return _script("controller", values, "tpu-install.sh", "controller.sh")
 

@@ -29,33 +29,21 @@ class ServiceIdentity(pulumi.ComponentResource):
     and metric writing at project level; data access is granted on single resources
     (the bucket, one secret) by the components that own them. A VM that runs as it depends
     on the component, and so waits for `settled` (SETTLE_DURATION after the account's
-    creation; only on create, a later `pulumi up` does not wait)."""
+    creation; only on create, a later `pulumi up` does not wait), and so does every IAM
+    binding that names it through `member` or `resource_name`."""
 
     def __init__(
         self, name: str, args: ServiceIdentityArgs, opts: pulumi.ResourceOptions | None = None
     ):
         super().__init__("tpu-pretrain:index:ServiceIdentity", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         self.account = gcp.serviceaccount.Account(
             f"{name}-sa",
             project=args.project,
             account_id=args.account_id,
             display_name=args.display_name,
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self),
         )
         self.email = self.account.email
-        self.resource_name = self.account.name  # projects/<project>/serviceAccounts/<email>
-        self.member = self.account.email.apply(lambda email: f"serviceAccount:{email}")
-        self.reporting = [
-            gcp.projects.IAMMember(
-                f"{name}-{role.split('/')[1]}",
-                project=args.project,
-                role=role,
-                member=self.member,
-                opts=child,
-            )
-            for role in REPORTING_ROLES
-        ]
         self.settled = time.Sleep(
             f"{name}-settle",
             create_duration=SETTLE_DURATION,
@@ -63,4 +51,27 @@ class ServiceIdentity(pulumi.ComponentResource):
             triggers={"email": self.email},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.account]),
         )
+        # What IAM bindings name the account by: its member and its resource name. A grant
+        # made seconds after the account is created fails the same way a VM does (the account
+        # is not visible everywhere yet), so both resolve only after `settled`: an Output
+        # carries the resources it was computed from, and Pulumi makes every resource that
+        # takes it as an input depend on them (the settle too), so every binding that names the
+        # account waits, whichever component creates it (tests/infra/test_infra_fresh_project).
+        self.member = pulumi.Output.all(self.email, self.settled.id).apply(
+            lambda values: f"serviceAccount:{values[0]}"
+        )
+        # projects/<project>/serviceAccounts/<email>
+        self.resource_name = pulumi.Output.all(self.account.name, self.settled.id).apply(
+            lambda values: values[0]
+        )
+        self.reporting = [
+            gcp.projects.IAMMember(
+                f"{name}-{role.split('/')[1]}",
+                project=args.project,
+                role=role,
+                member=self.member,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.settled]),
+            )
+            for role in REPORTING_ROLES
+        ]
         self.register_outputs({"email": self.email, "member": self.member})

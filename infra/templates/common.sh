@@ -171,17 +171,30 @@ install_payload_once() {
 }
 
 # A VM must not sit idle after a failed boot: run the startup script again later, from a
-# transient systemd timer (google_metadata_script_runner is the guest agent's runner).
+# transient systemd timer (google_metadata_script_runner is the guest agent's runner). Every
+# failure schedules the next attempt, including a failed re-run, which runs inside the
+# previous attempt's transient service: that unit is still loaded then, and systemd refuses a
+# transient unit whose name is loaded ("Unit NAME.service was already loaded or has a
+# fragment file": systemd/systemd#40345, coreos/bootupd#707). So each attempt has its own unit
+# name; --collect unloads its service when it ends, failed or not, and
+# RemainAfterElapse=no its elapsed timer (systemd-run(1), systemd.timer(5), systemd 252).
+# Pending timers of earlier attempts (e.g. before a re-run by hand) are stopped first:
+# stopping a timer leaves the service it already started running.
 schedule_rerun() {
-  local runner
+  local runner unit
   runner="$(command -v google_metadata_script_runner || true)"
   if [ -z "${runner}" ]; then
     log "google_metadata_script_runner not found: re-run the startup script by hand"
     return 0
   fi
-  systemctl stop tpu-pretrain-startup-rerun.timer >/dev/null 2>&1 || true
-  systemd-run --unit=tpu-pretrain-startup-rerun --on-active=30min "${runner}" startup \
-    || log "could not schedule a re-run of the startup script"
+  unit="tpu-pretrain-startup-rerun-$(date -u +%Y%m%dT%H%M%SZ)-$$"
+  systemctl stop 'tpu-pretrain-startup-rerun*.timer' >/dev/null 2>&1 || true
+  if systemd-run --unit="${unit}" --collect --timer-property=RemainAfterElapse=no \
+    --on-active=30min "${runner}" startup; then
+    log "the startup script runs again in 30 min (${unit}.timer)"
+  else
+    log "could not schedule a re-run of the startup script"
+  fi
 }
 
 install_payload() {

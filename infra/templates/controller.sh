@@ -29,12 +29,92 @@ build_wheelhouse() {
   log "wheelhouse ${key}: ${count} wheels uploaded to ${WHEELHOUSE_ROOT}/${key}/"
 }
 
+# What the data unit's ExecStartPre runs: wait until every corpus pattern of the job spec
+# matches an object, so a corpus uploaded after `pulumi up` is picked up (exit 2 of the
+# stages is not retried, see below). The patterns are read from the job spec itself.
+wait_corpus() {
+  local waited=0 spec patterns pattern out reason previous=""
+  gcs_cli
+  spec="$(mktemp)"
+  retry_gcloud gcs cp "${JOB_URI}" "${spec}" || { rm -f "${spec}"; return 1; }
+  patterns="$("${APP_DIR}/venv/bin/python" -c 'import json, sys
+print("\n".join(json.load(open(sys.argv[1]))["corpus"]["paths"]))' "${spec}")" \
+    || { rm -f "${spec}"; return 1; }
+  rm -f "${spec}"
+  while true; do
+    reason=""
+    while IFS= read -r pattern; do
+      if ! out="$(gcs ls "${pattern}" 2>&1)"; then
+        reason="${pattern}: $(printf '%s\n' "${out}" | tail -n 1)"
+        break
+      fi
+    done <<<"${patterns}"
+    if [ -z "${reason}" ]; then
+      log "corpus found after ${waited}s"
+      return 0
+    fi
+    log "waiting for the corpus (${waited}s so far): ${reason}"
+    if [ "${reason}" != "${previous}" ]; then
+      write_status waiting "waiting for the corpus: upload it (docs/deploy-gcp.md): ${reason}"
+      previous="${reason}"
+    fi
+    sleep 60
+    waited=$((waited + 60))
+  done
+}
+
+# What the data unit's ExecStopPost runs, as the TPU VM's trainer unit does (tpu.sh,
+# trainer_stopped): systemd sets SERVICE_RESULT, EXIT_CODE and EXIT_STATUS for it. Exit 2 is
+# the payload's user error (bad job spec, corpus or output; the line is in status.json):
+# restarting cannot fix it, so RestartPreventExitStatus=2 stops the unit and this says so.
+data_stopped() {
+  local code="${EXIT_STATUS:-}"
+  case "${code}" in
+    0) write_status finished "data preparation finished (exit 0); the manifest is ${MANIFEST_URI}" ;;
+    2) write_status stopped "data preparation stopped with exit 2: a user error (last_error in ${STATUS_URI}); not restarted (RestartPreventExitStatus=2): fix it, then sudo systemctl restart tpu-pretrain-data" ;;
+    *) write_status restarting "data preparation ended (${SERVICE_RESULT:-unknown}, exit ${code:-none}); systemd restarts it in 60s and it continues from the finished shards" ;;
+  esac
+}
+
+# systemd cannot call shell functions: the helper is this script's own functions and
+# constants, written next to the venv (as on the TPU VM).
+readonly HELPER="${APP_DIR}/bin/tpu-pretrain-helper"
+install_helper() {
+  local body sdk_path="" tool
+  # systemd's PATH need not contain the image's SDK (e.g. /snap/bin): pin where it is now.
+  for tool in gcloud gsutil; do
+    if command -v "${tool}" >/dev/null 2>&1; then
+      sdk_path="${sdk_path}$(dirname "$(command -v "${tool}")"):"
+    fi
+  done
+  body="#!/usr/bin/env bash
+# tpu-pretrain: the data unit's helper, written by the controller's startup script.
+set -Euo pipefail
+export PATH=${sdk_path}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+$(declare -p SANDBOX_ROOT APP_DIR RETRY_ATTEMPTS LOG_TAG CONSOLE TRANSIENT_ERRORS)
+$(declare -p ROLE RUN_ROOT JOB_URI MANIFEST_URI STATUS_URI PAYLOAD_SHA256)
+GCS_CLI=''
+STATUS_NAME=''
+$(declare -f log retry_gcloud gcs_cli gcs write_status wait_corpus data_stopped)
+case \"\${1:-}\" in
+  wait-corpus) wait_corpus ;;
+  data-stopped) data_stopped ;;
+  *) echo \"usage: \$0 wait-corpus|data-stopped\" >&2; exit 2 ;;
+esac"
+  if write_if_changed "${HELPER}" 0755 "${body}"; then
+    log "helper ${HELPER} installed"
+  fi
+}
+
 trap 'write_status failed "startup script failed at line ${LINENO}"' ERR
 gcs_cli
 write_status starting "startup script started"
 install_payload
+install_helper
 
 # Tokenizer, then encoding; each stage skips work that is already complete in the bucket.
+# It starts once the corpus is uploaded; exit 2 (a user error) is not restarted: the helper
+# records it in the bootstrap status.
 install_unit tpu-pretrain-data.service "[Unit]
 Description=tpu-pretrain data preparation for job ${JOB_NAME}
 Wants=network-online.target
@@ -45,10 +125,13 @@ StartLimitIntervalSec=0
 Type=oneshot
 RemainAfterExit=yes
 Environment=PYTHONUNBUFFERED=1
+ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-corpus
 ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload tokenizer --job ${JOB_URI}
 ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload encode --job ${JOB_URI}
+ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper data-stopped
 Restart=on-failure
 RestartSec=60
+RestartPreventExitStatus=2
 TimeoutStartSec=infinity
 
 [Install]

@@ -364,7 +364,9 @@ fi
 # export_env_variables: TF_USE_LEGACY_KERAS, WRAPT_DISABLE_EXTENSIONS, TPU_NAME=local,
 # NEXT_PLUGGABLE_DEVICE_USE_C_API, TF_PLUGGABLE_DEVICE_LIBRARY_PATH = libtpu.so; its
 # TF_XLA_FLAGS are for its sparse-core models and left out), plus FORCE_TF_AVAILABLE=1:
-# transformers 4.57 does not count the `tensorflow-tpu` distribution as TensorFlow.
+# transformers 4.57 does not count the `tensorflow-tpu` distribution as TensorFlow (the
+# payload sets it too when tensorflow-tpu is installed, so a CLI run by hand over SSH sees
+# TensorFlow without this unit's environment: payload/__init__.py).
 # systemd units read no login profile: everything is set here.
 install_trainer_unit "" "" "Environment=NEXT_PLUGGABLE_DEVICE_USE_C_API=true
 Environment=TF_PLUGGABLE_DEVICE_LIBRARY_PATH=${libtpu_path}

@@ -176,3 +176,42 @@ def test_up_after_destroy_adopts_the_kept_bucket(stack):
 def test_a_bucket_that_only_shares_the_prefix_is_not_adopted():
     name = _bucket("v3-euw4").inputs["name"]
     assert _bucket("v3-euw4", frozenset({f"{name}-old", name[:-1]})).options["importId"] is None
+
+
+def _iam_resources(run) -> list:
+    """Every IAM grant the program registers: pulumi-gcp's *IAMMember / *IamMember /
+    *IAMBinding / *IamBinding types (project, bucket, secret, service account, ...)."""
+    return [r for r in run.resources if re.search(r":(\w*(IAM|Iam)(Member|Binding))$", r.type_)]
+
+
+@pytest.mark.parametrize(("stack", "overrides"), _variants())
+def test_every_iam_grant_naming_a_new_service_account_waits_for_its_settle(stack, overrides):
+    """A grant to (or on) a service account created seconds earlier fails like a VM would:
+    every IAM member/binding whose member or target is one of the program's new accounts
+    depends on that account's settle (at least 60 s after it is created)."""
+    run = run_offline(stack, overrides)
+    accounts = of_type(run.resources, "gcp:serviceaccount/account:Account")
+    settle_of = {}
+    for sleep in of_type(run.resources, "time:index/sleep:Sleep"):
+        (account,) = [a for a in accounts if a.urn in sleep.options["dependencies"]]
+        assert _seconds(sleep.inputs["createDuration"]) >= 60
+        settle_of[account.outputs["email"]] = sleep.urn
+        settle_of[account.outputs["name"]] = sleep.urn
+    assert len(settle_of) == 2 * len(accounts) == 6  # one settle per account
+    grants = _iam_resources(run)
+    naming = 0
+    for grant in grants:
+        names = {grant.inputs.get("member", ""), grant.inputs.get("serviceAccountId", "")}
+        emails = {n.removeprefix("serviceAccount:") for n in names if n}
+        settles = {settle_of[e] for e in emails if e in settle_of}
+        if not settles:
+            continue
+        naming += 1
+        missing = settles - set(grant.options["dependencies"])
+        assert not missing, f"{grant.name} ({grant.type_}) does not wait for {missing}"
+    # Reporting roles (2 per account), the bucket (2), the hop's secret (1), and with the
+    # watchdog its project role and its act-as on the TPU VM's account (2): all of them.
+    watchdog = any(r.type_ == "tpu-pretrain:index:TpuAutoRecovery" for r in run.resources)
+    assert naming == len(grants) == 2 * len(accounts) + 3 + (2 if watchdog else 0), [
+        g.name for g in grants
+    ]

@@ -34,11 +34,12 @@ STUBS = {
 verb="$1"; shift
 local_of() { echo "$FAKE_GCS/${1#gs://}"; }
 if [ "$verb" = ls ]; then
-  if [ ! -e "$(local_of "$1")" ]; then
-    echo "ERROR: (gcloud.storage.ls) One or more URLs matched no objects." >&2
-    exit 1
-  fi
-  echo "$1"; exit 0
+  # The URI may hold a * wildcard, as gcloud storage ls takes it.
+  for f in $(local_of "$1"); do
+    if [ -e "$f" ]; then echo "$1"; exit 0; fi
+  done
+  echo "ERROR: (gcloud.storage.ls) One or more URLs matched no objects." >&2
+  exit 1
 fi
 args=("$@"); dst="${args[-1]}"; unset 'args[-1]'
 for src in "${args[@]}"; do
@@ -270,7 +271,66 @@ exit "${RUNNER_EXIT:-0}"
 STUBS["logger"] = r"""
 echo "logger $*" >>"$STATE/journal"
 """
-RECORDED = ("systemctl", "sysctl", "wg", "systemd-run")
+# The service manager's transient units: $STATE/units/<unit> holds "<state> <flags>" while
+# the unit is loaded (no file: not loaded), the service's command in <unit>.cmd. systemd-run
+# refuses a name that is still loaded, as systemd does ("Unit NAME.service was already loaded
+# or has a fragment file": systemd/systemd#40345, coreos/bootupd#707); `systemctl stop GLOB`
+# matches loaded units (systemctl(1), Parameter Syntax) and unloads a stopped timer with the
+# service it never started. _elapse_rerun_timer plays a timer's elapsing.
+STUBS["systemd-run"] = r"""
+echo "systemd-run $*" >>"$CALLS"
+units="$STATE/units"
+mkdir -p "$units"
+name=""; timer=0; collect=0; remain=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --unit=*) name="${1#--unit=}" ;;
+    -u | --unit) name="$2"; shift ;;
+    --on-*) timer=1 ;;
+    -G | --collect) collect=1 ;;
+    --timer-property=RemainAfterElapse=no) remain=0 ;;
+    -*) ;;
+    *) break ;;
+  esac
+  shift
+done
+name="${name%.service}"
+[ -n "$name" ] || name="run-u$$"
+for unit in "$name.service" "$name.timer"; do
+  if [ -e "$units/$unit" ] || [ -e "${TPU_PRETRAIN_SANDBOX}/etc/systemd/system/$unit" ]; then
+    echo "Failed to start transient timer unit: Unit $unit was already loaded or has a" \
+      "fragment file." >&2
+    exit 1
+  fi
+done
+[ "$timer" = 1 ] || { echo "unexpected: systemd-run without a timer" >&2; exit 3; }
+echo "waiting remain=$remain" >"$units/$name.timer"
+echo "inactive collect=$collect" >"$units/$name.service"
+echo "$*" >"$units/$name.service.cmd"
+echo "Running timer as unit: $name.timer" >&2
+"""
+STUBS["systemctl"] = r"""
+echo "systemctl $*" >>"$CALLS"
+units="$STATE/units"
+if [ "$1" = stop ] && [ -d "$units" ]; then
+  shift
+  for pattern in "$@"; do
+    for path in "$units"/*.timer "$units"/*.service; do
+      [ -f "$path" ] || continue
+      unit="$(basename "$path")"
+      # shellcheck disable=SC2053 # a glob, as systemctl matches it
+      [[ "$unit" == $pattern ]] || continue
+      rm -f "$path" "$path.cmd"
+      service="$units/${unit%.timer}.service"
+      if [[ "$unit" == *.timer ]] && [ -f "$service" ] \
+        && [ "$(cut -d' ' -f1 "$service")" = inactive ]; then
+        rm -f "$service" "$service.cmd"
+      fi
+    done
+  done
+fi
+"""
+RECORDED = ("sysctl", "wg")
 
 
 @dataclass
@@ -583,6 +643,86 @@ def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
         "tpu-pretrain-tpu-watch.service",
         "tpu-pretrain-tpu-watch.timer",
     ]
+
+
+def _publish_job_spec(run, box: Sandbox) -> dict:
+    (obj,) = [r for r in run.resources if r.name == "payload-job-spec"]
+    target = box.gcs / obj.inputs["bucket"] / obj.inputs["name"]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(obj.inputs["content"])
+    return json.loads(obj.inputs["content"])
+
+
+def test_the_data_unit_waits_for_the_corpus_and_says_why(stack_run, sandbox):
+    """Exit 2 (e.g. no corpus) is not restarted any more, so the unit waits for the corpus
+    before its stages: a corpus uploaded after `pulumi up` is still picked up."""
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    spec = _publish_job_spec(stack_run, sandbox)
+    # The venv's python is a real interpreter here: the helper reads the job spec with it.
+    installed = sandbox.run(_script(stack_run, "controller-vm"), STUB_VENV_PYTHON=sys.executable)
+    assert installed.returncode == 0, installed.stderr
+    unit = (sandbox.root / "etc/systemd/system/tpu-pretrain-data.service").read_text()
+    assert re.findall(r"^ExecStartPre=(.*)$", unit, re.MULTILINE) == [
+        "/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-corpus"
+    ]
+    (pattern,) = spec["corpus"]["paths"]
+    assert pattern == f"gs://{bucket}/corpus/gpt2-small-clm/"  # a folder: any object in it
+    uploaded = sandbox.gcs / pattern.removeprefix("gs://") / "part-0.txt"
+    waited = _helper(sandbox, "wait-corpus", CREATE_ON_SLEEP=str(uploaded))
+    assert waited.returncode == 0, waited.stderr
+    assert sandbox.calls.count("sleep 60") == 1  # not there once, then found
+    assert f"gcloud storage ls {pattern}" in sandbox.calls
+    assert "waiting for the corpus (0s so far): " + pattern in waited.stderr
+    assert "corpus found after 60s" in waited.stderr
+    path = sandbox.gcs / bucket / "runs/gpt2-small-clm/bootstrap/controller.json"
+    status = json.loads(path.read_text())
+    assert status["state"] == "waiting" and "matched no objects" in status["message"]
+    again = _helper(sandbox, "wait-corpus")  # there now: no wait
+    assert again.returncode == 0 and "sleep 60" not in sandbox.calls, again.stderr
+
+
+@pytest.mark.parametrize(
+    ("exit_status", "state", "words"),
+    [
+        ("2", "stopped", "not restarted (RestartPreventExitStatus=2)"),
+        ("1", "restarting", "systemd restarts it in 60s"),
+        ("0", "finished", "data preparation finished"),
+    ],
+)
+def test_the_data_units_end_is_written_to_the_bootstrap_status(
+    stack_run, sandbox, exit_status, state, words
+):
+    """A user error (exit 2) stops the controller's data unit instead of restarting it every
+    60 s forever, and says so where the trainer's end is reported."""
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    assert sandbox.run(_script(stack_run, "controller-vm")).returncode == 0
+    unit = (sandbox.root / "etc/systemd/system/tpu-pretrain-data.service").read_text()
+    service = unit.split("[Service]\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    for line in (
+        "Restart=on-failure",
+        "RestartPreventExitStatus=2",
+        "ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper data-stopped",
+    ):
+        assert line in service, unit
+    helper = sandbox.root / "opt/tpu-pretrain/bin/tpu-pretrain-helper"
+    assert stat.S_IMODE(helper.stat().st_mode) == 0o755
+    result = _helper(
+        sandbox,
+        "data-stopped",
+        EXIT_STATUS=exit_status,
+        EXIT_CODE="exited",
+        SERVICE_RESULT="exit-code",
+    )
+    assert result.returncode == 0, result.stderr
+    path = sandbox.gcs / bucket / "runs/gpt2-small-clm/bootstrap/controller.json"
+    status = json.loads(path.read_text())
+    assert status["role"] == "controller"
+    assert status["state"] == state and words in status["message"], status
+    if exit_status == "2":
+        assert f"gs://{bucket}/runs/gpt2-small-clm/status.json" in status["message"]
+        assert "sudo systemctl restart tpu-pretrain-data" in status["message"]
+    if exit_status == "0":
+        assert f"gs://{bucket}/runs/gpt2-small-clm/data/manifest.json" in status["message"]
 
 
 def test_transient_403_is_retried_with_backoff(stack_run, sandbox):
@@ -1344,10 +1484,97 @@ def test_an_install_that_keeps_failing_stops_with_a_status(stack_run, sandbox):
     )
     assert not list((sandbox.root / "opt/tpu-pretrain").glob("venv*"))
     # Not left idle: a transient timer runs the startup script again.
-    assert (
-        "systemd-run --unit=tpu-pretrain-startup-rerun --on-active=30min "
-        f"{sandbox.bin}/google_metadata_script_runner startup"
-    ) in sandbox.calls
+    (rerun,) = [c for c in sandbox.calls if c.startswith("systemd-run")]
+    assert re.fullmatch(
+        r"systemd-run --unit=tpu-pretrain-startup-rerun-\d{8}T\d{6}Z-\d+ --collect "
+        r"--timer-property=RemainAfterElapse=no --on-active=30min "
+        + re.escape(f"{sandbox.bin}/google_metadata_script_runner startup"),
+        rerun,
+    )
+    assert _loaded_units(sandbox) == {
+        f"{_pending_rerun(sandbox)}.timer": "waiting remain=0",
+        f"{_pending_rerun(sandbox)}.service": "inactive collect=1",
+    }
+
+
+def _loaded_units(box: Sandbox) -> dict[str, str]:
+    units = box.state / "units"
+    return {
+        p.name: p.read_text().strip()
+        for p in (units.iterdir() if units.is_dir() else ())
+        if p.suffix in (".timer", ".service")
+    }
+
+
+def _pending_rerun(box: Sandbox) -> str:
+    (timer,) = [u for u, state in _loaded_units(box).items() if state.startswith("waiting")]
+    return timer.removesuffix(".timer")
+
+
+def _elapse_rerun_timer(box: Sandbox, script: str, **extra: str) -> subprocess.CompletedProcess:
+    """What systemd does when the pending re-run timer elapses: its service starts and runs
+    the guest agent's runner, i.e. the startup script (while the service is loaded and
+    active); when it ends, a --collect service is unloaded (a failed one otherwise stays
+    loaded until reset-failed), and a RemainAfterElapse=no timer with it (systemd-run(1),
+    systemd.timer(5))."""
+    unit = _pending_rerun(box)
+    units = box.state / "units"
+    timer, service = units / f"{unit}.timer", units / f"{unit}.service"
+    assert (units / f"{unit}.service.cmd").read_text().split()[-2:] == [
+        f"{box.bin}/google_metadata_script_runner",
+        "startup",
+    ]
+    timer.write_text(timer.read_text().replace("waiting", "elapsed", 1))
+    collect = service.read_text().split()[1] == "collect=1"
+    service.write_text(f"active collect={int(collect)}")
+    result = box.run(script, **extra)
+    if result.returncode == 0 or collect:
+        service.unlink()
+        # Unloaded with it; or already, if the script stopped it.
+        if timer.exists() and "remain=0" in timer.read_text():
+            timer.unlink()
+    else:
+        service.write_text("failed collect=0")
+    return result
+
+
+def test_the_sandbox_refuses_a_transient_unit_name_that_is_still_loaded(sandbox):
+    """The old fixed re-run name, as systemd treats it: a second systemd-run of the same
+    --unit while the first one's service is loaded (here: running) is refused."""
+    run = ["systemd-run", "--unit=tpu-pretrain-startup-rerun", "--on-active=30min", "true"]
+    env = sandbox.env()
+    assert subprocess.run(run, env=env, check=False).returncode == 0
+    units = sandbox.state / "units"
+    (units / "tpu-pretrain-startup-rerun.service").write_text("active collect=0")
+    stop = ["systemctl", "stop", "tpu-pretrain-startup-rerun*.timer"]
+    subprocess.run(stop, env=env, check=True)
+    assert _loaded_units(sandbox) == {"tpu-pretrain-startup-rerun.service": "active collect=0"}
+    again = subprocess.run(run, env=env, check=False, capture_output=True, text=True)
+    assert again.returncode == 1
+    assert "Unit tpu-pretrain-startup-rerun.service was already loaded" in again.stderr
+
+
+def test_every_failed_startup_schedules_the_next_rerun(stack_run, sandbox):
+    """A re-run that fails again runs inside the previous re-run's (still loaded) service:
+    it must still schedule the next one, every time, until an install succeeds."""
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    script = _script(stack_run, "tpu-vm")
+    assert sandbox.run(script, FAIL_FIRST_PIP="99").returncode == 1
+    first = _pending_rerun(sandbox)
+    seen = [first]
+    for _ in range(2):
+        failed = _elapse_rerun_timer(sandbox, script, FAIL_FIRST_PIP="99")
+        assert failed.returncode == 1
+        assert "could not schedule" not in failed.stderr, failed.stderr
+        assert _bootstrap_status(sandbox, bucket)["state"] == "failed"
+        # The elapsed timer and the running service are still loaded, the next one waits.
+        seen.append(_pending_rerun(sandbox))
+        assert seen[-1] not in seen[:-1]
+    done = _elapse_rerun_timer(sandbox, script, FAIL_FIRST_PIP="0")
+    assert done.returncode == 0, done.stderr
+    assert _bootstrap_status(sandbox, bucket)["state"] == "started"
+    # Nothing left loaded: no failed units pile up, no re-run pending.
+    assert _loaded_units(sandbox) == {}
 
 
 def test_an_old_sdk_without_gcloud_storage_uses_gsutil(stack_run, sandbox):

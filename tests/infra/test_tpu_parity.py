@@ -206,8 +206,9 @@ def test_the_tpu_vm_environment_trains_on_cpu_with_the_units_variables(tpu_venv,
     status = json.loads((tmp_path / "run/status.json").read_text())
     assert status["stage"] == "train" and status["state"] == "complete", status
     assert (tmp_path / "run/export/export_complete.json").is_file()
-    # transformers saw TensorFlow only through FORCE_TF_AVAILABLE (tensorflow-tpu is not in
-    # its list of TensorFlow distributions): without it the model cannot be built.
+    # transformers sees tensorflow-tpu only through FORCE_TF_AVAILABLE (it is not in its list
+    # of TensorFlow distributions): without it, and without the payload (which sets it, see
+    # test_the_payload_alone_makes_transformers_see_tensorflow_tpu), no model can be built.
     probe = (
         "from transformers import TFBertForMaskedLM, BertConfig; TFBertForMaskedLM(BertConfig())"
     )
@@ -222,3 +223,54 @@ def test_the_tpu_vm_environment_trains_on_cpu_with_the_units_variables(tpu_venv,
     )
     assert failed.returncode != 0
     assert "requires the TensorFlow library but it was not found" in failed.stderr
+
+
+# What a user's shell over SSH has: no unit environment (no FORCE_TF_AVAILABLE, no
+# TF_USE_LEGACY_KERAS); TPU_LOAD_LIBRARY=0 only because this host is no TPU VM (see above).
+_BY_HAND = (
+    "import os, payload.cli\n"  # what the `tpu-payload` console script imports first
+    "from transformers.utils import is_tf_available\n"
+    "print('FORCE_TF_AVAILABLE=' + os.environ.get('FORCE_TF_AVAILABLE', '<unset>'))\n"
+    "print('is_tf_available=' + str(is_tf_available()))\n"
+    "if is_tf_available():\n"
+    "    from transformers import BertConfig, TFBertForMaskedLM\n"
+    "    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,\n"
+    "                        num_attention_heads=2, intermediate_size=32)\n"
+    "    import tensorflow as tf\n"
+    "    logits = TFBertForMaskedLM(config)(tf.constant([[1, 2, 3, 4, 5]])).logits\n"
+    "    print('logits=' + str(tuple(logits.shape)))\n"
+)
+
+
+def _by_hand(venv: Path, home: Path, **extra: str) -> dict[str, str]:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
+    env.update(TPU_LOAD_LIBRARY="0", **extra)
+    done = subprocess.run(
+        [str(venv / "bin/python"), "-c", _BY_HAND],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=home,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+
+def test_the_payload_alone_makes_transformers_see_tensorflow_tpu(tpu_venv, tmp_path):
+    """`/opt/tpu-pretrain/venv/bin/tpu-payload ...` run by hand has none of the unit's
+    Environment= lines: importing the payload declares tensorflow-tpu to transformers, and a
+    TF model builds. A value the user set is theirs, and TensorFlow switched off stays off."""
+    seen = _by_hand(tpu_venv, tmp_path)
+    assert seen["FORCE_TF_AVAILABLE"] == "1" and seen["is_tf_available"] == "True", seen
+    assert seen["logits"] == "(1, 5, 64)", seen  # one sequence, 5 tokens, the vocabulary
+
+    assert _by_hand(tpu_venv, tmp_path, FORCE_TF_AVAILABLE="0") == {
+        "FORCE_TF_AVAILABLE": "0",
+        "is_tf_available": "False",
+    }
+    assert _by_hand(tpu_venv, tmp_path, USE_TF="0") == {
+        "FORCE_TF_AVAILABLE": "<unset>",
+        "is_tf_available": "False",
+    }

@@ -1,11 +1,19 @@
 """The PR comment of a preview (.github/scripts/preview_comment.py): a failed preview still
-gets one, naming each violated rule and its resource, or the error."""
+gets one, naming each violated rule and its resource, or the error; it stays below GitHub's
+limit on a comment, and there is one per stack, edited in place (against a stand-in for
+GitHub's REST API on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
+from urllib.parse import parse_qs, urlparse
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ".github" / "scripts" / "preview_comment.py"
@@ -39,11 +47,18 @@ Diagnostics:
 """
 
 
-def comment(stack: str, code: int, output: str, tmp_path: Path) -> subprocess.CompletedProcess:
+GITHUB_LIMIT = 65_536  # GitHub refuses a longer comment body
+CREDENTIAL = "test-credential"  # what the stand-in API expects as the bearer token
+
+
+def comment(
+    stack: str, code: int, output: str, tmp_path: Path, *extra: str
+) -> subprocess.CompletedProcess:
     path = tmp_path / "preview.txt"
     path.write_text(output)
+    command = ["render", "--stack", stack, "--exit-code", str(code), *extra, str(path)]
     return subprocess.run(
-        [sys.executable, str(SCRIPT), "--stack", stack, "--exit-code", str(code), str(path)],
+        [sys.executable, str(SCRIPT), *command],
         capture_output=True,
         text=True,
         check=False,
@@ -93,17 +108,60 @@ def test_a_passing_preview_is_a_short_success(tmp_path):
     assert "Errors:" not in text and "| rule |" not in text
 
 
+def test_the_comment_ends_with_the_stacks_hidden_marker(tmp_path):
+    text = comment("v3-euw4", 0, "Resources:\n    1 unchanged\n", tmp_path).stdout
+    assert text.endswith("</details>\n\n<!-- tpu-pretrain preview comment: stack=v3-euw4 -->\n")
+    assert text.count("<!--") == 1
+
+
 def test_a_huge_output_is_trimmed_from_the_front(tmp_path):
-    output = "x" * 100_000 + "\nResources:\n    + 1 to create\n"
-    text = comment("v3-euw4", 0, output, tmp_path).stdout
-    assert len(text) < 65_536
-    assert "\u2026 (trimmed) \u2026" in text and text.rstrip().endswith("```\n</details>")
-    assert "+ 1 to create" in text
+    lines = [f"    ~ gcp:compute:Instance: (update) vm-{i} — 대한민국" for i in range(4000)]
+    output = "\n".join([*lines, "Resources:", "    + 1 to create"]) + "\n"
+    url = "https://github.com/o/r/actions/runs/42"
+    text = comment("v3-euw4", 0, output, tmp_path, "--log-url", url).stdout
+    assert len(text.encode()) <= 60_000 < GITHUB_LIMIT  # bytes: never fewer than characters
+    (notice,) = [line for line in text.splitlines() if line.startswith("… trimmed")]
+    shown = text.split(notice + "\n", 1)[1].split("\n```\n", 1)[0].splitlines()
+    assert notice == (
+        f"… trimmed: the first {4002 - len(shown)} of 4002 lines of the output are not "
+        f"shown; the full output is in the job log ({url})."
+    )
+    assert shown[-2:] == ["Resources:", "    + 1 to create"]  # the end survives
+    assert shown[0] in lines  # whole lines, from the front
+    assert text.rstrip().endswith(
+        "</details>\n\n<!-- tpu-pretrain preview comment: stack=v3-euw4 -->"
+    )
+
+
+def test_thousands_of_violations_and_errors_stay_below_the_limit(tmp_path):
+    rows = [
+        f"        - [mandatory]  rule-{i}  (gcp:compute:Instance: vm-{i})\n"
+        f"          {'a long message ' * 20}"
+        for i in range(3000)
+    ]
+    errors = [f"    error: failure number {i} {'x' * 200}" for i in range(3000)]
+    output = "Policies:\n" + "\n".join(rows) + "\nDiagnostics:\n" + "\n".join(errors) + "\n"
+    text = comment("v6e-euw4", 255, output, tmp_path).stdout
+    assert len(text.encode()) <= 60_000
+    assert text.startswith("#### ❌ `pulumi preview` of stack `v6e-euw4`: 3000 policy violation(s)")
+    assert "| `rule-0` | mandatory | `vm-0` |" in text and "- failure number 0 " in text
+    assert "more violations trimmed: see the job log." in text
+    assert "more errors trimmed: see the job log." in text
+    assert "… trimmed: the first " in text  # and the output itself
 
 
 def test_a_missing_output_file_is_a_one_line_error(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--stack", "s", "--exit-code", "1", str(tmp_path / "no")],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "render",
+            "--stack",
+            "s",
+            "--exit-code",
+            "1",
+            str(tmp_path / "no"),
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -112,3 +170,174 @@ def test_a_missing_output_file_is_a_one_line_error(tmp_path):
     assert result.stdout == ""
     assert result.stderr.startswith("error: cannot read the preview output ")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# --- one comment per stack: a stand-in for GitHub's REST API ------------------------------
+class FakeGitHub:
+    """Issue comments of one repository, served as GitHub's REST API serves them (List issue
+    comments with per_page and a Link rel="next" header, Create, Update an issue comment);
+    every request is recorded as (method, path)."""
+
+    def __init__(self, repo: str = "owner/repo", per_page_max: int = 100) -> None:
+        self.repo = repo
+        self.per_page_max = per_page_max
+        self.comments: dict[int, list[dict]] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.tokens: set[str] = set()
+        self._next_id = 1000
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def _send(self, status: int, payload, link: str = "") -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                if link:
+                    self.send_header("Link", link)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self, method: str) -> None:
+                url = urlparse(self.path)
+                fake.requests.append((method, url.path))
+                fake.tokens.add(self.headers.get("Authorization", ""))
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                prefix = f"/repos/{fake.repo}/issues/"
+                rest = url.path.removeprefix(prefix).split("/")
+                if not url.path.startswith(prefix):
+                    return self._send(404, {"message": "Not Found"})
+                if len(rest) == 2 and rest[1] == "comments" and method == "GET":
+                    query = parse_qs(url.query)
+                    per_page = min(int(query.get("per_page", ["30"])[0]), fake.per_page_max)
+                    page = int(query.get("page", ["1"])[0])
+                    items = fake.comments.get(int(rest[0]), [])
+                    chunk = items[(page - 1) * per_page : page * per_page]
+                    link = ""
+                    if page * per_page < len(items):
+                        base = f"http://127.0.0.1:{fake.port}{url.path}"
+                        link = f'<{base}?per_page={per_page}&page={page + 1}>; rel="next"'
+                    return self._send(200, chunk, link)
+                if len(rest) == 2 and rest[1] == "comments" and method == "POST":
+                    fake._next_id += 1
+                    new = {"id": fake._next_id, "body": body["body"], "user": fake.bot}
+                    fake.comments.setdefault(int(rest[0]), []).append(new)
+                    return self._send(201, new)
+                if rest[0] == "comments" and len(rest) == 2 and method == "PATCH":
+                    for items in fake.comments.values():
+                        for item in items:
+                            if item["id"] == int(rest[1]):
+                                item["body"] = body["body"]
+                                return self._send(200, item)
+                return self._send(404, {"message": "Not Found"})
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+            def do_PATCH(self) -> None:
+                self._handle("PATCH")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    bot: ClassVar[dict] = {"login": "github-actions[bot]", "type": "Bot"}
+    human: ClassVar[dict] = {"login": "someone", "type": "User"}
+
+    def add(self, pr: int, body: str, user: dict) -> int:
+        self._next_id += 1
+        self.comments.setdefault(pr, []).append({"id": self._next_id, "body": body, "user": user})
+        return self._next_id
+
+    def __enter__(self) -> FakeGitHub:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def publish(
+    stack: str, body_file: Path, api: str, pr: int = 7, **env: str
+) -> subprocess.CompletedProcess:
+    command = ["publish", "--stack", stack, "--repo", "owner/repo", "--pr", str(pr)]
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *command, str(body_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={"PATH": os.environ["PATH"], "GITHUB_API_URL": api, **env},
+    )
+
+
+def _rendered(stack: str, tmp_path: Path, output: str) -> Path:
+    path = tmp_path / f"{stack}.md"
+    path.write_text(comment(stack, 0, output, tmp_path).stdout)
+    return path
+
+
+def test_publish_creates_one_comment_per_stack_then_edits_it(tmp_path):
+    with FakeGitHub(per_page_max=2) as github:
+        # Earlier comments: people's, one of them quoting the marker; another stack's.
+        for i in range(3):
+            github.add(7, f"looks good {i}", FakeGitHub.human)
+        github.add(7, "quoting <!-- tpu-pretrain preview comment: stack=a -->", FakeGitHub.human)
+        other = github.add(7, "x\n<!-- tpu-pretrain preview comment: stack=b -->", FakeGitHub.bot)
+        first = publish("a", _rendered("a", tmp_path, "run 1\n"), github.url, GH_TOKEN=CREDENTIAL)
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.startswith("created ")
+        posts = [r for r in github.requests if r[0] == "POST"]
+        assert posts == [("POST", "/repos/owner/repo/issues/7/comments")]
+        # Every page was read (2 per page here) before deciding there was none.
+        assert [r for r in github.requests if r[0] == "GET"] == [
+            ("GET", "/repos/owner/repo/issues/7/comments")
+        ] * 3
+        created = int(first.stdout.split()[1])
+
+        github.requests.clear()
+        second = publish("a", _rendered("a", tmp_path, "run 2\n"), github.url, GH_TOKEN=CREDENTIAL)
+        assert second.returncode == 0, second.stderr
+        assert second.stdout.strip() == f"updated {created}"
+        assert github.requests[-1] == ("PATCH", f"/repos/owner/repo/issues/comments/{created}")
+        assert not [r for r in github.requests if r[0] == "POST"]
+        bodies = {c["id"]: c["body"] for c in github.comments[7]}
+        assert len(bodies) == 6  # 4 people's, stack b's, stack a's: still one for a
+        assert "run 2" in bodies[created] and "run 1" not in bodies[created]
+        assert "quoting" in bodies[created - 2]  # a person's comment with the marker: untouched
+        assert bodies[other].startswith("x\n")  # the other stack's: untouched
+        assert github.tokens == {f"Bearer {CREDENTIAL}"}
+
+
+def test_publish_refuses_what_is_not_a_rendered_comment_of_that_stack(tmp_path):
+    with FakeGitHub() as github:
+        wrong = publish("b", _rendered("a", tmp_path, "x\n"), github.url, GH_TOKEN=CREDENTIAL)
+        assert wrong.returncode == 2
+        assert wrong.stderr.startswith("error: ") and "is not the rendered comment of stack b" in (
+            wrong.stderr
+        )
+        big = tmp_path / "big.md"
+        big.write_text("x" * 70_000 + "\n<!-- tpu-pretrain preview comment: stack=a -->\n")
+        too_long = publish("a", big, github.url, GH_TOKEN=CREDENTIAL)
+        assert too_long.returncode == 2 and "GitHub takes at most 65536" in too_long.stderr
+        no_token = publish("a", _rendered("a", tmp_path, "x\n"), github.url)
+        assert no_token.returncode == 2 and "GH_TOKEN is not set" in no_token.stderr
+        assert github.requests == []
+
+
+def test_publish_names_the_api_error(tmp_path):
+    with FakeGitHub(repo="other/repo") as github:  # not this repository: 404
+        failed = publish("a", _rendered("a", tmp_path, "x\n"), github.url, GH_TOKEN=CREDENTIAL)
+    assert failed.returncode == 1
+    assert failed.stderr.startswith("error: GitHub API: GET ")
+    assert "HTTP 404" in failed.stderr and len(failed.stderr.strip().splitlines()) == 1

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from test_preview_comment import CREDENTIAL, FakeGitHub
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -122,7 +123,7 @@ def test_job_permissions_are_least_privilege(path: Path) -> None:
         uses_wif = any(_step_uses(s, "google-github-actions/auth") for s in steps)
         comments = any(
             str(s.get("with", {}).get("comment-on-pr")).lower() == "true"
-            or "gh pr comment" in s.get("run", "")
+            or "preview_comment.py publish" in s.get("run", "")
             for s in steps
         )
         assert (permissions.get("id-token") == "write") == uses_wif, name
@@ -265,8 +266,9 @@ def test_a_failed_preview_still_comments_then_fails() -> None:
     steps = {s.get("name"): s for s in jobs(WORKFLOWS / "preview.yml")["preview"]["steps"]}
     comment = steps["Comment on the pull request"]
     assert comment["if"] == "always() && steps.preview.outputs.exit-code != ''"
-    assert ".github/scripts/preview_comment.py" in comment["run"]
-    assert 'gh pr comment "$PR"' in comment["run"]
+    assert ".github/scripts/preview_comment.py render " in comment["run"]
+    assert ".github/scripts/preview_comment.py publish " in comment["run"]
+    assert "gh pr comment" not in comment["run"]  # a new comment on every push
     assert comment["env"]["GH_TOKEN"] == "${{ github.token }}"  # noqa: S105 (an expression)
     assert steps["Fail when the preview failed"]["if"] == "steps.preview.outputs.exit-code != '0'"
 
@@ -334,6 +336,28 @@ def test_deploys_are_gated_and_serialized_per_stack() -> None:
     triggers = load(WORKFLOWS / "deploy.yml")["on"]
     assert set(triggers) == {"push", "workflow_dispatch"}
     assert triggers["push"] == {"branches": ["main"]}
+
+
+def test_the_docs_say_what_happens_to_a_waiting_deploy() -> None:
+    """GitHub keeps at most one running and one pending job per concurrency group: with
+    cancel-in-progress false a running deploy is never cancelled, but a newer queued run
+    cancels an older pending one unless the group sets `queue` (GitHub Docs, "Control the
+    concurrency of workflows and jobs"). The docs must say that, not "never cancelled"."""
+    concurrency = jobs(WORKFLOWS / "deploy.yml")["deploy"]["concurrency"]
+    docs = (ROOT / "docs" / "gitops.md").read_text()
+    assert concurrency["cancel-in-progress"] is False
+    assert "queue" not in concurrency  # one pending run per stack: the behaviour documented
+    # "never cancelled" only ever about a running deploy (the README used to say all runs).
+    for sentence in re.split(r"[.;]\s", " ".join(docs.split())):
+        if "never cancelled" in sentence:
+            assert "running" in sentence, sentence
+    section = docs.split("### Deploys of one stack\n", 1)[1].split("\n## ", 1)[0]
+    flat = " ".join(section.split())
+    group = concurrency["group"].replace("${{ matrix.stack }}", "<stack>")
+    assert f"`{group}` with `cancel-in-progress: false`" in flat
+    assert "a deploy that is running (applying) is never cancelled" in flat
+    assert "GitHub cancels the older waiting one and the newer takes its place" in flat
+    assert "those in between show as cancelled" in flat
 
 
 def test_destroy_is_manual_with_typed_confirmation() -> None:
@@ -443,9 +467,10 @@ def test_fork_notice_step_says_why(tmp_path: Path) -> None:
 
 
 def test_preview_steps_comment_on_a_policy_violation_and_fail(tmp_path: Path) -> None:
-    """The Preview, Comment and Fail steps as the runner runs them, with stand-ins for the
-    pulumi and gh commands: a preview that exits 255 with a violation gets a comment naming
-    the rule and the resource, and the job fails."""
+    """The Preview, Comment and Fail steps as the runner runs them, with a stand-in for the
+    pulumi command and for GitHub's REST API (on 127.0.0.1): a preview that exits 255 with a
+    violation gets a comment naming the rule and the resource, and the job fails; the next
+    push's run edits that same comment instead of adding one."""
     stubs = tmp_path / "bin"
     stubs.mkdir()
     (stubs / "pulumi").write_text(
@@ -456,12 +481,10 @@ def test_preview_steps_comment_on_a_policy_violation_and_fail(tmp_path: Path) ->
         "echo '    x tpu-pretrain@v0.1.0 (local: policy)'\n"
         "echo '        - [mandatory]  no-default-compute-sa  (gcp:compute:Instance: vm-1)'\n"
         "echo '          Uses the default compute service account.'\n"
-        "echo 'error: preview failed' >&2\n"
+        'echo "error: preview failed ($RUN)" >&2\n'
         "exit 255\n"
     )
-    (stubs / "gh").write_text(
-        '#!/bin/bash\necho "gh $*" >>"$CALLS"\ncp "${@: -1}" "$CALLS.comment"\n'
-    )
+    (stubs / "gh").write_text("#!/bin/bash\necho 'gh must not be called' >&2\nexit 9\n")
     for stub in stubs.iterdir():
         stub.chmod(0o755)
     (tmp_path / ".github").symlink_to(ROOT / ".github")
@@ -472,11 +495,13 @@ def test_preview_steps_comment_on_a_policy_violation_and_fail(tmp_path: Path) ->
         "GITHUB_OUTPUT": str(output),
         "GITHUB_STEP_SUMMARY": str(summary),
         "GITHUB_REPOSITORY": "owner/repo",
+        "GITHUB_SERVER_URL": "https://github.com",
+        "GITHUB_RUN_ID": "42",
         "STACK": "v6e-euw4",
         "PROJECT": "my-project",
         "STATE_BUCKET": "state",
         "PR": "7",
-        "GH_TOKEN": "t",
+        "GH_TOKEN": CREDENTIAL,
     }
 
     def step(fragment: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -488,23 +513,67 @@ def test_preview_steps_comment_on_a_policy_violation_and_fail(tmp_path: Path) ->
             env={**env, **extra},
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=60,
         )
 
-    preview = step("Preview")
-    assert preview.returncode == 0, preview.stderr  # the step records, the last one fails
-    assert output.read_text() == "exit-code=255\n"
-    assert calls.read_text().splitlines()[1] == (
-        "pulumi preview --stack v6e-euw4 --config gcp:project=my-project --diff "
-        "--policy-pack policy --suppress-outputs --non-interactive --color never"
+    with FakeGitHub() as github:
+        env["GITHUB_API_URL"] = github.url
+        for run in ("first push", "second push"):
+            output.write_text("")
+            summary.write_text("")
+            preview = step("Preview", RUN=run)
+            assert preview.returncode == 0, preview.stderr  # the step records, the last fails
+            assert output.read_text() == "exit-code=255\n"
+            commented = step("Comment", EXIT_CODE="255")
+            assert commented.returncode == 0, commented.stderr
+            failed = step("Fail when", EXIT_CODE="255")
+            assert failed.returncode == 1
+            assert "exited with 255" in failed.stdout
+            (body,) = [c["body"] for c in github.comments[7]]  # one comment, edited in place
+            assert f"- preview failed ({run})" in body
+            assert summary.read_text() == body
+        assert calls.read_text().splitlines()[1] == (
+            "pulumi preview --stack v6e-euw4 --config gcp:project=my-project --diff "
+            "--policy-pack policy --suppress-outputs --non-interactive --color never"
+        )
+        assert "| `no-default-compute-sa` | mandatory | `vm-1` | `gcp:compute:Instance` |" in body
+        assert body.rstrip().endswith("<!-- tpu-pretrain preview comment: stack=v6e-euw4 -->")
+        writes = [r for r in github.requests if r[0] != "GET"]
+        assert [method for method, _ in writes] == ["POST", "PATCH"]
+        assert github.tokens == {f"Bearer {CREDENTIAL}"}
+
+
+def test_a_trimmed_preview_comment_points_to_this_runs_log(tmp_path: Path) -> None:
+    """The Comment step passes the run's address: the trimmed comment says where the rest is."""
+    (tmp_path / ".github").symlink_to(ROOT / ".github")
+    (tmp_path / "preview.txt").write_text("".join(f"line {i} {'x' * 80}\n" for i in range(2000)))
+    summary = tmp_path / "summary"
+    script = _step_named(WORKFLOWS / "preview.yml", "preview", "Comment")
+    with FakeGitHub() as github:
+        result = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+            check=False,
+            cwd=tmp_path,
+            env={
+                "PATH": os.environ["PATH"],
+                "GITHUB_STEP_SUMMARY": str(summary),
+                "GITHUB_REPOSITORY": "owner/repo",
+                "GITHUB_SERVER_URL": "https://github.com",
+                "GITHUB_RUN_ID": "42",
+                "GITHUB_API_URL": github.url,
+                "STACK": "v6e-euw4",
+                "PR": "7",
+                "EXIT_CODE": "0",
+                "GH_TOKEN": CREDENTIAL,
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        (body,) = [c["body"] for c in github.comments[7]]
+    assert len(body.encode()) < 65_536
+    assert "the full output is in the job log (https://github.com/owner/repo/actions/runs/42)" in (
+        body
     )
-    commented = step("Comment", EXIT_CODE="255")
-    assert commented.returncode == 0, commented.stderr
-    assert "gh pr comment 7 --repo owner/repo --body-file comment.md" in calls.read_text()
-    body = Path(f"{calls}.comment").read_text()
-    assert "| `no-default-compute-sa` | mandatory | `vm-1` | `gcp:compute:Instance` |" in body
-    assert "- preview failed" in body
-    assert summary.read_text() == body
-    failed = step("Fail when", EXIT_CODE="255")
-    assert failed.returncode == 1
-    assert "exited with 255" in failed.stdout
+    assert "line 1999 " in body and "line 0 " not in body

@@ -230,8 +230,8 @@ def render(
         ),
         "## Versions checked",
         "",
-        "tpu-pretrain's tests load an export like this one with the calls above, without extra "
-        "arguments and compare its logits with the trained model's (within 1e-4)"
+        "tpu-pretrain's tests load an export like this one with the calls above (no extra "
+        "arguments) and compare its logits with the trained model's (within 1e-4)"
         + (", and generate from a prompt with the recipe above:" if objective == "clm" else ":"),
         "",
         f"- TensorFlow: {_versions(CHECKED_TENSORFLOW)}",

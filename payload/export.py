@@ -2,7 +2,7 @@
 
 transformers 5 is PyTorch-only: it refuses `tf_model.h5` and loads a TF-format
 `model.safetensors` silently with random weights. So next to the TF weights the export
-holds `model.safetensors` in the PyTorch layout of the same architecture (BertForMaskedLM,
+holds the weights in the PyTorch layout of the same architecture (BertForMaskedLM,
 RobertaForMaskedLM, GPT2LMHeadModel), written with numpy + safetensors: no PyTorch on the
 TPU VM. Names come from transformers 4.57's own TF->PT mapping
 (`modeling_tf_pytorch_utils.convert_tf_weight_name_to_pt_weight_name`); dense kernels are
@@ -10,8 +10,30 @@ transposed ([in, out] -> [out, in]), GPT-2's Conv1D weights are not (PyTorch's C
 [in, out] too) and its [1, n] biases become [n]. Tied weights are stored once, as
 transformers' own `save_pretrained` does: the decoder weight (= the input embeddings) and
 the MLM decoder bias (= the head's bias) are left out, and the PyTorch classes tie them
-again from `_tied_weights_keys` on load. The file's metadata says `format: pt`, which is
-what both transformers 4.57 (TF, loading PyTorch safetensors) and 5.x read.
+again from `_tied_weights_keys` on load. The file's metadata says `format: pt`.
+
+Why the PyTorch file is `pytorch_model.safetensors`, named by config.json's
+`transformers_weights`, and not `model.safetensors` (checked in the installed sources):
+
+* transformers 4.57's TF `from_pretrained` (modeling_tf_utils.py, the local-directory
+  branch) takes `model.safetensors` before `tf_model.h5` whenever it exists, and loads a
+  `format: pt` file through `load_pytorch_state_dict_in_tf2_model`
+  (modeling_tf_pytorch_utils.py), which since 4.55.0 starts with `for key in pt_state_dict:`
+  over the `safe_open` handle (4.54.1 and older: `pt_state_dict.keys()`). No safetensors
+  release makes `safe_open` iterable (it has `keys()`, no `__iter__`, in every tag from
+  v0.2 to v0.8 of bindings/python/src/lib.rs), so no safetensors pin helps: with a
+  `model.safetensors` here, `TFAutoModel*.from_pretrained(export)` raises `TypeError:
+  'builtins.safe_open' object is not iterable` (huggingface/transformers#40028).
+* PyTorch transformers (since 4.52, PR #38152; 5.x in modeling_utils.py
+  `_get_resolved_checkpoint_files`) loads the file that config.json's `transformers_weights`
+  names, before looking for `model.safetensors`; the TF code never reads that key.
+
+So the plain call loads `tf_model.h5` in TensorFlow and `pytorch_model.safetensors` in
+PyTorch, each the trained weights (tests/payload/test_export.py compares logits). No file in
+the export is one that a loader would pick up and read with the wrong layout.
+
+For causal LMs the exported tokenizer adds BOS only (see `tokenizer.for_export`), so
+`model.generate(**tok(prompt, ...))` continues the prompt instead of a new document.
 
 The completion marker is written last; an export without it is replaced, never mixed.
 """
@@ -29,13 +51,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from payload import storage
+from payload import tokenizer as tokenizer_lib
 from payload.errors import UserError
 
 if TYPE_CHECKING:
     from payload.spec import JobSpec
 
 EXPORT_MARKER = "export_complete.json"
-PT_WEIGHTS = "model.safetensors"
+PT_WEIGHTS = "pytorch_model.safetensors"
+# What the TF loader of transformers 4.57 would take before tf_model.h5 (see above): never
+# written into the export.
+TF_PREFERRED_FILES = ("model.safetensors", "model.safetensors.index.json")
 MODEL_CARD = "README.md"
 PYTORCH_CLASSES = {
     "bert": "BertForMaskedLM",
@@ -94,11 +120,13 @@ def write_pytorch_weights(model: Any, directory: str) -> dict[str, np.ndarray]:
     return state
 
 
-def set_pytorch_architecture(directory: str, family: str) -> None:
-    """config.json's `architectures` names the PyTorch class (what transformers 5 reads)."""
+def set_pytorch_config(directory: str, family: str) -> None:
+    """config.json names the PyTorch class (`architectures`) and the PyTorch weights file
+    (`transformers_weights`), both read by PyTorch transformers only."""
     path = Path(directory, "config.json")
     config = json.loads(path.read_text())
     config["architectures"] = [PYTORCH_CLASSES[family]]
+    config["transformers_weights"] = PT_WEIGHTS
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
@@ -114,7 +142,7 @@ def write_export(
     card: Any,
     summary: dict[str, Any],
 ) -> None:
-    """save_pretrained (TF) + model.safetensors (PyTorch) + tokenizer + model card, uploaded
+    """save_pretrained (TF) + PyTorch safetensors + tokenizer + model card, uploaded
     to `export/`, then the completion marker last. `card(parameters) -> str` renders the
     model card once the parameter count is known."""
     marker = storage.join(job.paths.export, EXPORT_MARKER)
@@ -122,8 +150,11 @@ def write_export(
     with tempfile.TemporaryDirectory(prefix="tpu-payload-export-") as tmp:
         model.save_pretrained(tmp)
         state = write_pytorch_weights(model, tmp)
-        set_pytorch_architecture(tmp, job.model.family)
-        tokenizer.save_pretrained(tmp)
+        set_pytorch_config(tmp, job.model.family)
+        tokenizer_lib.for_export(tokenizer, job).save_pretrained(tmp)
+        preferred = [name for name in TF_PREFERRED_FILES if Path(tmp, name).exists()]
+        if preferred:  # a bug: TF would take it before tf_model.h5 (module docstring)
+            raise RuntimeError(f"export would hold {preferred}: TensorFlow would load it")
         Path(tmp, MODEL_CARD).write_text(card(parameter_count(state)), encoding="utf-8")
         storage.upload_tree(tmp, job.paths.export)
     summary = {

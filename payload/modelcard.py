@@ -4,12 +4,20 @@ Every number comes from the job spec as resolved, the data manifest, the runtime
 trained it, the model config and the metrics the trainer recorded in status.json (train
 loss at the last logged step, held-out loss/perplexity/accuracy at the last evaluation).
 A figure that was not recorded is written as "not recorded", never estimated.
+
+The card also says which library versions the plain loading calls were checked with: the
+environments tests/payload/test_export.py loads exports in, i.e. the pins of
+requirements/payload.lock (TensorFlow side) and requirements/pt-check.txt (PyTorch side).
+Those files are not installed with the package (pt-check.txt is not even on a TPU VM), so
+the versions are written out below; tests/payload/test_modelcard.py reads both pin files
+and fails when a version here differs from its pin.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,6 +25,36 @@ if TYPE_CHECKING:
     from payload.spec import JobSpec
 
 NOT_RECORDED = "not recorded"
+# (distribution, version) as pinned in requirements/payload.lock: TFAutoModel*.from_pretrained.
+CHECKED_TENSORFLOW = (
+    ("transformers", "4.57.6"),
+    ("safetensors", "0.8.0"),
+    ("tensorflow", "2.20.0"),
+    ("tf-keras", "2.20.1"),
+)
+# As pinned in requirements/pt-check.txt: AutoModel*.from_pretrained and generate.
+CHECKED_PYTORCH = (("transformers", "5.23.0"), ("safetensors", "0.8.0"), ("torch", "2.13.0"))
+# The export's writer: what this run's environment had (the TPU build is tensorflow-tpu).
+WRITER_DISTRIBUTIONS = ("transformers", "safetensors", ("tensorflow", "tensorflow-tpu"))
+
+
+def _versions(pins: tuple[tuple[str, str], ...]) -> str:
+    return ", ".join(f"{name} {version}" for name, version in pins)
+
+
+def _installed(names: tuple[str | tuple[str, ...], ...]) -> str:
+    found = []
+    for entry in names:
+        candidates = (entry,) if isinstance(entry, str) else entry
+        for name in candidates:
+            try:
+                found.append(f"{name} {metadata.version(name)}")
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        else:
+            found.append(f"{candidates[0]} {NOT_RECORDED}")
+    return ", ".join(found)
 
 
 def _num(value: Any, fmt: str = "{:,}") -> str:
@@ -62,6 +100,7 @@ def render(
     pipeline_tag = "fill-mask" if objective == "mlm" else "text-generation"
     auto = "AutoModelForMaskedLM" if objective == "mlm" else "AutoModelForCausalLM"
     tf_auto = "TF" + auto
+    roles = job.special_roles
     accuracy_name = (
         "MLM accuracy (masked positions)" if objective == "mlm" else ("next-token accuracy")
     )
@@ -88,7 +127,7 @@ def render(
         "",
         "| | |",
         "|---|---|",
-        f"| PyTorch class | `{pytorch_class}` (`model.safetensors`) |",
+        f"| PyTorch class | `{pytorch_class}` (`pytorch_model.safetensors`) |",
         f"| TensorFlow class | `{tf_class}` (`tf_model.h5`) |",
         f"| parameters | {parameters:,} (tied input/output embeddings counted once) |",
         *(
@@ -151,22 +190,54 @@ def render(
         "",
         "## Use",
         "",
-        "PyTorch (transformers 5.x, or 4.x), with `path` this directory or the Hub repo id:",
+        "PyTorch (transformers 5.x, or 4.52 and later: they load `pytorch_model.safetensors`, "
+        "which config.json's `transformers_weights` names), with `path` this directory or the "
+        "Hub repo id:",
         "",
         "```python",
         f"from transformers import AutoTokenizer, {auto}",
         "tokenizer = AutoTokenizer.from_pretrained(path)",
         f"model = {auto}.from_pretrained(path)",
+        *(
+            [
+                'inputs = tokenizer("your prompt", return_tensors="pt")',
+                "output = model.generate(**inputs, max_new_tokens=50)",
+                "print(tokenizer.decode(output[0], skip_special_tokens=True))",
+            ]
+            if objective == "clm"
+            else []
+        ),
         "```",
         "",
-        "TensorFlow (transformers 4.57 with tf-keras; `use_safetensors=False` reads "
-        "`tf_model.h5`, since 4.57 cannot read PyTorch safetensors with safetensors >= 0.7):",
+        "TensorFlow (transformers 4.x with tf-keras; it loads `tf_model.h5`):",
         "",
         "```python",
         f"from transformers import AutoTokenizer, {tf_auto}",
         "tokenizer = AutoTokenizer.from_pretrained(path)",
-        f"model = {tf_auto}.from_pretrained(path, use_safetensors=False)",
+        f"model = {tf_auto}.from_pretrained(path)",
         "```",
+        "",
+        *(
+            [
+                f"The tokenizer adds `{roles.get('bos')}` (beginning of text) in front of a "
+                f"prompt and no `{roles.get('eos')}`, so generation continues the prompt; "
+                f"training documents were packed as `{roles.get('bos')} document "
+                f"{roles.get('eos')}`.",
+                "",
+            ]
+            if objective == "clm"
+            else []
+        ),
+        "## Versions checked",
+        "",
+        "tpu-pretrain's tests load an export like this one with the calls above (no extra "
+        "arguments) and compare its logits with the trained model's (within 1e-4)"
+        + (", and generate from a prompt with the recipe above:" if objective == "clm" else ":"),
+        "",
+        f"- TensorFlow: {_versions(CHECKED_TENSORFLOW)}",
+        f"- PyTorch: {_versions(CHECKED_PYTORCH)}",
+        "",
+        f"This export was written with {_installed(WRITER_DISTRIBUTIONS)}.",
         "",
     ]
     return "\n".join(lines)

@@ -19,7 +19,12 @@ few hundred KB takes minutes (and crashes the Unigram trainer). ``long_words`` c
 words cut (status.json, stage.json, manifest.json).
 
 Post-processor: ``[CLS] $A [SEP]`` (mlm, wordpiece), ``<s> $A </s>`` (mlm with bpe/unigram,
-RoBERTa style; also clm, where <s>/</s> are BOS/EOS). A bare trained model has none.
+RoBERTa style; also clm, where <s>/</s> are BOS/EOS). A bare trained model has none. The
+encoder never uses it (it adds the separators itself), so this stage's ``tokenizer.json``,
+whose hash the data manifest records, keeps it as it is. The tokenizer the export ships
+(:func:`for_export`) differs for clm only: BOS and no EOS, as Llama-style tokenizers do, so
+``model.generate(**tok(prompt))`` continues the prompt instead of starting a new document
+after ``</s>``. Training still packs ``<s> doc </s>``.
 
 Outputs in ``<output>/tokenizer/``: ``tokenizer_config.json``, ``special_tokens_map.json``,
 ``stage.json`` (the resolved job spec and corpus counts) and, written last as the completion
@@ -51,6 +56,8 @@ TOKENIZER_FILE = "tokenizer.json"
 STAGE_FILE = "stage.json"
 HF_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 STAGE = "tokenizer"
+# What the model of a causal LM export takes (GPT2TokenizerFast.model_input_names).
+GPT2_INPUT_NAMES = ("input_ids", "attention_mask")
 # Oniguruma (the tokenizers regex engine, Ruby syntax) has no (?s); [\s\S] matches anything.
 _WORD_PIECE = "[\\s\\S]{{1,{limit}}}"
 _WORD_PIECE_LIMIT = re.compile(r"^\[\\s\\S\]\{1,(\d+)\}$")
@@ -230,6 +237,37 @@ def set_post_processor(tok: Tokenizer, job: JobSpec) -> None:
     tok.post_processor = processors.TemplateProcessing(
         single=f"{first} $A {last}", pair=pair, special_tokens=list(ids.items())
     )
+
+
+def for_export(tok: PreTrainedTokenizerFast, job: JobSpec) -> PreTrainedTokenizerFast:
+    """The tokenizer as the export ships it: for clm, ``tok(text)`` is ``<s> text`` (BOS only).
+
+    The template is the one transformers 5 builds for ``add_bos_token=True,
+    add_eos_token=False`` (``TokenizersBackend.update_post_processor`` in
+    tokenization_utils_tokenizers.py), and both flags go into tokenizer_config.json:
+    transformers 5 rebuilds the same post-processor from them, transformers 4.57's
+    ``PreTrainedTokenizerFast`` keeps the one in tokenizer.json. It returns no
+    ``token_type_ids`` (see below). mlm tokenizers are returned unchanged (``[CLS] … [SEP]`` /
+    ``<s> … </s>`` is what BERT and RoBERTa expect).
+    """
+    if job.data.objective != "clm":
+        return tok
+    from tokenizers import processors  # noqa: PLC0415
+
+    bos = job.special_roles["bos"]
+    bos_id = tok.convert_tokens_to_ids(bos)
+    if bos_id is None or bos_id == tok.unk_token_id:
+        raise RuntimeError(f"BOS token {bos!r} missing from the trained vocabulary")
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
+    )
+    tok.init_kwargs.update(add_bos_token=True, add_eos_token=False)
+    # No token_type_ids: GPT-2 adds the embedding of token_type_ids (token id 0, `<s>`) to
+    # every position when it is passed, so `generate(**tok(prompt))` would see a shifted
+    # input. transformers' own GPT2TokenizerFast declares the same two names.
+    tok.model_input_names = list(GPT2_INPUT_NAMES)
+    tok.init_kwargs["model_input_names"] = list(GPT2_INPUT_NAMES)
+    return tok
 
 
 def _hf_wrapper(tok: Tokenizer, job: JobSpec) -> PreTrainedTokenizerFast:

@@ -1,19 +1,26 @@
-"""The export in PyTorch layout: same logits as the trained TF model, for all three families.
+"""The export loads with the plain calls in both ecosystems, for all three families.
 
-1. PT layout -> TF (no PyTorch needed): `model.safetensors` is read with safetensors.numpy
-   and loaded into a fresh TF model by transformers 4.57's own PT->TF loader
-   (`load_pytorch_state_dict_in_tf2_model`, the name mapping the export inverts); every
-   weight must be used and every TF weight found, and its logits must equal those of the
-   trained model (`tf_model.h5`) to 1e-4.
-2. transformers 5 + PyTorch (the `.venv-pt` environment, requirements/pt-check.txt):
+1. TensorFlow, in this environment (transformers 4.57): `TFAutoModelFor*.from_pretrained
+   (export_dir)` with no other argument loads the trained weights (`tf_model.h5`), not a
+   fresh initialisation.
+2. PT layout -> TF (no PyTorch needed): `pytorch_model.safetensors` is read with
+   safetensors.numpy and loaded into a fresh TF model by transformers 4.57's own PT->TF
+   loader (`load_pytorch_state_dict_in_tf2_model`, the name mapping the export inverts);
+   every weight must be used and every TF weight found, and its logits must equal those of
+   the plain TF load to 1e-4.
+3. transformers 5 + PyTorch (the `.venv-pt` environment, requirements/pt-check.txt):
    `AutoModelForMaskedLM` / `AutoModelForCausalLM.from_pretrained(export_dir)` with no
    missing, unexpected or mismatched keys, and the same logits to 1e-4.
+4. The exported tokenizer: `[CLS] … [SEP]` (BERT), `<s> … </s>` (RoBERTa), and for GPT-2
+   `<s> …` with no `</s>`; a GPT-2 trained on a repetitive corpus continues a prompt with
+   the plain `model.generate(**tok(prompt, return_tensors=...))` in both ecosystems.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 from pathlib import Path
 
@@ -25,10 +32,12 @@ from train_helpers import job_document, prepare_data, write_corpus, write_job
 from payload import export as export_lib
 from payload import manifest as mf
 from payload import records, storage, train
+from payload import tokenizer as tokenizer_lib
 from payload.status import StatusWriter
 
 REPO = Path(__file__).resolve().parents[2]
 PT_SCRIPT = Path(__file__).parent / "pt" / "load_with_transformers5.py"
+GENERATE_SCRIPT = Path(__file__).parent / "pt" / "generate_with_transformers5.py"
 TOLERANCE = 1e-4
 FAMILIES = ("bert", "roberta", "gpt2")
 
@@ -39,6 +48,30 @@ def _pt_python() -> Path | None:
         return Path(configured)
     default = REPO / ".venv-pt" / "bin" / "python"
     return default if default.exists() else None
+
+
+def _require_pt_python() -> Path:
+    python = _pt_python()
+    if python is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run this check: build .venv-pt with `make venv-pt`")
+        pytest.skip("no PyTorch environment: `make venv-pt` builds .venv-pt")
+    return python
+
+
+def _run_pt(script: Path, *args: str) -> dict:
+    result = subprocess.run(
+        [str(_require_pt_python()), str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["transformers"].startswith("5.")
+    return report
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +121,17 @@ def test_export_layout_config_and_card(trained) -> None:
     job, stats = trained
     export = Path(job.paths.export)
     names = {p.name for p in export.iterdir()}
-    assert {"model.safetensors", "tf_model.h5", "config.json", "README.md"} <= names
+    assert {export_lib.PT_WEIGHTS, "tf_model.h5", "config.json", "README.md"} <= names
+    # Nothing TF's from_pretrained would take before tf_model.h5 (export.py's docstring).
+    assert not names & set(export_lib.TF_PREFERRED_FILES)
+    assert not [n for n in names if n.endswith(".safetensors") and n != export_lib.PT_WEIGHTS]
     config = json.loads((export / "config.json").read_text())
     assert config["architectures"] == [export_lib.PYTORCH_CLASSES[job.model.family]]
+    assert config["transformers_weights"] == export_lib.PT_WEIGHTS
 
     from safetensors import safe_open
 
-    with safe_open(str(export / "model.safetensors"), framework="numpy") as f:
+    with safe_open(str(export / export_lib.PT_WEIGHTS), framework="numpy") as f:
         assert f.metadata() == {"format": "pt"}
         keys = set(f.keys())
         shapes = {k: f.get_slice(k).get_shape() for k in keys}
@@ -124,6 +161,24 @@ def test_export_layout_config_and_card(trained) -> None:
     assert "| hardware | cpu, 1 replica(s) |" in card
     assert "| precision | float32 " in card
     assert "| not recorded" not in card and "not recorded |" not in card
+    assert "use_safetensors" not in card
+    assert f"{_auto_tf(job).__name__}.from_pretrained(path)\n" in card
+
+
+def test_plain_tensorflow_call_loads_the_trained_weights(trained) -> None:
+    """`TFAutoModelFor*.from_pretrained(export)`, no other argument (transformers 4.57): it
+    reads tf_model.h5, written from the trained model; the next test finds the same logits
+    through the PyTorch file, which a fresh initialisation cannot give."""
+    from transformers import AutoConfig
+
+    job, _ = trained
+    auto = _auto_tf(job)
+    loaded = auto.from_pretrained(job.paths.export)
+    ids, mask = _inputs(job)
+    logits = _tf_logits(loaded, ids, mask)
+    tf.keras.utils.set_random_seed(0)
+    fresh = _tf_logits(auto.from_config(AutoConfig.from_pretrained(job.paths.export)), ids, mask)
+    assert float(np.abs(logits - fresh).max()) > 0.5
 
 
 def test_pytorch_layout_loads_into_tf_with_the_same_logits(trained) -> None:
@@ -135,11 +190,11 @@ def test_pytorch_layout_loads_into_tf_with_the_same_logits(trained) -> None:
     job, _ = trained
     export = job.paths.export
     auto = _auto_tf(job)
-    reference = auto.from_pretrained(export, use_safetensors=False)  # tf_model.h5: trained
+    reference = auto.from_pretrained(export)  # tf_model.h5: trained (test above)
     fresh = auto.from_config(AutoConfig.from_pretrained(export))
     loaded, info = load_pytorch_state_dict_in_tf2_model(
         fresh,
-        load_file(str(Path(export, "model.safetensors"))),
+        load_file(str(Path(export, export_lib.PT_WEIGHTS))),
         output_loading_info=True,
     )
     assert info["missing_keys"] == [] and info["unexpected_keys"] == []
@@ -152,37 +207,131 @@ def test_pytorch_layout_loads_into_tf_with_the_same_logits(trained) -> None:
 
 
 def test_transformers5_pytorch_loads_the_export_with_the_same_logits(trained, tmp_path) -> None:
-    python = _pt_python()
-    if python is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run this check: build .venv-pt with `make venv-pt`")
-        pytest.skip("no PyTorch environment: `make venv-pt` builds .venv-pt")
+    _require_pt_python()
     job, _ = trained
     ids, mask = _inputs(job)
     np.save(tmp_path / "ids.npy", ids)
     np.save(tmp_path / "mask.npy", mask)
-    result = subprocess.run(
-        [
-            str(python),
-            str(PT_SCRIPT),
-            job.paths.export,
-            str(tmp_path / "ids.npy"),
-            str(tmp_path / "mask.npy"),
-            str(tmp_path / "logits.npy"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    report = _run_pt(
+        PT_SCRIPT,
+        job.paths.export,
+        str(tmp_path / "ids.npy"),
+        str(tmp_path / "mask.npy"),
+        str(tmp_path / "logits.npy"),
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["transformers"].startswith("5.")
     assert report["class"] == export_lib.PYTORCH_CLASSES[job.model.family]
     assert report["missing_keys"] == [] and report["unexpected_keys"] == []
     assert report["mismatched_keys"] == []
-    reference = _auto_tf(job).from_pretrained(job.paths.export, use_safetensors=False)
+    assert report["tokens"] == _expected_tokens(job, "hello world")
+    reference = _auto_tf(job).from_pretrained(job.paths.export)
     expected = _tf_logits(reference, ids, mask)
     worst = float(np.abs(np.load(tmp_path / "logits.npy") - expected).max())
     assert worst <= TOLERANCE, worst
+
+
+def _expected_tokens(job, text: str) -> dict[str, str | None]:
+    """First and last token of `tok(text)` with the exported tokenizer."""
+    if job.model.family == "bert":
+        return {"first": "[CLS]", "last": "[SEP]"}
+    if job.model.family == "roberta":
+        return {"first": "<s>", "last": "</s>"}
+    return {"first": "<s>", "last": None}  # gpt2: BOS only, the last token is text
+
+
+def test_exported_tokenizer_special_tokens(trained) -> None:
+    """transformers 4.57 (this environment); the transformers 5 side is checked above."""
+    from transformers import AutoTokenizer
+
+    job, _ = trained
+    tok = AutoTokenizer.from_pretrained(job.paths.export)
+    ids = tok("hello world")["input_ids"]
+    tokens = tok.convert_ids_to_tokens(ids)
+    expected = _expected_tokens(job, "hello world")
+    assert tokens[0] == expected["first"]
+    if expected["last"] is None:
+        assert tok.eos_token_id not in ids and tok.all_special_ids.count(ids[-1]) == 0
+    else:
+        assert tokens[-1] == expected["last"]
+    # The tokenizer stage's own copy is untouched: the data manifest records its hash.
+    manifest = mf.load_manifest(job.paths.data)
+    assert tokenizer_lib.tokenizer_sha256(job.paths.tokenizer) == manifest.tokenizer_sha256
+
+
+# ------------------------------------------------------------ generation from a CLM export
+
+CYCLE = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+]
+PROMPT_WORDS = 3
+
+
+def _write_cycle_corpus(path: Path, documents: int = 600, seed: int = 0) -> Path:
+    """Documents that walk a fixed cycle of words from a random start: each word's
+    successor is learnable in a few hundred steps by a tiny GPT-2."""
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as f:
+        for _ in range(documents):
+            start, length = rng.randrange(len(CYCLE)), rng.randint(8, 20)
+            f.write(" ".join(CYCLE[(start + i) % len(CYCLE)] for i in range(length)) + "\n\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def generator(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("export-generate")
+    corpus = _write_cycle_corpus(root / "cycle.txt")
+    doc = job_document(root, corpus, "clm", family="gpt2", steps=200, log_every=50)
+    doc["tokenizer"].update(vocab_size=300)
+    doc["train"].update(checkpoint_every=200, warmup_steps=20)
+    doc["data"].update(eval_fraction=0.05, eval_min_sequences=8)
+    job = write_job(root, doc)
+    prepare_data(job)
+    train.train(job, StatusWriter(job.paths.status, job.name, min_interval_s=0.0))
+    return job
+
+
+def _prompt_and_continuation(offset: int) -> tuple[str, list[str]]:
+    words = [CYCLE[(offset + i) % len(CYCLE)] for i in range(PROMPT_WORDS + 3)]
+    return " ".join(words[:PROMPT_WORDS]), words[PROMPT_WORDS:]
+
+
+def test_tensorflow_generate_continues_the_prompt(generator) -> None:
+    from transformers import AutoTokenizer, TFAutoModelForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(generator.paths.export)
+    model = TFAutoModelForCausalLM.from_pretrained(generator.paths.export)
+    for offset in (2, 7):
+        prompt, expected = _prompt_and_continuation(offset)
+        inputs = tok(prompt, return_tensors="tf")
+        ids = inputs["input_ids"][0].numpy().tolist()
+        assert ids[0] == tok.bos_token_id and tok.eos_token_id not in ids
+        assert set(inputs) == {"input_ids", "attention_mask"}  # no token_type_ids (tokenizer.py)
+        output = model.generate(**inputs, max_new_tokens=8)
+        new = tok.decode(output[0][len(ids) :], skip_special_tokens=True).split()
+        assert new[: len(expected)] == expected, (prompt, new)
+
+
+def test_transformers5_generate_continues_the_prompt(generator, tmp_path) -> None:
+    """The recipe of every model card, in transformers 5 + PyTorch:
+    `model.generate(**tok(prompt, return_tensors="pt"), max_new_tokens=...)`."""
+    _require_pt_python()
+    prompts = dict(_prompt_and_continuation(offset) for offset in (2, 7, 10))
+    (tmp_path / "prompts.json").write_text(json.dumps(list(prompts)))
+    report = _run_pt(GENERATE_SCRIPT, generator.paths.export, str(tmp_path / "prompts.json"))
+    for result in report["results"]:
+        ids = result["input_ids"]
+        assert ids[0] == report["bos_token_id"] and report["eos_token_id"] not in ids, result
+        assert result["inputs"] == ["attention_mask", "input_ids"], result
+        expected = prompts[result["prompt"]]
+        assert result["continuation"].split()[: len(expected)] == expected, result

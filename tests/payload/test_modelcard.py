@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
 from payload import manifest as mf
 from payload import modelcard
 from payload.spec import parse_job
+
+REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements"
 
 
 def _inputs():
@@ -66,4 +75,54 @@ def test_card_figures_and_what_was_not_recorded() -> None:
     assert "| next-token accuracy | 0.5000 | not recorded |" in card
     assert "| skipped files / documents | not recorded / not recorded |" in card
     assert "AutoModelForCausalLM.from_pretrained(path)" in card
-    assert "TFAutoModelForCausalLM.from_pretrained(path, use_safetensors=False)" in card
+    assert "TFAutoModelForCausalLM.from_pretrained(path)\n" in card
+    assert "use_safetensors" not in card
+    assert "model.generate(**inputs, max_new_tokens=50)" in card
+    assert "adds `<s>` (beginning of text) in front of a prompt and no `</s>`" in card
+    # Which versions the plain calls were checked with, and what wrote this export.
+    assert "- TensorFlow: transformers 4.57.6, safetensors 0.8.0, tensorflow 2.20.0" in card
+    assert "- PyTorch: transformers 5.23.0, safetensors 0.8.0, torch 2.13.0" in card
+    assert f"written with transformers {metadata.version('transformers')}, " in card
+
+
+def _pins(name: str) -> dict[str, str]:
+    pins = {}
+    for line in (REQUIREMENTS / name).read_text(encoding="utf-8").splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==([^\s;#]+)", line)
+        if match:
+            pins[match.group(1).lower().replace("_", "-")] = match.group(2)
+    return pins
+
+
+@pytest.mark.parametrize(
+    ("table", "pin_file"),
+    [
+        (modelcard.CHECKED_TENSORFLOW, "payload.lock"),
+        (modelcard.CHECKED_PYTORCH, "pt-check.txt"),
+    ],
+)
+def test_checked_versions_are_the_pins(table, pin_file: str) -> None:
+    """The card's "versions checked" are the environments the export tests run in."""
+    pins = _pins(pin_file)
+    assert dict(table) == {name: pins[name] for name, _ in table}
+
+
+def test_mlm_card_has_no_generation_recipe() -> None:
+    job, manifest = _inputs()
+    job = dataclasses.replace(
+        job,
+        data=dataclasses.replace(job.data, objective="mlm"),
+        model=dataclasses.replace(job.model, family="roberta"),
+    )
+    card = modelcard.render(
+        job=job,
+        manifest=manifest,
+        model_config={},
+        pytorch_class="RobertaForMaskedLM",
+        tf_class="TFRobertaForMaskedLM",
+        parameters=1,
+        runtime={},
+        metrics={},
+    )
+    assert "TFAutoModelForMaskedLM.from_pretrained(path)\n" in card
+    assert "generate" not in card and "no `</s>`" not in card

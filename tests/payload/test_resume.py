@@ -130,8 +130,8 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path: Path) -> None:
     stats = train.train(resumed, StatusWriter(resumed.paths.status, resumed.name))
     assert stats["resumed_from"] == 8 and stats["step"] == 16
 
-    a = TFAutoModelForMaskedLM.from_pretrained(straight.paths.export, use_safetensors=False).weights
-    b = TFAutoModelForMaskedLM.from_pretrained(resumed.paths.export, use_safetensors=False).weights
+    a = TFAutoModelForMaskedLM.from_pretrained(straight.paths.export).weights
+    b = TFAutoModelForMaskedLM.from_pretrained(resumed.paths.export).weights
     worst = max(float(np.abs(x.numpy() - y.numpy()).max()) for x, y in zip(a, b, strict=True))
     assert worst < 1e-5, worst
 

@@ -123,6 +123,36 @@ def test_post_processor_and_special_tokens(trained) -> None:
     assert rob.mask_token == "<mask>"  # noqa: S105
 
 
+def test_export_tokenizer_adds_bos_only_for_clm(trained, tmp_path: Path) -> None:
+    """The export's copy: `<s> text` for a causal LM (generation continues the prompt),
+    unchanged for mlm; the stage's own tokenizer.json (hashed by the manifest) is untouched."""
+    from transformers import AutoTokenizer
+
+    job, clm_dir = trained["bpe-clm"]
+    before = Path(clm_dir, tokenizer.TOKENIZER_FILE).read_bytes()
+    tokenizer.for_export(tokenizer.load_tokenizer(clm_dir), job).save_pretrained(tmp_path / "clm")
+    assert Path(clm_dir, tokenizer.TOKENIZER_FILE).read_bytes() == before
+    clm = AutoTokenizer.from_pretrained(tmp_path / "clm")
+    encoded = clm("hello 안녕")
+    assert set(encoded) == {"input_ids", "attention_mask"}
+    ids = encoded["input_ids"]
+    assert ids[0] == clm.bos_token_id and clm.eos_token_id not in ids
+    assert ids[1:] == clm("hello 안녕", add_special_tokens=False)["input_ids"]
+    assert clm.decode(ids, skip_special_tokens=True) == "hello 안녕"
+    pair = clm("a", "b")["input_ids"]
+    assert pair.count(clm.bos_token_id) == 2 and clm.eos_token_id not in pair
+    config = json.loads((tmp_path / "clm" / "tokenizer_config.json").read_text())
+    assert config["add_bos_token"] is True and config["add_eos_token"] is False
+
+    for name in ("wordpiece-mlm", "bpe-mlm"):
+        mlm_job, mlm_dir = trained[name]
+        out = tmp_path / name
+        tokenizer.for_export(tokenizer.load_tokenizer(mlm_dir), mlm_job).save_pretrained(out)
+        assert (out / tokenizer.TOKENIZER_FILE).read_bytes() == Path(
+            mlm_dir, tokenizer.TOKENIZER_FILE
+        ).read_bytes()
+
+
 def test_auto_tokenizer_loads_directory(trained) -> None:
     from transformers import AutoTokenizer
 

@@ -84,7 +84,7 @@ def test_mlm_end_to_end_and_export_loads(tmp_path: Path, corpus: Path, mlm_data:
     stats = train.train(job, _status(job))
     _assert_trained_and_exported(job, stats, 30)
 
-    model = TFAutoModelForMaskedLM.from_pretrained(job.paths.export, use_safetensors=False)
+    model = TFAutoModelForMaskedLM.from_pretrained(job.paths.export)
     tok = AutoTokenizer.from_pretrained(job.paths.export)
     assert isinstance(model, TFBertForMaskedLM)
     manifest = mf.load_manifest(job.paths.data)
@@ -112,7 +112,7 @@ def test_clm_end_to_end_and_export_loads(tmp_path: Path, corpus: Path, clm_data:
     stats = train.train(job, _status(job))
     _assert_trained_and_exported(job, stats, 30)
 
-    model = TFAutoModelForCausalLM.from_pretrained(job.paths.export, use_safetensors=False)
+    model = TFAutoModelForCausalLM.from_pretrained(job.paths.export)
     tok = AutoTokenizer.from_pretrained(job.paths.export)
     assert isinstance(model, TFGPT2LMHeadModel)
     ids = tok("the cat eats", add_special_tokens=False, return_tensors="tf")["input_ids"]
@@ -133,7 +133,7 @@ def test_roberta_trains_with_its_position_offset(tmp_path: Path, corpus: Path) -
     stats = train.train(job, _status(job))
     assert stats["step"] == 10 and np.isfinite(stats["loss"])
     assert isinstance(
-        TFAutoModelForMaskedLM.from_pretrained(job.paths.export, use_safetensors=False),
+        TFAutoModelForMaskedLM.from_pretrained(job.paths.export),
         TFRobertaForMaskedLM,
     )
 
@@ -234,5 +234,5 @@ def test_bf16_mixed_precision_when_asked_on_cpu(
     finally:
         tf_keras.mixed_precision.set_global_policy("float32")
     assert np.isfinite(stats["loss"]) and stats["loss"] < stats["first_loss"]
-    exported = TFAutoModelForCausalLM.from_pretrained(job.paths.export, use_safetensors=False)
+    exported = TFAutoModelForCausalLM.from_pretrained(job.paths.export)
     assert {w.dtype for w in exported.weights} == {tf.float32}  # master weights stay fp32

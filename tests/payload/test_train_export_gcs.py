@@ -59,7 +59,13 @@ def test_export_to_gcs_uploads_model_and_tokenizer_marker_last(
     )
 
     names = set(storage.listdir(job.paths.export))
-    expected = {"config.json", "tf_model.h5", "model.safetensors", "README.md", "tokenizer.json"}
+    expected = {
+        "config.json",
+        "tf_model.h5",
+        "pytorch_model.safetensors",
+        "README.md",
+        "tokenizer.json",
+    }
     assert expected | {train.EXPORT_MARKER} <= names
     assert "stale.txt" not in names
     assert train.is_complete(job)
@@ -69,6 +75,6 @@ def test_export_to_gcs_uploads_model_and_tokenizer_marker_last(
     # What was uploaded loads back with the standard auto classes.
     download = tmp_path / "download"
     storage.download_tree(job.paths.export, str(download))
-    loaded = TFAutoModelForMaskedLM.from_pretrained(str(download), use_safetensors=False)
+    loaded = TFAutoModelForMaskedLM.from_pretrained(str(download))
     assert loaded.config.vocab_size == manifest.vocab_size
     assert len(AutoTokenizer.from_pretrained(str(download))) == manifest.vocab_size

@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent(
             runtime = strategy.Runtime(strategy.decide("cpu", "fp32"), mirrored)
         stats = train.train(job, StatusWriter(job.paths.status, job.name), runtime=runtime)
         assert stats["step"] == job.train.steps, stats
-        model = TFAutoModelForMaskedLM.from_pretrained(job.paths.export, use_safetensors=False)
+        model = TFAutoModelForMaskedLM.from_pretrained(job.paths.export)
         weights[name] = [w.numpy() for w in model.weights]
         print(name, runtime.num_replicas, stats["loss"])
     pairs = zip(weights["one"], weights["two"], strict=True)

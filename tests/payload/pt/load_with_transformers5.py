@@ -1,7 +1,8 @@
 """Run by the export tests in the PyTorch venv (.venv-pt): transformers 5 loads the export.
 
 argv: export_dir input_ids.npy attention_mask.npy logits_out.npy
-Writes the logits as float32 .npy and prints the class name and the loading report as JSON.
+Writes the logits as float32 .npy and prints the class name, the loading report and the
+first/last token of `tok("hello world")` (last: None when it is not a special token) as JSON.
 """
 
 import json
@@ -10,7 +11,7 @@ import sys
 import numpy as np
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
 export_dir, ids_path, mask_path, out_path = sys.argv[1:5]
 config = AutoConfig.from_pretrained(export_dir)
@@ -23,6 +24,10 @@ with torch.no_grad():
         attention_mask=torch.from_numpy(np.load(mask_path)).long(),
     ).logits
 np.save(out_path, logits.float().numpy())
+tok = AutoTokenizer.from_pretrained(export_dir)
+ids = tok("hello world")["input_ids"]
+tokens = tok.convert_ids_to_tokens(ids)
+last = tokens[-1] if ids[-1] in tok.all_special_ids else None
 print(
     json.dumps(
         {
@@ -31,6 +36,7 @@ print(
             "missing_keys": sorted(info["missing_keys"]),
             "unexpected_keys": sorted(info["unexpected_keys"]),
             "mismatched_keys": [list(map(str, k)) for k in info["mismatched_keys"]],
+            "tokens": {"first": tokens[0], "last": last},
         }
     )
 )

@@ -78,9 +78,10 @@ class _CtrlC:
     nothing. When ``main`` runs as the process's entry point (``argv`` None), SIGINT is then
     ignored until the process ends: at exit, CPython gives SIGINT back its default action
     unless it is ignored (``Py_FinalizeEx`` calls ``_PySignal_Fini`` before it collects
-    garbage and unloads the modules, which takes a second or more with TensorFlow or
-    transformers loaded), and a Ctrl-C in that window killed a process whose outputs were
-    already complete. Only the few milliseconds before ``main`` starts remain unguarded.
+    garbage and unloads the modules, no short step with tokenizers, transformers or
+    TensorFlow loaded), and a Ctrl-C in that window killed a process whose outputs were
+    already complete (its parent saw -2: death by SIGINT). Only the few milliseconds
+    before ``main`` starts remain unguarded.
     """
 
     def __init__(self) -> None:

@@ -4,15 +4,18 @@ argv (and ``TPU_PAYLOAD_GCS_RETRY_S``) is read here and nowhere else. ``output``
 before any stage. A :class:`UserError` becomes ``error: <one line>`` on stderr, exit status
 2, and ``last_error`` in status.json; Ctrl-C says where the run stopped and that a rerun
 continues (exit 130); any other exception is a bug: it is recorded in status.json and
-re-raised with its traceback.
+re-raised with its traceback. The process never dies of SIGINT: see :class:`_CtrlC`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from payload.errors import UserError
@@ -65,7 +68,70 @@ RETRY_ENV = "TPU_PAYLOAD_GCS_RETRY_S"
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a process killed by Ctrl-C
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+class _CtrlC:
+    """How Ctrl-C (SIGINT, sent to the whole process group) ends a command: the one-line
+    "interrupted …" report and exit 130, or a normal completion; never death by SIGINT.
+
+    While ``armed``, SIGINT raises KeyboardInterrupt (as Python's own handler does) and the
+    command reports where it stopped. Once the outcome is decided (the work is done, or the
+    report of an interruption or an error has begun) it is disarmed and a SIGINT changes
+    nothing. When ``main`` runs as the process's entry point (``argv`` None), SIGINT is then
+    ignored until the process ends: at exit, CPython gives SIGINT back its default action
+    unless it is ignored (``Py_FinalizeEx`` calls ``_PySignal_Fini`` before it collects
+    garbage and unloads the modules, no short step with tokenizers, transformers or
+    TensorFlow loaded), and a Ctrl-C in that window killed a process whose outputs were
+    already complete (its parent saw -2: death by SIGINT). Only the few milliseconds
+    before ``main`` starts remain unguarded.
+    """
+
+    def __init__(self) -> None:
+        self.armed = True
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        if self.armed:
+            raise KeyboardInterrupt
+
+    @staticmethod
+    def guard(
+        command: Callable[[Sequence[str] | None, _CtrlC], int],
+    ) -> Callable[[Sequence[str] | None], int]:
+        @functools.wraps(command)
+        def main(argv: Sequence[str] | None = None) -> int:
+            ctrl_c = _CtrlC()
+            previous = None
+            try:
+                if threading.current_thread() is threading.main_thread():  # signals go there
+                    previous = signal.getsignal(signal.SIGINT)
+                # Python's own handler only: a process started with SIGINT ignored (`cmd &`
+                # in a script, nohup) keeps ignoring it, as Python itself does.
+                if previous is signal.default_int_handler:
+                    signal.signal(signal.SIGINT, ctrl_c._on_sigint)
+                return command(argv, ctrl_c)
+            except KeyboardInterrupt:  # while starting: imports, status.json, the TPU check
+                ctrl_c.armed = False
+                print("interrupted before any stage started", file=sys.stderr)
+                return INTERRUPTED_EXIT
+            finally:
+                ctrl_c.armed = False
+                if previous is signal.default_int_handler:
+                    if argv is None:  # this process's own command line: it ends after this
+                        _ignore_sigint_until_exit()
+                    else:  # called in-process (tests): leave SIGINT as it was found
+                        signal.signal(signal.SIGINT, previous)
+
+        return main
+
+
+def _ignore_sigint_until_exit() -> None:
+    # Blocked first, so no SIGINT can arrive between the two handlers; a pending one is
+    # discarded when the block is lifted (POSIX: setting SIG_IGN discards it).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@_CtrlC.guard
+def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
     args = _parser().parse_args(argv)
     # TensorFlow's C++ INFO lines (oneDNN, CUDA stubs, XLA service) drown the progress output.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -99,26 +165,68 @@ def main(argv: Sequence[str] | None = None) -> int:
             pipeline.run(job, status, force=args.force, target=target)
         else:
             pipeline.run_stage(job, args.command, status, force=args.force, target=target)
+        ctrl_c.armed = False  # done: a Ctrl-C from here on changes nothing
     except UserError as exc:
+        ctrl_c.armed = False  # first, in every handler: a Ctrl-C must not cut a report short
         _record_failure(status, args.command, _one_line(exc))
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        stage = _stage(status, args.command)
-        progress = status.document.get("progress")
-        where = f"{stage}" + (f" at {progress:.0%}" if isinstance(progress, float) else "")
-        message = (
-            f"interrupted during {where}; nothing half-written is marked complete: rerun "
-            f"`tpu-payload {args.command} --job {args.job}` to continue (complete stages are "
-            "skipped, training resumes from its last checkpoint)"
-        )
-        _record_failure(status, args.command, message)
-        print(message, file=sys.stderr)
-        return INTERRUPTED_EXIT
+        ctrl_c.armed = False
+        return _interrupted(job, status, args.command, args.job)
     except BaseException as exc:
+        ctrl_c.armed = False
         _record_failure(status, args.command, f"{type(exc).__name__}: {_one_line(exc)}")
         raise
     return 0
+
+
+def _interrupted(job: JobSpec, status: StatusWriter, command: str, job_arg: str) -> int:
+    """Report a Ctrl-C during ``command``: exit 130 and where it stopped, or exit 0 when the
+    command's work was complete before it (the stage had written its completion marker)."""
+    from payload import pipeline  # noqa: PLC0415
+
+    stage = _stage(status, command)
+    doc = status.document
+    rerun = (
+        f"rerun `tpu-payload {command} --job {job_arg}` to continue (complete stages are "
+        "skipped, training resumes from its last checkpoint)"
+    )
+    if stage == "run" and doc.get("state") == "complete":  # every stage was complete
+        return 0
+    if doc.get("stage") == stage and _finished(job, stage):
+        if doc.get("state") not in ("complete", "skipped"):
+            status.update(stage=stage, state="complete", message="complete")
+        status.flush()
+        if stage == (pipeline.STAGES[-1] if command == "run" else command):  # all done
+            if command == "run":
+                status.update(stage="run", state="complete", message="all stages complete")
+                status.flush()
+            print(f"{stage}: complete")
+            for name, where in pipeline.outputs(job, stage).items():
+                print(f"  {name}: {where}")
+            return 0
+        message = f"interrupted during {command} after {stage} completed; {rerun}"
+        _record_failure(status, command, message, stage=command)
+    else:
+        progress = doc.get("progress")
+        where = f"{stage}" + (f" at {progress:.0%}" if isinstance(progress, float) else "")
+        message = f"interrupted during {where}; nothing half-written is marked complete: {rerun}"
+        _record_failure(status, command, message)
+    print(message, file=sys.stderr)
+    return INTERRUPTED_EXIT
+
+
+def _finished(job: JobSpec, stage: str) -> bool:
+    """Whether ``stage`` wrote its completion marker (False when that cannot be told)."""
+    from payload import pipeline  # noqa: PLC0415
+
+    if stage not in pipeline.STAGES or (stage == "train" and "payload.train" not in sys.modules):
+        return False  # training cannot have finished without its module
+    try:
+        return pipeline.is_complete(job, stage)
+    except Exception:  # e.g. the bucket is unreachable: report the interruption as such
+        return False
 
 
 def _slice_target(command: str) -> SliceTarget | None:
@@ -168,10 +276,12 @@ def _export(job: JobSpec, push_to_hub: str | None) -> None:
         export.push_to_hub(job, push_to_hub)
 
 
-def _record_failure(status: StatusWriter, command: str, error: str) -> None:
+def _record_failure(
+    status: StatusWriter, command: str, error: str, *, stage: str | None = None
+) -> None:
     """Best effort: a status write that fails must not hide the original error."""
     try:
-        status.fail(stage=_stage(status, command), error=error)
+        status.fail(stage=stage or _stage(status, command), error=error)
     except Exception as exc:
         print(f"warning: could not write {status.path}: {_one_line(exc)}", file=sys.stderr)
 

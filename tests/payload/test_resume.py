@@ -1,20 +1,17 @@
-"""SIGKILL during `python -m payload train`, then a rerun resumes from the last checkpoint."""
+"""SIGKILL or SIGTERM during `tpu-payload train` at a step the test picks; reruns resume."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from train_helpers import (
+    PausedCli,
     copy_prepared,
     job_document,
     prepare_data,
@@ -27,7 +24,6 @@ from transformers import TFAutoModelForMaskedLM
 from payload import train
 from payload.status import StatusWriter
 
-CHECKPOINT_WAIT_S = 180.0
 CHECKPOINT_EVERY = 20
 
 
@@ -50,31 +46,16 @@ def test_sigkill_then_rerun_resumes_from_last_checkpoint(tmp_path: Path) -> None
     prepare_data(job)
     job_file = str(tmp_path / "job.yaml")
 
-    log_path = tmp_path / "first-run.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "payload", "train", "--job", job_file],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-        )
-        try:
-            deadline = time.monotonic() + CHECKPOINT_WAIT_S
-            while _latest_step(job.paths.checkpoints) is None:
-                assert proc.poll() is None, log_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, "no checkpoint appeared in time"
-                time.sleep(0.05)
-            time.sleep(0.3)  # let it run on past the checkpoint
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-    first_log = log_path.read_text()
+    # Killed between checkpoints: step 30 is logged, the last checkpoint is step 20's.
+    point = "after:payload.train:_Meter.log:3"
+    with PausedCli(tmp_path / "first-run", point, "train", "--job", job_file) as first:
+        assert first.wait_paused() == f"paused at {point}"
+        first.signal(signal.SIGKILL)
+        code, _, first_log = first.finish()
+    assert code == -signal.SIGKILL
+    assert _logged_steps(first_log) == [10, 20, 30]
     kept = _latest_step(job.paths.checkpoints)
-    assert kept is not None and kept % CHECKPOINT_EVERY == 0
-    # At most one checkpoint interval of work is lost.
-    last_logged = max(_logged_steps(first_log), default=0)
-    assert last_logged - kept < CHECKPOINT_EVERY, (kept, last_logged)
+    assert kept == CHECKPOINT_EVERY  # the work of steps 21-30 is lost
     assert not train.is_complete(job)
     status = json.loads(Path(job.paths.status).read_text())
     assert status["stage"] == "train" and status["state"] == "running"
@@ -162,32 +143,17 @@ def test_sigterm_checkpoints_the_current_step_and_exits_143(tmp_path: Path) -> N
     doc = job_document(tmp_path, corpus, "mlm", steps=5000, checkpoint_every=1000, log_every=5)
     job = write_job(tmp_path, doc)
     prepare_data(job)
-    log_path = tmp_path / "run.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "payload", "train", "--job", str(tmp_path / "job.yaml")],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-        )
-        try:
-            deadline = time.monotonic() + CHECKPOINT_WAIT_S
-            while not _logged_steps(log_path.read_text()):
-                assert proc.poll() is None, log_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, "training did not start in time"
-                time.sleep(0.05)
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    output = log_path.read_text()
-    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
-    saved = _latest_step(job.paths.checkpoints)
+    # SIGTERM while step 5's log line is being written; the chunk ends there.
+    point = "after:payload.train:_Meter.log:1"
+    with PausedCli(tmp_path / "run", point, "train", "--job", str(tmp_path / "job.yaml")) as run:
+        run.wait_paused()
+        run.signal(signal.SIGTERM)
+        code, _, output = run.finish()
+    assert code == 128 + signal.SIGTERM, output[-3000:]
     # No interval checkpoint was due (every 1000): this one is the interruption's.
-    assert saved is not None and 0 < saved < 1000, output[-3000:]
-    assert f"stopped by signal {int(signal.SIGTERM)} at step {saved}" in output
+    assert _latest_step(job.paths.checkpoints) == 5, output[-3000:]
+    assert _logged_steps(output) == [5]
+    assert f"stopped by signal {int(signal.SIGTERM)} at step 5" in output
     status = json.loads(Path(job.paths.status).read_text())
     assert status["state"] == "failed" and "rerun to resume" in status["last_error"]["error"]
     assert not train.is_complete(job)

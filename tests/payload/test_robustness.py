@@ -20,14 +20,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 import yaml
-from train_helpers import assert_user_error
+from train_helpers import PausedCli, assert_user_error
 from train_helpers import run_cli as tpu_payload
 
 from payload import encode, spec, tokenizer
@@ -434,48 +433,40 @@ def test_refused_credentials_say_how_to_log_in(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- Ctrl-C
 
 
-def _wait_for_stage(status_path: Path, stage: str, proc: subprocess.Popen, limit_s: float) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"finished before it could be interrupted: {proc.communicate()}")
-        try:
-            doc = json.loads(status_path.read_text())
-        except (OSError, ValueError):
-            doc = {}
-        if doc.get("stage") == stage and doc.get("state") == "running":
-            return
-        time.sleep(0.05)
-    pytest.fail(f"stage {stage} did not start within {limit_s}s")
+def _big_corpus(tmp_path: Path) -> Path:
+    """About 3.5 MB: more than three of the reader's 1 MiB blocks."""
+    corpus_file = tmp_path / "corpus.txt"
+    text = (EXAMPLES / "corpus" / "mixed.txt").read_text(encoding="utf-8")
+    corpus_file.write_text("\n\n".join([text] * 14), encoding="utf-8")
+    return corpus_file
+
+
+def _status(out: Path) -> dict:
+    return json.loads((out / "status.json").read_text())
+
+
+def _no_staging_left(out: Path) -> bool:
+    return not (out / "data").exists() or not list((out / "data").glob(".staging-*"))
+
+
+# Where each stage waits while the test interrupts it: before a later block of the corpus
+# is read. The encoder has by then handed two 1 MiB chunks to its two workers.
+MID_STAGE = {
+    "tokenizer": "before:payload.corpus:_read:2",
+    "encode": "before:payload.corpus:_read:3",
+}
 
 
 @pytest.mark.parametrize("stage", ["tokenizer", "encode"])
 def test_ctrl_c_says_where_it_stopped_and_rerun_continues(tmp_path: Path, stage: str) -> None:
-    corpus_file = tmp_path / "corpus.txt"
-    text = (EXAMPLES / "corpus" / "mixed.txt").read_text(encoding="utf-8")
-    corpus_file.write_text("\n\n".join([text] * 24), encoding="utf-8")  # ~6 MB
-    job = write_job(tmp_path, [str(corpus_file)], data={"workers": 2})
+    job = write_job(tmp_path, [str(_big_corpus(tmp_path))], data={"workers": 2})
     if stage == "encode":
         assert tpu_payload("tokenizer", "--job", str(job)).returncode == 0
-    # A terminal's Ctrl-C goes to the whole foreground process group: workers included.
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "payload", stage, "--job", str(job)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-        start_new_session=True,
-    )
-    try:
-        _wait_for_stage(tmp_path / "out" / "status.json", stage, proc, 120)
-        time.sleep(1.0)
-        os.killpg(proc.pid, signal.SIGINT)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 130, stderr
+    with PausedCli(tmp_path / "logs", MID_STAGE[stage], stage, "--job", str(job)) as cli:
+        cli.wait_paused()  # mid-read: the stage has read part of the corpus, not all of it
+        cli.signal(signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
+        code, _, stderr = cli.finish()
+    assert code == 130, stderr
     assert "Traceback" not in stderr, stderr
     assert re.search(
         rf"^interrupted during {stage}( at \d+%)?; .*rerun `tpu-payload {stage} --job .*` to "
@@ -484,16 +475,92 @@ def test_ctrl_c_says_where_it_stopped_and_rerun_continues(tmp_path: Path, stage:
         re.MULTILINE,
     ), stderr
     out = tmp_path / "out"
-    status = json.loads((out / "status.json").read_text())
+    status = _status(out)
     assert status["state"] == "failed"
     assert status["last_error"]["error"].startswith(f"interrupted during {stage}")
     marker = out / ("tokenizer/tokenizer.json" if stage == "tokenizer" else "data/manifest.json")
     assert not marker.exists()
-    assert not list((out / "data").glob(".staging-*")) if (out / "data").exists() else True
+    assert _no_staging_left(out)
 
     again = tpu_payload(stage, "--job", str(job))
     assert again.returncode == 0, again.stderr
     assert marker.exists()
+
+
+@pytest.mark.parametrize("command", ["tokenizer", "encode"])
+def test_ctrl_c_while_the_process_exits_changes_nothing(tmp_path: Path, command: str) -> None:
+    """The window that used to kill the process (exit -2): after main returned, while the
+    interpreter unloads its modules with SIGINT back at its default action."""
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text(corpus_text(), encoding="utf-8")
+    job = write_job(tmp_path, [str(corpus_file)], data={"workers": 2})
+    if command == "encode":
+        assert tpu_payload("tokenizer", "--job", str(job)).returncode == 0
+    with PausedCli(tmp_path / "logs", "exit", command, "--job", str(job)) as cli:
+        cli.wait_paused()
+        cli.signal(signal.SIGINT)
+        code, stdout, stderr = cli.finish()
+    assert code == 0, (code, stderr)  # -2 was death by SIGINT
+    assert "interrupted" not in stderr and "Traceback" not in stderr, stderr
+    assert f"{command}: complete" in stdout
+    out = tmp_path / "out"
+    status = _status(out)
+    assert (status["stage"], status["state"], status["last_error"]) == (command, "complete", None)
+    marker = out / ("tokenizer/tokenizer.json" if command == "tokenizer" else "data/manifest.json")
+    assert marker.exists()
+    assert _no_staging_left(out)
+
+
+@pytest.mark.parametrize(
+    ("command", "point", "expected_exit"),
+    [
+        ("tokenizer", "after:payload.tokenizer:_save:1", 0),
+        ("encode", "after:payload.encode:_publish:1", 0),
+        ("run", "after:payload.tokenizer:_save:1", 130),
+    ],
+)
+def test_ctrl_c_after_the_output_is_complete(
+    tmp_path: Path, command: str, point: str, expected_exit: int
+) -> None:
+    """Interrupted after the stage wrote its completion marker, before it returned: the
+    stage is recorded complete (a single stage ends normally, `run` stops before the next)."""
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text(corpus_text(), encoding="utf-8")
+    job = write_job(tmp_path, [str(corpus_file)], data={"workers": 2})
+    stage = "tokenizer" if command == "run" else command
+    if stage == "encode":
+        assert tpu_payload("tokenizer", "--job", str(job)).returncode == 0
+    with PausedCli(tmp_path / "logs", point, command, "--job", str(job)) as cli:
+        cli.wait_paused()
+        cli.signal(signal.SIGINT)
+        code, stdout, stderr = cli.finish()
+    assert code == expected_exit, (code, stderr)
+    assert "Traceback" not in stderr, stderr
+    out = tmp_path / "out"
+    status = _status(out)
+    assert status["stages"][stage]["state"] == "complete"
+    marker = out / ("tokenizer/tokenizer.json" if stage == "tokenizer" else "data/manifest.json")
+    assert marker.exists()
+    assert _no_staging_left(out)
+    if command == "run":
+        assert re.search(
+            r"^interrupted during run after tokenizer completed; rerun `tpu-payload run --job "
+            r".*` to continue",
+            stderr,
+            re.MULTILINE,
+        ), stderr
+        assert (status["stage"], status["state"]) == ("run", "failed")
+        assert status["last_error"]["error"].startswith("interrupted during run after tokenizer")
+        assert "encode" not in status["stages"]
+        assert not (out / "data").exists()
+    else:
+        assert "interrupted" not in stderr, stderr
+        assert f"{stage}: complete" in stdout
+        assert (status["stage"], status["state"], status["last_error"]) == (
+            stage,
+            "complete",
+            None,
+        )
 
 
 # --------------------------------------------------------------------------- checkpoint writes

@@ -10,10 +10,14 @@ from __future__ import annotations
 import os
 import random
 import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import yaml
@@ -116,3 +120,80 @@ def assert_user_error(result: subprocess.CompletedProcess[str], pattern: str) ->
     assert len(lines) == 1, result.stderr
     assert re.search(pattern, lines[0]), lines[0]
     return lines[0]
+
+
+PAUSE_DRIVER = Path(__file__).with_name("pause_driver.py")
+HANG_GUARD_S = 600  # far above any real duration: only a hung process ever reaches it
+
+
+class PausedCli:
+    """The real CLI (`pause_driver.py`) in its own process group, paused once at `point`.
+
+    The test waits for the pause (`wait_paused`), signals the group (a terminal's Ctrl-C
+    reaches every process of the foreground group: encode workers too), opens the gate
+    (`release`), and reads the outcome (`finish`). No step depends on timing: the signal
+    lands while the process provably waits at the pause; the only time limit is a guard
+    against a hung process. Output goes to files, so a chatty process never blocks on a pipe.
+    """
+
+    def __init__(self, logs: Path, point: str, *args: str, env: dict[str, str] | None = None):
+        logs.mkdir(parents=True, exist_ok=True)
+        self.stdout_path, self.stderr_path = logs / "stdout", logs / "stderr"
+        self._ready_r, ready_w = os.pipe()
+        gate_r, self._gate_w = os.pipe()
+        with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(PAUSE_DRIVER), str(ready_w), str(gate_r), point, *args],
+                stdout=out,
+                stderr=err,
+                pass_fds=(ready_w, gate_r),
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})},
+                start_new_session=True,
+            )
+        os.close(ready_w)  # the child holds the only write end: EOF when it is gone
+        os.close(gate_r)
+
+    def __enter__(self) -> PausedCli:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for fd in (self._ready_r, self._gate_w):
+            if fd >= 0:
+                os.close(fd)
+        self._ready_r = self._gate_w = -1
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def wait_paused(self) -> str:
+        """The driver's line once it waits at the pause (fails if it ended without pausing)."""
+        deadline = time.monotonic() + HANG_GUARD_S
+        line = b""
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            assert left > 0, f"no pause within {HANG_GUARD_S}s (hung?):\n{self.stderr[-3000:]}"
+            if select.select([self._ready_r], [], [], left)[0]:
+                block = os.read(self._ready_r, 4096)
+                assert block, f"ended without pausing ({self.proc.wait()}):\n{self.stderr[-3000:]}"
+                line += block
+        return line.decode().strip()
+
+    def signal(self, signum: int) -> None:
+        os.killpg(self.proc.pid, signum)
+
+    def release(self) -> None:
+        os.close(self._gate_w)
+        self._gate_w = -1
+
+    def finish(self) -> tuple[int, str, str]:
+        """(exit status, stdout, stderr) once the process ended."""
+        if self._gate_w >= 0:
+            self.release()
+        code = self.proc.wait(timeout=HANG_GUARD_S)
+        return code, self.stdout_path.read_text(), self.stderr

@@ -20,6 +20,7 @@ from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 from policy import rules
 
 ROOT = Path(__file__).resolve().parents[2]
+START_GUARD_S = 300  # a hang guard only: the pack prints its port within seconds
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +37,8 @@ def analyzer() -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
     try:
         selector = selectors.DefaultSelector()
         selector.register(process.stdout, selectors.EVENT_READ)
-        if not selector.select(timeout=60):
-            pytest.fail("policy pack did not print its port within 60 s")
+        if not selector.select(timeout=START_GUARD_S):
+            pytest.fail(f"policy pack did not print its port within {START_GUARD_S} s")
         line = process.stdout.readline().strip()
         if not line.isdigit():
             process.kill()
@@ -45,8 +46,12 @@ def analyzer() -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
         with grpc.insecure_channel(f"127.0.0.1:{line}") as channel:
             yield analyzer_pb2_grpc.AnalyzerStub(channel)
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        process.terminate()  # the default SIGTERM action: it ends at once
+        try:
+            process.wait(timeout=START_GUARD_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _struct(props: dict) -> struct_pb2.Struct:

@@ -113,7 +113,32 @@ class _Plan:
     last_id: int  # clm: EOS after each document
 
 
-def _init_worker(tokenizer_text: str, plan: _Plan) -> None:
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this worker when the encoding process is gone, however it ended (SIGKILL, OOM).
+
+    Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills this process when the thread
+    that spawned it exits (the pool spawns workers from the thread that submits, the main
+    one). A parent that died before that call is caught by the ``getppid`` check after it
+    (we were re-parented). Elsewhere only the check runs. Without this, a worker blocks on
+    its task queue forever, and the resource tracker, which waits for every holder of its
+    pipe, with it.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes  # noqa: PLC0415
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _init_worker(tokenizer_text: str, plan: _Plan, parent: int | None = None) -> None:
+    if parent is not None:
+        _die_with_parent(parent)
     # One Rust thread per worker: the parallelism comes from the worker processes.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer  # noqa: PLC0415
@@ -487,7 +512,7 @@ def _encode_to(
             workers,
             mp_context=mp.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(tokenizer_text, plan),
+            initargs=(tokenizer_text, plan, os.getpid()),
         ) as pool,
     ):
         pending: deque[Future[_Encoded]] = deque()

@@ -479,6 +479,109 @@ def _commit_local(tmp: str, dest: Path, *, if_absent: bool) -> None:
         Path(tmp).replace(dest)
 
 
+class Conflict(Exception):  # noqa: N818
+    """A conditional write or delete found another generation than the one it was given."""
+
+
+def read_versioned(path: str) -> tuple[bytes, int] | None:
+    """``(content, generation)`` of one object, or None when it does not exist.
+
+    gs://: the object's generation (content and generation read as one pair: the download is
+    conditional on the generation of the metadata read). Local: a number derived from the
+    content (the file is only ever replaced whole, by :func:`write_versioned`), read under the
+    directory's lock file.
+    """
+    if is_gcs(path):
+        with _access(path):
+            for _ in range(5):
+                bucket, name = split_gcs(path)
+                blob = _client().bucket(bucket).get_blob(name, retry=_retry())
+                if blob is None:
+                    return None
+                try:
+                    data = blob.download_as_bytes(
+                        if_generation_match=blob.generation, retry=_retry()
+                    )
+                except (_not_found(), _precondition_failed()):
+                    continue  # replaced or deleted between the two calls: look again
+                return bytes(data), int(blob.generation)
+        raise Conflict(f"{path} changed on every one of 5 reads")
+    with _local_lock(path):
+        try:
+            data = Path(path).read_bytes()
+        except FileNotFoundError:
+            return None
+        return data, _content_generation(data)
+
+
+def write_versioned(path: str, data: bytes, *, generation: int) -> int:
+    """Write only if the object is at ``generation`` (0: only if it does not exist).
+
+    Returns the new generation; :class:`Conflict` when the object is at another generation
+    (or exists, for 0). gs://: ``if_generation_match`` (the server decides). Local: the
+    check and the atomic rename happen under an exclusive ``flock`` on a lock file next to
+    ``path``, which every versioned call takes.
+    """
+    if is_gcs(path):
+        with _access(path):
+            blob = _blob(path)
+            try:
+                blob.upload_from_string(data, if_generation_match=generation, retry=_retry())
+            except _precondition_failed() as exc:
+                raise Conflict(path) from exc
+            except _not_found():
+                raise _missing(path) from None
+            return int(blob.generation)
+    with _local_lock(path):
+        current = _local_generation(path)
+        if current != generation:
+            raise Conflict(path)
+        write_bytes(path, data)
+        return _content_generation(data)
+
+
+def remove_versioned(path: str, *, generation: int) -> None:
+    """Delete only if the object is at ``generation``; :class:`Conflict` otherwise."""
+    if is_gcs(path):
+        with _access(path):
+            try:
+                _blob(path).delete(if_generation_match=generation, retry=_retry())
+            except (_precondition_failed(), _not_found()) as exc:
+                raise Conflict(path) from exc
+        return
+    with _local_lock(path):
+        if _local_generation(path) != generation:
+            raise Conflict(path)
+        Path(path).unlink()
+
+
+def _content_generation(data: bytes) -> int:
+    # Never 0 (0 means "absent"), as a GCS generation never is.
+    return int.from_bytes(hashlib.sha256(data).digest()[:7], "big") | 1
+
+
+def _local_generation(path: str) -> int:
+    try:
+        return _content_generation(Path(path).read_bytes())
+    except FileNotFoundError:
+        return 0
+
+
+@contextlib.contextmanager
+def _local_lock(path: str) -> Iterator[None]:
+    """An exclusive flock on ``.<name>.lock`` beside ``path``, for one short read-check-write."""
+    import fcntl  # noqa: PLC0415  (POSIX only, like the rest of the payload)
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target.parent / f".{target.name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
 def write_text(path: str, text: str, *, if_absent: bool = False) -> None:
     write_bytes(path, text.encode("utf-8"), if_absent=if_absent)
 

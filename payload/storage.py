@@ -20,6 +20,7 @@ the path strings directly and reads gs:// natively.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import functools
 import hashlib
@@ -32,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from payload.errors import StorageError
+from payload.errors import DiskFullError, StorageError
 
 GCS_SCHEME = "gs://"
 RETRY_DEADLINE_S = 120.0
@@ -679,3 +680,71 @@ def makedirs(path: str) -> None:
     """Create a local directory (no-op for gs://, which has no directories)."""
     if not is_gcs(path):
         Path(path).mkdir(parents=True, exist_ok=True)
+
+
+# --------------------------------------------------------------------------- disk space
+
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# TensorFlow's file systems report errno text (tsl/platform/errors.cc IOError: strerror).
+_DISK_FULL_TEXT = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def free_bytes(path: str) -> int | None:
+    """Bytes an unprivileged writer can still use on the file system of ``path`` (its
+    nearest existing parent); None for gs:// (no such limit)."""
+    if is_gcs(path):
+        return None
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    stat = os.statvfs(existing)
+    return int(stat.f_bavail * stat.f_frsize)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC/EDQUOT, from Python or in a TensorFlow error's text, here or in its causes."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in _DISK_FULL_ERRNOS:
+            return True
+        if type(seen).__module__.startswith("tensorflow") and any(
+            text in str(seen) for text in _DISK_FULL_TEXT
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def disk_full(exc: BaseException, path: str, *, need: int | None = None) -> DiskFullError:
+    """The one line for a write that found the disk full under ``path`` (after the stage
+    removed what it had half-written, so the free space shown is what is really free)."""
+    free = free_bytes(path)
+    what = next((text for text in _DISK_FULL_TEXT if text in str(exc)), _DISK_FULL_TEXT[0])
+    needs = f", the stage needs about {human_bytes(need)}" if need else ""
+    left = f"{human_bytes(free)} free" if free is not None else "free space unknown"
+    return DiskFullError(
+        f"{path}: {what.lower()} ({left}{needs}); nothing half-written is marked complete: "
+        "free some space or choose an output on a larger disk, then rerun"
+    )
+
+
+def require_space(path: str, need: int, what: str, hint: str = "") -> None:
+    """DiskFullError before a stage starts when ``path``'s file system has less than ``need``
+    bytes free (local paths only)."""
+    free = free_bytes(path)
+    if free is None or free >= need:
+        return
+    raise DiskFullError(
+        f"{path}: not enough free space for {what}: needs about {human_bytes(need)}, "
+        f"{human_bytes(free)} free; free some space{hint} or choose an output on a larger disk"
+    )

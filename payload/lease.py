@@ -29,11 +29,14 @@ intervals) but the lease has not expired yet, a new run waits for the expiry (at
 without a user. A holder whose heartbeats are fresh is refused at once.
 
 Expiry is judged on the clock of the run that looks, against the holder's clock: hosts'
-clocks must agree to well within ``ttl_s`` (NTP on GCE and laptops does).
+clocks must agree to well within ``ttl_s`` (NTP-synchronised clocks do).
+
+The heartbeat thread shares the process's google-cloud-storage client ("safe to share
+instances across threads": python-storage's docs/index.rst).
 
 Release: on every normal end, on a handled error and on Ctrl-C (the CLI), and at interpreter
-exit as a backstop. Only SIGKILL (or a lost VM) leaves a lease behind: then the expiry, or
-the dead-pid rule above, applies.
+exit as a backstop. A process killed outright (SIGKILL, an unhandled SIGTERM) or a lost VM
+leaves it behind: then the expiry, or the dead-pid rule above, applies.
 """
 
 from __future__ import annotations
@@ -193,7 +196,7 @@ class Lease:
         self.command = command
         self.ttl_s, self.heartbeat_s = ttl_s, heartbeat_s
         self.clock, self.sleep, self.echo, self.on_lost = clock, sleep, echo, on_lost
-        self.background = background  # False: no heartbeat thread (tests call renew())
+        self.background = background  # False: no heartbeat thread, no exit hook (tests)
         self.identity = identity or Identity.current()
         self.token = uuid.uuid4().hex
         self.generation: int | None = None  # None: not held
@@ -316,10 +319,10 @@ class Lease:
         )
 
     def _started(self) -> Lease:
-        atexit.register(self.release)
         self._stop.clear()
         if not self.background:
             return self
+        atexit.register(self.release)
         self._thread = threading.Thread(
             target=self._beat, name=f"lease-heartbeat {self.path}", daemon=True
         )

@@ -98,7 +98,38 @@ def make_manager(
     manager = tf.train.CheckpointManager(
         ckpt, checkpoint_dir, max_to_keep=keep, step_counter=optimizer.iterations
     )
+    require_space(
+        checkpoint_dir,
+        [*model.variables, *optimizer.variables],
+        keep=keep,
+        kept=len(manager.checkpoints),
+    )
     return ckpt, manager
+
+
+def checkpoint_bytes(variables: list[Any]) -> int:
+    """About the size of one checkpoint: the bytes of every variable it saves (model and
+    optimizer slots), each once."""
+    seen: dict[int, int] = {}
+    for variable in variables:
+        seen[id(variable)] = int(variable.shape.num_elements() or 0) * variable.dtype.size
+    return sum(seen.values())
+
+
+def require_space(checkpoint_dir: str, variables: list[Any], *, keep: int, kept: int) -> None:
+    """DiskFullError before training when the checkpoints to come do not fit (local paths).
+
+    TF writes a new checkpoint before it deletes the oldest of ``keep``, so up to ``keep + 1``
+    exist at once; ``kept`` of them are there already (their space is taken, not free).
+    """
+    one = checkpoint_bytes(variables)
+    more = max(keep + 1 - kept, 1)
+    storage.require_space(
+        checkpoint_dir,
+        one * more,
+        f"{more} more checkpoints of {storage.human_bytes(one)} (train.keep_checkpoints={keep})",
+        ", lower train.keep_checkpoints",
+    )
 
 
 def restore_latest(ckpt: tf.train.Checkpoint, manager: tf.train.CheckpointManager) -> int | None:

@@ -57,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--force", action="store_true", help="delete and redo outputs that are complete"
             )
+            sub.add_argument(
+                "--take-over",
+                action="store_true",
+                help="take the output's lease from a run that is gone without waiting for it "
+                "to expire (a live holder stops at its next heartbeat)",
+            )
     return parser
 
 
@@ -135,7 +141,7 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
     args = _parser().parse_args(argv)
     # TensorFlow's C++ INFO lines (oneDNN, CUDA stubs, XLA service) drown the progress output.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    from payload import pipeline, storage  # noqa: PLC0415  (keep --help fast)
+    from payload import lease, pipeline, storage  # noqa: PLC0415  (keep --help fast)
     from payload.spec import load_job  # noqa: PLC0415
     from payload.status import StatusWriter  # noqa: PLC0415
 
@@ -144,6 +150,10 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
         job = load_job(args.job)
         if args.command != "validate":
             storage.check_output(job.output)  # before any stage, and before status.json
+        # One writer per output: a second run refuses here, before it writes anything.
+        held = lease.hold(
+            job.output, args.command, os.environ, take_over=getattr(args, "take_over", False)
+        )
     except UserError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -178,6 +188,9 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
         ctrl_c.armed = False
         _record_failure(status, args.command, f"{type(exc).__name__}: {_one_line(exc)}")
         raise
+    finally:
+        if held is not None:
+            held.release()
     return 0
 
 

@@ -113,7 +113,32 @@ class _Plan:
     last_id: int  # clm: EOS after each document
 
 
-def _init_worker(tokenizer_text: str, plan: _Plan) -> None:
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this worker when the encoding process is gone, however it ended (SIGKILL, OOM).
+
+    Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills this process when the thread
+    that spawned it exits (the pool spawns workers from the thread that submits, the main
+    one). A parent that died before that call is caught by the ``getppid`` check after it
+    (we were re-parented). Elsewhere only the check runs. Without this, a worker blocks on
+    its task queue forever, and the resource tracker, which waits for every holder of its
+    pipe, with it.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes  # noqa: PLC0415
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _init_worker(tokenizer_text: str, plan: _Plan, parent: int | None = None) -> None:
+    if parent is not None:
+        _die_with_parent(parent)
     # One Rust thread per worker: the parallelism comes from the worker processes.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer  # noqa: PLC0415
@@ -341,11 +366,8 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
         message=f"encoding {len(files)} files ({total / 1e6:.1f} MB) with {workers} workers",
     )
     storage.remove_tree(data_dir)  # leftovers of an unfinished run (there is no manifest)
-    if storage.is_gcs(data_dir):
-        staging = Path(tempfile.mkdtemp(prefix="payload-encode-"))
-    else:
-        staging = Path(data_dir, f".staging-{uuid.uuid4().hex[:8]}")
-        staging.mkdir(parents=True)
+    staging_root, need = _check_space(tok, files, job, total, token_dtype)
+    staging = _make_staging(data_dir)
     try:
         stats, train, held_out, quota = _encode_to(
             staging,
@@ -382,6 +404,11 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
             tokenizer_sha=tokenizer_sha,
             special_ids=special_ids,
         )
+    except OSError as exc:
+        if not storage.is_disk_full(exc):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)  # first: the message counts what is free
+        raise storage.disk_full(exc, staging_root, need=need) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     status.update(
@@ -397,6 +424,61 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
         **stats.as_dict(),
     )
     return manifest
+
+
+def _check_space(
+    tok: Any, files: list[str], job: JobSpec, total: int, token_dtype: str
+) -> tuple[str, int]:
+    """DiskFullError unless the staging directory has room for the estimated shards.
+
+    Shards are staged in full before they are published: locally in data/, for gs:// in this
+    machine's temp directory. That is where the space must be. Returns (where, need).
+    """
+    data_dir = job.paths.data
+    staging_root = tempfile.gettempdir() if storage.is_gcs(data_dir) else data_dir
+    need = estimate_output_bytes(tok, files, job, total, token_dtype)
+    hint = " (or point TMPDIR elsewhere)" if storage.is_gcs(data_dir) else ""
+    storage.require_space(staging_root, need, f"the shards of {total / 1e6:.1f} MB of corpus", hint)
+    return staging_root, need
+
+
+def _make_staging(data_dir: str) -> Path:
+    if storage.is_gcs(data_dir):
+        return Path(tempfile.mkdtemp(prefix="payload-encode-"))
+    staging = Path(data_dir, f".staging-{uuid.uuid4().hex[:8]}")
+    staging.mkdir(parents=True)
+    return staging
+
+
+SAMPLE_BYTES = 256 << 10
+RECORD_FRAMING = 16  # TFRecord: length (8) + its CRC (4) + the data's CRC (4) per record
+
+
+def estimate_output_bytes(
+    tok: Any, files: list[str], job: JobSpec, total: int, token_dtype: str
+) -> int:
+    """About how many bytes the shards of the whole corpus take (training + held out).
+
+    Tokens per corpus byte measured on the first ``SAMPLE_BYTES`` of the corpus (plus one
+    separator per document), times the corpus size; each sequence of ``seq_length`` ids costs
+    ``seq_length * itemsize + 16`` bytes (2.125 bytes per token at length 128, uint16).
+    """
+    chunks = corpus.iter_chunks(
+        files, job.corpus.on_bad_input, corpus.CorpusStats(), chunk_bytes=SAMPLE_BYTES
+    )
+    try:
+        first = next(chunks, None)
+    finally:
+        chunks.close()
+    if first is None or not first.data:
+        return 0
+    documents = corpus.split_documents(first, job.corpus.on_bad_input).documents
+    # One document at a time: encode_batch would start the Rust thread pool in this process.
+    tokens = sum(len(tok.encode(doc, add_special_tokens=False).ids) + 1 for doc in documents)
+    seq_length = job.data.seq_length
+    width = seq_length - 1 if job.data.objective == "mlm" else seq_length
+    row_bytes = seq_length * np.dtype(token_dtype).itemsize + RECORD_FRAMING
+    return int(tokens / len(first.data) * total / width * row_bytes)
 
 
 class _Packer:
@@ -487,7 +569,7 @@ def _encode_to(
             workers,
             mp_context=mp.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(tokenizer_text, plan),
+            initargs=(tokenizer_text, plan, os.getpid()),
         ) as pool,
     ):
         pending: deque[Future[_Encoded]] = deque()

@@ -24,3 +24,7 @@ class DataError(UserError):
 
 class StorageError(UserError):
     """An output path that cannot be written, or a bucket that is missing or refuses access."""
+
+
+class DiskFullError(StorageError):
+    """No space left (ENOSPC, EDQUOT) where a stage writes, or too little before it starts."""

@@ -8,9 +8,11 @@ Completion markers, each written last by its stage:
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from payload import encode, storage, tokenizer
+from payload.errors import UserError
 from payload.spec import JobSpec
 from payload.status import StatusWriter
 
@@ -84,6 +86,23 @@ def run_stage(
         _echo_outputs(job, stage, echo)
         return {"skipped": True}
     status.update(stage=stage, state="running", progress=0.0, message="starting")
+    try:
+        summary = _run(job, stage, status, target)
+    except Exception as exc:
+        if isinstance(exc, UserError) or not storage.is_disk_full(exc):
+            raise
+        raise storage.disk_full(exc, _full_path(job, stage, exc)) from exc
+    details = ", ".join(f"{k}={_fmt(v)}" for k, v in summary.items())
+    status.update(stage=stage, state="complete", message=details or "complete")
+    status.flush()
+    echo(f"{stage}: complete ({details})" if details else f"{stage}: complete")
+    _echo_outputs(job, stage, echo)
+    return summary
+
+
+def _run(
+    job: JobSpec, stage: str, status: StatusWriter, target: SliceTarget | None
+) -> dict[str, Any]:
     if stage == "tokenizer":
         tokenizer.train_tokenizer(job, status)
         loaded = tokenizer.load_tokenizer(job.paths.tokenizer)
@@ -98,12 +117,17 @@ def run_stage(
         }
     else:
         summary = dict(_train_module().train(job, status, target=target) or {})
-    details = ", ".join(f"{k}={_fmt(v)}" for k, v in summary.items())
-    status.update(stage=stage, state="complete", message=details or "complete")
-    status.flush()
-    echo(f"{stage}: complete ({details})" if details else f"{stage}: complete")
-    _echo_outputs(job, stage, echo)
     return summary
+
+
+def _full_path(job: JobSpec, stage: str, exc: BaseException) -> str:
+    """Where a stage found the disk full: the directory of the file the error names, else
+    the stage's output (TensorFlow's errors name no path we rely on)."""
+    filename = getattr(exc, "filename", None)
+    if filename:
+        return str(Path(filename).parent)
+    paths = job.paths
+    return {"tokenizer": paths.tokenizer, "encode": paths.data}.get(stage, paths.checkpoints)
 
 
 def _fmt(value: Any) -> str:

@@ -20,6 +20,7 @@ the path strings directly and reads gs:// natively.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import functools
 import hashlib
@@ -32,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from payload.errors import StorageError
+from payload.errors import DiskFullError, StorageError
 
 GCS_SCHEME = "gs://"
 RETRY_DEADLINE_S = 120.0
@@ -479,6 +480,109 @@ def _commit_local(tmp: str, dest: Path, *, if_absent: bool) -> None:
         Path(tmp).replace(dest)
 
 
+class Conflict(Exception):  # noqa: N818
+    """A conditional write or delete found another generation than the one it was given."""
+
+
+def read_versioned(path: str) -> tuple[bytes, int] | None:
+    """``(content, generation)`` of one object, or None when it does not exist.
+
+    gs://: the object's generation (content and generation read as one pair: the download is
+    conditional on the generation of the metadata read). Local: a number derived from the
+    content (the file is only ever replaced whole, by :func:`write_versioned`), read under the
+    directory's lock file.
+    """
+    if is_gcs(path):
+        with _access(path):
+            for _ in range(5):
+                bucket, name = split_gcs(path)
+                blob = _client().bucket(bucket).get_blob(name, retry=_retry())
+                if blob is None:
+                    return None
+                try:
+                    data = blob.download_as_bytes(
+                        if_generation_match=blob.generation, retry=_retry()
+                    )
+                except (_not_found(), _precondition_failed()):
+                    continue  # replaced or deleted between the two calls: look again
+                return bytes(data), int(blob.generation)
+        raise Conflict(f"{path} changed on every one of 5 reads")
+    with _local_lock(path):
+        try:
+            data = Path(path).read_bytes()
+        except FileNotFoundError:
+            return None
+        return data, _content_generation(data)
+
+
+def write_versioned(path: str, data: bytes, *, generation: int) -> int:
+    """Write only if the object is at ``generation`` (0: only if it does not exist).
+
+    Returns the new generation; :class:`Conflict` when the object is at another generation
+    (or exists, for 0). gs://: ``if_generation_match`` (the server decides). Local: the
+    check and the atomic rename happen under an exclusive ``flock`` on a lock file next to
+    ``path``, which every versioned call takes.
+    """
+    if is_gcs(path):
+        with _access(path):
+            blob = _blob(path)
+            try:
+                blob.upload_from_string(data, if_generation_match=generation, retry=_retry())
+            except _precondition_failed() as exc:
+                raise Conflict(path) from exc
+            except _not_found():
+                raise _missing(path) from None
+            return int(blob.generation)
+    with _local_lock(path):
+        current = _local_generation(path)
+        if current != generation:
+            raise Conflict(path)
+        write_bytes(path, data)
+        return _content_generation(data)
+
+
+def remove_versioned(path: str, *, generation: int) -> None:
+    """Delete only if the object is at ``generation``; :class:`Conflict` otherwise."""
+    if is_gcs(path):
+        with _access(path):
+            try:
+                _blob(path).delete(if_generation_match=generation, retry=_retry())
+            except (_precondition_failed(), _not_found()) as exc:
+                raise Conflict(path) from exc
+        return
+    with _local_lock(path):
+        if _local_generation(path) != generation:
+            raise Conflict(path)
+        Path(path).unlink()
+
+
+def _content_generation(data: bytes) -> int:
+    # Never 0 (0 means "absent"), as a GCS generation never is.
+    return int.from_bytes(hashlib.sha256(data).digest()[:7], "big") | 1
+
+
+def _local_generation(path: str) -> int:
+    try:
+        return _content_generation(Path(path).read_bytes())
+    except FileNotFoundError:
+        return 0
+
+
+@contextlib.contextmanager
+def _local_lock(path: str) -> Iterator[None]:
+    """An exclusive flock on ``.<name>.lock`` beside ``path``, for one short read-check-write."""
+    import fcntl  # noqa: PLC0415  (POSIX only, like the rest of the payload)
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target.parent / f".{target.name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
 def write_text(path: str, text: str, *, if_absent: bool = False) -> None:
     write_bytes(path, text.encode("utf-8"), if_absent=if_absent)
 
@@ -576,3 +680,71 @@ def makedirs(path: str) -> None:
     """Create a local directory (no-op for gs://, which has no directories)."""
     if not is_gcs(path):
         Path(path).mkdir(parents=True, exist_ok=True)
+
+
+# --------------------------------------------------------------------------- disk space
+
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# TensorFlow's file systems report errno text (tsl/platform/errors.cc IOError: strerror).
+_DISK_FULL_TEXT = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def free_bytes(path: str) -> int | None:
+    """Bytes an unprivileged writer can still use on the file system of ``path`` (its
+    nearest existing parent); None for gs:// (no such limit)."""
+    if is_gcs(path):
+        return None
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    stat = os.statvfs(existing)
+    return int(stat.f_bavail * stat.f_frsize)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC/EDQUOT, from Python or in a TensorFlow error's text, here or in its causes."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in _DISK_FULL_ERRNOS:
+            return True
+        if type(seen).__module__.startswith("tensorflow") and any(
+            text in str(seen) for text in _DISK_FULL_TEXT
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def disk_full(exc: BaseException, path: str, *, need: int | None = None) -> DiskFullError:
+    """The one line for a write that found the disk full under ``path`` (after the stage
+    removed what it had half-written, so the free space shown is what is really free)."""
+    free = free_bytes(path)
+    what = next((text for text in _DISK_FULL_TEXT if text in str(exc)), _DISK_FULL_TEXT[0])
+    needs = f", the stage needs about {human_bytes(need)}" if need else ""
+    left = f"{human_bytes(free)} free" if free is not None else "free space unknown"
+    return DiskFullError(
+        f"{path}: {what.lower()} ({left}{needs}); nothing half-written is marked complete: "
+        "free some space or choose an output on a larger disk, then rerun"
+    )
+
+
+def require_space(path: str, need: int, what: str, hint: str = "") -> None:
+    """DiskFullError before a stage starts when ``path``'s file system has less than ``need``
+    bytes free (local paths only)."""
+    free = free_bytes(path)
+    if free is None or free >= need:
+        return
+    raise DiskFullError(
+        f"{path}: not enough free space for {what}: needs about {human_bytes(need)}, "
+        f"{human_bytes(free)} free; free some space{hint} or choose an output on a larger disk"
+    )

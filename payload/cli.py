@@ -1,10 +1,11 @@
 """Command line: ``tpu-payload {validate,tokenizer,encode,train,run} --job PATH [--force]``.
 
-argv (and ``TPU_PAYLOAD_GCS_RETRY_S``) is read here and nowhere else. ``output`` is checked
-before any stage. A :class:`UserError` becomes ``error: <one line>`` on stderr, exit status
-2, and ``last_error`` in status.json; Ctrl-C says where the run stopped and that a rerun
-continues (exit 130); any other exception is a bug: it is recorded in status.json and
-re-raised with its traceback.
+argv (and ``TPU_PAYLOAD_GCS_RETRY_S``, ``TPU_PAYLOAD_VERBOSE``) is read here and nowhere
+else. ``output`` is checked before any stage. A :class:`UserError` becomes ``error: <one
+line>`` on stderr, exit status 2, and ``last_error`` in status.json; Ctrl-C says where the
+run stopped and that a rerun continues (exit 130); any other exception is a bug: it is
+recorded in status.json and re-raised with its traceback. The frameworks' logs are hidden
+unless ``--verbose`` or ``TPU_PAYLOAD_VERBOSE=1`` (payload/quiet.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--job", required=True, help="job spec (YAML/JSON), local path or gs:// URI"
         )
+        sub.add_argument(
+            "--verbose",
+            action="store_true",
+            help="also show TensorFlow's and transformers' logs (or TPU_PAYLOAD_VERBOSE=1)",
+        )
         if name == "export":
             sub.add_argument(
                 "--push-to-hub",
@@ -67,14 +73,13 @@ INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a process killed by C
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    # TensorFlow's C++ INFO lines (oneDNN, CUDA stubs, XLA service) drown the progress output.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    from payload import pipeline, storage  # noqa: PLC0415  (keep --help fast)
+    from payload import pipeline, quiet, storage  # noqa: PLC0415  (keep --help fast)
     from payload.spec import load_job  # noqa: PLC0415
     from payload.status import StatusWriter  # noqa: PLC0415
 
     try:
         _read_retry_deadline()
+        verbose = quiet.requested(args.verbose, os.environ)
         job = load_job(args.job)
         if args.command != "validate":
             storage.check_output(job.output)  # before any stage, and before status.json
@@ -90,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     status = StatusWriter(job.paths.status, job.name)
+    quiet.configure(args.command, verbose=verbose)  # before TensorFlow is imported
     _declare_tpu_host(args.command)
     try:
         target = _slice_target(args.command)

@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         _read_retry_deadline()
-        verbose = quiet.requested(args.verbose, os.environ)
+        verbose = quiet.configure(args.verbose, os.environ)  # before TensorFlow is imported
         job = load_job(args.job)
         if args.command != "validate":
             storage.check_output(job.output)  # before any stage, and before status.json
@@ -95,9 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     status = StatusWriter(job.paths.status, job.name)
-    quiet.configure(args.command, verbose=verbose)  # before TensorFlow is imported
     _declare_tpu_host(args.command)
     try:
+        quiet.absorb_once_only_logs(args.command, verbose=verbose)
         target = _slice_target(args.command)
         if args.command == "export":
             _export(job, args.push_to_hub)

@@ -8,23 +8,26 @@ frameworks print, between the CLI's lines:
   will ignore seeds`` — the "seed warning" is this C++ line, not a Python warning). All obey
   ``TF_CPP_MIN_LOG_LEVEL``, read once when TensorFlow is imported; cuInit's ERROR line needs
   level 3 (``CUDA_VISIBLE_DEVICES`` empty or ``-1`` does not silence it: measured).
-- Two lines from Abseil's C++ log, which ignores ``TF_CPP_MIN_LOG_LEVEL`` and has no
-  environment variable: ``WARNING: All log messages before absl::InitializeLog() is called
-  are written to STDERR`` and ``I0000 … device_compiler.h:196] Compiled cluster using XLA!
-  This line is logged at most once for the lifetime of the process``. Both come once per
-  process, at the first XLA compilation, straight to file descriptor 2. The strategy's own
-  one-op probe (``strategy.host_xla_available``, cached) is that first compilation on a CPU
-  or GPU host: it is run early here, with fd 2 captured, and what it printed is written back
-  minus these framework lines. Only TensorFlow's import and that probe run in the window,
-  so nothing of ours is held back, and a failure there still shows its traceback.
+- Two lines from Abseil's C++ log, which ``TF_CPP_MIN_LOG_LEVEL=3`` does not hide (measured;
+  Abseil's threshold is set through its C++ API, which TensorFlow does not expose to
+  Python): ``WARNING: All log messages before absl::InitializeLog() is called are written
+  to STDERR`` and ``I0000 … device_compiler.h:196] Compiled cluster using XLA! This line is
+  logged at most once for the lifetime of the process``. Both come once per process, at the
+  first XLA compilation, straight to file descriptor 2. So `absorb_once_only_logs` makes
+  that first compilation the strategy's own one-op probe (``strategy.host_xla_available``,
+  cached; on a GPU host, where the strategy would not probe, it is one extra tiny compile),
+  run with fd 2 captured; what it printed is written back minus the framework lines. Only
+  TensorFlow's import and that probe run in the window, so nothing of ours is held back,
+  and an error there still shows its traceback. Abseil lines from other call sites (none on
+  a CPU host) would still show.
 - transformers' ``TensorFlow and JAX classes are deprecated …`` banner (``warning_once`` on
   the loggers of the modules below): filtered by its exact text; other transformers
   warnings still show.
 
-No Python ``warnings`` were seen, and none are filtered. ``--verbose`` or
-``TPU_PAYLOAD_VERBOSE=1`` changes none of this: TensorFlow logs at its own default level
-(or the caller's ``TF_CPP_MIN_LOG_LEVEL``), and everything reaches the terminal or journal.
-The VMs' systemd units set ``TPU_PAYLOAD_VERBOSE=1``.
+No Python ``warnings`` were seen, and none are filtered. A ``TF_CPP_MIN_LOG_LEVEL`` the
+caller set is kept. With ``--verbose`` or ``TPU_PAYLOAD_VERBOSE=1`` none of the above is
+done: TensorFlow logs at its own default level (INFO, or the caller's level) and every
+line reaches the terminal or the journal; the VMs' systemd units set TPU_PAYLOAD_VERBOSE=1.
 """
 
 from __future__ import annotations
@@ -35,15 +38,16 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, MutableMapping
 
 from payload.errors import UserError
 
 VERBOSE_ENV = "TPU_PAYLOAD_VERBOSE"
 _VERBOSE_VALUES = {"1": True, "0": False, "": False}
 
-# TensorFlow's C++ log level when the caller set none: 3 keeps FATAL only. Real failures
-# still reach the user as Python exceptions with their tracebacks.
+# TensorFlow's C++ log level when the caller set none: 3 keeps FATAL only. An error that
+# stops the work reaches Python as an exception (its traceback shows); ERROR lines that stop
+# nothing (cuInit's on a machine without a GPU) are hidden with the rest: --verbose shows them.
 QUIET_TF_LOG_LEVEL = "3"
 
 DEPRECATION_BANNER = "TensorFlow and JAX classes are deprecated"
@@ -70,30 +74,34 @@ FRAMEWORK_LINE = re.compile(
 _TENSORFLOW_COMMANDS = ("train", "run")
 
 
-def requested(flag: bool, environ: Mapping[str, str]) -> bool:
-    """Whether the frameworks' logs are asked for: ``--verbose`` or TPU_PAYLOAD_VERBOSE=1."""
+def configure(flag: bool, environ: MutableMapping[str, str]) -> bool:
+    """Whether the frameworks' logs are asked for (``--verbose`` or TPU_PAYLOAD_VERBOSE=1);
+    when not, set their quiet defaults. Called by the CLI before anything imports TensorFlow
+    or transformers."""
     raw = environ.get(VERBOSE_ENV, "")
     if raw.strip() not in _VERBOSE_VALUES:
         raise UserError(f"{VERBOSE_ENV}: {raw!r} must be 1 (the frameworks' logs) or 0 / unset")
-    return flag or _VERBOSE_VALUES[raw.strip()]
+    verbose = flag or _VERBOSE_VALUES[raw.strip()]
+    if not verbose:
+        environ.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF_LOG_LEVEL)
+        for name in _BANNER_LOGGERS:
+            logging.getLogger(name).addFilter(_drop_deprecation_banner)
+    return verbose
 
 
-def configure(command: str, *, verbose: bool) -> None:
-    """Called once by the CLI, before anything imports TensorFlow or transformers."""
-    if verbose:
+def absorb_once_only_logs(command: str, *, verbose: bool) -> None:
+    """For the commands that train (quiet only): import TensorFlow and run the strategy's XLA
+    probe with fd 2 captured, so Abseil's two once-per-process lines are spent there."""
+    if verbose or command not in _TENSORFLOW_COMMANDS:
         return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF_LOG_LEVEL)
-    for name in _BANNER_LOGGERS:
-        logging.getLogger(name).addFilter(_drop_deprecation_banner)
-    if command in _TENSORFLOW_COMMANDS:
-        with framework_lines_dropped():
-            from payload import strategy  # noqa: PLC0415  (imports TensorFlow)
+    with framework_lines_dropped():
+        from payload import strategy  # noqa: PLC0415  (imports TensorFlow)
 
-            # Not on a TPU VM or a slice's client: no op runs there before the strategy
-            # initialises the TPU system (and those hosts run verbose under systemd anyway).
-            slice_client = os.environ.get("TPU_NAME", "") not in ("", "local")
-            if not slice_client and not strategy.tpu_present():
-                strategy.host_xla_available()
+        # Not on a TPU VM or a slice's client: no op runs there before the strategy
+        # initialises the TPU system (and those hosts run verbose under systemd anyway).
+        slice_client = os.environ.get("TPU_NAME", "") not in ("", "local")
+        if not slice_client and not strategy.tpu_present():
+            strategy.host_xla_available()
 
 
 def _drop_deprecation_banner(record: logging.LogRecord) -> bool:

@@ -1,10 +1,12 @@
 """Command line: ``tpu-payload {validate,tokenizer,encode,train,run} --job PATH [--force]``.
 
-argv (and ``TPU_PAYLOAD_GCS_RETRY_S``) is read here and nowhere else. ``output`` is checked
-before any stage. A :class:`UserError` becomes ``error: <one line>`` on stderr, exit status
-2, and ``last_error`` in status.json; Ctrl-C says where the run stopped and that a rerun
-continues (exit 130); any other exception is a bug: it is recorded in status.json and
-re-raised with its traceback. The process never dies of SIGINT: see :class:`_CtrlC`.
+argv (and ``TPU_PAYLOAD_GCS_RETRY_S``, ``TPU_PAYLOAD_VERBOSE``) is read here and nowhere
+else. ``output`` is checked before any stage. A :class:`UserError` becomes ``error: <one
+line>`` on stderr, exit status 2, and ``last_error`` in status.json; Ctrl-C says where the
+run stopped and that a rerun continues (exit 130); any other exception is a bug: it is
+recorded in status.json and re-raised with its traceback. The process never dies of SIGINT
+(:class:`_CtrlC`). The frameworks' logs are hidden unless ``--verbose`` or
+``TPU_PAYLOAD_VERBOSE=1`` (payload/quiet.py).
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
         sub.add_argument(
             "--job", required=True, help="job spec (YAML/JSON), local path or gs:// URI"
+        )
+        sub.add_argument(
+            "--verbose",
+            action="store_true",
+            help="also show TensorFlow's and transformers' logs (or TPU_PAYLOAD_VERBOSE=1)",
         )
         if name == "export":
             sub.add_argument(
@@ -139,14 +146,13 @@ def _ignore_sigint_until_exit() -> None:
 @_CtrlC.guard
 def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
     args = _parser().parse_args(argv)
-    # TensorFlow's C++ INFO lines (oneDNN, CUDA stubs, XLA service) drown the progress output.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    from payload import lease, pipeline, storage  # noqa: PLC0415  (keep --help fast)
+    from payload import lease, pipeline, quiet, storage  # noqa: PLC0415  (keep --help fast)
     from payload.spec import load_job  # noqa: PLC0415
     from payload.status import StatusWriter  # noqa: PLC0415
 
     try:
         _read_retry_deadline()
+        verbose = quiet.configure(args.verbose, os.environ)  # before TensorFlow is imported
         job = load_job(args.job)
         if args.command != "validate":
             storage.check_output(job.output)  # before any stage, and before status.json
@@ -168,6 +174,7 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
     status = StatusWriter(job.paths.status, job.name)
     _declare_tpu_host(args.command)
     try:
+        quiet.absorb_once_only_logs(args.command, verbose=verbose)
         target = _slice_target(args.command)
         if args.command == "export":
             _export(job, args.push_to_hub)

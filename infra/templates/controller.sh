@@ -125,6 +125,7 @@ StartLimitIntervalSec=0
 Type=oneshot
 RemainAfterExit=yes
 Environment=PYTHONUNBUFFERED=1
+Environment=TPU_PAYLOAD_VERBOSE=1
 ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-corpus
 ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload tokenizer --job ${JOB_URI}
 ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload encode --job ${JOB_URI}

@@ -90,6 +90,7 @@ Type=oneshot
 RemainAfterExit=yes
 SyslogIdentifier=tpu-pretrain-train
 Environment=PYTHONUNBUFFERED=1
+Environment=TPU_PAYLOAD_VERBOSE=1
 Environment=TF_USE_LEGACY_KERAS=1
 Environment=WRAPT_DISABLE_EXTENSIONS=true
 Environment=FORCE_TF_AVAILABLE=1

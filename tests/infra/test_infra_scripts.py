@@ -491,6 +491,7 @@ def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
     assert "ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper stopped\n" in unit
     assert unit_environment(unit) == {
         "PYTHONUNBUFFERED": "1",
+        "TPU_PAYLOAD_VERBOSE": "1",
         "TF_USE_LEGACY_KERAS": "1",
         "WRAPT_DISABLE_EXTENSIONS": "true",
         "FORCE_TF_AVAILABLE": "1",
@@ -1760,6 +1761,7 @@ def test_slice_worker_0_also_runs_the_trainer_against_every_worker(slice_run, sa
     # and none of the single-host PJRT variables.
     assert unit_environment(train) == {
         "PYTHONUNBUFFERED": "1",
+        "TPU_PAYLOAD_VERBOSE": "1",
         "TF_USE_LEGACY_KERAS": "1",
         "WRAPT_DISABLE_EXTENSIONS": "true",
         "FORCE_TF_AVAILABLE": "1",

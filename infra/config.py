@@ -109,12 +109,6 @@ KEYS: tuple[Key, ...] = (
         "",
     ),
     Key("gpuCount", "integer", "GPU stacks: how many gpuType GPUs an N1 type gets.", ""),
-    Key(
-        "gpuAutoRecover",
-        "boolean",
-        "GPU stacks: restart a stopped spot GPU VM from the controller (default: on for spot).",
-        "",
-    ),
     Key("bucketName", "string", "Bucket name (default <project>-<stack>-tpu-pretrain).", ""),
     Key("bucketLocation", "string", "Bucket location; must be the TPU region (default).", ""),
     Key("bucketSoftDeleteDays", "integer", "Days deleted objects stay restorable (7-90).", 7),
@@ -150,7 +144,7 @@ TPU_KEYS = (
     "tpuAutoRecover",
     "tpuReleaseWhenDone",
 )
-GPU_KEYS = ("gpuZone", "gpuMachineType", "gpuType", "gpuCount", "gpuAutoRecover")
+GPU_KEYS = ("gpuZone", "gpuMachineType", "gpuType", "gpuCount")
 ACCELERATORS = ("tpu", "gpu")
 SCHEDULING = ("on-demand", "preemptible", "spot")
 _ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
@@ -214,8 +208,9 @@ class GpuConfig:
     shielded_boot: bool  # secure boot (vTPM and integrity monitoring are always on)
     precision: str  # Keras mixed-precision policy for this GPU
     quota_metrics: tuple[str, ...]
-    auto_recover: bool  # the controller's watchdog restarts a stopped spot VM
-    release_when_done: bool = False
+    # No watchdog yet: a spot GPU VM stopped by preemption is started by hand (the stack's
+    # gpuRecovery output); the TPU watchdog's rules have no GPU implementation so far.
+    auto_recover: ClassVar[bool] = False
     hosts: int = 1
     preemptible: bool = False  # GPU VMs use spot (provisioning_model SPOT), never legacy
 
@@ -473,7 +468,6 @@ def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuC
         choice = catalog.validate(machine_type, gpu_type, count, zone, scheduling)
     except GpuChoiceError as error:
         raise ConfigError(f"{_k(GPU_FIELD_KEYS[error.field])}: {error}") from None
-    auto_recover = values.get("gpuAutoRecover")
     return GpuConfig(
         name=f"{prefix}-gpu",
         zone=zone,
@@ -489,9 +483,6 @@ def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuC
         shielded_boot=catalog.shielded_boot,
         precision=choice.gpu.precision,
         quota_metrics=choice.quota_metrics,
-        auto_recover=choice.spot
-        if auto_recover in (None, "")
-        else _boolean(values, "gpuAutoRecover"),
     )
 
 

@@ -408,16 +408,14 @@ def gpu_recovery_commands(
 
 
 def gpu_quota(cfg: StackConfig) -> dict[str, str]:
-    """Quota preflight: GPU quotas start at 0 on a new project. One read-only command shows
-    the region's limits and usage of the quotas this VM needs; request the ones at 0
-    (IAM & Admin > Quotas) before `pulumi up`."""
+    """Quota preflight: GPU quotas start at 0 on a new project. One read-only command lists
+    the region's quotas (limit and usage); `needs` names the two rows that must allow this
+    VM. Request the ones below it (IAM & Admin > Quotas) before `pulumi up`."""
     gpu = cfg.gpu
-    metrics = "|".join(gpu.quota_metrics)
     return {
         "needs": f"{gpu.count} of " + " and ".join(gpu.quota_metrics) + f" in {gpu.region}",
         "check": f"gcloud compute regions describe {gpu.region} --project {cfg.project} "
-        "--flatten quotas --format 'table(quotas.metric,quotas.limit,quotas.usage)' "
-        f"| grep -E '^({metrics}) '",
+        "--flatten quotas --format 'table(quotas.metric,quotas.limit,quotas.usage)'",
     }
 
 

@@ -149,8 +149,10 @@ def test_gpu_outputs(run):
     )
     regional = f"PREEMPTIBLE_{gpu_metric}" if spot else gpu_metric
     assert quota["needs"] == f"{gpus} of GPUS_ALL_REGIONS and {regional} in {region}"
-    assert quota["check"].startswith(f"gcloud compute regions describe {region} ")
-    assert f"GPUS_ALL_REGIONS|{regional}" in quota["check"]
+    assert quota["check"] == (
+        f"gcloud compute regions describe {region} --project tpu-pretrain-test --flatten quotas "
+        "--format 'table(quotas.metric,quotas.limit,quotas.usage)'"
+    )
     recovery = exports["gpuRecovery"]
     assert recovery["start"] == (
         f"gcloud compute instances start {name} --zone {zone} --project tpu-pretrain-test"

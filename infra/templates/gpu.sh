@@ -31,7 +31,7 @@ check_gpus() {
   if [ "${count}" -ne "${GPU_COUNT}" ]; then
     log "nvidia-smi lists ${count} GPUs, the catalog expects ${GPU_COUNT} on ${ACCELERATOR_TYPE}"
   fi
-  log "GPUs: $(paste -sd ';' <<<"${listed}")"
+  log "GPUs (catalog: ${GPU_COUNT} x ${GPU_TYPE}): $(paste -sd ';' <<<"${listed}")"
 }
 
 # ptxas for XLA's GPU compiler: the nvidia-cuda-nvcc-cu12 wheel (a dependency of

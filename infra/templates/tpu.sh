@@ -75,6 +75,7 @@ trainer_stopped() {
 
 # What the payload is told about its host (payload/cli.py): a TPU VM here; gpu.sh redefines
 # it for a GPU VM.
+# shellcheck disable=SC2329  # invoked by install_trainer_unit (gpu.sh's version in a GPU script)
 trainer_host_env() {
   printf '%s\n' "Environment=TPU_PRETRAIN_ACCELERATOR_TYPE=${ACCELERATOR_TYPE}" \
     "Environment=TPU_PRETRAIN_RUNTIME_VERSION=${RUNTIME_VERSION}"
@@ -120,6 +121,7 @@ WantedBy=multi-user.target"
 # ---- a multi-host slice (TPU_HOSTS > 1): one script for every host, branching on the
 # worker index. Every host installs the same environment and runs TensorFlow's TPU worker
 # (gRPC, TPU_WORKER_PORT); worker 0 also runs the trainer, once every worker is ready.
+libtpu_path=""  # libtpu.so in the venv (set by tpu-main.sh; a slice's TPU worker loads it)
 WORKER=""  # this host's index in the slice (metadata agent-worker-number); empty on one host
 SLICE_IPS=""  # every host's internal IP, in worker order
 SLICE_NOTE=""  # set when the node's host count differs from the catalog's

@@ -68,7 +68,7 @@ GPU_ENV = {
 
 def test_the_cli_on_a_gpu_vm_without_gpus_exits_2_and_says_so_in_the_status(tmp_path: Path):
     corpus = write_corpus(tmp_path / "corpus.txt", lines=200)
-    job = write_job(tmp_path, job_document(tmp_path, corpus, "mlm", steps=2))
+    job = write_job(tmp_path, job_document(tmp_path, corpus, "mlm", steps=2, warmup_steps=1))
     prepare_data(job)
     result = run_cli("train", "--job", str(tmp_path / "job.yaml"), env=GPU_ENV)
     line = assert_user_error(result, r"^error: GPU not found: this VM should have 2 × L4 ")
@@ -88,6 +88,6 @@ def test_the_cli_on_a_gpu_vm_without_gpus_exits_2_and_says_so_in_the_status(tmp_
 )
 def test_a_bad_gpu_unit_environment_is_a_user_error(tmp_path: Path, env, pattern):
     corpus = write_corpus(tmp_path / "corpus.txt", lines=50)
-    write_job(tmp_path, job_document(tmp_path, corpus, "mlm", steps=2))
+    write_job(tmp_path, job_document(tmp_path, corpus, "mlm", steps=2, warmup_steps=1))
     result = run_cli("train", "--job", str(tmp_path / "job.yaml"), env=GPU_ENV | env)
     assert_user_error(result, pattern)

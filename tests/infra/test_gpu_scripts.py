@@ -6,9 +6,12 @@ exit 2 with the reason in the bucket's status."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from harness import run_offline
@@ -21,6 +24,11 @@ from test_infra_scripts import (  # the sandbox and its helpers, shared with the
     sandbox,  # noqa: F401  (a fixture)
     unit_environment,
 )
+
+from infra import render
+from infra.gpu_catalog import load_gpu_catalog
+
+ROOT = Path(__file__).resolve().parents[2]
 
 NVIDIA_SMI = r"""
 echo "nvidia-smi $*" >>"$CALLS"
@@ -189,3 +197,23 @@ def test_trainer_exit_2_is_reported_as_not_restarted(gpu_run, box):
     status = _status(box, bucket)
     assert status["state"] == "stopped"
     assert "not restarted (RestartPreventExitStatus=2)" in status["message"]
+
+
+def test_the_gpu_vm_requirements_resolve_for_the_images_python():
+    """The GPU VM's exact requirements (the lock with tensorflow[and-cuda], the 3.10 pins)
+    resolve for the image's Python with binary wheels only, as the controller's wheelhouse
+    and the GPU VM's install ask (metadata only; needs the package index, like the TPU
+    VM's check in test_tpu_parity.py)."""
+    python_version = load_gpu_catalog().image_python
+    pip = str(Path(sys.executable).with_name("pip"))
+    check = '. infra/templates/tpu-install.sh; tpu_check_resolves "$0" . "$1"'
+    result = subprocess.run(
+        ["bash", "-c", check, pip, python_version],
+        cwd=ROOT,
+        env={**os.environ, "VM_REQUIREMENTS": render.GPU_REQUIREMENTS_FILE},
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -105,6 +105,7 @@ MAIN_TYPES = {
         f"tpu-pretrain:index:{name}": "component of infra/components"
         for name in (
             "ControllerVm",
+            "GpuVm",
             "Network",
             "PayloadDelivery",
             "ProjectApis",

@@ -72,9 +72,15 @@ def test_a_gpu_vm_with_an_external_ip_is_refused(stack):
 def test_a_gpu_vm_on_the_default_compute_account_is_refused(stack):
     stack_resources = resources(stack)
     _gpu_vm(stack_resources)["serviceAccount"]["email"] = DEFAULT_SA
-    assert _violations(stack_resources) == [
-        ("no-default-compute-service-account", f"{rules.MSG_DEFAULT_SA}: {DEFAULT_SA}")
-    ]
+    violations = _violations(stack_resources)
+    # The default account, and (the allowlist) an account that is not the stack's own.
+    assert {policy for policy, _ in violations} == {
+        "no-default-compute-service-account",
+        "vm-accounts-are-stack-accounts",
+    }
+    assert ("no-default-compute-service-account", f"{rules.MSG_DEFAULT_SA}: {DEFAULT_SA}") in (
+        violations
+    )
 
 
 @pytest.mark.parametrize("key", ["enableVtpm", "enableIntegrityMonitoring"])

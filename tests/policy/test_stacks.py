@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
 from harness import Captured, gpu_stack_names, run_stack, stack_names
 
 STACKS = stack_names()
+GPU_STACKS = gpu_stack_names()
 Resource = tuple[str, str, dict[str, Any], str]
 
 
@@ -46,7 +47,7 @@ def test_stack_has_zero_violations(stack: str) -> None:
     types = {type_ for type_, _, _, _ in stack_resources}
     # The rules must actually see what they guard, or "zero violations" means nothing (a
     # GPU stack's accelerator is an INSTANCE: tests/policy/test_gpu_policy.py).
-    accelerator = rules.INSTANCE if stack in gpu_stack_names() else rules.TPU_VM
+    accelerator = rules.INSTANCE if stack in GPU_STACKS else rules.TPU_VM
     assert {rules.BUCKET, rules.INSTANCE, accelerator, rules.FIREWALL, rules.SUBNETWORK} <= types
     assert run_pack(stack_resources) == []
 

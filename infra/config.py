@@ -14,13 +14,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pulumi
 from pulumi.runtime import config as runtime_config
 
 from infra import jobspec
-from infra.catalog import MIN_PYTHON, Catalog, Generation, Image, Slice, load_catalog
+from infra.catalog import MIN_PYTHON, Catalog, Generation, Image, load_catalog
 from infra.errors import ConfigError
+from infra.gpu_catalog import GpuCatalog, GpuChoiceError, load_gpu_catalog
 
 NAMESPACE = "tpu-pretrain"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -33,20 +35,43 @@ class Key:
     name: str
     type: str  # the Pulumi.yaml config type: string | integer | boolean | array
     description: str
-    default: object = None  # None: required unless listed in OPTIONAL
+    default: object = None  # None: required in every stack
+    # Required only in stacks of this accelerator kind ("tpu" | "gpu"); Pulumi.yaml gives
+    # such a key default "" (Pulumi requires a value for every declared key without one).
+    required_for: str = ""
 
 
 # Pulumi.yaml declares exactly these keys (tests/infra checks that the two agree).
 KEYS: tuple[Key, ...] = (
-    Key("tpuZone", "string", "Zone of the TPU VM, e.g. europe-west4-a (see infra/catalog.yaml)."),
-    Key("acceleratorType", "string", "TPU accelerator type offered in tpuZone, e.g. v3-8."),
+    Key("accelerator", "string", "What trains: 'tpu' (a TPU VM) or 'gpu' (a GPU VM).", "tpu"),
+    Key(
+        "tpuZone",
+        "string",
+        "Zone of the TPU VM, e.g. europe-west4-a (see infra/catalog.yaml).",
+        "",
+        "tpu",
+    ),
+    Key(
+        "acceleratorType",
+        "string",
+        "TPU accelerator type offered in tpuZone, e.g. v3-8.",
+        "",
+        "tpu",
+    ),
     Key(
         "runtimeVersion",
         "string",
         "TPU VM base image for the generation, e.g. v2-alpha-tpuv5 (see infra/catalog.yaml).",
+        "",
+        "tpu",
     ),
     Key("tpuArchitecture", "string", "TPU architecture: 'vm' (TPU Nodes are gone).", "vm"),
-    Key("scheduling", "string", "TPU capacity: on-demand, preemptible or spot.", "on-demand"),
+    Key(
+        "scheduling",
+        "string",
+        "Capacity: on-demand, preemptible (TPU only) or spot.",
+        "on-demand",
+    ),
     Key("tpuExternalIp", "boolean", "Give the TPU VM an external IP (default: no).", False),
     # No fixed default: on for spot/preemptible scheduling, off for on-demand.
     Key(
@@ -63,6 +88,27 @@ KEYS: tuple[Key, ...] = (
         "keep it).",
         False,
     ),
+    Key(
+        "gpuZone",
+        "string",
+        "GPU stacks: zone of the GPU VM, e.g. us-central1-a (see infra/gpu_catalog.yaml).",
+        "",
+        "gpu",
+    ),
+    Key(
+        "gpuMachineType",
+        "string",
+        "GPU stacks: machine type, e.g. n1-standard-8 (with gpuType) or g2-standard-8.",
+        "",
+        "gpu",
+    ),
+    Key(
+        "gpuType",
+        "string",
+        "GPU stacks: GPU attached to an N1 type, e.g. nvidia-tesla-t4 (A2/A3/A4/G2 carry theirs).",
+        "",
+    ),
+    Key("gpuCount", "integer", "GPU stacks: how many gpuType GPUs an N1 type gets.", ""),
     Key("bucketName", "string", "Bucket name (default <project>-<stack>-tpu-pretrain).", ""),
     Key("bucketLocation", "string", "Bucket location; must be the TPU region (default).", ""),
     Key("bucketSoftDeleteDays", "integer", "Days deleted objects stay restorable (7-90).", 7),
@@ -88,6 +134,18 @@ KEYS: tuple[Key, ...] = (
     Key("job", "string", "Job template (YAML) relative to the repository root."),
 )
 KEYS_BY_NAME = {key.name: key for key in KEYS}
+# Settings that belong to one kind of accelerator; a stack of the other kind refuses them.
+TPU_KEYS = (
+    "tpuZone",
+    "acceleratorType",
+    "runtimeVersion",
+    "tpuArchitecture",
+    "tpuExternalIp",
+    "tpuAutoRecover",
+    "tpuReleaseWhenDone",
+)
+GPU_KEYS = ("gpuZone", "gpuMachineType", "gpuType", "gpuCount")
+ACCELERATORS = ("tpu", "gpu")
 SCHEDULING = ("on-demand", "preemptible", "spot")
 _ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
 _GCE_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -106,6 +164,9 @@ MAX_STACK_NAME = MAX_PREFIX - len("tp-")
 
 @dataclass(frozen=True)
 class TpuConfig:
+    """A TPU VM or a multi-host TPU slice (gcp.tpu.V2Vm)."""
+
+    kind: ClassVar[str] = "tpu"
     name: str
     zone: str
     region: str
@@ -121,6 +182,41 @@ class TpuConfig:
     release_when_done: bool = False  # ...and deletes it once the job's export is complete
     hosts: int = 1  # TPU VMs of the node: > 1 for a multi-host slice (catalog.yaml slices)
     chips_per_host: int = 0  # only set for a slice
+
+    @property
+    def label(self) -> str:
+        return self.accelerator_type
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """A Compute Engine VM with NVIDIA GPUs (gcp.compute.Instance), validated against
+    infra/gpu_catalog.yaml."""
+
+    kind: ClassVar[str] = "gpu"
+    name: str
+    zone: str
+    region: str
+    machine_type: str
+    gpu_type: str  # nvidia-tesla-t4
+    gpu_name: str  # T4
+    count: int
+    attached: bool  # N1: guest_accelerators; A2/A3/A4/G2 carry their GPUs
+    spot: bool
+    image: str  # projects/deeplearning-platform-release/global/images/family/...
+    python_version: str  # the image's python3
+    shielded_boot: bool  # secure boot (vTPM and integrity monitoring are always on)
+    precision: str  # Keras mixed-precision policy for this GPU
+    quota_metrics: tuple[str, ...]
+    # No watchdog yet: a spot GPU VM stopped by preemption is started by hand (the stack's
+    # gpuRecovery output); the TPU watchdog's rules have no GPU implementation so far.
+    auto_recover: ClassVar[bool] = False
+    hosts: int = 1
+    preemptible: bool = False  # GPU VMs use spot (provisioning_model SPOT), never legacy
+
+    @property
+    def label(self) -> str:
+        return self.gpu_type
 
 
 @dataclass(frozen=True)
@@ -153,7 +249,7 @@ class StackConfig:
     project: str
     stack: str
     prefix: str  # prefix of every GCP resource name of this stack
-    tpu: TpuConfig
+    accelerator: TpuConfig | GpuConfig
     bucket: BucketConfig
     network: NetworkConfig
     vpn: VpnConfig
@@ -165,6 +261,18 @@ class StackConfig:
     def labels(self) -> dict[str, str]:
         return {"app": "tpu-pretrain", "stack": self.stack, "job": self.job_name}
 
+    @property
+    def tpu(self) -> TpuConfig:
+        if not isinstance(self.accelerator, TpuConfig):
+            raise TypeError(f"stack {self.stack} trains on a GPU VM, not a TPU")
+        return self.accelerator
+
+    @property
+    def gpu(self) -> GpuConfig:
+        if not isinstance(self.accelerator, GpuConfig):
+            raise TypeError(f"stack {self.stack} trains on a TPU, not a GPU VM")
+        return self.accelerator
+
 
 def _k(name: str) -> str:
     return f"{NAMESPACE}:{name}"
@@ -174,7 +282,7 @@ def _value(values: Mapping[str, object], name: str) -> object:
     key = KEYS_BY_NAME[name]
     raw = values.get(name)
     if raw is None or raw == "":
-        if key.default is None:
+        if key.default is None or key.required_for:
             example = {"vpnAllowedCidrs": '["203.0.113.0/24"]'}.get(name, "")
             hint = f" (e.g. {example})" if example else ""
             raise ConfigError(f"{_k(name)} is required{hint}: {key.description}")
@@ -341,6 +449,69 @@ def _auto_recover(values: Mapping[str, object], scheduling: str) -> bool:
     return _boolean(values, "tpuAutoRecover")
 
 
+def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuConfig:
+    """A GPU VM: the catalog decides whether machine type x GPU x count x zone x capacity
+    exists (infra/gpu_catalog.py validate); its message names the key it is about."""
+    zone = _string(values, "gpuZone")
+    machine_type = _string(values, "gpuMachineType")
+    gpu_type = _string(values, "gpuType") or None
+    count = (
+        _integer(values, "gpuCount", 1, 16) if values.get("gpuCount") not in (None, "") else None
+    )
+    scheduling = _string(values, "scheduling")
+    if scheduling not in SCHEDULING:
+        raise ConfigError(
+            f"{_k('scheduling')}: {scheduling!r} is not allowed; use one of: "
+            + ", ".join(SCHEDULING)
+        )
+    try:
+        choice = catalog.validate(machine_type, gpu_type, count, zone, scheduling)
+    except GpuChoiceError as error:
+        raise ConfigError(f"{_k(GPU_FIELD_KEYS[error.field])}: {error}") from None
+    return GpuConfig(
+        name=f"{prefix}-gpu",
+        zone=zone,
+        region=choice.region,
+        machine_type=machine_type,
+        gpu_type=choice.gpu.type,
+        gpu_name=choice.gpu.name,
+        count=choice.count,
+        attached=choice.attached,
+        spot=choice.spot,
+        image=catalog.image,
+        python_version=catalog.image_python,
+        shielded_boot=catalog.shielded_boot,
+        precision=choice.gpu.precision,
+        quota_metrics=choice.quota_metrics,
+    )
+
+
+# validate()'s arguments -> the setting that holds each
+GPU_FIELD_KEYS = {
+    "machine_type": "gpuMachineType",
+    "gpu": "gpuType",
+    "count": "gpuCount",
+    "zone": "gpuZone",
+    "provisioning": "scheduling",
+}
+
+
+def _accelerator_kind(values: Mapping[str, object]) -> str:
+    kind = _string(values, "accelerator").lower()
+    if kind not in ACCELERATORS:
+        raise ConfigError(
+            f"{_k('accelerator')}: {kind!r} is not allowed; use one of: " + ", ".join(ACCELERATORS)
+        )
+    foreign = TPU_KEYS if kind == "gpu" else GPU_KEYS
+    for name in foreign:
+        if values.get(name) not in (None, ""):
+            raise ConfigError(
+                f"{_k(name)}: a {'TPU' if kind == 'gpu' else 'GPU'} setting in a {kind.upper()} "
+                f"stack ({_k('accelerator')}: {kind}); remove it"
+            )
+    return kind
+
+
 def _wireguard_key(name: str, value: str) -> str | None:
     if not value:
         return None
@@ -356,7 +527,9 @@ def _wireguard_key(name: str, value: str) -> str | None:
     return value
 
 
-def _bucket(values: Mapping[str, object], project: str, stack: str, region: str) -> BucketConfig:
+def _bucket(
+    values: Mapping[str, object], project: str, stack: str, region: str, what: str = "TPU"
+) -> BucketConfig:
     bucket_name = _string(values, "bucketName") or f"{project}-{stack}-tpu-pretrain"
     if not _BUCKET_RE.match(bucket_name) or "goog" in bucket_name:
         raise ConfigError(
@@ -366,7 +539,7 @@ def _bucket(values: Mapping[str, object], project: str, stack: str, region: str)
     location = (_string(values, "bucketLocation") or region).lower()
     if location != region:
         raise ConfigError(
-            f"{_k('bucketLocation')}: {location.upper()!r} is outside the TPU region "
+            f"{_k('bucketLocation')}: {location.upper()!r} is outside the {what} region "
             f"{region}; set it to {region} (or leave it unset)"
         )
     return BucketConfig(
@@ -400,7 +573,7 @@ def _network(values: Mapping[str, object], prefix: str) -> NetworkConfig:
     )
 
 
-def _vpn(values: Mapping[str, object], tpu_region: str) -> VpnConfig:
+def _vpn(values: Mapping[str, object], tpu_region: str, what: str = "TPU") -> VpnConfig:
     allowed_cidrs = tuple(
         str(_cidr(f"vpnAllowedCidrs[{i}]", item))
         for i, item in enumerate(_array(values, "vpnAllowedCidrs"))
@@ -409,7 +582,7 @@ def _vpn(values: Mapping[str, object], tpu_region: str) -> VpnConfig:
     vpn_region = _region_of("vpnZone", vpn_zone)
     if vpn_region == tpu_region:
         raise ConfigError(
-            f"{_k('vpnZone')}: {vpn_zone!r} is in the TPU's own region {tpu_region}; the hop "
+            f"{_k('vpnZone')}: {vpn_zone!r} is in the {what}'s own region {tpu_region}; the hop "
             "belongs in a region near you (default asia-northeast3-a)"
         )
     return VpnConfig(
@@ -429,12 +602,13 @@ def _vpn(values: Mapping[str, object], tpu_region: str) -> VpnConfig:
 DEFAULT_GLOBAL_BATCH = 32
 
 
-def _check_slice_job(
-    job_file: str, template: Mapping[str, object], accelerator_type: str, shape: Slice
+def _check_replica_batch(
+    job_file: str, template: Mapping[str, object], replicas: int, described: str
 ) -> None:
-    """What a multi-host slice needs from its job, checked before anything is deployed:
-    the global batch splits evenly over every replica of every host (the payload checks the
-    same again against the replicas it finds, payload/strategy.py check_global_batch).
+    """What a multi-replica accelerator (a TPU slice, several GPUs) needs from its job,
+    checked before anything is deployed: the global batch splits evenly over every replica
+    (the payload checks the same again against the replicas it finds, payload/strategy.py
+    check_global_batch).
     The output is always gs://<bucket>/runs/<job> (jobspec.render_job_spec; a template with
     its own `output` is refused), which a slice needs: every host reads and worker 0 writes
     there."""
@@ -443,14 +617,32 @@ def _check_slice_job(
     batch = train.get("global_batch_size", DEFAULT_GLOBAL_BATCH)
     if not isinstance(batch, int) or isinstance(batch, bool):
         return  # the payload refuses it with its own message
-    replicas = shape.replicas
     if batch % replicas:
         lower = batch // replicas * replicas
         raise ConfigError(
             f"{_k('job')}: {job_file!r}: train.global_batch_size {batch} must be a multiple "
-            f"of the {replicas} replicas of {accelerator_type} ({shape.hosts} hosts x "
-            f"{shape.chips_per_host} chips); e.g. {max(lower, replicas)} or {lower + replicas}"
+            f"of the {replicas} replicas of {described}; e.g. {max(lower, replicas)} or "
+            f"{lower + replicas}"
         )
+
+
+def _check_job_replicas(
+    job_file: str,
+    template: Mapping[str, object],
+    accelerator: TpuConfig | GpuConfig,
+    catalog: Catalog,
+) -> None:
+    if isinstance(accelerator, GpuConfig):
+        if accelerator.count > 1:
+            described = f"{accelerator.count} × {accelerator.gpu_name} (one replica per GPU)"
+            _check_replica_batch(job_file, template, accelerator.count, described)
+        return
+    shape = catalog.slice_of(accelerator.accelerator_type)
+    if shape is not None:
+        described = (
+            f"{accelerator.accelerator_type} ({shape.hosts} hosts x {shape.chips_per_host} chips)"
+        )
+        _check_replica_batch(job_file, template, shape.replicas, described)
 
 
 def parse_config(
@@ -459,6 +651,7 @@ def parse_config(
     stack: str,
     values: Mapping[str, object],
     catalog: Catalog | None = None,
+    gpu_catalog: GpuCatalog | None = None,
 ) -> StackConfig:
     """Validate raw settings (key without namespace -> value) into a StackConfig."""
     catalog = catalog or load_catalog()
@@ -481,10 +674,15 @@ def parse_config(
             f"{_k(unknown[0])}: unknown setting; known: " + ", ".join(sorted(KEYS_BY_NAME))
         )
 
-    tpu = _tpu(values, catalog, prefix)
-    bucket = _bucket(values, project, stack, tpu.region)
+    accelerator: TpuConfig | GpuConfig
+    if _accelerator_kind(values) == "gpu":
+        accelerator = _gpu(values, gpu_catalog or load_gpu_catalog(), prefix)
+    else:
+        accelerator = _tpu(values, catalog, prefix)
+    what = accelerator.kind.upper()
+    bucket = _bucket(values, project, stack, accelerator.region, what)
     network = _network(values, prefix)
-    vpn = _vpn(values, tpu.region)
+    vpn = _vpn(values, accelerator.region, what)
     machine_type = _string(values, "controllerMachineType")
     if not _MACHINE_RE.match(machine_type):
         raise ConfigError(
@@ -498,15 +696,13 @@ def parse_config(
         template = jobspec.load_template(job_file)
     except jobspec.JobTemplateError as error:
         raise ConfigError(f"{_k('job')}: {job_file_value!r}: {error}") from None
-    shape = catalog.slice_of(tpu.accelerator_type)
-    if shape is not None:
-        _check_slice_job(job_file_value, template, tpu.accelerator_type, shape)
+    _check_job_replicas(job_file_value, template, accelerator, catalog)
 
     return StackConfig(
         project=project,
         stack=stack,
         prefix=prefix,
-        tpu=tpu,
+        accelerator=accelerator,
         bucket=bucket,
         network=network,
         vpn=vpn,

@@ -49,7 +49,14 @@ KEY_SETTINGS: dict[str, tuple[str, ...]] = {
         "networkConfig",
         "shieldedInstanceConfig",
     ),
-    "gcp:compute/instance:Instance": ("name", "zone", "machineType", "canIpForward"),
+    "gcp:compute/instance:Instance": (
+        "name",
+        "zone",
+        "machineType",
+        "canIpForward",
+        "guestAccelerators",
+        "scheduling",
+    ),
     "gcp:compute/address:Address": ("region", "addressType"),
     "gcp:secretmanager/secret:Secret": ("secretId",),
     "gcp:secretmanager/secretIamMember:SecretIamMember": ("secretId", "role", "member"),
@@ -98,7 +105,9 @@ def format_plan(run: offline.OfflineRun) -> str:
         if script:
             lines += ["", f"==== startup script of {resource.name} ({resource.type_}) ====", script]
             # The controller carries the TPU watchdog base64-encoded; show it readable too.
-            match = re.search(r"^readonly TPU_WATCH_SCRIPT_B64=(\S+)$", script, re.MULTILINE)
+            match = re.search(
+                r"^readonly TPU_WATCH_SCRIPT_B64=([A-Za-z0-9+/=]+)$", script, re.MULTILINE
+            )
             if match:
                 watchdog = base64.b64decode(match.group(1)).decode()
                 lines += ["", f"==== TPU watchdog installed by {resource.name} ====", watchdog]

@@ -1,11 +1,16 @@
 """The Pulumi program: one StackConfig in, every resource of the stack out.
 
 `define()` is called by __main__.py under the Pulumi engine and by infra.offline under
-Pulumi's mocks (tests and `python -m infra.plan`)."""
+Pulumi's mocks (tests and `python -m infra.plan`). It wires four parts: the shared
+foundation (APIs, network, identities, bucket, payload), the accelerator (a TPU VM, a TPU
+slice or a GPU VM: one interface, see `Accelerator`), the controller and the VPN hop; then
+the stack outputs."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pulumi
 
@@ -14,6 +19,7 @@ from infra.components.apis import ProjectApis, ProjectApisArgs
 from infra.components.bucket import TrainingBucket, TrainingBucketArgs, kept_bucket_exists
 from infra.components.controller import ControllerVm, ControllerVmArgs, WatchLease
 from infra.components.delivery import PayloadDelivery, PayloadDeliveryArgs
+from infra.components.gpu import GpuVm, GpuVmArgs
 from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
 from infra.components.network import TAG_TPU, TENSORBOARD_PORT, Network, NetworkArgs
 from infra.components.recovery import TpuAutoRecovery, TpuAutoRecoveryArgs
@@ -25,22 +31,64 @@ from infra.components.tpu import (
     TpuVmArgs,
 )
 from infra.components.vpn import VpnHop, VpnHopArgs
-from infra.config import StackConfig
+from infra.config import GpuConfig, StackConfig
 
 BUILD_DIR = render.REPO_ROOT / "build" / "payload"
 HOP_MACHINE_TYPE = "e2-small"
 
 
+@dataclass(frozen=True)
+class Foundation:
+    """What every accelerator, the controller and the hop share."""
+
+    apis: ProjectApis
+    network: Network
+    workload_identity: ServiceIdentity
+    controller_identity: ServiceIdentity
+    hop_identity: ServiceIdentity
+    bucket: TrainingBucket
+    delivery: PayloadDelivery
+    workload: render.Workload
+    ready: list[pulumi.Resource]  # what a VM's first boot needs to exist
+
+
+class AcceleratorVm(Protocol):
+    """The component's outputs every accelerator has (TpuVm, GpuVm)."""
+
+    vm: pulumi.CustomResource  # .name, .zone, .urn
+    internal_ip: pulumi.Output[str]
+    worker_ips: pulumi.Output[list[str]]
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One accelerator of the stack, whatever its kind: its component, and the watchdog the
+    controller runs for it (None when auto-recovery is off)."""
+
+    component: AcceleratorVm
+    watch: pulumi.Input[render.TpuWatch] | None
+
+
 def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
+    base = _foundation(cfg, build_dir)
+    accelerator = (
+        _gpu_vm(cfg, base) if isinstance(cfg.accelerator, GpuConfig) else _tpu_vm(cfg, base)
+    )
+    controller = _controller(cfg, base, accelerator)
+    hop = _hop(cfg, base)
+    _export(cfg, base, accelerator, controller, hop)
+
+
+def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
     apis = ProjectApis("apis", ProjectApisArgs(project=cfg.project))
     after_apis = pulumi.ResourceOptions(depends_on=[apis])
-
+    region = cfg.accelerator.region
     network = Network(
         "network",
         NetworkArgs(
             project=cfg.project,
             name=cfg.network.name,
-            tpu_region=cfg.tpu.region,
+            tpu_region=region,
             tpu_subnet_cidr=cfg.network.tpu_subnet_cidr,
             hop_region=cfg.vpn.region,
             hop_subnet_cidr=cfg.network.hop_subnet_cidr,
@@ -50,35 +98,26 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         ),
         opts=after_apis,
     )
-    # The TPU VM's account (training code) gets bucket objects and nothing else; the
-    # controller's account also runs the TPU watchdog, so recovery rights live there.
-    workload_identity = ServiceIdentity(
-        "workload-identity",
-        ServiceIdentityArgs(
-            project=cfg.project,
-            account_id=f"{cfg.prefix}-workload",
-            display_name=f"tpu-pretrain {cfg.stack}: TPU VM",
-        ),
-        opts=after_apis,
-    )
-    controller_identity = ServiceIdentity(
-        "controller-identity",
-        ServiceIdentityArgs(
-            project=cfg.project,
-            account_id=f"{cfg.prefix}-controller",
-            display_name=f"tpu-pretrain {cfg.stack}: controller and TPU watchdog",
-        ),
-        opts=after_apis,
-    )
-    hop_identity = ServiceIdentity(
-        "hop-identity",
-        ServiceIdentityArgs(
-            project=cfg.project,
-            account_id=f"{cfg.prefix}-vpn-hop",
-            display_name=f"tpu-pretrain {cfg.stack}: WireGuard hop",
-        ),
-        opts=after_apis,
-    )
+    # The accelerator VM's account (training code) gets bucket objects and nothing else; the
+    # controller's account also runs the watchdog, so recovery rights live there.
+    what = cfg.accelerator.kind.upper()
+    identities = [
+        ServiceIdentity(
+            f"{role}-identity",
+            ServiceIdentityArgs(
+                project=cfg.project,
+                account_id=f"{cfg.prefix}-{suffix}",
+                display_name=f"tpu-pretrain {cfg.stack}: {about}",
+            ),
+            opts=after_apis,
+        )
+        for role, suffix, about in (
+            ("workload", "workload", f"{what} VM"),
+            ("controller", "controller", f"controller and {what} watchdog"),
+            ("hop", "vpn-hop", "WireGuard hop"),
+        )
+    ]
+    workload_identity, controller_identity, hop_identity = identities
     bucket = TrainingBucket(
         "training-bucket",
         TrainingBucketArgs(
@@ -94,7 +133,6 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         ),
         opts=after_apis,
     )
-
     archive = render.build_payload_archive()
     job_spec = jobspec.render_job_spec(jobspec.load_template(cfg.job_file), cfg.bucket.name)
     delivery = PayloadDelivery(
@@ -112,17 +150,46 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         job_name=cfg.job_name,
         payload_object=archive.object_name,
         payload_sha256=archive.sha256,
-        tpu=render.TpuHost(
-            accelerator_type=cfg.tpu.accelerator_type,
-            runtime_version=cfg.tpu.runtime_version,
-            python_version=cfg.tpu.python_version,
-            hosts=cfg.tpu.hosts,
-        ),
+        host=_host(cfg),
     )
-    # VMs start after their inputs exist, so a first boot finds payload, job, bucket access
-    # and the NAT that lets it install packages.
-    ready = [delivery, bucket, workload_identity, controller_identity, network.nat]
+    return Foundation(
+        apis=apis,
+        network=network,
+        workload_identity=workload_identity,
+        controller_identity=controller_identity,
+        hop_identity=hop_identity,
+        bucket=bucket,
+        delivery=delivery,
+        workload=workload,
+        # VMs start after their inputs exist, so a first boot finds payload, job, bucket
+        # access and the NAT that lets it install packages.
+        ready=[delivery, bucket, workload_identity, controller_identity, network.nat],
+    )
 
+
+def _host(cfg: StackConfig) -> render.TpuHost | render.GpuHost:
+    """The accelerator VM as its startup script and the controller's wheelhouse see it."""
+    if isinstance(cfg.accelerator, GpuConfig):
+        gpu = cfg.accelerator
+        return render.GpuHost(
+            machine_type=gpu.machine_type,
+            gpu_type=gpu.gpu_type,
+            gpu_name=gpu.gpu_name,
+            count=gpu.count,
+            image=gpu.image,
+            python_version=gpu.python_version,
+            precision=gpu.precision,
+        )
+    tpu = cfg.tpu
+    return render.TpuHost(
+        accelerator_type=tpu.accelerator_type,
+        runtime_version=tpu.runtime_version,
+        python_version=tpu.python_version,
+        hosts=tpu.hosts,
+    )
+
+
+def _tpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
     tpu_args = TpuVmArgs(
         project=cfg.project,
         name=cfg.tpu.name,
@@ -133,68 +200,101 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
         spot=cfg.tpu.spot,
         external_ip=cfg.tpu.external_ip,
         shielded_boot=cfg.tpu.shielded_boot,
-        network=network.vpc.id,
-        subnetwork=network.tpu_subnet.id,
-        service_account_email=workload_identity.email,
-        startup_script=render.render_tpu_script(workload),
-        labels=cfg.labels | {"accelerator": cfg.tpu.accelerator_type},
+        network=base.network.vpc.id,
+        subnetwork=base.network.tpu_subnet.id,
+        service_account_email=base.workload_identity.email,
+        startup_script=render.render_tpu_script(base.workload),
+        labels=cfg.labels | {"accelerator": cfg.tpu.label},
     )
-    tpu = TpuVm("tpu", tpu_args, opts=pulumi.ResourceOptions(depends_on=ready))
-    controller_ready = list(ready)
-    if cfg.tpu.auto_recover:
-        # The watchdog must never outlive the stack: the controller is created after the TPU
-        # VM and so destroyed before it (see the lease below).
-        controller_ready.append(tpu)
+    tpu = TpuVm("tpu", tpu_args, opts=pulumi.ResourceOptions(depends_on=base.ready))
+    if not cfg.tpu.auto_recover:
+        return Accelerator(component=tpu, watch=None)
+    watch = pulumi.Output.all(
+        tpu_args.network, tpu_args.subnetwork, tpu_args.service_account_email
+    ).apply(
+        lambda v: _tpu_watch(
+            tpu_args,
+            *v,
+            release_when_done=cfg.tpu.release_when_done,
+            hosts=cfg.tpu.hosts,
+        )
+    )
+    return Accelerator(component=tpu, watch=watch)
+
+
+def _gpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
+    gpu = cfg.gpu
+    vm = GpuVm(
+        "gpu",
+        GpuVmArgs(
+            project=cfg.project,
+            name=gpu.name,
+            zone=gpu.zone,
+            machine_type=gpu.machine_type,
+            gpu_type=gpu.gpu_type,
+            count=gpu.count,
+            attached=gpu.attached,
+            spot=gpu.spot,
+            image=gpu.image,
+            shielded_boot=gpu.shielded_boot,
+            subnetwork=base.network.tpu_subnet.id,
+            service_account_email=base.workload_identity.email,
+            startup_script=render.render_gpu_script(base.workload),
+            labels=cfg.labels | {"accelerator": gpu.label},
+        ),
+        opts=pulumi.ResourceOptions(depends_on=base.ready),
+    )
+    return Accelerator(component=vm, watch=None)
+
+
+def _controller(cfg: StackConfig, base: Foundation, accelerator: Accelerator) -> ControllerVm:
+    controller_ready = list(base.ready)
+    if accelerator.watch is not None:
+        # The watchdog must never outlive the stack: the controller is created after the
+        # accelerator VM and so destroyed before it (see the lease below).
+        controller_ready.append(accelerator.component)  # type: ignore[arg-type]
         recovery = TpuAutoRecovery(
             "tpu-recovery",
             TpuAutoRecoveryArgs(
                 project=cfg.project,
-                watchdog_member=controller_identity.member,
-                tpu_service_account_name=workload_identity.resource_name,
+                watchdog_member=base.controller_identity.member,
+                tpu_service_account_name=base.workload_identity.resource_name,
             ),
-            opts=after_apis,
+            opts=pulumi.ResourceOptions(depends_on=[base.apis]),
         )
         controller_ready.append(recovery)
-        controller_script: pulumi.Input[str] = pulumi.Output.all(
-            tpu_args.network, tpu_args.subnetwork, tpu_args.service_account_email
-        ).apply(
-            lambda v: render.render_controller_script(
-                workload,
-                _tpu_watch(
-                    tpu_args,
-                    *v,
-                    release_when_done=cfg.tpu.release_when_done,
-                    hosts=cfg.tpu.hosts,
-                ),
-            )
+        controller_script: pulumi.Input[str] = pulumi.Output.from_input(accelerator.watch).apply(
+            lambda watch: render.render_controller_script(base.workload, watch)
         )
     else:
-        controller_script = render.render_controller_script(workload)
-
-    controller = ControllerVm(
+        controller_script = render.render_controller_script(base.workload)
+    return ControllerVm(
         "controller",
         ControllerVmArgs(
             project=cfg.project,
             name=f"{cfg.prefix}-controller",
-            zone=cfg.tpu.zone,
+            zone=cfg.accelerator.zone,
             machine_type=cfg.controller_machine_type,
-            subnetwork=network.tpu_subnet.id,
-            service_account_email=controller_identity.email,
+            subnetwork=base.network.tpu_subnet.id,
+            service_account_email=base.controller_identity.email,
             startup_script=controller_script,
             labels=cfg.labels,
             watch_lease=(
                 WatchLease(
-                    bucket=bucket.name,
+                    bucket=base.bucket.name,
                     object_name=jobspec.watch_lease_object_name(cfg.job_name),
-                    tpu_name=cfg.tpu.name,
+                    tpu_name=cfg.accelerator.name,
                 )
-                if cfg.tpu.auto_recover
+                if accelerator.watch is not None
                 else None
             ),
         ),
         opts=pulumi.ResourceOptions(depends_on=controller_ready),
     )
-    hop = VpnHop(
+
+
+def _hop(cfg: StackConfig, base: Foundation) -> VpnHop:
+    return VpnHop(
         "vpn-hop",
         VpnHopArgs(
             project=cfg.project,
@@ -202,28 +302,39 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             zone=cfg.vpn.zone,
             region=cfg.vpn.region,
             machine_type=HOP_MACHINE_TYPE,
-            subnetwork=network.hop_subnet.id,
+            subnetwork=base.network.hop_subnet.id,
             port=cfg.vpn.port,
             client_cidr=cfg.vpn.client_cidr,
             vpc_ranges=(cfg.network.tpu_subnet_cidr, cfg.network.hop_subnet_cidr),
             client_public_key=cfg.vpn.client_public_key,
-            service_account_email=hop_identity.email,
-            service_account_member=hop_identity.member,
+            service_account_email=base.hop_identity.email,
+            service_account_member=base.hop_identity.member,
             labels=cfg.labels,
         ),
         # Its VM boots once its account has settled (ServiceIdentity.settled).
-        opts=pulumi.ResourceOptions(depends_on=[apis, hop_identity]),
+        opts=pulumi.ResourceOptions(depends_on=[base.apis, base.hop_identity]),
     )
 
-    pulumi.export("tpuName", tpu.vm.name)
-    pulumi.export("tpuZone", tpu.vm.zone)
-    pulumi.export("tpuInternalIp", tpu.internal_ip)
-    # Every host's IP in worker order (one on a single-host type; a slice lists them all).
-    pulumi.export("tpuWorkerIps", tpu.worker_ips)
+
+def _export(
+    cfg: StackConfig,
+    base: Foundation,
+    accelerator: Accelerator,
+    controller: ControllerVm,
+    hop: VpnHop,
+) -> None:
+    """Stack outputs. The accelerator's are named by its kind (tpuName, gpuName, ...)."""
+    kind = cfg.accelerator.kind
+    vm = accelerator.component
+    pulumi.export(f"{kind}Name", vm.vm.name)  # type: ignore[attr-defined]
+    pulumi.export(f"{kind}Zone", vm.vm.zone)  # type: ignore[attr-defined]
+    pulumi.export(f"{kind}InternalIp", vm.internal_ip)
+    # Every host's IP in worker order (one on a single host; a slice lists them all).
+    pulumi.export(f"{kind}WorkerIps", vm.worker_ips)
     pulumi.export("controllerInternalIp", controller.internal_ip)
-    pulumi.export("bucketUrl", bucket.url)
-    pulumi.export("jobSpecUri", delivery.job_uri)
-    pulumi.export("payloadUri", delivery.payload_uri)
+    pulumi.export("bucketUrl", base.bucket.url)
+    pulumi.export("jobSpecUri", base.delivery.job_uri)
+    pulumi.export("payloadUri", base.delivery.payload_uri)
     pulumi.export("statusUri", jobspec.status_uri(cfg.bucket.name, cfg.job_name))
     pulumi.export(
         "tensorboardUrl",
@@ -235,20 +346,33 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
     # running it; run it now instead of waiting for a reboot.
     rerun = "--command 'sudo google_metadata_script_runner startup'"
     # A slice's hosts all run the startup script: re-run it on every worker.
-    tpu_rerun = ssh["tpuAllWorkers"] if "tpuAllWorkers" in ssh else ssh["tpu"]
+    vm_rerun = ssh.get("tpuAllWorkers", ssh[kind])
     pulumi.export(
         "rerunStartupCommands",
-        {"controller": f"{ssh['controller']} {rerun}", "tpu": f"{tpu_rerun} {rerun}"},
+        {"controller": f"{ssh['controller']} {rerun}", kind: f"{vm_rerun} {rerun}"},
     )
-    # A preempted or spot TPU VM cannot be restarted and holds quota until it is deleted;
-    # check its state, and replace it (training resumes from the bucket's checkpoints).
-    recovery_commands: dict[str, pulumi.Input[str]] = {
+    if isinstance(cfg.accelerator, GpuConfig):
+        pulumi.export("gpuRecovery", gpu_recovery_commands(cfg, vm.vm.urn))  # type: ignore[attr-defined]
+        pulumi.export("gpuQuota", gpu_quota(cfg))
+    else:
+        pulumi.export("tpuRecovery", tpu_recovery_commands(cfg, vm.vm.urn))  # type: ignore[attr-defined]
+    pulumi.export("vpnEndpoint", hop.endpoint)
+    pulumi.export("vpnServerPublicKey", hop.server_public_key)
+    pulumi.export("vpnClientConfig", hop.client_config)
+
+
+def tpu_recovery_commands(
+    cfg: StackConfig, urn: pulumi.Output[str]
+) -> dict[str, pulumi.Input[str]]:
+    """A preempted or spot TPU VM cannot be restarted and holds quota until it is deleted;
+    check its state, and replace it (training resumes from the bucket's checkpoints)."""
+    commands: dict[str, pulumi.Input[str]] = {
         "check": f"gcloud compute tpus tpu-vm describe {cfg.tpu.name} --zone {cfg.tpu.zone} "
         f"--project {cfg.project} --format='value(state)'",
-        "replace": tpu.vm.urn.apply(lambda urn: f"pulumi up --replace '{urn}'"),
+        "replace": urn.apply(lambda urn: f"pulumi up --replace '{urn}'"),
     }
     if cfg.tpu.auto_recover:
-        recovery_commands["watchdog"] = (
+        commands["watchdog"] = (
             f"on: the controller checks the TPU VM every {render.TPU_WATCH_INTERVAL} and "
             "recreates it when PREEMPTED or TERMINATED (at most once per "
             f"{render.TPU_RECREATE_MIN_SECONDS}s; without capacity "
@@ -262,13 +386,37 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
             "logs: journalctl -u tpu-pretrain-tpu-watch.service on the controller"
         )
     else:
-        recovery_commands["watchdog"] = (
+        commands["watchdog"] = (
             "off (tpu-pretrain:tpuAutoRecover=false): replace a preempted TPU VM by hand"
         )
-    pulumi.export("tpuRecovery", recovery_commands)
-    pulumi.export("vpnEndpoint", hop.endpoint)
-    pulumi.export("vpnServerPublicKey", hop.server_public_key)
-    pulumi.export("vpnClientConfig", hop.client_config)
+    return commands
+
+
+def gpu_recovery_commands(
+    cfg: StackConfig, urn: pulumi.Output[str]
+) -> dict[str, pulumi.Input[str]]:
+    """A spot GPU VM is stopped when preempted (instance_termination_action STOP): its disk
+    and its checkpoints in the bucket stay; starting it again resumes training."""
+    gpu = cfg.gpu
+    where = f"{gpu.name} --zone {gpu.zone} --project {cfg.project}"
+    return {
+        "check": f"gcloud compute instances describe {where} --format='value(status)'",
+        "start": f"gcloud compute instances start {where}",
+        "replace": urn.apply(lambda urn: f"pulumi up --replace '{urn}'"),
+        "watchdog": "off: start a stopped spot GPU VM by hand (the check and start commands)",
+    }
+
+
+def gpu_quota(cfg: StackConfig) -> dict[str, str]:
+    """Quota preflight: GPU quotas start at 0 on a new project. One read-only command lists
+    the region's quotas (limit and usage); `needs` names the two rows that must allow this
+    VM. Request the ones below it (IAM & Admin > Quotas) before `pulumi up`."""
+    gpu = cfg.gpu
+    return {
+        "needs": f"{gpu.count} of " + " and ".join(gpu.quota_metrics) + f" in {gpu.region}",
+        "check": f"gcloud compute regions describe {gpu.region} --project {cfg.project} "
+        "--flatten quotas --format 'table(quotas.metric,quotas.limit,quotas.usage)'",
+    }
 
 
 def ssh_commands(cfg: StackConfig) -> dict[str, str]:
@@ -278,16 +426,24 @@ def ssh_commands(cfg: StackConfig) -> dict[str, str]:
     the GA command and --internal-ip over the WireGuard VPN. Flags are checked against
     gcloud's own definitions in tests/infra/data/gcloud_flags.yaml."""
     where = f"--project {cfg.project}"
-    tpu = f"compute tpus tpu-vm ssh {cfg.tpu.name} --zone {cfg.tpu.zone} {where}"
+    accelerator = cfg.accelerator
     commands = {
-        "controller": f"gcloud compute ssh {cfg.prefix}-controller --zone {cfg.tpu.zone} "
+        "controller": f"gcloud compute ssh {cfg.prefix}-controller --zone {accelerator.zone} "
         f"{where} --tunnel-through-iap",
-        "tpu": f"gcloud alpha {tpu} --tunnel-through-iap",
-        "tpuOverVpn": f"gcloud {tpu} --internal-ip",
         "vpnHop": f"gcloud compute ssh {cfg.prefix}-vpn-hop --zone {cfg.vpn.zone} "
         f"{where} --tunnel-through-iap",
     }
-    if cfg.tpu.hosts > 1:
+    if isinstance(accelerator, GpuConfig):
+        # A GPU VM is a Compute Engine VM: GA `gcloud compute ssh` does both.
+        gpu = f"gcloud compute ssh {accelerator.name} --zone {accelerator.zone} {where}"
+        commands |= {"gpu": f"{gpu} --tunnel-through-iap", "gpuOverVpn": f"{gpu} --internal-ip"}
+        return commands
+    tpu = f"compute tpus tpu-vm ssh {accelerator.name} --zone {accelerator.zone} {where}"
+    commands |= {
+        "tpu": f"gcloud alpha {tpu} --tunnel-through-iap",
+        "tpuOverVpn": f"gcloud {tpu} --internal-ip",
+    }
+    if accelerator.hosts > 1:
         # On a slice `tpu` reaches worker 0 (gcloud's default --worker, where the trainer
         # runs); --worker=all runs a --command on every host.
         commands["tpuAllWorkers"] = f"gcloud alpha {tpu} --tunnel-through-iap --worker=all"

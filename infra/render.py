@@ -28,7 +28,15 @@ TEMPLATES = Path(__file__).with_name("templates")
 LOCK_FILE = "requirements/payload.lock"
 # What the payload distribution needs to be pip-installed (pyproject's readme included).
 TPU_REQUIREMENTS_FILE = "requirements/tpu-vm.txt"
-ARCHIVE_FILES = ("pyproject.toml", "README.md", LOCK_FILE, TPU_REQUIREMENTS_FILE)
+# A GPU VM installs the same lock with the CUDA build of the same TensorFlow instead.
+GPU_REQUIREMENTS_FILE = "requirements/gpu-vm.txt"
+ARCHIVE_FILES = (
+    "pyproject.toml",
+    "README.md",
+    LOCK_FILE,
+    TPU_REQUIREMENTS_FILE,
+    GPU_REQUIREMENTS_FILE,
+)
 ARCHIVE_DIRS = ("payload",)
 ARCHIVE_PREFIX = "tpu-pretrain-payload"
 
@@ -156,6 +164,23 @@ class TpuHost:
     python_version: str  # the image's python3 ("3.10"): the wheelhouse is built for it
     hosts: int = 1  # > 1: a multi-host slice, one startup script for every host
 
+    requirements: str = TPU_REQUIREMENTS_FILE  # what replaces parts of the lock (tpu-install.sh)
+
+
+@dataclass(frozen=True)
+class GpuHost:
+    """The GPU VM as the GPU catalog describes it."""
+
+    machine_type: str
+    gpu_type: str  # nvidia-tesla-t4
+    gpu_name: str  # T4
+    count: int
+    image: str
+    python_version: str  # the image's python3: the wheelhouse is built for it
+    precision: str  # Keras mixed-precision policy for this GPU
+    hosts: int = 1
+    requirements: str = GPU_REQUIREMENTS_FILE
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -165,7 +190,7 @@ class Workload:
     job_name: str
     payload_object: str
     payload_sha256: str
-    tpu: TpuHost
+    host: TpuHost | GpuHost  # the accelerator VM
 
     @property
     def wheelhouse_root(self) -> str:
@@ -231,7 +256,10 @@ def _script(
 
 def render_tpu_script(workload: Workload) -> str:
     """The TPU VM: common.sh + tpu-install.sh (the one install definition, shared with
-    `make venv-tpu`) + tpu.sh."""
+    `make venv-tpu`) + tpu.sh (functions) + tpu-main.sh."""
+    host = workload.host
+    if not isinstance(host, TpuHost):
+        raise TypeError("render_tpu_script needs a TpuHost workload")
     pins = read_pins()
     if pins.tensorflow_tpu != pins.tensorflow:
         raise ValueError(
@@ -241,13 +269,55 @@ def render_tpu_script(workload: Workload) -> str:
     values = workload.values | {
         "MANIFEST_URI": jobspec.manifest_uri(workload.bucket, workload.job_name),
         "STATUS_URI": f"{jobspec.run_root(workload.bucket, workload.job_name)}/status.json",
-        "ACCELERATOR_TYPE": workload.tpu.accelerator_type,
-        "RUNTIME_VERSION": workload.tpu.runtime_version,
+        "ACCELERATOR_TYPE": host.accelerator_type,
+        "RUNTIME_VERSION": host.runtime_version,
         "WHEELHOUSE_ROOT": workload.wheelhouse_root,
-        "TPU_HOSTS": str(workload.tpu.hosts),
+        "TPU_HOSTS": str(host.hosts),
         "TPU_WORKER_PORT": str(TPU_WORKER_PORT),
+        "VM_REQUIREMENTS": host.requirements,
     }
-    return _script("tpu", values, "tpu-install.sh", "tpu.sh")
+    return _script("tpu", values, "tpu-install.sh", "tpu.sh", "tpu-main.sh")
+
+
+def render_gpu_script(workload: Workload) -> str:
+    """The GPU VM: the TPU VM's pieces (common.sh, the install definition tpu-install.sh with
+    requirements/gpu-vm.txt, tpu.sh's trainer unit and helper) + gpu.sh instead of
+    tpu-main.sh: the driver check, the CUDA environment and a trainer that must see GPUs."""
+    host = workload.host
+    if not isinstance(host, GpuHost):
+        raise TypeError("render_gpu_script needs a GpuHost workload")
+    pins = read_pins()
+    gpu_tf = _read_pinned_extra(REPO_ROOT / GPU_REQUIREMENTS_FILE).get("tensorflow")
+    if gpu_tf != pins.tensorflow:
+        raise ValueError(
+            f"{GPU_REQUIREMENTS_FILE} pins tensorflow[and-cuda]=={gpu_tf} but {LOCK_FILE} "
+            f"tests tensorflow=={pins.tensorflow}: they must be the same version"
+        )
+    values = workload.values | {
+        "MANIFEST_URI": jobspec.manifest_uri(workload.bucket, workload.job_name),
+        "STATUS_URI": f"{jobspec.run_root(workload.bucket, workload.job_name)}/status.json",
+        "ACCELERATOR_TYPE": f"{host.count}x {host.gpu_name} on {host.machine_type}",
+        "RUNTIME_VERSION": host.image.rsplit("/", 1)[-1],
+        "WHEELHOUSE_ROOT": workload.wheelhouse_root,
+        "TPU_HOSTS": "1",
+        "TPU_WORKER_PORT": str(TPU_WORKER_PORT),
+        "VM_REQUIREMENTS": host.requirements,
+        "GPU_TYPE": host.gpu_type,
+        "GPU_NAME": host.gpu_name,
+        "GPU_COUNT": str(host.count),
+        "GPU_PRECISION": host.precision,
+    }
+    return _script("gpu", values, "tpu-install.sh", "tpu.sh", "gpu.sh")
+
+
+def _read_pinned_extra(path: Path) -> dict[str, str]:
+    """name==version pins of a requirements file, extras dropped (tensorflow[and-cuda])."""
+    pins: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)(\[[^\]]*\])?==([^\s;#]+)", line)
+        if match:
+            pins[match.group(1).lower().replace("_", "-")] = match.group(3)
+    return pins
 
 
 def queued_resource_name(tpu_name: str) -> str:
@@ -354,7 +424,8 @@ def render_controller_script(workload: Workload, watch: TpuWatch | None = None) 
         "TPU_STARTUP_SCRIPT_B64": _b64(watch.startup_script) if watch else "",
         # The wheelhouse: built once per lock for the TPU image's Python (tpu-install.sh).
         "WHEELHOUSE_ROOT": workload.wheelhouse_root,
-        "TPU_PYTHON_VERSION": workload.tpu.python_version,
+        "TPU_PYTHON_VERSION": workload.host.python_version,
+        "VM_REQUIREMENTS": workload.host.requirements,
         # The data unit's status messages name the payload's status and the manifest.
         "MANIFEST_URI": jobspec.manifest_uri(workload.bucket, workload.job_name),
         "STATUS_URI": f"{jobspec.run_root(workload.bucket, workload.job_name)}/status.json",

@@ -172,8 +172,8 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
         return 0
 
     status = StatusWriter(job.paths.status, job.name)
-    _declare_tpu_host(args.command)
     try:
+        _declare_tpu_host(args.command)
         quiet.absorb_once_only_logs(args.command, verbose=verbose)
         target = _slice_target(args.command)
         if args.command == "export":
@@ -259,8 +259,23 @@ def _slice_target(command: str) -> SliceTarget | None:
 
 
 def _declare_tpu_host(command: str) -> None:
-    """The TPU VM's trainer unit names the host (infra/templates/tpu.sh): then training
-    refuses to fall back to the CPU (payload/strategy.py)."""
+    """The TPU or GPU VM's trainer unit names the host (infra/templates/tpu.sh, gpu.sh):
+    then training refuses to fall back to the CPU (payload/strategy.py)."""
+    gpu = os.environ.get("TPU_PRETRAIN_GPU", "")
+    if command in ("train", "run") and gpu:
+        from payload import strategy  # noqa: PLC0415  (imports TensorFlow)
+
+        count = os.environ.get("TPU_PRETRAIN_GPU_COUNT", "1")
+        if not count.isdigit() or int(count) < 1:
+            raise UserError(f"TPU_PRETRAIN_GPU_COUNT: {count!r} must be a positive integer")
+        policy = os.environ.get("TPU_PRETRAIN_GPU_PRECISION", "")
+        if policy not in ("mixed_bfloat16", "mixed_float16"):
+            raise UserError(
+                f"TPU_PRETRAIN_GPU_PRECISION: {policy!r} must be mixed_bfloat16 or mixed_float16"
+            )
+        image = os.environ.get("TPU_PRETRAIN_RUNTIME_VERSION", "") or "unknown"
+        strategy.expect_gpu(strategy.GpuHost(gpu, int(count), policy, image))
+        return
     accelerator = os.environ.get("TPU_PRETRAIN_ACCELERATOR_TYPE", "")
     if command in ("train", "run") and accelerator:
         from payload import strategy  # noqa: PLC0415  (imports TensorFlow)

@@ -91,6 +91,31 @@ class TpuHost:
 _expected_tpu: TpuHost | None = None
 
 
+class GpuNotFoundError(UserError):
+    """This is a GPU VM, but TensorFlow finds no GPU: training on its CPU would be useless."""
+
+
+@dataclass(frozen=True)
+class GpuHost:
+    """What the GPU VM's trainer unit says this host is (infra/gpu_catalog.yaml)."""
+
+    gpu: str  # e.g. T4
+    count: int
+    policy: str  # the GPU's mixed-precision policy: mixed_bfloat16 | mixed_float16
+    image: str = "unknown"  # the boot image family
+
+
+_expected_gpu: GpuHost | None = None
+
+
+def expect_gpu(host: GpuHost | None) -> None:
+    """Declare that this host is a GPU VM (the CLI calls it from the unit's environment):
+    then `setup()` trains on its GPUs or fails with `GpuNotFoundError`, never on the CPU,
+    and precision `auto` follows the GPU (bfloat16 where the catalog says the GPU has it)."""
+    global _expected_gpu  # noqa: PLW0603  (set once by the CLI, the edge that reads env)
+    _expected_gpu = host
+
+
 def expect_tpu(host: TpuHost | None) -> None:
     """Declare that this host is a TPU VM (the CLI calls it from the unit's environment):
     then `setup()` trains on its TPU or fails with `TpuNotFoundError`, never on the CPU."""
@@ -102,16 +127,22 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def decide(accelerator: str, precision: str, *, host_xla: bool = True) -> RuntimePlan:
+def decide(
+    accelerator: str, precision: str, *, host_xla: bool = True, gpu_policy: str = ""
+) -> RuntimePlan:
     """The rules, as a pure function of the accelerator kind and the requested precision.
 
     `host_xla`: whether this TensorFlow build can XLA-compile on the host CPU (tensorflow-tpu
-    cannot); without it a CPU plan does not jit_compile."""
+    cannot); without it a CPU plan does not jit_compile. `gpu_policy`: the GPU's policy from
+    the catalog (a declared GPU VM): `auto` takes bfloat16 where it is mixed_bfloat16
+    (Ampere and later). A mixed_float16 GPU (T4, V100) trains in float32: float16 needs loss
+    scaling, which this trainer's custom step does not do (TF's mixed-precision guide)."""
     if accelerator not in ACCELERATORS:
         raise ValueError(f"accelerator must be one of {ACCELERATORS}, got {accelerator!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    bf16 = precision == "bf16" or (precision == "auto" and accelerator == "tpu")
+    auto_bf16 = accelerator == "tpu" or (accelerator == "gpu" and gpu_policy == "mixed_bfloat16")
+    bf16 = precision == "bf16" or (precision == "auto" and auto_bf16)
     return RuntimePlan(
         accelerator=accelerator,
         policy="mixed_bfloat16" if bf16 else "float32",
@@ -131,6 +162,9 @@ def tpu_present() -> bool:
 
 
 def detect() -> str:
+    if _expected_gpu is not None:
+        _require_gpus(_expected_gpu)
+        return "gpu"
     if _expected_tpu is not None:
         _require_tpu_files(_expected_tpu)
         return "tpu"
@@ -154,6 +188,19 @@ def _require_tpu_files(host: TpuHost) -> None:
         raise _tpu_not_found(host, "libtpu is not installed in this environment")
     if not tpu_present():
         raise _tpu_not_found(host, "no TPU device files (/dev/accel*, /dev/vfio/*)")
+
+
+def _require_gpus(host: GpuHost) -> None:
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        raise GpuNotFoundError(
+            f"GPU not found: this VM should have {host.count} × {host.gpu} (image {host.image}) "
+            f"but TensorFlow {tf.__version__} lists no GPU (built with CUDA: "
+            f"{tf.test.is_built_with_cuda()}); not training on the host CPU (check nvidia-smi "
+            "and `journalctl -t tpu-pretrain` on the VM)"
+        )
+    if len(gpus) != host.count:
+        _log(f"strategy: {len(gpus)} GPUs found, {host.count} expected on this VM")
 
 
 def tpu_devices() -> list[str]:
@@ -220,7 +267,15 @@ def setup(
     built; build the model and optimizer inside `runtime.strategy.scope()`.
     """
     kind = accelerator or ("tpu" if target is not None else detect())
-    plan = decide(kind, precision, host_xla=kind != "cpu" or host_xla_available())
+    gpu_policy = _expected_gpu.policy if _expected_gpu is not None else ""
+    plan = decide(
+        kind, precision, host_xla=kind != "cpu" or host_xla_available(), gpu_policy=gpu_policy
+    )
+    if kind == "gpu" and precision == "auto" and gpu_policy == "mixed_float16":
+        _log(
+            f"strategy: {_expected_gpu.gpu if _expected_gpu else 'this GPU'} has no bfloat16; "
+            "float16 needs loss scaling, which this trainer does not do: training in float32"
+        )
     if kind == "cpu" and not plan.jit_compile and decide(kind, precision).jit_compile:
         _log(
             f"strategy: jit_compile off: this TensorFlow build ({tf.__version__}) has no XLA "

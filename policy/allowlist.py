@@ -105,6 +105,7 @@ MAIN_TYPES = {
         f"tpu-pretrain:index:{name}": "component of infra/components"
         for name in (
             "ControllerVm",
+            "GpuVm",
             "Network",
             "PayloadDelivery",
             "ProjectApis",
@@ -358,8 +359,10 @@ STACK_INSTANCE_PERMISSIONS = frozenset(
         "compute.instances.deleteAccessConfig",
         "compute.instances.get",
         "compute.instances.setLabels",
+        "compute.instances.setMachineResources",
         "compute.instances.setMachineType",
         "compute.instances.setMetadata",
+        "compute.instances.setScheduling",
         "compute.instances.setServiceAccount",
         "compute.instances.setShieldedInstanceIntegrityPolicy",
         "compute.instances.setTags",

@@ -142,6 +142,10 @@ MAX_KMS_ROTATION_SECONDS = 90 * 24 * 3600
 # TPU generations whose TPU VM images support Secure Boot (v4 and later; v2/v3 hosts do
 # not offer shielded boot). Accelerator types look like "v4-8", "v5litepod-8", "v6e-8".
 TPU_SECURE_BOOT_PREFIXES = ("v4", "v5", "v6", "v7")
+# Compute Engine VMs with GPUs: N1 with guestAccelerators, or a machine family that carries
+# its GPUs (infra/gpu_catalog.yaml). Their NVIDIA kernel module (Deep Learning VM image) is not
+# signed for Secure Boot, so secure boot may be off; vTPM and integrity monitoring may not.
+GPU_MACHINE_PREFIXES = ("a2-", "a3-", "a4-", "g2-")
 
 CIS = PolicyComplianceFramework(
     name="CIS Google Cloud Platform Foundation Benchmark",
@@ -808,10 +812,24 @@ def _tpu_supports_secure_boot(props: Mapping[str, Any]) -> bool:
     return accelerator.lower().startswith(TPU_SECURE_BOOT_PREFIXES)
 
 
+def _has_gpus(props: Mapping[str, Any]) -> bool:
+    machine_type = str(_get(props, "machineType") or "").rsplit("/", 1)[-1].lower()
+    attached = any(
+        isinstance(_get(a, "count"), (int, float)) and _get(a, "count") > 0
+        for a in _items(_get(props, "guestAccelerators"))
+    )
+    return attached or machine_type.startswith(GPU_MACHINE_PREFIXES)
+
+
 def _check_shielded(
     resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
 ) -> None:
     config = _get(props, "shieldedInstanceConfig")
+    if resource_type == INSTANCE and _has_gpus(props):
+        for key in ("enableVtpm", "enableIntegrityMonitoring"):
+            if _get(config, key) is not True:
+                report(f"{MSG_SHIELDED}: GPU VM: shieldedInstanceConfig.{key} is not true")
+        return
     if resource_type in TPU_TYPES:
         if _tpu_supports_secure_boot(props) and _get(config, "enableSecureBoot") is not True:
             report(f"{MSG_SHIELDED}: this TPU generation supports secure boot; enable it")
@@ -1175,7 +1193,8 @@ def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
         _resource_policy(
             "shielded-vm",
             "VMs are shielded (secure boot, vTPM, integrity monitoring); TPU VMs use secure "
-            "boot where the generation supports it (v4 and later).",
+            "boot where the generation supports it (v4 and later); GPU VMs keep vTPM and "
+            "integrity monitoring (their NVIDIA driver is not signed for secure boot).",
             vm_and_tpu,
             _check_shielded,
             cis="4.8",

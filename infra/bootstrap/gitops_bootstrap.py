@@ -160,6 +160,10 @@ PERMISSIONS_BY_TYPE: dict[str, tuple[str, ...]] = {
         "compute.instances.setLabels",
         "compute.instances.setTags",
         "compute.instances.setMachineType",
+        # A GPU VM (infra/components/gpu.py): a changed scheduling (spot/on-demand) and a
+        # changed N1 GPU type or count (guest_accelerators), applied while it is stopped.
+        "compute.instances.setScheduling",
+        "compute.instances.setMachineResources",
         "compute.instances.setServiceAccount",
         "compute.instances.updateShieldedInstanceConfig",
         "compute.instances.setShieldedInstanceIntegrityPolicy",

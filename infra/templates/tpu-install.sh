@@ -2,7 +2,8 @@
 # Sourced by two callers, never copied: the TPU VM's startup script embeds this file
 # (infra/render.py), and `make venv-tpu` sources it to build .venv-tpu, the environment the
 # CI parity test trains in (tests/infra/test_tpu_parity.py). Inputs are files of the payload
-# source tree: requirements/payload.lock and requirements/tpu-vm.txt.
+# source tree: requirements/payload.lock and the VM's overlay, VM_REQUIREMENTS: the TPU VM's
+# requirements/tpu-vm.txt (the default) or the GPU VM's requirements/gpu-vm.txt.
 
 tpu_install_say() {
   if declare -F log >/dev/null; then log "$*"; else echo "tpu-install: $*" >&2; fi
@@ -19,16 +20,16 @@ tpu_libtpu_path() {
 print(os.path.relpath(libtpu.get_library_path(), sys.prefix))'
 }
 
-# The requirements pip resolves for a TPU VM: the tested lock without tensorflow/tf_keras
-# and without what requirements/tpu-vm.txt pins, plus requirements/tpu-vm.txt.
+# The requirements pip resolves for the VM: the tested lock without tensorflow/tf_keras
+# and without what the overlay (VM_REQUIREMENTS) pins, plus the overlay.
 tpu_requirements() {
-  local src="$1" out="$2" names
-  names="$(grep -Eo '^[A-Za-z0-9_.-]+==' "${src}/requirements/tpu-vm.txt" | tr -d '=' \
-    | tr 'A-Z_' 'a-z-' | paste -sd '|' -)"
+  local src="$1" out="$2" names overlay="${VM_REQUIREMENTS:-requirements/tpu-vm.txt}"
+  names="$(grep -Eo '^[A-Za-z0-9_.-]+(\[[^]]*\])?==' "${src}/${overlay}" \
+    | sed -E 's/(\[.*\])?==$//' | tr 'A-Z_' 'a-z-' | paste -sd '|' -)"
   awk -F'==' -v drop="^(tensorflow|tf-keras|${names})\$" '
     /^[A-Za-z0-9_.-]+==/ { name = tolower($1); gsub(/_/, "-", name); if (name ~ drop) next }
     { print }' "${src}/requirements/payload.lock" >"${out}"
-  grep -Ev '^[[:space:]]*(#|$)' "${src}/requirements/tpu-vm.txt" >>"${out}"
+  grep -Ev '^[[:space:]]*(#|$)' "${src}/${overlay}" >>"${out}"
 }
 
 # pip's target flags for the TPU VM's wheels: CPython PYTHON_VERSION, x86-64 Linux, binary

@@ -1,4 +1,5 @@
-# ---- templates/tpu.sh: the TPU VM trainer ---------------------------------------------
+# ---- templates/tpu.sh: the trainer's functions -----------------------------------------
+# The TPU VM's script runs them from tpu-main.sh, the GPU VM's from gpu.sh.
 # TensorFlow for TPU: tensorflow-tpu + libtpu from PyPI (requirements/tpu-vm.txt) with the
 # rest of the tested lock, installed by tpu-install.sh (above), from the controller's
 # wheelhouse when the bucket has one for this Python, else from the package index.
@@ -72,6 +73,14 @@ trainer_stopped() {
   esac
 }
 
+# What the payload is told about its host (payload/cli.py): a TPU VM here; gpu.sh redefines
+# it for a GPU VM.
+# shellcheck disable=SC2329  # invoked by install_trainer_unit (gpu.sh's version in a GPU script)
+trainer_host_env() {
+  printf '%s\n' "Environment=TPU_PRETRAIN_ACCELERATOR_TYPE=${ACCELERATOR_TYPE}" \
+    "Environment=TPU_PRETRAIN_RUNTIME_VERSION=${RUNTIME_VERSION}"
+}
+
 # The trainer unit, one definition for a single host and a slice's worker 0. It waits for
 # the controller's data manifest, then trains; on failure systemd restarts it and it resumes
 # from the last checkpoint in the bucket; exit 2 (a user error, or no TPU found) stops it.
@@ -95,8 +104,7 @@ Environment=TF_USE_LEGACY_KERAS=1
 Environment=WRAPT_DISABLE_EXTENSIONS=true
 Environment=FORCE_TF_AVAILABLE=1
 ${tpu_env}
-Environment=TPU_PRETRAIN_ACCELERATOR_TYPE=${ACCELERATOR_TYPE}
-Environment=TPU_PRETRAIN_RUNTIME_VERSION=${RUNTIME_VERSION}
+$(trainer_host_env)
 ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-manifest${pre:+
 ${pre}}
 ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload train --job ${JOB_URI}
@@ -113,6 +121,7 @@ WantedBy=multi-user.target"
 # ---- a multi-host slice (TPU_HOSTS > 1): one script for every host, branching on the
 # worker index. Every host installs the same environment and runs TensorFlow's TPU worker
 # (gRPC, TPU_WORKER_PORT); worker 0 also runs the trainer, once every worker is ready.
+libtpu_path=""  # libtpu.so in the venv (set by tpu-main.sh; a slice's TPU worker loads it)
 WORKER=""  # this host's index in the slice (metadata agent-worker-number); empty on one host
 SLICE_IPS=""  # every host's internal IP, in worker order
 SLICE_NOTE=""  # set when the node's host count differs from the catalog's
@@ -336,43 +345,3 @@ Environment=TPU_LOAD_LIBRARY=0" \
     write_status started "TPU worker unit started; worker 0 trains once every worker is ready"
   fi
 }
-
-# With set -E the trap fires in every enclosing function: report the innermost line once.
-trap '[ -n "${FAILED_AT:-}" ] || { FAILED_AT="${LINENO}"; write_status failed "startup script failed at line ${LINENO}"; }' ERR
-log "step 1/4: checks (runtime ${RUNTIME_VERSION}, accelerator ${ACCELERATOR_TYPE})"
-gcs_cli
-if [ "${TPU_HOSTS}" -gt 1 ]; then
-  read_slice
-  write_status starting "startup script started on worker ${WORKER} of the ${ACCELERATOR_TYPE} slice, workers ${SLICE_IPS} (${RUNTIME_VERSION})${SLICE_NOTE}"
-else
-  write_status starting "startup script started on ${ACCELERATOR_TYPE} (${RUNTIME_VERSION})"
-fi
-check_python
-log "step 2/4: payload install"
-install_payload
-log "step 3/4: trainer unit"
-libtpu_path="/opt/tpu-pretrain/venv/$(tpu_libtpu_path "${APP_DIR}/venv")"
-install_helper
-
-if [ "${TPU_HOSTS}" -gt 1 ]; then
-  slice_units
-  exit 0
-fi
-
-# A single host's trainer (install_trainer_unit). Its environment is what TensorFlow needs
-# to find the TPU through PJRT, as Google's TF TPU CI sets it for a single host
-# (GoogleCloudPlatform/ml-auto-solutions dags/solutions_team/configs/tensorflow/common.py,
-# export_env_variables: TF_USE_LEGACY_KERAS, WRAPT_DISABLE_EXTENSIONS, TPU_NAME=local,
-# NEXT_PLUGGABLE_DEVICE_USE_C_API, TF_PLUGGABLE_DEVICE_LIBRARY_PATH = libtpu.so; its
-# TF_XLA_FLAGS are for its sparse-core models and left out), plus FORCE_TF_AVAILABLE=1:
-# transformers 4.57 does not count the `tensorflow-tpu` distribution as TensorFlow (the
-# payload sets it too when tensorflow-tpu is installed, so a CLI run by hand over SSH sees
-# TensorFlow without this unit's environment: payload/__init__.py).
-# systemd units read no login profile: everything is set here.
-install_trainer_unit "" "" "Environment=NEXT_PLUGGABLE_DEVICE_USE_C_API=true
-Environment=TF_PLUGGABLE_DEVICE_LIBRARY_PATH=${libtpu_path}
-Environment=TPU_NAME=local" ""
-
-log "step 4/4: start"
-start_units tpu-pretrain-train.service
-write_status started "trainer unit started; waits for ${MANIFEST_URI}"

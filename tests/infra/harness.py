@@ -8,7 +8,8 @@ the program in a fresh Pulumi context, so it can be called many times in one pyt
     run_stack("v6e-euw4")                                  -> list[Captured]
     run_stack("v6e-euw4", {"tpu-pretrain:scheduling": "preemptible"})
     config_error("v3-euw4", {"tpu-pretrain:tpuZone": "mars-north1-a"}) -> one-line message
-    stack_names()                                          -> ["v2-usc1", ...]
+    stack_names()                                          -> ["a100x4-usc1", ...]
+    tpu_stack_names(), gpu_stack_names()                   -> the stacks of one kind
 
 Overrides are stack config keys ("namespace:key") with Python values (lists/dicts become
 JSON like the Pulumi CLI passes them); a value of None removes the key. `inputs` are the
@@ -42,6 +43,19 @@ class Captured:
 
 def stack_names() -> list[str]:
     return offline.stack_names()
+
+
+def stack_kind(stack: str) -> str:
+    """'tpu' or 'gpu': what the stack file's tpu-pretrain:accelerator says (default tpu)."""
+    return str(offline.stack_config(stack).get("tpu-pretrain:accelerator", "tpu"))
+
+
+def tpu_stack_names() -> list[str]:
+    return [stack for stack in stack_names() if stack_kind(stack) == "tpu"]
+
+
+def gpu_stack_names() -> list[str]:
+    return [stack for stack in stack_names() if stack_kind(stack) == "gpu"]
 
 
 def run_offline(

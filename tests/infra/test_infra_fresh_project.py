@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from harness import of_type, run_offline, stack_names
+from harness import of_type, run_offline, stack_names, tpu_stack_names
 
 from infra.config import MAX_STACK_NAME, SERVICE_ACCOUNT_ID_MAX
 
@@ -38,9 +38,9 @@ def _api_of(resource_type: str) -> str | None:
 
 
 def _variants() -> list[tuple[str, dict[str, object]]]:
-    """Every stack, and each with the watchdog on (its resources differ)."""
+    """Every stack, and each TPU stack with the watchdog on (its resources differ)."""
     return [(s, {}) for s in stack_names()] + [
-        (s, {"tpu-pretrain:tpuAutoRecover": True}) for s in stack_names()
+        (s, {"tpu-pretrain:tpuAutoRecover": True}) for s in tpu_stack_names()
     ]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from gcloud_flags import problems
-from harness import run_offline, stack_names
+from harness import gpu_stack_names, run_offline, stack_names
 
 from infra import plan
 
@@ -57,6 +57,12 @@ def test_printed_stack_outputs_work_as_printed(stack):
     assert len(commands) >= 7, commands
     assert [c for c in commands if problems(c)] == [], [problems(c) for c in commands]
     ssh = exports["sshCommands"]
+    if stack in gpu_stack_names():
+        # A GPU VM: GA `compute ssh` both ways (the quota check is among the commands).
+        assert ssh["gpu"].endswith(" --tunnel-through-iap")
+        assert ssh["gpuOverVpn"].endswith(" --internal-ip")
+        assert exports["gpuQuota"]["check"] in commands
+        return
     assert ssh["tpu"].startswith("gcloud alpha compute tpus tpu-vm ssh ")
     assert ssh["tpu"].endswith(" --tunnel-through-iap")
     assert ssh["tpuOverVpn"].startswith("gcloud compute tpus tpu-vm ssh ")

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import pulumi
-from harness import config_error, one, run_offline, run_stack, stack_names
+from harness import (
+    config_error,
+    gpu_stack_names,
+    one,
+    run_offline,
+    run_stack,
+    stack_names,
+    tpu_stack_names,
+)
 
 
 def comparable(resources):
@@ -20,7 +28,19 @@ def comparable(resources):
 
 
 def test_stack_names_come_from_the_stacks_folder():
-    assert stack_names() == ["v2-usc1", "v3-euw4", "v4-32-usc2", "v4-usc2", "v5e-euw4", "v6e-euw4"]
+    assert stack_names() == [
+        "a100x4-usc1",
+        "l4x2-use1",
+        "t4-usc1",
+        "v2-usc1",
+        "v3-euw4",
+        "v4-32-usc2",
+        "v4-usc2",
+        "v5e-euw4",
+        "v6e-euw4",
+    ]
+    assert gpu_stack_names() == ["a100x4-usc1", "l4x2-use1", "t4-usc1"]
+    assert tpu_stack_names() == [s for s in stack_names() if s not in gpu_stack_names()]
 
 
 def test_every_stack_runs_twice_with_the_same_result():

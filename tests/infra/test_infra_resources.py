@@ -13,7 +13,7 @@ from pathlib import Path
 import pulumi
 import pytest
 import yaml
-from harness import of_type, one, run_offline, stack_names
+from harness import of_type, one, run_offline, tpu_stack_names
 
 from infra import jobspec, render, wgkeys
 from infra.components.recovery import RECOVERY_ROLE_ID
@@ -68,7 +68,7 @@ def hop_email(run) -> str:
 
 
 def test_the_expected_stacks_exist():
-    assert stack_names() == sorted(EXPECTED)
+    assert tpu_stack_names() == sorted(EXPECTED)
 
 
 def test_tpu_vm(run):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from gcloud_flags import problems
-from harness import run_offline, stack_names
+from harness import gpu_stack_names, run_offline, stack_names
 
 from infra import wgkeys
 
@@ -422,7 +422,8 @@ def _short_sha(script: str) -> str:
 @pytest.mark.parametrize("stack", stack_names())
 def test_rendered_scripts_pass_shellcheck(stack, tmp_path):
     run = run_offline(stack)
-    for name in ("tpu-vm", "controller-vm", "vpn-hop-vm"):
+    trainer = "gpu-vm" if stack in gpu_stack_names() else "tpu-vm"
+    for name in (trainer, "controller-vm", "vpn-hop-vm"):
         path = tmp_path / f"{name}.sh"
         path.write_text(_script(run, name))
         result = subprocess.run(

@@ -1,8 +1,9 @@
 """The multi-replica code path (global batch split, all-reduce, global loss normalisation).
 
-No TPU or GPUs here: two logical CPU devices under MirroredStrategy run the same train
-step as a TPU pod slice would (per-replica batches from one host pipeline, all-reduced
-unnormalised gradients divided by the global number of predicted tokens). One step on two
+No TPU or GPUs here: two logical CPU devices under MirroredStrategy (with a GPU VM's
+plan) run the same train step as a GPU VM's GPUs or a TPU pod slice would (per-replica
+batches from one host pipeline, all-reduced unnormalised gradients divided by the global
+number of predicted tokens). One step on two
 replicas must equal one step on one replica with the same global batch.
 Logical devices must be configured before TensorFlow initialises, hence a subprocess.
 """
@@ -39,7 +40,11 @@ SCRIPT = textwrap.dedent(
             runtime = strategy.Runtime(strategy.decide("cpu", "fp32"), tf.distribute.get_strategy())
         else:
             mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-            runtime = strategy.Runtime(strategy.decide("cpu", "fp32"), mirrored)
+            # The plan of a GPU VM whose GPU has no bfloat16 (T4/V100: float32, XLA): the
+            # GPU path is MirroredStrategy over the local devices with this very plan.
+            plan = strategy.decide("gpu", "auto", gpu_policy="mixed_float16")
+            assert (plan.policy, plan.jit_compile) == ("float32", True), plan
+            runtime = strategy.Runtime(plan, mirrored)
         stats = train.train(job, StatusWriter(job.paths.status, job.name), runtime=runtime)
         assert stats["step"] == job.train.steps, stats
         model = TFAutoModelForMaskedLM.from_pretrained(job.paths.export)

@@ -22,7 +22,7 @@ from policy import allowlist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from docs_files import doc_text
-from harness import run_offline, stack_names
+from harness import gpu_stack_names, run_offline, stack_names, tpu_stack_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "infra" / "bootstrap"))
 import gitops_bootstrap as bootstrap
@@ -107,7 +107,7 @@ def _variants() -> list[tuple[str, dict[str, object]]]:
 def _flipped() -> list[tuple[str, bool]]:
     """Each stack with tpuAutoRecover set against its default (on-demand: on, spot: off)."""
     result = []
-    for stack in stack_names():
+    for stack in tpu_stack_names():
         recovery = any(r.type_ == "gcp:serviceaccount/iAMMember:IAMMember" for r in _run(stack))
         result.append((stack, not recovery))
     return result
@@ -263,7 +263,8 @@ def test_vm_changes_cover_the_stacks_vms_and_nothing_else(bootstrap_run) -> None
         for r in _run(stack, overrides)
         if r.type_ == "gcp:compute/instance:Instance"
     }
-    assert len(vms) == 2 * len(stack_names())
+    # controller and hop in every stack, and a GPU stack's GPU VM
+    assert len(vms) == 2 * len(stack_names()) + len(gpu_stack_names())
     assert all(pattern.fullmatch(vm) for vm in vms), vms
     for other in (
         f"projects/{PROJECT}/zones/europe-west4-a/instances/build-runner",

@@ -1,0 +1,277 @@
+"""The GPU catalog: which machine types carry which GPUs, which N1 shapes a GPU can be
+attached to, which zones offer which GPU, and the image that drives them. The data lives in
+gpu_catalog.yaml (with its sources); `validate()` is the one place that decides whether a
+machine type x GPU x count x zone x provisioning combination exists, and says why not in one
+line that names what is allowed."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import yaml
+
+GPU_CATALOG_PATH = Path(__file__).with_name("gpu_catalog.yaml")
+PROVISIONING = ("on-demand", "spot")
+# Compute Engine's N1 shapes (general-purpose machine family, N1 table): vCPU counts and GB of
+# memory per vCPU of each N1 series.
+N1_VCPUS = (1, 2, 4, 8, 16, 32, 64, 96)
+N1_MEMORY_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
+_N1_RE = re.compile(r"^n1-(standard|highmem|highcpu)-(\d+)$")
+
+
+class GpuChoiceError(ValueError):
+    """A machine type x GPU x count x zone x provisioning combination that does not exist.
+    `field` names the argument of validate() the message is about."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Gpu:
+    type: str  # Compute Engine accelerator type, nvidia-tesla-t4
+    name: str  # T4
+    compute_capability: str
+    precision: str  # Keras mixed-precision policy: mixed_bfloat16 | mixed_float16
+    quota: str  # regional quota metric, NVIDIA_T4_GPUS (spot: PREEMPTIBLE_ + it)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # a2
+    spot_only: bool
+    types: Mapping[str, tuple[str, int]]  # machine type -> (gpu type, count)
+
+
+@dataclass(frozen=True)
+class GpuChoice:
+    """A validated GPU VM: what to create and what the trainer should expect."""
+
+    machine_type: str
+    gpu: Gpu
+    count: int
+    attached: bool  # N1: GPUs go in guest_accelerators; otherwise they come with the type
+    zone: str
+    region: str
+    spot: bool
+
+    @property
+    def summary(self) -> str:
+        return f"{self.count} × {self.gpu.name} on {self.machine_type}"
+
+    @property
+    def quota_metrics(self) -> tuple[str, str]:
+        """The quotas this VM needs (both start at 0 on a new project): the project-wide
+        GPU count and the region's quota for this GPU and provisioning model."""
+        regional = f"PREEMPTIBLE_{self.gpu.quota}" if self.spot else self.gpu.quota
+        return ("GPUS_ALL_REGIONS", regional)
+
+
+@dataclass(frozen=True)
+class GpuCatalog:
+    checked: str
+    image_project: str
+    image_family: str
+    image_python: str
+    shielded_boot: bool
+    gpus: Mapping[str, Gpu]
+    retired: Mapping[str, str]
+    n1: Mapping[str, Mapping[int, tuple[int, int]]]  # gpu -> count -> (max vCPUs, max GB)
+    families: Mapping[str, Family]
+    no_gpu_regions: tuple[str, ...]
+    zones: Mapping[str, tuple[str, ...]]
+
+    @property
+    def image(self) -> str:
+        return f"projects/{self.image_project}/global/images/family/{self.image_family}"
+
+    def family_of(self, machine_type: str) -> Family | None:
+        return self.families.get(machine_type.split("-", 1)[0])
+
+    def validate(
+        self, machine_type: str, gpu: str | None, count: int | None, zone: str, provisioning: str
+    ) -> GpuChoice:
+        """The one check of a GPU VM's shape; GpuChoiceError names what is allowed."""
+        if provisioning not in PROVISIONING:
+            raise GpuChoiceError(
+                "provisioning",
+                f"{provisioning!r} is not a GPU provisioning model: use "
+                + " or ".join(PROVISIONING),
+            )
+        if gpu in self.retired:
+            raise GpuChoiceError("gpu", f"{self.retired[gpu]}; use one of: {self._gpu_list()}")
+        if gpu is not None and gpu not in self.gpus:
+            raise GpuChoiceError("gpu", f"{gpu!r} is not a GPU type; known: {self._gpu_list()}")
+        family = self.family_of(machine_type)
+        if family is not None:
+            chosen, attached, count = self._optimized(family, machine_type, gpu, count)
+        elif _N1_RE.match(machine_type):
+            chosen, count = self._n1(machine_type, gpu, count), count or 0
+            attached = True
+        else:
+            raise GpuChoiceError(
+                "machine_type",
+                f"{machine_type!r} has no GPUs: use an N1 type (n1-standard-8, ...) with "
+                f"{', '.join(self.gpus[g].name for g in self.n1)} or a type of the "
+                f"{', '.join(f.upper() for f in self.families)} families",
+            )
+        region = self._zone(zone, chosen)
+        if family is not None and family.spot_only and provisioning != "spot":
+            raise GpuChoiceError(
+                "provisioning", f"{family.name.upper()} has no on-demand capacity; use spot"
+            )
+        return GpuChoice(
+            machine_type=machine_type,
+            gpu=chosen,
+            count=count,
+            attached=attached,
+            zone=zone,
+            region=region,
+            spot=provisioning == "spot",
+        )
+
+    def _gpu_list(self) -> str:
+        return ", ".join(f"{gpu.name} ({gpu.type})" for gpu in self.gpus.values())
+
+    def _optimized(
+        self, family: Family, machine_type: str, gpu: str | None, count: int | None
+    ) -> tuple[Gpu, bool, int]:
+        if machine_type not in family.types:
+            raise GpuChoiceError(
+                "machine_type",
+                f"{machine_type!r} is not a {family.name.upper()} machine type; use one of: "
+                + ", ".join(family.types),
+            )
+        carried, carried_count = family.types[machine_type]
+        carried_gpu = self.gpus[carried]
+        if (gpu is not None and gpu != carried) or (count is not None and count != carried_count):
+            asked = f"{count or carried_count} × {self.gpus[gpu].name if gpu else carried_gpu.name}"
+            raise GpuChoiceError(
+                "machine_type",
+                f"{machine_type} comes with {carried_count} × {carried_gpu.name} and takes no "
+                f"other GPUs ({asked} asked); leave the GPU type and count unset or pick "
+                "another machine type",
+            )
+        return carried_gpu, False, carried_count
+
+    def _n1(self, machine_type: str, gpu: str | None, count: int | None) -> Gpu:
+        attachable = ", ".join(f"{self.gpus[g].name} ({g})" for g in self.n1)
+        if gpu is None or count is None:
+            raise GpuChoiceError("gpu", f"{machine_type} needs a GPU type and count: {attachable}")
+        if gpu not in self.n1:
+            raise GpuChoiceError(
+                "gpu",
+                f"{self.gpus[gpu].name} cannot be attached to {machine_type}; N1 takes "
+                f"{attachable}; {self.gpus[gpu].name} comes with its own machine types",
+            )
+        limits = self.n1[gpu]
+        name = self.gpus[gpu].name
+        if count not in limits:
+            raise GpuChoiceError(
+                "count", f"{count} × {name} is not a valid count: {_or_list(sorted(limits))}"
+            )
+        series, vcpus_text = _N1_RE.match(machine_type).groups()  # type: ignore[union-attr]
+        vcpus = int(vcpus_text)
+        if vcpus not in N1_VCPUS:
+            raise GpuChoiceError(
+                "machine_type",
+                f"{machine_type!r} is not an N1 machine type: n1-{series}-N with N in "
+                + _or_list(list(N1_VCPUS)),
+            )
+        max_vcpus, max_memory = limits[count]
+        if vcpus > max_vcpus:
+            raise GpuChoiceError(
+                "machine_type",
+                f"{machine_type} has more vCPUs than {count} × {name} allows ({max_vcpus})",
+            )
+        memory = vcpus * N1_MEMORY_PER_VCPU[series]
+        if memory > max_memory:
+            raise GpuChoiceError(
+                "machine_type",
+                f"{machine_type} has more memory ({memory:g} GB) than {count} × {name} allows "
+                f"({max_memory} GB)",
+            )
+        return self.gpus[gpu]
+
+    def _zone(self, zone: str, gpu: Gpu) -> str:
+        match = re.fullmatch(r"([a-z]+-[a-z]+\d+)-[a-z]", zone)
+        if not match:
+            raise GpuChoiceError("zone", f"{zone!r} is not a zone name like us-central1-a")
+        region = match.group(1)
+        if region in self.no_gpu_regions:
+            raise GpuChoiceError("zone", f"{region} has no GPUs")
+        if zone not in self.zones:
+            raise GpuChoiceError(
+                "zone",
+                f"zone {zone!r} is not in infra/gpu_catalog.yaml; listed: "
+                + ", ".join(sorted(self.zones)),
+            )
+        if gpu.type not in self.zones[zone]:
+            where = sorted(z for z, offered in self.zones.items() if gpu.type in offered)
+            raise GpuChoiceError(
+                "zone",
+                f"{zone} does not offer {gpu.name}; zones with {gpu.name}: {', '.join(where)}",
+            )
+        return region
+
+
+def _or_list(values: list[int]) -> str:
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    gpus = {
+        key: Gpu(
+            type=key,
+            name=str(entry["name"]),
+            compute_capability=str(entry["compute_capability"]),
+            precision=str(entry["precision"]),
+            quota=str(entry["quota"]),
+        )
+        for key, entry in raw["gpus"].items()
+    }
+    for gpu in gpus.values():
+        if gpu.precision not in ("mixed_bfloat16", "mixed_float16"):
+            raise ValueError(f"{path}: {gpu.type}: unknown precision {gpu.precision}")
+    n1 = {
+        gpu: MappingProxyType(
+            {int(count): (int(limit[0]), int(limit[1])) for count, limit in counts.items()}
+        )
+        for gpu, counts in raw["n1"].items()
+    }
+    families = {
+        name: Family(
+            name=name,
+            spot_only=bool(entry["spot_only"]),
+            types=MappingProxyType(
+                {mt: (str(pair[0]), int(pair[1])) for mt, pair in entry["types"].items()}
+            ),
+        )
+        for name, entry in raw["families"].items()
+    }
+    zones = {zone: tuple(offered) for zone, offered in raw["zones"].items()}
+    named = set(n1) | {gpu for f in families.values() for gpu, _ in f.types.values()}
+    named |= {gpu for offered in zones.values() for gpu in offered}
+    unknown = sorted(named - set(gpus))
+    if unknown:
+        raise ValueError(f"{path}: unknown GPU types {unknown}")
+    return GpuCatalog(
+        checked=str(raw["checked"]),
+        image_project=str(raw["image_project"]),
+        image_family=str(raw["image_family"]),
+        image_python=str(raw["image_python"]),
+        shielded_boot=bool(raw["shielded_boot"]),
+        gpus=MappingProxyType(gpus),
+        retired=MappingProxyType(dict(raw.get("retired") or {})),
+        n1=MappingProxyType(n1),
+        families=MappingProxyType(families),
+        no_gpu_regions=tuple(raw["no_gpu_regions"]),
+        zones=MappingProxyType(zones),
+    )

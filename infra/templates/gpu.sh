@@ -1,0 +1,63 @@
+# ---- templates/gpu.sh: the GPU VM's startup, after tpu.sh's functions -----------------
+# The same install (tpu-install.sh with VM_REQUIREMENTS=requirements/gpu-vm.txt: the lock with
+# tensorflow[and-cuda] of the lock's version), the same trainer unit, helper and status as
+# the TPU VM. The driver comes with the Deep Learning VM image (infra/gpu_catalog.yaml).
+
+# What the payload is told about its host (payload/cli.py): a GPU VM whose TensorFlow must
+# see GPU_COUNT GPUs, or the trainer stops with "GPU not found" (exit 2, not restarted).
+trainer_host_env() {
+  printf '%s\n' "Environment=TPU_PRETRAIN_GPU=${GPU_NAME}" \
+    "Environment=TPU_PRETRAIN_GPU_COUNT=${GPU_COUNT}" \
+    "Environment=TPU_PRETRAIN_GPU_PRECISION=${GPU_PRECISION}" \
+    "Environment=TPU_PRETRAIN_RUNTIME_VERSION=${RUNTIME_VERSION}"
+}
+
+# The driver must list the GPUs the machine type carries before anything is installed.
+check_gpus() {
+  local listed count
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    write_status failed "GPU not found: no nvidia-smi on image ${RUNTIME_VERSION} (the NVIDIA driver is missing; use the image of infra/gpu_catalog.yaml); not training on the CPU"
+    exit 2
+  fi
+  if ! listed="$(nvidia-smi -L 2>&1)"; then
+    write_status failed "GPU not found: nvidia-smi fails on ${ACCELERATOR_TYPE}: $(head -n 1 <<<"${listed}"); not training on the CPU"
+    exit 2
+  fi
+  count="$(grep -c '^GPU [0-9]' <<<"${listed}" || true)"
+  if [ "${count}" -lt 1 ]; then
+    write_status failed "GPU not found: nvidia-smi lists no GPU on ${ACCELERATOR_TYPE}; not training on the CPU"
+    exit 2
+  fi
+  if [ "${count}" -ne "${GPU_COUNT}" ]; then
+    log "nvidia-smi lists ${count} GPUs, the catalog expects ${GPU_COUNT} on ${ACCELERATOR_TYPE}"
+  fi
+  log "GPUs (catalog: ${GPU_COUNT} x ${GPU_TYPE}): $(paste -sd ';' <<<"${listed}")"
+}
+
+# ptxas for XLA's GPU compiler: the nvidia-cuda-nvcc-cu12 wheel (a dependency of
+# tensorflow[and-cuda]) ships it under nvidia/cuda_nvcc/bin, and TF 2.20's XLA looks for
+# ptxas on PATH (libtensorflow_cc.so.2: tsl::PreferPtxasFromPath, FindPtxAsExecutable). The
+# CUDA libraries need no path: TF's own libraries carry RUNPATH $ORIGIN/../nvidia/*/lib.
+# Printed relative to the venv, like tpu_libtpu_path.
+gpu_ptxas_dir() {
+  "$1/bin/python" -c 'import importlib.util, os, sys
+spec = importlib.util.find_spec("nvidia.cuda_nvcc")
+print(os.path.relpath(os.path.join(list(spec.submodule_search_locations)[0], "bin"), sys.prefix))'
+}
+
+trap '[ -n "${FAILED_AT:-}" ] || { FAILED_AT="${LINENO}"; write_status failed "startup script failed at line ${LINENO}"; }' ERR
+log "step 1/4: checks (image ${RUNTIME_VERSION}, ${ACCELERATOR_TYPE})"
+gcs_cli
+write_status starting "startup script started on ${ACCELERATOR_TYPE} (${RUNTIME_VERSION})"
+check_python
+check_gpus
+log "step 2/4: payload install"
+install_payload
+log "step 3/4: trainer unit"
+ptxas_dir="/opt/tpu-pretrain/venv/$(gpu_ptxas_dir "${APP_DIR}/venv")"
+install_helper
+install_trainer_unit " (${ACCELERATOR_TYPE})" "" \
+  "Environment=PATH=${ptxas_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" ""
+log "step 4/4: start"
+start_units tpu-pretrain-train.service
+write_status started "trainer unit started; waits for ${MANIFEST_URI}"

@@ -1,0 +1,40 @@
+# ---- templates/tpu-main.sh: the TPU VM's startup, after tpu.sh's functions -----------
+# With set -E the trap fires in every enclosing function: report the innermost line once.
+trap '[ -n "${FAILED_AT:-}" ] || { FAILED_AT="${LINENO}"; write_status failed "startup script failed at line ${LINENO}"; }' ERR
+log "step 1/4: checks (runtime ${RUNTIME_VERSION}, accelerator ${ACCELERATOR_TYPE})"
+gcs_cli
+if [ "${TPU_HOSTS}" -gt 1 ]; then
+  read_slice
+  write_status starting "startup script started on worker ${WORKER} of the ${ACCELERATOR_TYPE} slice, workers ${SLICE_IPS} (${RUNTIME_VERSION})${SLICE_NOTE}"
+else
+  write_status starting "startup script started on ${ACCELERATOR_TYPE} (${RUNTIME_VERSION})"
+fi
+check_python
+log "step 2/4: payload install"
+install_payload
+log "step 3/4: trainer unit"
+libtpu_path="/opt/tpu-pretrain/venv/$(tpu_libtpu_path "${APP_DIR}/venv")"
+install_helper
+
+if [ "${TPU_HOSTS}" -gt 1 ]; then
+  slice_units
+  exit 0
+fi
+
+# A single host's trainer (install_trainer_unit). Its environment is what TensorFlow needs
+# to find the TPU through PJRT, as Google's TF TPU CI sets it for a single host
+# (GoogleCloudPlatform/ml-auto-solutions dags/solutions_team/configs/tensorflow/common.py,
+# export_env_variables: TF_USE_LEGACY_KERAS, WRAPT_DISABLE_EXTENSIONS, TPU_NAME=local,
+# NEXT_PLUGGABLE_DEVICE_USE_C_API, TF_PLUGGABLE_DEVICE_LIBRARY_PATH = libtpu.so; its
+# TF_XLA_FLAGS are for its sparse-core models and left out), plus FORCE_TF_AVAILABLE=1:
+# transformers 4.57 does not count the `tensorflow-tpu` distribution as TensorFlow (the
+# payload sets it too when tensorflow-tpu is installed, so a CLI run by hand over SSH sees
+# TensorFlow without this unit's environment: payload/__init__.py).
+# systemd units read no login profile: everything is set here.
+install_trainer_unit "" "" "Environment=NEXT_PLUGGABLE_DEVICE_USE_C_API=true
+Environment=TF_PLUGGABLE_DEVICE_LIBRARY_PATH=${libtpu_path}
+Environment=TPU_NAME=local" ""
+
+log "step 4/4: start"
+start_units tpu-pretrain-train.service
+write_status started "trainer unit started; waits for ${MANIFEST_URI}"

@@ -1,0 +1,303 @@
+"""The GPU catalog (infra/gpu_catalog.yaml) and its one check, validate(): every rule with
+the message a user sees, and the combinations of Compute Engine's own tables."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from harness import config_error
+
+from infra.gpu_catalog import GpuChoiceError, load_gpu_catalog
+
+CATALOG = load_gpu_catalog()
+K = "tpu-pretrain:"
+
+
+def error_of(*args: object) -> GpuChoiceError:
+    with pytest.raises(GpuChoiceError) as caught:
+        CATALOG.validate(*args)  # type: ignore[arg-type]
+    assert "\n" not in str(caught.value)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("args", "field", "message"),
+    [
+        (
+            ("n1-standard-8", "nvidia-tesla-t4", 3, "us-central1-a", "on-demand"),
+            "count",
+            "3 × T4 is not a valid count: 1, 2 or 4",
+        ),
+        (
+            ("n1-standard-8", "nvidia-tesla-v100", 3, "us-central1-a", "on-demand"),
+            "count",
+            "3 × V100 is not a valid count: 1, 2, 4 or 8",
+        ),
+        (
+            ("n1-standard-32", "nvidia-tesla-v100", 1, "us-central1-a", "on-demand"),
+            "machine_type",
+            "n1-standard-32 has more vCPUs than 1 × V100 allows (12)",
+        ),
+        (
+            ("n1-highmem-16", "nvidia-tesla-v100", 1, "us-central1-a", "on-demand"),
+            "machine_type",
+            "n1-highmem-16 has more vCPUs than 1 × V100 allows (12)",
+        ),
+        (
+            ("n1-standard-8", "nvidia-tesla-t4", 1, "us-central2-b", "on-demand"),
+            "zone",
+            "us-central2 has no GPUs",
+        ),
+        (
+            ("a4-highgpu-8g", None, None, "europe-west4-b", "on-demand"),
+            "provisioning",
+            "A4 has no on-demand capacity; use spot",
+        ),
+        (
+            ("n1-standard-8", "nvidia-tesla-t4", 1, "us-central1-a", "preemptible"),
+            "provisioning",
+            "'preemptible' is not a GPU provisioning model: use on-demand or spot",
+        ),
+        (
+            ("n1-standard-8", "nvidia-tesla-v100", 1, "us-east1-d", "spot"),
+            "zone",
+            "us-east1-d does not offer V100; zones with V100: asia-east1-c, europe-west4-a, "
+            "europe-west4-b, europe-west4-c, us-central1-a, us-central1-b, us-central1-c, "
+            "us-central1-f, us-east1-c, us-west1-a, us-west1-b",
+        ),
+        (
+            ("a2-highgpu-4g", "nvidia-tesla-t4", None, "us-central1-a", "on-demand"),
+            "machine_type",
+            "a2-highgpu-4g comes with 4 × A100 40GB and takes no other GPUs (4 × T4 asked); "
+            "leave the GPU type and count unset or pick another machine type",
+        ),
+        (
+            ("g2-standard-24", None, 1, "us-east1-d", "spot"),
+            "machine_type",
+            "g2-standard-24 comes with 2 × L4 and takes no other GPUs (1 × L4 asked); "
+            "leave the GPU type and count unset or pick another machine type",
+        ),
+        (
+            ("g2-standard-7", None, None, "us-east1-d", "spot"),
+            "machine_type",
+            "'g2-standard-7' is not a G2 machine type; use one of: g2-standard-4, g2-standard-8, "
+            "g2-standard-12, g2-standard-16, g2-standard-32, g2-standard-24, g2-standard-48, "
+            "g2-standard-96",
+        ),
+        (
+            ("n1-standard-8", "nvidia-l4", 1, "us-central1-a", "spot"),
+            "gpu",
+            "L4 cannot be attached to n1-standard-8; N1 takes T4 (nvidia-tesla-t4), V100 "
+            "(nvidia-tesla-v100), P100 (nvidia-tesla-p100), P4 (nvidia-tesla-p4); L4 comes with "
+            "its own machine types",
+        ),
+        (
+            ("n1-standard-8", None, None, "us-central1-a", "spot"),
+            "gpu",
+            "n1-standard-8 needs a GPU type and count: T4 (nvidia-tesla-t4), V100 "
+            "(nvidia-tesla-v100), P100 (nvidia-tesla-p100), P4 (nvidia-tesla-p4)",
+        ),
+        (
+            ("e2-standard-8", None, None, "us-central1-a", "spot"),
+            "machine_type",
+            "'e2-standard-8' has no GPUs: use an N1 type (n1-standard-8, ...) with T4, V100, "
+            "P100, P4 or a type of the A2, G2, A3, A4 families",
+        ),
+        (
+            ("n1-standard-12", "nvidia-tesla-t4", 1, "us-central1-a", "spot"),
+            "machine_type",
+            "'n1-standard-12' is not an N1 machine type: n1-standard-N with N in "
+            "1, 2, 4, 8, 16, 32, 64 or 96",
+        ),
+        (
+            ("n1-standard-8", "nvidia-tesla-k80", 1, "us-central1-a", "spot"),
+            "gpu",
+            "K80 was retired on 2024-05-01; use one of: P4 (nvidia-tesla-p4), P100 "
+            "(nvidia-tesla-p100), V100 (nvidia-tesla-v100), T4 (nvidia-tesla-t4), A100 40GB "
+            "(nvidia-tesla-a100), A100 80GB (nvidia-a100-80gb), L4 (nvidia-l4), H100 "
+            "(nvidia-h100-80gb), B200 (nvidia-b200)",
+        ),
+        (
+            ("n1-standard-8", "nvidia-rtx-9000", 1, "us-central1-a", "spot"),
+            "gpu",
+            "'nvidia-rtx-9000' is not a GPU type; known: P4 (nvidia-tesla-p4), P100 "
+            "(nvidia-tesla-p100), V100 (nvidia-tesla-v100), T4 (nvidia-tesla-t4), A100 40GB "
+            "(nvidia-tesla-a100), A100 80GB (nvidia-a100-80gb), L4 (nvidia-l4), H100 "
+            "(nvidia-h100-80gb), B200 (nvidia-b200)",
+        ),
+        (
+            ("n1-standard-8", "nvidia-tesla-t4", 1, "us-central1", "spot"),
+            "zone",
+            "'us-central1' is not a zone name like us-central1-a",
+        ),
+        (
+            ("n1-standard-8", "nvidia-tesla-t4", 1, "mars-north1-a", "spot"),
+            "zone",
+            "zone 'mars-north1-a' is not in infra/gpu_catalog.yaml; listed: "
+            + ", ".join(sorted(CATALOG.zones)),
+        ),
+    ],
+)
+def test_each_rule_names_what_is_allowed(args, field, message):
+    error = error_of(*args)
+    assert str(error) == message
+    assert error.field == field
+
+
+def test_memory_ceiling_is_its_own_rule():
+    """Google's N1 ceilings allow >= 6.5 GB per vCPU, so no real N1 shape breaks the memory
+    ceiling alone: the rule is checked against a tightened table."""
+    tight = {**CATALOG.n1, "nvidia-tesla-v100": {**CATALOG.n1["nvidia-tesla-v100"], 1: (12, 50)}}
+    catalog = dataclasses.replace(CATALOG, n1=tight)
+    with pytest.raises(GpuChoiceError) as caught:
+        catalog.validate("n1-highmem-8", "nvidia-tesla-v100", 1, "us-central1-a", "spot")
+    assert str(caught.value) == "n1-highmem-8 has more memory (52 GB) than 1 × V100 allows (50 GB)"
+    assert caught.value.field == "machine_type"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        # The N1 tables: the largest shape each count allows, and the smallest.
+        (("n1-standard-8", "nvidia-tesla-v100", 1, "us-central1-a", "on-demand"), ("V100", 1)),
+        (("n1-highmem-8", "nvidia-tesla-v100", 1, "us-central1-a", "spot"), ("V100", 1)),
+        (("n1-standard-96", "nvidia-tesla-v100", 8, "us-central1-a", "on-demand"), ("V100", 8)),
+        (("n1-standard-32", "nvidia-tesla-t4", 1, "us-east1-c", "spot"), ("T4", 1)),
+        (("n1-highmem-32", "nvidia-tesla-t4", 2, "europe-west4-a", "spot"), ("T4", 2)),
+        (("n1-standard-96", "nvidia-tesla-t4", 4, "europe-west4-b", "on-demand"), ("T4", 4)),
+        (("n1-standard-16", "nvidia-tesla-p100", 1, "us-central1-c", "on-demand"), ("P100", 1)),
+        (("n1-standard-16", "nvidia-tesla-p4", 1, "us-central1-a", "on-demand"), ("P4", 1)),
+        # The accelerator-optimized types carry their GPUs.
+        (("a2-highgpu-1g", None, None, "us-central1-a", "on-demand"), ("A100 40GB", 1)),
+        (("a2-megagpu-16g", None, None, "us-central1-a", "spot"), ("A100 40GB", 16)),
+        (("a2-ultragpu-8g", None, None, "europe-west4-a", "on-demand"), ("A100 80GB", 8)),
+        (("g2-standard-4", None, None, "us-east1-d", "on-demand"), ("L4", 1)),
+        (("g2-standard-48", "nvidia-l4", 4, "europe-west4-c", "spot"), ("L4", 4)),
+        (("a3-highgpu-8g", None, None, "us-central1-a", "on-demand"), ("H100", 8)),
+        (("a4-highgpu-8g", None, None, "europe-west4-b", "spot"), ("B200", 8)),
+    ],
+)
+def test_valid_combinations_pass(args, expected):
+    machine_type, _, _, zone, provisioning = args
+    choice = CATALOG.validate(*args)
+    assert (choice.gpu.name, choice.count) == expected
+    assert choice.attached is machine_type.startswith("n1-")
+    assert choice.spot is (provisioning == "spot")
+    assert choice.region == zone.rsplit("-", 1)[0]
+
+
+def test_every_n1_vcpu_ceiling_is_exact():
+    """At each GPU count the ceiling's own vCPU count passes when an N1 shape has it, and the
+    next N1 shape up is refused with the ceiling in the message."""
+    for gpu, counts in CATALOG.n1.items():
+        zone = next(z for z, offered in sorted(CATALOG.zones.items()) if gpu in offered)
+        name = CATALOG.gpus[gpu].name
+        for count, (max_vcpus, _) in counts.items():
+            above = (
+                min(v for v in (1, 2, 4, 8, 16, 32, 64, 96) if v > max_vcpus)
+                if max_vcpus < 96
+                else None
+            )
+            fits = max(v for v in (1, 2, 4, 8, 16, 32, 64, 96) if v <= max_vcpus)
+            CATALOG.validate(f"n1-highcpu-{fits}", gpu, count, zone, "spot")
+            if above is not None:
+                with pytest.raises(GpuChoiceError) as caught:
+                    CATALOG.validate(f"n1-highcpu-{above}", gpu, count, zone, "spot")
+                assert str(caught.value) == (
+                    f"n1-highcpu-{above} has more vCPUs than {count} × {name} allows ({max_vcpus})"
+                )
+
+
+def test_precision_follows_the_gpu_generation():
+    """bfloat16 from compute capability 8.0 (Ampere) on, float16 with loss scaling below."""
+    for gpu in CATALOG.gpus.values():
+        major = int(gpu.compute_capability.split(".")[0])
+        assert gpu.precision == ("mixed_bfloat16" if major >= 8 else "mixed_float16"), gpu
+
+
+def test_quota_metrics_follow_provisioning():
+    on_demand = CATALOG.validate(
+        "n1-standard-8", "nvidia-tesla-t4", 2, "us-central1-a", "on-demand"
+    )
+    spot = CATALOG.validate("g2-standard-24", None, None, "us-east1-d", "spot")
+    assert on_demand.quota_metrics == ("GPUS_ALL_REGIONS", "NVIDIA_T4_GPUS")
+    assert spot.quota_metrics == ("GPUS_ALL_REGIONS", "PREEMPTIBLE_NVIDIA_L4_GPUS")
+
+
+def test_catalog_has_sources_a_date_and_one_image_family():
+    assert CATALOG.checked == "2026-11-23"
+    assert CATALOG.image == (
+        "projects/deeplearning-platform-release/global/images/family/"
+        "common-cu128-ubuntu-2204-nvidia-570"
+    )
+    assert CATALOG.image_python == "3.10"
+    assert "us-central2" in CATALOG.no_gpu_regions
+
+
+# The config names the key each catalog message is about (run through the real program).
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {K + "gpuCount": 3},
+            "tpu-pretrain:gpuCount: 3 × T4 is not a valid count: 1, 2 or 4",
+        ),
+        (
+            {K + "gpuMachineType": "n1-standard-64"},
+            "tpu-pretrain:gpuMachineType: n1-standard-64 has more vCPUs than 1 × T4 allows (48)",
+        ),
+        (
+            {K + "gpuZone": "us-central2-b"},
+            "tpu-pretrain:gpuZone: us-central2 has no GPUs",
+        ),
+        (
+            {K + "scheduling": "preemptible"},
+            "tpu-pretrain:scheduling: 'preemptible' is not a GPU provisioning model: use "
+            "on-demand or spot",
+        ),
+        (
+            {K + "gpuType": "nvidia-tesla-k80"},
+            "tpu-pretrain:gpuType: K80 was retired on 2024-05-01; use one of: P4 "
+            "(nvidia-tesla-p4), P100 (nvidia-tesla-p100), V100 (nvidia-tesla-v100), T4 "
+            "(nvidia-tesla-t4), A100 40GB (nvidia-tesla-a100), A100 80GB (nvidia-a100-80gb), "
+            "L4 (nvidia-l4), H100 (nvidia-h100-80gb), B200 (nvidia-b200)",
+        ),
+        (
+            {K + "tpuZone": "europe-west4-a"},
+            "tpu-pretrain:tpuZone: a TPU setting in a GPU stack (tpu-pretrain:accelerator: "
+            "gpu); remove it",
+        ),
+        (
+            {K + "gpuZone": None},
+            "tpu-pretrain:gpuZone is required: GPU stacks: zone of the GPU VM, e.g. "
+            "us-central1-a (see infra/gpu_catalog.yaml).",
+        ),
+        (
+            {K + "accelerator": "fpga"},
+            "tpu-pretrain:accelerator: 'fpga' is not allowed; use one of: tpu, gpu",
+        ),
+    ],
+)
+def test_gpu_stack_config_errors_name_the_key(overrides, message):
+    assert config_error("t4-usc1", overrides) == message
+
+
+def test_a_tpu_stack_refuses_gpu_settings():
+    assert config_error("v3-euw4", {K + "gpuCount": 2}) == (
+        "tpu-pretrain:gpuCount: a GPU setting in a TPU stack (tpu-pretrain:accelerator: tpu); "
+        "remove it"
+    )
+
+
+def test_multi_gpu_batch_must_split_over_the_gpus(tmp_path):
+    job = tmp_path / "odd-batch.yaml"
+    job.write_text(
+        "name: odd-batch\ncorpus: {paths: [x/]}\ntokenizer: {kind: bpe, vocab_size: 1000}\n"
+        "data: {objective: clm, seq_length: 64}\nmodel: {family: gpt2, size: small}\n"
+        "train: {steps: 10, global_batch_size: 6}\n"
+    )
+    assert config_error("a100x4-usc1", {K + "job": str(job)}) == (
+        f"tpu-pretrain:job: {str(job)!r}: train.global_batch_size 6 must be a multiple of the "
+        "4 replicas of 4 × A100 40GB (one replica per GPU); e.g. 4 or 8"
+    )

@@ -1,0 +1,175 @@
+"""Each GPU stack, planned offline under Pulumi's mocks: the GPU VM's inputs as the engine
+would receive them, the shared components beside it, and the stack outputs."""
+
+from __future__ import annotations
+
+import pytest
+from harness import gpu_stack_names, of_type, one, run_offline, tpu_stack_names
+
+from infra import render
+from infra.components.tpu import CLOUD_PLATFORM
+
+INSTANCE = "gcp:compute/instance:Instance"
+DLVM = (
+    "projects/deeplearning-platform-release/global/images/family/"
+    "common-cu128-ubuntu-2204-nvidia-570"
+)
+# stack: zone, machine type, guest accelerators (N1 only), spot, GPUs, precision
+EXPECTED = {
+    "t4-usc1": (
+        "us-central1-a",
+        "n1-standard-8",
+        [{"type": "nvidia-tesla-t4", "count": 1}],
+        True,
+        1,
+        "mixed_float16",
+    ),
+    "l4x2-use1": ("us-east1-d", "g2-standard-24", None, True, 2, "mixed_bfloat16"),
+    "a100x4-usc1": ("us-central1-a", "a2-highgpu-4g", None, False, 4, "mixed_bfloat16"),
+}
+SPOT = {
+    "onHostMaintenance": "TERMINATE",
+    "provisioningModel": "SPOT",
+    "preemptible": True,
+    "automaticRestart": False,
+    "instanceTerminationAction": "STOP",
+}
+ON_DEMAND = {
+    "onHostMaintenance": "TERMINATE",
+    "provisioningModel": "STANDARD",
+    "preemptible": False,
+    "automaticRestart": True,
+}
+
+
+def test_the_gpu_stacks_are_the_expected_ones():
+    assert gpu_stack_names() == sorted(EXPECTED)
+    assert not set(EXPECTED) & set(tpu_stack_names())
+
+
+@pytest.fixture(scope="module", params=sorted(EXPECTED))
+def run(request):
+    return run_offline(request.param)
+
+
+def gpu_vm(run):
+    (vm,) = [r for r in of_type(run.resources, INSTANCE) if r.name == "gpu-vm"]
+    return vm
+
+
+def test_gpu_vm_inputs(run):
+    zone, machine_type, accelerators, spot, _, _ = EXPECTED[run.stack]
+    vm = gpu_vm(run)
+    inputs = vm.inputs
+    assert inputs["name"] == f"tp-{run.stack}-gpu"
+    assert inputs["zone"] == zone
+    assert inputs["machineType"] == machine_type
+    assert inputs.get("guestAccelerators") == accelerators
+    assert inputs["scheduling"] == (SPOT if spot else ON_DEMAND)
+    assert inputs["bootDisk"]["initializeParams"]["image"] == DLVM
+    assert inputs["bootDisk"]["initializeParams"]["size"] >= 100
+    # No external IP: no access config on any interface.
+    assert [nic.get("accessConfigs") for nic in inputs["networkInterfaces"]] == [None]
+    assert inputs["serviceAccount"] == {
+        "email": f"tp-{run.stack}-workload@tpu-pretrain-test.iam.gserviceaccount.com",
+        "scopes": [CLOUD_PLATFORM],
+    }
+    # Secure boot off: the image's NVIDIA kernel module is not signed for it (see
+    # infra/gpu_catalog.yaml); vTPM and integrity monitoring stay on.
+    assert inputs["shieldedInstanceConfig"] == {
+        "enableSecureBoot": False,
+        "enableVtpm": True,
+        "enableIntegrityMonitoring": True,
+    }
+    metadata = inputs["metadata"]
+    assert metadata["enable-oslogin"] == "TRUE"
+    assert metadata["block-project-ssh-keys"] == "TRUE"
+    assert metadata["serial-port-enable"] == "FALSE"
+    assert inputs["tags"] == ["tpu-pretrain-tpu"]
+    assert inputs["labels"]["accelerator"] in ("nvidia-tesla-t4", "nvidia-l4", "nvidia-tesla-a100")
+    # The VM boots after payload, job, bucket access and NAT exist.
+    deps = set(vm.options.get("dependencies") or [])
+    for needed in (
+        "payload-job-spec",
+        "training-bucket-bucket",
+        "workload-identity-sa",
+        "network-nat",
+    ):
+        assert any(urn.endswith(f"::{needed}") for urn in deps), (needed, deps)
+
+
+def test_gpu_startup_script_is_the_gpu_variant(run):
+    _, machine_type, _, _, gpus, precision = EXPECTED[run.stack]
+    script = gpu_vm(run).inputs["metadata"]["startup-script"]
+    assert script.startswith("#!/bin/bash\n# tpu-pretrain gpu startup script")
+    assert "readonly VM_REQUIREMENTS=requirements/gpu-vm.txt" in script
+    assert f"readonly GPU_COUNT={gpus}" in script
+    assert f"readonly GPU_PRECISION={precision}" in script
+    assert f"on {machine_type}" in script
+    # The GPU main replaces the TPU main; the shared pieces come along.
+    assert "templates/gpu.sh" in script
+    assert "templates/tpu-main.sh" not in script
+    assert "tpu_install_env()" in script
+
+
+def test_one_accelerator_and_the_shared_components(run):
+    assert not of_type(run.resources, "gcp:tpu/v2Vm:V2Vm")
+    names = {r.name for r in of_type(run.resources, INSTANCE)}
+    assert names == {"gpu-vm", "controller-vm", "vpn-hop-vm"}
+    one(run.resources, "gcp:storage/bucket:Bucket")
+    components = {r.type_ for r in run.resources if r.type_.startswith("tpu-pretrain:")}
+    assert "tpu-pretrain:index:GpuVm" in components
+    assert "tpu-pretrain:index:TpuVm" not in components
+    controller = next(r for r in run.resources if r.name == "controller-vm")
+    assert controller.inputs["zone"] == EXPECTED[run.stack][0]
+    # The controller's wheelhouse is built for the GPU overlay and the image's Python.
+    script = controller.inputs["metadata"]["startup-script"]
+    assert "readonly VM_REQUIREMENTS=requirements/gpu-vm.txt" in script
+    assert "readonly TPU_PYTHON_VERSION=3.10" in script
+
+
+def test_gpu_outputs(run):
+    zone, _, _, spot, gpus, _ = EXPECTED[run.stack]
+    exports = run.exports
+    name = f"tp-{run.stack}-gpu"
+    assert exports["gpuName"] == name
+    assert exports["gpuZone"] == zone
+    assert exports["gpuWorkerIps"] == [exports["gpuInternalIp"]]
+    assert not any(key.startswith("tpu") for key in exports)
+    ssh = exports["sshCommands"]
+    assert ssh["gpu"] == (
+        f"gcloud compute ssh {name} --zone {zone} --project tpu-pretrain-test --tunnel-through-iap"
+    )
+    assert ssh["gpuOverVpn"].endswith("--internal-ip")
+    assert exports["rerunStartupCommands"]["gpu"].startswith(ssh["gpu"])
+    quota = exports["gpuQuota"]
+    region = zone.rsplit("-", 1)[0]
+    gpu_metric = {"t4-usc1": "NVIDIA_T4_GPUS", "l4x2-use1": "NVIDIA_L4_GPUS"}.get(
+        run.stack, "NVIDIA_A100_GPUS"
+    )
+    regional = f"PREEMPTIBLE_{gpu_metric}" if spot else gpu_metric
+    assert quota["needs"] == f"{gpus} of GPUS_ALL_REGIONS and {regional} in {region}"
+    assert quota["check"] == (
+        f"gcloud compute regions describe {region} --project tpu-pretrain-test --flatten quotas "
+        "--format 'table(quotas.metric,quotas.limit,quotas.usage)'"
+    )
+    recovery = exports["gpuRecovery"]
+    assert recovery["start"] == (
+        f"gcloud compute instances start {name} --zone {zone} --project tpu-pretrain-test"
+    )
+
+
+def test_render_refuses_a_gpu_overlay_with_another_tensorflow(tmp_path, monkeypatch):
+    (tmp_path / "requirements").mkdir()
+    for name in (render.LOCK_FILE, render.TPU_REQUIREMENTS_FILE):
+        (tmp_path / name).write_text((render.REPO_ROOT / name).read_text())
+    (tmp_path / render.GPU_REQUIREMENTS_FILE).write_text("tensorflow[and-cuda]==2.19.0\n")
+    monkeypatch.setattr(render, "REPO_ROOT", tmp_path)
+    host = render.GpuHost(
+        "n1-standard-8", "nvidia-tesla-t4", "T4", 1, DLVM, "3.10", "mixed_float16"
+    )
+    workload = render.Workload("b", "j", "payload/p.tar.gz", "0" * 64, host)
+    with pytest.raises(
+        ValueError, match=r"tensorflow\[and-cuda\]==2\.19\.0 but .*tensorflow==2\.20\.0"
+    ):
+        render.render_gpu_script(workload)

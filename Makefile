@@ -60,11 +60,17 @@ demo: venv
 
 test: lint test-payload test-infra
 
+# Each suite runs its test files on TEST_WORKERS processes (pytest-xdist; `auto`: one per
+# CPU core). A file stays on one worker (--dist loadfile), so a module's fixtures (a trained
+# model, an installed environment) are built once. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+
 test-payload: venv venv-pt
-	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python $(PY) -m pytest tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py
+	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python $(PY) -m pytest $(PYTEST_PARALLEL) tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py
 
 test-infra: venv-infra venv-tpu $(TOOLS)
-	$(IPY) -m pytest tests/infra tests/policy
+	$(IPY) -m pytest $(PYTEST_PARALLEL) tests/infra tests/policy
 
 lint: venv
 	$(VENV)/bin/ruff check .

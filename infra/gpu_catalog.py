@@ -37,7 +37,7 @@ class Gpu:
     type: str  # Compute Engine accelerator type, nvidia-tesla-t4
     name: str  # T4
     compute_capability: str
-    precision: str  # Keras mixed-precision policy: mixed_bfloat16 | mixed_float16
+    precision: str  # Keras mixed-precision policy: mixed_bfloat16 | mixed_float16 | float32
     quota: str  # regional quota metric, NVIDIA_T4_GPUS (spot: PREEMPTIBLE_ + it)
 
 
@@ -238,7 +238,7 @@ def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
         for key, entry in raw["gpus"].items()
     }
     for gpu in gpus.values():
-        if gpu.precision not in ("mixed_bfloat16", "mixed_float16"):
+        if gpu.precision not in ("mixed_bfloat16", "mixed_float16", "float32"):
             raise ValueError(f"{path}: {gpu.type}: unknown precision {gpu.precision}")
     n1 = {
         gpu: MappingProxyType(

@@ -269,9 +269,10 @@ def _declare_tpu_host(command: str) -> None:
         if not count.isdigit() or int(count) < 1:
             raise UserError(f"TPU_PRETRAIN_GPU_COUNT: {count!r} must be a positive integer")
         policy = os.environ.get("TPU_PRETRAIN_GPU_PRECISION", "")
-        if policy not in ("mixed_bfloat16", "mixed_float16"):
+        if policy not in ("mixed_bfloat16", "mixed_float16", "float32"):
             raise UserError(
-                f"TPU_PRETRAIN_GPU_PRECISION: {policy!r} must be mixed_bfloat16 or mixed_float16"
+                f"TPU_PRETRAIN_GPU_PRECISION: {policy!r} must be mixed_bfloat16, mixed_float16 "
+                "or float32"
             )
         image = os.environ.get("TPU_PRETRAIN_RUNTIME_VERSION", "") or "unknown"
         strategy.expect_gpu(strategy.GpuHost(gpu, int(count), policy, image))

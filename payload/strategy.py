@@ -4,7 +4,10 @@
     TPU VM       TPUStrategy(TPUClusterResolver("local"))   mixed_bfloat16    never (the TPU
                                                                               compiles the
                                                                               whole step)
-    GPU(s)       MirroredStrategy                           float32           True
+    GPU(s)       MirroredStrategy                           per the GPU:      True
+                                                            mixed_bfloat16 (Ampere+),
+                                                            mixed_float16 + dynamic loss
+                                                            scaling (T4, V100), else float32
     CPU          default strategy                           float32           True
 
 `precision: bf16` forces mixed_bfloat16 anywhere (slow on most CPUs, but allowed);
@@ -53,9 +56,14 @@ PRECISIONS = ("auto", "bf16", "fp32")
 @dataclass(frozen=True)
 class RuntimePlan:
     accelerator: str  # tpu | gpu | cpu
-    policy: str  # tf_keras mixed-precision policy: float32 | mixed_bfloat16
+    policy: str  # tf_keras mixed-precision policy: float32 | mixed_bfloat16 | mixed_float16
     jit_compile: bool  # XLA-compile the train step with tf.function(jit_compile=True)
     steps_per_execution: int  # train steps per host->device call
+
+    @property
+    def loss_scaling(self) -> bool:
+        """float16 needs its loss scaled (and steps with inf/NaN gradients skipped)."""
+        return self.policy == "mixed_float16"
 
 
 @dataclass(frozen=True)
@@ -135,17 +143,19 @@ def decide(
     `host_xla`: whether this TensorFlow build can XLA-compile on the host CPU (tensorflow-tpu
     cannot); without it a CPU plan does not jit_compile. `gpu_policy`: the GPU's policy from
     the catalog (a declared GPU VM): `auto` takes bfloat16 where it is mixed_bfloat16
-    (Ampere and later). A mixed_float16 GPU (T4, V100) trains in float32: float16 needs loss
-    scaling, which this trainer's custom step does not do (TF's mixed-precision guide)."""
+    (Ampere and later) and float16 where it is mixed_float16 (T4, V100: no bfloat16 units);
+    float16 trains with dynamic loss scaling (`RuntimePlan.loss_scaling`, TF's
+    mixed-precision guide: float16 gradients underflow without it)."""
     if accelerator not in ACCELERATORS:
         raise ValueError(f"accelerator must be one of {ACCELERATORS}, got {accelerator!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     auto_bf16 = accelerator == "tpu" or (accelerator == "gpu" and gpu_policy == "mixed_bfloat16")
     bf16 = precision == "bf16" or (precision == "auto" and auto_bf16)
+    fp16 = precision == "auto" and accelerator == "gpu" and gpu_policy == "mixed_float16"
     return RuntimePlan(
         accelerator=accelerator,
-        policy="mixed_bfloat16" if bf16 else "float32",
+        policy="mixed_bfloat16" if bf16 else "mixed_float16" if fp16 else "float32",
         # XLA on TPU is implicit; jit_compile=True there breaks TPUStrategy's own compilation.
         jit_compile=accelerator == "gpu" or (accelerator == "cpu" and host_xla),
         # On a TPU each host->device round trip costs more than a small step: run many
@@ -271,10 +281,10 @@ def setup(
     plan = decide(
         kind, precision, host_xla=kind != "cpu" or host_xla_available(), gpu_policy=gpu_policy
     )
-    if kind == "gpu" and precision == "auto" and gpu_policy == "mixed_float16":
+    if plan.loss_scaling:
         _log(
-            f"strategy: {_expected_gpu.gpu if _expected_gpu else 'this GPU'} has no bfloat16; "
-            "float16 needs loss scaling, which this trainer does not do: training in float32"
+            f"strategy: {_expected_gpu.gpu if _expected_gpu else 'this GPU'} has no bfloat16: "
+            "training in float16 with dynamic loss scaling"
         )
     if kind == "cpu" and not plan.jit_compile and decide(kind, precision).jit_compile:
         _log(

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from payload.spec import JobSpec
 
 EXPORT_MARKER = export_lib.EXPORT_MARKER
+# float16 only (T4, V100): the dynamic loss scale's start, tf_keras' own default.
+LOSS_SCALE_INITIAL = 2.0**15
 
 
 class TrainingDivergedError(UserError):
@@ -182,6 +184,13 @@ def train(
         with strategy.scope():
             model = model_lib.create_model(family, config, manifest.seq_length)
             optimizer = schedule.create_optimizer(spec, jit_compile=runtime.plan.jit_compile)
+            if runtime.plan.loss_scaling:
+                # Dynamic loss scaling (tf_keras' LossScaleOptimizer: starts at 2**15, halves
+                # and skips the step on inf/NaN gradients, doubles after 2,000 good steps).
+                # It is checkpointed with the optimizer; a skipped step still counts.
+                optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
+                    optimizer, initial_scale=LOSS_SCALE_INITIAL
+                )
             optimizer.build(model.trainable_variables)
     finally:
         tf.random.set_seed(None)
@@ -277,6 +286,7 @@ class _TrainLoop:
         family, objective = self.job.model.family, self.job.data.objective
         variables = model.trainable_variables
         clip_norm = float(self.spec.clip_norm)
+        scaling = self.runtime.plan.loss_scaling
 
         @tf.function(jit_compile=self.runtime.plan.jit_compile)
         def forward_backward(batch: dict[str, tf.Tensor]) -> tuple[Any, ...]:
@@ -284,7 +294,8 @@ class _TrainLoop:
                 loss_sum, weight_sum, correct = model_lib.loss_terms(
                     model, family, objective, batch, training=True
                 )
-            grads = tape.gradient(loss_sum, variables)
+                scaled = optimizer.get_scaled_loss(loss_sum) if scaling else loss_sum
+            grads = tape.gradient(scaled, variables)
             return loss_sum, weight_sum, correct, [tf.convert_to_tensor(g) for g in grads]
 
         def replica_step(batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -295,6 +306,10 @@ class _TrainLoop:
             loss_sum, weight_sum, correct = ctx.all_reduce("sum", [loss_sum, weight_sum, correct])
             denominator = tf.maximum(weight_sum, 1.0)
             grads = [g / denominator for g in ctx.all_reduce("sum", grads)]
+            if scaling:
+                # Unscaled after the all-reduce: every replica holds the same gradients, so
+                # every replica finds the same inf/NaN and skips the same step.
+                grads = optimizer.get_unscaled_gradients(grads)
             if clip_norm > 0:
                 grads, norm = tf.clip_by_global_norm(grads, clip_norm)
             else:

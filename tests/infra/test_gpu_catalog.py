@@ -210,10 +210,12 @@ def test_every_n1_vcpu_ceiling_is_exact():
 
 
 def test_precision_follows_the_gpu_generation():
-    """bfloat16 from compute capability 8.0 (Ampere) on, float16 with loss scaling below."""
+    """bfloat16 from compute capability 8.0 (Ampere) on, float16 with loss scaling on 7.x
+    (Tensor Cores), float32 below."""
+    expected = {6: "float32", 7: "mixed_float16"}
     for gpu in CATALOG.gpus.values():
         major = int(gpu.compute_capability.split(".")[0])
-        assert gpu.precision == ("mixed_bfloat16" if major >= 8 else "mixed_float16"), gpu
+        assert gpu.precision == ("mixed_bfloat16" if major >= 8 else expected[major]), gpu
 
 
 def test_quota_metrics_follow_provisioning():

@@ -26,7 +26,8 @@ from payload.errors import UserError
     ("precision", "gpu_policy", "policy"),
     [
         ("auto", "mixed_bfloat16", "mixed_bfloat16"),  # A100, L4, H100
-        ("auto", "mixed_float16", "float32"),  # T4, V100: no loss scaling in this trainer
+        ("auto", "mixed_float16", "mixed_float16"),  # T4, V100: float16 + loss scaling
+        ("auto", "float32", "float32"),  # P100, P4: no Tensor Cores
         ("auto", "", "float32"),  # a GPU nobody declared
         ("fp32", "mixed_bfloat16", "float32"),
         ("bf16", "mixed_float16", "mixed_bfloat16"),  # asked for explicitly
@@ -35,6 +36,7 @@ from payload.errors import UserError
 def test_gpu_precision_follows_the_catalog(precision, gpu_policy, policy):
     plan = strategy_lib.decide("gpu", precision, gpu_policy=gpu_policy)
     assert plan.policy == policy
+    assert plan.loss_scaling == (policy == "mixed_float16")
     assert plan.jit_compile  # XLA on GPU
     # The policy is only for GPUs: a TPU and a CPU keep their rules.
     assert strategy_lib.decide("cpu", "auto", gpu_policy=gpu_policy).policy == "float32"
@@ -82,7 +84,7 @@ def test_the_cli_on_a_gpu_vm_without_gpus_exits_2_and_says_so_in_the_status(tmp_
         ({"TPU_PRETRAIN_GPU_COUNT": "two"}, r"TPU_PRETRAIN_GPU_COUNT: 'two' must be a positive"),
         (
             {"TPU_PRETRAIN_GPU_PRECISION": "fp8"},
-            r"TPU_PRETRAIN_GPU_PRECISION: 'fp8' must be mixed_bfloat16 or mixed_float16",
+            r"TPU_PRETRAIN_GPU_PRECISION: 'fp8' must be mixed_bfloat16, mixed_float16 or float32",
         ),
     ],
 )

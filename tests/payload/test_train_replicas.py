@@ -40,9 +40,9 @@ SCRIPT = textwrap.dedent(
             runtime = strategy.Runtime(strategy.decide("cpu", "fp32"), tf.distribute.get_strategy())
         else:
             mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-            # The plan of a GPU VM whose GPU has no bfloat16 (T4/V100: float32, XLA): the
+            # The plan of a GPU VM in float32 (P100/P4, or `precision: fp32`; XLA): the
             # GPU path is MirroredStrategy over the local devices with this very plan.
-            plan = strategy.decide("gpu", "auto", gpu_policy="mixed_float16")
+            plan = strategy.decide("gpu", "auto", gpu_policy="float32")
             assert (plan.policy, plan.jit_compile) == ("float32", True), plan
             runtime = strategy.Runtime(plan, mirrored)
         stats = train.train(job, StatusWriter(job.paths.status, job.name), runtime=runtime)

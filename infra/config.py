@@ -109,6 +109,14 @@ KEYS: tuple[Key, ...] = (
         "",
     ),
     Key("gpuCount", "integer", "GPU stacks: how many gpuType GPUs an N1 type gets.", ""),
+    # No fixed default: on for spot, off for on-demand (which Compute Engine restarts itself).
+    Key(
+        "gpuAutoRecover",
+        "boolean",
+        "GPU stacks: start a preempted (stopped) spot GPU VM again from the controller "
+        "(default: on for spot, off for on-demand).",
+        "",
+    ),
     Key("bucketName", "string", "Bucket name (default <project>-<stack>-tpu-pretrain).", ""),
     Key("bucketLocation", "string", "Bucket location; must be the TPU region (default).", ""),
     Key("bucketSoftDeleteDays", "integer", "Days deleted objects stay restorable (7-90).", 7),
@@ -144,7 +152,7 @@ TPU_KEYS = (
     "tpuAutoRecover",
     "tpuReleaseWhenDone",
 )
-GPU_KEYS = ("gpuZone", "gpuMachineType", "gpuType", "gpuCount")
+GPU_KEYS = ("gpuZone", "gpuMachineType", "gpuType", "gpuCount", "gpuAutoRecover")
 ACCELERATORS = ("tpu", "gpu")
 SCHEDULING = ("on-demand", "preemptible", "spot")
 _ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
@@ -208,9 +216,8 @@ class GpuConfig:
     shielded_boot: bool  # secure boot (vTPM and integrity monitoring are always on)
     precision: str  # Keras mixed-precision policy for this GPU
     quota_metrics: tuple[str, ...]
-    # No watchdog yet: a spot GPU VM stopped by preemption is started by hand (the stack's
-    # gpuRecovery output); the TPU watchdog's rules have no GPU implementation so far.
-    auto_recover: ClassVar[bool] = False
+    # The controller's watchdog starts the VM again when preemption stopped it (gpu-watch.sh).
+    auto_recover: bool
     hosts: int = 1
     preemptible: bool = False  # GPU VMs use spot (provisioning_model SPOT), never legacy
 
@@ -380,7 +387,7 @@ def _tpu(values: Mapping[str, object], catalog: Catalog, prefix: str) -> TpuConf
             f"{_k('scheduling')}: {scheduling!r} is not allowed; use one of: "
             + ", ".join(SCHEDULING)
         )
-    auto_recover = _auto_recover(values, scheduling)
+    auto_recover = _auto_recover(values, scheduling, "tpuAutoRecover")
     release_when_done = _boolean(values, "tpuReleaseWhenDone")
     if release_when_done and not auto_recover:
         raise ConfigError(
@@ -442,11 +449,12 @@ def _runtime(
     return image
 
 
-def _auto_recover(values: Mapping[str, object], scheduling: str) -> bool:
-    raw = values.get("tpuAutoRecover")
+def _auto_recover(values: Mapping[str, object], scheduling: str, key: str) -> bool:
+    """tpuAutoRecover / gpuAutoRecover: unset means on for spot and preemptible capacity."""
+    raw = values.get(key)
     if raw is None or raw == "":
         return scheduling != "on-demand"
-    return _boolean(values, "tpuAutoRecover")
+    return _boolean(values, key)
 
 
 def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuConfig:
@@ -483,6 +491,7 @@ def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuC
         shielded_boot=catalog.shielded_boot,
         precision=choice.gpu.precision,
         quota_metrics=choice.quota_metrics,
+        auto_recover=_auto_recover(values, scheduling, "gpuAutoRecover"),
     )
 
 

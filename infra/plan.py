@@ -104,13 +104,13 @@ def format_plan(run: offline.OfflineRun) -> str:
         script = (resource.inputs.get("metadata") or {}).get("startup-script")
         if script:
             lines += ["", f"==== startup script of {resource.name} ({resource.type_}) ====", script]
-            # The controller carries the TPU watchdog base64-encoded; show it readable too.
+            # The controller carries its watchdog base64-encoded; show it readable too.
             match = re.search(
-                r"^readonly TPU_WATCH_SCRIPT_B64=([A-Za-z0-9+/=]+)$", script, re.MULTILINE
+                r"^readonly WATCH_SCRIPT_B64=([A-Za-z0-9+/=]+)$", script, re.MULTILINE
             )
             if match:
                 watchdog = base64.b64decode(match.group(1)).decode()
-                lines += ["", f"==== TPU watchdog installed by {resource.name} ====", watchdog]
+                lines += ["", f"==== watchdog installed by {resource.name} ====", watchdog]
     for resource in run.resources:
         if resource.inputs.get("contentType") == "application/json":
             lines += [

@@ -22,7 +22,12 @@ from infra.components.delivery import PayloadDelivery, PayloadDeliveryArgs
 from infra.components.gpu import GpuVm, GpuVmArgs
 from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
 from infra.components.network import TAG_TPU, TENSORBOARD_PORT, Network, NetworkArgs
-from infra.components.recovery import TpuAutoRecovery, TpuAutoRecoveryArgs
+from infra.components.recovery import (
+    GpuAutoRecovery,
+    GpuAutoRecoveryArgs,
+    TpuAutoRecovery,
+    TpuAutoRecoveryArgs,
+)
 from infra.components.tpu import (
     CLOUD_PLATFORM,
     TPU_DESCRIPTION,
@@ -66,7 +71,9 @@ class Accelerator:
     controller runs for it (None when auto-recovery is off)."""
 
     component: AcceleratorVm
-    watch: pulumi.Input[render.TpuWatch] | None
+    watch: pulumi.Input[render.TpuWatch] | render.GpuWatch | None
+    # The watchdog's grants (TpuAutoRecovery, GpuAutoRecovery); None without a watchdog.
+    recovery: pulumi.Resource | None = None
 
 
 def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
@@ -209,6 +216,16 @@ def _tpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
     tpu = TpuVm("tpu", tpu_args, opts=pulumi.ResourceOptions(depends_on=base.ready))
     if not cfg.tpu.auto_recover:
         return Accelerator(component=tpu, watch=None)
+    recovery = TpuAutoRecovery(
+        "tpu-recovery",
+        TpuAutoRecoveryArgs(
+            project=cfg.project,
+            watchdog_member=base.controller_identity.member,
+            tpu_service_account_name=base.workload_identity.resource_name,
+        ),
+        opts=pulumi.ResourceOptions(depends_on=[base.apis]),
+    )
+
     watch = pulumi.Output.all(
         tpu_args.network, tpu_args.subnetwork, tpu_args.service_account_email
     ).apply(
@@ -219,7 +236,7 @@ def _tpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
             hosts=cfg.tpu.hosts,
         )
     )
-    return Accelerator(component=tpu, watch=watch)
+    return Accelerator(component=tpu, watch=watch, recovery=recovery)
 
 
 def _gpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
@@ -244,7 +261,21 @@ def _gpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
         ),
         opts=pulumi.ResourceOptions(depends_on=base.ready),
     )
-    return Accelerator(component=vm, watch=None)
+    if not gpu.auto_recover:
+        return Accelerator(component=vm, watch=None)
+    recovery = GpuAutoRecovery(
+        "gpu-recovery",
+        GpuAutoRecoveryArgs(
+            project=cfg.project,
+            zone=gpu.zone,
+            vm_name=gpu.name,
+            watchdog_member=base.controller_identity.member,
+        ),
+        opts=pulumi.ResourceOptions(depends_on=[base.apis]),
+    )
+
+    watch = render.GpuWatch(project=cfg.project, name=gpu.name, zone=gpu.zone)
+    return Accelerator(component=vm, watch=watch, recovery=recovery)
 
 
 def _controller(cfg: StackConfig, base: Foundation, accelerator: Accelerator) -> ControllerVm:
@@ -253,16 +284,8 @@ def _controller(cfg: StackConfig, base: Foundation, accelerator: Accelerator) ->
         # The watchdog must never outlive the stack: the controller is created after the
         # accelerator VM and so destroyed before it (see the lease below).
         controller_ready.append(accelerator.component)  # type: ignore[arg-type]
-        recovery = TpuAutoRecovery(
-            "tpu-recovery",
-            TpuAutoRecoveryArgs(
-                project=cfg.project,
-                watchdog_member=base.controller_identity.member,
-                tpu_service_account_name=base.workload_identity.resource_name,
-            ),
-            opts=pulumi.ResourceOptions(depends_on=[base.apis]),
-        )
-        controller_ready.append(recovery)
+        if accelerator.recovery is not None:  # the watchdog's grants, before it runs
+            controller_ready.append(accelerator.recovery)
         controller_script: pulumi.Input[str] = pulumi.Output.from_input(accelerator.watch).apply(
             lambda watch: render.render_controller_script(base.workload, watch)
         )
@@ -283,7 +306,7 @@ def _controller(cfg: StackConfig, base: Foundation, accelerator: Accelerator) ->
                 WatchLease(
                     bucket=base.bucket.name,
                     object_name=jobspec.watch_lease_object_name(cfg.job_name),
-                    tpu_name=cfg.accelerator.name,
+                    vm_name=cfg.accelerator.name,
                 )
                 if accelerator.watch is not None
                 else None
@@ -373,7 +396,7 @@ def tpu_recovery_commands(
     }
     if cfg.tpu.auto_recover:
         commands["watchdog"] = (
-            f"on: the controller checks the TPU VM every {render.TPU_WATCH_INTERVAL} and "
+            f"on: the controller checks the TPU VM every {render.WATCH_INTERVAL} and "
             "recreates it when PREEMPTED or TERMINATED (at most once per "
             f"{render.TPU_RECREATE_MIN_SECONDS}s; without capacity "
             + (
@@ -403,7 +426,16 @@ def gpu_recovery_commands(
         "check": f"gcloud compute instances describe {where} --format='value(status)'",
         "start": f"gcloud compute instances start {where}",
         "replace": urn.apply(lambda urn: f"pulumi up --replace '{urn}'"),
-        "watchdog": "off: start a stopped spot GPU VM by hand (the check and start commands)",
+        "watchdog": (
+            f"on: the controller checks the GPU VM every {render.WATCH_INTERVAL} and starts it "
+            "again when preemption stopped it (TERMINATED), until the job's export is "
+            f"complete; status {jobspec.run_root(cfg.bucket.name, cfg.job_name)}"
+            "/bootstrap/gpu-watch.json, logs: journalctl -u tpu-pretrain-gpu-watch.service on "
+            "the controller"
+            if gpu.auto_recover
+            else "off (tpu-pretrain:gpuAutoRecover=false): start a stopped GPU VM by hand "
+            "(the check and start commands)"
+        ),
     }
 
 

@@ -45,9 +45,10 @@ TENSORBOARD_PORT = 6006
 # tensorflow-tpu 2.20.0 wheel's tensorflow/python/tools/grpc_tpu_worker.py.
 TPU_WORKER_PORT = 8470
 OWN_CLIENT_KEY_PLACEHOLDER = "<the private key of the public key you set in vpnClientPublicKey>"
-# The TPU watchdog: a preempted VM is recreated at most once per this interval (a VM that is
-# preempted again at once waits instead of looping), checked every TPU_WATCH_INTERVAL.
-TPU_WATCH_INTERVAL = "2min"
+# The accelerator watchdogs (TPU and GPU) run on the controller every WATCH_INTERVAL. A
+# preempted TPU VM is recreated at most once per TPU_RECREATE_MIN_SECONDS (a VM that is
+# preempted again at once waits instead of looping).
+WATCH_INTERVAL = "2min"
 TPU_RECREATE_MIN_SECONDS = 900
 # Without capacity the watchdog waits in a queued resource (spot, on-demand) instead of
 # failing every tick; gcloud's GA `queued-resources create` has no --preemptible, so a
@@ -350,6 +351,7 @@ class TpuWatch:
     startup_script: str
     release_when_done: bool = False  # delete the TPU VM once the job's export is complete
     hosts: int = 1  # a slice: one node of several hosts, deleted and recreated as one
+    kind = "tpu"
 
     @property
     def queued_resource(self) -> str:
@@ -398,29 +400,66 @@ class TpuWatch:
             "TPU_HOSTS": str(self.hosts),
         }
 
+    def script(self, workload: Workload) -> str:
+        return _watch_script(self.kind, self.values(workload), "tpu-watch.sh")
+
 
 def render_tpu_watch_script(workload: Workload, watch: TpuWatch) -> str:
-    """The watchdog the controller runs from a systemd timer (templates/tpu-watch.sh)."""
+    """The TPU watchdog the controller runs from a systemd timer (templates/tpu-watch.sh)."""
+    return watch.script(workload)
+
+
+def _watch_script(kind: str, values: Mapping[str, str], template: str) -> str:
     about = (
         "watchdog, rendered by infra/render.py and installed by the",
-        "# controller's startup script; tpu-pretrain-tpu-watch.timer runs it every "
-        + TPU_WATCH_INTERVAL,
+        f"# controller's startup script; tpu-pretrain-{kind}-watch.timer runs it every "
+        + WATCH_INTERVAL,
     )
-    return _script("tpu-watch", watch.values(workload), "tpu-watch.sh", about=about)
+    return _script(f"{kind}-watch", values, "watch-common.sh", template, about=about)
+
+
+@dataclass(frozen=True)
+class GpuWatch:
+    """What the controller's GPU watchdog needs to start a stopped spot GPU VM again
+    (templates/gpu-watch.sh): the VM is stopped by preemption, never deleted, so it is
+    started in place (same disk, same metadata, same Pulumi state)."""
+
+    kind = "gpu"
+    project: str
+    name: str
+    zone: str
+    startup_script = ""  # nothing to recreate from: the stopped VM keeps its metadata
+
+    def values(self, workload: Workload) -> dict[str, str]:
+        return {
+            "JOB_NAME": workload.job_name,
+            "RUN_ROOT": jobspec.run_root(workload.bucket, workload.job_name),
+            "PROJECT": self.project,
+            "VM_NAME": self.name,
+            "VM_ZONE": self.zone,
+            "LEASE_URI": f"gs://{workload.bucket}/"
+            + jobspec.watch_lease_object_name(workload.job_name),
+            "EXPORT_MARKER_URI": jobspec.export_marker_uri(workload.bucket, workload.job_name),
+        }
+
+    def script(self, workload: Workload) -> str:
+        return _watch_script(self.kind, self.values(workload), "gpu-watch.sh")
 
 
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def render_controller_script(workload: Workload, watch: TpuWatch | None = None) -> str:
-    """With `watch`, the controller also installs the TPU watchdog (script, the TPU VM's
-    startup script it recreates the VM with, a systemd timer); without, it removes them."""
+def render_controller_script(workload: Workload, watch: TpuWatch | GpuWatch | None = None) -> str:
+    """With `watch`, the controller also installs that accelerator's watchdog (its script, a
+    systemd timer; for a TPU also the TPU VM's startup script it recreates the VM with);
+    without, it removes any watchdog."""
     values = workload.values | {
         "TENSORBOARD_PORT": str(TENSORBOARD_PORT),
-        "TPU_AUTO_RECOVER": "true" if watch else "false",
-        "TPU_WATCH_INTERVAL": TPU_WATCH_INTERVAL,
-        "TPU_WATCH_SCRIPT_B64": _b64(render_tpu_watch_script(workload, watch)) if watch else "",
+        "AUTO_RECOVER": "true" if watch else "false",
+        "WATCH_KIND": watch.kind if watch else "",
+        "WATCH_INTERVAL": WATCH_INTERVAL,
+        "WATCH_SCRIPT_B64": _b64(watch.script(workload)) if watch else "",
         "TPU_STARTUP_SCRIPT_B64": _b64(watch.startup_script) if watch else "",
         # The wheelhouse: built once per lock for the TPU image's Python (tpu-install.sh).
         "WHEELHOUSE_ROOT": workload.wheelhouse_root,

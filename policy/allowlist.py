@@ -105,6 +105,7 @@ MAIN_TYPES = {
         f"tpu-pretrain:index:{name}": "component of infra/components"
         for name in (
             "ControllerVm",
+            "GpuAutoRecovery",
             "GpuVm",
             "Network",
             "PayloadDelivery",
@@ -175,6 +176,10 @@ RECOVERY_PERMISSIONS = frozenset(
         "tpu.queuedResources.list",
     }
 )
+# The GPU recovery role: the same, for stacks with gpuAutoRecover (recovery.py
+# GPU_RECOVERY_ROLE_ID), granted with a condition naming the one GPU VM.
+GPU_RECOVERY_ROLE_ID = "tpuPretrainGpuRecovery"
+GPU_RECOVERY_PERMISSIONS = frozenset({"compute.instances.get", "compute.instances.start"})
 
 _ANY_STACK_ACCOUNT = stack_account(*STACK_ACCOUNT_ROLES)
 # The accounts a VM or TPU VM of a stack may run as: the stack's own. Attaching an account
@@ -201,6 +206,14 @@ MAIN_GRANTS = (
         rf"serviceAccount:{stack_account('controller')}",
         "the controller's TPU watchdog recreates a preempted TPU VM",
         "the stack's controller account tp-<stack>-controller",
+    ),
+    Grant(
+        (PROJECT_IAM_MEMBER,),
+        f"custom:{GPU_RECOVERY_ROLE_ID}",
+        rf"serviceAccount:{stack_account('controller')}",
+        "the controller's GPU watchdog starts the stopped spot GPU VM again",
+        "the stack's controller account tp-<stack>-controller",
+        condition="/instances/tp-",
     ),
     Grant(
         (SA_IAM_MEMBER,),
@@ -486,6 +499,7 @@ BOOTSTRAP = Profile(
         STACK_ACCOUNT_USER_ROLE_ID: STACK_ACCOUNT_USER_PERMISSIONS,
         STACK_INSTANCE_ROLE_ID: STACK_INSTANCE_PERMISSIONS,
         RECOVERY_ROLE_ID: RECOVERY_PERMISSIONS,
+        GPU_RECOVERY_ROLE_ID: GPU_RECOVERY_PERMISSIONS,
     },
 )
 

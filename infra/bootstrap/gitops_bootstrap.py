@@ -14,8 +14,8 @@ Creates what the workflows in .github/workflows need before any stack can be pre
              program's resource types need (PERMISSIONS_BY_TYPE); it acts as, and edits
              the IAM policy of, the stacks' own accounts only (no project-wide actAs), and
              grants on the project only the roles the stacks grant,
-- the TPU recovery custom role that stacks with tpuAutoRecover bind to their controller
-  account (the deploy account may grant it, never edit it).
+- the TPU and GPU recovery custom roles that stacks with tpuAutoRecover / gpuAutoRecover
+  bind to their controller account (the deploy account may grant them, never edit them).
 
 Its outputs are the values of the repository variables the workflows read. It is never
 imported by the main program (infra/) and has its own state (see docs/gitops.md).
@@ -44,6 +44,8 @@ STACK_ACCOUNT_USER_ROLE_ID = "tpuPretrainStackAccountUser"  # actAs on the stack
 STACK_INSTANCE_ROLE_ID = "tpuPretrainStackInstances"  # the stacks' own VMs only
 # The main program binds this role by name (infra/components/recovery.py RECOVERY_ROLE_ID).
 RECOVERY_ROLE_ID = "tpuPretrainTpuRecovery"
+# ... and this one for GPU stacks (infra/components/recovery.py GPU_RECOVERY_ROLE_ID).
+GPU_RECOVERY_ROLE_ID = "tpuPretrainGpuRecovery"
 DEPLOY_REF = "refs/heads/main"
 # A custom attribute "<token subject>@<git ref>": the deploy binding names one value of it,
 # so a job must run in the deploy environment AND on DEPLOY_REF.
@@ -65,6 +67,14 @@ RECOVERY_PERMISSIONS = (
     "tpu.queuedResources.delete",
     "tpu.queuedResources.get",
     "tpu.queuedResources.list",
+)
+# What the controller's GPU watchdog (infra/templates/gpu-watch.sh) calls: `gcloud compute
+# instances describe` and `gcloud compute instances start --async` (no operation polling).
+# Names as in the Compute Engine REST reference (instances.get, instances.start). The
+# program grants this role on the project with an IAM condition naming the one GPU VM.
+GPU_RECOVERY_PERMISSIONS = (
+    "compute.instances.get",
+    "compute.instances.start",
 )
 
 # APIs the bootstrap itself and keyless CI authentication need; left enabled on destroy.
@@ -302,9 +312,13 @@ def recovery_role_name(project: str) -> str:
     return f"projects/{project}/roles/{RECOVERY_ROLE_ID}"
 
 
+def gpu_recovery_role_name(project: str) -> str:
+    return f"projects/{project}/roles/{GPU_RECOVERY_ROLE_ID}"
+
+
 def grantable_roles(project: str) -> tuple[str, ...]:
     """Every role the deploy account may grant or revoke on the project."""
-    return (*GRANTABLE_PROJECT_ROLES, recovery_role_name(project))
+    return (*GRANTABLE_PROJECT_ROLES, recovery_role_name(project), gpu_recovery_role_name(project))
 
 
 def stack_instance_condition() -> str:
@@ -691,7 +705,7 @@ def define(cfg: BootstrapConfig) -> None:
         member=deploy_member,
         condition={
             "title": "only-stack-roles",
-            "description": "May grant/revoke only log/metric writing and TPU recovery.",
+            "description": "May grant/revoke only log/metric writing and TPU/GPU recovery.",
             "expression": iam_granter_condition(project),
         },
     )
@@ -750,6 +764,16 @@ def define(cfg: BootstrapConfig) -> None:
         title="tpu-pretrain TPU recovery",
         description="Describe, delete and recreate a stack's preempted TPU VM (the watchdog).",
         permissions=list(RECOVERY_PERMISSIONS),
+        stage="GA",
+        opts=after_apis,
+    )
+    gcp.projects.IAMCustomRole(
+        "gpu-recovery-role",
+        project=project,
+        role_id=GPU_RECOVERY_ROLE_ID,
+        title="tpu-pretrain GPU recovery",
+        description="Describe and start a stack's stopped spot GPU VM (the watchdog).",
+        permissions=list(GPU_RECOVERY_PERMISSIONS),
         stage="GA",
         opts=after_apis,
     )

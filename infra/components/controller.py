@@ -31,11 +31,12 @@ def hardened_metadata(startup_script: pulumi.Input[str]) -> dict[str, pulumi.Inp
 
 @dataclass(frozen=True)
 class WatchLease:
-    """The TPU watchdog acts only while this bucket object exists (templates/tpu-watch.sh)."""
+    """The accelerator's watchdog acts only while this bucket object exists
+    (templates/watch-common.sh: tpu-watch.sh, gpu-watch.sh)."""
 
     bucket: pulumi.Input[str]
     object_name: str
-    tpu_name: str
+    vm_name: str  # the TPU VM or GPU VM the watchdog recreates or starts
 
 
 @dataclass(frozen=True)
@@ -81,15 +82,15 @@ class ControllerVm(pulumi.ComponentResource):
         if args.watch_lease is not None:
             # Created after the VM, so `pulumi destroy` deletes it first: the watchdog sees the
             # stack going away (its next tick, or its shutdown hook while the VM is deleted),
-            # cancels its queued resource and stops, before Pulumi deletes the TPU VM (the
-            # program makes the controller depend on the TPU VM, so the TPU VM goes last).
+            # cancels a TPU's queued resource and stops, before Pulumi deletes the accelerator
+            # VM (the program makes the controller depend on it, so that VM goes last).
             lease = args.watch_lease
             gcp.storage.BucketObject(
                 f"{name}-tpu-watch-lease",
                 bucket=lease.bucket,
                 name=lease.object_name,
-                content=f"The TPU watchdog on {args.name} may recreate {lease.tpu_name} while "
-                "this object exists. Pulumi owns it: `pulumi destroy` deletes it first.\n",
+                content=f"The watchdog on {args.name} may recreate or start {lease.vm_name} "
+                "while this object exists. Pulumi owns it: `pulumi destroy` deletes it first.\n",
                 content_type="text/plain",
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.instance]),
             )

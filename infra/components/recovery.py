@@ -52,3 +52,57 @@ class TpuAutoRecovery(pulumi.ComponentResource):
             opts=child,
         )
         self.register_outputs({"role": self.role})
+
+
+# The custom role of the GPU watchdog (templates/gpu-watch.sh): `gcloud compute instances
+# describe` (compute.instances.get) and `gcloud compute instances start --async`
+# (compute.instances.start; --async: no zone-operation polling, so no
+# compute.zoneOperations.get). Starting a VM does not attach its service account anew, so
+# no actAs: Google's Compute Engine IAM page lists actAs for creating a VM that runs as an
+# account, attaching disks to it, setting its metadata, SSH to it and changing its account,
+# not for starting it (checked only offline; a 403 shows in gpu-watch.json). Created by the
+# bootstrap (infra/bootstrap/gitops_bootstrap.py GPU_RECOVERY_ROLE_ID) like the TPU role.
+GPU_RECOVERY_ROLE_ID = "tpuPretrainGpuRecovery"
+
+
+def gpu_recovery_role_name(project: str) -> str:
+    return f"projects/{project}/roles/{GPU_RECOVERY_ROLE_ID}"
+
+
+def instance_condition(project: str, zone: str, name: str) -> dict[str, str]:
+    """An IAM condition that limits a project-level grant to one VM: Compute Engine
+    instances are named projects/<p>/zones/<z>/instances/<name> in IAM conditions (the
+    bootstrap's stack_instance_condition uses the same attribute)."""
+    return {
+        "title": f"only-{name}"[:100],
+        "description": f"The GPU watchdog may describe and start {name} only.",
+        "expression": f'resource.name == "projects/{project}/zones/{zone}/instances/{name}"',
+    }
+
+
+@dataclass(frozen=True)
+class GpuAutoRecoveryArgs:
+    project: str
+    zone: str
+    vm_name: str
+    watchdog_member: pulumi.Input[str]  # serviceAccount:<controller account>
+
+
+class GpuAutoRecovery(pulumi.ComponentResource):
+    """Least privilege for the GPU watchdog (the controller's account): the bootstrap's GPU
+    recovery role (get, start) on the project, conditional on the one GPU VM's name."""
+
+    def __init__(
+        self, name: str, args: GpuAutoRecoveryArgs, opts: pulumi.ResourceOptions | None = None
+    ):
+        super().__init__("tpu-pretrain:index:GpuAutoRecovery", name, None, opts)
+        self.role = gpu_recovery_role_name(args.project)
+        self.grant = gcp.projects.IAMMember(
+            f"{name}-start",
+            project=args.project,
+            role=self.role,
+            member=args.watchdog_member,
+            condition=instance_condition(args.project, args.zone, args.vm_name),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.register_outputs({"role": self.role})

@@ -153,9 +153,10 @@ WantedBy=multi-user.target"
 
 units=(tpu-pretrain-data.service tpu-pretrain-tensorboard.service)
 
-# Preemption recovery (tpu-pretrain:tpuAutoRecover): a timer runs the TPU watchdog
-# (templates/tpu-watch.sh), which recreates a preempted TPU VM with the startup script
-# installed next to it. Turned off, the watchdog is removed.
+# Preemption recovery (tpu-pretrain:tpuAutoRecover / gpuAutoRecover): a timer runs the
+# accelerator's watchdog (templates/tpu-watch.sh recreates a preempted TPU VM with the
+# startup script installed next to it; templates/gpu-watch.sh starts a stopped spot GPU VM).
+# Turned off, the watchdog is removed.
 # Decode base64 into a file, byte for byte; rewritten only when the bytes change.
 install_decoded() {
   local path="$1" mode="$2" data="$3" tmp
@@ -171,25 +172,54 @@ install_decoded() {
   log "installed ${path}"
 }
 
-watch_dir="${APP_DIR}/tpu-watch"
-if [ "${TPU_AUTO_RECOVER}" = true ]; then
-  # The TPU VM's own startup script, byte for byte: a recreated VM gets the same metadata.
-  install_decoded "${watch_dir}/tpu-startup.sh" 0644 "${TPU_STARTUP_SCRIPT_B64}" || true
-  install_decoded "${watch_dir}/tpu-watch.sh" 0755 "${TPU_WATCH_SCRIPT_B64}" || true
+# Every watchdog a controller may have carried (a stack is TPU or GPU; either may be off).
+remove_watchdog() {
+  local kind="$1" dir="${APP_DIR}/$1-watch" unit="tpu-pretrain-$1-watch"
+  if [ ! -e "${UNIT_DIR}/${unit}.timer" ] && [ ! -d "${dir}" ]; then
+    return 0
+  fi
+  systemctl disable --now --quiet "${unit}.timer" || true
+  systemctl disable --quiet "${unit}-guard.service" 2>/dev/null || true
+  rm -f "${UNIT_DIR}/${unit}.timer" "${UNIT_DIR}/${unit}.service" "${UNIT_DIR}/${unit}-guard.service"
+  rm -rf "${dir}"
+  UNITS_CHANGED=1
+  log "${kind^^} watchdog removed"
+}
+
+for kind in tpu gpu; do
+  if [ "${AUTO_RECOVER}" != true ] || [ "${kind}" != "${WATCH_KIND}" ]; then
+    remove_watchdog "${kind}"
+  fi
+done
+if [ "${AUTO_RECOVER}" = true ]; then
+  watch_dir="${APP_DIR}/${WATCH_KIND}-watch"
+  watch_unit="tpu-pretrain-${WATCH_KIND}-watch"
+  watch_script="/opt/tpu-pretrain/${WATCH_KIND}-watch/${WATCH_KIND}-watch.sh"
+  if [ "${WATCH_KIND}" = tpu ]; then
+    # The TPU VM's own startup script, byte for byte: a recreated VM gets the same metadata.
+    install_decoded "${watch_dir}/tpu-startup.sh" 0644 "${TPU_STARTUP_SCRIPT_B64}" || true
+    what="recreate the TPU VM of job ${JOB_NAME} when it is preempted"
+    after=" ${watch_unit}-guard.service"
+  else
+    what="start the spot GPU VM of job ${JOB_NAME} again when it is preempted"
+    after=""
+  fi
+  install_decoded "${watch_dir}/${WATCH_KIND}-watch.sh" 0755 "${WATCH_SCRIPT_B64}" || true
   gcloud_dir="$(dirname "$(command -v gcloud)")"
-  install_unit tpu-pretrain-tpu-watch.service "[Unit]
-Description=tpu-pretrain: recreate the TPU VM of job ${JOB_NAME} when it is preempted
+  install_unit "${watch_unit}.service" "[Unit]
+Description=tpu-pretrain: ${what}
 Wants=network-online.target
-After=network-online.target tpu-pretrain-tpu-watch-guard.service
+After=network-online.target${after}
 
 [Service]
 Type=oneshot
 Environment=PATH=${gcloud_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-ExecStart=/opt/tpu-pretrain/tpu-watch/tpu-watch.sh
+ExecStart=${watch_script}
 TimeoutStartSec=45min"
-  # On shutdown (after any running tick is stopped, before the network goes): when the stack
-  # is being destroyed, cancel the watchdog's queued resource before the VM is gone.
-  install_unit tpu-pretrain-tpu-watch-guard.service "[Unit]
+  if [ "${WATCH_KIND}" = tpu ]; then
+    # On shutdown (after any running tick is stopped, before the network goes): when the
+    # stack is being destroyed, cancel the watchdog's queued resource before the VM is gone.
+    install_unit "${watch_unit}-guard.service" "[Unit]
 Description=tpu-pretrain: cancel the TPU watchdog's queue when the stack is destroyed
 Wants=network-online.target
 After=network-online.target
@@ -199,29 +229,23 @@ Type=oneshot
 RemainAfterExit=yes
 Environment=PATH=${gcloud_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 ExecStart=/bin/true
-ExecStop=/opt/tpu-pretrain/tpu-watch/tpu-watch.sh shutdown
+ExecStop=${watch_script} shutdown
 TimeoutStopSec=90
 
 [Install]
 WantedBy=multi-user.target"
-  install_unit tpu-pretrain-tpu-watch.timer "[Unit]
-Description=tpu-pretrain: check the TPU VM every ${TPU_WATCH_INTERVAL}
+    units+=("${watch_unit}-guard.service")
+  fi
+  install_unit "${watch_unit}.timer" "[Unit]
+Description=tpu-pretrain: check the ${WATCH_KIND^^} VM every ${WATCH_INTERVAL}
 
 [Timer]
-OnBootSec=${TPU_WATCH_INTERVAL}
-OnUnitActiveSec=${TPU_WATCH_INTERVAL}
+OnBootSec=${WATCH_INTERVAL}
+OnUnitActiveSec=${WATCH_INTERVAL}
 
 [Install]
 WantedBy=timers.target"
-  units+=(tpu-pretrain-tpu-watch-guard.service tpu-pretrain-tpu-watch.timer)
-elif [ -e "${UNIT_DIR}/tpu-pretrain-tpu-watch.timer" ]; then
-  systemctl disable --now --quiet tpu-pretrain-tpu-watch.timer || true
-  systemctl disable --quiet tpu-pretrain-tpu-watch-guard.service || true
-  rm -f "${UNIT_DIR}/tpu-pretrain-tpu-watch.timer" "${UNIT_DIR}/tpu-pretrain-tpu-watch.service" \
-    "${UNIT_DIR}/tpu-pretrain-tpu-watch-guard.service"
-  rm -rf "${watch_dir}"
-  UNITS_CHANGED=1
-  log "TPU watchdog removed"
+  units+=("${watch_unit}.timer")
 fi
 
 start_units "${units[@]}"

@@ -1,4 +1,5 @@
 # ---- templates/tpu-watch.sh: recreate a preempted TPU VM (controller, systemd timer) ---
+# After watch-common.sh (lease, export marker, status, re-run on a changed installer).
 # One tick of tpu-pretrain-tpu-watch.timer (`tpu-watch.sh`), or the controller's shutdown
 # hook (`tpu-watch.sh shutdown`). A preempted/spot TPU VM cannot be restarted and holds quota
 # until it is deleted, so on PREEMPTED or TERMINATED this deletes the VM and creates it again
@@ -29,7 +30,6 @@ readonly STARTUP_FILE="${WATCH_DIR}/tpu-startup.sh"
 readonly PENDING="${WATCH_DIR}/pending-create"  # deleted by us, not yet created again
 readonly LAST_CREATE="${WATCH_DIR}/last-create"  # epoch seconds of the last recreation
 readonly NEXT_ATTEMPT="${WATCH_DIR}/next-attempt"  # preemptible: no create before (epoch, wait)
-readonly METADATA_URL="http://metadata.google.internal/computeMetadata/v1/instance/attributes/startup-script"
 readonly WHERE=(--zone "${TPU_ZONE}" --project "${PROJECT}")
 readonly MODE="${1:-tick}"
 if [ "${TPU_HOSTS}" -gt 1 ]; then
@@ -52,45 +52,6 @@ watch_status() {
   retry_gcloud gcloud storage cp --quiet "${file}" "${RUN_ROOT}/bootstrap/${ROLE}.json" \
     || log "could not write status ${action}"
   rm -f "${file}"
-}
-
-# One gcloud call, no retry (the next tick is the retry); its stderr is left in ${ERR_FILE}.
-gcloud_once() {
-  if gcloud "$@" 2>"${ERR_FILE}"; then
-    return 0
-  fi
-  cat "${ERR_FILE}" >&2
-  return 1
-}
-
-# NOT_FOUND without a permission error: the resource does not exist (a fresh IAM grant also
-# answers 403, which must not look like a missing one). `gcloud storage ls` says "matched no
-# objects" (googlecloudsdk/command_lib/storage/list_util.py).
-err_is_not_found() {
-  grep -Eqi 'not[ _]?found|404|matched no objects' "${ERR_FILE}" \
-    && ! grep -Eqi '403|permission[ _]denied|forbidden' "${ERR_FILE}"
-}
-
-# Out of capacity or quota: worth waiting for, not an error in the request.
-err_is_capacity() {
-  grep -Eqi 'resource[ _]?exhausted|no more capacity|stockout|insufficient capacity|quota' "${ERR_FILE}"
-}
-
-last_error() {
-  tail -n 1 "${ERR_FILE}" | tr -d '\r' | cut -c 1-300
-}
-
-# Prints present or missing; fails (status written) when the bucket cannot be read.
-object_state() {
-  local uri="$1" what="$2"
-  if gcloud_once storage ls "${uri}" >/dev/null; then
-    echo present
-  elif err_is_not_found; then
-    echo missing
-  else
-    watch_status UNCHECKED check-failed "cannot read ${what} ${uri}, retrying on the next tick: $(last_error)" >&2
-    return 1
-  fi
 }
 
 # The queued resource's state (MISSING when there is none); fails when it cannot be read.
@@ -251,22 +212,7 @@ if ! flock -n 9; then
   exit 0
 fi
 
-# The settings above come from the controller startup script that installed this watchdog.
-# `pulumi up` updates that script in the controller's metadata without running it; when the
-# watchdog it carries differs from this one, run it now (it installs the current watchdog
-# and TPU startup script, or removes them) and leave this tick to the new watchdog.
-if current="$(curl -fsS -H 'Metadata-Flavor: Google' "${METADATA_URL}" 2>"${ERR_FILE}")"; then
-  encoded="$(sed -n 's/^readonly TPU_WATCH_SCRIPT_B64=//p' <<<"${current}")"
-  if [ "${encoded}" = "''" ] || ! cmp -s <(base64 -d <<<"${encoded}" 2>/dev/null) "$0"; then
-    watch_status UNCHECKED rerun-startup "the controller's startup script changed (pulumi up); re-running it"
-    if google_metadata_script_runner startup; then
-      exit 0
-    fi
-    log "re-running the controller's startup script failed; checking with the installed settings"
-  fi
-else
-  log "cannot read the controller's metadata ($(last_error)); checking with the installed settings"
-fi
+rerun_if_installer_changed && exit 0
 
 lease="$(object_state "${LEASE_URI}" lease)" || exit 1
 if [ "${lease}" = missing ]; then

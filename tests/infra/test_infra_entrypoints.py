@@ -63,7 +63,7 @@ def test_plan_prints_resources_scripts_and_job_spec_but_no_secrets():
     assert 'schedulingConfig={"preemptible":false,"spot":true}' in out
     # TPU, controller and hop startup scripts, and the watchdog the controller installs.
     assert out.count("#!/bin/bash") == 4
-    assert "==== TPU watchdog installed by controller-vm ====" in out
+    assert "==== watchdog installed by controller-vm ====" in out
     assert "compute tpus tpu-vm create" in out
     assert (
         "==== job spec gs://tpu-pretrain-test-v6e-euw4-tpu-pretrain/jobs/gpt2-small-clm.json" in out

@@ -498,8 +498,8 @@ def test_tpu_auto_recover_can_be_set_either_way(stack, value, on):
     assert of_type(run.resources, CUSTOM_ROLE) == []
     assert len(of_type(run.resources, SA_IAM_MEMBER)) == int(on)
     script = by_name(run, "controller-vm").inputs["metadata"]["startup-script"]
-    assert f"readonly TPU_AUTO_RECOVER={'true' if on else 'false'}\n" in script
-    assert ("readonly TPU_WATCH_SCRIPT_B64=''\n" in script) is not on
+    assert f"readonly AUTO_RECOVER={'true' if on else 'false'}\n" in script
+    assert ("readonly WATCH_SCRIPT_B64=''\n" in script) is not on
     assert run.exports["tpuRecovery"]["watchdog"].startswith("on:" if on else "off")
 
 
@@ -541,7 +541,7 @@ def test_destroy_order_leaves_no_tpu_behind(run):
     assert lease.inputs["bucket"] == bucket
     # The watchdog looks for exactly this object.
     script = controller.inputs["metadata"]["startup-script"]
-    encoded = re.search(r"^readonly TPU_WATCH_SCRIPT_B64=(\S+)$", script, re.MULTILINE)
+    encoded = re.search(r"^readonly WATCH_SCRIPT_B64=(\S+)$", script, re.MULTILINE)
     watchdog = base64.b64decode(encoded.group(1)).decode()
     assert f"readonly LEASE_URI=gs://{bucket}/{lease.inputs['name']}\n" in watchdog
     job = json.loads(by_name(run, "payload-job-spec").inputs["content"])

@@ -154,6 +154,31 @@ elif [ "$1 $2 $3" = "compute tpus tpu-vm" ]; then
       echo READY >"$STATE/tpu-state"
       ;;
   esac
+elif [ "$1 $2" = "compute instances" ]; then
+  # The Compute Engine API for one VM: $STATE/vm-state holds its status (no file: it does
+  # not exist). `start` records its arguments and leaves the VM in $START_RESULT (STAGING).
+  verb="$3"
+  if [ -n "${VM_ERROR:-}" ]; then
+    echo "ERROR: (gcloud.compute.instances.$verb) $VM_ERROR" >&2
+    exit 1
+  fi
+  if [ ! -f "$STATE/vm-state" ]; then
+    echo "ERROR: (gcloud.compute.instances.$verb) Could not fetch resource:" >&2
+    echo " - The resource 'projects/p/zones/z/instances/$4' was not found" >&2
+    exit 1
+  fi
+  case "$verb" in
+    describe) cat "$STATE/vm-state" ;;
+    start)
+      n="$(ls "$STATE" | grep -c '^start-.*\.args$' || true)"
+      printf '%s\n' "$@" >"$STATE/start-$n.args"
+      if [ -n "${START_ERROR:-}" ]; then
+        echo "ERROR: (gcloud.compute.instances.start) $START_ERROR" >&2
+        exit 1
+      fi
+      echo "${START_RESULT:-STAGING}" >"$STATE/vm-state"
+      ;;
+  esac
 else
   echo "unexpected: gcloud $*" >&2
   exit 3
@@ -835,7 +860,7 @@ BOOLEAN_FLAGS = {
 
 def _watchdog_of(run) -> str:
     controller = _script(run, "controller-vm")
-    encoded = re.search(r"^readonly TPU_WATCH_SCRIPT_B64=(\S+)$", controller, re.MULTILINE)
+    encoded = re.search(r"^readonly WATCH_SCRIPT_B64=(\S+)$", controller, re.MULTILINE)
     return base64.b64decode(encoded.group(1)).decode()
 
 

@@ -121,6 +121,25 @@ def _account_grant(role: str, account: str, member: str = CONTROLLER) -> Resourc
     )
 
 
+def _gpu_recovery_grant(
+    member: str = CONTROLLER,
+    condition: str | None = f'resource.name == "projects/{PROJECT}/zones/z/instances/tp-x-gpu"',
+) -> Resource:
+    props: dict[str, Any] = {
+        "project": PROJECT,
+        "role": f"projects/{PROJECT}/roles/{allowlist.GPU_RECOVERY_ROLE_ID}",
+        "member": member,
+    }
+    if condition is not None:
+        props["condition"] = {"title": "t", "expression": condition}
+    return _extra("gcp:projects/iAMMember:IAMMember", props)
+
+
+def test_the_gpu_recovery_grant_of_the_program_passes() -> None:
+    """The grant the rejected cases below change one thing of."""
+    assert run_pack([*resources(STACK), _gpu_recovery_grant()]) == []
+
+
 UNKNOWN_GRANTS: list[tuple[str, Resource]] = [
     ("token-creator-on-project", _project_grant("roles/iam.serviceAccountTokenCreator")),
     ("sa-user-on-project", _project_grant("roles/iam.serviceAccountUser")),
@@ -135,6 +154,12 @@ UNKNOWN_GRANTS: list[tuple[str, Resource]] = [
     ("recovery-role-to-the-tpu-account",
      _project_grant(f"projects/{PROJECT}/roles/{allowlist.RECOVERY_ROLE_ID}",
                     CONTROLLER.replace("-controller@", "-workload@"))),
+    ("gpu-recovery-role-to-the-workload-account",
+     _gpu_recovery_grant(CONTROLLER.replace("-controller@", "-workload@"))),
+    # Without its condition it would start every VM of the project.
+    ("gpu-recovery-role-without-a-condition", _gpu_recovery_grant(condition=None)),
+    ("gpu-recovery-role-on-a-vm-of-no-stack",
+     _gpu_recovery_grant(condition=f'resource.name == "projects/{PROJECT}/zones/z/instances/db"')),
     ("token-creator-on-own-account",
      _account_grant("roles/iam.serviceAccountTokenCreator", WORKLOAD_ID)),
     ("sa-user-on-own-account-to-a-user",
@@ -361,9 +386,8 @@ def test_a_second_wireguard_shaped_rule_to_every_vm_is_not_the_vpn_entry() -> No
 # --- the lists are exactly what the programs use ------------------------------------------
 def _all_variants() -> list[list[Resource]]:
     return [resources(s) for s in STACKS] + [
-        resources(s, {"tpu-pretrain:tpuAutoRecover": flag})
+        resources(s, {f"tpu-pretrain:{'gpu' if s in GPU_STACKS else 'tpu'}AutoRecover": flag})
         for s in STACKS
-        if s not in GPU_STACKS  # a GPU stack has no TPU watchdog setting
         for flag in (True, False)
     ]
 
@@ -387,12 +411,12 @@ def test_every_allowed_main_type_api_and_grant_is_used_by_a_stack() -> None:
     assert used == set(allowlist.MAIN.grants)
 
 
-@pytest.mark.parametrize("tpu_auto_recover", [True, False])
-def test_every_stack_variant_passes(tpu_auto_recover: bool) -> None:
+@pytest.mark.parametrize("auto_recover", [True, False])
+def test_every_stack_variant_passes(auto_recover: bool) -> None:
     for stack in STACKS:
-        # A GPU stack refuses TPU settings: it runs as it is.
-        overrides = {"tpu-pretrain:tpuAutoRecover": tpu_auto_recover}
-        assert run_pack(resources(stack, None if stack in GPU_STACKS else overrides)) == []
+        # Each kind of stack refuses the other kind's settings.
+        key = "gpuAutoRecover" if stack in GPU_STACKS else "tpuAutoRecover"
+        assert run_pack(resources(stack, {f"tpu-pretrain:{key}": auto_recover})) == []
 
 
 def test_the_guard_rails_page_counts_the_rules_and_names_the_closed_world() -> None:

@@ -264,7 +264,8 @@ def test_deploy_account_roles(run: Run) -> None:
     assert granter == (
         "api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
         ".hasOnly(['roles/logging.logWriter', 'roles/monitoring.metricWriter', "
-        "'projects/tpu-pretrain-example/roles/tpuPretrainTpuRecovery'])"
+        "'projects/tpu-pretrain-example/roles/tpuPretrainTpuRecovery', "
+        "'projects/tpu-pretrain-example/roles/tpuPretrainGpuRecovery'])"
     )
     # actAs and service-account IAM: only through the conditional stack-account role.
     assert not {p for p in deployer if p.startswith("iam.serviceAccounts.") and "IamPolicy" in p}

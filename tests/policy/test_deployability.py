@@ -322,13 +322,42 @@ def test_the_recovery_role_covers_what_the_watchdog_runs(bootstrap_run) -> None:
     )
 
 
+# `gcloud compute instances <verb>` -> the permissions it needs (Compute Engine REST
+# reference: instances.get, instances.start; --async: no zone-operation polling).
+GCLOUD_INSTANCE_NEEDS = {
+    "describe": ("compute.instances.get",),
+    "start": ("compute.instances.start",),
+}
+
+
+def test_the_gpu_recovery_role_is_exactly_what_the_gpu_watchdog_runs(bootstrap_run) -> None:
+    """Derived from the GPU watchdog itself: every `gcloud compute instances` verb it calls,
+    and nothing more (no create, delete, setMetadata, actAs)."""
+    sys.path.insert(0, str(ROOT))
+    from infra.components.recovery import gpu_recovery_role_name
+
+    role = bootstrap_run.named("gpu-recovery-role").inputs
+    assert role["roleId"] == gpu_recovery_role_name(PROJECT).rsplit("/", 1)[-1]
+    assert gpu_recovery_role_name(PROJECT) in _grantable(
+        _condition_of(bootstrap_run, bootstrap.IAM_GRANTER_ROLE_ID)
+    )
+    script = (ROOT / "infra" / "templates" / "gpu-watch.sh").read_text()
+    verbs = set(re.findall(r"gcloud_once compute instances ([a-z-]+)", script))
+    assert verbs == {"describe", "start"}
+    needs = {p for verb in verbs for p in GCLOUD_INSTANCE_NEEDS[verb]}
+    assert set(role["permissions"]) == needs
+    assert "--async" in re.search(r"gcloud_once compute instances start .*", script).group(0)
+
+
 def test_the_documented_command_creates_the_same_recovery_role(bootstrap_run) -> None:
     """Without GitOps, the one-time gcloud command in the docs (Deploy on GCP, Prerequisites)
-    makes the role the bootstrap would: same id, same permissions."""
-    match = re.search(
-        r"gcloud iam roles create (\w+) --project <id> .*?--permissions ([a-zA-Z.,]+)`", doc_text()
-    )
-    assert match, "docs: the recovery role's gcloud command is missing"
-    role = bootstrap_run.named("tpu-recovery-role").inputs
-    assert match.group(1) == role["roleId"]
-    assert sorted(match.group(2).split(",")) == sorted(role["permissions"])
+    makes each recovery role the bootstrap would: same id, same permissions."""
+    documented = {
+        role_id: sorted(permissions.split(","))
+        for role_id, permissions in re.findall(
+            r"gcloud iam roles create (\w+) --project <id> .*?--permissions ([a-zA-Z.,]+)`",
+            doc_text(),
+        )
+    }
+    roles = [bootstrap_run.named(n).inputs for n in ("tpu-recovery-role", "gpu-recovery-role")]
+    assert documented == {r["roleId"]: sorted(r["permissions"]) for r in roles}

@@ -1,0 +1,117 @@
+# ---- templates/gpu-watch.sh: start a preempted spot GPU VM again (controller, timer) ----
+# After watch-common.sh (lease, export marker, status, re-run on a changed installer).
+# One tick of tpu-pretrain-gpu-watch.timer. A spot GPU VM is created with
+# instance_termination_action STOP (infra/components/gpu.py): when Compute Engine preempts
+# it, it is stopped (status TERMINATED) and keeps its boot disk, its name and its place in
+# Pulumi's state. Starting it again runs its startup script (every boot), which finds the
+# payload installed and starts the trainer; the trainer resumes from the bucket's checkpoints.
+#
+# Rules, in the order a tick applies them (the TPU watchdog's, tpu-watch.sh):
+# - It acts only while the lease object (LEASE_URI) exists: `pulumi destroy` deletes it
+#   first, so a VM being destroyed is never started again.
+# - Once the job's export is complete (EXPORT_MARKER_URI) it never starts the VM.
+# - TERMINATED or STOPPED: `gcloud compute instances start --async`. --async returns once
+#   Compute Engine accepted the request, without polling the zone operation (the grant is
+#   compute.instances.start and .get on this one VM, not compute.zoneOperations.get). A spot
+#   VM without capacity goes back to TERMINATED (the operation fails with
+#   ZONE_RESOURCE_POOL_EXHAUSTED); the next tick starts it again and the status counts the
+#   attempts. An attempt that is refused (permission, quota) is retried on the next tick.
+# - It never creates or deletes the VM: with STOP the VM is never deleted by preemption, and
+#   a VM that is gone was deleted by Pulumi or by hand (`pulumi up` creates it again).
+# - SUSPENDED (someone suspended it) is left alone: resume it by hand.
+# Status: gs://…/runs/<job>/bootstrap/gpu-watch.json.
+readonly WATCH_DIR="${APP_DIR}/gpu-watch"
+readonly LAST_START="${WATCH_DIR}/last-start"  # epoch seconds of the last start request
+readonly ATTEMPTS="${WATCH_DIR}/start-attempts"  # start requests since the VM last ran
+readonly WHERE=(--zone "${VM_ZONE}" --project "${PROJECT}")
+
+# {"vm_state": seen, "action": taken, "message", "start_attempts", "last_start_at", ...}
+watch_status() {
+  local vm_state="$1" action="$2" message="$3" file last="" attempts
+  log "GPU VM ${VM_NAME}: state ${vm_state}, action ${action}: ${message}"
+  if [ -f "${LAST_START}" ]; then
+    last="$(date -u -d "@$(cat "${LAST_START}")" +%Y-%m-%dT%H:%M:%SZ)"
+  fi
+  attempts="$(cat "${ATTEMPTS}" 2>/dev/null || echo 0)"
+  file="$(mktemp)"
+  printf '{"role": "%s", "host": "%s", "job": "%s", "vm": "%s", "zone": "%s", "vm_state": "%s", "action": "%s", "message": "%s", "start_attempts": %s, "last_start_at": "%s", "updated_at": "%s"}\n' \
+    "${ROLE}" "$(hostname)" "${JOB_NAME}" "${VM_NAME}" "${VM_ZONE}" "${vm_state}" "${action}" \
+    "${message//\"/\'}" "${attempts}" "${last}" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"${file}"
+  retry_gcloud gcloud storage cp --quiet "${file}" "${RUN_ROOT}/bootstrap/${ROLE}.json" \
+    || log "could not write status ${action}"
+  rm -f "${file}"
+}
+
+mkdir -p "${WATCH_DIR}"
+ERR_FILE="$(mktemp)"
+trap 'rm -f "${ERR_FILE}"' EXIT
+exec 9>"${WATCH_DIR}/lock"
+if ! flock -n 9; then
+  log "another tick holds ${WATCH_DIR}/lock; nothing to do"
+  exit 0
+fi
+rerun_if_installer_changed && exit 0
+
+lease="$(object_state "${LEASE_URI}" lease)" || exit 1
+if [ "${lease}" = missing ]; then
+  watch_status UNCHECKED stopped "no lease ${LEASE_URI}: the stack is not deployed yet or is being destroyed; nothing to do"
+  exit 0
+fi
+export_state="$(object_state "${EXPORT_MARKER_URI}" "the export marker")" || exit 1
+
+if gcloud_once compute instances describe "${VM_NAME}" "${WHERE[@]}" \
+  --format='value(status)' >"${WATCH_DIR}/state"; then
+  state="$(tr -d '[:space:]' <"${WATCH_DIR}/state")"
+  state="${state:-UNKNOWN}"
+elif err_is_not_found; then
+  state=MISSING
+else
+  watch_status UNKNOWN describe-failed "describe failed, retrying on the next tick: $(last_error)"
+  exit 1
+fi
+
+if [ "${export_state}" = present ]; then
+  rm -f "${ATTEMPTS}"
+  watch_status "${state}" complete "the job's export is complete; ${VM_NAME} is not started again"
+  exit 0
+fi
+
+case "${state}" in
+  TERMINATED | STOPPED) ;;
+  MISSING)
+    watch_status MISSING none "${VM_NAME} does not exist (deleted by Pulumi or by hand; preemption only stops it); run pulumi up to create it"
+    exit 0
+    ;;
+  SUSPENDED)
+    watch_status SUSPENDED none "${VM_NAME} was suspended (not by preemption); resume it by hand: gcloud compute instances resume ${VM_NAME} --zone ${VM_ZONE} --project ${PROJECT}"
+    exit 0
+    ;;
+  RUNNING)
+    rm -f "${ATTEMPTS}"
+    watch_status RUNNING none "nothing to do"
+    exit 0
+    ;;
+  *)
+    # PROVISIONING, STAGING, STOPPING, SUSPENDING, REPAIRING: on its way; look again later.
+    watch_status "${state}" none "${VM_NAME} is ${state}; checking again on the next tick"
+    exit 0
+    ;;
+esac
+
+attempts="$(cat "${ATTEMPTS}" 2>/dev/null || echo 0)"
+if [ "${attempts}" -gt 0 ]; then
+  why="start request ${attempts} did not keep it running (a spot VM without capacity in ${VM_ZONE} goes back to TERMINATED); "
+else
+  why=""
+fi
+if ! gcloud_once compute instances start "${VM_NAME}" "${WHERE[@]}" --async; then
+  if err_is_not_found; then
+    watch_status MISSING none "${VM_NAME} was deleted meanwhile; run pulumi up to create it"
+    exit 0
+  fi
+  watch_status "${state}" start-failed "${why}starting ${VM_NAME} failed, retrying on the next tick: $(last_error)"
+  exit 1
+fi
+date -u +%s >"${LAST_START}"
+echo $((attempts + 1)) >"${ATTEMPTS}"
+watch_status "${state}" started "${why}asked Compute Engine to start ${VM_NAME} (attempt $((attempts + 1))); its startup script starts the trainer, which resumes from the checkpoints"

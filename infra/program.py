@@ -186,6 +186,7 @@ def _host(cfg: StackConfig) -> render.TpuHost | render.GpuHost:
             image=gpu.image,
             python_version=gpu.python_version,
             precision=gpu.precision,
+            secure_boot=gpu.shielded_boot,
         )
     tpu = cfg.tpu
     return render.TpuHost(
@@ -193,6 +194,7 @@ def _host(cfg: StackConfig) -> render.TpuHost | render.GpuHost:
         runtime_version=tpu.runtime_version,
         python_version=tpu.python_version,
         hosts=tpu.hosts,
+        secure_boot=tpu.shielded_boot,
     )
 
 

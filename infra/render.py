@@ -164,6 +164,9 @@ class TpuHost:
     runtime_version: str  # the base image
     python_version: str  # the image's python3 ("3.10"): the wheelhouse is built for it
     hosts: int = 1  # > 1: a multi-host slice, one startup script for every host
+    # Secure boot asked of the node (shielded_instance_config); False: not asked, so the
+    # host check has no expectation (the image's default is not known here).
+    secure_boot: bool = False
 
     requirements: str = TPU_REQUIREMENTS_FILE  # what replaces parts of the lock (tpu-install.sh)
 
@@ -181,6 +184,7 @@ class GpuHost:
     precision: str  # Keras mixed-precision policy for this GPU
     hosts: int = 1
     requirements: str = GPU_REQUIREMENTS_FILE
+    secure_boot: bool = False  # shielded_instance_config.enable_secure_boot, set either way
 
 
 @dataclass(frozen=True)
@@ -226,6 +230,31 @@ class WireGuardServer:
         return f"{ipaddress.IPv4Network(self.client_cidr).network_address + 2}/32"
 
 
+# The controller VM's shielded settings (infra/components/controller.py SHIELDED_VM): secure
+# boot on; its host check expects it.
+CONTROLLER_SECURE_BOOT = True
+
+
+def host_expectations(
+    *,
+    python: str = "",
+    accelerator: str = "",
+    machine: str = "",
+    libtpu: str = "",
+    gpus: int | None = None,
+    secure_boot: bool | None = None,
+) -> dict[str, str]:
+    """What templates/facts.sh compares the VM with: "" is no expectation."""
+    return {
+        "EXPECT_PYTHON": python,
+        "EXPECT_ACCELERATOR": accelerator,
+        "EXPECT_MACHINE": machine,
+        "EXPECT_LIBTPU": libtpu,
+        "EXPECT_GPUS": "" if gpus is None else str(gpus),
+        "EXPECT_SECURE_BOOT": "" if secure_boot is None else str(secure_boot).lower(),
+    }
+
+
 STARTUP_SCRIPT_HEADER = (
     "startup script, rendered by infra/render.py; runs on every",
     "# boot and is safe to run again by hand: sudo google_metadata_script_runner startup",
@@ -267,17 +296,26 @@ def render_tpu_script(workload: Workload) -> str:
             f"{TPU_REQUIREMENTS_FILE} pins tensorflow-tpu=={pins.tensorflow_tpu} but "
             f"{LOCK_FILE} tests tensorflow=={pins.tensorflow}: they must be the same version"
         )
-    values = workload.values | {
-        "MANIFEST_URI": jobspec.manifest_uri(workload.bucket, workload.job_name),
-        "STATUS_URI": f"{jobspec.run_root(workload.bucket, workload.job_name)}/status.json",
-        "ACCELERATOR_TYPE": host.accelerator_type,
-        "RUNTIME_VERSION": host.runtime_version,
-        "WHEELHOUSE_ROOT": workload.wheelhouse_root,
-        "TPU_HOSTS": str(host.hosts),
-        "TPU_WORKER_PORT": str(TPU_WORKER_PORT),
-        "VM_REQUIREMENTS": host.requirements,
-    }
-    return _script("tpu", values, "tpu-install.sh", "tpu.sh", "tpu-main.sh")
+    values = (
+        workload.values
+        | {
+            "MANIFEST_URI": jobspec.manifest_uri(workload.bucket, workload.job_name),
+            "STATUS_URI": f"{jobspec.run_root(workload.bucket, workload.job_name)}/status.json",
+            "ACCELERATOR_TYPE": host.accelerator_type,
+            "RUNTIME_VERSION": host.runtime_version,
+            "WHEELHOUSE_ROOT": workload.wheelhouse_root,
+            "TPU_HOSTS": str(host.hosts),
+            "TPU_WORKER_PORT": str(TPU_WORKER_PORT),
+            "VM_REQUIREMENTS": host.requirements,
+        }
+        | host_expectations(
+            python=host.python_version,
+            accelerator=host.accelerator_type,
+            libtpu=pins.libtpu,
+            secure_boot=True if host.secure_boot else None,
+        )
+    )
+    return _script("tpu", values, "tpu-install.sh", "tpu.sh", "facts.sh", "tpu-main.sh")
 
 
 def render_gpu_script(workload: Workload) -> str:
@@ -294,21 +332,30 @@ def render_gpu_script(workload: Workload) -> str:
             f"{GPU_REQUIREMENTS_FILE} pins tensorflow[and-cuda]=={gpu_tf} but {LOCK_FILE} "
             f"tests tensorflow=={pins.tensorflow}: they must be the same version"
         )
-    values = workload.values | {
-        "MANIFEST_URI": jobspec.manifest_uri(workload.bucket, workload.job_name),
-        "STATUS_URI": f"{jobspec.run_root(workload.bucket, workload.job_name)}/status.json",
-        "ACCELERATOR_TYPE": f"{host.count}x {host.gpu_name} on {host.machine_type}",
-        "RUNTIME_VERSION": host.image.rsplit("/", 1)[-1],
-        "WHEELHOUSE_ROOT": workload.wheelhouse_root,
-        "TPU_HOSTS": "1",
-        "TPU_WORKER_PORT": str(TPU_WORKER_PORT),
-        "VM_REQUIREMENTS": host.requirements,
-        "GPU_TYPE": host.gpu_type,
-        "GPU_NAME": host.gpu_name,
-        "GPU_COUNT": str(host.count),
-        "GPU_PRECISION": host.precision,
-    }
-    return _script("gpu", values, "tpu-install.sh", "tpu.sh", "gpu.sh")
+    values = (
+        workload.values
+        | {
+            "MANIFEST_URI": jobspec.manifest_uri(workload.bucket, workload.job_name),
+            "STATUS_URI": f"{jobspec.run_root(workload.bucket, workload.job_name)}/status.json",
+            "ACCELERATOR_TYPE": f"{host.count}x {host.gpu_name} on {host.machine_type}",
+            "RUNTIME_VERSION": host.image.rsplit("/", 1)[-1],
+            "WHEELHOUSE_ROOT": workload.wheelhouse_root,
+            "TPU_HOSTS": "1",
+            "TPU_WORKER_PORT": str(TPU_WORKER_PORT),
+            "VM_REQUIREMENTS": host.requirements,
+            "GPU_TYPE": host.gpu_type,
+            "GPU_NAME": host.gpu_name,
+            "GPU_COUNT": str(host.count),
+            "GPU_PRECISION": host.precision,
+        }
+        | host_expectations(
+            python=host.python_version,
+            machine=host.machine_type,
+            gpus=host.count,
+            secure_boot=host.secure_boot,
+        )
+    )
+    return _script("gpu", values, "tpu-install.sh", "tpu.sh", "facts.sh", "gpu.sh")
 
 
 def _read_pinned_extra(path: Path) -> dict[str, str]:
@@ -454,22 +501,26 @@ def render_controller_script(workload: Workload, watch: TpuWatch | GpuWatch | No
     """With `watch`, the controller also installs that accelerator's watchdog (its script, a
     systemd timer; for a TPU also the TPU VM's startup script it recreates the VM with);
     without, it removes any watchdog."""
-    values = workload.values | {
-        "TENSORBOARD_PORT": str(TENSORBOARD_PORT),
-        "AUTO_RECOVER": "true" if watch else "false",
-        "WATCH_KIND": watch.kind if watch else "",
-        "WATCH_INTERVAL": WATCH_INTERVAL,
-        "WATCH_SCRIPT_B64": _b64(watch.script(workload)) if watch else "",
-        "TPU_STARTUP_SCRIPT_B64": _b64(watch.startup_script) if watch else "",
-        # The wheelhouse: built once per lock for the TPU image's Python (tpu-install.sh).
-        "WHEELHOUSE_ROOT": workload.wheelhouse_root,
-        "TPU_PYTHON_VERSION": workload.host.python_version,
-        "VM_REQUIREMENTS": workload.host.requirements,
-        # The data unit's status messages name the payload's status and the manifest.
-        "MANIFEST_URI": jobspec.manifest_uri(workload.bucket, workload.job_name),
-        "STATUS_URI": f"{jobspec.run_root(workload.bucket, workload.job_name)}/status.json",
-    }
-    return _script("controller", values, "tpu-install.sh", "controller.sh")
+    values = (
+        workload.values
+        | {
+            "TENSORBOARD_PORT": str(TENSORBOARD_PORT),
+            "AUTO_RECOVER": "true" if watch else "false",
+            "WATCH_KIND": watch.kind if watch else "",
+            "WATCH_INTERVAL": WATCH_INTERVAL,
+            "WATCH_SCRIPT_B64": _b64(watch.script(workload)) if watch else "",
+            "TPU_STARTUP_SCRIPT_B64": _b64(watch.startup_script) if watch else "",
+            # The wheelhouse: built once per lock for the TPU image's Python (tpu-install.sh).
+            "WHEELHOUSE_ROOT": workload.wheelhouse_root,
+            "TPU_PYTHON_VERSION": workload.host.python_version,
+            "VM_REQUIREMENTS": workload.host.requirements,
+            # The data unit's status messages name the payload's status and the manifest.
+            "MANIFEST_URI": jobspec.manifest_uri(workload.bucket, workload.job_name),
+            "STATUS_URI": f"{jobspec.run_root(workload.bucket, workload.job_name)}/status.json",
+        }
+        | host_expectations(secure_boot=CONTROLLER_SECURE_BOOT)
+    )
+    return _script("controller", values, "tpu-install.sh", "facts.sh", "controller.sh")
 
 
 def render_vpn_hop_script(server: WireGuardServer, *, client_public_key: str) -> str:

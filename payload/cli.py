@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from payload.errors import UserError
@@ -172,6 +174,7 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
         return 0
 
     status = StatusWriter(job.paths.status, job.name)
+    _note_host_checks(status, os.environ)
     try:
         _declare_tpu_host(args.command)
         quiet.absorb_once_only_logs(args.command, verbose=verbose)
@@ -256,6 +259,23 @@ def _slice_target(command: str) -> SliceTarget | None:
     from payload.strategy import slice_target  # noqa: PLC0415
 
     return slice_target(os.environ)
+
+
+def _note_host_checks(status: StatusWriter, env: Mapping[str, str]) -> None:
+    """The VM's startup script compared this host with the catalog and left the result in
+    TPU_PRETRAIN_HOST_FACTS (infra/templates/facts.sh, set by the trainer and data units):
+    each mismatch goes into status.json and the log. Not an error: the job runs on."""
+    path = env.get("TPU_PRETRAIN_HOST_FACTS", "")
+    if not path:
+        return
+    try:
+        facts = json.loads(Path(path).read_text(encoding="utf-8"))
+        checks = [str(line) for line in facts.get("mismatches", [])]
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        checks = [f"the host check's facts {path} could not be read: {_one_line(exc)}"]
+    status.note_host_checks(checks)
+    for line in checks:
+        print(f"host check: {line}", file=sys.stderr)
 
 
 def _declare_tpu_host(command: str) -> None:

@@ -99,6 +99,18 @@ class StatusWriter:
         if changed or time.monotonic() - self._last_write >= self.min_interval_s:
             self.flush()
 
+    def note_host_checks(self, checks: list[str]) -> None:
+        """Where this host differs from what the catalog expects (the startup script's host
+        check, infra/templates/facts.sh): kept in status.json until the next run's note."""
+        self._doc["host_checks"] = list(checks)
+        self._dirty = True
+
+    def note_runtime(self, runtime: dict[str, Any]) -> None:
+        """What the trainer runs on: accelerator, the devices (replicas) the backend sees,
+        hosts, precision (payload/strategy.py describe)."""
+        self._doc["runtime"] = dict(runtime)
+        self._dirty = True
+
     def fail(self, *, stage: str, error: str) -> None:
         self._doc["last_error"] = {"stage": stage, "error": error, "at": _now()}
         self.update(stage=stage, state="failed", message=error)

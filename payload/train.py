@@ -173,7 +173,9 @@ def train(
     runtime = runtime or strategy_lib.setup(spec.precision, target=target)
     strategy_lib.check_global_batch(spec.global_batch_size, runtime)
     chief = runtime.is_chief
-    _log(f"train: {json.dumps(strategy_lib.describe(runtime))}")
+    described = strategy_lib.describe(runtime)
+    _log(f"train: {json.dumps(described)}")
+    status.note_runtime(described)  # the devices the backend sees, beside the host checks
 
     strategy = runtime.strategy
     # Seeded initial weights. The global seed is cleared again afterwards: everything random

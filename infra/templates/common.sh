@@ -11,6 +11,7 @@ readonly LOG_TAG=tpu-pretrain
 readonly CONSOLE="${SANDBOX_ROOT}/dev/console"
 UNITS_CHANGED=0
 GCS_CLI=""
+HOST_CHECKS=""  # JSON strings: this VM's mismatches with the catalog (templates/facts.sh)
 
 log() {
   echo "tpu-pretrain[${ROLE}]: $*" >&2
@@ -110,6 +111,9 @@ write_status() {
   file="$(mktemp)"
   if [ -n "${WORKER:-}" ]; then
     slice="$(printf ', "worker": "%s", "slice": "%s"' "${WORKER}" "${SLICE_IPS:-}")"
+  fi
+  if [ -n "${HOST_CHECKS:-}" ]; then
+    slice="${slice}, \"host_checks\": [${HOST_CHECKS}]"
   fi
   printf '{"role": "%s", "host": "%s", "state": "%s", "message": "%s", "payload_sha256": "%s", "updated_at": "%s"%s}\n' \
     "${ROLE}" "$(hostname)" "${state}" "${message//\"/\'}" "${PAYLOAD_SHA256:-}" \

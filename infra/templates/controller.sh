@@ -95,6 +95,7 @@ $(declare -p SANDBOX_ROOT APP_DIR RETRY_ATTEMPTS LOG_TAG CONSOLE TRANSIENT_ERROR
 $(declare -p ROLE RUN_ROOT JOB_URI MANIFEST_URI STATUS_URI PAYLOAD_SHA256)
 GCS_CLI=''
 STATUS_NAME=''
+$(declare -p HOST_CHECKS)
 $(declare -f log retry_gcloud gcs_cli gcs write_status wait_corpus data_stopped)
 case \"\${1:-}\" in
   wait-corpus) wait_corpus ;;
@@ -109,7 +110,9 @@ esac"
 trap 'write_status failed "startup script failed at line ${LINENO}"' ERR
 gcs_cli
 write_status starting "startup script started"
+install_started="${SECONDS}"
 install_payload
+record_facts "$((SECONDS - install_started))"
 install_helper
 
 # Tokenizer, then encoding; each stage skips work that is already complete in the bucket.
@@ -126,6 +129,7 @@ Type=oneshot
 RemainAfterExit=yes
 Environment=PYTHONUNBUFFERED=1
 Environment=TPU_PAYLOAD_VERBOSE=1
+Environment=TPU_PRETRAIN_HOST_FACTS=/opt/tpu-pretrain/host-facts.json
 ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-corpus
 ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload tokenizer --job ${JOB_URI}
 ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload encode --job ${JOB_URI}

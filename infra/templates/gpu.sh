@@ -12,6 +12,8 @@ trainer_host_env() {
     "Environment=TPU_PRETRAIN_RUNTIME_VERSION=${RUNTIME_VERSION}"
 }
 
+GPUS_LISTED=""  # how many GPUs nvidia-smi lists (check_gpus)
+
 # The driver must list the GPUs the machine type carries before anything is installed.
 check_gpus() {
   local listed count
@@ -24,6 +26,7 @@ check_gpus() {
     exit 2
   fi
   count="$(grep -c '^GPU [0-9]' <<<"${listed}" || true)"
+  GPUS_LISTED="${count}"
   if [ "${count}" -lt 1 ]; then
     write_status failed "GPU not found: nvidia-smi lists no GPU on ${ACCELERATOR_TYPE}; not training on the CPU"
     exit 2
@@ -52,7 +55,9 @@ write_status starting "startup script started on ${ACCELERATOR_TYPE} (${RUNTIME_
 check_python
 check_gpus
 log "step 2/4: payload install"
+install_started="${SECONDS}"
 install_payload
+record_facts "$((SECONDS - install_started))"
 log "step 3/4: trainer unit"
 ptxas_dir="/opt/tpu-pretrain/venv/$(gpu_ptxas_dir "${APP_DIR}/venv")"
 install_helper

@@ -11,7 +11,13 @@ else
 fi
 check_python
 log "step 2/4: payload install"
+install_started="${SECONDS}"
 install_payload
+if [ "${TPU_HOSTS}" -gt 1 ]; then
+  record_facts "$((SECONDS - install_started))" "worker=${WORKER}" "slice_hosts=${TPU_HOSTS}"
+else
+  record_facts "$((SECONDS - install_started))"
+fi
 log "step 3/4: trainer unit"
 libtpu_path="/opt/tpu-pretrain/venv/$(tpu_libtpu_path "${APP_DIR}/venv")"
 install_helper

@@ -103,6 +103,7 @@ Environment=TPU_PAYLOAD_VERBOSE=1
 Environment=TF_USE_LEGACY_KERAS=1
 Environment=WRAPT_DISABLE_EXTENSIONS=true
 Environment=FORCE_TF_AVAILABLE=1
+Environment=TPU_PRETRAIN_HOST_FACTS=/opt/tpu-pretrain/host-facts.json
 ${tpu_env}
 $(trainer_host_env)
 ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-manifest${pre:+
@@ -271,6 +272,7 @@ $(declare -p ROLE RUN_ROOT MANIFEST_URI STATUS_URI PAYLOAD_SHA256)
 $(declare -p TPU_HOSTS TPU_WORKER_PORT WORKER SLICE_IPS)
 GCS_CLI=''
 STATUS_NAME=''
+$(declare -p HOST_CHECKS)
 $(declare -f log retry_gcloud gcs_cli gcs write_status wait_manifest trainer_stopped)
 $(declare -f port_open worker_ready worker_stopped wait_workers)
 case \"\${1:-}\" in

@@ -130,6 +130,7 @@ def test_gpu_script_installs_the_cuda_build_and_a_trainer_that_sees_the_gpus(gpu
         "TPU_PRETRAIN_GPU_COUNT": "2",
         "TPU_PRETRAIN_GPU_PRECISION": "mixed_bfloat16",
         "TPU_PRETRAIN_RUNTIME_VERSION": "common-cu128-ubuntu-2204-nvidia-570",
+        "TPU_PRETRAIN_HOST_FACTS": "/opt/tpu-pretrain/host-facts.json",
     }
     assert "systemctl restart --no-block tpu-pretrain-train.service" in calls
     status = _status(box, bucket)

@@ -68,6 +68,10 @@ done
 """,
     "gcloud": r"""
 echo "gcloud $*" >>"$CALLS"
+if [ "$1" = --version ]; then
+  printf 'Google Cloud SDK %s\nbq 2.1.9\n' "${STUB_GCLOUD_VERSION:-499.0.0}"
+  exit 0
+fi
 if [ "$1" = storage ] && [ -n "${NO_GCLOUD_STORAGE:-}" ]; then
   echo "ERROR: (gcloud) Invalid choice: 'storage'." >&2
   exit 2
@@ -186,6 +190,11 @@ fi
 """,
     "gsutil": r"""
 echo "gsutil $*" >>"$CALLS"
+if [ "$1" = version ]; then
+  [ -n "${STUB_GSUTIL_VERSION-5.31}" ] || { echo "gsutil: broken install" >&2; exit 1; }
+  echo "gsutil version: ${STUB_GSUTIL_VERSION-5.31}"
+  exit 0
+fi
 args=()
 for a in "$@"; do case "$a" in -q | -m) ;; *) args+=("$a") ;; esac; done
 exec "$STUB_DIR/fakegcs" "${args[@]}"
@@ -215,7 +224,10 @@ fi
     "recorder": r"""
 echo "$(basename "$0") $*" >>"$CALLS"
 if [ "$(basename "$0")" = python ]; then
-  echo "lib/python3.10/site-packages/libtpu/libtpu.so"
+  case "$*" in
+    *importlib.metadata*) echo "${STUB_LIBTPU_VERSION:-0.0.14}" ;;  # the installed libtpu
+    *) echo "lib/python3.10/site-packages/libtpu/libtpu.so" ;;
+  esac
 fi
 if [ "$(basename "$0")" = pip ]; then
   n="$(cat "$STATE/pip-fails" 2>/dev/null || echo 0)"
@@ -284,7 +296,16 @@ if [ -d "$STATE/md" ] && [ "$key" != startup-script ]; then
   cat "$STATE/md/$key"
   exit 0
 fi
-# The metadata server: $STATE/metadata is this VM's startup-script attribute.
+# The metadata server: $STATE/metadata is this VM's startup-script attribute; other
+# instance values (image, machine-type) are $STATE/md/<key> when the test sets them.
+if [ "$key" != startup-script ]; then
+  if [ ! -f "$STATE/md/$key" ]; then
+    echo "curl: (22) The requested URL returned error: 404" >&2
+    exit 22
+  fi
+  cat "$STATE/md/$key"
+  exit 0
+fi
 [ -f "$STATE/metadata" ] || { echo "curl: (7) Failed to connect" >&2; exit 7; }
 cat "$STATE/metadata"
 """
@@ -336,6 +357,12 @@ echo "Running timer as unit: $name.timer" >&2
 """
 STUBS["systemctl"] = r"""
 echo "systemctl $*" >>"$CALLS"
+# `systemctl cat UNIT`: the image's own unit files are $STATE/unit-files/<unit>.
+if [ "$1" = cat ]; then
+  [ -f "$STATE/unit-files/$2" ] || { echo "No files found for $2." >&2; exit 1; }
+  cat "$STATE/unit-files/$2"
+  exit 0
+fi
 units="$STATE/units"
 if [ "$1" = stop ] && [ -d "$units" ]; then
   shift
@@ -478,6 +505,7 @@ def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
     calls = sandbox.calls
     assert sorted(p.name for p in (sandbox.root / "opt/tpu-pretrain").iterdir()) == [
         "bin",
+        "host-facts.json",  # templates/facts.sh, read by the trainer
         f"src-{short}",
         "venv",
         f"venv-{short}",
@@ -528,6 +556,7 @@ def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
         "TPU_NAME": "local",
         "TPU_PRETRAIN_ACCELERATOR_TYPE": "v6e-8",
         "TPU_PRETRAIN_RUNTIME_VERSION": "v2-alpha-tpuv6e",
+        "TPU_PRETRAIN_HOST_FACTS": "/opt/tpu-pretrain/host-facts.json",
     }
     helper = sandbox.root / "opt/tpu-pretrain/bin/tpu-pretrain-helper"
     assert stat.S_IMODE(helper.stat().st_mode) == 0o755
@@ -1795,6 +1824,7 @@ def test_slice_worker_0_also_runs_the_trainer_against_every_worker(slice_run, sa
         "TPU_LOAD_LIBRARY": "0",
         "TPU_PRETRAIN_ACCELERATOR_TYPE": "v4-32",
         "TPU_PRETRAIN_RUNTIME_VERSION": "v2-alpha-tpuv5",
+        "TPU_PRETRAIN_HOST_FACTS": "/opt/tpu-pretrain/host-facts.json",
     }
     calls = sandbox.calls
     for unit in ("tpu-pretrain-tpu-worker.service", "tpu-pretrain-train.service"):
@@ -1820,7 +1850,18 @@ def test_the_single_host_script_reads_no_slice_metadata(stack_run, sandbox):
     _publish_payload(stack_run, sandbox)
     result = sandbox.run(_script(stack_run, "tpu-vm"))
     assert result.returncode == 0, result.stderr
-    assert not [c for c in sandbox.calls if c.startswith("curl ")]
+    # Only the host check's single reads (templates/facts.sh records what is there), never
+    # the slice's worker number with its retries.
+    instance = "http://metadata.google.internal/computeMetadata/v1/instance"
+    assert [c for c in sandbox.calls if c.startswith("curl ")] == [
+        f"curl -fsS -H Metadata-Flavor: Google {instance}/{key}"
+        for key in (
+            "image",
+            "attributes/accelerator-type",
+            "machine-type",
+            "attributes/worker-network-endpoints",
+        )
+    ]
     assert "readonly TPU_HOSTS=1\n" in _script(stack_run, "tpu-vm")
 
 

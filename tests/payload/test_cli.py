@@ -199,3 +199,36 @@ def test_end_to_end_encode_to_gcs(gcs_root: str, tmp_path: Path) -> None:
         mf.write_manifest(data_dir, manifest)
     again = tpu_payload("encode", "--job", spec_uri)
     assert "encode: skipped: complete" in again.stdout
+
+
+def test_the_host_checks_of_the_startup_script_reach_status_json(
+    tmp_path: Path, good_corpus: str
+) -> None:
+    """A VM's startup script writes its mismatches with the catalog to the file named by
+    TPU_PRETRAIN_HOST_FACTS (infra/templates/facts.sh); a stage run on that VM carries them
+    into status.json and its log, and still runs."""
+    job = write_job(tmp_path, good_corpus)
+    facts = tmp_path / "host-facts.json"
+    line = "catalog says python 3.10 on v2-alpha-tpuv6e; this VM has 3.12"
+    facts.write_text(json.dumps({"facts": {"python": "3.12"}, "mismatches": [line]}))
+    result = tpu_payload(
+        "tokenizer", "--job", str(job), env={"TPU_PRETRAIN_HOST_FACTS": str(facts)}
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"host check: {line}" in result.stderr
+    status = json.loads((tmp_path / "out" / "status.json").read_text())
+    assert status["host_checks"] == [line]
+    assert status["stages"]["tokenizer"]["state"] == "complete"
+
+    # A host without mismatches clears the note; an unreadable file is reported, not fatal.
+    facts.write_text(json.dumps({"mismatches": []}))
+    again = tpu_payload("tokenizer", "--job", str(job), env={"TPU_PRETRAIN_HOST_FACTS": str(facts)})
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "out" / "status.json").read_text())["host_checks"] == []
+    facts.write_text("{not json")
+    broken = tpu_payload(
+        "tokenizer", "--job", str(job), env={"TPU_PRETRAIN_HOST_FACTS": str(facts)}
+    )
+    assert broken.returncode == 0, broken.stderr
+    [note] = json.loads((tmp_path / "out" / "status.json").read_text())["host_checks"]
+    assert note.startswith(f"the host check's facts {facts} could not be read: ")

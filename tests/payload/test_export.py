@@ -149,6 +149,8 @@ def test_export_layout_config_and_card(trained) -> None:
     manifest = mf.load_manifest(job.paths.data)
     status = json.loads(Path(job.paths.status).read_text())
     metrics = status["stages"]["train"]["metrics"]
+    # What the trainer ran on, as the backend saw it (one CPU device here).
+    assert status["runtime"]["accelerator"] == "cpu" and status["runtime"]["replicas"] == 1
     marker = json.loads((export / train.EXPORT_MARKER).read_text())
     assert f"| parameters | {marker['parameters']:,} " in card
     assert f"| training sequences / tokens | {manifest.total_records:,} / " in card

@@ -10,7 +10,7 @@ PTVENV := .venv-pt
 STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
-.PHONY: demo test test-payload test-infra lint format plan bench bench-tpu-install venv venv-infra \
+.PHONY: demo test test-payload test-infra lint format plan smoke bench bench-tpu-install venv venv-infra \
 	venv-tpu venv-pt tools clean
 
 venv: $(VENV)/.installed
@@ -83,6 +83,13 @@ format: venv
 # Offline plan of a stack under Pulumi's mocks: no cloud account, no Pulumi CLI.
 plan: venv-infra
 	$(IPY) -m infra.plan --stack $(STACK)
+
+# The first real run on GCP (docs/first-real-run.md): preflight, pulumi up with the tiny
+# smoke job, wait, verdict table, pulumi destroy (KEEP=1 keeps the stack). It creates real
+# resources, so STACK must be named on the command line: make smoke STACK=v6e-euw4
+smoke: venv venv-infra
+	@test "$(origin STACK)" = "command line" || { echo "make smoke: name the stack: make smoke STACK=<stack> [KEEP=1]" >&2; exit 2; }
+	$(IPY) -m infra.smoke --stack $(STACK) $(if $(KEEP),--keep)
 
 # Performance figures (printed, not asserted): encode vs raw tokenizers, bytes/token,
 # RSS at two corpus sizes, input pipeline sequences/s. BENCH_ARGS=--quick for a short run.

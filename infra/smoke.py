@@ -1,0 +1,468 @@
+"""The first real run: `make smoke STACK=<stack> [KEEP=1]`.
+
+    python -m infra.smoke --stack v6e-euw4 [--keep] [--timeout-min 90]
+
+For a user with a project, billing and quota: a preflight that checks what can be checked
+before anything is created (credentials, project, billing, the accelerator type and runtime
+version offered in the zone, GPU quota), `pulumi up` of the stack with the tiny job
+`stacks/jobs/smoke.yaml` (through a copy of the stack's settings: the stack file is never
+changed), the bundled corpus uploaded, a bounded wait with progress on the bucket's status
+files, a verdict table (each host fact against the catalog, the devices the trainer saw,
+steps/s, the export checked by the payload's own `export` verb) and `pulumi destroy` unless
+--keep, after a failure too. The report (table and the log of every command) is written to
+build/smoke/ for a bug report. Exit 0 when every verdict is ok, 1 when something did not
+hold, 2 when the preflight or the settings stopped it before anything was created.
+
+Every external command goes through `Smoke.run` (gcloud, pulumi, the payload CLI); the
+offline test puts stub executables first on PATH and injects the clock, so every branch
+runs without a cloud (tests/infra/test_smoke.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra import jobspec
+from infra.config import GpuConfig, StackConfig, TpuConfig, parse_config
+from infra.errors import ConfigError
+from infra.offline import STACKS_DIR, stack_names
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SMOKE_JOB = "stacks/jobs/smoke.yaml"
+CORPUS_DIR = REPO_ROOT / "examples" / "corpus"
+REPORT_DIR = REPO_ROOT / "build" / "smoke"
+NAMESPACE = "tpu-pretrain"
+OK, MISMATCH, FAILED, UNKNOWN = "ok", "MISMATCH", "FAILED", "unknown"
+
+
+@dataclass
+class Row:
+    check: str
+    expected: str
+    seen: str
+    verdict: str  # ok | MISMATCH | FAILED | unknown
+
+
+@dataclass
+class Report:
+    stack: str
+    rows: list[Row] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+
+    def add(self, check: str, expected: str, seen: str, verdict: str) -> Row:
+        row = Row(check, expected, seen, verdict)
+        self.rows.append(row)
+        return row
+
+    def table(self) -> str:
+        lines = ["| check | expected | seen | verdict |", "|---|---|---|---|"]
+        for r in self.rows:
+            cells = (r.check, r.expected, r.seen, r.verdict)
+            lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+        return "\n".join(lines)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.verdict in (OK, UNKNOWN) for r in self.rows)
+
+
+class SmokeStopError(Exception):
+    """The run cannot go on; the message is the one line the user reads."""
+
+
+class Smoke:
+    def __init__(
+        self,
+        stack: str,
+        *,
+        keep: bool = False,
+        timeout_s: float = 90 * 60,
+        poll_s: float = 60,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        report_dir: Path = REPORT_DIR,
+        payload_cli: Sequence[str] = (str(REPO_ROOT / ".venv" / "bin" / "tpu-payload"),),
+        out: Any = sys.stderr,
+        stacks_dir: Path = STACKS_DIR,
+    ) -> None:
+        self.stacks_dir = stacks_dir
+        self.stack, self.keep = stack, keep
+        self.timeout_s, self.poll_s = timeout_s, poll_s
+        self.clock, self.sleep = clock, sleep
+        self.report_dir, self.payload_cli, self.out = report_dir, list(payload_cli), out
+        self.report = Report(stack)
+        self.config_file = report_dir / f"Pulumi.{stack}.smoke.yaml"
+
+    # --- commands -------------------------------------------------------------------------
+    def say(self, line: str) -> None:
+        print(f"smoke[{self.stack}]: {line}", file=self.out, flush=True)
+        self.report.log.append(line)
+
+    def run(self, argv: Sequence[str], *, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        self.report.log.append("$ " + shlex.join(argv))
+        try:
+            result = subprocess.run(
+                list(argv), capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except FileNotFoundError:
+            raise SmokeStopError(f"{argv[0]} is not installed or not on PATH") from None
+        except subprocess.TimeoutExpired:
+            raise SmokeStopError(f"`{shlex.join(argv)}` did not finish in {timeout:.0f}s") from None
+        output = (result.stdout + result.stderr).strip()
+        if output:
+            self.report.log.append(output[-4000:])
+        return result
+
+    def gcloud(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.run(["gcloud", *args])
+
+    def pulumi(self, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+        return self.run(["pulumi", *args, "--stack", self.stack], timeout=timeout)
+
+    def read_json(self, uri: str) -> dict[str, Any] | None:
+        result = self.gcloud("storage", "cat", uri)
+        if result.returncode != 0:
+            return None
+        try:
+            doc = json.loads(result.stdout)
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    # --- the stack ------------------------------------------------------------------------
+    def load(self) -> tuple[StackConfig, dict[str, Any]]:
+        path = self.stacks_dir / f"Pulumi.{self.stack}.yaml"
+        if not path.is_file():
+            raise ConfigError(
+                f"STACK={self.stack!r}: no stacks/Pulumi.{self.stack}.yaml; stacks: "
+                + ", ".join(stack_names())
+            )
+        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        config = dict(document.get("config") or {})
+        project = config.get("gcp:project")
+        if not project:
+            raise ConfigError(
+                f"gcp:project is not set for stack {self.stack}: run `pulumi config set "
+                f"gcp:project <your-project-id> --stack {self.stack}` first"
+            )
+        config[f"{NAMESPACE}:job"] = SMOKE_JOB
+        values = {k.split(":", 1)[1]: v for k, v in config.items() if k.startswith(f"{NAMESPACE}:")}
+        cfg = parse_config(project=str(project), stack=self.stack, values=values)
+        document["config"] = config
+        return cfg, document
+
+    # --- 1. preflight ---------------------------------------------------------------------
+    def preflight(self, cfg: StackConfig) -> None:
+        """Everything checkable before anything is created; a FAILED row stops the run."""
+        project = cfg.project
+        token = self.gcloud("auth", "application-default", "print-access-token")
+        self._row_ok(
+            "credentials (application default, as Pulumi uses them)",
+            "a token",
+            token.returncode == 0,
+            "run `gcloud auth application-default login`",
+        )
+        state = self.gcloud(
+            "projects", "describe", project, "--format=value(lifecycleState)"
+        ).stdout.strip()
+        self._row_ok(f"project {project}", "ACTIVE", state == "ACTIVE", state or "not readable")
+        billing = self.gcloud(
+            "billing", "projects", "describe", project, "--format=value(billingEnabled)"
+        ).stdout.strip()
+        self._row_ok("billing", "True", billing == "True", billing or "not readable")
+        accel = cfg.accelerator
+        if isinstance(accel, TpuConfig):
+            self._offered(
+                f"accelerator type {accel.accelerator_type} in {accel.zone}",
+                accel.accelerator_type,
+                ["alpha", "compute", "tpus", "tpu-vm", "accelerator-types", "list"],
+                ["--zone", accel.zone, "--project", project, "--format=value(type)"],
+            )
+            self._offered(
+                f"runtime version {accel.runtime_version} in {accel.zone}",
+                accel.runtime_version,
+                ["alpha", "compute", "tpus", "tpu-vm", "versions", "list"],
+                ["--zone", accel.zone, "--project", project, "--format=value(version)"],
+            )
+            self.report.add(
+                "TPU quota",
+                f"{accel.accelerator_type} ({accel.hosts} host(s))",
+                "not readable with a GA gcloud command; a spot or on-demand TPU waits in its "
+                "queued resource, the watchdog reports it",
+                UNKNOWN,
+            )
+        else:
+            self._gpu_preflight(cfg, accel)
+        failed = [r for r in self.report.rows if r.verdict == FAILED]
+        if failed:
+            raise SmokeStopError(f"preflight: {failed[0].check}: {failed[0].seen}")
+
+    def _gpu_preflight(self, cfg: StackConfig, gpu: GpuConfig) -> None:
+        machine = self.gcloud(
+            "compute", "machine-types", "describe", gpu.machine_type, "--zone", gpu.zone,
+            "--project", cfg.project, "--format=value(name)",
+        )  # fmt: skip
+        self._row_ok(
+            f"machine type {gpu.machine_type} in {gpu.zone}",
+            gpu.machine_type,
+            machine.stdout.strip() == gpu.machine_type,
+            _last_line(machine) or "not offered",
+        )
+        self._offered(
+            f"GPU {gpu.gpu_type} in {gpu.zone}",
+            gpu.gpu_type,
+            ["compute", "accelerator-types", "list"],
+            [f"--filter=zone:{gpu.zone}", "--project", cfg.project, "--format=value(name)"],
+        )
+        quotas = self.gcloud(
+            "compute", "regions", "describe", gpu.region, "--project", cfg.project,
+            "--format=json(quotas)",
+        )  # fmt: skip
+        try:
+            rows = {q["metric"]: q for q in json.loads(quotas.stdout).get("quotas", [])}
+        except (ValueError, AttributeError, TypeError):
+            rows = {}
+        for metric in gpu.quota_metrics:
+            if metric not in rows:
+                seen = "not listed for the region" if quotas.returncode == 0 else "not readable"
+                self.report.add(f"quota {metric} in {gpu.region}", f">= {gpu.count}", seen, UNKNOWN)
+                continue
+            free = float(rows[metric].get("limit", 0)) - float(rows[metric].get("usage", 0))
+            self._row_ok(
+                f"quota {metric} in {gpu.region}",
+                f">= {gpu.count} free",
+                free >= gpu.count,
+                f"{free:g} free (request more: IAM & Admin > Quotas)",
+                seen_ok=f"{free:g} free",
+            )
+
+    def _offered(self, check: str, wanted: str, command: list[str], flags: list[str]) -> None:
+        result = self.gcloud(*command, *flags)
+        offered = result.stdout.split()
+        if result.returncode != 0:
+            error = _last_line(result)
+            if "has not been used" in error or "is disabled" in error:
+                self.report.add(
+                    check, wanted, "API not enabled yet (pulumi up enables it)", UNKNOWN
+                )
+                return
+            self.report.add(check, wanted, error or "not readable", FAILED)
+            return
+        self._row_ok(
+            check, wanted, wanted in offered, "offered: " + (", ".join(offered) or "nothing")
+        )
+
+    def _row_ok(
+        self, check: str, expected: str, ok: bool, seen: str, *, seen_ok: str = "yes"
+    ) -> None:
+        self.report.add(check, expected, seen_ok if ok else seen, OK if ok else FAILED)
+
+    # --- 2.-5. deploy, wait, judge, destroy -----------------------------------------------
+    def execute(self) -> int:
+        self.report_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            cfg, document = self.load()
+        except ConfigError as error:
+            self.say(f"error: {error}")
+            return 2
+        deployed = False
+        try:
+            self.preflight(cfg)
+            self.say("preflight passed:\n" + self.report.table())
+            self._ensure_empty_stack()
+            self.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
+            deployed = True
+            self.say(f"pulumi up (stack {self.stack}, job {SMOKE_JOB})")
+            up = self.pulumi(
+                "up", "--yes", "--skip-preview", "--config-file", str(self.config_file)
+            )
+            if up.returncode != 0:
+                raise SmokeStopError(f"pulumi up failed: {_last_line(up)}")
+            outputs = self._outputs()
+            bucket = outputs["bucketUrl"]
+            self.say(f"uploading the bundled corpus to {bucket}/corpus/smoke/")
+            files = sorted(str(p) for p in CORPUS_DIR.glob("*.txt"))
+            copied = self.gcloud("storage", "cp", *files, f"{bucket}/corpus/smoke/")
+            if copied.returncode != 0:
+                raise SmokeStopError(f"corpus upload failed: {_last_line(copied)}")
+            run_root = jobspec.run_root(bucket.removeprefix("gs://"), "smoke")
+            status = self._wait(run_root)
+            self._judge(run_root, status, outputs)
+        except SmokeStopError as stop:
+            self.report.add("run", "complete", str(stop), FAILED)
+            self.say(f"error: {stop}")
+        finally:
+            if deployed:
+                self._destroy()
+            self._write_report()
+        if not deployed:
+            return 2  # stopped before anything was created: the settings or the preflight
+        return 0 if self.report.passed else 1
+
+    def _ensure_empty_stack(self) -> None:
+        """The smoke run ends with `pulumi destroy`: it must never destroy a stack someone uses."""
+        self.pulumi("stack", "select", "--create")
+        result = self.pulumi("stack", "output", "--json")
+        try:
+            outputs = json.loads(result.stdout or "{}")
+        except ValueError:
+            outputs = {}
+        if outputs:
+            raise SmokeStopError(
+                f"stack {self.stack} is deployed ({len(outputs)} outputs); the smoke run "
+                "destroys what it creates, so it runs only on a stack with nothing deployed: "
+                "use another stack name, or `pulumi destroy` this one first"
+            )
+
+    def _outputs(self) -> dict[str, Any]:
+        result = self.pulumi("stack", "output", "--json")
+        try:
+            outputs = json.loads(result.stdout)
+        except ValueError:
+            raise SmokeStopError(f"pulumi stack output is not JSON: {_last_line(result)}") from None
+        if "bucketUrl" not in outputs:
+            raise SmokeStopError("pulumi stack output has no bucketUrl")
+        return outputs
+
+    def _wait(self, run_root: str) -> dict[str, Any]:
+        """Poll status.json and the bootstrap statuses until the export is complete, a unit
+        stops, or the time is up (bounded; one progress line per change)."""
+        started = self.clock()
+        previous = ""
+        while True:
+            status = self.read_json(f"{run_root}/status.json") or {}
+            boots = {
+                name: self.read_json(f"{run_root}/bootstrap/{name}.json") or {}
+                for name in ("controller", "tpu", "gpu")
+            }
+            line = _progress(status, boots)
+            if line != previous:
+                self.say(f"{self.clock() - started:6.0f}s {line}")
+                previous = line
+            if (
+                self.gcloud("storage", "ls", f"{run_root}/export/export_complete.json").returncode
+                == 0
+            ):
+                return status
+            stopped = [
+                f"{name}: {doc.get('message', '')}"
+                for name, doc in boots.items()
+                if doc.get("state") in ("failed", "stopped")
+            ]
+            if status.get("state") == "failed" or stopped:
+                error = (status.get("last_error") or {}).get("error", "") or "; ".join(stopped)
+                raise SmokeStopError(f"the job stopped: {error}")
+            if self.clock() - started >= self.timeout_s:
+                raise SmokeStopError(
+                    f"no complete export after {self.timeout_s / 60:.0f} min (last: {line})"
+                )
+            self.sleep(self.poll_s)
+
+    def _judge(self, run_root: str, status: dict[str, Any], outputs: dict[str, Any]) -> None:
+        listed = self.gcloud("storage", "ls", f"{run_root}/bootstrap/facts-*.json")
+        names = sorted(u for u in listed.stdout.split() if u.endswith(".json"))
+        if not names:
+            self.report.add("host facts", "one file per VM", "none written", FAILED)
+        for uri in names:
+            doc = self.read_json(uri) or {}
+            who = doc.get("name") or uri.rsplit("/", 1)[-1]
+            facts, expected = doc.get("facts", {}), doc.get("expected", {})
+            for key, want in sorted(expected.items()):
+                if want in ("", None):
+                    continue
+                seen = str(facts.get(key, ""))
+                want_text = {"true": "enabled", "false": "disabled"}.get(want, want)
+                verdict = (
+                    UNKNOWN if seen in ("", "unknown") else OK if seen == want_text else MISMATCH
+                )
+                self.report.add(f"{who}: {key}", want_text, seen or "not readable", verdict)
+            for extra in ("gcloud", "image", "tpu_runtime_unit", "install_seconds"):
+                self.report.add(f"{who}: {extra}", "(recorded)", str(facts.get(extra, "")), OK)
+        runtime = status.get("runtime") or {}
+        want = "tpu" if "tpuName" in outputs else "gpu"
+        self.report.add(
+            "devices the trainer saw",
+            want,
+            f"{runtime.get('accelerator', '?')} x {runtime.get('replicas', '?')} replicas",
+            OK if runtime.get("accelerator") == want else FAILED,
+        )
+        metrics = (status.get("stages", {}).get("train", {}) or {}).get("metrics", {})
+        speed = metrics.get("steps_per_second")
+        self.report.add("steps/s", "(measured)", str(speed), OK if speed else UNKNOWN)
+        job = jobspec.job_uri(run_root.split("/")[2], "smoke")
+        checked = self.run([*self.payload_cli, "export", "--job", job], timeout=900)
+        self.report.add(
+            "export loads (tpu-payload export)",
+            "exit 0",
+            "exit 0" if checked.returncode == 0 else _last_line(checked),
+            OK if checked.returncode == 0 else FAILED,
+        )
+
+    def _destroy(self) -> None:
+        if self.keep:
+            self.say(f"KEEP=1: stack {self.stack} stays up; `pulumi destroy --stack {self.stack}`")
+            return
+        self.say("pulumi destroy")
+        down = self.pulumi(
+            "destroy", "--yes", "--skip-preview", "--config-file", str(self.config_file)
+        )
+        self.report.add(
+            "pulumi destroy", "exit 0", "exit 0" if down.returncode == 0 else _last_line(down),
+            OK if down.returncode == 0 else FAILED,
+        )  # fmt: skip
+
+    def _write_report(self) -> Path:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        path = self.report_dir / f"smoke-{self.stack}-{stamp}.md"
+        verdict = "PASSED" if self.report.passed else "FAILED"
+        path.write_text(
+            f"# tpu-pretrain smoke run: stack {self.stack}, {verdict}\n\n"
+            + self.report.table()
+            + "\n\n## Log\n```\n"
+            + "\n".join(self.report.log)
+            + "\n```\n"
+        )
+        self.say(f"{verdict}\n{self.report.table()}\nreport: {path}")
+        return path
+
+
+def _last_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = (result.stderr or result.stdout or "").strip().splitlines()
+    return lines[-1][:300] if lines else f"exit {result.returncode}"
+
+
+def _progress(status: dict[str, Any], boots: dict[str, dict[str, Any]]) -> str:
+    parts = [
+        f"{name} {doc.get('state')}" for name, doc in boots.items() if doc.get("state") is not None
+    ]
+    if status:
+        progress = status.get("progress")
+        share = f" {progress:.0%}" if isinstance(progress, (int, float)) else ""
+        parts.append(f"job {status.get('stage')} {status.get('state')}{share}")
+    return ", ".join(parts) or "waiting for the first status"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.smoke", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--stack", required=True)
+    parser.add_argument("--keep", action="store_true", help="do not destroy the stack at the end")
+    parser.add_argument("--timeout-min", type=float, default=90.0)
+    args = parser.parse_args(argv)
+    return Smoke(args.stack, keep=args.keep, timeout_s=args.timeout_min * 60).execute()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

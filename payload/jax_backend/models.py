@@ -1,0 +1,321 @@
+"""BERT / RoBERTa masked LMs and the GPT-2 causal LM as Keras 3 layers, written to compute
+exactly what transformers' PyTorch classes compute, so that one export serves both backends.
+
+Why our own layers and not keras-hub's: keras-hub's BERT encoder uses the tanh approximation
+of GELU and its MLM head another LayerNorm epsilon, so its logits drift from BertForMaskedLM
+(the spike of docs/backends.md measured it); keras-hub also needs tensorflow-text, i.e. the
+full `tensorflow` wheel beside tensorflow-cpu. What each piece mirrors, in transformers 5's
+modeling files (the classes the export names in config.json):
+- BERT (modeling_bert.py): embeddings = word + position + token type 0, LayerNorm, dropout;
+  post-LayerNorm blocks (self-attention with biases, softmax(QK^T / sqrt(d) + mask), output
+  dense + residual + LayerNorm; intermediate dense + GELU ("gelu": the exact erf form) +
+  output dense + residual + LayerNorm); the MLM head BertLMPredictionHead: dense, GELU,
+  LayerNorm, then the decoder tied to the word embeddings plus its own bias.
+- RoBERTa (modeling_roberta.py): BERT's blocks; positions numbered from padding_idx + 1
+  over the non-pad tokens (create_position_ids_from_input_ids), one token type; the head
+  RobertaLMHead (dense, GELU, layer_norm, tied decoder, bias).
+- GPT-2 (modeling_gpt2.py): token + position embeddings; pre-LayerNorm blocks (ln_1,
+  c_attn -> q, k, v, causal softmax, c_proj; ln_2, c_fc, "gelu_new" = the tanh GELU,
+  c_proj); ln_f; lm_head tied to wte without a bias.
+Dense kernels are Keras' [in, out]; `hf_state_dict` maps every weight to the PyTorch name
+and shape (nn.Linear [out, in]; GPT-2's Conv1D keeps [in, out]). Masked positions get the
+dtype's most negative value, as transformers' eager attention does.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+import numpy as np
+from keras import layers, ops
+
+
+def _gelu_exact(x: Any) -> Any:
+    return keras.activations.gelu(x, approximate=False)
+
+
+def _gelu_tanh(x: Any) -> Any:
+    return keras.activations.gelu(x, approximate=True)
+
+
+ACTIVATIONS = {"gelu": _gelu_exact, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh}
+
+
+def _init(config: Any) -> keras.initializers.Initializer:
+    return keras.initializers.RandomNormal(stddev=float(config.initializer_range))
+
+
+def _dense(units: int, config: Any, name: str) -> layers.Dense:
+    return layers.Dense(units, kernel_initializer=_init(config), name=name)
+
+
+class SelfAttention(layers.Layer):
+    """Multi-head attention with biases; `causal` adds GPT-2's lower-triangular mask."""
+
+    def __init__(self, width: int, heads: int, dropout: float, config: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.width, self.heads, self.head_size = width, heads, width // heads
+        self.query = _dense(width, config, "query")
+        self.key = _dense(width, config, "key")
+        self.value = _dense(width, config, "value")
+        self.dropout = layers.Dropout(dropout)
+
+    def _split(self, x: Any) -> Any:
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        x = ops.reshape(x, (batch, length, self.heads, self.head_size))
+        return ops.transpose(x, (0, 2, 1, 3))
+
+    def call(self, x: Any, bias: Any, training: bool = False) -> Any:
+        q, k, v = (self._split(f(x)) for f in (self.query, self.key, self.value))
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) / math.sqrt(self.head_size)
+        probs = ops.softmax(scores + bias, axis=-1)
+        probs = self.dropout(probs, training=training)
+        out = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
+        return ops.reshape(out, (ops.shape(x)[0], ops.shape(x)[1], self.width))
+
+
+class EncoderBlock(layers.Layer):
+    """One post-LayerNorm BERT/RoBERTa layer."""
+
+    def __init__(self, config: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        eps, drop = float(config.layer_norm_eps), float(config.hidden_dropout_prob)
+        width = int(config.hidden_size)
+        self.attention = SelfAttention(
+            width,
+            int(config.num_attention_heads),
+            float(config.attention_probs_dropout_prob),
+            config,
+            name="attention",
+        )
+        self.attention_output = _dense(width, config, "attention_output")
+        self.attention_norm = layers.LayerNormalization(epsilon=eps, name="attention_norm")
+        self.intermediate = _dense(int(config.intermediate_size), config, "intermediate")
+        self.output_dense = _dense(width, config, "output")
+        self.output_norm = layers.LayerNormalization(epsilon=eps, name="output_norm")
+        self.dropout = layers.Dropout(drop)
+        self.activation = ACTIVATIONS[config.hidden_act]
+
+    def call(self, x: Any, bias: Any, training: bool = False) -> Any:
+        attended = self.attention_output(self.attention(x, bias, training=training))
+        x = self.attention_norm(x + self.dropout(attended, training=training))
+        inner = self.output_dense(self.activation(self.intermediate(x)))
+        return self.output_norm(x + self.dropout(inner, training=training))
+
+
+class MaskedLM(keras.Model):
+    """BertForMaskedLM / RobertaForMaskedLM. `call` returns logits [B, S, V]; `hidden` and
+    `head` let training apply the head at the masked positions only."""
+
+    def __init__(self, config: Any, family: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.config, self.family = config, family
+        width, eps = int(config.hidden_size), float(config.layer_norm_eps)
+        self.word_embeddings = layers.Embedding(
+            int(config.vocab_size), width, embeddings_initializer=_init(config), name="word"
+        )
+        self.position_embeddings = layers.Embedding(
+            int(config.max_position_embeddings),
+            width,
+            embeddings_initializer=_init(config),
+            name="position",
+        )
+        self.token_type_embeddings = layers.Embedding(
+            int(config.type_vocab_size), width, embeddings_initializer=_init(config), name="type"
+        )
+        self.embedding_norm = layers.LayerNormalization(epsilon=eps, name="embedding_norm")
+        self.dropout = layers.Dropout(float(config.hidden_dropout_prob))
+        self.blocks = [
+            EncoderBlock(config, name=f"layer_{i}") for i in range(config.num_hidden_layers)
+        ]
+        self.head_dense = _dense(width, config, "head_dense")
+        self.head_norm = layers.LayerNormalization(epsilon=eps, name="head_norm")
+        self.activation = ACTIVATIONS[config.hidden_act]
+        self.pad_id = int(config.pad_token_id) if config.pad_token_id is not None else 1
+
+    def build(self, input_shape: Any) -> None:
+        self.head_bias = self.add_weight(
+            shape=(int(self.config.vocab_size),), initializer="zeros", name="head_bias"
+        )
+        super().build(input_shape)
+
+    def _positions(self, input_ids: Any) -> Any:
+        length = ops.shape(input_ids)[1]
+        if self.family != "roberta":
+            return ops.expand_dims(ops.arange(length), 0)
+        # RoBERTa: padding_idx + the running count of non-pad tokens; pads keep padding_idx.
+        mask = ops.cast(ops.not_equal(input_ids, self.pad_id), "int32")
+        return ops.cumsum(mask, axis=1) * mask + self.pad_id
+
+    def hidden(self, input_ids: Any, attention_mask: Any, training: bool = False) -> Any:
+        x = self.word_embeddings(input_ids) + self.position_embeddings(self._positions(input_ids))
+        x = x + self.token_type_embeddings(ops.zeros_like(input_ids))
+        x = self.dropout(self.embedding_norm(x), training=training)
+        bias = _padding_bias(attention_mask, x.dtype)
+        for block in self.blocks:
+            x = block(x, bias, training=training)
+        return x
+
+    def head(self, hidden: Any) -> Any:
+        x = self.head_norm(self.activation(self.head_dense(hidden)))
+        table = ops.cast(self.word_embeddings.embeddings, x.dtype)
+        return ops.matmul(x, ops.transpose(table)) + ops.cast(self.head_bias, x.dtype)
+
+    def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
+        return self.head(self.hidden(inputs["input_ids"], inputs["attention_mask"], training))
+
+
+class DecoderBlock(layers.Layer):
+    """One pre-LayerNorm GPT-2 block."""
+
+    def __init__(self, config: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        width, eps = int(config.n_embd), float(config.layer_norm_epsilon)
+        inner = int(config.n_inner) if config.n_inner else 4 * width
+        self.ln_1 = layers.LayerNormalization(epsilon=eps, name="ln_1")
+        self.attention = SelfAttention(
+            width, int(config.n_head), float(config.attn_pdrop), config, name="attn"
+        )
+        self.c_proj = _dense(width, config, "c_proj")
+        self.ln_2 = layers.LayerNormalization(epsilon=eps, name="ln_2")
+        self.c_fc = _dense(inner, config, "c_fc")
+        self.mlp_proj = _dense(width, config, "mlp_proj")
+        self.dropout = layers.Dropout(float(config.resid_pdrop))
+        self.activation = ACTIVATIONS[config.activation_function]
+
+    def call(self, x: Any, bias: Any, training: bool = False) -> Any:
+        attended = self.c_proj(self.attention(self.ln_1(x), bias, training=training))
+        x = x + self.dropout(attended, training=training)
+        inner = self.mlp_proj(self.activation(self.c_fc(self.ln_2(x))))
+        return x + self.dropout(inner, training=training)
+
+
+class CausalLM(keras.Model):
+    """GPT2LMHeadModel: logits [B, S, V] from the tied token embeddings."""
+
+    def __init__(self, config: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.config, self.family = config, "gpt2"
+        width = int(config.n_embd)
+        self.wte = layers.Embedding(
+            int(config.vocab_size), width, embeddings_initializer=_init(config), name="wte"
+        )
+        self.wpe = layers.Embedding(
+            int(config.n_positions), width, embeddings_initializer=_init(config), name="wpe"
+        )
+        self.dropout = layers.Dropout(float(config.embd_pdrop))
+        self.blocks = [DecoderBlock(config, name=f"h_{i}") for i in range(config.n_layer)]
+        self.ln_f = layers.LayerNormalization(epsilon=float(config.layer_norm_epsilon), name="ln_f")
+
+    def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
+        input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+        length = ops.shape(input_ids)[1]
+        x = self.wte(input_ids) + self.wpe(ops.expand_dims(ops.arange(length), 0))
+        x = self.dropout(x, training=training)
+        causal = ops.tril(ops.ones((length, length), dtype="bool"))
+        bias = ops.where(causal, 0.0, _most_negative(x.dtype))[None, None]
+        bias = bias + _padding_bias(attention_mask, x.dtype)
+        for block in self.blocks:
+            x = block(x, bias, training=training)
+        x = self.ln_f(x)
+        return ops.matmul(x, ops.transpose(ops.cast(self.wte.embeddings, x.dtype)))
+
+
+def _most_negative(dtype: Any) -> float:
+    return float(np.finfo(keras.backend.standardize_dtype(dtype)).min)
+
+
+def _padding_bias(attention_mask: Any, dtype: Any) -> Any:
+    """[B, 1, 1, S]: 0 where the key is a token, the most negative value where it is padding."""
+    keep = ops.cast(attention_mask, "bool")[:, None, None, :]
+    return ops.where(keep, 0.0, _most_negative(dtype))
+
+
+def create_model(family: str, config: Any, seq_length: int) -> MaskedLM | CausalLM:
+    """A built model (weights created) for `seq_length`-token inputs."""
+    model = CausalLM(config) if family == "gpt2" else MaskedLM(config, family)
+    ids = np.zeros((1, seq_length), dtype="int32")
+    model({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    return model
+
+
+def _linear(state: dict[str, np.ndarray], name: str, dense: layers.Dense) -> None:
+    """nn.Linear: weight [out, in] (Keras' kernel transposed), bias [out]."""
+    state[f"{name}.weight"] = np.asarray(dense.kernel).T
+    state[f"{name}.bias"] = np.asarray(dense.bias)
+
+
+def _conv1d(state: dict[str, np.ndarray], name: str, kernel: Any, bias: Any) -> None:
+    """GPT-2's Conv1D: weight [in, out], as Keras stores it."""
+    state[f"{name}.weight"] = np.asarray(kernel)
+    state[f"{name}.bias"] = np.asarray(bias)
+
+
+def _norm(state: dict[str, np.ndarray], name: str, norm: layers.LayerNormalization) -> None:
+    state[f"{name}.weight"] = np.asarray(norm.gamma)
+    state[f"{name}.bias"] = np.asarray(norm.beta)
+
+
+def hf_state_dict(model: MaskedLM | CausalLM) -> dict[str, np.ndarray]:
+    """transformers' PyTorch parameter names and shapes, float32; tied weights once (the
+    decoder / lm_head is the word embedding matrix, export.TIED_KEYS)."""
+    state: dict[str, np.ndarray] = {}
+    if isinstance(model, CausalLM):
+        state["transformer.wte.weight"] = np.asarray(model.wte.embeddings)
+        state["transformer.wpe.weight"] = np.asarray(model.wpe.embeddings)
+        for i, block in enumerate(model.blocks):
+            p = f"transformer.h.{i}"
+            _norm(state, f"{p}.ln_1", block.ln_1)
+            a = block.attention
+            kernel = np.concatenate([np.asarray(d.kernel) for d in (a.query, a.key, a.value)], 1)
+            bias = np.concatenate([np.asarray(d.bias) for d in (a.query, a.key, a.value)])
+            _conv1d(state, f"{p}.attn.c_attn", kernel, bias)
+            _conv1d(state, f"{p}.attn.c_proj", block.c_proj.kernel, block.c_proj.bias)
+            _norm(state, f"{p}.ln_2", block.ln_2)
+            _conv1d(state, f"{p}.mlp.c_fc", block.c_fc.kernel, block.c_fc.bias)
+            _conv1d(state, f"{p}.mlp.c_proj", block.mlp_proj.kernel, block.mlp_proj.bias)
+        _norm(state, "transformer.ln_f", model.ln_f)
+    else:
+        base = model.family  # bert. / roberta.
+        e = f"{base}.embeddings"
+        state[f"{e}.word_embeddings.weight"] = np.asarray(model.word_embeddings.embeddings)
+        state[f"{e}.position_embeddings.weight"] = np.asarray(model.position_embeddings.embeddings)
+        state[f"{e}.token_type_embeddings.weight"] = np.asarray(
+            model.token_type_embeddings.embeddings
+        )
+        _norm(state, f"{e}.LayerNorm", model.embedding_norm)
+        for i, block in enumerate(model.blocks):
+            p = f"{base}.encoder.layer.{i}"
+            for part in ("query", "key", "value"):
+                _linear(state, f"{p}.attention.self.{part}", getattr(block.attention, part))
+            _linear(state, f"{p}.attention.output.dense", block.attention_output)
+            _norm(state, f"{p}.attention.output.LayerNorm", block.attention_norm)
+            _linear(state, f"{p}.intermediate.dense", block.intermediate)
+            _linear(state, f"{p}.output.dense", block.output_dense)
+            _norm(state, f"{p}.output.LayerNorm", block.output_norm)
+        if model.family == "bert":
+            _linear(state, "cls.predictions.transform.dense", model.head_dense)
+            _norm(state, "cls.predictions.transform.LayerNorm", model.head_norm)
+            state["cls.predictions.bias"] = np.asarray(model.head_bias)
+        else:
+            _linear(state, "lm_head.dense", model.head_dense)
+            _norm(state, "lm_head.layer_norm", model.head_norm)
+            state["lm_head.bias"] = np.asarray(model.head_bias)
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
+
+
+def save_pretrained(model: MaskedLM | CausalLM, directory: str) -> dict[str, np.ndarray]:
+    """The Hugging Face layout the TF backend's export writes for PyTorch users: config.json
+    naming the PyTorch class and `transformers_weights`, and pytorch_model.safetensors
+    (export.py explains the file name). No TF weights: none can be produced from here."""
+    from safetensors.numpy import save_file  # noqa: PLC0415
+
+    from payload import export as export_lib  # noqa: PLC0415
+
+    model.config.save_pretrained(directory)
+    state = hf_state_dict(model)
+    save_file(state, f"{directory}/{export_lib.PT_WEIGHTS}", metadata={"format": "pt"})
+    export_lib.set_pytorch_config(directory, model.family)
+    return state

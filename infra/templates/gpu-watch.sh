@@ -42,15 +42,8 @@ watch_status() {
   rm -f "${file}"
 }
 
-mkdir -p "${WATCH_DIR}"
-ERR_FILE="$(mktemp)"
-trap 'rm -f "${ERR_FILE}"' EXIT
-exec 9>"${WATCH_DIR}/lock"
-if ! flock -n 9; then
-  log "another tick holds ${WATCH_DIR}/lock; nothing to do"
-  exit 0
-fi
-rerun_if_installer_changed && exit 0
+watch_open
+watch_tick_start
 
 lease="$(object_state "${LEASE_URI}" lease)" || exit 1
 if [ "${lease}" = missing ]; then
@@ -59,16 +52,8 @@ if [ "${lease}" = missing ]; then
 fi
 export_state="$(object_state "${EXPORT_MARKER_URI}" "the export marker")" || exit 1
 
-if gcloud_once compute instances describe "${VM_NAME}" "${WHERE[@]}" \
-  --format='value(status)' >"${WATCH_DIR}/state"; then
-  state="$(tr -d '[:space:]' <"${WATCH_DIR}/state")"
-  state="${state:-UNKNOWN}"
-elif err_is_not_found; then
-  state=MISSING
-else
-  watch_status UNKNOWN describe-failed "describe failed, retrying on the next tick: $(last_error)"
-  exit 1
-fi
+state="$(vm_state compute instances describe "${VM_NAME}" "${WHERE[@]}" \
+  --format='value(status)')" || exit 1
 
 if [ "${export_state}" = present ]; then
   rm -f "${ATTEMPTS}"

@@ -191,10 +191,7 @@ create_queued() {
   esac
 }
 
-mkdir -p "${WATCH_DIR}"
-ERR_FILE="$(mktemp)"
-trap 'rm -f "${ERR_FILE}"' EXIT
-exec 9>"${WATCH_DIR}/lock"
+watch_open
 if [ "${MODE}" = shutdown ]; then
   # The controller is going down. If it is because the stack is being destroyed (the lease
   # is gone), cancel the queue now: the next tick would never come.
@@ -207,12 +204,7 @@ if [ "${MODE}" = shutdown ]; then
   fi
   exit 0
 fi
-if ! flock -n 9; then
-  log "another tick holds ${WATCH_DIR}/lock; nothing to do"
-  exit 0
-fi
-
-rerun_if_installer_changed && exit 0
+watch_tick_start
 
 lease="$(object_state "${LEASE_URI}" lease)" || exit 1
 if [ "${lease}" = missing ]; then
@@ -221,16 +213,8 @@ if [ "${lease}" = missing ]; then
 fi
 export_state="$(object_state "${EXPORT_MARKER_URI}" "the export marker")" || exit 1
 
-if gcloud_once compute tpus tpu-vm describe "${TPU_NAME}" "${WHERE[@]}" \
-  --format='value(state)' >"${WATCH_DIR}/state"; then
-  state="$(tr -d '[:space:]' <"${WATCH_DIR}/state")"
-  state="${state:-UNKNOWN}"
-elif err_is_not_found; then
-  state=MISSING
-else
-  watch_status UNKNOWN describe-failed "describe failed, retrying on the next tick: $(last_error)"
-  exit 1
-fi
+state="$(vm_state compute tpus tpu-vm describe "${TPU_NAME}" "${WHERE[@]}" \
+  --format='value(state)')" || exit 1
 
 qr=MISSING
 if [ "${SCHEDULING}" != preemptible ]; then

@@ -67,3 +67,38 @@ rerun_if_installer_changed() {
   log "re-running the controller's startup script failed; checking with the installed settings"
   return 1
 }
+
+# Every tick: the scratch file for gcloud's errors and the lock on ${WATCH_DIR}/lock (fd 9).
+watch_open() {
+  mkdir -p "${WATCH_DIR}"
+  ERR_FILE="$(mktemp)"
+  trap 'rm -f "${ERR_FILE}"' EXIT
+  exec 9>"${WATCH_DIR}/lock"
+}
+
+# A tick that finds another tick still running leaves it alone (exits 0), else it re-runs a
+# changed installer first and then exits (the new watchdog takes the next tick).
+watch_tick_start() {
+  if ! flock -n 9; then
+    log "another tick holds ${WATCH_DIR}/lock; nothing to do"
+    exit 0
+  fi
+  if rerun_if_installer_changed; then
+    exit 0
+  fi
+}
+
+# The VM's state from `gcloud <describe command...> --format='value(<field>)'`; MISSING when
+# it does not exist. A describe that fails otherwise writes the status and fails.
+vm_state() {
+  local state
+  if gcloud_once "$@" >"${WATCH_DIR}/state"; then
+    state="$(tr -d '[:space:]' <"${WATCH_DIR}/state")"
+    echo "${state:-UNKNOWN}"
+  elif err_is_not_found; then
+    echo MISSING
+  else
+    watch_status UNKNOWN describe-failed "describe failed, retrying on the next tick: $(last_error)"
+    return 1
+  fi
+}

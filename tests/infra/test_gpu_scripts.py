@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from harness import run_offline
 from test_infra_scripts import (  # the sandbox and its helpers, shared with the TPU tests
-    SHELLCHECK,
     Sandbox,
     _publish_payload,
     _script,
     _short_sha,
     sandbox,  # noqa: F401  (a fixture)
+    shellcheck,
     unit_environment,
 )
 
@@ -85,15 +85,7 @@ def _status(box: Sandbox, bucket: str) -> dict:
 
 
 def test_gpu_script_passes_shellcheck(gpu_run, tmp_path):
-    path = tmp_path / "gpu.sh"
-    path.write_text(_script(gpu_run, "gpu-vm"))
-    result = subprocess.run(
-        [SHELLCHECK, "--shell=bash", "--severity=style", str(path)],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout
+    assert shellcheck(_script(gpu_run, "gpu-vm"), tmp_path / "gpu.sh") == ""
 
 
 def test_gpu_script_installs_the_cuda_build_and_a_trainer_that_sees_the_gpus(gpu_run, box):

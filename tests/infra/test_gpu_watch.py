@@ -19,11 +19,11 @@ from gcloud_flags import problems
 from harness import of_type, run_offline
 from test_infra_resources import _depends_on, by_name
 from test_infra_scripts import (  # the sandbox and its helpers, shared with the TPU tests
-    SHELLCHECK,
     Sandbox,
     _publish_payload,
     _script,
     sandbox,  # noqa: F401  (a fixture)
+    shellcheck,
 )
 
 from infra.components.recovery import GPU_RECOVERY_ROLE_ID
@@ -98,15 +98,7 @@ def test_the_watchdog_and_its_grant_follow_gpu_auto_recover(stack, overrides, on
 
 
 def test_rendered_gpu_watchdog_passes_shellcheck(tmp_path):
-    path = tmp_path / "gpu-watch.sh"
-    path.write_text(_watchdog_of(run_offline("t4-usc1")))
-    result = subprocess.run(
-        [SHELLCHECK, "--shell=bash", "--severity=style", str(path)],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout
+    assert shellcheck(_watchdog_of(run_offline("t4-usc1")), tmp_path / "gpu-watch.sh") == ""
 
 
 # --- the watchdog in the sandbox ----------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 import stat
-import subprocess
 
 import pytest
 from harness import run_offline
@@ -200,19 +199,3 @@ def test_unknown_facts_are_recorded_and_never_called_a_mismatch(tpu_run, sandbox
     assert facts["secure_boot"] == "unknown" and facts["accelerator_type"] == ""
     assert facts["gsutil"] == "" and facts["image"] == ""
     assert doc["mismatches"] == []
-
-
-def test_the_controller_helper_and_trainer_helper_still_pass_shellcheck(tpu_run, tmp_path):
-    """facts.sh is part of every script: the rendered scripts stay shellcheck-clean (the
-    per-role shellcheck tests cover them; this checks the template's own functions once)."""
-    from test_infra_scripts import SHELLCHECK
-
-    path = tmp_path / "tpu.sh"
-    path.write_text(_script(tpu_run, "tpu-vm"))
-    result = subprocess.run(
-        [SHELLCHECK, "--shell=bash", "--severity=style", str(path)],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout

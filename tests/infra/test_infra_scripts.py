@@ -467,6 +467,18 @@ def _publish_payload(run, box: Sandbox) -> tuple[str, str]:
     return obj.inputs["bucket"], obj.inputs["name"]
 
 
+def shellcheck(script: str, path: Path) -> str:
+    """shellcheck's findings for a rendered script written to `path` ("" when clean)."""
+    path.write_text(script)
+    result = subprocess.run(
+        [SHELLCHECK, "--shell=bash", "--severity=style", str(path)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    return "" if result.returncode == 0 else result.stdout or result.stderr
+
+
 def _short_sha(script: str) -> str:
     return re.search(r"readonly PAYLOAD_SHA256=([0-9a-f]{16})", script).group(1)
 
@@ -476,15 +488,8 @@ def test_rendered_scripts_pass_shellcheck(stack, tmp_path):
     run = run_offline(stack)
     trainer = "gpu-vm" if stack in gpu_stack_names() else "tpu-vm"
     for name in (trainer, "controller-vm", "vpn-hop-vm"):
-        path = tmp_path / f"{name}.sh"
-        path.write_text(_script(run, name))
-        result = subprocess.run(
-            [SHELLCHECK, "--shell=bash", "--severity=style", str(path)],
-            check=False,
-            capture_output=True,
-            text=True,
-        )
-        assert result.returncode == 0, f"{stack} {name}:\n{result.stdout}"
+        found = shellcheck(_script(run, name), tmp_path / f"{name}.sh")
+        assert found == "", f"{stack} {name}:\n{found}"
 
 
 def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
@@ -903,15 +908,8 @@ def _watchdog_of(run) -> str:
     ],
 )
 def test_rendered_watchdog_passes_shellcheck(stack, overrides, tmp_path):
-    path = tmp_path / "tpu-watch.sh"
-    path.write_text(_watchdog_of(run_offline(stack, overrides)))
-    result = subprocess.run(
-        [SHELLCHECK, "--shell=bash", "--severity=style", str(path)],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, f"{stack}:\n{result.stdout}"
+    found = shellcheck(_watchdog_of(run_offline(stack, overrides)), tmp_path / "tpu-watch.sh")
+    assert found == "", f"{stack}:\n{found}"
 
 
 class Watch:

@@ -342,7 +342,7 @@ def test_the_gpu_recovery_role_is_exactly_what_the_gpu_watchdog_runs(bootstrap_r
         _condition_of(bootstrap_run, bootstrap.IAM_GRANTER_ROLE_ID)
     )
     script = (ROOT / "infra" / "templates" / "gpu-watch.sh").read_text()
-    verbs = set(re.findall(r"gcloud_once compute instances ([a-z-]+)", script))
+    verbs = set(re.findall(r"(?:gcloud_once|vm_state) compute instances ([a-z-]+)", script))
     assert verbs == {"describe", "start"}
     needs = {p for verb in verbs for p in GCLOUD_INSTANCE_NEEDS[verb]}
     assert set(role["permissions"]) == needs

@@ -2,11 +2,13 @@
 
 argv: export_dir input_ids.npy attention_mask.npy logits_out.npy
 Writes the logits as float32 .npy and prints the class name, the loading report and the
-first/last token of `tok("hello world")` (last: None when it is not a special token) as JSON.
+first/last token of `tok("hello world")` (last: None when it is not a special token; the
+whole "tokens" entry is None for a directory without a tokenizer) as JSON.
 """
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,10 +26,13 @@ with torch.no_grad():
         attention_mask=torch.from_numpy(np.load(mask_path)).long(),
     ).logits
 np.save(out_path, logits.float().numpy())
-tok = AutoTokenizer.from_pretrained(export_dir)
-ids = tok("hello world")["input_ids"]
-tokens = tok.convert_ids_to_tokens(ids)
-last = tokens[-1] if ids[-1] in tok.all_special_ids else None
+tokens = None
+if Path(export_dir, "tokenizer.json").exists():
+    tok = AutoTokenizer.from_pretrained(export_dir)
+    ids = tok("hello world")["input_ids"]
+    pieces = tok.convert_ids_to_tokens(ids)
+    last = pieces[-1] if ids[-1] in tok.all_special_ids else None
+    tokens = {"first": pieces[0], "last": last}
 print(
     json.dumps(
         {
@@ -36,7 +41,7 @@ print(
             "missing_keys": sorted(info["missing_keys"]),
             "unexpected_keys": sorted(info["unexpected_keys"]),
             "mismatched_keys": [list(map(str, k)) for k in info["mismatched_keys"]],
-            "tokens": {"first": tokens[0], "last": last},
+            "tokens": tokens,
         }
     )
 )

@@ -164,7 +164,14 @@ class MaskedLM(keras.Model):
         return ops.matmul(x, ops.transpose(table)) + ops.cast(self.head_bias, x.dtype)
 
     def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
-        return self.head(self.hidden(inputs["input_ids"], inputs["attention_mask"], training))
+        """Logits [B, S, V]; with `masked_lm_positions` [B, P] in the inputs, the head runs at
+        those positions only and the logits are [B, P, V] (the training loss's shape)."""
+        hidden = self.hidden(inputs["input_ids"], inputs["attention_mask"], training)
+        if "masked_lm_positions" in inputs:
+            hidden = ops.take_along_axis(
+                hidden, ops.expand_dims(inputs["masked_lm_positions"], -1), axis=1
+            )
+        return self.head(hidden)
 
 
 class DecoderBlock(layers.Layer):

@@ -1,0 +1,109 @@
+"""The JAX backend's training step: the TF backend's loss (payload/model.py loss_terms) in
+keras.ops, and several optimizer steps per compiled call.
+
+On JAX, Keras' own `steps_per_execution` is a Python loop around a one-step compiled
+function (the spike in docs/backends.md measured no gain from it), so the steps of one call
+are a `jax.lax.scan` inside one `jax.jit`: the host dispatches once per `steps_per_call`
+steps. The model and the optimizer run through Keras' stateless API (`stateless_call`,
+`stateless_apply`): the state is an explicit pytree of arrays that the caller keeps, and
+writes back into the Keras variables only when it checkpoints or exports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import keras
+
+
+@dataclass
+class TrainState:
+    trainable: list[Any]
+    non_trainable: list[Any]
+    optimizer: list[Any]
+
+    @classmethod
+    def of(cls, model: keras.Model, optimizer: keras.optimizers.Optimizer) -> TrainState:
+        return cls(
+            [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+            [v.value for v in optimizer.variables],
+        )
+
+    def write_back(self, model: keras.Model, optimizer: keras.optimizers.Optimizer) -> None:
+        """Into the Keras variables (before a checkpoint, an evaluation or the export)."""
+        pairs = (
+            (model.trainable_variables, self.trainable),
+            (model.non_trainable_variables, self.non_trainable),
+            (optimizer.variables, self.optimizer),
+        )
+        for variables, values in pairs:
+            for variable, value in zip(variables, values, strict=True):
+                variable.assign(value)
+
+
+jax.tree_util.register_pytree_node(
+    TrainState,
+    lambda s: ((s.trainable, s.non_trainable, s.optimizer), None),
+    lambda _, children: TrainState(*children),
+)
+
+
+def loss_terms(logits: Any, labels: Any, weights: Any) -> tuple[Any, Any, Any]:
+    """(sum of per-token cross entropies, sum of weights, number correct), weighted: the TF
+    backend's loss_terms, on float32 logits."""
+    logits = jnp.asarray(logits, jnp.float32)
+    per_token = -jnp.take_along_axis(
+        jax.nn.log_softmax(logits, axis=-1), labels[..., None].astype(jnp.int32), axis=-1
+    )[..., 0]
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return (per_token * weights).sum(), weights.sum(), (correct * weights).sum()
+
+
+def model_inputs(objective: str, batch: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
+    """(model inputs, labels, weights) of a batch of payload.data's pipeline."""
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    if objective == "mlm":
+        inputs["masked_lm_positions"] = batch["masked_lm_positions"]
+        return inputs, batch["masked_lm_ids"], batch["masked_lm_weights"]
+    return inputs, batch["labels"], batch["label_weights"]
+
+
+def make_train_chunk(
+    model: keras.Model, optimizer: keras.optimizers.Optimizer, objective: str
+) -> Callable[[TrainState, Mapping[str, Any]], tuple[TrainState, dict[str, Any]]]:
+    """A compiled function (state, batches with a leading [K] axis) -> (state, metrics [K]):
+    K optimizer steps in one call. The loss is the mean over the batch's predicted tokens."""
+
+    def loss_fn(trainable: list[Any], non_trainable: list[Any], batch: Mapping[str, Any]):
+        inputs, labels, weights = model_inputs(objective, batch)
+        logits, non_trainable = model.stateless_call(
+            trainable, non_trainable, inputs, training=True
+        )
+        loss_sum, weight_sum, correct = loss_terms(logits, labels, weights)
+        denominator = jnp.maximum(weight_sum, 1.0)
+        return loss_sum / denominator, (non_trainable, correct / denominator)
+
+    def one_step(state: TrainState, batch: Mapping[str, Any]):
+        (loss, (non_trainable, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.trainable, state.non_trainable, batch
+        )
+        norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in grads))
+        trainable, optimizer_vars = optimizer.stateless_apply(
+            state.optimizer, grads, state.trainable
+        )
+        return TrainState(trainable, non_trainable, optimizer_vars), {
+            "loss": loss,
+            "accuracy": accuracy,
+            "grad_norm": norm,
+        }
+
+    @jax.jit
+    def train_chunk(state: TrainState, batches: Mapping[str, Any]):
+        return jax.lax.scan(one_step, state, dict(batches))
+
+    return train_chunk

@@ -64,7 +64,7 @@ def error_of(*args: object) -> GpuChoiceError:
             "zone",
             "us-east1-d does not offer V100; zones with V100: asia-east1-c, europe-west4-a, "
             "europe-west4-b, europe-west4-c, us-central1-a, us-central1-b, us-central1-c, "
-            "us-central1-f, us-east1-c, us-west1-a, us-west1-b",
+            "us-central1-f, us-east1-b, us-east1-c, us-west1-a, us-west1-b",
         ),
         (
             ("a2-highgpu-4g", "nvidia-tesla-t4", None, "us-central1-a", "on-demand"),
@@ -228,7 +228,7 @@ def test_quota_metrics_follow_provisioning():
 
 
 def test_catalog_has_sources_a_date_and_one_image_family():
-    assert CATALOG.checked == "2026-11-23"
+    assert CATALOG.checked == "2026-11-24"
     assert CATALOG.image == (
         "projects/deeplearning-platform-release/global/images/family/"
         "common-cu128-ubuntu-2204-nvidia-570"
@@ -303,3 +303,33 @@ def test_multi_gpu_batch_must_split_over_the_gpus(tmp_path):
         f"tpu-pretrain:job: {str(job)!r}: train.global_batch_size 6 must be a multiple of the "
         "4 replicas of 4 × A100 40GB (one replica per GPU); e.g. 4 or 8"
     )
+
+
+@pytest.mark.parametrize(
+    ("machine_type", "gpu", "count", "zone", "offered"),
+    [
+        ("n1-standard-8", "nvidia-tesla-v100", 1, "us-east1-b", True),
+        ("n1-standard-8", "nvidia-tesla-p100", 1, "europe-west4-b", False),
+        ("n1-standard-8", "nvidia-tesla-p4", 1, "europe-west4-b", True),
+        ("g2-standard-8", None, None, "us-central1-f", False),
+        ("g2-standard-8", None, None, "us-west1-c", True),
+        ("g2-standard-8", None, None, "asia-east1-b", True),
+        ("a2-highgpu-1g", None, None, "asia-east1-c", False),
+        ("a2-ultragpu-1g", None, None, "us-central1-a", True),
+        ("a3-highgpu-8g", None, None, "europe-west4-a", False),
+        ("a3-highgpu-8g", None, None, "europe-west4-c", True),
+        ("a4-highgpu-8g", None, None, "us-east1-b", True),
+    ],
+)
+def test_zone_facts_from_the_source(machine_type, gpu, count, zone, offered):
+    """Zones as SkyPilot's GCP catalog lists them (skypilot-org/skypilot-catalog
+    catalogs/v8/gcp/vms.csv at 006059e0f18acb1341e22a27751e9f80df6ba92f, generated from the
+    Compute Engine API): V100 in us-east1-b, P4 but no P100 in europe-west4-b, L4 in
+    us-west1-c and asia-east1-b but not us-central1-f, no A100 in asia-east1-c, A100 80GB in
+    us-central1-a, H100 in europe-west4-c but not -a, B200 (spot) in us-east1-b."""
+    provisioning = "spot" if machine_type.startswith("a4") else "on-demand"
+    if offered:
+        CATALOG.validate(machine_type, gpu, count, zone, provisioning)
+    else:
+        error = error_of(machine_type, gpu, count, zone, provisioning)
+        assert error.field == "zone" and f"{zone} does not offer" in str(error)

@@ -191,6 +191,27 @@ create_queued() {
   esac
 }
 
+# `pulumi destroy` deletes the TPU VM right after this controller. A node still DELETING
+# (a tick's delete that the shutdown cut short goes on in the API) could make that delete
+# fail: the provider's generated delete treats only NOT_FOUND as done
+# (GoogleCloudPlatform/magic-modules mmv1/templates/terraform/resource.go.tmpl: an error of
+# the DELETE request goes through transport_tpg.HandleNotFoundError). So the shutdown hook
+# waits for such a node to be gone: at most 60 s of polls, and never past 80 s since it
+# started (the guard unit's TimeoutStopSec is 90).
+settle_deleting_node() {
+  local waited=0 state
+  while state="$(vm_state compute tpus tpu-vm describe "${TPU_NAME}" "${WHERE[@]}" \
+    --format='value(state)')" && [ "${state}" = DELETING ]; do
+    if [ "${waited}" -ge 60 ] || [ "${SECONDS}" -ge 80 ]; then
+      log "${TPU_NAME} is still DELETING after ${waited}s; pulumi destroy may have to be run again"
+      return 0
+    fi
+    log "${TPU_NAME} is DELETING; waiting for it to be gone before pulumi deletes it"
+    sleep 10
+    waited=$((waited + 10))
+  done
+}
+
 watch_open
 if [ "${MODE}" = shutdown ]; then
   # The controller is going down. If it is because the stack is being destroyed (the lease
@@ -199,6 +220,7 @@ if [ "${MODE}" = shutdown ]; then
   lease="$(object_state "${LEASE_URI}" lease)" || exit 1
   if [ "${lease}" = missing ]; then
     stand_down "controller shutting down and the lease is gone (pulumi destroy)" || exit 1
+    settle_deleting_node
   else
     log "controller shutting down; the stack is still deployed, nothing to do"
   fi

@@ -1413,8 +1413,32 @@ def test_the_shutdown_hook_cancels_the_queue_only_when_the_stack_goes(watch, lea
         assert watch.tpu_calls == [] and watch.qr_state == "WAITING_FOR_RESOURCES"
         assert (watch.dir / "pending-create").exists()
     else:
-        assert watch.tpu_calls == ["qr-describe", "qr-delete"] and watch.qr_state is None
-        assert watch.status["action"] == "stopped"
+        assert watch.tpu_calls == ["qr-describe", "qr-delete", "describe"]
+        assert watch.qr_state is None and watch.status["action"] == "stopped"
+
+
+def test_at_destroy_the_shutdown_hook_waits_for_a_node_still_deleting(watch):
+    """A tick's delete cut short by the shutdown goes on in the API: the hook waits until
+    the node is gone, so that Pulumi's delete of the TPU VM finds NOT_FOUND (done)."""
+    watch.set_state("DELETING")
+    watch.lease.unlink()
+    # The API finishes the delete while the hook sleeps (the stub runs on-sleep once).
+    (watch.box.state / "on-sleep").write_text('rm -f "$STATE/tpu-state"\n')
+    result = watch.tick("shutdown")
+    assert result.returncode == 0, result.stderr
+    assert watch.tpu_calls == ["qr-describe", "describe", "describe"]
+    assert [c for c in watch.box.calls if c.startswith("sleep")] == ["sleep 10"]
+    assert "is DELETING; waiting for it to be gone" in result.stderr
+    assert "still DELETING" not in result.stderr
+
+
+def test_the_wait_for_a_deleting_node_is_bounded(watch):
+    watch.set_state("DELETING")
+    watch.lease.unlink()
+    result = watch.tick("shutdown")
+    assert result.returncode == 0, result.stderr
+    assert [c for c in watch.box.calls if c.startswith("sleep")] == ["sleep 10"] * 6
+    assert "still DELETING after 60s; pulumi destroy may have to be run again" in result.stderr
 
 
 @pytest.mark.parametrize(

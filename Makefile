@@ -99,6 +99,7 @@ bench: venv
 	$(PY) bench/bench_input.py --cores 1 --records 100000
 	$(PY) bench/bench_long_words.py
 	$(PY) bench/bench_eval.py
+	$(PY) bench/bench_jax_steps.py --size tiny
 
 # Install time of the TPU VM's environment: wheelhouse vs package index (printed figures).
 bench-tpu-install:

@@ -37,9 +37,11 @@ def identity(
     tokenizer_sha256: str,
     global_batch_size: int,
     seed: int,
+    backend: str = "tf",
 ) -> dict[str, Any]:
     ignored = {"transformers_version", "architectures", "torch_dtype", "dtype", "_name_or_path"}
     return {
+        "backend": backend,
         "family": family,
         "objective": objective,
         "seq_length": int(seq_length),
@@ -66,6 +68,7 @@ def check_identity(checkpoint_dir: str, current: dict[str, Any], *, has_checkpoi
         storage.write_text(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
         return
     previous = json.loads(storage.read_text(path))
+    previous.setdefault("backend", "tf")  # run.json of releases with one backend
     changed = _differences(previous, json.loads(json.dumps(current)))
     if changed:
         raise DataError(

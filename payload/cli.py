@@ -244,7 +244,10 @@ def _finished(job: JobSpec, stage: str) -> bool:
     """Whether ``stage`` wrote its completion marker (False when that cannot be told)."""
     from payload import pipeline  # noqa: PLC0415
 
-    if stage not in pipeline.STAGES or (stage == "train" and "payload.train" not in sys.modules):
+    trainers = ("payload.train", "payload.jax_backend.trainer")
+    if stage not in pipeline.STAGES or (
+        stage == "train" and not any(name in sys.modules for name in trainers)
+    ):
         return False  # training cannot have finished without its module
     try:
         return pipeline.is_complete(job, stage)
@@ -283,7 +286,7 @@ def _declare_tpu_host(command: str) -> None:
     then training refuses to fall back to the CPU (payload/strategy.py)."""
     gpu = os.environ.get("TPU_PRETRAIN_GPU", "")
     if command in ("train", "run") and gpu:
-        from payload import strategy  # noqa: PLC0415  (imports TensorFlow)
+        from payload import hosts  # noqa: PLC0415
 
         count = os.environ.get("TPU_PRETRAIN_GPU_COUNT", "1")
         if not count.isdigit() or int(count) < 1:
@@ -295,14 +298,14 @@ def _declare_tpu_host(command: str) -> None:
                 "or float32"
             )
         image = os.environ.get("TPU_PRETRAIN_RUNTIME_VERSION", "") or "unknown"
-        strategy.expect_gpu(strategy.GpuHost(gpu, int(count), policy, image))
+        hosts.expect_gpu(hosts.GpuHost(gpu, int(count), policy, image))
         return
     accelerator = os.environ.get("TPU_PRETRAIN_ACCELERATOR_TYPE", "")
     if command in ("train", "run") and accelerator:
-        from payload import strategy  # noqa: PLC0415  (imports TensorFlow)
+        from payload import hosts  # noqa: PLC0415
 
         runtime = os.environ.get("TPU_PRETRAIN_RUNTIME_VERSION", "") or "unknown"
-        strategy.expect_tpu(strategy.TpuHost(accelerator, runtime))
+        hosts.expect_tpu(hosts.TpuHost(accelerator, runtime))
 
 
 def _read_retry_deadline() -> None:

@@ -25,6 +25,7 @@ import tensorflow as tf
 from payload import manifest as manifest_lib
 from payload import masking, records
 from payload.errors import DataError
+from payload.manifest import special_ids_of
 
 if TYPE_CHECKING:
     from payload.manifest import Manifest
@@ -70,10 +71,6 @@ def plan_pipeline(
             f"{batch_size} per input pipeline; lower train.global_batch_size or add corpus"
         )
     return PipelinePlan(files, count, batch_size, batches, record_shard)
-
-
-def special_ids_of(manifest: Manifest) -> dict[str, int]:
-    return {str(k): int(v) for k, v in manifest.special_ids.items()}
 
 
 def make_dataset(

@@ -45,6 +45,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -134,23 +135,34 @@ def parameter_count(state: dict[str, np.ndarray]) -> int:
     return int(sum(a.size for a in state.values()))
 
 
+def save_tf_model(model: Any, family: str) -> Callable[[str], dict[str, np.ndarray]]:
+    """The TF backend's model files: save_pretrained (TF) + PyTorch safetensors + config."""
+
+    def save(directory: str) -> dict[str, np.ndarray]:
+        model.save_pretrained(directory)
+        state = write_pytorch_weights(model, directory)
+        set_pytorch_config(directory, family)
+        return state
+
+    return save
+
+
 def write_export(
     job: JobSpec,
-    model: Any,
+    save_model: Callable[[str], dict[str, np.ndarray]],
     tokenizer: Any,
     *,
     card: Any,
     summary: dict[str, Any],
 ) -> None:
-    """save_pretrained (TF) + PyTorch safetensors + tokenizer + model card, uploaded
-    to `export/`, then the completion marker last. `card(parameters) -> str` renders the
-    model card once the parameter count is known."""
+    """The model files (`save_model(directory)` writes them and returns the PyTorch state:
+    `save_tf_model` on the TF backend, jax_backend.models.save_pretrained on JAX), the
+    tokenizer and the model card, uploaded to `export/`, then the completion marker last.
+    `card(parameters) -> str` renders the model card once the parameter count is known."""
     marker = storage.join(job.paths.export, EXPORT_MARKER)
     storage.remove_tree(job.paths.export)
     with tempfile.TemporaryDirectory(prefix="tpu-payload-export-") as tmp:
-        model.save_pretrained(tmp)
-        state = write_pytorch_weights(model, tmp)
-        set_pytorch_config(tmp, job.model.family)
+        state = save_model(tmp)
         tokenizer_lib.for_export(tokenizer, job).save_pretrained(tmp)
         preferred = [name for name in TF_PREFERRED_FILES if Path(tmp, name).exists()]
         if preferred:  # a bug: TF would take it before tf_model.h5 (module docstring)

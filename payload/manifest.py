@@ -198,3 +198,8 @@ def write_manifest(data_dir: str, manifest: Manifest) -> None:
 
 def as_dict(manifest: Manifest) -> dict[str, Any]:
     return json.loads(manifest.to_json())
+
+
+def special_ids_of(manifest: Manifest) -> dict[str, int]:
+    """Role (pad, mask, ...) -> token id, as plain ints."""
+    return {str(k): int(v) for k, v in manifest.special_ids.items()}

@@ -35,7 +35,11 @@ CHECKED_TENSORFLOW = (
 # As pinned in requirements/pt-check.txt: AutoModel*.from_pretrained and generate.
 CHECKED_PYTORCH = (("transformers", "5.23.0"), ("safetensors", "0.8.0"), ("torch", "2.13.0"))
 # The export's writer: what this run's environment had (the TPU build is tensorflow-tpu).
-WRITER_DISTRIBUTIONS = ("transformers", "safetensors", ("tensorflow", "tensorflow-tpu"))
+WRITER_DISTRIBUTIONS = (
+    "transformers",
+    "safetensors",
+    ("tensorflow", "tensorflow-tpu", "tensorflow-cpu"),
+)
 
 
 def _versions(pins: tuple[tuple[str, str], ...]) -> str:
@@ -88,7 +92,7 @@ def render(
     manifest: Manifest,
     model_config: Mapping[str, Any],
     pytorch_class: str,
-    tf_class: str,
+    tf_class: str | None,
     parameters: int,
     runtime: Mapping[str, Any],
     metrics: Mapping[str, Any],
@@ -128,7 +132,11 @@ def render(
         "| | |",
         "|---|---|",
         f"| PyTorch class | `{pytorch_class}` (`pytorch_model.safetensors`) |",
-        f"| TensorFlow class | `{tf_class}` (`tf_model.h5`) |",
+        (
+            f"| TensorFlow class | `{tf_class}` (`tf_model.h5`) |"
+            if tf_class
+            else "| TensorFlow class | none: trained on the JAX backend, no `tf_model.h5` |"
+        ),
         f"| parameters | {parameters:,} (tied input/output embeddings counted once) |",
         *(
             f"| {label} | {value} |"
@@ -165,6 +173,7 @@ def render(
         f"| global batch | {spec.global_batch_size:,} sequences "
         f"({spec.global_batch_size * manifest.seq_length:,} tokens) |",
         f"| learning-rate schedule | {schedule} |",
+        f"| backend | {_backend(runtime)} |",
         f"| hardware | {runtime.get('accelerator', NOT_RECORDED)}, "
         f"{_num(runtime.get('replicas'))} replica(s) |",
         f"| precision | {runtime.get('policy', NOT_RECORDED)} (weights exported in float32) |",
@@ -209,14 +218,20 @@ def render(
         ),
         "```",
         "",
-        "TensorFlow (transformers 4.x with tf-keras; it loads `tf_model.h5`):",
-        "",
-        "```python",
-        f"from transformers import AutoTokenizer, {tf_auto}",
-        "tokenizer = AutoTokenizer.from_pretrained(path)",
-        f"model = {tf_auto}.from_pretrained(path)",
-        "```",
-        "",
+        *(
+            [
+                "TensorFlow (transformers 4.x with tf-keras; it loads `tf_model.h5`):",
+                "",
+                "```python",
+                f"from transformers import AutoTokenizer, {tf_auto}",
+                "tokenizer = AutoTokenizer.from_pretrained(path)",
+                f"model = {tf_auto}.from_pretrained(path)",
+                "```",
+                "",
+            ]
+            if tf_class
+            else []
+        ),
         *(
             [
                 f"The tokenizer adds `{roles.get('bos')}` (beginning of text) in front of a "
@@ -234,13 +249,21 @@ def render(
         "arguments) and compare its logits with the trained model's (within 1e-4)"
         + (", and generate from a prompt with the recipe above:" if objective == "clm" else ":"),
         "",
-        f"- TensorFlow: {_versions(CHECKED_TENSORFLOW)}",
+        *([f"- TensorFlow: {_versions(CHECKED_TENSORFLOW)}"] if tf_class else []),
         f"- PyTorch: {_versions(CHECKED_PYTORCH)}",
         "",
         f"This export was written with {_installed(WRITER_DISTRIBUTIONS)}.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _backend(runtime: Mapping[str, Any]) -> str:
+    """Which trainer wrote the weights: the TF backend (TensorFlow + tf_keras) or the JAX
+    backend (Keras 3 on JAX, `runtime["backend"] == "jax"`)."""
+    if runtime.get("backend") == "jax":
+        return f"Keras 3 on JAX {runtime.get('jax', '')} (`train.backend: jax`)".replace("  ", " ")
+    return "TensorFlow + tf_keras (`train.backend: tf`)"
 
 
 def _exp(loss: Any) -> float | None:

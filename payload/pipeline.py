@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from payload import encode, storage, tokenizer
+from payload import encode, storage, tokenizer, training
 from payload.errors import UserError
 from payload.spec import JobSpec
 from payload.status import StatusWriter
@@ -23,8 +23,14 @@ STAGES = ("tokenizer", "encode", "train")
 Printer = Callable[[str], None]
 
 
-def _train_module() -> Any:
-    from payload import train  # noqa: PLC0415  (TensorFlow is imported only for training)
+def _train_module(job: JobSpec) -> Any:
+    """The training backend's module (imported only for training): payload.train (TensorFlow
+    + tf_keras) or payload.jax_backend.trainer (Keras 3 on JAX), per `train.backend`."""
+    if training.resolve_backend(job) == "jax":
+        from payload.jax_backend import trainer  # noqa: PLC0415
+
+        return trainer
+    from payload import train  # noqa: PLC0415
 
     return train
 
@@ -34,7 +40,7 @@ def is_complete(job: JobSpec, stage: str) -> bool:
         return tokenizer.is_complete(job)
     if stage == "encode":
         return encode.is_complete(job)
-    return bool(_train_module().is_complete(job))
+    return training.is_complete(job)
 
 
 def outputs(job: JobSpec, stage: str) -> dict[str, str]:
@@ -116,7 +122,7 @@ def _run(
             **dict(manifest.corpus),
         }
     else:
-        summary = dict(_train_module().train(job, status, target=target) or {})
+        summary = dict(_train_module(job).train(job, status, target=target) or {})
     return summary
 
 

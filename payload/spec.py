@@ -37,6 +37,8 @@ SIZES = ("tiny", "mini", "small", "base")
 FAMILIES_FOR_OBJECTIVE = {"mlm": ("bert", "roberta"), "clm": ("gpt2",)}
 DECAYS = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "bf16", "fp32")
+# auto: the VM unit's TPU_PAYLOAD_BACKEND, else tf (payload/training.py resolve_backend).
+BACKENDS = ("auto", "tf", "jax")
 ON_BAD_INPUT = ("skip", "fail")
 
 # Smallest vocabulary we accept before looking at the corpus: the special tokens plus
@@ -166,6 +168,7 @@ class TrainSpec:
     adam_epsilon: float = 1e-6
     clip_norm: float = 1.0  # 0 disables global-norm clipping
     precision: str = "auto"
+    backend: str = "auto"  # tf (TensorFlow + tf_keras) | jax (Keras 3 on JAX): docs/backends.md
     checkpoint_every: int = 100
     keep_checkpoints: int = 3
     log_every: int = 10
@@ -479,6 +482,7 @@ def _train(section: _Section) -> TrainSpec:
         adam_epsilon=section.take("adam_epsilon", _float(0.0, 1.0, lo_open=True), 1e-6),
         clip_norm=section.take("clip_norm", _float(0.0), 1.0),
         precision=section.take("precision", _choice(PRECISIONS), "auto"),
+        backend=section.take("backend", _choice(BACKENDS), "auto"),
         checkpoint_every=section.take("checkpoint_every", _int(1, 1 << 40), 100),
         keep_checkpoints=section.take("keep_checkpoints", _int(1, 1000), 3),
         log_every=section.take("log_every", _int(1, 1 << 40), 10),

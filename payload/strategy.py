@@ -47,7 +47,8 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
-from payload.errors import SpecError, UserError
+from payload import hosts
+from payload.errors import SpecError
 
 ACCELERATORS = ("tpu", "gpu", "cpu")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -84,51 +85,25 @@ class Runtime:
         return is_chief(self.strategy)
 
 
-class TpuNotFoundError(UserError):
-    """This is a TPU VM, but TensorFlow finds no TPU: training on its CPU would be useless."""
-
-
-@dataclass(frozen=True)
-class TpuHost:
-    """What the TPU VM's trainer unit says this host is (catalog names)."""
-
-    accelerator_type: str  # e.g. v5litepod-8
-    runtime_version: str  # the base image, e.g. v2-alpha-tpuv5-lite
-
-
-_expected_tpu: TpuHost | None = None
-
-
-class GpuNotFoundError(UserError):
-    """This is a GPU VM, but TensorFlow finds no GPU: training on its CPU would be useless."""
-
-
-@dataclass(frozen=True)
-class GpuHost:
-    """What the GPU VM's trainer unit says this host is (infra/gpu_catalog.yaml)."""
-
-    gpu: str  # e.g. T4
-    count: int
-    policy: str  # the GPU's mixed-precision policy: mixed_bfloat16 | mixed_float16
-    image: str = "unknown"  # the boot image family
-
-
-_expected_gpu: GpuHost | None = None
+# The host declaration is framework-free (payload/hosts.py, shared with the JAX backend);
+# its names stay importable from here.
+TpuNotFoundError = hosts.TpuNotFoundError
+GpuNotFoundError = hosts.GpuNotFoundError
+TpuHost = hosts.TpuHost
+GpuHost = hosts.GpuHost
 
 
 def expect_gpu(host: GpuHost | None) -> None:
     """Declare that this host is a GPU VM (the CLI calls it from the unit's environment):
     then `setup()` trains on its GPUs or fails with `GpuNotFoundError`, never on the CPU,
     and precision `auto` follows the GPU (bfloat16 where the catalog says the GPU has it)."""
-    global _expected_gpu  # noqa: PLW0603  (set once by the CLI, the edge that reads env)
-    _expected_gpu = host
+    hosts.expect_gpu(host)
 
 
 def expect_tpu(host: TpuHost | None) -> None:
     """Declare that this host is a TPU VM (the CLI calls it from the unit's environment):
     then `setup()` trains on its TPU or fails with `TpuNotFoundError`, never on the CPU."""
-    global _expected_tpu  # noqa: PLW0603  (set once by the CLI, the edge that reads env)
-    _expected_tpu = host
+    hosts.expect_tpu(host)
 
 
 def _log(message: str) -> None:
@@ -172,11 +147,12 @@ def tpu_present() -> bool:
 
 
 def detect() -> str:
-    if _expected_gpu is not None:
-        _require_gpus(_expected_gpu)
+    gpu, tpu = hosts.expected_gpu(), hosts.expected_tpu()
+    if gpu is not None:
+        _require_gpus(gpu)
         return "gpu"
-    if _expected_tpu is not None:
-        _require_tpu_files(_expected_tpu)
+    if tpu is not None:
+        _require_tpu_files(tpu)
         return "tpu"
     if tpu_present():
         return "tpu"
@@ -185,12 +161,7 @@ def detect() -> str:
     return "cpu"
 
 
-def _tpu_not_found(host: TpuHost, reason: str) -> TpuNotFoundError:
-    return TpuNotFoundError(
-        f"TPU not found: runtime {host.runtime_version} on accelerator {host.accelerator_type}: "
-        f"{reason}; not training on the host CPU (check the VM's accelerator and runtime "
-        "against infra/catalog.yaml, and `journalctl -t tpu-pretrain` on the VM)"
-    )
+_tpu_not_found = hosts.tpu_not_found
 
 
 def _require_tpu_files(host: TpuHost) -> None:
@@ -231,7 +202,7 @@ def connect(accelerator: str, target: SliceTarget | None = None) -> tf.distribut
 
 def _connect_tpu_or_fail(target: SliceTarget | None = None) -> tf.distribute.Strategy:
     """Connect to the TPU; on a declared TPU VM any failure is one `TpuNotFoundError` line."""
-    host = _expected_tpu
+    host = hosts.expected_tpu()
     try:
         strategy = connect("tpu", target)
     except (tf.errors.OpError, ValueError, RuntimeError) as exc:
@@ -277,13 +248,14 @@ def setup(
     built; build the model and optimizer inside `runtime.strategy.scope()`.
     """
     kind = accelerator or ("tpu" if target is not None else detect())
-    gpu_policy = _expected_gpu.policy if _expected_gpu is not None else ""
+    expected_gpu = hosts.expected_gpu()
+    gpu_policy = expected_gpu.policy if expected_gpu is not None else ""
     plan = decide(
         kind, precision, host_xla=kind != "cpu" or host_xla_available(), gpu_policy=gpu_policy
     )
     if plan.loss_scaling:
         _log(
-            f"strategy: {_expected_gpu.gpu if _expected_gpu else 'this GPU'} has no bfloat16: "
+            f"strategy: {expected_gpu.gpu if expected_gpu else 'this GPU'} has no bfloat16: "
             "training in float16 with dynamic loss scaling"
         )
     if kind == "cpu" and not plan.jit_compile and decide(kind, precision).jit_compile:

@@ -17,19 +17,14 @@ A kill at any time loses at most `checkpoint_every` steps.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import signal
 import sys
-import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 import tf_keras
-from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from payload import checkpoint as checkpoint_lib
@@ -38,106 +33,29 @@ from payload import evaluate as evaluate_lib
 from payload import export as export_lib
 from payload import manifest as manifest_lib
 from payload import model as model_lib
-from payload import modelcard, schedule, storage
+from payload import modelcard, schedule, storage, training
 from payload import strategy as strategy_lib
 from payload import tokenizer as tokenizer_lib
-from payload.errors import DataError, UserError
 from payload.status import StatusWriter
 
 if TYPE_CHECKING:
     from payload.manifest import Manifest
     from payload.spec import JobSpec
 
-EXPORT_MARKER = export_lib.EXPORT_MARKER
+EXPORT_MARKER = training.EXPORT_MARKER
 # float16 only (T4, V100): the dynamic loss scale's start, tf_keras' own default.
 LOSS_SCALE_INITIAL = 2.0**15
+BACKEND = "tf"
 
-
-class TrainingDivergedError(UserError):
-    """The loss became NaN or infinite; checkpoints written before it are kept."""
-
-
-class TrainingInterrupted(SystemExit):
-    """SIGTERM/SIGINT during training, after a checkpoint of the current step was saved.
-
-    Exits with 128 + the signal number, as if the signal had killed the process.
-    """
-
-    def __init__(self, signum: int, message: str):
-        super().__init__(128 + signum)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-
-def is_complete(job: JobSpec) -> bool:
-    return storage.exists(storage.join(job.paths.export, EXPORT_MARKER))
-
-
-def check_data(job: JobSpec, manifest: Manifest) -> None:
-    """DataError if the encoded data cannot feed this job's model."""
-    where = job.paths.data
-    if manifest.objective != job.data.objective:
-        raise DataError(
-            f"data in {where} was encoded for objective {manifest.objective!r} but the job "
-            f"says data.objective: {job.data.objective!r}; re-run `tpu-payload encode --force`"
-        )
-    if manifest.seq_length != job.data.seq_length:
-        raise DataError(
-            f"data in {where} has seq_length {manifest.seq_length} but the job says "
-            f"data.seq_length: {job.data.seq_length}; re-run `tpu-payload encode --force`"
-        )
-    tokenizer_json = tokenizer_lib.tokenizer_json(job.paths.tokenizer)  # DataError if missing
-    actual = hashlib.sha256(tokenizer_json).hexdigest()
-    if actual != manifest.tokenizer_sha256:
-        raise DataError(
-            f"data in {where} was encoded with a different tokenizer (manifest tokenizer_sha256 "
-            f"{manifest.tokenizer_sha256[:12]}…, {job.paths.tokenizer} has {actual[:12]}…); "
-            "re-run `tpu-payload encode --force`"
-        )
-    tokenizer_vocab = Tokenizer.from_str(tokenizer_json.decode()).get_vocab_size(
-        with_added_tokens=True
-    )
-    if tokenizer_vocab != manifest.vocab_size:
-        raise DataError(
-            f"manifest vocab_size {manifest.vocab_size} does not match the tokenizer's "
-            f"{tokenizer_vocab} ({job.paths.tokenizer}); re-run `tpu-payload encode --force`"
-        )
-    special = data_lib.special_ids_of(manifest)
-    if any(not 0 <= i < manifest.vocab_size for i in special.values()):
-        raise DataError(
-            f"manifest special ids {special} fall outside vocab_size {manifest.vocab_size}"
-        )
-    if job.data.objective == "mlm" and "mask" not in special:
-        raise DataError(
-            f"data in {where} has no mask token (special ids: {sorted(special)}); MLM needs one"
-        )
-    family = job.model.family
-    if (
-        family == "roberta"
-        and special.get("pad", model_lib.ROBERTA_PADDING_IDX) != model_lib.ROBERTA_PADDING_IDX
-    ):
-        raise DataError(
-            f"roberta needs the padding token at id {model_lib.ROBERTA_PADDING_IDX} (TF RoBERTa "
-            f"numbers positions from it) but the tokenizer has pad={special['pad']}; list "
-            "tokenizer.special_tokens with the pad token second"
-        )
-
-
-def _chunk_length(
-    step: int, total: int, plan_spe: int, log_every: int, ckpt_every: int, *, eval_every: int = 0
-) -> int:
-    """Steps until the next log/checkpoint/eval/final boundary, at most steps_per_execution."""
-    boundary = total
-    for every in (log_every, ckpt_every, eval_every):
-        if every > 0:
-            boundary = min(boundary, (step // every + 1) * every)
-    return max(1, min(plan_spe, boundary - step))
-
-
-def _log(message: str) -> None:
-    tqdm.write(message, file=sys.stderr)
+# Shared with the JAX backend (payload/training.py); the names stay importable from here.
+TrainingDivergedError = training.TrainingDivergedError
+TrainingInterrupted = training.TrainingInterrupted
+is_complete = training.is_complete
+check_data = training.check_data
+_chunk_length = training.chunk_length
+_log = training.log
+_UnwrittenStatus = training.UnwrittenStatus
+_StopRequest = training.StopRequest
 
 
 def train(
@@ -343,7 +261,14 @@ class _TrainLoop:
         spec, plan = self.spec, self.runtime.plan
         train_chunk = self.make_train_chunk(iter(self.dataset(start_step)))
         chief = self.runtime.is_chief
-        meter = _Meter(self.job, self.manifest, status, chief=chief)
+        lr_schedule = schedule.learning_rate_schedule(spec)
+        meter = training.Meter(
+            self.job,
+            self.manifest,
+            status,
+            chief=chief,
+            learning_rate=lambda step: float(lr_schedule(step).numpy()),
+        )
         step, total = start_step, spec.steps
         bar = tqdm(
             total=total, initial=step, unit="step", file=sys.stderr, disable=not sys.stderr.isatty()
@@ -365,12 +290,7 @@ class _TrainLoop:
                 bar.update(n)
                 meter.record(step, n, float(loss.numpy()), float(accuracy.numpy()))
                 if not math.isfinite(meter.loss):
-                    raise TrainingDivergedError(
-                        f"loss became {meter.loss} between steps {step - n} and {step} "
-                        f"(train.learning_rate={spec.learning_rate}); the last good checkpoint "
-                        f"is kept ({manager.latest_checkpoint or 'none yet'}): lower "
-                        "train.learning_rate or raise train.warmup_steps"
-                    )
+                    raise training.diverged(meter.loss, step, n, spec, manager.latest_checkpoint)
                 if chief and (step % spec.checkpoint_every == 0 or step == total):
                     manager.save(checkpoint_number=step)
                 if step % spec.log_every == 0 or step == total:
@@ -388,13 +308,7 @@ class _TrainLoop:
                 if stop.signal is not None:
                     # Preemption/shutdown: keep this step's work, then exit like the signal.
                     path = manager.save(checkpoint_number=step) if chief else "(the chief's)"
-                    message = (
-                        f"stopped by signal {stop.signal} at step {step}; checkpoint {path} "
-                        "saved: rerun to resume"
-                    )
-                    _log(f"train: {message}")
-                    status.fail(stage="train", error=message)
-                    raise TrainingInterrupted(stop.signal, message)
+                    raise training.interrupted(stop.signal, step, path, status)
         finally:
             stop.restore()
             bar.close()
@@ -434,119 +348,6 @@ def input_fn(
     return dataset_fn
 
 
-class _UnwrittenStatus(StatusWriter):
-    """status.json as a worker that is not the chief sees it: kept in memory, never written."""
-
-    def flush(self) -> None:
-        self._dirty = False
-
-
-class _StopRequest:
-    """SIGTERM/SIGINT while training: finish the running chunk, checkpoint, then exit.
-
-    A spot/preemptible VM shutting down sends SIGTERM; without this, up to
-    `checkpoint_every` steps would be lost instead of at most one chunk.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self._previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for signum in self.SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._request)
-
-    def _request(self, signum: int, frame: object) -> None:
-        if self.signal is not None:  # a second signal: stop now
-            raise KeyboardInterrupt
-        self.signal = signum
-
-    def restore(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-
-class _Meter:
-    """Loss, learning rate and throughput to the log, TensorBoard and status.json."""
-
-    def __init__(self, job: JobSpec, manifest: Manifest, status: StatusWriter, *, chief: bool):
-        self.total = job.train.steps
-        self.sequences_per_step = job.train.global_batch_size
-        self.tokens_per_step = job.train.global_batch_size * manifest.seq_length
-        self.schedule = schedule.learning_rate_schedule(job.train)
-        self.status = status
-        # One event file per run, the chief's: other workers' would duplicate every scalar.
-        self.writer = (
-            tf.summary.create_file_writer(job.paths.logs)
-            if chief
-            else tf.summary.create_noop_writer()
-        )
-        self.loss = self.accuracy = float("nan")
-        self.first_loss: float | None = None
-        self.window_start, self.window_steps = time.perf_counter(), 0
-        self.run_start, self.run_steps = self.window_start, 0
-        self.warm = False
-        self._last_record = self.window_start
-
-    def record(self, step: int, n: int, loss: float, accuracy: float) -> None:
-        self._last_record = time.perf_counter()
-        self.loss, self.accuracy = loss, accuracy
-        if self.first_loss is None:
-            self.first_loss = loss
-        if not self.warm:
-            # The first chunk includes tracing and compilation: keep it out of throughput.
-            self.warm, self.window_start, self.window_steps = True, time.perf_counter(), 0
-            self.run_start, self.run_steps = self.window_start, 0
-        else:
-            self.window_steps += n
-            self.run_steps += n
-
-    def exclude_pause(self) -> None:
-        """Restart the throughput window after an evaluation: steps/s counts training only."""
-        now = time.perf_counter()
-        paused = now - self._last_record
-        self.window_start += paused
-        self.run_start += paused
-
-    def mean_steps_per_second(self) -> float:
-        elapsed = time.perf_counter() - self.run_start
-        return self.run_steps / elapsed if self.run_steps and elapsed > 0 else 0.0
-
-    def log(self, step: int, grad_norm: float) -> None:
-        elapsed = time.perf_counter() - self.window_start
-        steps_per_s = self.window_steps / elapsed if self.window_steps and elapsed > 0 else 0.0
-        lr = float(self.schedule(step - 1).numpy())  # the rate of the step just taken
-        with self.writer.as_default(step=step):
-            tf.summary.scalar("loss", self.loss)
-            tf.summary.scalar("accuracy", self.accuracy)
-            tf.summary.scalar("learning_rate", lr)
-            tf.summary.scalar("grad_norm", grad_norm)
-            if steps_per_s:
-                tf.summary.scalar("steps_per_second", steps_per_s)
-                tf.summary.scalar("sequences_per_second", steps_per_s * self.sequences_per_step)
-                tf.summary.scalar("tokens_per_second", steps_per_s * self.tokens_per_step)
-        self.writer.flush()
-        _log(
-            f"step {step}/{self.total}  loss {self.loss:.4f}  acc {self.accuracy:.3f}  "
-            f"lr {lr:.2e}  {steps_per_s:.2f} steps/s  "
-            f"{steps_per_s * self.sequences_per_step:.0f} seq/s"
-        )
-        self.status.update(
-            stage="train",
-            progress=step / self.total,
-            step=step,
-            loss=round(self.loss, 6),
-            accuracy=round(self.accuracy, 6),
-            learning_rate=lr,
-            steps_per_second=round(steps_per_s, 4),
-        )
-        self.window_start, self.window_steps = time.perf_counter(), 0
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 def export(
     job: JobSpec,
     model: Any,
@@ -557,10 +358,7 @@ def export(
     status: StatusWriter,
 ) -> None:
     """TF + PyTorch weights, tokenizer and model card to `export/` (export.py)."""
-    # The metrics this run recorded (kept in status.json across reruns), this process's last.
-    recorded = dict(status.document.get("stages", {}).get("train", {}).get("metrics", {}))
-    recorded.update({k: v for k, v in stats.items() if k in ("step", "loss", "accuracy")})
-    recorded.update({k: v for k, v in stats.items() if k.startswith("eval_")})
+    recorded = training.recorded_metrics(status, stats)
 
     def card(parameters: int) -> str:
         return modelcard.render(
@@ -574,18 +372,10 @@ def export(
             metrics=recorded,
         )
 
-    summary = {
-        "job": job.name,
-        "family": job.model.family,
-        "objective": job.data.objective,
-        "step": stats.get("step"),
-        "loss": stats.get("loss"),
-        "first_loss": stats.get("first_loss"),
-        **{k: v for k, v in stats.items() if k.startswith("eval_")},
-    }
+    summary = training.export_summary(job, stats, BACKEND)
     export_lib.write_export(
         job,
-        model,
+        export_lib.save_tf_model(model, job.model.family),
         tokenizer_lib.load_tokenizer(job.paths.tokenizer),
         card=card,
         summary=summary,

@@ -242,7 +242,11 @@ def _padding_bias(attention_mask: Any, dtype: Any) -> Any:
 
 def create_model(family: str, config: Any, seq_length: int) -> MaskedLM | CausalLM:
     """A built model (weights created) for `seq_length`-token inputs."""
-    model = CausalLM(config) if family == "gpt2" else MaskedLM(config, family)
+    # Named by the family: the variables' paths (checkpoints.Layout) do not depend on how
+    # many models this process built before.
+    model = (
+        CausalLM(config, name=family) if family == "gpt2" else MaskedLM(config, family, name=family)
+    )
     ids = np.zeros((1, seq_length), dtype="int32")
     model({"input_ids": ids, "attention_mask": np.ones_like(ids)})
     return model

@@ -74,10 +74,18 @@ def model_inputs(objective: str, batch: Mapping[str, Any]) -> tuple[dict[str, An
 
 
 def make_train_chunk(
-    model: keras.Model, optimizer: keras.optimizers.Optimizer, objective: str
+    model: keras.Model,
+    optimizer: keras.optimizers.Optimizer,
+    objective: str,
+    *,
+    state_sharding: Any = None,
 ) -> Callable[[TrainState, Mapping[str, Any]], tuple[TrainState, dict[str, Any]]]:
     """A compiled function (state, batches with a leading [K] axis) -> (state, metrics [K]):
-    K optimizer steps in one call. The loss is the mean over the batch's predicted tokens."""
+    K optimizer steps in one call. The loss is the mean over the batch's predicted tokens.
+
+    `state_sharding` (the trainer's: replicated over the mesh) pins where the new state
+    lives; the old state's buffers are donated to it (no second copy of the weights and
+    optimizer slots on the devices)."""
 
     def loss_fn(trainable: list[Any], non_trainable: list[Any], batch: Mapping[str, Any]):
         inputs, labels, weights = model_inputs(objective, batch)
@@ -102,8 +110,9 @@ def make_train_chunk(
             "grad_norm": norm,
         }
 
-    @jax.jit
     def train_chunk(state: TrainState, batches: Mapping[str, Any]):
         return jax.lax.scan(one_step, state, dict(batches))
 
-    return train_chunk
+    if state_sharding is None:
+        return jax.jit(train_chunk)
+    return jax.jit(train_chunk, out_shardings=(state_sharding, None), donate_argnums=0)

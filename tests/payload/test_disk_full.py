@@ -148,16 +148,12 @@ def test_disk_full_in_a_tensorflow_checkpoint_is_one_line(
 
     class Trainer:
         @staticmethod
-        def is_complete(job: JobSpec) -> bool:
-            return False
-
-        @staticmethod
         def train(job: JobSpec, status: StatusWriter, target: object = None) -> dict[str, Any]:
             weights = tf.Variable(tf.zeros([256 * 1024]))  # 1 MB: more than the disk holds
             tf.train.Checkpoint(w=weights).save(str(Path(job.paths.checkpoints, "ckpt")))
             raise AssertionError("the save should have failed")
 
-    monkeypatch.setattr(pipeline, "_train_module", lambda: Trainer)
+    monkeypatch.setattr(pipeline, "_train_module", lambda job: Trainer)
     status = StatusWriter(job.paths.status, job.name)
     with pytest.raises(DiskFullError) as caught:
         pipeline.run_stage(job, "train", status)

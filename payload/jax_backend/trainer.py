@@ -1,0 +1,653 @@
+"""The `train` stage on the Keras 3 / JAX backend (`train.backend: jax`).
+
+The same job, shards, checks, status, checkpoint cadence, signals and export as the TF
+backend (payload/train.py; the shared parts are payload/training.py), in this order:
+ 1. load the manifest, check it against the job and the tokenizer, verify every shard;
+ 2. the devices JAX sees (`runtime()`): one data-parallel mesh over every device of every
+    process; the precision (bfloat16 on TPU); the model (models.py) and AdamW (Keras 3);
+ 3. restore the newest checkpoint (checkpoints.py; run.json must match) and start the
+    input pipeline at that step's batch;
+ 4. train in chunks of up to `steps_per_execution` optimizer steps per compiled call
+    (steps.py: a `lax.scan` inside one `jax.jit`), stopping exactly at log / checkpoint /
+    eval / final step boundaries. While a chunk runs on the devices the host reads, masks
+    and transfers the next chunk's batches (JAX dispatch is asynchronous), so the input is
+    on the devices before the next call;
+ 5. a final checkpoint, the held-out evaluation, then the export: the Hugging Face layout
+    PyTorch users load with the plain `from_pretrained` (models.save_pretrained), the
+    tokenizer and the model card, the completion marker last.
+
+Data parallelism: the state is replicated, every batch is split over the mesh's `data`
+axis, and XLA's SPMD partitioner inserts the gradient all-reduce: the loss is the mean over
+the predicted tokens of the GLOBAL batch, as on the TF backend. Each process (a host of a
+slice) reads its own shard files (`data.make_dataset` with that process's input pipeline
+id) and contributes its rows of each global batch; only process 0 writes checkpoints,
+run.json, TensorBoard, status.json and the export.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from payload import jax_backend
+
+jax_backend.use_jax()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402  (tf.data only: the input pipeline)
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from payload import checkpoint as run_identity_lib  # noqa: E402
+from payload import data as data_lib  # noqa: E402
+from payload import evaluate as evaluate_lib  # noqa: E402
+from payload import export as export_lib  # noqa: E402
+from payload import hosts, modelcard, storage, training  # noqa: E402
+from payload import manifest as manifest_lib  # noqa: E402
+from payload import model as model_lib  # noqa: E402
+from payload import tokenizer as tokenizer_lib  # noqa: E402
+from payload.errors import DataError, SpecError  # noqa: E402
+from payload.jax_backend import checkpoints, distributed, models, steps  # noqa: E402
+from payload.status import StatusWriter  # noqa: E402
+
+if TYPE_CHECKING:
+    from payload.manifest import Manifest
+    from payload.spec import JobSpec, TrainSpec
+
+BACKEND = "jax"
+EXPORT_MARKER = training.EXPORT_MARKER
+is_complete = training.is_complete
+# Weight decay is not applied to LayerNorm scales/offsets or biases (the TF backend's rule,
+# schedule.NO_DECAY_NAMES); Keras 3 matches these against each variable's own name.
+NO_DECAY_NAMES = ("gamma", "beta", "bias")
+# Optimizer steps per compiled call: on a TPU a host round trip costs more than a small
+# step (the TF backend's steps_per_execution); on CPU/GPU 8 (bench/bench_jax_steps.py).
+STEPS_PER_CALL = {"tpu": 64, "gpu": 8, "cpu": 8}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The devices of this run as JAX sees them, and the rules that follow."""
+
+    accelerator: str  # tpu | gpu | cpu
+    policy: str  # Keras dtype policy: float32 | mixed_bfloat16
+    steps_per_execution: int
+    mesh: Mesh
+    process_index: int
+    process_count: int
+
+    @property
+    def num_replicas(self) -> int:
+        return int(self.mesh.devices.size)
+
+    @property
+    def is_chief(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def local_replicas(self) -> int:
+        return len(jax.local_devices())
+
+    def describe(self) -> dict[str, Any]:
+        local = jax.local_devices()
+        return {
+            "backend": BACKEND,
+            "accelerator": self.accelerator,
+            "replicas": self.num_replicas,
+            "hosts": self.process_count,
+            "policy": self.policy,
+            "jit_compile": True,
+            "steps_per_execution": self.steps_per_execution,
+            "devices": f"{len(local)} x {local[0].device_kind}" if local else "none",
+            "jax": jax.__version__,
+        }
+
+
+def _platform(device: Any) -> str:
+    return "gpu" if device.platform in ("gpu", "cuda", "rocm") else str(device.platform)
+
+
+def runtime(precision: str) -> Runtime:
+    """Detect the devices; on a declared TPU/GPU VM (payload/hosts.py) a host without them
+    is a one-line error, not a CPU run."""
+    tpu, gpu = hosts.expected_tpu(), hosts.expected_gpu()
+    try:
+        devices = jax.devices()
+    except RuntimeError as exc:  # JAX_PLATFORMS=tpu (the TPU VM's unit) and no TPU
+        if tpu is None:
+            raise
+        detail = " ".join(str(exc).split())[:300]
+        raise hosts.tpu_not_found(
+            tpu, f"JAX {jax.__version__} could not initialise it ({detail})"
+        ) from None
+    kind = _platform(devices[0])
+    seen = ", ".join(sorted({f"{d.platform} ({d.device_kind})" for d in devices}))
+    if tpu is not None and kind != "tpu":
+        raise hosts.tpu_not_found(
+            tpu, f"JAX {jax.__version__} sees only {seen} (JAX_PLATFORMS={_env('JAX_PLATFORMS')})"
+        )
+    if gpu is not None and kind != "gpu":
+        raise hosts.GpuNotFoundError(
+            f"GPU not found: this VM should have {gpu.count} × {gpu.gpu} (image {gpu.image}) "
+            f"but JAX {jax.__version__} sees only {seen}; not training on the host CPU (check "
+            "nvidia-smi and `journalctl -t tpu-pretrain` on the VM)"
+        )
+    bf16_gpu = gpu is not None and gpu.policy == "mixed_bfloat16"
+    auto_bf16 = kind == "tpu" or (kind == "gpu" and bf16_gpu)
+    bf16 = precision == "bf16" or (precision == "auto" and auto_bf16)
+    mesh = Mesh(np.asarray(devices), ("data",))
+    return Runtime(
+        accelerator=kind,
+        policy="mixed_bfloat16" if bf16 else "float32",
+        steps_per_execution=STEPS_PER_CALL[kind],
+        mesh=mesh,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+
+
+def _env(name: str) -> str:
+    return os.environ.get(name, "") or "unset"
+
+
+def check_global_batch(global_batch_size: int, rt: Runtime) -> None:
+    if global_batch_size % rt.num_replicas:
+        raise SpecError(
+            f"train.global_batch_size: {global_batch_size} is not divisible by the "
+            f"{rt.num_replicas} devices JAX sees ({rt.describe()['devices']} per host, "
+            f"{rt.process_count} host(s)); use a multiple of {rt.num_replicas}"
+        )
+
+
+class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """training.learning_rate_at in keras.ops (traced inside the compiled step)."""
+
+    def __init__(self, spec: TrainSpec):
+        self.peak = float(spec.learning_rate)
+        self.warmup = float(max(spec.warmup_steps, 0))
+        self.span = float(max(spec.steps - spec.warmup_steps, 1))
+        self.decay = spec.decay
+        self.end = float(spec.end_learning_rate_ratio)
+
+    def __call__(self, step: Any) -> Any:
+        step = jnp.asarray(step, jnp.float32)
+        progress = jnp.clip((step - self.warmup) / self.span, 0.0, 1.0)
+        if self.decay == "linear":
+            factor = 1.0 - (1.0 - self.end) * progress
+        elif self.decay == "cosine":
+            factor = self.end + (1.0 - self.end) * 0.5 * (1.0 + jnp.cos(math.pi * progress))
+        else:
+            factor = jnp.ones_like(progress)
+        decayed = self.peak * factor
+        if self.warmup > 0:
+            warm = self.peak * jnp.minimum((step + 1.0) / self.warmup, 1.0)
+            return jnp.where(step < self.warmup, warm, decayed)
+        return decayed
+
+    def get_config(self) -> dict[str, Any]:
+        return {"peak": self.peak, "warmup": self.warmup, "span": self.span}
+
+
+def create_optimizer(spec: TrainSpec) -> keras.optimizers.AdamW:
+    """AdamW with the TF backend's hyper-parameters, schedule, decay exclusions and global
+    norm clipping (train.clip_norm; 0 disables it)."""
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=WarmupDecay(spec),
+        weight_decay=spec.weight_decay,
+        beta_1=spec.adam_beta1,
+        beta_2=spec.adam_beta2,
+        epsilon=spec.adam_epsilon,
+        global_clipnorm=float(spec.clip_norm) if spec.clip_norm > 0 else None,
+        name="adamw",
+    )
+    optimizer.exclude_from_weight_decay(var_names=list(NO_DECAY_NAMES))
+    return optimizer
+
+
+class _Pipelines:
+    """One process's input: its share of every global batch, from its own shard files."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.batch_sharding = NamedSharding(rt.mesh, P("data"))
+        self.chunk_sharding = NamedSharding(rt.mesh, P(None, "data"))
+        self.replicated = NamedSharding(rt.mesh, P())
+
+    def context(self) -> tf.distribute.InputContext:
+        return tf.distribute.InputContext(
+            num_input_pipelines=self.rt.process_count,
+            input_pipeline_id=self.rt.process_index,
+            num_replicas_in_sync=self.rt.num_replicas,
+        )
+
+    def host_batch(self, global_batch: int) -> int:
+        return global_batch // self.rt.process_count
+
+    def to_devices(self, arrays: dict[str, np.ndarray], *, chunk: bool) -> dict[str, Any]:
+        """Host rows -> one global array per feature, split over the mesh (asynchronous)."""
+        sharding = self.chunk_sharding if chunk else self.batch_sharding
+        axis = 1 if chunk else 0
+        out = {}
+        for name, local in arrays.items():
+            shape = list(local.shape)
+            shape[axis] *= self.rt.process_count
+            out[name] = jax.make_array_from_process_local_data(sharding, local, tuple(shape))
+        return out
+
+
+def _stack(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+
+
+class Evaluator:
+    """evaluate.py's held-out evaluation on this backend: the same fixed set and masks
+    (evaluate.EVAL_MASK_SEED), the same sums and metrics, status and TensorBoard."""
+
+    def __init__(
+        self,
+        job: JobSpec,
+        manifest: Manifest,
+        rt: Runtime,
+        *,
+        model: Any,
+        pipelines: _Pipelines,
+        status: StatusWriter,
+    ):
+        self.job, self.status, self.pipelines = job, status, pipelines
+        replicas = rt.num_replicas
+        self.global_batch = evaluate_lib.eval_batch_size(
+            manifest.eval_records, job.train.global_batch_size, replicas
+        )
+        if self.global_batch == 0:
+            raise DataError(
+                f"the held-out split in {job.paths.data} has {manifest.eval_records} sequences, "
+                f"fewer than the {replicas} replicas; raise data.eval_min_sequences and re-run "
+                "`tpu-payload encode --force`, or set data.eval_fraction: 0"
+            )
+        host_batch = pipelines.host_batch(self.global_batch)
+        # Every process must run the same number of batches: the smallest share decides.
+        paths = manifest_lib.shard_paths(job.paths.data, manifest, split="eval")
+        counts = [s.records for s in manifest.eval_shards]
+        self.batches = min(
+            data_lib.plan_pipeline(
+                paths,
+                counts,
+                batch_size=host_batch,
+                num_pipelines=rt.process_count,
+                pipeline_id=i,
+            ).batches_per_epoch
+            for i in range(rt.process_count)
+        )
+        self.sequences = self.batches * self.global_batch
+        dataset = data_lib.make_dataset(
+            job,
+            manifest,
+            batch_size=host_batch,
+            seed=evaluate_lib.EVAL_MASK_SEED,
+            training=False,
+            repeat=False,
+            input_context=pipelines.context(),
+            split="eval",
+        )
+        # Read, masked and kept on the host once: the same batches at every evaluation.
+        self.host_batches = list(itertools.islice(dataset.as_numpy_iterator(), self.batches))
+        objective = job.data.objective
+
+        @jax.jit
+        def sums(trainable: Any, non_trainable: Any, batch: dict[str, Any]) -> Any:
+            inputs, labels, weights = steps.model_inputs(objective, batch)
+            logits, _ = model.stateless_call(trainable, non_trainable, inputs, training=False)
+            return jnp.stack(steps.loss_terms(logits, labels, weights))
+
+        self._sums = sums
+        self.writer = (
+            tf.summary.create_file_writer(storage.join(job.paths.logs, "eval"))
+            if rt.is_chief
+            else tf.summary.create_noop_writer()
+        )
+
+    def evaluate(self, step: int, state: steps.TrainState) -> dict[str, float]:
+        started = time.perf_counter()
+        totals = jnp.zeros([3], jnp.float32)
+        for batch in self.host_batches:
+            arrays = self.pipelines.to_devices(batch, chunk=False)
+            totals = totals + self._sums(state.trainable, state.non_trainable, arrays)
+        loss_sum, weight_sum, correct = (float(x) for x in np.asarray(totals))
+        seconds = time.perf_counter() - started
+        loss = loss_sum / max(weight_sum, 1.0)
+        metrics = {
+            "eval_step": step,
+            "eval_loss": round(loss, 6),
+            "eval_perplexity": round(math.exp(min(loss, 700.0)), 4),
+            "eval_accuracy": round(correct / max(weight_sum, 1.0), 6),
+            "eval_sequences": self.sequences,
+            "eval_predictions": int(weight_sum),
+            "eval_seconds": round(seconds, 3),
+        }
+        with self.writer.as_default(step=step):
+            tf.summary.scalar("loss", loss)
+            tf.summary.scalar("perplexity", metrics["eval_perplexity"])
+            tf.summary.scalar("accuracy", metrics["eval_accuracy"])
+        self.writer.flush()
+        name = "masked acc" if self.job.data.objective == "mlm" else "next-token acc"
+        training.log(
+            f"eval step {step}/{self.job.train.steps}  loss {loss:.4f}  "
+            f"ppl {metrics['eval_perplexity']:.2f}  {name} {metrics['eval_accuracy']:.3f}  "
+            f"({self.sequences} held-out sequences)"
+        )
+        self.status.update(
+            stage="train", progress=step / self.job.train.steps, step=step, **metrics
+        )
+        return metrics
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def train(job: JobSpec, status: StatusWriter, *, target: Any = None) -> dict[str, Any]:
+    """Train (or resume) and export on the JAX backend. `target` (the TF backend's gRPC
+    slice) does not apply: on a slice every host runs this same program."""
+    if target is not None:
+        raise SpecError(
+            "train.backend: jax runs the same program on every host of a slice; TPU_NAME "
+            "(the TF backend's single-client slice) does not apply: unset it"
+        )
+    distributed.initialize_from_env()
+    rt = runtime(job.train.precision)
+    if not rt.is_chief:
+        status = training.UnwrittenStatus(status.path, status.job_name)
+    status.update(stage="train", message="verifying data")
+    manifest = manifest_lib.load_manifest(job.paths.data)
+    training.check_data(job, manifest)
+    manifest_lib.verify_shards(job.paths.data, manifest, checksums=True)
+
+    spec = job.train
+    check_global_batch(spec.global_batch_size, rt)
+    described = rt.describe()
+    training.log(f"train: {json.dumps(described)}")
+    status.note_runtime(described)  # the devices JAX sees, beside the host checks
+
+    config, model, optimizer = _build(job, manifest, rt)
+    layout = checkpoints.Layout.of(model, optimizer)
+
+    step, restored = _restore_or_start(
+        job, manifest, config, model=model, optimizer=optimizer, layout=layout, rt=rt
+    )
+    pipelines = _Pipelines(rt)
+    state = jax.device_put(steps.TrainState.of(model, optimizer), pipelines.replicated)
+    stats: dict[str, Any] = {"step": step}
+    if restored is not None:
+        stats["resumed_from"] = restored
+    evaluator = (
+        Evaluator(job, manifest, rt, model=model, pipelines=pipelines, status=status)
+        if manifest.eval_records
+        else None
+    )
+    try:
+        if step < spec.steps:
+            loop = _TrainLoop(
+                job,
+                manifest,
+                rt,
+                model=model,
+                optimizer=optimizer,
+                layout=layout,
+                pipelines=pipelines,
+                evaluator=evaluator,
+            )
+            state, results = loop.run(state, status, step)
+            stats.update(results)
+        stats["step"] = int(np.asarray(state.optimizer[0]))  # iterations, the step counter
+        if evaluator is not None:
+            stats.update(evaluator.evaluate(stats["step"], state))  # the final evaluation
+    finally:
+        if evaluator is not None:
+            evaluator.close()
+
+    if not rt.is_chief:
+        return stats
+    state.write_back(model, optimizer)
+    status.update(stage="train", progress=1.0, step=stats["step"], message="exporting")
+    export(job, model, stats, manifest=manifest, rt=rt, status=status)
+    stats["export"] = job.paths.export
+    status.update(stage="train", progress=1.0, step=stats["step"], message="exported")
+    return stats
+
+
+def _build(job: JobSpec, manifest: Manifest, rt: Runtime) -> tuple[Any, Any, Any]:
+    """(config, model, optimizer): the model of the job's family with seeded initial
+    weights, in the runtime's precision, and AdamW built for its variables."""
+    spec = job.train
+    family = job.model.family
+    config = model_lib.build_config(
+        family,
+        job.model.size,
+        job.model.config,
+        vocab_size=manifest.vocab_size,
+        special_ids=manifest_lib.special_ids_of(manifest),
+    )
+    keras.config.set_dtype_policy(rt.policy)
+    # The initial weights and the dropout seeds. Keras also seeds TensorFlow's global RNG;
+    # that is cleared again, as on the TF backend: the input pipeline's randomness has
+    # explicit per-epoch seeds (data.py), and tf.data fails on tensor-valued seeds under a
+    # global seed.
+    keras.utils.set_random_seed(spec.seed)
+    try:
+        model = models.create_model(family, config, manifest.seq_length)
+        optimizer = create_optimizer(spec)
+        optimizer.build(model.trainable_variables)
+    finally:
+        tf.random.set_seed(None)
+    return config, model, optimizer
+
+
+def _restore_or_start(
+    job: JobSpec,
+    manifest: Manifest,
+    config: Any,
+    *,
+    model: Any,
+    optimizer: Any,
+    layout: checkpoints.Layout,
+    rt: Runtime,
+) -> tuple[int, int | None]:
+    """(step, the step of the checkpoint restored or None). The chief refuses checkpoints
+    of another run."""
+    spec, directory = job.train, job.paths.checkpoints
+    found = checkpoints.steps_in(directory)
+    identity = run_identity_lib.identity(
+        model_config=config.to_dict(),
+        family=job.model.family,
+        objective=job.data.objective,
+        seq_length=manifest.seq_length,
+        tokenizer_sha256=manifest.tokenizer_sha256,
+        global_batch_size=spec.global_batch_size,
+        seed=spec.seed,
+        backend=BACKEND,
+    )
+    if rt.is_chief:
+        storage.makedirs(directory)
+        run_identity_lib.check_identity(directory, identity, has_checkpoint=bool(found))
+        checkpoints.require_space(directory, layout, keep=spec.keep_checkpoints, kept=len(found))
+    if not found:
+        return 0, None
+    latest = found[-1]
+    arrays = checkpoints.load(directory, latest, layout)
+    steps.TrainState(arrays["trainable"], arrays["non_trainable"], arrays["optimizer"]).write_back(
+        model, optimizer
+    )
+    path = checkpoints.path_of(directory, latest)
+    step = int(np.asarray(optimizer.iterations.value))
+    training.log(f"train: resumed from {path} at step {step}")
+    return step, latest
+
+
+class _TrainLoop:
+    def __init__(
+        self,
+        job: JobSpec,
+        manifest: Manifest,
+        rt: Runtime,
+        *,
+        model: Any,
+        optimizer: Any,
+        layout: checkpoints.Layout,
+        pipelines: _Pipelines,
+        evaluator: Evaluator | None,
+    ):
+        self.job, self.manifest, self.rt = job, manifest, rt
+        self.model, self.optimizer, self.layout = model, optimizer, layout
+        self.pipelines, self.evaluator = pipelines, evaluator
+        self.spec = job.train
+        self.train_chunk = steps.make_train_chunk(
+            model, optimizer, job.data.objective, state_sharding=pipelines.replicated
+        )
+        self.last_checkpoint: str | None = None
+
+    def batches(self, start_step: int) -> Any:
+        spec = self.spec
+        dataset = data_lib.make_dataset(
+            self.job,
+            self.manifest,
+            batch_size=self.pipelines.host_batch(spec.global_batch_size),
+            seed=spec.seed,
+            start_batch=start_step,
+            input_context=self.pipelines.context(),
+        )
+        return dataset.as_numpy_iterator()
+
+    def save(self, state: steps.TrainState, step: int) -> str:
+        """Process 0 writes ckpt-<step>.npz (every process holds the replicated state)."""
+        if not self.rt.is_chief:
+            return "(process 0's)"
+        host = jax.device_get(state)
+        arrays = {
+            "trainable": host.trainable,
+            "non_trainable": host.non_trainable,
+            "optimizer": host.optimizer,
+        }
+        self.last_checkpoint = checkpoints.save(
+            self.job.paths.checkpoints, step, self.layout, arrays, keep=self.spec.keep_checkpoints
+        )
+        return self.last_checkpoint
+
+    def run(
+        self, state: steps.TrainState, status: StatusWriter, start_step: int
+    ) -> tuple[steps.TrainState, dict[str, Any]]:
+        spec = self.spec
+        chief = self.rt.is_chief
+        meter = training.Meter(
+            self.job,
+            self.manifest,
+            status,
+            chief=chief,
+            learning_rate=lambda s: training.learning_rate_at(spec, s),
+        )
+        eval_every = spec.eval_every if self.evaluator is not None else 0
+        batches = self.batches(start_step)
+
+        def chunk_after(step: int) -> int:
+            return training.chunk_length(
+                step,
+                spec.steps,
+                self.rt.steps_per_execution,
+                spec.log_every,
+                spec.checkpoint_every,
+                eval_every=eval_every,
+            )
+
+        def load(n: int) -> dict[str, Any]:
+            host = _stack([next(batches) for _ in range(n)])
+            return self.pipelines.to_devices(host, chunk=True)
+
+        step, total = start_step, spec.steps
+        bar = tqdm(
+            total=total, initial=step, unit="step", file=sys.stderr, disable=not sys.stderr.isatty()
+        )
+        stop = training.StopRequest()
+        n = chunk_after(step)
+        ready = load(n)
+        try:
+            while step < total:
+                state, metrics = self.train_chunk(state, ready)  # runs while the host reads on
+                following = step + n
+                if following < total:
+                    next_n = chunk_after(following)
+                    ready = load(next_n)
+                losses = np.asarray(metrics["loss"])
+                loss, accuracy = float(losses.mean()), float(np.asarray(metrics["accuracy"]).mean())
+                norm = float(np.asarray(metrics["grad_norm"])[-1])
+                step = following
+                bar.update(n)
+                meter.record(step, n, loss, accuracy)
+                if not math.isfinite(meter.loss):
+                    raise training.diverged(meter.loss, step, n, spec, self.last_checkpoint)
+                if step % spec.checkpoint_every == 0 or step == total:
+                    self.save(state, step)
+                if step % spec.log_every == 0 or step == total:
+                    meter.log(step, norm)
+                    bar.set_postfix(loss=f"{meter.loss:.4f}")
+                # The final evaluation follows the loop.
+                evaluate_now = eval_every and step % eval_every == 0 and step < total
+                if self.evaluator is not None and evaluate_now:
+                    self.evaluator.evaluate(step, state)
+                    meter.exclude_pause()
+                if stop.signal is not None:
+                    # Preemption/shutdown: keep this step's work, then exit like the signal.
+                    path = self.save(state, step)
+                    raise training.interrupted(stop.signal, step, path, status)
+                if step < total:
+                    n = next_n
+        finally:
+            stop.restore()
+            bar.close()
+            meter.close()
+        return state, {
+            "first_loss": meter.first_loss,
+            "loss": meter.loss,
+            "accuracy": meter.accuracy,
+            "steps_per_second": meter.mean_steps_per_second(),
+        }
+
+
+def export(
+    job: JobSpec,
+    model: Any,
+    stats: dict[str, Any],
+    *,
+    manifest: Manifest,
+    rt: Runtime,
+    status: StatusWriter,
+) -> None:
+    """PyTorch weights (the Hugging Face layout), tokenizer and model card to `export/`."""
+    recorded = training.recorded_metrics(status, stats)
+
+    def card(parameters: int) -> str:
+        return modelcard.render(
+            job=job,
+            manifest=manifest,
+            model_config=model.config.to_dict(),
+            pytorch_class=export_lib.PYTORCH_CLASSES[job.model.family],
+            tf_class=None,
+            parameters=parameters,
+            runtime=rt.describe(),
+            metrics=recorded,
+        )
+
+    export_lib.write_export(
+        job,
+        lambda directory: models.save_pretrained(model, directory),
+        tokenizer_lib.load_tokenizer(job.paths.tokenizer),
+        card=card,
+        summary=training.export_summary(job, stats, BACKEND),
+    )

@@ -1,0 +1,328 @@
+"""What both training backends share, free of either framework: the data checks, the
+backend choice, the chunk boundaries, the stop-on-signal handling, the divergence stop,
+the meter (log, TensorBoard, status.json) and the learning-rate formula.
+
+`payload/train.py` (TensorFlow + tf_keras) and `payload/jax_backend/trainer.py` (Keras 3 on
+JAX) both build on it, so a job behaves the same on either: same checks, same messages,
+same status fields, same checkpoint cadence, same exit on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from payload import export as export_lib
+from payload import tokenizer as tokenizer_lib
+from payload.errors import DataError, UserError
+from payload.manifest import special_ids_of
+from payload.model import ROBERTA_PADDING_IDX
+from payload.status import StatusWriter
+
+if TYPE_CHECKING:
+    from payload.manifest import Manifest
+    from payload.spec import JobSpec, TrainSpec
+
+BACKENDS = ("tf", "jax")
+EXPORT_MARKER = export_lib.EXPORT_MARKER
+is_complete = export_lib.is_complete
+# Set by the TPU/GPU VM's trainer unit (infra): the backend whose environment the VM
+# installed, the default of `train.backend: auto` there.
+BACKEND_ENV = "TPU_PAYLOAD_BACKEND"
+
+
+class TrainingDivergedError(UserError):
+    """The loss became NaN or infinite; checkpoints written before it are kept."""
+
+
+class TrainingInterrupted(SystemExit):
+    """SIGTERM/SIGINT during training, after a checkpoint of the current step was saved.
+
+    Exits with 128 + the signal number, as if the signal had killed the process.
+    """
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(128 + signum)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def resolve_backend(job: JobSpec, environ: Mapping[str, str] = os.environ) -> str:
+    """`tf` or `jax`: the job's `train.backend`; for `auto`, the VM unit's TPU_PAYLOAD_BACKEND,
+    else the TensorFlow backend (docs/backends.md says when that default changes)."""
+    chosen = job.train.backend
+    if chosen != "auto":
+        return chosen
+    from_unit = environ.get(BACKEND_ENV, "")
+    if from_unit:
+        if from_unit not in BACKENDS:
+            raise UserError(
+                f"{BACKEND_ENV}: {from_unit!r} is not a training backend (allowed: "
+                f"{', '.join(BACKENDS)})"
+            )
+        return from_unit
+    return "tf"
+
+
+def check_data(job: JobSpec, manifest: Manifest) -> None:
+    """DataError if the encoded data cannot feed this job's model."""
+    where = job.paths.data
+    if manifest.objective != job.data.objective:
+        raise DataError(
+            f"data in {where} was encoded for objective {manifest.objective!r} but the job "
+            f"says data.objective: {job.data.objective!r}; re-run `tpu-payload encode --force`"
+        )
+    if manifest.seq_length != job.data.seq_length:
+        raise DataError(
+            f"data in {where} has seq_length {manifest.seq_length} but the job says "
+            f"data.seq_length: {job.data.seq_length}; re-run `tpu-payload encode --force`"
+        )
+    tokenizer_json = tokenizer_lib.tokenizer_json(job.paths.tokenizer)  # DataError if missing
+    actual = hashlib.sha256(tokenizer_json).hexdigest()
+    if actual != manifest.tokenizer_sha256:
+        raise DataError(
+            f"data in {where} was encoded with a different tokenizer (manifest tokenizer_sha256 "
+            f"{manifest.tokenizer_sha256[:12]}…, {job.paths.tokenizer} has {actual[:12]}…); "
+            "re-run `tpu-payload encode --force`"
+        )
+    tokenizer_vocab = Tokenizer.from_str(tokenizer_json.decode()).get_vocab_size(
+        with_added_tokens=True
+    )
+    if tokenizer_vocab != manifest.vocab_size:
+        raise DataError(
+            f"manifest vocab_size {manifest.vocab_size} does not match the tokenizer's "
+            f"{tokenizer_vocab} ({job.paths.tokenizer}); re-run `tpu-payload encode --force`"
+        )
+    special = special_ids_of(manifest)
+    if any(not 0 <= i < manifest.vocab_size for i in special.values()):
+        raise DataError(
+            f"manifest special ids {special} fall outside vocab_size {manifest.vocab_size}"
+        )
+    if job.data.objective == "mlm" and "mask" not in special:
+        raise DataError(
+            f"data in {where} has no mask token (special ids: {sorted(special)}); MLM needs one"
+        )
+    if (
+        job.model.family == "roberta"
+        and special.get("pad", ROBERTA_PADDING_IDX) != ROBERTA_PADDING_IDX
+    ):
+        raise DataError(
+            f"roberta needs the padding token at id {ROBERTA_PADDING_IDX} (RoBERTa numbers "
+            f"positions from it) but the tokenizer has pad={special['pad']}; list "
+            "tokenizer.special_tokens with the pad token second"
+        )
+
+
+def chunk_length(
+    step: int, total: int, plan_spe: int, log_every: int, ckpt_every: int, *, eval_every: int = 0
+) -> int:
+    """Steps until the next log/checkpoint/eval/final boundary, at most steps_per_execution."""
+    boundary = total
+    for every in (log_every, ckpt_every, eval_every):
+        if every > 0:
+            boundary = min(boundary, (step // every + 1) * every)
+    return max(1, min(plan_spe, boundary - step))
+
+
+def diverged(loss: float, step: int, n: int, spec: TrainSpec, last_checkpoint: str | None):
+    """The one-line error for a NaN/inf loss between steps step - n and step."""
+    return TrainingDivergedError(
+        f"loss became {loss} between steps {step - n} and {step} "
+        f"(train.learning_rate={spec.learning_rate}); the last good checkpoint "
+        f"is kept ({last_checkpoint or 'none yet'}): lower "
+        "train.learning_rate or raise train.warmup_steps"
+    )
+
+
+def learning_rate_at(spec: TrainSpec, step: float) -> float:
+    """The rate of optimizer step `step` (0-based): linear warm-up from (step + 1) / warmup,
+    then linear / cosine decay to end_ratio x peak at train.steps, or constant. The formula
+    of schedule.WarmupDecay (TF) and jax_backend.trainer.WarmupDecay (Keras 3), in Python."""
+    peak, warmup = float(spec.learning_rate), float(max(spec.warmup_steps, 0))
+    span = float(max(spec.steps - spec.warmup_steps, 1))
+    progress = min(max((step - warmup) / span, 0.0), 1.0)
+    end = float(spec.end_learning_rate_ratio)
+    if spec.decay == "linear":
+        factor = 1.0 - (1.0 - end) * progress
+    elif spec.decay == "cosine":
+        factor = end + (1.0 - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        factor = 1.0
+    if warmup > 0 and step < warmup:
+        return peak * min((step + 1.0) / warmup, 1.0)
+    return peak * factor
+
+
+def log(message: str) -> None:
+    tqdm.write(message, file=sys.stderr)
+
+
+class UnwrittenStatus(StatusWriter):
+    """status.json as a worker that is not the chief sees it: kept in memory, never written."""
+
+    def flush(self) -> None:
+        self._dirty = False
+
+
+class StopRequest:
+    """SIGTERM/SIGINT while training: finish the running chunk, checkpoint, then exit.
+
+    A spot/preemptible VM shutting down sends SIGTERM; without this, up to
+    `checkpoint_every` steps would be lost instead of at most one chunk.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._request)
+
+    def _request(self, signum: int, frame: object) -> None:
+        if self.signal is not None:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def interrupted(signum: int, step: int, path: str, status: StatusWriter) -> TrainingInterrupted:
+    """Report a stop by signal after the checkpoint `path` of `step` was saved."""
+    message = f"stopped by signal {signum} at step {step}; checkpoint {path} saved: rerun to resume"
+    log(f"train: {message}")
+    status.fail(stage="train", error=message)
+    return TrainingInterrupted(signum, message)
+
+
+class Meter:
+    """Loss, learning rate and throughput to the log, TensorBoard and status.json.
+
+    `learning_rate(step)` gives the rate of a 0-based optimizer step (the backend's own
+    schedule, so the log shows what the optimizer used)."""
+
+    def __init__(
+        self,
+        job: JobSpec,
+        manifest: Manifest,
+        status: StatusWriter,
+        *,
+        chief: bool,
+        learning_rate: Callable[[int], float],
+    ):
+        import tensorflow as tf  # noqa: PLC0415  (TensorBoard's writer; tf.data needs TF anyway)
+
+        self._tf = tf
+        self.total = job.train.steps
+        self.sequences_per_step = job.train.global_batch_size
+        self.tokens_per_step = job.train.global_batch_size * manifest.seq_length
+        self.learning_rate = learning_rate
+        self.status = status
+        # One event file per run, the chief's: other workers' would duplicate every scalar.
+        self.writer = (
+            tf.summary.create_file_writer(job.paths.logs)
+            if chief
+            else tf.summary.create_noop_writer()
+        )
+        self.loss = self.accuracy = float("nan")
+        self.first_loss: float | None = None
+        self.window_start, self.window_steps = time.perf_counter(), 0
+        self.run_start, self.run_steps = self.window_start, 0
+        self.warm = False
+        self._last_record = self.window_start
+
+    def record(self, step: int, n: int, loss: float, accuracy: float) -> None:
+        self._last_record = time.perf_counter()
+        self.loss, self.accuracy = loss, accuracy
+        if self.first_loss is None:
+            self.first_loss = loss
+        if not self.warm:
+            # The first chunk includes tracing and compilation: keep it out of throughput.
+            self.warm, self.window_start, self.window_steps = True, time.perf_counter(), 0
+            self.run_start, self.run_steps = self.window_start, 0
+        else:
+            self.window_steps += n
+            self.run_steps += n
+
+    def exclude_pause(self) -> None:
+        """Restart the throughput window after an evaluation: steps/s counts training only."""
+        now = time.perf_counter()
+        paused = now - self._last_record
+        self.window_start += paused
+        self.run_start += paused
+
+    def mean_steps_per_second(self) -> float:
+        elapsed = time.perf_counter() - self.run_start
+        return self.run_steps / elapsed if self.run_steps and elapsed > 0 else 0.0
+
+    def log(self, step: int, grad_norm: float) -> None:
+        tf = self._tf
+        elapsed = time.perf_counter() - self.window_start
+        steps_per_s = self.window_steps / elapsed if self.window_steps and elapsed > 0 else 0.0
+        lr = float(self.learning_rate(step - 1))  # the rate of the step just taken
+        with self.writer.as_default(step=step):
+            tf.summary.scalar("loss", self.loss)
+            tf.summary.scalar("accuracy", self.accuracy)
+            tf.summary.scalar("learning_rate", lr)
+            tf.summary.scalar("grad_norm", grad_norm)
+            if steps_per_s:
+                tf.summary.scalar("steps_per_second", steps_per_s)
+                tf.summary.scalar("sequences_per_second", steps_per_s * self.sequences_per_step)
+                tf.summary.scalar("tokens_per_second", steps_per_s * self.tokens_per_step)
+        self.writer.flush()
+        log(
+            f"step {step}/{self.total}  loss {self.loss:.4f}  acc {self.accuracy:.3f}  "
+            f"lr {lr:.2e}  {steps_per_s:.2f} steps/s  "
+            f"{steps_per_s * self.sequences_per_step:.0f} seq/s"
+        )
+        self.status.update(
+            stage="train",
+            progress=step / self.total,
+            step=step,
+            loss=round(self.loss, 6),
+            accuracy=round(self.accuracy, 6),
+            learning_rate=lr,
+            steps_per_second=round(steps_per_s, 4),
+        )
+        self.window_start, self.window_steps = time.perf_counter(), 0
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def recorded_metrics(status: StatusWriter, stats: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics this run recorded (kept in status.json across reruns), this process's last:
+    what the model card reports."""
+    recorded = dict(status.document.get("stages", {}).get("train", {}).get("metrics", {}))
+    recorded.update({k: v for k, v in stats.items() if k in ("step", "loss", "accuracy")})
+    recorded.update({k: v for k, v in stats.items() if k.startswith("eval_")})
+    return recorded
+
+
+def export_summary(job: JobSpec, stats: Mapping[str, Any], backend: str) -> dict[str, Any]:
+    """What export_complete.json records about the run."""
+    return {
+        "job": job.name,
+        "family": job.model.family,
+        "objective": job.data.objective,
+        "backend": backend,
+        "step": stats.get("step"),
+        "loss": stats.get("loss"),
+        "first_loss": stats.get("first_loss"),
+        **{k: v for k, v in stats.items() if k.startswith("eval_")},
+    }

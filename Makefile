@@ -83,7 +83,7 @@ PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 test-payload: venv venv-pt
 	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python $(PY) -m pytest $(PYTEST_PARALLEL) tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py
 
-test-infra: venv-infra venv-tpu $(TOOLS)
+test-infra: venv-infra venv-tpu venv-tpu-jax $(TOOLS)
 	$(IPY) -m pytest $(PYTEST_PARALLEL) tests/infra tests/policy
 
 lint: venv

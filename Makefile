@@ -6,12 +6,13 @@ IVENV := .venv-infra
 PY := $(VENV)/bin/python
 IPY := $(IVENV)/bin/python
 TVENV := .venv-tpu
+TJVENV := .venv-tpu-jax
 PTVENV := .venv-pt
 STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
 .PHONY: demo test test-payload test-infra lint format plan smoke bench bench-tpu-install venv venv-infra \
-	venv-tpu venv-pt tools clean
+	venv-tpu venv-tpu-jax venv-pt tools clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/payload-dev.txt
@@ -37,6 +38,19 @@ $(TVENV)/.installed: requirements/payload.lock requirements/tpu-vm.txt infra/tem
 	rm -rf $(TVENV)
 	$(PYTHON) -m venv $(TVENV)
 	bash -c 'set -euo pipefail; . infra/templates/tpu-install.sh; tpu_install_env "$$0" .' $(TVENV)
+	touch $@
+
+# The TPU VM's environment for the Keras 3 / JAX backend (jax[tpu] + libtpu + tensorflow-cpu
+# + the lock, no tf_keras: requirements/tpu-vm-jax.txt), built by the same shell function as
+# venv-tpu. Its Python is the overlay's `tpu-python` (3.11; on the TPU VM uv installs it):
+# PYTHON_TPU_JAX names that interpreter here. libtpu installs on any x86-64 Linux; JAX uses
+# the CPU with JAX_PLATFORMS=cpu (tests/infra/test_tpu_jax_env.py).
+PYTHON_TPU_JAX ?= python$(shell sed -n -E 's/^\# tpu-python: *([0-9.]+) *$$/\1/p' requirements/tpu-vm-jax.txt)
+venv-tpu-jax: $(TJVENV)/.installed
+$(TJVENV)/.installed: requirements/payload.lock requirements/tpu-vm-jax.txt infra/templates/tpu-install.sh
+	rm -rf $(TJVENV)
+	$(PYTHON_TPU_JAX) -m venv $(TJVENV)
+	VM_REQUIREMENTS=requirements/tpu-vm-jax.txt bash -c 'set -euo pipefail; . infra/templates/tpu-install.sh; tpu_install_env "$$0" .' $(TJVENV)
 	touch $@
 
 # transformers 5 + PyTorch (CPU) only to check that the export loads there (test_export.py).
@@ -69,7 +83,7 @@ PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 test-payload: venv venv-pt
 	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python $(PY) -m pytest $(PYTEST_PARALLEL) tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py
 
-test-infra: venv-infra venv-tpu $(TOOLS)
+test-infra: venv-infra venv-tpu venv-tpu-jax $(TOOLS)
 	$(IPY) -m pytest $(PYTEST_PARALLEL) tests/infra tests/policy
 
 lint: venv

@@ -263,6 +263,9 @@ class StackConfig:
     controller_machine_type: str
     job_file: Path
     job_name: str
+    # The training backend the accelerator VM's environment is built for ("tf" | "jax"):
+    # the job's train.backend, or for auto the catalog's choice (resolve_backend).
+    backend: str = "tf"
 
     @property
     def labels(self) -> dict[str, str]:
@@ -654,6 +657,47 @@ def _check_job_replicas(
         _check_replica_batch(job_file, template, shape.replicas, described)
 
 
+# train.backend in a job template (the payload owns the key and validates it again).
+BACKENDS = ("tf", "jax", "auto")
+
+
+def resolve_backend(
+    job_file: str,
+    template: Mapping[str, object],
+    accelerator: TpuConfig | GpuConfig,
+    catalog: Catalog,
+) -> str:
+    """The backend whose environment the accelerator VM installs: the job's train.backend,
+    or for auto (or none) jax on a single-host TPU VM whose image Google's TF CI does not
+    cover (catalog.yaml tf_ci: false, e.g. v6e) and tf everywhere else. The JAX environment
+    exists for single-host TPU VMs only (docs/jax-on-tpu-vm.md)."""
+    train = template.get("train")
+    value = train.get("backend", "auto") if isinstance(train, dict) else "auto"
+    if value not in BACKENDS:
+        raise ConfigError(
+            f"{_k('job')}: {job_file!r}: train.backend {value!r} is not one of: "
+            + ", ".join(BACKENDS)
+        )
+    if isinstance(accelerator, GpuConfig):
+        if value == "jax":
+            raise ConfigError(
+                f"{_k('job')}: {job_file!r}: train.backend 'jax' on a GPU VM is not built yet "
+                "(the JAX environment is for TPU VMs); use train.backend: tf or auto"
+            )
+        return "tf"
+    if accelerator.hosts > 1:
+        if value == "jax":
+            raise ConfigError(
+                f"{_k('job')}: {job_file!r}: train.backend 'jax' on the "
+                f"{accelerator.accelerator_type} slice ({accelerator.hosts} hosts) is not "
+                "built yet (JAX multi-host); use train.backend: tf or a single-host type"
+            )
+        return "tf"
+    if value == "auto":
+        return "tf" if catalog.images[accelerator.runtime_version].tf_ci else "jax"
+    return str(value)
+
+
 def parse_config(
     *,
     project: str | None,
@@ -706,6 +750,7 @@ def parse_config(
     except jobspec.JobTemplateError as error:
         raise ConfigError(f"{_k('job')}: {job_file_value!r}: {error}") from None
     _check_job_replicas(job_file_value, template, accelerator, catalog)
+    backend = resolve_backend(job_file_value, template, accelerator, catalog)
 
     return StackConfig(
         project=project,
@@ -718,6 +763,7 @@ def parse_config(
         controller_machine_type=machine_type,
         job_file=job_file,
         job_name=template["name"],
+        backend=backend,
     )
 
 

@@ -195,6 +195,8 @@ def _host(cfg: StackConfig) -> render.TpuHost | render.GpuHost:
         python_version=tpu.python_version,
         hosts=tpu.hosts,
         secure_boot=tpu.shielded_boot,
+        requirements=render.requirements_for(cfg.backend),
+        backend=cfg.backend,
     )
 
 

@@ -30,12 +30,17 @@ LOCK_FILE = "requirements/payload.lock"
 TPU_REQUIREMENTS_FILE = "requirements/tpu-vm.txt"
 # A GPU VM installs the same lock with the CUDA build of the same TensorFlow instead.
 GPU_REQUIREMENTS_FILE = "requirements/gpu-vm.txt"
+# The TPU VM's environment for the Keras 3 / JAX backend (train.backend: jax).
+TPU_JAX_REQUIREMENTS_FILE = "requirements/tpu-vm-jax.txt"
+# The payload's CPU test environment: the JAX the JAX backend is tested with.
+PAYLOAD_DEV_FILE = "requirements/payload-dev.txt"
 ARCHIVE_FILES = (
     "pyproject.toml",
     "README.md",
     LOCK_FILE,
     TPU_REQUIREMENTS_FILE,
     GPU_REQUIREMENTS_FILE,
+    TPU_JAX_REQUIREMENTS_FILE,
 )
 ARCHIVE_DIRS = ("payload",)
 ARCHIVE_PREFIX = "tpu-pretrain-payload"
@@ -107,6 +112,19 @@ def read_pins(root: Path = REPO_ROOT) -> Pins:
     )
 
 
+def overlay_setting(requirements: str, key: str, root: Path = REPO_ROOT) -> str:
+    """An overlay's `# tpu-KEY: value` line, as tpu-install.sh tpu_overlay_setting reads it
+    ("" when the overlay has none)."""
+    text = (root / requirements).read_text(encoding="utf-8")
+    match = re.search(rf"^# tpu-{re.escape(key)}: *(\S+) *$", text, re.MULTILINE)
+    return match.group(1) if match else ""
+
+
+def requirements_for(backend: str) -> str:
+    """The TPU VM's overlay for a training backend ("tf" | "jax")."""
+    return TPU_JAX_REQUIREMENTS_FILE if backend == "jax" else TPU_REQUIREMENTS_FILE
+
+
 def _archive_members(root: Path) -> list[Path]:
     files = [root / name for name in ARCHIVE_FILES]
     for directory in ARCHIVE_DIRS:
@@ -169,6 +187,13 @@ class TpuHost:
     secure_boot: bool = False
 
     requirements: str = TPU_REQUIREMENTS_FILE  # what replaces parts of the lock (tpu-install.sh)
+    backend: str = "tf"  # the training backend the environment is for (TPU_PAYLOAD_BACKEND)
+
+    @property
+    def env_python_version(self) -> str:
+        """The Python of the payload's environment: the overlay's tpu-python (the JAX
+        overlay's own), else the image's python3. The wheelhouse is built for it."""
+        return overlay_setting(self.requirements, "python") or self.python_version
 
 
 @dataclass(frozen=True)
@@ -185,6 +210,11 @@ class GpuHost:
     hosts: int = 1
     requirements: str = GPU_REQUIREMENTS_FILE
     secure_boot: bool = False  # shielded_instance_config.enable_secure_boot, set either way
+    backend: str = "tf"
+
+    @property
+    def env_python_version(self) -> str:
+        return overlay_setting(self.requirements, "python") or self.python_version
 
 
 @dataclass(frozen=True)
@@ -296,6 +326,9 @@ def render_tpu_script(workload: Workload) -> str:
             f"{TPU_REQUIREMENTS_FILE} pins tensorflow-tpu=={pins.tensorflow_tpu} but "
             f"{LOCK_FILE} tests tensorflow=={pins.tensorflow}: they must be the same version"
         )
+    libtpu = pins.libtpu
+    if host.backend == "jax":
+        libtpu = _check_jax_pins(host.requirements, pins)
     values = (
         workload.values
         | {
@@ -307,11 +340,12 @@ def render_tpu_script(workload: Workload) -> str:
             "TPU_HOSTS": str(host.hosts),
             "TPU_WORKER_PORT": str(TPU_WORKER_PORT),
             "VM_REQUIREMENTS": host.requirements,
+            "PAYLOAD_BACKEND": host.backend,
         }
         | host_expectations(
             python=host.python_version,
             accelerator=host.accelerator_type,
-            libtpu=pins.libtpu,
+            libtpu=libtpu,
             secure_boot=True if host.secure_boot else None,
         )
     )
@@ -343,6 +377,7 @@ def render_gpu_script(workload: Workload) -> str:
             "TPU_HOSTS": "1",
             "TPU_WORKER_PORT": str(TPU_WORKER_PORT),
             "VM_REQUIREMENTS": host.requirements,
+            "PAYLOAD_BACKEND": host.backend,
             "GPU_TYPE": host.gpu_type,
             "GPU_NAME": host.gpu_name,
             "GPU_COUNT": str(host.count),
@@ -356,6 +391,33 @@ def render_gpu_script(workload: Workload) -> str:
         )
     )
     return _script("gpu", values, "tpu-install.sh", "tpu.sh", "facts.sh", "gpu.sh")
+
+
+def _check_jax_pins(requirements: str, pins: Pins) -> str:
+    """The JAX overlay against what the payload is tested with: tensorflow-cpu is the lock's
+    TensorFlow, jax/jaxlib are requirements/payload-dev.txt's (the CPU tests' JAX), and it
+    names its own Python and libtpu. Returns its libtpu pin (the host check's expectation)."""
+    overlay = _read_pinned_extra(REPO_ROOT / requirements)
+    dev = _read_pinned(REPO_ROOT / PAYLOAD_DEV_FILE)
+    problems = []
+    if overlay.get("tensorflow-cpu") != pins.tensorflow:
+        problems.append(
+            f"tensorflow-cpu=={overlay.get('tensorflow-cpu')} (the lock tests "
+            f"tensorflow=={pins.tensorflow})"
+        )
+    for name in ("jax", "jaxlib"):
+        if overlay.get(name) != dev.get(name):
+            problems.append(
+                f"{name}=={overlay.get(name)} ({PAYLOAD_DEV_FILE} tests {dev.get(name)})"
+            )
+    if "libtpu" not in overlay:
+        problems.append("no libtpu pin")
+    for key in ("python", "uv"):
+        if not overlay_setting(requirements, key):
+            problems.append(f"no `# tpu-{key}:` line")
+    if problems:
+        raise ValueError(f"{requirements}: " + "; ".join(problems))
+    return overlay["libtpu"]
 
 
 def _read_pinned_extra(path: Path) -> dict[str, str]:
@@ -512,7 +574,7 @@ def render_controller_script(workload: Workload, watch: TpuWatch | GpuWatch | No
             "TPU_STARTUP_SCRIPT_B64": _b64(watch.startup_script) if watch else "",
             # The wheelhouse: built once per lock for the TPU image's Python (tpu-install.sh).
             "WHEELHOUSE_ROOT": workload.wheelhouse_root,
-            "TPU_PYTHON_VERSION": workload.host.python_version,
+            "TPU_PYTHON_VERSION": workload.host.env_python_version,
             "VM_REQUIREMENTS": workload.host.requirements,
             # The data unit's status messages name the payload's status and the manifest.
             "MANIFEST_URI": jobspec.manifest_uri(workload.bucket, workload.job_name),

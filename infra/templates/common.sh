@@ -154,6 +154,13 @@ ensure_python_venv() {
   fi
 }
 
+# The interpreter that makes the payload's venv (SRC: the unpacked payload): python3. The
+# accelerator VM's tpu.sh gives its environment's own (tpu-install.sh tpu_env_python).
+# shellcheck disable=SC2329  # tpu.sh redefines it for the TPU and GPU VMs
+payload_python() {
+  echo python3
+}
+
 # Download the content-addressed payload archive, check its sha256 and install it into its
 # own virtualenv (venv-<sha>); `venv` points at the current one. A finished install leaves a
 # marker, so reboots skip it. The install is retried as a unit (INSTALL_ATTEMPTS, backoff):
@@ -168,7 +175,7 @@ install_payload_once() {
   rm -rf "${venv}" "${src}"
   mkdir -p "${src}"
   tar -xzf "${work}/payload.tar.gz" -C "${src}"
-  python3 -m venv "${venv}"
+  "$(payload_python "${src}")" -m venv "${venv}"
   install_requirements "${venv}" "${src}" "${work}"
   touch "${venv}/.tpu-pretrain-installed"
   rm -rf "${work}"

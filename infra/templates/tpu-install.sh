@@ -3,7 +3,11 @@
 # (infra/render.py), and `make venv-tpu` sources it to build .venv-tpu, the environment the
 # CI parity test trains in (tests/infra/test_tpu_parity.py). Inputs are files of the payload
 # source tree: requirements/payload.lock and the VM's overlay, VM_REQUIREMENTS: the TPU VM's
-# requirements/tpu-vm.txt (the default) or the GPU VM's requirements/gpu-vm.txt.
+# requirements/tpu-vm.txt (the default, TensorFlow's TPU build), requirements/tpu-vm-jax.txt
+# (Keras 3 on JAX: `make venv-tpu-jax`) or the GPU VM's requirements/gpu-vm.txt. An overlay's
+# `# tpu-<key>: <value>` lines (tpu_overlay_setting) say what else differs: tpu-backend (jax:
+# no tf_keras), tpu-python (the environment's Python, when not the image's python3) and
+# tpu-uv (the pinned uv that installs that Python on the VM).
 
 tpu_install_say() {
   if declare -F log >/dev/null; then log "$*"; else echo "tpu-install: $*" >&2; fi
@@ -11,6 +15,46 @@ tpu_install_say() {
 
 tpu_python_version() {
   python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])'
+}
+
+# One `# tpu-KEY: value` line of the overlay (VM_REQUIREMENTS) in SRC; "" when it has none.
+tpu_overlay_setting() {
+  local src="$1" key="$2" overlay="${VM_REQUIREMENTS:-requirements/tpu-vm.txt}"
+  sed -n -E "s/^# tpu-${key}: *([^ ]+) *\$/\1/p" "${src}/${overlay}" | head -n 1
+}
+
+# The Python (MAJOR.MINOR) the environment runs on: the overlay's tpu-python, else python3's.
+tpu_env_python_version() {
+  local version
+  version="$(tpu_overlay_setting "$1" python)"
+  if [ -n "${version}" ]; then echo "${version}"; else tpu_python_version; fi
+}
+
+# The interpreter that creates the environment's venv, for SRC's overlay: python3, or for an
+# overlay with tpu-python a CPython installed by the overlay's pinned uv (tpu-uv) under DIR
+# (DIR/uv: uv's own venv, made by python3; DIR/python: its Pythons). Needs the internet the
+# first time (uv's download of the CPython build); an installed one is reused.
+tpu_env_python() {
+  local src="$1" dir="$2" version uv
+  version="$(tpu_overlay_setting "${src}" python)"
+  if [ -z "${version}" ]; then
+    echo python3
+    return 0
+  fi
+  uv="$(tpu_overlay_setting "${src}" uv)"
+  if [ -z "${uv}" ]; then
+    tpu_install_say "${VM_REQUIREMENTS}: tpu-python ${version} without a tpu-uv pin"
+    return 1
+  fi
+  if [ ! -x "${dir}/uv/bin/uv" ] || [ "$("${dir}/uv/bin/uv" --version | cut -d' ' -f2)" != "${uv#uv==}" ]; then
+    rm -rf "${dir}/uv"
+    python3 -m venv "${dir}/uv" >&2
+    "${dir}/uv/bin/pip" install --quiet "${uv}" >&2
+  fi
+  UV_PYTHON_INSTALL_DIR="${dir}/python" UV_CACHE_DIR="${dir}/uv-cache" \
+    "${dir}/uv/bin/uv" python install --quiet --no-bin "${version}" >&2
+  UV_PYTHON_INSTALL_DIR="${dir}/python" "${dir}/uv/bin/uv" python find --managed-python \
+    --no-python-downloads "${version}"
 }
 
 # libtpu.so inside VENV, relative to it (TF_PLUGGABLE_DEVICE_LIBRARY_PATH of the trainer
@@ -43,9 +87,15 @@ tpu_wheel_target() {
 }
 
 # Resolve (no install, metadata only) the TPU VM's requirements for PYTHON_VERSION: what the
-# wheelhouse build and the TPU VM's install would find, checked from any machine.
+# wheelhouse build and the TPU VM's install would find, checked from any machine. An overlay
+# with its own Python (tpu-python) is checked for that Python only.
 tpu_check_resolves() {
-  local pip="$1" src="$2" python_version="$3" reqs target dir rc=0
+  local pip="$1" src="$2" python_version="$3" reqs target dir rc=0 wanted
+  wanted="$(tpu_overlay_setting "${src}" python)"
+  if [ -n "${wanted}" ] && [ "${wanted}" != "${python_version}" ]; then
+    tpu_install_say "${VM_REQUIREMENTS}: its environment runs on Python ${wanted} (tpu-python), not ${python_version}"
+    return 1
+  fi
   reqs="$(mktemp)"
   dir="$(mktemp -d)"
   tpu_requirements "${src}" "${reqs}"
@@ -56,8 +106,12 @@ tpu_check_resolves() {
   return "${rc}"
 }
 
-# tf_keras as pinned in the lock; installed with --no-deps (it requires `tensorflow`).
+# tf_keras as pinned in the lock; installed with --no-deps (it requires `tensorflow`). None
+# for the JAX backend's overlay (tpu-backend: jax): Keras 3 only.
 tpu_tf_keras_pin() {
+  if [ "$(tpu_overlay_setting "$1" backend)" = jax ]; then
+    return 0
+  fi
   grep -E '^tf[-_]keras==' "$1/requirements/payload.lock" | sed -E 's/^tf[-_]keras==/tf_keras==/'
 }
 
@@ -83,8 +137,8 @@ tpu_install_env() {
   keras="$(tpu_tf_keras_pin "${src}")"
   if [ -n "${wheelhouse}" ] && [ -d "${wheelhouse}" ]; then
     if "${venv}/bin/pip" install --quiet --no-index --find-links "${wheelhouse}" -r "${reqs}" \
-      && "${venv}/bin/pip" install --quiet --no-index --find-links "${wheelhouse}" --no-deps \
-        "${keras}"; then
+      && { [ -z "${keras}" ] || "${venv}/bin/pip" install --quiet --no-index \
+        --find-links "${wheelhouse}" --no-deps "${keras}"; }; then
       tpu_install_say "installed from the wheelhouse"
     else
       tpu_install_say "wheelhouse incomplete; installing from the package index"
@@ -93,7 +147,9 @@ tpu_install_env() {
   fi
   if [ -z "${wheelhouse}" ] || [ ! -d "${wheelhouse}" ]; then
     "${venv}/bin/pip" install --quiet -r "${reqs}"
-    "${venv}/bin/pip" install --quiet --no-deps "${keras}"
+    if [ -n "${keras}" ]; then
+      "${venv}/bin/pip" install --quiet --no-deps "${keras}"
+    fi
   fi
   rm -f "${reqs}"
   tpu_install_payload "${venv}" "${src}"
@@ -114,6 +170,8 @@ tpu_build_wheelhouse() {
   local target
   mapfile -t target < <(tpu_wheel_target "${python_version}")
   "${pip}" download --quiet --dest "${dir}" "${target[@]}" -r "${reqs}"
-  "${pip}" download --quiet --dest "${dir}" "${target[@]}" --no-deps "${keras}"
+  if [ -n "${keras}" ]; then
+    "${pip}" download --quiet --dest "${dir}" "${target[@]}" --no-deps "${keras}"
+  fi
   rm -f "${reqs}"
 }

@@ -7,7 +7,7 @@ readonly HELPER="${APP_DIR}/bin/tpu-pretrain-helper"
 
 install_requirements() {
   local venv="$1" src="$2" work="$3" python_version key wheels=""
-  python_version="$(tpu_python_version)"
+  python_version="$(tpu_env_python_version "${src}")"
   key="$(tpu_wheelhouse_key "${src}" "${python_version}")"
   if gcs ls "${WHEELHOUSE_ROOT}/${key}/complete" >/dev/null 2>&1; then
     mkdir -p "${work}/wheels"
@@ -22,6 +22,13 @@ install_requirements() {
       "installing from the package index"
   fi
   tpu_install_env "${venv}" "${src}" "${wheels}"
+}
+
+# The venv's interpreter: the image's python3, or the Python the overlay names (the JAX
+# environment's, installed by uv under APP_DIR: tpu-install.sh tpu_env_python).
+# shellcheck disable=SC2329  # invoked by common.sh install_payload_once
+payload_python() {
+  tpu_env_python "$1" "${APP_DIR}"
 }
 
 # The TPU VM's python3 must run the payload (the catalog refuses older images; this is the
@@ -81,6 +88,23 @@ trainer_host_env() {
     "Environment=TPU_PRETRAIN_RUNTIME_VERSION=${RUNTIME_VERSION}"
 }
 
+# What the training backend needs in the unit (PAYLOAD_BACKEND, from the job's train.backend:
+# infra/config.py resolve_backend); TPU_PAYLOAD_BACKEND is the payload's default for
+# train.backend: auto. TensorFlow (tf): TF_USE_LEGACY_KERAS and WRAPT_DISABLE_EXTENSIONS as
+# Google's TF TPU CI sets them, FORCE_TF_AVAILABLE for transformers (tpu-main.sh). Keras 3 on
+# JAX (jax): KERAS_BACKEND=jax, as Keras 3 defaults to the TensorFlow backend
+# (keras-team/keras 3.15.1 keras/src/backend/config.py: _BACKEND = "tensorflow", KERAS_BACKEND
+# overrides it), and none of the TensorFlow ones (no tf_keras in that environment).
+trainer_backend_env() {
+  if [ "${PAYLOAD_BACKEND}" = jax ]; then
+    printf '%s\n' "Environment=KERAS_BACKEND=jax"
+  else
+    printf '%s\n' "Environment=TF_USE_LEGACY_KERAS=1" "Environment=WRAPT_DISABLE_EXTENSIONS=true" \
+      "Environment=FORCE_TF_AVAILABLE=1"
+  fi
+  printf '%s\n' "Environment=TPU_PAYLOAD_BACKEND=${PAYLOAD_BACKEND}"
+}
+
 # The trainer unit, one definition for a single host and a slice's worker 0. It waits for
 # the controller's data manifest, then trains; on failure systemd restarts it and it resumes
 # from the last checkpoint in the bucket; exit 2 (a user error, or no TPU found) stops it.
@@ -100,9 +124,7 @@ RemainAfterExit=yes
 SyslogIdentifier=tpu-pretrain-train
 Environment=PYTHONUNBUFFERED=1
 Environment=TPU_PAYLOAD_VERBOSE=1
-Environment=TF_USE_LEGACY_KERAS=1
-Environment=WRAPT_DISABLE_EXTENSIONS=true
-Environment=FORCE_TF_AVAILABLE=1
+$(trainer_backend_env)
 Environment=TPU_PRETRAIN_HOST_FACTS=/opt/tpu-pretrain/host-facts.json
 ${tpu_env}
 $(trainer_host_env)

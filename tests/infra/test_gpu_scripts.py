@@ -116,6 +116,7 @@ def test_gpu_script_installs_the_cuda_build_and_a_trainer_that_sees_the_gpus(gpu
         "TF_USE_LEGACY_KERAS": "1",
         "WRAPT_DISABLE_EXTENSIONS": "true",
         "FORCE_TF_AVAILABLE": "1",
+        "TPU_PAYLOAD_BACKEND": "tf",
         "TPU_PAYLOAD_VERBOSE": "1",
         "PATH": f"{PTXAS}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "TPU_PRETRAIN_GPU": "L4",

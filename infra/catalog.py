@@ -50,6 +50,38 @@ class Slice:
 
 
 @dataclass(frozen=True)
+class TfEvidence:
+    """One public source for a tensorflow-tpu/libtpu pair: where it ran on a real TPU
+    (`ran_on`: generations), or only says so (`ran_on` empty: a statement, no run)."""
+
+    tensorflow_tpu: str
+    libtpu: str
+    source: str  # repository, file; commit and date
+    ran_on: tuple[str, ...]  # generations it ran on, as the source shows
+    installable_from_pypi: bool  # the pair resolves from PyPI alone
+
+
+@dataclass(frozen=True)
+class TfTpuPin:
+    """The TF backend's TPU environment (requirements/tpu-vm.txt pins the same versions)
+    and the evidence for it and for the pairs it was chosen over."""
+
+    tensorflow_tpu: str
+    libtpu: str
+    tf_keras: str
+    evidence: tuple[TfEvidence, ...]
+
+    def is_pin(self, evidence: TfEvidence) -> bool:
+        return (evidence.tensorflow_tpu, evidence.libtpu) == (self.tensorflow_tpu, self.libtpu)
+
+    @property
+    def ran_on(self) -> tuple[str, ...]:
+        """Generations where exactly the pinned pair ran on a real TPU (public CI)."""
+        found = {g for e in self.evidence if self.is_pin(e) for g in e.ran_on}
+        return tuple(sorted(found))
+
+
+@dataclass(frozen=True)
 class Catalog:
     images: Mapping[str, Image]
     generations: Mapping[str, Generation]
@@ -57,6 +89,7 @@ class Catalog:
     zones: Mapping[str, tuple[str, ...]]  # zone -> accelerator types offered there
     # multi-host accelerator types
     slices: Mapping[str, Slice] = field(default_factory=lambda: MappingProxyType({}))
+    tensorflow_tpu: TfTpuPin | None = None
 
     def slice_of(self, accelerator_type: str) -> Slice | None:
         """The slice shape of a multi-host type, None for a single-host type."""
@@ -117,10 +150,52 @@ def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
             raise ValueError(f"{path}: slice {name} is not an accelerator type")
         if shape.hosts < 2 or shape.chips_per_host < 1:
             raise ValueError(f"{path}: slice {name} needs hosts >= 2 and chips_per_host >= 1")
+    tensorflow_tpu = _tf_tpu_pin(path, raw.get("tensorflow_tpu"), generations)
     return Catalog(
+        tensorflow_tpu=tensorflow_tpu,
         slices=MappingProxyType(slices),
         images=MappingProxyType(images),
         generations=MappingProxyType(generations),
         accelerators=MappingProxyType(accelerators),
         zones=MappingProxyType(zones),
     )
+
+
+def _tf_tpu_pin(path: Path, raw: Mapping | None, generations: Mapping) -> TfTpuPin | None:
+    if raw is None:
+        return None
+    pin = raw["pin"]
+    evidence = tuple(
+        TfEvidence(
+            tensorflow_tpu=str(entry["tensorflow-tpu"]),
+            libtpu=str(entry["libtpu"]),
+            source=str(entry["source"]),
+            ran_on=tuple(entry["ran_on"]),
+            installable_from_pypi=bool(entry["installable_from_pypi"]),
+        )
+        for entry in raw["evidence"]
+    )
+    tf_tpu = TfTpuPin(
+        tensorflow_tpu=str(pin["tensorflow-tpu"]),
+        libtpu=str(pin["libtpu"]),
+        tf_keras=str(pin["tf_keras"]),
+        evidence=evidence,
+    )
+    for entry in evidence:
+        unknown = [g for g in entry.ran_on if g not in generations]
+        if unknown:
+            raise ValueError(f"{path}: tensorflow_tpu evidence lists unknown {unknown}")
+    if not tf_tpu.ran_on:
+        raise ValueError(
+            f"{path}: tensorflow_tpu pins tensorflow-tpu {tf_tpu.tensorflow_tpu} + libtpu "
+            f"{tf_tpu.libtpu}, a pair no listed source ran on a TPU"
+        )
+    if not all(e.installable_from_pypi for e in evidence if tf_tpu.is_pin(e)):
+        raise ValueError(f"{path}: the pinned tensorflow_tpu pair must install from PyPI")
+    minor = ".".join(tf_tpu.tensorflow_tpu.split(".")[:2])
+    if not tf_tpu.tf_keras.startswith(minor + "."):
+        raise ValueError(
+            f"{path}: tf_keras {tf_tpu.tf_keras} does not match tensorflow-tpu "
+            f"{tf_tpu.tensorflow_tpu} (tf_keras follows the TensorFlow minor)"
+        )
+    return tf_tpu

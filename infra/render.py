@@ -47,7 +47,7 @@ ARCHIVE_PREFIX = "tpu-pretrain-payload"
 
 TENSORBOARD_PORT = 6006
 # TensorFlow's TPU worker (gRPC) on every host of a slice: TPU_TASK_PORT's default in the
-# tensorflow-tpu 2.20.0 wheel's tensorflow/python/tools/grpc_tpu_worker.py.
+# tensorflow-tpu 2.19.1 (and 2.20.0) wheel's tensorflow/python/tools/grpc_tpu_worker.py.
 TPU_WORKER_PORT = 8470
 OWN_CLIENT_KEY_PLACEHOLDER = "<the private key of the public key you set in vpnClientPublicKey>"
 # The accelerator watchdogs (TPU and GPU) run on the controller every WATCH_INTERVAL. A
@@ -81,9 +81,10 @@ class Pins:
     from the same files, shipped in the payload archive)."""
 
     tensorflow: str  # the lock's (CPU) TensorFlow
-    tf_keras: str
+    tf_keras: str  # the lock's, for the CPU TensorFlow
     tensorflow_tpu: str  # requirements/tpu-vm.txt
     libtpu: str
+    tpu_tf_keras: str  # what the TPU VM installs: tpu-vm.txt's tf_keras, else the lock's
 
 
 def _read_pinned(path: Path) -> dict[str, str]:
@@ -109,6 +110,7 @@ def read_pins(root: Path = REPO_ROOT) -> Pins:
         tf_keras=lock["tf-keras"],
         tensorflow_tpu=tpu["tensorflow-tpu"],
         libtpu=tpu["libtpu"],
+        tpu_tf_keras=tpu.get("tf-keras", lock["tf-keras"]),
     )
 
 
@@ -123,6 +125,10 @@ def overlay_setting(requirements: str, key: str, root: Path = REPO_ROOT) -> str:
 def requirements_for(backend: str) -> str:
     """The TPU VM's overlay for a training backend ("tf" | "jax")."""
     return TPU_JAX_REQUIREMENTS_FILE if backend == "jax" else TPU_REQUIREMENTS_FILE
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
 
 
 def _archive_members(root: Path) -> list[Path]:
@@ -321,10 +327,13 @@ def render_tpu_script(workload: Workload) -> str:
     if not isinstance(host, TpuHost):
         raise TypeError("render_tpu_script needs a TpuHost workload")
     pins = read_pins()
-    if pins.tensorflow_tpu != pins.tensorflow:
+    # The TPU VM's TensorFlow is tpu-vm.txt's (the pair with evidence of running on a TPU,
+    # infra/catalog.yaml tensorflow_tpu), not the lock's CPU one; tf_keras must follow it.
+    if _minor(pins.tpu_tf_keras) != _minor(pins.tensorflow_tpu):
         raise ValueError(
-            f"{TPU_REQUIREMENTS_FILE} pins tensorflow-tpu=={pins.tensorflow_tpu} but "
-            f"{LOCK_FILE} tests tensorflow=={pins.tensorflow}: they must be the same version"
+            f"{TPU_REQUIREMENTS_FILE} pins tensorflow-tpu=={pins.tensorflow_tpu} but the TPU VM "
+            f"would install tf_keras=={pins.tpu_tf_keras}: tf_keras must match the TensorFlow "
+            "minor (pin it in the same file)"
         )
     libtpu = pins.libtpu
     if host.backend == "jax":

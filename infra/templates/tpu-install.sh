@@ -65,7 +65,8 @@ print(os.path.relpath(libtpu.get_library_path(), sys.prefix))'
 }
 
 # The requirements pip resolves for the VM: the tested lock without tensorflow/tf_keras
-# and without what the overlay (VM_REQUIREMENTS) pins, plus the overlay.
+# and without what the overlay (VM_REQUIREMENTS) pins, plus the overlay (without its
+# tf_keras, which goes in alone with --no-deps: tpu_tf_keras_pin).
 tpu_requirements() {
   local src="$1" out="$2" names overlay="${VM_REQUIREMENTS:-requirements/tpu-vm.txt}"
   names="$(grep -Eo '^[A-Za-z0-9_.-]+(\[[^]]*\])?==' "${src}/${overlay}" \
@@ -73,7 +74,7 @@ tpu_requirements() {
   awk -F'==' -v drop="^(tensorflow|tf-keras|${names})\$" '
     /^[A-Za-z0-9_.-]+==/ { name = tolower($1); gsub(/_/, "-", name); if (name ~ drop) next }
     { print }' "${src}/requirements/payload.lock" >"${out}"
-  grep -Ev '^[[:space:]]*(#|$)' "${src}/${overlay}" >>"${out}"
+  grep -Ev '^[[:space:]]*(#|$)' "${src}/${overlay}" | grep -Eiv '^tf[-_]keras==' >>"${out}"
 }
 
 # pip's target flags for the TPU VM's wheels: CPython PYTHON_VERSION, x86-64 Linux, binary
@@ -106,13 +107,22 @@ tpu_check_resolves() {
   return "${rc}"
 }
 
-# tf_keras as pinned in the lock; installed with --no-deps (it requires `tensorflow`). None
+# tf_keras as the overlay (VM_REQUIREMENTS) pins it, else as the lock does: it must match
+# the VM's TensorFlow minor (tpu-vm.txt: tensorflow-tpu 2.19.1 -> tf_keras 2.19.0, while the
+# lock's CPU TensorFlow is 2.20). Installed with --no-deps (it requires `tensorflow`). None
 # for the JAX backend's overlay (tpu-backend: jax): Keras 3 only.
 tpu_tf_keras_pin() {
+  local overlay="${VM_REQUIREMENTS:-requirements/tpu-vm.txt}" file
   if [ "$(tpu_overlay_setting "$1" backend)" = jax ]; then
     return 0
   fi
-  grep -E '^tf[-_]keras==' "$1/requirements/payload.lock" | sed -E 's/^tf[-_]keras==/tf_keras==/'
+  for file in "$1/${overlay}" "$1/requirements/payload.lock"; do
+    if grep -Eiq '^tf[-_]keras==' "${file}"; then
+      grep -Ei '^tf[-_]keras==' "${file}" | head -n 1 | sed -E 's/^tf[-_]keras==/tf_keras==/I'
+      return 0
+    fi
+  done
+  return 1
 }
 
 # Wheelhouse key: same requirements + same target Python = same wheels. The controller

@@ -168,7 +168,7 @@ metadata_attr() {
 
 # This host's worker index and the slice's worker IPs. The TPU VM's metadata names both:
 # agent-worker-number, and worker-network-endpoints, one comma-separated entry per worker
-# whose third ':' field is its IP (tensorflow-tpu 2.20.0 grpc_tpu_worker.py reads the same
+# whose third ':' field is its IP (tensorflow-tpu 2.19.1/2.20.0 grpc_tpu_worker.py reads the same
 # attributes the same way, and so does jax's cloud_tpu_cluster.py).
 read_slice() {
   local endpoints entry ip ips=()

@@ -228,7 +228,7 @@ fi
 echo "$(basename "$0") $*" >>"$CALLS"
 if [ "$(basename "$0")" = python ]; then
   case "$*" in
-    *importlib.metadata*) echo "${STUB_LIBTPU_VERSION:-0.0.14}" ;;  # the installed libtpu
+    *importlib.metadata*) echo "${STUB_LIBTPU_VERSION:-0.0.10}" ;;  # tpu-vm.txt's libtpu
     *) echo "lib/python3.10/site-packages/libtpu/libtpu.so" ;;
   esac
 fi
@@ -548,21 +548,31 @@ def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):
     assert len(pip_calls) == 3
     assert re.fullmatch(r"pip install --quiet -r \S+", pip_calls[0])
     assert pip_calls[1:] == [
-        "pip install --quiet --no-deps tf_keras==2.20.1",
+        # tf_keras of the TPU VM's TensorFlow (requirements/tpu-vm.txt), not the lock's.
+        "pip install --quiet --no-deps tf_keras==2.19.0",
         f"pip install --quiet --no-deps {src}",
     ]
     (requirements,) = sandbox.state.glob("requirements-*.txt")
     lock = requirements.read_text()
     assert "numpy==" in lock and "transformers==" in lock
     assert not re.search(r"^(tensorflow|tf[-_]keras)==", lock, re.MULTILINE)
-    # requirements/tpu-vm.txt replaces the lock's pins of the same names.
-    assert lock.splitlines()[-4:] == [
-        "tensorflow-tpu==2.20.0",
-        "libtpu==0.0.14",
+    # requirements/tpu-vm.txt replaces the lock's pins of the same names; its tf_keras is
+    # not among them (installed alone, --no-deps, above).
+    assert lock.splitlines()[-11:] == [
+        "tensorflow-tpu==2.19.1",
+        "libtpu==0.0.10",
+        "tensorboard==2.19.0",
+        "numpy==2.1.3",
+        "protobuf==5.29.6",
+        "google-api-core==2.33.0",
+        "googleapis-common-protos==1.75.0",
+        "proto-plus==1.28.2",
+        "tensorflow-io-gcs-filesystem==0.37.1",
         "keras==3.12.4",
         "Markdown==3.10.3",
     ]
-    assert "keras==3.15.1" not in lock and "Markdown==3.11" not in lock
+    for replaced in ("keras==3.15.1", "Markdown==3.11", "numpy==2.2.6", "tensorboard==2.20.0"):
+        assert replaced not in lock
     assert "no wheelhouse" in first.stderr and "installing from the package index" in first.stderr
     assert str((sandbox.root / "opt/tpu-pretrain/venv").readlink()) == venv
     unit_dir = sandbox.root / "etc/systemd/system"
@@ -703,7 +713,7 @@ def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
         assert call.startswith("pip download --quiet --dest ")
         assert "--only-binary=:all: --python-version 3.10 --implementation cp --abi cp310" in call
     assert re.search(r" -r \S+$", downloads[0])
-    assert downloads[1].endswith(" --no-deps tf_keras==2.20.1")
+    assert downloads[1].endswith(" --no-deps tf_keras==2.19.0")  # tpu-vm.txt's
     (wheelhouse,) = (sandbox.gcs / bucket / "wheelhouse").iterdir()
     assert sorted(p.suffix for p in wheelhouse.iterdir()) == ["", ".whl", ".whl"]
     assert (wheelhouse / "complete").is_file()
@@ -1718,7 +1728,7 @@ def test_the_tpu_vm_installs_from_the_controllers_wheelhouse(stack_run, sandbox,
         r"pip install --quiet --no-index --find-links \S+/wheels -r \S+", pip_calls[0]
     )
     assert re.fullmatch(
-        r"pip install --quiet --no-index --find-links \S+/wheels --no-deps tf_keras==2\.20\.1",
+        r"pip install --quiet --no-index --find-links \S+/wheels --no-deps tf_keras==2\.19\.0",
         pip_calls[1],
     )
     assert pip_calls[2].startswith("pip install --quiet --no-deps ")  # the payload
@@ -1737,7 +1747,7 @@ def test_an_incomplete_wheelhouse_falls_back_to_the_index(stack_run, sandbox):
     pip_calls = [c for c in sandbox.calls if c.startswith("pip ")]
     assert "--no-index" in pip_calls[0]
     assert re.fullmatch(r"pip install --quiet -r \S+", pip_calls[1])
-    assert pip_calls[2] == "pip install --quiet --no-deps tf_keras==2.20.1"
+    assert pip_calls[2] == "pip install --quiet --no-deps tf_keras==2.19.0"
 
 
 def test_an_image_with_an_old_python_is_refused_on_the_vm(stack_run, sandbox):

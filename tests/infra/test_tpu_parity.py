@@ -20,6 +20,8 @@ What differs from the TPU VM, on purpose and asserted here (nothing else may):
   run, which must fail with the one-line "TPU not found" error in status.json and exit 2,
   and dropped for the CPU training run.
 Only a real TPU shows that libtpu initialises the chips and TPUStrategy trains on them.
+The environment is the TF backend's TPU pin, infra/catalog.yaml `tensorflow_tpu` (the pair
+with public evidence of running on a TPU; test_tf_tpu_pin.py): checked installed here.
 """
 
 from __future__ import annotations
@@ -70,6 +72,23 @@ def tpu_venv(tmp_path_factory) -> Path:
         timeout=300,
     )
     return VENV
+
+
+def test_the_parity_environment_holds_the_catalogs_tpu_pin(tpu_venv):
+    """.venv-tpu is the catalog's evidenced pair (and tf_keras of its minor), as installed."""
+    pin = load_catalog().tensorflow_tpu
+    probe = (
+        "from importlib.metadata import version as v\n"
+        "print(v('tensorflow-tpu'), v('libtpu'), v('tf_keras'))"
+    )
+    installed = subprocess.run(
+        [str(tpu_venv / "bin/python"), "-c", probe],
+        env={"PATH": "/usr/bin:/bin"},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert installed == [pin.tensorflow_tpu, pin.libtpu, pin.tf_keras]
 
 
 def _rendered_unit(box: Sandbox, python: Path | None = None) -> str:
@@ -201,7 +220,8 @@ def test_the_tpu_vm_environment_trains_on_cpu_with_the_units_variables(tpu_venv,
     trained = _cli(tpu_venv, "train", job, cpu_env)
     assert trained.returncode == 0, trained.stderr[-3000:]
     # tensorflow-tpu has no XLA CPU backend: the strategy turns jit off and says so.
-    assert "jit_compile off: this TensorFlow build" in trained.stderr
+    tf_version = load_catalog().tensorflow_tpu.tensorflow_tpu  # the pin, as imported
+    assert f"jit_compile off: this TensorFlow build ({tf_version})" in trained.stderr
     assert '"jit_compile": false' in trained.stderr
     status = json.loads((tmp_path / "run/status.json").read_text())
     assert status["stage"] == "train" and status["state"] == "complete", status

@@ -148,7 +148,7 @@ def _ignore_sigint_until_exit() -> None:
 @_CtrlC.guard
 def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
     args = _parser().parse_args(argv)
-    from payload import lease, pipeline, quiet, storage  # noqa: PLC0415  (keep --help fast)
+    from payload import lease, quiet, storage  # noqa: PLC0415  (keep --help fast)
     from payload.spec import load_job  # noqa: PLC0415
     from payload.status import StatusWriter  # noqa: PLC0415
 
@@ -158,9 +158,15 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
         job = load_job(args.job)
         if args.command != "validate":
             storage.check_output(job.output)  # before any stage, and before status.json
-        # One writer per output: a second run refuses here, before it writes anything.
-        held = lease.hold(
-            job.output, args.command, os.environ, take_over=getattr(args, "take_over", False)
+        worker = _worker(job, args.command)
+        # One writer per output: a second run refuses here, before it writes anything. A
+        # JAX slice's other workers write nothing (worker 0 holds the lease).
+        held = (
+            lease.hold(
+                job.output, args.command, os.environ, take_over=getattr(args, "take_over", False)
+            )
+            if worker == 0
+            else None
         )
     except UserError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
@@ -173,18 +179,17 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
         print(f"ok: {args.job} is valid", file=sys.stderr)
         return 0
 
-    status = StatusWriter(job.paths.status, job.name)
+    status = (
+        StatusWriter(job.paths.status, job.name)
+        if worker == 0
+        else _unwritten_status(job.paths.status, job.name)
+    )
     _note_host_checks(status, os.environ)
     try:
         _declare_tpu_host(args.command)
         quiet.absorb_once_only_logs(args.command, verbose=verbose)
         target = _slice_target(args.command)
-        if args.command == "export":
-            _export(job, args.push_to_hub)
-        elif args.command == "run":
-            pipeline.run(job, status, force=args.force, target=target)
-        else:
-            pipeline.run_stage(job, args.command, status, force=args.force, target=target)
+        _dispatch(args, job, status, worker=worker, target=target)
         ctrl_c.armed = False  # done: a Ctrl-C from here on changes nothing
     except UserError as exc:
         ctrl_c.armed = False  # first, in every handler: a Ctrl-C must not cut a report short
@@ -202,6 +207,58 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
         if held is not None:
             held.release()
     return 0
+
+
+def _dispatch(
+    args: argparse.Namespace,
+    job: JobSpec,
+    status: StatusWriter,
+    *,
+    worker: int,
+    target: SliceTarget | None,
+) -> None:
+    from payload import pipeline  # noqa: PLC0415
+
+    if args.command == "export":
+        _export(job, args.push_to_hub)
+    elif args.command == "run" and worker > 0:
+        _train_on_worker(job, status, worker)
+    elif args.command == "run":
+        pipeline.run(job, status, force=args.force, target=target)
+    else:
+        pipeline.run_stage(job, args.command, status, force=args.force, target=target)
+
+
+def _worker(job: JobSpec, command: str) -> int:
+    """TPU_PRETRAIN_WORKER of a JAX slice's trainer unit (0 elsewhere)."""
+    if command not in ("train", "run"):
+        return 0
+    from payload import training  # noqa: PLC0415
+
+    return training.worker_index(job, os.environ)
+
+
+def _unwritten_status(path: str, job_name: str) -> StatusWriter:
+    from payload import training  # noqa: PLC0415
+
+    return training.UnwrittenStatus(path, job_name)
+
+
+def _train_on_worker(job: JobSpec, status: StatusWriter, worker: int) -> None:
+    """`run` on a slice worker other than 0: worker 0 makes the tokenizer and the data; this
+    one waits for them, then trains as its own process of the slice."""
+    from payload import pipeline, training  # noqa: PLC0415
+
+    raw = os.environ.get(training.DATA_WAIT_ENV, "")
+    try:
+        timeout = float(raw) if raw else training.DATA_WAIT_DEFAULT_S
+    except ValueError:
+        timeout = -1.0
+    if timeout <= 0:
+        raise UserError(f"{training.DATA_WAIT_ENV}: {raw!r} must be a positive number of seconds")
+    training.wait_for_data(job, timeout_s=timeout)
+    print(f"worker {worker}: training as one process of the slice; worker 0 writes the outputs")
+    pipeline.run_stage(job, "train", status)
 
 
 def _interrupted(job: JobSpec, status: StatusWriter, command: str, job_arg: str) -> int:

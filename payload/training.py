@@ -125,6 +125,52 @@ def check_data(job: JobSpec, manifest: Manifest) -> None:
         )
 
 
+WORKER_ENV = "TPU_PRETRAIN_WORKER"  # a slice worker's 0-based index (the trainer unit's)
+DATA_WAIT_ENV = "TPU_PAYLOAD_DATA_WAIT_S"
+DATA_WAIT_DEFAULT_S = 24 * 3600.0
+
+
+def worker_index(job: JobSpec, environ: Mapping[str, str] = os.environ) -> int:
+    """This host's index on a JAX slice (0: the host that writes; also any single host)."""
+    raw = environ.get(WORKER_ENV, "0") or "0"
+    if not raw.isdigit():
+        raise UserError(f"{WORKER_ENV}: {raw!r} must be a worker index (0, 1, ...)")
+    index = int(raw)
+    if index > 0 and resolve_backend(job, environ) != "jax":
+        raise UserError(
+            f"{WORKER_ENV}={index}: only the JAX backend runs on every worker of a slice; "
+            "use train.backend: jax"
+        )
+    return index
+
+
+def wait_for_data(
+    job: JobSpec,
+    *,
+    timeout_s: float,
+    poll_s: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """A slice worker other than 0 trains on the data worker 0 encodes: wait (bounded) for
+    its manifest, the encode stage's completion marker."""
+    from payload import encode  # noqa: PLC0415
+
+    deadline = clock() + timeout_s
+    announced = False
+    while not encode.is_complete(job):
+        if clock() >= deadline:
+            raise DataError(
+                f"no encoded data in {job.paths.data} after {timeout_s:.0f} s: worker 0 encodes "
+                f"it (see its status.json, {job.paths.status}); raise {DATA_WAIT_ENV} if "
+                "encoding takes longer"
+            )
+        if not announced:
+            log(f"train: waiting for worker 0's data in {job.paths.data}")
+            announced = True
+        sleep(poll_s)
+
+
 def chunk_length(
     step: int, total: int, plan_spe: int, log_every: int, ckpt_every: int, *, eval_every: int = 0
 ) -> int:

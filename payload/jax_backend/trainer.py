@@ -26,7 +26,6 @@ run.json, TensorBoard, status.json and the export.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -215,23 +214,65 @@ def create_optimizer(spec: TrainSpec) -> keras.optimizers.AdamW:
 
 
 class _Pipelines:
-    """One process's input: its share of every global batch, from its own shard files."""
+    """This process's input: its input pipelines' shares of every global batch.
 
-    def __init__(self, rt: Runtime):
+    An input pipeline (data.make_dataset with its InputContext id) reads its own shard
+    files. Normally there is one per process (host), as on the TF backend; `count` > the
+    process count gives each process several, whose host batches are concatenated in
+    pipeline order (a single process then reads exactly what `count` processes would:
+    tests/payload/test_jax_multihost.py compares the two)."""
+
+    def __init__(self, rt: Runtime, count: int | None = None):
         self.rt = rt
+        self.count = count or rt.process_count
+        if self.count % rt.process_count:
+            raise ValueError(f"{self.count} input pipelines for {rt.process_count} processes")
+        per = self.count // rt.process_count
+        self.mine = range(rt.process_index * per, (rt.process_index + 1) * per)
         self.batch_sharding = NamedSharding(rt.mesh, P("data"))
         self.chunk_sharding = NamedSharding(rt.mesh, P(None, "data"))
         self.replicated = NamedSharding(rt.mesh, P())
 
-    def context(self) -> tf.distribute.InputContext:
-        return tf.distribute.InputContext(
-            num_input_pipelines=self.rt.process_count,
-            input_pipeline_id=self.rt.process_index,
-            num_replicas_in_sync=self.rt.num_replicas,
-        )
+    def pipeline_batch(self, global_batch: int) -> int:
+        return global_batch // self.count
 
-    def host_batch(self, global_batch: int) -> int:
-        return global_batch // self.rt.process_count
+    def datasets(self, job: JobSpec, manifest: Manifest, global_batch: int, **kwargs: Any):
+        """One numpy iterator per pipeline of this process (data.make_dataset's batches)."""
+        return [
+            data_lib.make_dataset(
+                job,
+                manifest,
+                batch_size=self.pipeline_batch(global_batch),
+                input_context=tf.distribute.InputContext(
+                    num_input_pipelines=self.count,
+                    input_pipeline_id=i,
+                    num_replicas_in_sync=self.rt.num_replicas,
+                ),
+                **kwargs,
+            ).as_numpy_iterator()
+            for i in self.mine
+        ]
+
+    def files(self, job: JobSpec, manifest: Manifest, global_batch: int) -> list[str]:
+        """The training shard files this process reads (for the log)."""
+        paths = manifest_lib.shard_paths(job.paths.data, manifest)
+        counts = [s.records for s in manifest.shards]
+        return [
+            storage.basename(path)
+            for i in self.mine
+            for path in data_lib.plan_pipeline(
+                paths,
+                counts,
+                batch_size=self.pipeline_batch(global_batch),
+                num_pipelines=self.count,
+                pipeline_id=i,
+            ).files
+        ]
+
+    @staticmethod
+    def next_host_batch(iterators: list[Any]) -> dict[str, np.ndarray]:
+        parts = [next(it) for it in iterators]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def to_devices(self, arrays: dict[str, np.ndarray], *, chunk: bool) -> dict[str, Any]:
         """Host rows -> one global array per feature, split over the mesh (asynchronous)."""
@@ -274,33 +315,31 @@ class Evaluator:
                 f"fewer than the {replicas} replicas; raise data.eval_min_sequences and re-run "
                 "`tpu-payload encode --force`, or set data.eval_fraction: 0"
             )
-        host_batch = pipelines.host_batch(self.global_batch)
-        # Every process must run the same number of batches: the smallest share decides.
+        # Every pipeline must give the same number of batches: the smallest share decides.
         paths = manifest_lib.shard_paths(job.paths.data, manifest, split="eval")
         counts = [s.records for s in manifest.eval_shards]
         self.batches = min(
             data_lib.plan_pipeline(
                 paths,
                 counts,
-                batch_size=host_batch,
-                num_pipelines=rt.process_count,
+                batch_size=pipelines.pipeline_batch(self.global_batch),
+                num_pipelines=pipelines.count,
                 pipeline_id=i,
             ).batches_per_epoch
-            for i in range(rt.process_count)
+            for i in range(pipelines.count)
         )
         self.sequences = self.batches * self.global_batch
-        dataset = data_lib.make_dataset(
+        iterators = pipelines.datasets(
             job,
             manifest,
-            batch_size=host_batch,
+            self.global_batch,
             seed=evaluate_lib.EVAL_MASK_SEED,
             training=False,
             repeat=False,
-            input_context=pipelines.context(),
             split="eval",
         )
         # Read, masked and kept on the host once: the same batches at every evaluation.
-        self.host_batches = list(itertools.islice(dataset.as_numpy_iterator(), self.batches))
+        self.host_batches = [pipelines.next_host_batch(iterators) for _ in range(self.batches)]
         objective = job.data.objective
 
         @jax.jit
@@ -354,9 +393,12 @@ class Evaluator:
         self.writer.close()
 
 
-def train(job: JobSpec, status: StatusWriter, *, target: Any = None) -> dict[str, Any]:
+def train(
+    job: JobSpec, status: StatusWriter, *, target: Any = None, input_pipelines: int | None = None
+) -> dict[str, Any]:
     """Train (or resume) and export on the JAX backend. `target` (the TF backend's gRPC
-    slice) does not apply: on a slice every host runs this same program."""
+    slice) does not apply: on a slice every host runs this same program. `input_pipelines`:
+    see _Pipelines (default: one per process)."""
     if target is not None:
         raise SpecError(
             "train.backend: jax runs the same program on every host of a slice; TPU_NAME "
@@ -364,6 +406,12 @@ def train(job: JobSpec, status: StatusWriter, *, target: Any = None) -> dict[str
         )
     distributed.initialize_from_env()
     rt = runtime(job.train.precision)
+    worker = os.environ.get(training.WORKER_ENV, "")
+    if worker and int(worker) != rt.process_index:
+        raise SpecError(
+            f"{training.WORKER_ENV}={worker} but JAX made this process {rt.process_index} of "
+            f"{rt.process_count}: worker 0 holds the output's lease and must be process 0"
+        )
     if not rt.is_chief:
         status = training.UnwrittenStatus(status.path, status.job_name)
     status.update(stage="train", message="verifying data")
@@ -383,7 +431,12 @@ def train(job: JobSpec, status: StatusWriter, *, target: Any = None) -> dict[str
     step, restored = _restore_or_start(
         job, manifest, config, model=model, optimizer=optimizer, layout=layout, rt=rt
     )
-    pipelines = _Pipelines(rt)
+    pipelines = _Pipelines(rt, input_pipelines)
+    files = pipelines.files(job, manifest, spec.global_batch_size)
+    training.log(
+        f"train: process {rt.process_index} of {rt.process_count} reads {len(files)} of "
+        f"{len(manifest.shards)} training shards: {', '.join(files)}"
+    )
     state = jax.device_put(steps.TrainState.of(model, optimizer), pipelines.replicated)
     stats: dict[str, Any] = {"step": step}
     if restored is not None:
@@ -514,17 +567,15 @@ class _TrainLoop:
         )
         self.last_checkpoint: str | None = None
 
-    def batches(self, start_step: int) -> Any:
+    def batches(self, start_step: int) -> list[Any]:
         spec = self.spec
-        dataset = data_lib.make_dataset(
+        return self.pipelines.datasets(
             self.job,
             self.manifest,
-            batch_size=self.pipelines.host_batch(spec.global_batch_size),
+            spec.global_batch_size,
             seed=spec.seed,
             start_batch=start_step,
-            input_context=self.pipelines.context(),
         )
-        return dataset.as_numpy_iterator()
 
     def save(self, state: steps.TrainState, step: int) -> str:
         """Process 0 writes ckpt-<step>.npz (every process holds the replicated state)."""
@@ -567,7 +618,7 @@ class _TrainLoop:
             )
 
         def load(n: int) -> dict[str, Any]:
-            host = _stack([next(batches) for _ in range(n)])
+            host = _stack([self.pipelines.next_host_batch(batches) for _ in range(n)])
             return self.pipelines.to_devices(host, chunk=True)
 
         step, total = start_step, spec.steps

@@ -1,0 +1,33 @@
+"""Run by test_jax_train.py in a fresh process (Keras 3 picks its backend at import): the
+logits of the JAX backend's model as training left it, rebuilt from the job's newest
+checkpoint (not from the export), on the given input.
+
+argv: job.yaml input_ids.npy attention_mask.npy logits_out.npy
+"""
+
+import sys
+
+from payload import jax_backend
+
+jax_backend.use_jax()
+
+import numpy as np  # noqa: E402
+
+from payload import manifest as manifest_lib  # noqa: E402
+from payload.jax_backend import checkpoints, steps, trainer  # noqa: E402
+from payload.spec import load_job  # noqa: E402
+
+job_file, ids_path, mask_path, out_path = sys.argv[1:5]
+job = load_job(job_file)
+manifest = manifest_lib.load_manifest(job.paths.data)
+rt = trainer.runtime(job.train.precision)
+_, model, optimizer = trainer._build(job, manifest, rt)
+layout = checkpoints.Layout.of(model, optimizer)
+latest = checkpoints.steps_in(job.paths.checkpoints)[-1]
+arrays = checkpoints.load(job.paths.checkpoints, latest, layout)
+steps.TrainState(arrays["trainable"], arrays["non_trainable"], arrays["optimizer"]).write_back(
+    model, optimizer
+)
+inputs = {"input_ids": np.load(ids_path), "attention_mask": np.load(mask_path)}
+np.save(out_path, np.asarray(model(inputs, training=False), dtype=np.float32))
+print(latest)

@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
     _note_host_checks(status, os.environ)
     try:
         _declare_tpu_host(args.command)
-        quiet.absorb_once_only_logs(args.command, verbose=verbose)
+        quiet.absorb_once_only_logs(args.command, verbose=verbose, backend=_backend(job))
         target = _slice_target(args.command)
         _dispatch(args, job, status, worker=worker, target=target)
         ctrl_c.armed = False  # done: a Ctrl-C from here on changes nothing
@@ -227,6 +227,12 @@ def _dispatch(
         pipeline.run(job, status, force=args.force, target=target)
     else:
         pipeline.run_stage(job, args.command, status, force=args.force, target=target)
+
+
+def _backend(job: JobSpec) -> str:
+    from payload import training  # noqa: PLC0415
+
+    return training.resolve_backend(job, os.environ)
 
 
 def _worker(job: JobSpec, command: str) -> int:

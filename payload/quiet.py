@@ -89,12 +89,18 @@ def configure(flag: bool, environ: MutableMapping[str, str]) -> bool:
     return verbose
 
 
-def absorb_once_only_logs(command: str, *, verbose: bool) -> None:
+def absorb_once_only_logs(command: str, *, verbose: bool, backend: str = "tf") -> None:
     """For the commands that train (quiet only): import TensorFlow and run the strategy's XLA
-    probe with fd 2 captured, so Abseil's two once-per-process lines are spent there."""
+    probe with fd 2 captured, so Abseil's two once-per-process lines are spent there. The
+    JAX backend uses TensorFlow for tf.data only: its import's lines are absorbed the same
+    way (and payload.strategy, which needs tf_keras, is not imported)."""
     if verbose or command not in _TENSORFLOW_COMMANDS:
         return
     with framework_lines_dropped():
+        if backend == "jax":
+            import tensorflow  # noqa: F401, PLC0415
+
+            return
         from payload import strategy  # noqa: PLC0415  (imports TensorFlow)
 
         # Not on a TPU VM or a slice's client: no op runs there before the strategy

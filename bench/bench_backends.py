@@ -1,0 +1,112 @@
+"""The two training backends on the same job: steps/s and held-out loss, TF vs JAX.
+
+    .venv/bin/python bench/bench_backends.py [--steps 200] [--rounds 3] [--size tiny]
+
+The bundled corpus (examples/corpus) is tokenized and encoded once; then `tpu-payload train`
+(the real CLI, each run in its own process and output directory with a copy of the same
+tokenizer and shards) trains the same BERT MLM (batch 32 x 128, the example job's schedule)
+with `train.backend: tf` and `train.backend: jax` in turn, TF, JAX, TF, JAX, ... so that the
+machine's load hits both alike. Reported per run: the trainer's mean steps/s (compilation
+excluded: the first chunk is not counted, payload/training.py Meter) and the held-out loss
+after the same steps; then each backend's median and the JAX/TF ratio of each round. Figures
+are printed, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def job(output: Path, steps: int, size: str, backend: str) -> dict:
+    document = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
+    document["output"] = str(output)
+    document["corpus"]["paths"] = [str(REPO / "examples" / "corpus" / "*.txt")]
+    document["model"]["size"] = size
+    document["train"].update(
+        steps=steps,
+        warmup_steps=steps // 10,
+        checkpoint_every=steps,
+        log_every=50,
+        eval_every=0,  # held out only at the end
+        backend=backend,
+    )
+    return document
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "payload", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    if result.returncode != 0:
+        sys.exit(f"tpu-payload {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+    return result
+
+
+def summary_value(stdout: str, key: str) -> float:
+    match = re.search(rf"\b{key}=([0-9.eE+-]+)", stdout)
+    if not match:
+        sys.exit(f"no {key} in the train summary:\n{stdout[-2000:]}")
+    return float(match.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--size", default="tiny", choices=("tiny", "mini", "small"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-backends-") as tmp:
+        root = Path(tmp)
+        data_job = root / "data.yaml"
+        data_job.write_text(yaml.safe_dump(job(root / "data", args.steps, args.size, "tf")))
+        cli("tokenizer", "--job", str(data_job))
+        cli("encode", "--job", str(data_job))
+        results: dict[str, list[tuple[float, float]]] = {"tf": [], "jax": []}
+        for round_index in range(args.rounds):
+            for backend in ("tf", "jax"):
+                out = root / f"{backend}-{round_index}"
+                for part in ("tokenizer", "data"):
+                    shutil.copytree(root / "data" / part, out / part)
+                spec = root / f"{backend}-{round_index}.yaml"
+                spec.write_text(yaml.safe_dump(job(out, args.steps, args.size, backend)))
+                stdout = cli("train", "--job", str(spec)).stdout
+                rate = summary_value(stdout, "steps_per_second")
+                loss = summary_value(stdout, "eval_loss")
+                results[backend].append((rate, loss))
+                print(
+                    f"round {round_index + 1} {backend:>3}: {rate:.3f} steps/s, "
+                    f"held-out loss {loss:.4f} after {args.steps} steps",
+                    flush=True,
+                )
+                shutil.rmtree(out)
+    print(f"\nBERT {args.size}, batch 32 x 128, {args.steps} steps, {args.rounds} rounds")
+    print("backend  median steps/s  best   held-out loss (median)")
+    for backend, runs in results.items():
+        rates = [r for r, _ in runs]
+        losses = [loss for _, loss in runs]
+        print(
+            f"{backend:>7}  {statistics.median(rates):14.3f}  {max(rates):5.3f}  "
+            f"{statistics.median(losses):.4f}"
+        )
+    ratios = [j[0] / t[0] for t, j in zip(results["tf"], results["jax"], strict=True)]
+    print(f"JAX / TF steps/s per round: {', '.join(f'{r:.2f}' for r in ratios)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""The JAX backend's one-line refusals and stops, through the real CLI: a TPU VM whose JAX
+finds no TPU, a loss that becomes NaN, checkpoints of the other backend, a worker index
+without the JAX backend; and bfloat16 when asked on the CPU. The backend choice
+(`train.backend: auto`, TPU_PAYLOAD_BACKEND) and the slice settings are checked as pure
+functions."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from train_helpers import (
+    assert_user_error,
+    copy_prepared,
+    job_document,
+    prepare_data,
+    run_cli,
+    write_corpus,
+    write_job,
+)
+
+from payload import training
+from payload.errors import DataError, UserError
+from payload.jax_backend import distributed
+from payload.spec import JobSpec
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobSpec, dict]:
+    root = tmp_path_factory.mktemp("jax-safety")
+    corpus = write_corpus(root / "corpus.txt", lines=300)
+    doc = job_document(root, corpus, "mlm", steps=10, checkpoint_every=5, backend="jax")
+    job = write_job(root, doc)
+    prepare_data(job)
+    return job, doc
+
+
+def _job(prepared: tuple[JobSpec, dict], root: Path, **train: object) -> JobSpec:
+    source, doc = prepared
+    doc = json.loads(json.dumps(doc))
+    doc["train"].update(train)
+    return copy_prepared(source, root, doc)
+
+
+def test_a_tpu_vm_whose_jax_finds_no_tpu_is_one_line(prepared, tmp_path: Path) -> None:
+    job = _job(prepared, tmp_path)
+    result = run_cli(
+        "train",
+        "--job",
+        str(tmp_path / "job.yaml"),
+        env={
+            "TPU_PRETRAIN_ACCELERATOR_TYPE": "v6e-8",
+            "TPU_PRETRAIN_RUNTIME_VERSION": "v2-alpha-tpuv6e",
+            "JAX_PLATFORMS": "tpu",  # the JAX trainer unit's setting
+        },
+    )
+    line = assert_user_error(
+        result, r"^error: TPU not found: runtime v2-alpha-tpuv6e on accelerator v6e-8: JAX "
+    )
+    assert "could not initialise it" in line and "not training on the host CPU" in line
+    status = json.loads(Path(job.paths.status).read_text())
+    assert status["state"] == "failed" and "TPU not found" in status["last_error"]["error"]
+    assert not list(Path(job.paths.checkpoints).glob("ckpt-*"))
+
+
+def test_a_nan_loss_stops_with_one_line_and_keeps_the_checkpoint(prepared, tmp_path) -> None:
+    job = _job(prepared, tmp_path, steps=5)
+    assert run_cli("train", "--job", str(tmp_path / "job.yaml")).returncode == 0
+    shutil.rmtree(job.paths.export)
+    # Poison the step-5 checkpoint's weights, then ask for 5 more steps.
+    path = Path(job.paths.checkpoints, "ckpt-5.npz")
+    with np.load(path) as data:
+        arrays = {name: data[name] for name in data.files}
+    name = next(k for k in arrays if k.startswith("trainable/"))
+    arrays[name] = np.full_like(arrays[name], np.nan)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    path.write_bytes(buffer.getvalue())
+    job = _job(prepared, tmp_path / "more", steps=10)
+    shutil.copytree(path.parent, job.paths.checkpoints, dirs_exist_ok=True)
+    result = run_cli("train", "--job", str(tmp_path / "more" / "job.yaml"))
+    assert_user_error(result, r"^error: loss became nan between steps 5 and 10 ")
+    assert sorted(p.name for p in Path(job.paths.checkpoints).glob("ckpt-*")) == ["ckpt-5.npz"]
+    assert not training.is_complete(job)
+
+
+def test_checkpoints_of_the_other_backend_are_refused(prepared, tmp_path: Path) -> None:
+    job = _job(prepared, tmp_path, steps=5)
+    assert run_cli("train", "--job", str(tmp_path / "job.yaml")).returncode == 0
+    shutil.rmtree(job.paths.export)
+    _, doc = prepared
+    doc = json.loads(json.dumps(doc))
+    doc["train"].update(steps=10, backend="tf")
+    write_job(tmp_path, {**doc, "output": job.output})
+    result = run_cli("train", "--job", str(tmp_path / "job.yaml"))
+    assert_user_error(result, r"belong to a different run \(backend: 'jax' -> 'tf'\)")
+
+
+def test_bf16_when_asked_on_cpu(prepared, tmp_path: Path) -> None:
+    job = _job(prepared, tmp_path, steps=10, precision="bf16")
+    result = run_cli("run", "--job", str(tmp_path / "job.yaml"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    status = json.loads(Path(job.paths.status).read_text())
+    assert status["runtime"]["policy"] == "mixed_bfloat16", status["runtime"]
+    metrics = status["stages"]["train"]["metrics"]
+    assert np.isfinite(metrics["loss"]) and metrics["loss"] < metrics["first_loss"], metrics
+    with np.load(Path(job.paths.checkpoints, "ckpt-10.npz")) as data:
+        assert all(data[k].dtype != np.dtype("bfloat16") for k in data.files if "/" in k)
+
+
+def test_a_worker_index_needs_the_jax_backend(prepared, tmp_path: Path) -> None:
+    _job(prepared, tmp_path, backend="tf")
+    result = run_cli("run", "--job", str(tmp_path / "job.yaml"), env={"TPU_PRETRAIN_WORKER": "1"})
+    assert_user_error(result, r"^error: TPU_PRETRAIN_WORKER=1: only the JAX backend runs on every")
+
+
+def test_backend_choice(prepared) -> None:
+    job, _ = prepared  # train.backend: jax
+    assert training.resolve_backend(job, {"TPU_PAYLOAD_BACKEND": "tf"}) == "jax"
+    auto = dataclasses.replace(job, train=dataclasses.replace(job.train, backend="auto"))
+    assert training.resolve_backend(auto, {}) == "tf"
+    assert training.resolve_backend(auto, {"TPU_PAYLOAD_BACKEND": "jax"}) == "jax"
+    with pytest.raises(UserError, match=r"TPU_PAYLOAD_BACKEND: 'torch' is not a training"):
+        training.resolve_backend(auto, {"TPU_PAYLOAD_BACKEND": "torch"})
+    assert training.worker_index(job, {}) == 0
+    assert training.worker_index(job, {"TPU_PRETRAIN_WORKER": "3"}) == 3
+    with pytest.raises(UserError, match="must be a worker index"):
+        training.worker_index(job, {"TPU_PRETRAIN_WORKER": "-1"})
+
+
+def test_distributed_settings() -> None:
+    assert distributed.parse("auto") is None
+    assert distributed.parse("10.0.0.2:8476,4,3") == ("10.0.0.2:8476", 4, 3)
+    for bad in ("", "127.0.0.1,2,0", "127.0.0.1:1234,2", "127.0.0.1:1234,2,2"):
+        with pytest.raises(UserError, match="TPU_PAYLOAD_JAX_DISTRIBUTED"):
+            distributed.parse(bad)
+    assert distributed.initialize_from_env({}) is False
+
+
+def test_waiting_for_worker_0s_data_is_bounded(prepared, tmp_path: Path) -> None:
+    source, doc = prepared
+    job = write_job(tmp_path, {**doc, "output": str(tmp_path / "out")})  # no data yet
+    now = [0.0]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+        if len(sleeps) == 3:  # worker 0 finishes encoding while this one waits
+            shutil.copytree(source.paths.data, job.paths.data)
+
+    training.wait_for_data(job, timeout_s=100, poll_s=10, sleep=sleep, clock=lambda: now[0])
+    assert sleeps == [10, 10, 10]
+    empty = write_job(tmp_path / "never", {**doc, "output": str(tmp_path / "never" / "out")})
+    with pytest.raises(DataError, match=r"no encoded data in .* after 30 s: worker 0 encodes"):
+        training.wait_for_data(empty, timeout_s=30, poll_s=10, sleep=sleep, clock=lambda: now[0])

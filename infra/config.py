@@ -376,6 +376,13 @@ def _tpu(values: Mapping[str, object], catalog: Catalog, prefix: str) -> TpuConf
             + ", ".join(sorted(catalog.zones))
         )
     accelerator_type = _string(values, "acceleratorType")
+    if catalog.unlisted_slice(accelerator_type):
+        raise ConfigError(
+            f"{_k('acceleratorType')}: {accelerator_type!r} is a multi-host slice that no Google "
+            "doc or CI job shows running JAX on Cloud TPU VMs; supported slices: "
+            + ", ".join(catalog.slices)
+            + " (infra/catalog.yaml, docs/pod-slices.md)"
+        )
     offered = catalog.zones[zone]
     if accelerator_type not in offered:
         raise ConfigError(

@@ -37,15 +37,17 @@ class Generation:
 
 @dataclass(frozen=True)
 class Slice:
-    """A multi-host accelerator type: one TPU node of `hosts` TPU VMs."""
+    """A multi-host accelerator type: one TPU node of `hosts` TPU VMs, listed only with
+    evidence that Google runs JAX on exactly this type (`source`)."""
 
     hosts: int
     chips_per_host: int
+    source: str = ""  # the Google doc or CI job (catalog.yaml)
 
     @property
     def replicas(self) -> int:
-        """TensorFlow's replicas: one TPU device per chip on the listed generations
-        (catalog.yaml's sources; the payload checks the real count when it connects)."""
+        """Data-parallel replicas: one TPU device per chip on the listed generations
+        (catalog.yaml's sources; the payload checks the real count when it starts)."""
         return self.hosts * self.chips_per_host
 
 
@@ -95,6 +97,21 @@ class Catalog:
         """The slice shape of a multi-host type, None for a single-host type."""
         return self.slices.get(accelerator_type)
 
+    def unlisted_slice(self, accelerator_type: str) -> bool:
+        """A TPU type of a listed generation (its name's prefix, e.g. v5p-16 -> v5p) larger than
+        every single-host type of it, and not a listed slice: a multi-host slice without
+        evidence (catalog.yaml `slices:`)."""
+        match = re.fullmatch(r"(v[0-9]+[a-z]*)-([0-9]+)", accelerator_type)
+        if not match or accelerator_type in self.accelerators:
+            return False
+        prefix, size = match.group(1), int(match.group(2))
+        single = [
+            int(name.rsplit("-", 1)[1])
+            for name in self.accelerators
+            if name.rsplit("-", 1)[0] == prefix and name not in self.slices
+        ]
+        return bool(single) and size > max(single)
+
     def generation_of(self, accelerator_type: str) -> Generation:
         return self.generations[self.accelerators[accelerator_type]]
 
@@ -141,15 +158,7 @@ def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
     for accelerator_type, generation in accelerators.items():
         if generation not in generations:
             raise ValueError(f"{path}: {accelerator_type} has unknown generation {generation}")
-    slices = {
-        name: Slice(hosts=int(entry["hosts"]), chips_per_host=int(entry["chips_per_host"]))
-        for name, entry in (raw.get("slices") or {}).items()
-    }
-    for name, shape in slices.items():
-        if name not in accelerators:
-            raise ValueError(f"{path}: slice {name} is not an accelerator type")
-        if shape.hosts < 2 or shape.chips_per_host < 1:
-            raise ValueError(f"{path}: slice {name} needs hosts >= 2 and chips_per_host >= 1")
+    slices = _slices(path, raw.get("slices") or {}, accelerators)
     tensorflow_tpu = _tf_tpu_pin(path, raw.get("tensorflow_tpu"), generations)
     return Catalog(
         tensorflow_tpu=tensorflow_tpu,
@@ -159,6 +168,28 @@ def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
         accelerators=MappingProxyType(accelerators),
         zones=MappingProxyType(zones),
     )
+
+
+def _slices(path: Path, raw: Mapping, accelerators: Mapping[str, str]) -> dict[str, Slice]:
+    """catalog.yaml `slices:`: each a known accelerator type of >= 2 hosts, with its source."""
+    slices = {
+        name: Slice(
+            hosts=int(entry["hosts"]),
+            chips_per_host=int(entry["chips_per_host"]),
+            source=" ".join(str(entry.get("source") or "").split()),
+        )
+        for name, entry in raw.items()
+    }
+    for name, shape in slices.items():
+        if name not in accelerators:
+            raise ValueError(f"{path}: slice {name} is not an accelerator type")
+        if shape.hosts < 2 or shape.chips_per_host < 1:
+            raise ValueError(f"{path}: slice {name} needs hosts >= 2 and chips_per_host >= 1")
+        if not shape.source:
+            raise ValueError(
+                f"{path}: slice {name} has no source (a Google doc or CI job that runs JAX on it)"
+            )
+    return slices
 
 
 def _tf_tpu_pin(path: Path, raw: Mapping | None, generations: Mapping) -> TfTpuPin | None:

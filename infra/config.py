@@ -376,6 +376,13 @@ def _tpu(values: Mapping[str, object], catalog: Catalog, prefix: str) -> TpuConf
             + ", ".join(sorted(catalog.zones))
         )
     accelerator_type = _string(values, "acceleratorType")
+    if catalog.unlisted_slice(accelerator_type):
+        raise ConfigError(
+            f"{_k('acceleratorType')}: {accelerator_type!r} is a multi-host slice that no Google "
+            "doc or CI job shows running JAX on Cloud TPU VMs; supported slices: "
+            + ", ".join(catalog.slices)
+            + " (infra/catalog.yaml, docs/pod-slices.md)"
+        )
     offered = catalog.zones[zone]
     if accelerator_type not in offered:
         raise ConfigError(
@@ -668,9 +675,10 @@ def resolve_backend(
     catalog: Catalog,
 ) -> str:
     """The backend whose environment the accelerator VM installs: the job's train.backend,
-    or for auto (or none) jax on a single-host TPU VM whose image Google's TF CI does not
-    cover (catalog.yaml tf_ci: false, e.g. v6e) and tf everywhere else. The JAX environment
-    exists for single-host TPU VMs only (docs/jax-on-tpu-vm.md)."""
+    or for auto (or none) jax on a slice, jax on a single-host TPU VM whose image Google's TF
+    CI does not cover (catalog.yaml tf_ci: false, e.g. v6e) and tf everywhere else. A slice
+    runs JAX only: Google's TF CI runs TensorFlow on slices only through its grpc_tpu_worker
+    container, which is not built here (docs/pod-slices.md)."""
     train = template.get("train")
     value = train.get("backend", "auto") if isinstance(train, dict) else "auto"
     if value not in BACKENDS:
@@ -686,13 +694,14 @@ def resolve_backend(
             )
         return "tf"
     if accelerator.hosts > 1:
-        if value == "jax":
+        if value == "tf":
             raise ConfigError(
-                f"{_k('job')}: {job_file!r}: train.backend 'jax' on the "
-                f"{accelerator.accelerator_type} slice ({accelerator.hosts} hosts) is not "
-                "built yet (JAX multi-host); use train.backend: tf or a single-host type"
+                f"{_k('job')}: {job_file!r}: train.backend: tf on a "
+                f"{accelerator.accelerator_type} slice is not supported: Google's TF CI runs TF "
+                "slices only through its grpc_tpu_worker container (not built here); use "
+                "train.backend: jax"
             )
-        return "tf"
+        return "jax"
     if value == "auto":
         return "tf" if catalog.images[accelerator.runtime_version].tf_ci else "jax"
     return str(value)

@@ -480,8 +480,9 @@ def ssh_commands(cfg: StackConfig) -> dict[str, str]:
         "tpuOverVpn": f"gcloud {tpu} --internal-ip",
     }
     if accelerator.hosts > 1:
-        # On a slice `tpu` reaches worker 0 (gcloud's default --worker, where the trainer
-        # runs); --worker=all runs a --command on every host.
+        # On a slice `tpu` reaches worker 0 (gcloud's default --worker: the JAX process that
+        # writes status, checkpoints and the export); --worker=all runs a --command on every
+        # host.
         commands["tpuAllWorkers"] = f"gcloud alpha {tpu} --tunnel-through-iap --worker=all"
     return commands
 

@@ -46,9 +46,6 @@ ARCHIVE_DIRS = ("payload",)
 ARCHIVE_PREFIX = "tpu-pretrain-payload"
 
 TENSORBOARD_PORT = 6006
-# TensorFlow's TPU worker (gRPC) on every host of a slice: TPU_TASK_PORT's default in the
-# tensorflow-tpu 2.19.1 (and 2.20.0) wheel's tensorflow/python/tools/grpc_tpu_worker.py.
-TPU_WORKER_PORT = 8470
 OWN_CLIENT_KEY_PLACEHOLDER = "<the private key of the public key you set in vpnClientPublicKey>"
 # The accelerator watchdogs (TPU and GPU) run on the controller every WATCH_INTERVAL. A
 # preempted TPU VM is recreated at most once per TPU_RECREATE_MIN_SECONDS (a VM that is
@@ -187,7 +184,7 @@ class TpuHost:
     accelerator_type: str
     runtime_version: str  # the base image
     python_version: str  # the image's python3 ("3.10"): the wheelhouse is built for it
-    hosts: int = 1  # > 1: a multi-host slice, one startup script for every host
+    hosts: int = 1  # > 1: a multi-host JAX slice, one startup script for every host
     # Secure boot asked of the node (shielded_instance_config); False: not asked, so the
     # host check has no expectation (the image's default is not known here).
     secure_boot: bool = False
@@ -347,7 +344,6 @@ def render_tpu_script(workload: Workload) -> str:
             "RUNTIME_VERSION": host.runtime_version,
             "WHEELHOUSE_ROOT": workload.wheelhouse_root,
             "TPU_HOSTS": str(host.hosts),
-            "TPU_WORKER_PORT": str(TPU_WORKER_PORT),
             "VM_REQUIREMENTS": host.requirements,
             "PAYLOAD_BACKEND": host.backend,
         }
@@ -384,7 +380,6 @@ def render_gpu_script(workload: Workload) -> str:
             "RUNTIME_VERSION": host.image.rsplit("/", 1)[-1],
             "WHEELHOUSE_ROOT": workload.wheelhouse_root,
             "TPU_HOSTS": "1",
-            "TPU_WORKER_PORT": str(TPU_WORKER_PORT),
             "VM_REQUIREMENTS": host.requirements,
             "PAYLOAD_BACKEND": host.backend,
             "GPU_TYPE": host.gpu_type,

@@ -19,9 +19,6 @@ else
   record_facts "$((SECONDS - install_started))"
 fi
 log "step 3/4: trainer unit"
-if [ "${PAYLOAD_BACKEND}" != jax ]; then
-  libtpu_path="/opt/tpu-pretrain/venv/$(tpu_libtpu_path "${APP_DIR}/venv")"
-fi
 install_helper
 
 if [ "${TPU_HOSTS}" -gt 1 ]; then
@@ -39,7 +36,7 @@ fi
 # payload sets it too when tensorflow-tpu is installed, so a CLI run by hand over SSH sees
 # TensorFlow without this unit's environment: payload/__init__.py).
 # systemd units read no login profile: everything is set here.
-# Keras 3 on JAX (PAYLOAD_BACKEND=jax; a single host: infra/config.py refuses jax on a slice):
+# Keras 3 on JAX (PAYLOAD_BACKEND=jax; a slice's hosts use the same, plus slice_units' two):
 # jax[tpu] finds libtpu itself (Google's and JAX's install docs set nothing but
 # `pip install "jax[tpu]"`); JAX_PLATFORMS=tpu turns a TPU that does not initialise into an
 # error instead of a run on the host CPU: with JAX_PLATFORMS set, a backend that fails to
@@ -48,6 +45,7 @@ fi
 if [ "${PAYLOAD_BACKEND}" = jax ]; then
   install_trainer_unit "" "" "Environment=JAX_PLATFORMS=tpu" ""
 else
+  libtpu_path="/opt/tpu-pretrain/venv/$(tpu_libtpu_path "${APP_DIR}/venv")"
   install_trainer_unit "" "" "Environment=NEXT_PLUGGABLE_DEVICE_USE_C_API=true
 Environment=TF_PLUGGABLE_DEVICE_LIBRARY_PATH=${libtpu_path}
 Environment=TPU_NAME=local" ""

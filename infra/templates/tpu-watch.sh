@@ -22,8 +22,8 @@
 #   the recovery. A VM is recreated at most once per MIN_RECREATE_SECONDS.
 # A multi-host slice (TPU_HOSTS > 1) is one TPU node: the same single delete and create (the
 # node's --accelerator-type, e.g. v4-32) replace every host at once; each new host's startup
-# script installs the payload again and worker 0 resumes from the checkpoints once every
-# host's TPU worker reports ready.
+# script installs the payload again and starts its JAX process, and the processes resume
+# together from worker 0's checkpoints once they have joined (jax.distributed.initialize).
 # Status: gs://…/runs/<job>/bootstrap/tpu-watch.json.
 readonly WATCH_DIR="${APP_DIR}/tpu-watch"
 readonly STARTUP_FILE="${WATCH_DIR}/tpu-startup.sh"
@@ -118,8 +118,8 @@ node_flags() {
   fi
 }
 
-# A slice's hosts are gone with its node: overwrite each host's status, so that worker 0 of
-# the next slice never takes an earlier `ready` (same IPs again) for its own workers.
+# A slice's hosts are gone with its node: overwrite each host's status, so that no status of
+# the deleted slice reads as one of the next slice's hosts.
 workers_gone() {
   local state="$1" i file
   file="$(mktemp)"

@@ -105,17 +105,18 @@ trainer_backend_env() {
   printf '%s\n' "Environment=TPU_PAYLOAD_BACKEND=${PAYLOAD_BACKEND}"
 }
 
-# The trainer unit, one definition for a single host and a slice's worker 0. It waits for
+# The trainer unit, one definition for a single host and every host of a slice. It waits for
 # the controller's data manifest, then trains; on failure systemd restarts it and it resumes
 # from the last checkpoint in the bucket; exit 2 (a user error, or no TPU found) stops it.
-# $1: Description suffix, $2: units it also waits for (" a.service"), $3: how TensorFlow
-# finds the TPU (Environment= lines), $4: further ExecStartPre= lines (or "").
+# $1: Description suffix, $2: the tpu-payload command ("" = train; a slice runs `run`),
+# $3: how the backend finds the TPU (Environment= lines), $4: further ExecStartPre= lines
+# (or "").
 install_trainer_unit() {
-  local about="$1" after="$2" tpu_env="$3" pre="$4"
+  local about="$1" command="${2:-train}" tpu_env="$3" pre="$4"
   install_unit tpu-pretrain-train.service "[Unit]
 Description=tpu-pretrain trainer for job ${JOB_NAME}${about}
-Wants=network-online.target${after}
-After=network-online.target${after}
+Wants=network-online.target
+After=network-online.target
 StartLimitIntervalSec=0
 
 [Service]
@@ -130,7 +131,7 @@ ${tpu_env}
 $(trainer_host_env)
 ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-manifest${pre:+
 ${pre}}
-ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload train --job ${JOB_URI}
+ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload ${command} --job ${JOB_URI}
 ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper stopped
 Restart=on-failure
 RestartSec=60
@@ -141,12 +142,15 @@ TimeoutStartSec=infinity
 WantedBy=multi-user.target"
 }
 
-# ---- a multi-host slice (TPU_HOSTS > 1): one script for every host, branching on the
-# worker index. Every host installs the same environment and runs TensorFlow's TPU worker
-# (gRPC, TPU_WORKER_PORT); worker 0 also runs the trainer, once every worker is ready.
-libtpu_path=""  # libtpu.so in the venv (set by tpu-main.sh; a slice's TPU worker loads it)
+# ---- a multi-host slice (TPU_HOSTS > 1; JAX only, infra/config.py resolve_backend): one
+# script for every host, which reads its worker index. Every host installs the same JAX
+# environment and runs the same trainer unit, one JAX process per host, as Google documents
+# JAX on slices (https://cloud.google.com/tpu/docs/jax-pods: the same program on every
+# worker; jax-ml/jax docs/multi_process.md: jax.distributed.initialize() with no arguments
+# on Cloud TPU). No TensorFlow TPU worker, nothing listening for the other hosts here: JAX's
+# own coordination service (on worker 0) joins the processes.
 WORKER=""  # this host's index in the slice (metadata agent-worker-number); empty on one host
-SLICE_IPS=""  # every host's internal IP, in worker order
+SLICE_IPS=""  # every host's address, in worker order (an IP, or a hostname: see read_slice)
 SLICE_NOTE=""  # set when the node's host count differs from the catalog's
 STATUS_NAME=""  # bootstrap status object: tpu-worker-<i> on a slice, the role otherwise
 readonly METADATA_ATTRIBUTES="http://metadata.google.internal/computeMetadata/v1/instance/attributes"
@@ -166,12 +170,14 @@ metadata_attr() {
   printf '%s\n' "${value}"
 }
 
-# This host's worker index and the slice's worker IPs. The TPU VM's metadata names both:
-# agent-worker-number, and worker-network-endpoints, one comma-separated entry per worker
-# whose third ':' field is its IP (tensorflow-tpu 2.19.1/2.20.0 grpc_tpu_worker.py reads the same
-# attributes the same way, and so does jax's cloud_tpu_cluster.py).
+# This host's worker index and the slice's workers, from the metadata JAX itself reads
+# (jax-ml/jax cec06d11 jax/_src/clusters/cloud_tpu_cluster.py GceTpuCluster: process id =
+# agent-worker-number; workers = worker-network-endpoints, comma-separated, each entry either
+# a hostname (the newer format) or name:id:ip (the older one, the IP in the third field)).
+# The index becomes the trainer's TPU_PRETRAIN_WORKER; jax.distributed.initialize() reads the
+# same attributes again by itself.
 read_slice() {
-  local endpoints entry ip ips=()
+  local endpoints entry addr fields ips=()
   if ! WORKER="$(metadata_attr agent-worker-number)" \
     || ! endpoints="$(metadata_attr worker-network-endpoints)"; then
     WORKER=""
@@ -181,12 +187,17 @@ read_slice() {
   fi
   IFS=',' read -r -a entries <<<"${endpoints}"
   for entry in "${entries[@]}"; do
-    ip="$(cut -d: -f3 <<<"${entry}")"
-    if ! [[ "${ip}" =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]]; then
+    fields="$(tr -cd ':' <<<"${entry}" | wc -c)"
+    case "${fields}" in
+      0) addr="${entry}" ;;
+      2) addr="$(cut -d: -f3 <<<"${entry}")" ;;
+      *) addr="" ;;
+    esac
+    if ! [[ "${addr}" =~ ^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$ ]]; then
       ips=()
       break
     fi
-    ips+=("${ip}")
+    ips+=("${addr}")
   done
   if ! [[ "${WORKER}" =~ ^[0-9]+$ ]] || [ "${#ips[@]}" -lt 2 ] \
     || [ "${WORKER}" -ge "${#ips[@]}" ]; then
@@ -205,76 +216,14 @@ read_slice() {
   log "worker ${WORKER} of a ${#ips[@]}-host slice (workers ${SLICE_IPS})${SLICE_NOTE}"
 }
 
-# The workers' endpoints in worker order, the trainer's TPU_NAME (payload/strategy.py).
-slice_tpu_name() {
-  local ip out=""
-  IFS=',' read -r -a ips <<<"${SLICE_IPS}"
-  for ip in "${ips[@]}"; do
-    out="${out:+${out},}grpc://${ip}:${TPU_WORKER_PORT}"
-  done
-  echo "${out}"
-}
-
-# shellcheck disable=SC2016  # $0/$1 belong to the inner bash
-port_open() {
-  timeout 2 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$1" "$2" 2>/dev/null
-}
-
-# The TPU worker unit's ExecStartPost: ready once the local gRPC port accepts connections.
-worker_ready() {
-  local waited=0
-  while ! port_open 127.0.0.1 "${TPU_WORKER_PORT}"; do
-    if [ "${waited}" -ge 600 ]; then
-      STATUS_NAME="tpu-worker-${WORKER}" write_status failed "TPU worker ${WORKER} does not accept connections on port ${TPU_WORKER_PORT} after ${waited}s (journalctl -u tpu-pretrain-tpu-worker); systemd restarts it"
-      return 1
-    fi
-    sleep 5
-    waited=$((waited + 5))
-  done
-  STATUS_NAME="tpu-worker-${WORKER}" write_status ready "TPU worker ${WORKER} serves on port ${TPU_WORKER_PORT}"
-}
-
-worker_stopped() {
-  STATUS_NAME="tpu-worker-${WORKER}" write_status restarting "TPU worker ${WORKER} ended (${SERVICE_RESULT:-unknown}, exit ${EXIT_STATUS:-none}); systemd restarts it in 10s"
-}
-
-# Worker 0's trainer starts once every host's status says ready for this very slice (the
-# same worker IPs: a status left by a slice before a recreation does not count).
-wait_workers() {
-  local waited=0 i dir file state reason previous="" waiting hosts
-  hosts="$(tr ',' '\n' <<<"${SLICE_IPS}" | wc -l)"
-  gcs_cli
-  dir="$(mktemp -d)"
-  while true; do
-    waiting=""
-    for ((i = 0; i < hosts; i++)); do
-      file="${dir}/tpu-worker-${i}.json"
-      rm -f "${file}"
-      if ! gcs cp "${RUN_ROOT}/bootstrap/tpu-worker-${i}.json" "${file}" >/dev/null 2>&1; then
-        state="no status yet"
-      elif ! grep -qF "\"slice\": \"${SLICE_IPS}\"" "${file}"; then
-        state="status of an earlier slice"
-      else
-        state="$(sed -n 's/.*"state": "\([a-z-]*\)".*/\1/p' "${file}")"
-      fi
-      if [ "${state}" != ready ]; then
-        waiting="${waiting:+${waiting}, }${i} (${state:-unknown})"
-      fi
-    done
-    if [ -z "${waiting}" ]; then
-      rm -rf "${dir}"
-      write_status starting "all ${hosts} TPU workers are ready after ${waited}s; the trainer starts"
-      return 0
-    fi
-    reason="waiting for the slice's TPU workers: ${waiting} (see ${RUN_ROOT}/bootstrap/tpu-worker-<i>.json)"
-    log "${reason}, ${waited}s so far"
-    if [ "${reason}" != "${previous}" ]; then
-      write_status waiting "${reason}"
-      previous="${reason}"
-    fi
-    sleep 30
-    waited=$((waited + 30))
-  done
+# The trainer's bootstrap status object: the role's (tpu.json) on one host and on a slice's
+# worker 0, whose process writes the job's outputs; tpu-worker-<i>.json on any other worker.
+trainer_status_name() {
+  if [ -n "${WORKER}" ] && [ "${WORKER}" != 0 ]; then
+    printf '%q\n' "tpu-worker-${WORKER}"
+  else
+    printf '%q\n' ""
+  fi
 }
 
 install_helper() {
@@ -291,81 +240,35 @@ set -Euo pipefail
 export PATH=${sdk_path}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 $(declare -p SANDBOX_ROOT APP_DIR RETRY_ATTEMPTS LOG_TAG CONSOLE TRANSIENT_ERRORS)
 $(declare -p ROLE RUN_ROOT MANIFEST_URI STATUS_URI PAYLOAD_SHA256)
-$(declare -p TPU_HOSTS TPU_WORKER_PORT WORKER SLICE_IPS)
+$(declare -p TPU_HOSTS WORKER SLICE_IPS)
 GCS_CLI=''
-STATUS_NAME=''
+STATUS_NAME=$(trainer_status_name)
 $(declare -p HOST_CHECKS)
 $(declare -f log retry_gcloud gcs_cli gcs write_status wait_manifest trainer_stopped)
-$(declare -f port_open worker_ready worker_stopped wait_workers)
 case \"\${1:-}\" in
   wait-manifest) wait_manifest ;;
-  wait-workers) wait_workers ;;
   stopped) trainer_stopped ;;
-  worker-ready) worker_ready ;;
-  worker-stopped) worker_stopped ;;
-  *) echo \"usage: \$0 wait-manifest|wait-workers|stopped|worker-ready|worker-stopped\" >&2; exit 2 ;;
+  *) echo \"usage: \$0 wait-manifest|stopped\" >&2; exit 2 ;;
 esac"
   if write_if_changed "${HELPER}" 0755 "${body}"; then
     log "helper ${HELPER} installed"
   fi
 }
 
-# A slice host: TensorFlow's TPU worker on every host (the tensorflow-tpu wheel's console
-# script start_grpc_tpu_worker = tensorflow/python/tools/grpc_tpu_worker.py, which reads
-# agent-worker-number, accelerator-type and worker-network-endpoints from the metadata server
-# itself and serves on TPU_TASK_PORT); on worker 0 also the trainer, as a TPUStrategy client
-# of every worker: TPU_NAME=grpc://<ip0>:8470,... in worker order and TPU_LOAD_LIBRARY=0
-# (the local TPU worker owns this host's chips), without the single-host PJRT variables
-# (payload/strategy.py refuses TF_PLUGGABLE_DEVICE_LIBRARY_PATH on a slice).
+# A slice host: the same trainer unit on every host, with the single-host JAX unit's
+# environment (tpu-main.sh) plus TPU_PAYLOAD_JAX_DISTRIBUTED=auto (the payload calls
+# jax.distributed.initialize() with no arguments: Cloud TPU auto-detection) and
+# TPU_PRETRAIN_WORKER (this host's index: worker 0 runs every stage and writes status,
+# checkpoints and the export; any other worker takes no lease, waits for worker 0's data
+# manifest, trains as its own JAX process on its own shards and writes nothing). `run`, not
+# `train`: the payload's CLI decides per worker which stages it runs. The image's own
+# services (tpu-runtime.service among them) are left as they are.
 slice_units() {
-  local units=(tpu-pretrain-tpu-worker.service)
-  if [ ! -x "${APP_DIR}/venv/bin/start_grpc_tpu_worker" ]; then
-    write_status failed "the installed tensorflow-tpu has no start_grpc_tpu_worker (the TPU worker of a slice); check requirements/tpu-vm.txt"
-    exit 1
-  fi
-  # The -pod TF images run the TPU worker in a `tpu-runtime` service on the same port
-  # (tensorflow/tpu tools/grpc_tpu_worker/README.md stops it first); the base images are not
-  # known to have it: stop it only where it exists.
-  if systemctl cat tpu-runtime.service >/dev/null 2>&1; then
-    log "stopping tpu-runtime.service (it would hold port ${TPU_WORKER_PORT})"
-    systemctl disable --now tpu-runtime.service || log "could not stop tpu-runtime.service"
-  fi
-  # TPU_LIBRARY_PATH: the libtpu the worker loads (TensorFlow's FindAndLoadTpuLibrary reads
-  # it; without it TF looks next to its own wheel).
-  install_unit tpu-pretrain-tpu-worker.service "[Unit]
-Description=tpu-pretrain TensorFlow TPU worker ${WORKER} (gRPC port ${TPU_WORKER_PORT})
-Wants=network-online.target
-After=network-online.target
-StartLimitIntervalSec=0
-
-[Service]
-Type=simple
-SyslogIdentifier=tpu-pretrain-tpu-worker
-Environment=PYTHONUNBUFFERED=1
-Environment=TPU_TASK_PORT=${TPU_WORKER_PORT}
-Environment=TPU_LIBRARY_PATH=${libtpu_path}
-ExecStart=/opt/tpu-pretrain/venv/bin/start_grpc_tpu_worker
-ExecStartPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper worker-ready
-ExecStopPost=/opt/tpu-pretrain/bin/tpu-pretrain-helper worker-stopped
-Restart=always
-RestartSec=10
-TimeoutStartSec=900
-
-[Install]
-WantedBy=multi-user.target"
-  if [ "${WORKER}" = 0 ]; then
-    install_trainer_unit " (worker 0 of the ${ACCELERATOR_TYPE} slice)" \
-      " tpu-pretrain-tpu-worker.service" \
-      "Environment=TPU_NAME=$(slice_tpu_name)
-Environment=TPU_LOAD_LIBRARY=0" \
-      "ExecStartPre=/opt/tpu-pretrain/bin/tpu-pretrain-helper wait-workers"
-    units+=(tpu-pretrain-train.service)
-  fi
+  install_trainer_unit " (worker ${WORKER} of the ${ACCELERATOR_TYPE} slice)" run \
+    "Environment=JAX_PLATFORMS=tpu
+Environment=TPU_PAYLOAD_JAX_DISTRIBUTED=auto
+Environment=TPU_PRETRAIN_WORKER=${WORKER}" ""
   log "step 4/4: start"
-  start_units "${units[@]}"
-  if [ "${WORKER}" = 0 ]; then
-    write_status started "TPU worker and trainer units started; the trainer waits for ${MANIFEST_URI} and for every worker's TPU server"
-  else
-    write_status started "TPU worker unit started; worker 0 trains once every worker is ready"
-  fi
+  start_units tpu-pretrain-train.service
+  write_status started "trainer unit started on worker ${WORKER}; it waits for ${MANIFEST_URI}, then joins the other workers' JAX processes (jax.distributed.initialize)"
 }

@@ -7,6 +7,7 @@ variables, python3, gcloud, gsutil and the installed libtpu are the test's."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import stat
 
@@ -137,7 +138,11 @@ def test_a_slice_host_records_its_worker_endpoints_runtime_unit_and_tpu_env(sand
     tpu_env.mkdir(parents=True)
     raw = "ACCELERATOR_TYPE: 'v4-32'\nTOPOLOGY: \"2x2x4\"\tWORKER_ID: \\1\x07\n"
     (tpu_env / "tpu-env").write_text(raw)
-    result = sandbox.run(_script(run, "tpu-vm"))
+    # A slice installs the JAX environment: its libtpu is the JAX overlay's.
+    script = _script(run, "tpu-vm")
+    libtpu = re.search(r"^readonly EXPECT_LIBTPU=(\S+)$", script, re.MULTILINE).group(1)
+    assert libtpu != render.read_pins().libtpu
+    result = sandbox.run(script, STUB_LIBTPU_VERSION=libtpu)
     assert result.returncode == 0, result.stderr
     doc = _facts(sandbox, bucket, "bert-base-mlm", "tpu-worker-1")
     facts = doc["facts"]

@@ -298,26 +298,49 @@ def test_release_when_done_needs_the_watchdog():
     )
 
 
-def test_the_catalog_lists_multi_host_slices_with_hosts_and_chips():
-    """Hosts x chips per host: cloud.google.com/tpu/docs/v4, /v5e, /v5p (catalog.yaml)."""
+SUPPORTED_SLICES = {
+    "v4-16": (2, 4, 8),
+    "v4-32": (4, 4, 16),
+    "v5litepod-16": (4, 4, 16),
+    "v5litepod-32": (8, 4, 32),
+    "v5p-32": (4, 4, 16),
+}
+
+
+def test_the_catalog_lists_only_slices_with_evidence_of_jax_on_them():
+    """Hosts x chips per host: google/xpk system_characteristics; each slice names the Google
+    doc or CI job that runs JAX on exactly that type (catalog.yaml, docs/pod-slices.md)."""
     catalog = load_catalog()
     shapes = {
         name: (shape.hosts, shape.chips_per_host, shape.replicas)
         for name, shape in catalog.slices.items()
     }
-    assert shapes == {"v4-32": (4, 4, 16), "v5litepod-16": (4, 4, 16), "v5p-16": (2, 4, 8)}
+    assert shapes == SUPPORTED_SLICES
+    for name, shape in catalog.slices.items():
+        assert shape.source.startswith(("ran: ", "documented: ")), name
+        assert catalog.generation_of(name).name in ("v4", "v5e", "v5p")
+        assert [zone for zone, types in catalog.zones.items() if name in types], name
     assert catalog.slice_of("v4-8") is None
     assert "v4-32" in catalog.zones["us-central2-b"]
     assert catalog.generation_of("v4-32").images[0] == "v2-alpha-tpuv5"
     assert catalog.generation_of("v5litepod-16").images[0] == "v2-alpha-tpuv5-lite"
-    assert catalog.generation_of("v5p-16").images[0] == "v2-alpha-tpuv5"
+    assert catalog.generation_of("v5p-32").images[0] == "v2-alpha-tpuv5"
+    # v5p-16: only GKE (xpk) runs found, no Cloud TPU VM doc or CI job: not listed.
+    assert "v5p-16" not in catalog.accelerators
+    assert catalog.unlisted_slice("v5p-16") and catalog.unlisted_slice("v6e-16")
+    assert not catalog.unlisted_slice("v5p-8") and not catalog.unlisted_slice("v4-32")
 
 
-def test_the_catalog_refuses_a_slice_of_one_host(tmp_path):
+def test_the_catalog_refuses_a_slice_of_one_host_or_without_a_source(tmp_path):
     text = (ROOT / "infra/catalog.yaml").read_text()
     bad = tmp_path / "catalog.yaml"
-    bad.write_text(text.replace("v5p-16: {hosts: 2,", "v5p-16: {hosts: 1,"))
-    with pytest.raises(ValueError, match="slice v5p-16 needs hosts >= 2"):
+    bad.write_text(text.replace("  v5p-32:\n    hosts: 4\n", "  v5p-32:\n    hosts: 1\n"))
+    with pytest.raises(ValueError, match="slice v5p-32 needs hosts >= 2"):
+        load_catalog(bad)
+    start = text.index("  v5p-32:\n    hosts: 4\n")
+    end = text.index("\nzones:")
+    bad.write_text(text[:start] + "  v5p-32: {hosts: 4, chips_per_host: 4}\n" + text[end:])
+    with pytest.raises(ValueError, match="slice v5p-32 has no source"):
         load_catalog(bad)
 
 
@@ -353,18 +376,10 @@ def test_a_slice_refuses_a_global_batch_that_does_not_split_over_its_replicas(tm
         f"tpu-pretrain:job: {job!r}: train.global_batch_size 100 must be a multiple of the 16 "
         "replicas of v4-32 (4 hosts x 4 chips); e.g. 96 or 112"
     )
-    # v5p-16 has 2 hosts x 4 chips: 100 is no multiple of 8 either.
-    message = config_error(
-        "v4-32-usc2",
-        {
-            K + "job": job,
-            K + "tpuZone": "us-east5-a",
-            K + "acceleratorType": "v5p-16",
-            K + "vpnZone": "asia-northeast3-a",
-        },
-    )
+    # v4-16 has 2 hosts x 4 chips: 100 is no multiple of 8 either.
+    message = config_error("v4-32-usc2", {K + "job": job, K + "acceleratorType": "v4-16"})
     assert message.endswith(
-        "must be a multiple of the 8 replicas of v5p-16 (2 hosts x 4 chips); e.g. 96 or 104"
+        "must be a multiple of the 8 replicas of v4-16 (2 hosts x 4 chips); e.g. 96 or 104"
     )
 
 
@@ -376,7 +391,16 @@ def test_a_slice_takes_the_payloads_default_batch_and_single_hosts_are_not_check
 
 
 def test_a_slice_type_is_refused_where_the_zone_does_not_offer_it():
-    assert config_error("v4-32-usc2", {K + "acceleratorType": "v5p-16"}) == (
-        "tpu-pretrain:acceleratorType: 'v5p-16' is not offered in us-central2-b; offered "
-        "there: v4-8, v4-32"
+    assert config_error("v4-32-usc2", {K + "acceleratorType": "v5p-32"}) == (
+        "tpu-pretrain:acceleratorType: 'v5p-32' is not offered in us-central2-b; offered "
+        "there: v4-8, v4-16, v4-32"
+    )
+
+
+@pytest.mark.parametrize("accelerator_type", ["v5p-16", "v4-64", "v5litepod-64", "v6e-16"])
+def test_a_slice_type_without_evidence_is_refused_naming_the_supported_ones(accelerator_type):
+    assert config_error("v4-32-usc2", {K + "acceleratorType": accelerator_type}) == (
+        f"tpu-pretrain:acceleratorType: {accelerator_type!r} is a multi-host slice that no "
+        "Google doc or CI job shows running JAX on Cloud TPU VMs; supported slices: v4-16, "
+        "v4-32, v5litepod-16, v5litepod-32, v5p-32 (infra/catalog.yaml, docs/pod-slices.md)"
     )

@@ -26,6 +26,7 @@ RUN_IDENTITY = "run.json"
 # ckpt-<step>_temp/ and merges it into place ("on failure ... an orphaned temporary directory
 # can be safely removed": tensorflow/python/checkpoint/functional_saver.py).
 _INTERRUPTED_WRITE = re.compile(r"^ckpt-\d+_temp$")
+_ANY_CHECKPOINT = re.compile(r"^ckpt-\d+\.(index|npz)$")
 
 
 def identity(
@@ -61,9 +62,19 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
 
 
+def any_checkpoints(checkpoint_dir: str) -> bool:
+    """Whether `checkpoint_dir` holds a checkpoint of either backend (TF's ckpt-N.index,
+    the JAX backend's ckpt-N.npz): a run of the other backend must not start over there."""
+    if not storage.is_dir(checkpoint_dir):
+        return False
+    return any(_ANY_CHECKPOINT.match(name) for name in storage.listdir(checkpoint_dir))
+
+
 def check_identity(checkpoint_dir: str, current: dict[str, Any], *, has_checkpoint: bool) -> None:
-    """Write run.json for a fresh run; for a resumed run, DataError if anything changed."""
+    """Write run.json for a fresh run; for a resumed run, DataError if anything changed
+    (also when the checkpoints there are the other backend's, which this one cannot read)."""
     path = storage.join(checkpoint_dir, RUN_IDENTITY)
+    has_checkpoint = has_checkpoint or any_checkpoints(checkpoint_dir)
     if not has_checkpoint or not storage.exists(path):
         storage.write_text(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
         return

@@ -28,6 +28,7 @@ import math
 from typing import Any
 
 import keras
+import ml_dtypes
 import numpy as np
 from keras import layers, ops
 
@@ -231,7 +232,8 @@ class CausalLM(keras.Model):
 
 
 def _most_negative(dtype: Any) -> float:
-    return float(np.finfo(keras.backend.standardize_dtype(dtype)).min)
+    # ml_dtypes' finfo knows bfloat16 (numpy's does not) as well as numpy's own types.
+    return float(ml_dtypes.finfo(keras.backend.standardize_dtype(dtype)).min)
 
 
 def _padding_bias(attention_mask: Any, dtype: Any) -> Any:

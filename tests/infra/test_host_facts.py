@@ -63,6 +63,11 @@ def _facts(box: Sandbox, bucket: str, job: str, name: str) -> dict:
     return doc
 
 
+def _expected_libtpu(script: str) -> str:
+    """The libtpu the rendered script expects: its backend's overlay's."""
+    return re.search(r"^readonly EXPECT_LIBTPU=(\S+)$", script, re.MULTILINE).group(1)
+
+
 def _bootstrap(box: Sandbox, bucket: str, job: str, name: str) -> dict:
     return json.loads((box.gcs / bucket / f"runs/{job}/bootstrap/{name}.json").read_text())
 
@@ -79,13 +84,16 @@ def test_a_tpu_vm_that_matches_the_catalog(tpu_run, sandbox):  # noqa: F811
     assert facts["python"] == "3.10" and facts["gcloud"] == "499.0.0"
     assert facts["gsutil"] == "5.31" and facts["image"] == "v2-alpha-tpuv6e"
     assert facts["accelerator_type"] == "v6e-8" and facts["secure_boot"] == "enabled"
-    assert facts["libtpu"] == render.read_pins().libtpu
+    # v6e installs the JAX environment (auto): its libtpu is the JAX overlay's.
+    libtpu = _expected_libtpu(_script(tpu_run, "tpu-vm"))
+    assert libtpu == "0.0.42.1"
+    assert facts["libtpu"] == libtpu
     assert facts["tpu_runtime_unit"] == "absent" and facts["tpu_env"] == ""
     assert doc["expected"] == {
         "python": "3.10",
         "accelerator_type": "v6e-8",
         "machine_type": "",
-        "libtpu": render.read_pins().libtpu,
+        "libtpu": libtpu,
         "gpus": "",
         "secure_boot": "true",
     }
@@ -106,11 +114,11 @@ def test_every_mismatch_is_one_line_in_the_bootstrap_status(tpu_run, sandbox):  
         _script(tpu_run, "tpu-vm"), STUB_PYTHON_VERSION="3.12", STUB_LIBTPU_VERSION="0.0.21"
     )
     assert result.returncode == 0, result.stderr  # reported, not fatal
-    pins = render.read_pins()
+    libtpu = _expected_libtpu(_script(tpu_run, "tpu-vm"))
     lines = [
         "catalog says python 3.10 on v2-alpha-tpuv6e; this VM has 3.12",
         "catalog says accelerator type v6e-8; this VM has v5litepod-8",
-        f"catalog says libtpu {pins.libtpu}; this VM has 0.0.21",
+        f"catalog says libtpu {libtpu}; this VM has 0.0.21",
         "catalog says secure boot enabled; this VM has disabled",
     ]
     assert _facts(sandbox, bucket, "gpt2-small-clm", "tpu")["mismatches"] == lines

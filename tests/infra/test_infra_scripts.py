@@ -228,7 +228,10 @@ fi
 echo "$(basename "$0") $*" >>"$CALLS"
 if [ "$(basename "$0")" = python ]; then
   case "$*" in
-    *importlib.metadata*) echo "${STUB_LIBTPU_VERSION:-0.0.10}" ;;  # tpu-vm.txt's libtpu
+    *importlib.metadata*)  # the libtpu pip was asked to install (else STUB_LIBTPU_VERSION)
+      installed="$(cat "$STATE"/requirements-*.txt 2>/dev/null | sed -n 's/^libtpu==//p')"
+      installed="$(printf '%s\n' "$installed" | tail -n 1)"
+      echo "${STUB_LIBTPU_VERSION:-${installed:-0.0.10}}" ;;
     *) echo "lib/python3.10/site-packages/libtpu/libtpu.so" ;;
   esac
 fi

@@ -197,7 +197,9 @@ def test_backend_choice_follows_the_job_then_the_catalog(tmp_path):
         # The controller's wheelhouse is built for the environment's Python.
         assert controller["TPU_PYTHON_VERSION"] == ("3.11" if backend == "jax" else "3.10")
         assert tpu["EXPECT_PYTHON"] == "3.10"  # the image's python3 (host check)
-        assert tpu["EXPECT_LIBTPU"] == ("0.0.42.1" if backend == "jax" else "0.0.14")
+        assert tpu["EXPECT_LIBTPU"] == (
+            "0.0.42.1" if backend == "jax" else render.read_pins().libtpu
+        )
 
 
 def test_a_bad_backend_jax_on_a_gpu_and_tf_on_a_slice_are_config_errors(tmp_path):

@@ -3,7 +3,7 @@ keras.ops, and several optimizer steps per compiled call.
 
 On JAX, Keras' own `steps_per_execution` is a Python loop around a one-step compiled
 function (the spike in docs/backends.md measured no gain from it), so the steps of one call
-are a `jax.lax.scan` inside one `jax.jit`: the host dispatches once per `steps_per_call`
+are a `jax.lax.fori_loop` inside one `jax.jit`: the host dispatches once per `steps_per_call`
 steps. The model and the optimizer run through Keras' stateless API (`stateless_call`,
 `stateless_apply`): the state is an explicit pytree of arrays that the caller keeps, and
 writes back into the Keras variables only when it checkpoints or exports.
@@ -79,13 +79,16 @@ def make_train_chunk(
     objective: str,
     *,
     state_sharding: Any = None,
-) -> Callable[[TrainState, Mapping[str, Any]], tuple[TrainState, dict[str, Any]]]:
-    """A compiled function (state, batches with a leading [K] axis) -> (state, metrics [K]):
-    K optimizer steps in one call. The loss is the mean over the batch's predicted tokens.
+) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
+    """A compiled function (state, batches with a leading [K] axis[, n]) -> (state, metrics
+    [K]): the first n optimizer steps of the K batches in one call (n defaults to K; metrics
+    past n are 0). The loss is the mean over the batch's predicted tokens.
 
-    `state_sharding` (the trainer's: replicated over the mesh) pins where the new state
-    lives; the old state's buffers are donated to it (no second copy of the weights and
-    optimizer slots on the devices)."""
+    `n` is traced, not static: a chunk cut short by a log/checkpoint/eval boundary runs the
+    same compiled program with the batches' tail unused, instead of compiling another one
+    (on a TPU a compilation of a large model takes minutes). `state_sharding` (the
+    trainer's: replicated over the mesh) pins where the new state lives; the old state's
+    buffers are donated to it (no second copy of the weights and optimizer slots)."""
 
     def loss_fn(trainable: list[Any], non_trainable: list[Any], batch: Mapping[str, Any]):
         inputs, labels, weights = model_inputs(objective, batch)
@@ -104,14 +107,27 @@ def make_train_chunk(
         trainable, optimizer_vars = optimizer.stateless_apply(
             state.optimizer, grads, state.trainable
         )
-        return TrainState(trainable, non_trainable, optimizer_vars), {
-            "loss": loss,
-            "accuracy": accuracy,
-            "grad_norm": norm,
-        }
+        return TrainState(trainable, non_trainable, optimizer_vars), (loss, accuracy, norm)
 
-    def train_chunk(state: TrainState, batches: Mapping[str, Any]):
-        return jax.lax.scan(one_step, state, dict(batches))
+    def train_chunk(state: TrainState, batches: Mapping[str, Any], n: Any = None):
+        batches = dict(batches)
+        k = next(iter(batches.values())).shape[0]
+        if n is None:
+            n = k
+        zeros = jnp.zeros([k], jnp.float32)
+
+        def body(i: Any, carry: tuple[TrainState, tuple[Any, Any, Any]]):
+            state, (losses, accuracies, norms) = carry
+            batch = {name: jax.lax.dynamic_index_in_dim(x, i, keepdims=False)
+                     for name, x in batches.items()}  # fmt: skip
+            state, (loss, accuracy, norm) = one_step(state, batch)
+            return state, (losses.at[i].set(loss), accuracies.at[i].set(accuracy),
+                           norms.at[i].set(norm))  # fmt: skip
+
+        state, (losses, accuracies, norms) = jax.lax.fori_loop(
+            0, n, body, (state, (zeros, zeros, zeros))
+        )
+        return state, {"loss": losses, "accuracy": accuracies, "grad_norm": norms}
 
     if state_sharding is None:
         return jax.jit(train_chunk)

@@ -286,8 +286,17 @@ class _Pipelines:
         return out
 
 
-def _stack(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+def _stack(batches: list[dict[str, np.ndarray]], length: int) -> dict[str, np.ndarray]:
+    """The batches on a leading axis of `length` (one compiled chunk shape); the slots past
+    the real batches are zeros that the chunk does not run (steps.make_train_chunk's n)."""
+    out = {}
+    for key in batches[0]:
+        stacked = np.stack([b[key] for b in batches])
+        if len(batches) < length:
+            pad = np.zeros((length - len(batches), *stacked.shape[1:]), stacked.dtype)
+            stacked = np.concatenate([stacked, pad])
+        out[key] = stacked
+    return out
 
 
 class Evaluator:
@@ -617,8 +626,10 @@ class _TrainLoop:
                 eval_every=eval_every,
             )
 
+        length = self.rt.steps_per_execution
+
         def load(n: int) -> dict[str, Any]:
-            host = _stack([self.pipelines.next_host_batch(batches) for _ in range(n)])
+            host = _stack([self.pipelines.next_host_batch(batches) for _ in range(n)], length)
             return self.pipelines.to_devices(host, chunk=True)
 
         step, total = start_step, spec.steps
@@ -630,14 +641,15 @@ class _TrainLoop:
         ready = load(n)
         try:
             while step < total:
-                state, metrics = self.train_chunk(state, ready)  # runs while the host reads on
+                # Runs on the devices while the host reads the next chunk.
+                state, metrics = self.train_chunk(state, ready, np.int32(n))
                 following = step + n
                 if following < total:
                     next_n = chunk_after(following)
                     ready = load(next_n)
-                losses = np.asarray(metrics["loss"])
-                loss, accuracy = float(losses.mean()), float(np.asarray(metrics["accuracy"]).mean())
-                norm = float(np.asarray(metrics["grad_norm"])[-1])
+                loss = float(np.asarray(metrics["loss"])[:n].mean())
+                accuracy = float(np.asarray(metrics["accuracy"])[:n].mean())
+                norm = float(np.asarray(metrics["grad_norm"])[n - 1])
                 step = following
                 bar.update(n)
                 meter.record(step, n, loss, accuracy)

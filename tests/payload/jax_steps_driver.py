@@ -81,6 +81,18 @@ for family in sys.argv[1:]:
         for a, b in zip(four.trainable, state.trainable, strict=True)
     )
     loss_gap = float(np.abs(np.asarray(metrics4["loss"]) - np.asarray(singles)).max())
+    # A chunk cut short: n = 2 of 4 batch slots (the rest zeros) == a 2-step call.
+    padded = {k: np.concatenate([v[:2], np.zeros_like(v[2:4])]) for k, v in data.items()}
+    two_of_four, metrics_n = chunk(start, padded, np.int32(2))
+    two, metrics2 = chunk(start, take(data, 0, 2))
+    partial_gap = max(
+        float(np.abs(np.asarray(a) - np.asarray(b)).max())
+        for a, b in zip(two_of_four.trainable, two.trainable, strict=True)
+    )
+    unused = np.asarray(metrics_n["loss"])[2:].tolist()
+    partial_loss_gap = float(
+        np.abs(np.asarray(metrics_n["loss"])[:2] - np.asarray(metrics2["loss"])).max()
+    )
 
     # The loss is the weighted mean cross entropy at the predicted positions (numpy check).
     one = {k: v[0] for k, v in take(data, 0, 1).items()}
@@ -117,6 +129,9 @@ for family in sys.argv[1:]:
                 "devices": [d.platform for d in jax.devices()],
                 "weight_gap": weight_gap,
                 "loss_gap": loss_gap,
+                "partial_gap": partial_gap,
+                "partial_loss_gap": partial_loss_gap,
+                "unused": unused,
                 "terms_gap": terms_gap,
                 "first_loss": float(np.mean(losses[:4])),
                 "last_loss": float(np.mean(losses[-4:])),

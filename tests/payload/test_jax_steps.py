@@ -1,5 +1,6 @@
 """The JAX backend's compiled training steps (payload/jax_backend/steps.py), on CPU: K steps
-in one compiled call give what K one-step calls give, the loss is the TF backend's loss
+in one compiled call give what K one-step calls give (and n < K steps of a K-slot call what
+an n-step call gives), the loss is the TF backend's loss
 (weighted mean cross entropy at the predicted positions), and a tiny BERT and GPT-2 learn a
 cyclic synthetic corpus. Run in a fresh process: Keras 3 picks its backend at import."""
 
@@ -31,6 +32,9 @@ def test_jax_training_steps_bert_and_gpt2() -> None:
         # One scan of 4 steps == 4 one-step calls (same RNG for dropout, same updates).
         assert run["weight_gap"] <= 1e-5 and run["loss_gap"] <= 1e-5, run
         assert run["terms_gap"] <= 1e-5, run
+        # n steps of a K-slot chunk (n traced: one compiled program) == an n-step chunk.
+        assert run["partial_gap"] <= 1e-5 and run["partial_loss_gap"] <= 1e-5, run
+        assert run["unused"] == [0.0, 0.0], run
         assert run["steps"] == 48 and run["iterations"] == 48, run
         assert run["last_loss"] < 0.7 * run["first_loss"], run  # bert: 3.34 -> 2.02 here
         assert run["written_gap"] == 0.0, run

@@ -22,6 +22,27 @@ BUCKET = "payload-tests"
 EMULATOR_START_TIMEOUT_S = 120.0  # a hang guard: the server answers within a second
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _jax_compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One JAX compilation cache for every process of this test run (the xdist workers share
+    the parent of their base temp dir): the JAX backend's tests train the same tiny models in
+    child processes, which compile the same programs. A cache of compiled programs only
+    (jax's persistent compilation cache, keyed by the program and the compiler), not of
+    results; `JAX_COMPILATION_CACHE_DIR` set by the caller wins."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        yield
+        return
+    base = tmp_path_factory.getbasetemp()
+    run_root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    cache = run_root / "jax-compilation-cache"
+    cache.mkdir(exist_ok=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(cache)
+    try:
+        yield
+    finally:
+        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -41,6 +41,17 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobSpec, dict]:
     return job, doc
 
 
+@pytest.fixture(scope="module")
+def five_steps(prepared, tmp_path_factory: pytest.TempPathFactory) -> JobSpec:
+    """A JAX run of 5 steps that stopped after its step-5 checkpoint (export removed)."""
+    root = tmp_path_factory.mktemp("five-steps")
+    job = _job(prepared, root, steps=5)
+    result = run_cli("train", "--job", str(root / "job.yaml"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    shutil.rmtree(job.paths.export)
+    return job
+
+
 def _job(prepared: tuple[JobSpec, dict], root: Path, **train: object) -> JobSpec:
     source, doc = prepared
     doc = json.loads(json.dumps(doc))
@@ -69,35 +80,28 @@ def test_a_tpu_vm_whose_jax_finds_no_tpu_is_one_line(prepared, tmp_path: Path) -
     assert not list(Path(job.paths.checkpoints).glob("ckpt-*"))
 
 
-def test_a_nan_loss_stops_with_one_line_and_keeps_the_checkpoint(prepared, tmp_path) -> None:
-    job = _job(prepared, tmp_path, steps=5)
-    assert run_cli("train", "--job", str(tmp_path / "job.yaml")).returncode == 0
-    shutil.rmtree(job.paths.export)
+def test_a_nan_loss_stops_with_one_line_and_keeps_the_checkpoint(
+    prepared, five_steps, tmp_path
+) -> None:
     # Poison the step-5 checkpoint's weights, then ask for 5 more steps.
-    path = Path(job.paths.checkpoints, "ckpt-5.npz")
-    with np.load(path) as data:
+    with np.load(Path(five_steps.paths.checkpoints, "ckpt-5.npz")) as data:
         arrays = {name: data[name] for name in data.files}
     name = next(k for k in arrays if k.startswith("trainable/"))
     arrays[name] = np.full_like(arrays[name], np.nan)
+    job = _job(prepared, tmp_path / "more", steps=10)
+    shutil.copytree(five_steps.paths.checkpoints, job.paths.checkpoints)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    path.write_bytes(buffer.getvalue())
-    job = _job(prepared, tmp_path / "more", steps=10)
-    shutil.copytree(path.parent, job.paths.checkpoints, dirs_exist_ok=True)
+    Path(job.paths.checkpoints, "ckpt-5.npz").write_bytes(buffer.getvalue())
     result = run_cli("train", "--job", str(tmp_path / "more" / "job.yaml"))
     assert_user_error(result, r"^error: loss became nan between steps 5 and 10 ")
     assert sorted(p.name for p in Path(job.paths.checkpoints).glob("ckpt-*")) == ["ckpt-5.npz"]
     assert not training.is_complete(job)
 
 
-def test_checkpoints_of_the_other_backend_are_refused(prepared, tmp_path: Path) -> None:
-    job = _job(prepared, tmp_path, steps=5)
-    assert run_cli("train", "--job", str(tmp_path / "job.yaml")).returncode == 0
-    shutil.rmtree(job.paths.export)
-    _, doc = prepared
-    doc = json.loads(json.dumps(doc))
-    doc["train"].update(steps=10, backend="tf")
-    write_job(tmp_path, {**doc, "output": job.output})
+def test_checkpoints_of_the_other_backend_are_refused(prepared, five_steps, tmp_path) -> None:
+    job = _job(prepared, tmp_path, steps=10, backend="tf")
+    shutil.copytree(five_steps.paths.checkpoints, job.paths.checkpoints)
     result = run_cli("train", "--job", str(tmp_path / "job.yaml"))
     assert_user_error(result, r"belong to a different run \(backend: 'jax' -> 'tf'\)")
 

@@ -53,6 +53,22 @@ def identity(
     }
 
 
+def identity_of(
+    job: Any, manifest: Any, model_config: Mapping[str, Any], *, backend: str
+) -> dict[str, Any]:
+    """`identity` of a job (payload.spec.JobSpec) trained on `manifest`'s data."""
+    return identity(
+        model_config=model_config,
+        family=job.model.family,
+        objective=job.data.objective,
+        seq_length=manifest.seq_length,
+        tokenizer_sha256=manifest.tokenizer_sha256,
+        global_batch_size=job.train.global_batch_size,
+        seed=job.train.seed,
+        backend=backend,
+    )
+
+
 def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
         out: list[str] = []

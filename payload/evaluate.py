@@ -46,6 +46,18 @@ def eval_batch_size(eval_records: int, global_batch_size: int, replicas: int) ->
     return eval_records // replicas * replicas
 
 
+def checked_eval_batch(job: JobSpec, manifest: Manifest, replicas: int) -> int:
+    """eval_batch_size, or DataError when the held-out split cannot give every replica a row."""
+    batch = eval_batch_size(manifest.eval_records, job.train.global_batch_size, replicas)
+    if batch == 0:
+        raise DataError(
+            f"the held-out split in {job.paths.data} has {manifest.eval_records} sequences, "
+            f"fewer than the {replicas} replicas; raise data.eval_min_sequences and re-run "
+            "`tpu-payload encode --force`, or set data.eval_fraction: 0"
+        )
+    return batch
+
+
 class Evaluator:
     def __init__(
         self,
@@ -57,15 +69,7 @@ class Evaluator:
     ):
         self.job, self.status = job, status
         replicas = runtime.num_replicas
-        self.global_batch = eval_batch_size(
-            manifest.eval_records, job.train.global_batch_size, replicas
-        )
-        if self.global_batch == 0:
-            raise DataError(
-                f"the held-out split in {job.paths.data} has {manifest.eval_records} sequences, "
-                f"fewer than the {replicas} replicas; raise data.eval_min_sequences and re-run "
-                "`tpu-payload encode --force`, or set data.eval_fraction: 0"
-            )
+        self.global_batch = checked_eval_batch(job, manifest, replicas)
         self.batches = manifest.eval_records // self.global_batch
         self.sequences = self.batches * self.global_batch
         global_batch = self.global_batch
@@ -113,34 +117,56 @@ class Evaluator:
         started = time.perf_counter()
         totals = self._run_all(iter(self.dataset), tf.constant(self.batches)).numpy()
         seconds = time.perf_counter() - started  # the first call includes tracing/compiling
-        loss_sum, weight_sum, correct = (float(x) for x in totals)
-        loss = loss_sum / max(weight_sum, 1.0)
-        metrics = {
-            "eval_step": step,
-            "eval_loss": round(loss, 6),
-            "eval_perplexity": round(math.exp(min(loss, 700.0)), 4),
-            "eval_accuracy": round(correct / max(weight_sum, 1.0), 6),
-            "eval_sequences": self.sequences,
-            "eval_predictions": int(weight_sum),
-            "eval_seconds": round(seconds, 3),
-        }
-        with self.writer.as_default(step=step):
-            tf.summary.scalar("loss", loss)
-            tf.summary.scalar("perplexity", metrics["eval_perplexity"])
-            tf.summary.scalar("accuracy", metrics["eval_accuracy"])
-        self.writer.flush()
-        name = "masked acc" if self.job.data.objective == "mlm" else "next-token acc"
-        tqdm.write(
-            f"eval step {step}/{self.job.train.steps}  loss {loss:.4f}  "
-            f"ppl {metrics['eval_perplexity']:.2f}  {name} {metrics['eval_accuracy']:.3f}  "
-            f"({self.sequences} held-out sequences)",
-            file=sys.stderr,
-        )
-        self.status.update(
-            stage="train", progress=step / self.job.train.steps, step=step, **metrics
+        metrics = report(
+            self.job,
+            self.status,
+            self.writer,
+            step,
+            totals,
+            sequences=self.sequences,
+            seconds=seconds,
         )
         self.last_step = step
         return metrics
 
     def close(self) -> None:
         self.writer.close()
+
+
+def report(
+    job: JobSpec,
+    status: StatusWriter,
+    writer: Any,
+    step: int,
+    totals: Any,
+    *,
+    sequences: int,
+    seconds: float,
+) -> dict[str, float]:
+    """The metrics of one evaluation from its sums (loss, weight, correct), to the log,
+    TensorBoard (`writer`: logs/eval) and status.json; both backends report through it."""
+    loss_sum, weight_sum, correct = (float(x) for x in totals)
+    loss = loss_sum / max(weight_sum, 1.0)
+    metrics = {
+        "eval_step": step,
+        "eval_loss": round(loss, 6),
+        "eval_perplexity": round(math.exp(min(loss, 700.0)), 4),
+        "eval_accuracy": round(correct / max(weight_sum, 1.0), 6),
+        "eval_sequences": sequences,
+        "eval_predictions": int(weight_sum),
+        "eval_seconds": round(seconds, 3),
+    }
+    with writer.as_default(step=step):
+        tf.summary.scalar("loss", loss)
+        tf.summary.scalar("perplexity", metrics["eval_perplexity"])
+        tf.summary.scalar("accuracy", metrics["eval_accuracy"])
+    writer.flush()
+    name = "masked acc" if job.data.objective == "mlm" else "next-token acc"
+    tqdm.write(
+        f"eval step {step}/{job.train.steps}  loss {loss:.4f}  "
+        f"ppl {metrics['eval_perplexity']:.2f}  {name} {metrics['eval_accuracy']:.3f}  "
+        f"({sequences} held-out sequences)",
+        file=sys.stderr,
+    )
+    status.update(stage="train", progress=step / job.train.steps, step=step, **metrics)
+    return metrics

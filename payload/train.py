@@ -33,9 +33,8 @@ from payload import evaluate as evaluate_lib
 from payload import export as export_lib
 from payload import manifest as manifest_lib
 from payload import model as model_lib
-from payload import modelcard, schedule, storage, training
+from payload import schedule, storage, training
 from payload import strategy as strategy_lib
-from payload import tokenizer as tokenizer_lib
 from payload.status import StatusWriter
 
 if TYPE_CHECKING:
@@ -155,15 +154,7 @@ def _restore_or_start(
     ckpt, manager = checkpoint_lib.make_manager(
         model, optimizer, job.paths.checkpoints, keep=spec.keep_checkpoints
     )
-    run_identity = checkpoint_lib.identity(
-        model_config=config.to_dict(),
-        family=job.model.family,
-        objective=job.data.objective,
-        seq_length=manifest.seq_length,
-        tokenizer_sha256=manifest.tokenizer_sha256,
-        global_batch_size=spec.global_batch_size,
-        seed=spec.seed,
-    )
+    run_identity = checkpoint_lib.identity_of(job, manifest, config.to_dict(), backend=BACKEND)
     if chief:
         storage.makedirs(job.paths.checkpoints)
         checkpoint_lib.check_identity(
@@ -358,25 +349,13 @@ def export(
     status: StatusWriter,
 ) -> None:
     """TF + PyTorch weights, tokenizer and model card to `export/` (export.py)."""
-    recorded = training.recorded_metrics(status, stats)
-
-    def card(parameters: int) -> str:
-        return modelcard.render(
-            job=job,
-            manifest=manifest,
-            model_config=model.config.to_dict(),
-            pytorch_class=export_lib.PYTORCH_CLASSES[job.model.family],
-            tf_class=type(model).__name__,
-            parameters=parameters,
-            runtime=strategy_lib.describe(runtime),
-            metrics=recorded,
-        )
-
-    summary = training.export_summary(job, stats, BACKEND)
-    export_lib.write_export(
+    training.export_model(
         job,
         export_lib.save_tf_model(model, job.model.family),
-        tokenizer_lib.load_tokenizer(job.paths.tokenizer),
-        card=card,
-        summary=summary,
+        manifest=manifest,
+        model_config=model.config.to_dict(),
+        tf_class=type(model).__name__,
+        runtime=strategy_lib.describe(runtime),
+        status=status,
+        stats=stats,
     )

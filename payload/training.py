@@ -372,3 +372,42 @@ def export_summary(job: JobSpec, stats: Mapping[str, Any], backend: str) -> dict
         "first_loss": stats.get("first_loss"),
         **{k: v for k, v in stats.items() if k.startswith("eval_")},
     }
+
+
+def export_model(
+    job: JobSpec,
+    save_model: Callable[[str], Any],
+    *,
+    manifest: Manifest,
+    model_config: Mapping[str, Any],
+    tf_class: str | None,
+    runtime: Mapping[str, Any],
+    status: StatusWriter,
+    stats: Mapping[str, Any],
+) -> None:
+    """The export of either backend (export.write_export): the model files `save_model`
+    writes, the tokenizer, the model card with this run's recorded metrics, the marker."""
+    from payload import modelcard  # noqa: PLC0415
+
+    recorded = recorded_metrics(status, stats)
+    backend = "jax" if runtime.get("backend") == "jax" else "tf"
+
+    def card(parameters: int) -> str:
+        return modelcard.render(
+            job=job,
+            manifest=manifest,
+            model_config=model_config,
+            pytorch_class=export_lib.PYTORCH_CLASSES[job.model.family],
+            tf_class=tf_class,
+            parameters=parameters,
+            runtime=runtime,
+            metrics=recorded,
+        )
+
+    export_lib.write_export(
+        job,
+        save_model,
+        tokenizer_lib.load_tokenizer(job.paths.tokenizer),
+        card=card,
+        summary=export_summary(job, stats, backend),
+    )

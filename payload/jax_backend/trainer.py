@@ -50,12 +50,10 @@ from tqdm import tqdm  # noqa: E402
 from payload import checkpoint as run_identity_lib  # noqa: E402
 from payload import data as data_lib  # noqa: E402
 from payload import evaluate as evaluate_lib  # noqa: E402
-from payload import export as export_lib  # noqa: E402
-from payload import hosts, modelcard, storage, training  # noqa: E402
+from payload import hosts, storage, training  # noqa: E402
 from payload import manifest as manifest_lib  # noqa: E402
 from payload import model as model_lib  # noqa: E402
-from payload import tokenizer as tokenizer_lib  # noqa: E402
-from payload.errors import DataError, SpecError  # noqa: E402
+from payload.errors import SpecError  # noqa: E402
 from payload.jax_backend import checkpoints, distributed, models, steps  # noqa: E402
 from payload.status import StatusWriter  # noqa: E402
 
@@ -315,15 +313,7 @@ class Evaluator:
     ):
         self.job, self.status, self.pipelines = job, status, pipelines
         replicas = rt.num_replicas
-        self.global_batch = evaluate_lib.eval_batch_size(
-            manifest.eval_records, job.train.global_batch_size, replicas
-        )
-        if self.global_batch == 0:
-            raise DataError(
-                f"the held-out split in {job.paths.data} has {manifest.eval_records} sequences, "
-                f"fewer than the {replicas} replicas; raise data.eval_min_sequences and re-run "
-                "`tpu-payload encode --force`, or set data.eval_fraction: 0"
-            )
+        self.global_batch = evaluate_lib.checked_eval_batch(job, manifest, replicas)
         # Every pipeline must give the same number of batches: the smallest share decides.
         paths = manifest_lib.shard_paths(job.paths.data, manifest, split="eval")
         counts = [s.records for s in manifest.eval_shards]
@@ -370,33 +360,16 @@ class Evaluator:
         for batch in self.host_batches:
             arrays = self.pipelines.to_devices(batch, chunk=False)
             totals = totals + self._sums(state.trainable, state.non_trainable, arrays)
-        loss_sum, weight_sum, correct = (float(x) for x in np.asarray(totals))
-        seconds = time.perf_counter() - started
-        loss = loss_sum / max(weight_sum, 1.0)
-        metrics = {
-            "eval_step": step,
-            "eval_loss": round(loss, 6),
-            "eval_perplexity": round(math.exp(min(loss, 700.0)), 4),
-            "eval_accuracy": round(correct / max(weight_sum, 1.0), 6),
-            "eval_sequences": self.sequences,
-            "eval_predictions": int(weight_sum),
-            "eval_seconds": round(seconds, 3),
-        }
-        with self.writer.as_default(step=step):
-            tf.summary.scalar("loss", loss)
-            tf.summary.scalar("perplexity", metrics["eval_perplexity"])
-            tf.summary.scalar("accuracy", metrics["eval_accuracy"])
-        self.writer.flush()
-        name = "masked acc" if self.job.data.objective == "mlm" else "next-token acc"
-        training.log(
-            f"eval step {step}/{self.job.train.steps}  loss {loss:.4f}  "
-            f"ppl {metrics['eval_perplexity']:.2f}  {name} {metrics['eval_accuracy']:.3f}  "
-            f"({self.sequences} held-out sequences)"
+        seconds = time.perf_counter() - started  # the first call includes compiling
+        return evaluate_lib.report(
+            self.job,
+            self.status,
+            self.writer,
+            step,
+            np.asarray(totals),
+            sequences=self.sequences,
+            seconds=seconds,
         )
-        self.status.update(
-            stage="train", progress=step / self.job.train.steps, step=step, **metrics
-        )
-        return metrics
 
     def close(self) -> None:
         self.writer.close()
@@ -527,16 +500,7 @@ def _restore_or_start(
     of another run."""
     spec, directory = job.train, job.paths.checkpoints
     found = checkpoints.steps_in(directory)
-    identity = run_identity_lib.identity(
-        model_config=config.to_dict(),
-        family=job.model.family,
-        objective=job.data.objective,
-        seq_length=manifest.seq_length,
-        tokenizer_sha256=manifest.tokenizer_sha256,
-        global_batch_size=spec.global_batch_size,
-        seed=spec.seed,
-        backend=BACKEND,
-    )
+    identity = run_identity_lib.identity_of(job, manifest, config.to_dict(), backend=BACKEND)
     if rt.is_chief:
         storage.makedirs(directory)
         run_identity_lib.check_identity(directory, identity, has_checkpoint=bool(found))
@@ -693,24 +657,13 @@ def export(
     status: StatusWriter,
 ) -> None:
     """PyTorch weights (the Hugging Face layout), tokenizer and model card to `export/`."""
-    recorded = training.recorded_metrics(status, stats)
-
-    def card(parameters: int) -> str:
-        return modelcard.render(
-            job=job,
-            manifest=manifest,
-            model_config=model.config.to_dict(),
-            pytorch_class=export_lib.PYTORCH_CLASSES[job.model.family],
-            tf_class=None,
-            parameters=parameters,
-            runtime=rt.describe(),
-            metrics=recorded,
-        )
-
-    export_lib.write_export(
+    training.export_model(
         job,
         lambda directory: models.save_pretrained(model, directory),
-        tokenizer_lib.load_tokenizer(job.paths.tokenizer),
-        card=card,
-        summary=training.export_summary(job, stats, BACKEND),
+        manifest=manifest,
+        model_config=model.config.to_dict(),
+        tf_class=None,
+        runtime=rt.describe(),
+        status=status,
+        stats=stats,
     )

@@ -397,6 +397,9 @@ class Smoke:
             f"{runtime.get('accelerator', '?')} x {runtime.get('replicas', '?')} replicas",
             OK if runtime.get("accelerator") == want else FAILED,
         )
+        # Which backend trained (the stack's choice, docs/backends.md): a steps/s figure is
+        # that backend's, to compare with the other backend's run on the same stack.
+        self.report.add("training backend", "(recorded)", str(runtime.get("backend", "tf")), OK)
         metrics = (status.get("stages", {}).get("train", {}) or {}).get("metrics", {})
         speed = metrics.get("steps_per_second")
         self.report.add("steps/s", "(measured)", str(speed), OK if speed else UNKNOWN)

@@ -191,7 +191,9 @@ class World:
             "status.json",
             {
                 "stage": "train", "state": "complete", "progress": 1.0,
-                "runtime": {"accelerator": accelerator, "replicas": 4, "hosts": 1},
+                "runtime": {
+                    "accelerator": accelerator, "replicas": 4, "hosts": 1, "backend": "jax",
+                },
                 "stages": {"train": {"metrics": {"steps_per_second": steps_per_second}}},
             },
         )  # fmt: skip
@@ -267,6 +269,7 @@ def test_all_good_up_wait_verdict_destroy_and_a_report(world):
     assert rows["tpu: accelerator_type"][2] == "unknown"  # the sandbox has no metadata value
     assert rows["controller: secure_boot"] == ("enabled", "unknown", "unknown")
     assert rows["devices the trainer saw"] == ("tpu", "tpu x 4 replicas", "ok")
+    assert rows["training backend"] == ("(recorded)", "jax", "ok")
     assert rows["steps/s"] == ("(measured)", "7.5", "ok")
     assert rows["export loads (tpu-payload export)"][2] == "ok"
     assert rows["pulumi destroy"][2] == "ok"

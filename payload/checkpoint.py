@@ -30,43 +30,21 @@ _ANY_CHECKPOINT = re.compile(r"^ckpt-\d+\.(index|npz)$")
 
 
 def identity(
-    *,
-    model_config: Mapping[str, Any],
-    family: str,
-    objective: str,
-    seq_length: int,
-    tokenizer_sha256: str,
-    global_batch_size: int,
-    seed: int,
-    backend: str = "tf",
+    job: Any, manifest: Any, model_config: Mapping[str, Any], *, backend: str
 ) -> dict[str, Any]:
+    """What the checkpoints of a job (payload.spec.JobSpec) trained on `manifest`'s data
+    with `backend` are valid for (run.json)."""
     ignored = {"transformers_version", "architectures", "torch_dtype", "dtype", "_name_or_path"}
     return {
         "backend": backend,
-        "family": family,
-        "objective": objective,
-        "seq_length": int(seq_length),
-        "tokenizer_sha256": tokenizer_sha256,
-        "global_batch_size": int(global_batch_size),
-        "seed": int(seed),
+        "family": job.model.family,
+        "objective": job.data.objective,
+        "seq_length": int(manifest.seq_length),
+        "tokenizer_sha256": manifest.tokenizer_sha256,
+        "global_batch_size": int(job.train.global_batch_size),
+        "seed": int(job.train.seed),
         "model_config": {k: v for k, v in sorted(model_config.items()) if k not in ignored},
     }
-
-
-def identity_of(
-    job: Any, manifest: Any, model_config: Mapping[str, Any], *, backend: str
-) -> dict[str, Any]:
-    """`identity` of a job (payload.spec.JobSpec) trained on `manifest`'s data."""
-    return identity(
-        model_config=model_config,
-        family=job.model.family,
-        objective=job.data.objective,
-        seq_length=manifest.seq_length,
-        tokenizer_sha256=manifest.tokenizer_sha256,
-        global_batch_size=job.train.global_batch_size,
-        seed=job.train.seed,
-        backend=backend,
-    )
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from payload.errors import SpecError
+from payload.manifest import special_ids_of
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -129,6 +130,18 @@ def resolved_settings(family: str, size: str, overrides: Mapping[str, Any]) -> d
             )
         settings[_GPT2_ALIASES.get(key, key) if family == "gpt2" else key] = value
     return settings
+
+
+def config_for(job: JobSpec, manifest: Any) -> PretrainedConfig:
+    """The job's model config for the encoded data (`manifest`: vocabulary, special ids):
+    what both training backends build their model from."""
+    return build_config(
+        job.model.family,
+        job.model.size,
+        job.model.config,
+        vocab_size=manifest.vocab_size,
+        special_ids=special_ids_of(manifest),
+    )
 
 
 def build_config(

@@ -93,17 +93,10 @@ TpuHost = hosts.TpuHost
 GpuHost = hosts.GpuHost
 
 
-def expect_gpu(host: GpuHost | None) -> None:
-    """Declare that this host is a GPU VM (the CLI calls it from the unit's environment):
-    then `setup()` trains on its GPUs or fails with `GpuNotFoundError`, never on the CPU,
-    and precision `auto` follows the GPU (bfloat16 where the catalog says the GPU has it)."""
-    hosts.expect_gpu(host)
-
-
-def expect_tpu(host: TpuHost | None) -> None:
-    """Declare that this host is a TPU VM (the CLI calls it from the unit's environment):
-    then `setup()` trains on its TPU or fails with `TpuNotFoundError`, never on the CPU."""
-    hosts.expect_tpu(host)
+# Declared by the CLI from the unit's environment: then `setup()` trains on that accelerator
+# or fails with one line, never on the CPU, and precision `auto` follows a declared GPU.
+expect_gpu = hosts.expect_gpu
+expect_tpu = hosts.expect_tpu
 
 
 def _log(message: str) -> None:

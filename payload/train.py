@@ -80,13 +80,7 @@ def train(
     manifest_lib.verify_shards(job.paths.data, manifest, checksums=True)
 
     family, spec = job.model.family, job.train
-    config = model_lib.build_config(
-        family,
-        job.model.size,
-        job.model.config,
-        vocab_size=manifest.vocab_size,
-        special_ids=data_lib.special_ids_of(manifest),
-    )
+    config = model_lib.config_for(job, manifest)
     runtime = runtime or strategy_lib.setup(spec.precision, target=target)
     strategy_lib.check_global_batch(spec.global_batch_size, runtime)
     chief = runtime.is_chief
@@ -154,7 +148,7 @@ def _restore_or_start(
     ckpt, manager = checkpoint_lib.make_manager(
         model, optimizer, job.paths.checkpoints, keep=spec.keep_checkpoints
     )
-    run_identity = checkpoint_lib.identity_of(job, manifest, config.to_dict(), backend=BACKEND)
+    run_identity = checkpoint_lib.identity(job, manifest, config.to_dict(), backend=BACKEND)
     if chief:
         storage.makedirs(job.paths.checkpoints)
         checkpoint_lib.check_identity(

@@ -91,10 +91,6 @@ class Runtime:
     def is_chief(self) -> bool:
         return self.process_index == 0
 
-    @property
-    def local_replicas(self) -> int:
-        return len(jax.local_devices())
-
     def describe(self) -> dict[str, Any]:
         local = jax.local_devices()
         return {
@@ -251,21 +247,27 @@ class _Pipelines:
             for i in self.mine
         ]
 
-    def files(self, job: JobSpec, manifest: Manifest, global_batch: int) -> list[str]:
-        """The training shard files this process reads (for the log)."""
-        paths = manifest_lib.shard_paths(job.paths.data, manifest)
-        counts = [s.records for s in manifest.shards]
+    def plans(
+        self, job: JobSpec, manifest: Manifest, global_batch: int, *, split: str = "train"
+    ) -> list[data_lib.PipelinePlan]:
+        """What every input pipeline (of every process) reads of `split`, by pipeline id."""
+        paths = manifest_lib.shard_paths(job.paths.data, manifest, split=split)
+        shards = manifest.eval_shards if split == "eval" else manifest.shards
         return [
-            storage.basename(path)
-            for i in self.mine
-            for path in data_lib.plan_pipeline(
+            data_lib.plan_pipeline(
                 paths,
-                counts,
+                [s.records for s in shards],
                 batch_size=self.pipeline_batch(global_batch),
                 num_pipelines=self.count,
                 pipeline_id=i,
-            ).files
+            )
+            for i in range(self.count)
         ]
+
+    def files(self, job: JobSpec, manifest: Manifest, global_batch: int) -> list[str]:
+        """The training shard files this process reads (for the log)."""
+        plans = self.plans(job, manifest, global_batch)
+        return [storage.basename(path) for i in self.mine for path in plans[i].files]
 
     @staticmethod
     def next_host_batch(iterators: list[Any]) -> dict[str, np.ndarray]:
@@ -315,17 +317,9 @@ class Evaluator:
         replicas = rt.num_replicas
         self.global_batch = evaluate_lib.checked_eval_batch(job, manifest, replicas)
         # Every pipeline must give the same number of batches: the smallest share decides.
-        paths = manifest_lib.shard_paths(job.paths.data, manifest, split="eval")
-        counts = [s.records for s in manifest.eval_shards]
         self.batches = min(
-            data_lib.plan_pipeline(
-                paths,
-                counts,
-                batch_size=pipelines.pipeline_batch(self.global_batch),
-                num_pipelines=pipelines.count,
-                pipeline_id=i,
-            ).batches_per_epoch
-            for i in range(pipelines.count)
+            plan.batches_per_epoch
+            for plan in pipelines.plans(job, manifest, self.global_batch, split="eval")
         )
         self.sequences = self.batches * self.global_batch
         iterators = pipelines.datasets(
@@ -464,13 +458,7 @@ def _build(job: JobSpec, manifest: Manifest, rt: Runtime) -> tuple[Any, Any, Any
     weights, in the runtime's precision, and AdamW built for its variables."""
     spec = job.train
     family = job.model.family
-    config = model_lib.build_config(
-        family,
-        job.model.size,
-        job.model.config,
-        vocab_size=manifest.vocab_size,
-        special_ids=manifest_lib.special_ids_of(manifest),
-    )
+    config = model_lib.config_for(job, manifest)
     keras.config.set_dtype_policy(rt.policy)
     # The initial weights and the dropout seeds. Keras also seeds TensorFlow's global RNG;
     # that is cleared again, as on the TF backend: the input pipeline's randomness has
@@ -500,7 +488,7 @@ def _restore_or_start(
     of another run."""
     spec, directory = job.train, job.paths.checkpoints
     found = checkpoints.steps_in(directory)
-    identity = run_identity_lib.identity_of(job, manifest, config.to_dict(), backend=BACKEND)
+    identity = run_identity_lib.identity(job, manifest, config.to_dict(), backend=BACKEND)
     if rt.is_chief:
         storage.makedirs(directory)
         run_identity_lib.check_identity(directory, identity, has_checkpoint=bool(found))

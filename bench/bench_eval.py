@@ -18,7 +18,8 @@ from pathlib import Path
 import yaml
 
 import payload  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
-from payload import encode, tokenizer, train
+from payload import encode, tokenizer
+from payload.backends.tf import train
 from payload.spec import load_job
 from payload.status import StatusWriter
 

@@ -1,4 +1,4 @@
-"""JAX backend: what several optimizer steps per compiled call buy (payload/jax_backend).
+"""JAX backend: what several optimizer steps per compiled call buy (payload/backends/jax).
 
     .venv/bin/python bench/bench_jax_steps.py [--size mini] [--steps 64] [--rounds 3]
 
@@ -17,7 +17,7 @@ import argparse
 import statistics
 import time
 
-from payload import jax_backend
+from payload.backends import jax as jax_backend
 
 jax_backend.use_jax()
 
@@ -26,7 +26,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from payload import model as model_lib  # noqa: E402
-from payload.jax_backend import models, steps  # noqa: E402
+from payload.backends.jax import models, steps  # noqa: E402
 
 VOCAB, SEQ, BATCH, POSITIONS = 2000, 128, 32, 20
 

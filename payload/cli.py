@@ -27,7 +27,6 @@ from payload.errors import UserError
 if TYPE_CHECKING:
     from payload.spec import JobSpec
     from payload.status import StatusWriter
-    from payload.strategy import SliceTarget
 
 COMMANDS = {
     "validate": "check the job spec and print it with defaults filled in",
@@ -187,9 +186,9 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
     _note_host_checks(status, os.environ)
     try:
         _declare_tpu_host(args.command)
+        _refuse_tf_slice(args.command, job)
         quiet.absorb_once_only_logs(args.command, verbose=verbose, backend=_backend(job))
-        target = _slice_target(args.command)
-        _dispatch(args, job, status, worker=worker, target=target)
+        _dispatch(args, job, status, worker=worker)
         ctrl_c.armed = False  # done: a Ctrl-C from here on changes nothing
     except UserError as exc:
         ctrl_c.armed = False  # first, in every handler: a Ctrl-C must not cut a report short
@@ -215,7 +214,6 @@ def _dispatch(
     status: StatusWriter,
     *,
     worker: int,
-    target: SliceTarget | None,
 ) -> None:
     from payload import pipeline  # noqa: PLC0415
 
@@ -224,9 +222,9 @@ def _dispatch(
     elif args.command == "run" and worker > 0:
         _train_on_worker(job, status, worker)
     elif args.command == "run":
-        pipeline.run(job, status, force=args.force, target=target)
+        pipeline.run(job, status, force=args.force)
     else:
-        pipeline.run_stage(job, args.command, status, force=args.force, target=target)
+        pipeline.run_stage(job, args.command, status, force=args.force)
 
 
 def _backend(job: JobSpec) -> str:
@@ -305,12 +303,9 @@ def _interrupted(job: JobSpec, status: StatusWriter, command: str, job_arg: str)
 
 def _finished(job: JobSpec, stage: str) -> bool:
     """Whether ``stage`` wrote its completion marker (False when that cannot be told)."""
-    from payload import pipeline  # noqa: PLC0415
+    from payload import backends, pipeline  # noqa: PLC0415
 
-    trainers = ("payload.train", "payload.jax_backend.trainer")
-    if stage not in pipeline.STAGES or (
-        stage == "train" and not any(name in sys.modules for name in trainers)
-    ):
+    if stage not in pipeline.STAGES or (stage == "train" and not backends.loaded()):
         return False  # training cannot have finished without its module
     try:
         return pipeline.is_complete(job, stage)
@@ -318,13 +313,17 @@ def _finished(job: JobSpec, stage: str) -> bool:
         return False
 
 
-def _slice_target(command: str) -> SliceTarget | None:
-    """The multi-host TPU slice from TPU_NAME & co. (train/run only: TensorFlow is imported)."""
-    if command not in ("train", "run") or os.environ.get("TPU_NAME", "local") == "local":
-        return None
-    from payload.strategy import slice_target  # noqa: PLC0415
-
-    return slice_target(os.environ)
+def _refuse_tf_slice(command: str, job: JobSpec) -> None:
+    """TPU_NAME naming a slice was the TF backend's single-client slice, which is gone:
+    slices run the JAX backend, one program per host (docs/pod-slices.md)."""
+    name = os.environ.get("TPU_NAME", "").strip()
+    if command not in ("train", "run") or name in ("", "local") or _backend(job) != "tf":
+        return
+    raise UserError(
+        f"TPU_NAME={name}: the TensorFlow backend trains on one host only; a multi-host slice "
+        "runs train.backend: jax on every host (docs/pod-slices.md); unset TPU_NAME or use "
+        "train.backend: jax"
+    )
 
 
 def _note_host_checks(status: StatusWriter, env: Mapping[str, str]) -> None:
@@ -346,7 +345,7 @@ def _note_host_checks(status: StatusWriter, env: Mapping[str, str]) -> None:
 
 def _declare_tpu_host(command: str) -> None:
     """The TPU or GPU VM's trainer unit names the host (infra/templates/tpu.sh, gpu.sh):
-    then training refuses to fall back to the CPU (payload/strategy.py)."""
+    then training refuses to fall back to the CPU (payload/backends/tf/strategy.py)."""
     gpu = os.environ.get("TPU_PRETRAIN_GPU", "")
     if command in ("train", "run") and gpu:
         from payload import hosts  # noqa: PLC0415

@@ -7,33 +7,25 @@ The masked/parsed batches are cached after the first pass. Reported: mean loss o
 predicted tokens, perplexity = exp(loss), and accuracy at the masked positions (MLM) or of
 the next token (CLM).
 
-Same rules as training (strategy.py): static shapes, the per-replica forward pass compiled
-with the runtime's `jit_compile`, a `tf.range` loop of `strategy.run` calls inside one
-`tf.function`, sums all-reduced across replicas. Evaluation runs with training=False (no
-dropout), touches neither the optimizer nor the training input pipeline, and so cannot
-change what a resumed run computes.
+This module is framework-free (the set, the batch size, the report); each backend computes
+the sums (payload/backends/tf/evaluate.py, payload/backends/jax/train.py `Evaluator`).
 """
 
 from __future__ import annotations
 
 import math
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
-import tensorflow as tf
 from tqdm import tqdm
 
-from payload import data as data_lib
-from payload import model as model_lib
-from payload import storage
 from payload.errors import DataError
+from payload.tensorboard import Scalars
 
 if TYPE_CHECKING:
     from payload.manifest import Manifest
     from payload.spec import JobSpec
     from payload.status import StatusWriter
-    from payload.strategy import Runtime
 
 # Fixed for every run: held-out masks must not depend on train.seed.
 EVAL_MASK_SEED = 1_234_567
@@ -58,85 +50,10 @@ def checked_eval_batch(job: JobSpec, manifest: Manifest, replicas: int) -> int:
     return batch
 
 
-class Evaluator:
-    def __init__(
-        self,
-        job: JobSpec,
-        manifest: Manifest,
-        runtime: Runtime,
-        model: Any,
-        status: StatusWriter,
-    ):
-        self.job, self.status = job, status
-        replicas = runtime.num_replicas
-        self.global_batch = checked_eval_batch(job, manifest, replicas)
-        self.batches = manifest.eval_records // self.global_batch
-        self.sequences = self.batches * self.global_batch
-        global_batch = self.global_batch
-
-        def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-            per_replica = ctx.get_per_replica_batch_size(global_batch)
-            return data_lib.make_dataset(
-                job,
-                manifest,
-                batch_size=per_replica,
-                seed=EVAL_MASK_SEED,
-                training=False,
-                repeat=False,
-                replicas_per_pipeline=ctx.num_replicas_in_sync // ctx.num_input_pipelines,
-                input_context=ctx,
-                split="eval",
-            ).cache()
-
-        strategy = runtime.strategy
-        self.dataset = strategy.distribute_datasets_from_function(dataset_fn)
-        family, objective = job.model.family, job.data.objective
-
-        @tf.function(jit_compile=runtime.plan.jit_compile)
-        def forward(batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-            return model_lib.loss_terms(model, family, objective, batch, training=False)
-
-        def replica_step(batch: dict[str, tf.Tensor]) -> Any:
-            ctx = tf.distribute.get_replica_context()
-            return ctx.all_reduce("sum", list(forward(batch)))
-
-        @tf.function
-        def run_all(iterator: Any, num_batches: tf.Tensor) -> tf.Tensor:
-            totals = tf.zeros([3], tf.float32)
-            for _ in tf.range(num_batches):
-                sums = strategy.run(replica_step, args=(next(iterator),))
-                totals += tf.stack([strategy.experimental_local_results(s)[0] for s in sums])
-            return totals
-
-        self._run_all = run_all
-        self.writer = tf.summary.create_file_writer(storage.join(job.paths.logs, "eval"))
-        self.last_step: int | None = None
-
-    def evaluate(self, step: int) -> dict[str, float]:
-        """Evaluate now; report to the log, TensorBoard (logs/eval) and status.json."""
-        started = time.perf_counter()
-        totals = self._run_all(iter(self.dataset), tf.constant(self.batches)).numpy()
-        seconds = time.perf_counter() - started  # the first call includes tracing/compiling
-        metrics = report(
-            self.job,
-            self.status,
-            self.writer,
-            step,
-            totals,
-            sequences=self.sequences,
-            seconds=seconds,
-        )
-        self.last_step = step
-        return metrics
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 def report(
     job: JobSpec,
     status: StatusWriter,
-    writer: Any,
+    writer: Scalars,
     step: int,
     totals: Any,
     *,
@@ -156,11 +73,14 @@ def report(
         "eval_predictions": int(weight_sum),
         "eval_seconds": round(seconds, 3),
     }
-    with writer.as_default(step=step):
-        tf.summary.scalar("loss", loss)
-        tf.summary.scalar("perplexity", metrics["eval_perplexity"])
-        tf.summary.scalar("accuracy", metrics["eval_accuracy"])
-    writer.flush()
+    writer.write(
+        step,
+        {
+            "loss": loss,
+            "perplexity": metrics["eval_perplexity"],
+            "accuracy": metrics["eval_accuracy"],
+        },
+    )
     name = "masked acc" if job.data.objective == "mlm" else "next-token acc"
     tqdm.write(
         f"eval step {step}/{job.train.steps}  loss {loss:.4f}  "

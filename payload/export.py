@@ -156,7 +156,7 @@ def write_export(
     summary: dict[str, Any],
 ) -> None:
     """The model files (`save_model(directory)` writes them and returns the PyTorch state:
-    `save_tf_model` on the TF backend, jax_backend.models.save_pretrained on JAX), the
+    `save_tf_model` on the TF backend, backends/jax/models.save_pretrained on JAX), the
     tokenizer and the model card, uploaded to `export/`, then the completion marker last.
     `card(parameters) -> str` renders the model card once the parameter count is known."""
     marker = storage.join(job.paths.export, EXPORT_MARKER)

@@ -2,37 +2,28 @@
 
 Completion markers, each written last by its stage:
 ``tokenizer/tokenizer.json``, ``data/manifest.json`` (create-only) and the export marker of
-``payload.train``. ``force=True`` deletes a stage's outputs before running it again.
+the backend's train module (payload/backends). ``force=True`` deletes a stage's outputs
+before running it again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from payload import encode, storage, tokenizer, training
+from payload import backends, encode, storage, tokenizer, training
 from payload.errors import UserError
 from payload.spec import JobSpec
 from payload.status import StatusWriter
-
-if TYPE_CHECKING:
-    from payload.strategy import SliceTarget  # imports TensorFlow
 
 STAGES = ("tokenizer", "encode", "train")
 Printer = Callable[[str], None]
 
 
-def _train_module(job: JobSpec) -> Any:
-    """The training backend's module (imported only for training): payload.train (TensorFlow
-    + tf_keras) or payload.jax_backend.trainer (Keras 3 on JAX), per `train.backend`."""
-    if training.resolve_backend(job) == "jax":
-        from payload.jax_backend import trainer  # noqa: PLC0415
-
-        return trainer
-    from payload import train  # noqa: PLC0415
-
-    return train
+def _train_module(job: JobSpec) -> backends.Backend:
+    """The training backend (imported only for training), per `train.backend`."""
+    return backends.load(training.resolve_backend(job))
 
 
 def is_complete(job: JobSpec, stage: str) -> bool:
@@ -76,12 +67,8 @@ def run_stage(
     *,
     force: bool = False,
     echo: Printer = print,
-    target: SliceTarget | None = None,
 ) -> dict[str, Any]:
-    """Run one stage (or skip it when complete); returns a summary for printing.
-
-    `target`: the multi-host TPU slice the train stage drives (None: this host only).
-    """
+    """Run one stage (or skip it when complete); returns a summary for printing."""
     if force:
         clear(job, stage)
     elif is_complete(job, stage):
@@ -93,7 +80,7 @@ def run_stage(
         return {"skipped": True}
     status.update(stage=stage, state="running", progress=0.0, message="starting")
     try:
-        summary = _run(job, stage, status, target)
+        summary = _run(job, stage, status)
     except Exception as exc:
         if isinstance(exc, UserError) or not storage.is_disk_full(exc):
             raise
@@ -106,9 +93,7 @@ def run_stage(
     return summary
 
 
-def _run(
-    job: JobSpec, stage: str, status: StatusWriter, target: SliceTarget | None
-) -> dict[str, Any]:
+def _run(job: JobSpec, stage: str, status: StatusWriter) -> dict[str, Any]:
     if stage == "tokenizer":
         tokenizer.train_tokenizer(job, status)
         loaded = tokenizer.load_tokenizer(job.paths.tokenizer)
@@ -122,7 +107,7 @@ def _run(
             **dict(manifest.corpus),
         }
     else:
-        summary = dict(_train_module(job).train(job, status, target=target) or {})
+        summary = dict(_train_module(job).train(job, status) or {})
     return summary
 
 
@@ -151,12 +136,11 @@ def run(
     *,
     force: bool = False,
     echo: Printer = print,
-    target: SliceTarget | None = None,
 ) -> dict[str, dict[str, Any]]:
     """All stages in order; complete ones are skipped unless ``force``."""
     results = {}
     for stage in STAGES:
-        results[stage] = run_stage(job, stage, status, force=force, echo=echo, target=target)
+        results[stage] = run_stage(job, stage, status, force=force, echo=echo)
     status.update(stage="run", state="complete", message="all stages complete")
     status.flush()
     echo(f"status: {job.paths.status}")

@@ -93,7 +93,7 @@ def absorb_once_only_logs(command: str, *, verbose: bool, backend: str = "tf") -
     """For the commands that train (quiet only): import TensorFlow and run the strategy's XLA
     probe with fd 2 captured, so Abseil's two once-per-process lines are spent there. The
     JAX backend uses TensorFlow for tf.data only: its import's lines are absorbed the same
-    way (and payload.strategy, which needs tf_keras, is not imported)."""
+    way (and payload.backends.tf.strategy, which needs tf_keras, is not imported)."""
     if verbose or command not in _TENSORFLOW_COMMANDS:
         return
     with framework_lines_dropped():
@@ -101,12 +101,11 @@ def absorb_once_only_logs(command: str, *, verbose: bool, backend: str = "tf") -
             import tensorflow  # noqa: F401, PLC0415
 
             return
-        from payload import strategy  # noqa: PLC0415  (imports TensorFlow)
+        from payload.backends.tf import strategy  # noqa: PLC0415  (imports TensorFlow)
 
-        # Not on a TPU VM or a slice's client: no op runs there before the strategy
-        # initialises the TPU system (and those hosts run verbose under systemd anyway).
-        slice_client = os.environ.get("TPU_NAME", "") not in ("", "local")
-        if not slice_client and not strategy.tpu_present():
+        # Not on a TPU VM: no op runs there before the strategy initialises the TPU system
+        # (and those hosts run verbose under systemd anyway).
+        if not strategy.tpu_present():
             strategy.host_xla_available()
 
 

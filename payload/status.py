@@ -107,7 +107,7 @@ class StatusWriter:
 
     def note_runtime(self, runtime: dict[str, Any]) -> None:
         """What the trainer runs on: accelerator, the devices (replicas) the backend sees,
-        hosts, precision (payload/strategy.py describe)."""
+        hosts, precision (payload/backends/tf/strategy.py describe)."""
         self._doc["runtime"] = dict(runtime)
         self._dirty = True
 

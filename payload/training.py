@@ -2,8 +2,8 @@
 backend choice, the chunk boundaries, the stop-on-signal handling, the divergence stop,
 the meter (log, TensorBoard, status.json) and the learning-rate formula.
 
-`payload/train.py` (TensorFlow + tf_keras) and `payload/jax_backend/trainer.py` (Keras 3 on
-JAX) both build on it, so a job behaves the same on either: same checks, same messages,
+`payload/backends/tf/train.py` (TensorFlow + tf_keras) and `payload/backends/jax/train.py`
+(Keras 3 on JAX) both build on it, so a job behaves the same on either: same checks, same messages,
 same status fields, same checkpoint cadence, same exit on SIGTERM.
 """
 
@@ -28,6 +28,7 @@ from payload.errors import DataError, UserError
 from payload.manifest import special_ids_of
 from payload.model import ROBERTA_PADDING_IDX
 from payload.status import StatusWriter
+from payload.tensorboard import Scalars
 
 if TYPE_CHECKING:
     from payload.manifest import Manifest
@@ -195,7 +196,7 @@ def diverged(loss: float, step: int, n: int, spec: TrainSpec, last_checkpoint: s
 def learning_rate_at(spec: TrainSpec, step: float) -> float:
     """The rate of optimizer step `step` (0-based): linear warm-up from (step + 1) / warmup,
     then linear / cosine decay to end_ratio x peak at train.steps, or constant. The formula
-    of schedule.WarmupDecay (TF) and jax_backend.trainer.WarmupDecay (Keras 3), in Python."""
+    of schedule.WarmupDecay (TF) and backends/jax/train.WarmupDecay (Keras 3), in Python."""
     peak, warmup = float(spec.learning_rate), float(max(spec.warmup_steps, 0))
     span = float(max(spec.steps - spec.warmup_steps, 1))
     progress = min(max((step - warmup) / span, 0.0), 1.0)
@@ -271,20 +272,13 @@ class Meter:
         chief: bool,
         learning_rate: Callable[[int], float],
     ):
-        import tensorflow as tf  # noqa: PLC0415  (TensorBoard's writer; tf.data needs TF anyway)
-
-        self._tf = tf
         self.total = job.train.steps
         self.sequences_per_step = job.train.global_batch_size
         self.tokens_per_step = job.train.global_batch_size * manifest.seq_length
         self.learning_rate = learning_rate
         self.status = status
         # One event file per run, the chief's: other workers' would duplicate every scalar.
-        self.writer = (
-            tf.summary.create_file_writer(job.paths.logs)
-            if chief
-            else tf.summary.create_noop_writer()
-        )
+        self.writer = Scalars(job.paths.logs, enabled=chief)
         self.loss = self.accuracy = float("nan")
         self.first_loss: float | None = None
         self.window_start, self.window_steps = time.perf_counter(), 0
@@ -317,20 +311,20 @@ class Meter:
         return self.run_steps / elapsed if self.run_steps and elapsed > 0 else 0.0
 
     def log(self, step: int, grad_norm: float) -> None:
-        tf = self._tf
         elapsed = time.perf_counter() - self.window_start
         steps_per_s = self.window_steps / elapsed if self.window_steps and elapsed > 0 else 0.0
         lr = float(self.learning_rate(step - 1))  # the rate of the step just taken
-        with self.writer.as_default(step=step):
-            tf.summary.scalar("loss", self.loss)
-            tf.summary.scalar("accuracy", self.accuracy)
-            tf.summary.scalar("learning_rate", lr)
-            tf.summary.scalar("grad_norm", grad_norm)
-            if steps_per_s:
-                tf.summary.scalar("steps_per_second", steps_per_s)
-                tf.summary.scalar("sequences_per_second", steps_per_s * self.sequences_per_step)
-                tf.summary.scalar("tokens_per_second", steps_per_s * self.tokens_per_step)
-        self.writer.flush()
+        scalars = {
+            "loss": self.loss,
+            "accuracy": self.accuracy,
+            "learning_rate": lr,
+            "grad_norm": grad_norm,
+        }
+        if steps_per_s:
+            scalars["steps_per_second"] = steps_per_s
+            scalars["sequences_per_second"] = steps_per_s * self.sequences_per_step
+            scalars["tokens_per_second"] = steps_per_s * self.tokens_per_step
+        self.writer.write(step, scalars)
         log(
             f"step {step}/{self.total}  loss {self.loss:.4f}  acc {self.accuracy:.3f}  "
             f"lr {lr:.2e}  {steps_per_s:.2f} steps/s  "

@@ -73,3 +73,35 @@ def test_installing_the_payload_pulls_no_pulumi() -> None:
     assert not [r for r in requirements if r.lower().startswith("pulumi")]
     lock = (ROOT / "requirements" / "payload.lock").read_text().lower()
     assert "pulumi" not in lock
+
+
+# The framework-free core every backend builds on (ARCHITECTURE.md, payload layout): the
+# modules of payload/ outside payload/backends/. Only the tf.data input (data, masking,
+# records), the TensorBoard writer (tf.summary) and quiet.py (which imports TensorFlow early
+# to absorb its import-time log lines) may import TensorFlow, and no module of
+# the core imports JAX or Keras: a backend's framework is loaded only by that backend.
+FRAMEWORKS = {"tensorflow", "tf_keras", "jax", "jaxlib", "keras", "orbax", "flax", "torch"}
+TF_INPUT_MODULES = {"data.py", "masking.py", "records.py", "tensorboard.py", "quiet.py"}
+
+
+def test_the_shared_core_imports_no_framework() -> None:
+    core = sorted((ROOT / "payload").glob("*.py"))
+    assert len(core) > 20
+    offenders = {}
+    for path in core:
+        allowed = {"tensorflow"} if path.name in TF_INPUT_MODULES else set()
+        names = imported_roots(path.read_text()) & (FRAMEWORKS - allowed)
+        if names:
+            offenders[path.name] = sorted(names)
+    assert offenders == {}
+
+
+@pytest.mark.parametrize(
+    ("backend", "foreign"),
+    [("tf", {"jax", "keras", "orbax"}), ("jax", {"tf_keras", "transformers"})],
+)
+def test_a_backend_imports_not_the_other(backend: str, foreign: set[str]) -> None:
+    files = sorted((ROOT / "payload" / "backends" / backend).rglob("*.py"))
+    assert files
+    offenders = {path.name: sorted(imported_roots(path.read_text()) & foreign) for path in files}
+    assert {k: v for k, v in offenders.items() if v} == {}

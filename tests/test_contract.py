@@ -55,7 +55,7 @@ def test_the_payload_rejects_what_infra_must_not_produce():
 
 def test_infra_knows_the_payloads_export_marker():
     """The TPU watchdog stops recreating the TPU VM once this marker exists."""
-    from payload import train
+    from payload.backends.tf import train
 
     assert jobspec.EXPORT_MARKER == train.EXPORT_MARKER
     assert jobspec.export_marker_uri(BUCKET, "j") == f"gs://{BUCKET}/runs/j/export/" + (

@@ -7,14 +7,16 @@ argv: job.yaml input_ids.npy attention_mask.npy logits_out.npy
 
 import sys
 
-from payload import jax_backend
+from payload.backends import jax as jax_backend
 
 jax_backend.use_jax()
 
 import numpy as np  # noqa: E402
 
 from payload import manifest as manifest_lib  # noqa: E402
-from payload.jax_backend import checkpoints, steps, trainer  # noqa: E402
+from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
+from payload.backends.jax import steps  # noqa: E402
+from payload.backends.jax import train as trainer  # noqa: E402
 from payload.spec import load_job  # noqa: E402
 
 job_file, ids_path, mask_path, out_path = sys.argv[1:5]

@@ -7,7 +7,7 @@ argv: family size vocab_size seq_length model_dir input_ids.npy attention_mask.n
 
 import sys
 
-from payload import jax_backend
+from payload.backends import jax as jax_backend
 
 jax_backend.use_jax()
 
@@ -15,7 +15,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from payload import model as model_lib  # noqa: E402
-from payload.jax_backend import models  # noqa: E402
+from payload.backends.jax import models  # noqa: E402
 
 family, size, vocab, seq, out_dir, ids_path, mask_path, logits_path = sys.argv[1:9]
 special = {"pad": 1, "bos": 0, "eos": 2} if family != "bert" else {"pad": 0, "cls": 2, "sep": 3}

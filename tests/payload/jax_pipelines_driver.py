@@ -8,7 +8,7 @@ argv: job.yaml N   (XLA_FLAGS gives the process its CPU devices)
 import json
 import sys
 
-from payload.jax_backend import trainer
+from payload.backends.jax import train as trainer
 from payload.spec import load_job
 from payload.status import StatusWriter
 

@@ -5,7 +5,7 @@ Prints one JSON line of measurements per family."""
 import json
 import sys
 
-from payload import jax_backend
+from payload.backends import jax as jax_backend
 
 jax_backend.use_jax()
 
@@ -14,7 +14,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from payload import model as model_lib  # noqa: E402
-from payload.jax_backend import models, steps  # noqa: E402
+from payload.backends.jax import models, steps  # noqa: E402
 
 VOCAB, SEQ, BATCH, POSITIONS = 64, 16, 8, 3
 

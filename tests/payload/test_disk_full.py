@@ -241,7 +241,7 @@ def test_checkpoint_size_and_space_check(tmp_path: Path, monkeypatch: pytest.Mon
     import tensorflow as tf
     import tf_keras
 
-    from payload import checkpoint
+    from payload.backends.tf import checkpoint
 
     model = tf_keras.Sequential([tf_keras.layers.Dense(300, input_shape=(200,))])
     optimizer = tf_keras.optimizers.AdamW(1e-3)

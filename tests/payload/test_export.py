@@ -31,8 +31,9 @@ from train_helpers import job_document, prepare_data, write_corpus, write_job
 
 from payload import export as export_lib
 from payload import manifest as mf
-from payload import records, storage, train
+from payload import records, storage
 from payload import tokenizer as tokenizer_lib
+from payload.backends.tf import train
 from payload.status import StatusWriter
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
-"""The GPU VM rules of payload/strategy.py that a CPU machine can check for real: a host the
-trainer unit declares a GPU VM (infra/templates/gpu.sh) without a GPU fails with one line
+"""The GPU VM rules of payload/backends/tf/strategy.py that a CPU machine can check for real: a
+host the trainer unit declares a GPU VM (infra/templates/gpu.sh) without a GPU fails with one line
 and exit 2 instead of training on its CPU, and precision `auto` follows the GPU's catalog
 policy (the multi-replica GPU plan itself runs in test_train_replicas.py)."""
 
@@ -18,7 +18,7 @@ from train_helpers import (
     write_job,
 )
 
-from payload import strategy as strategy_lib
+from payload.backends.tf import strategy as strategy_lib
 from payload.errors import UserError
 
 

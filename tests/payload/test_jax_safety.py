@@ -26,8 +26,8 @@ from train_helpers import (
 )
 
 from payload import training
+from payload.backends.jax import distributed
 from payload.errors import DataError, UserError
-from payload.jax_backend import distributed
 from payload.spec import JobSpec
 
 

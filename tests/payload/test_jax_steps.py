@@ -1,4 +1,4 @@
-"""The JAX backend's compiled training steps (payload/jax_backend/steps.py), on CPU: K steps
+"""The JAX backend's compiled training steps (payload/backends/jax/steps.py), on CPU: K steps
 in one compiled call give what K one-step calls give (and n < K steps of a K-slot call what
 an n-step call gives), the loss is the TF backend's loss
 (weighted mean cross entropy at the predicted positions), and a tiny BERT and GPT-2 learn a

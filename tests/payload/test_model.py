@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 from payload import model as model_lib
-from payload import schedule
+from payload.backends.tf import model as tf_model
+from payload.backends.tf import schedule
 from payload.errors import SpecError
 from payload.masking import causal_labels, mask_tokens
 from payload.spec import parse_job
@@ -156,10 +157,10 @@ def _mlm_batch(vocab: int, special: dict[str, int], seed: int = 3) -> dict[str, 
 @pytest.mark.parametrize(("family", "special"), [("bert", BERT_IDS), ("roberta", ROBERTA_IDS)])
 def test_gathered_head_equals_full_model_logits(family: str, special: dict[str, int]) -> None:
     config = model_lib.build_config(family, "tiny", {}, vocab_size=VOCAB, special_ids=special)
-    model = model_lib.create_model(family, config, SEQ)
+    model = tf_model.create_model(family, config, SEQ)
     batch = _mlm_batch(VOCAB, special)
 
-    gathered = model_lib.masked_lm_logits(model, family, batch, training=False)
+    gathered = tf_model.masked_lm_logits(model, family, batch, training=False)
     full = model(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=False
     ).logits
@@ -168,7 +169,7 @@ def test_gathered_head_equals_full_model_logits(family: str, special: dict[str, 
     np.testing.assert_allclose(gathered.numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)
 
     # Our loss equals the HF model's own loss with -100 everywhere but the masked positions.
-    loss_sum, weight_sum, _ = model_lib.loss_terms(model, family, "mlm", batch, training=False)
+    loss_sum, weight_sum, _ = tf_model.loss_terms(model, family, "mlm", batch, training=False)
     labels = np.full((4, SEQ), -100, np.int32)
     w = batch["masked_lm_weights"].numpy() > 0
     pos, ids = batch["masked_lm_positions"].numpy(), batch["masked_lm_ids"].numpy()
@@ -185,7 +186,7 @@ def test_gathered_head_equals_full_model_logits(family: str, special: dict[str, 
     )
 
     # The head is the model's own and tied to the input embeddings: no separate decoder matrix.
-    _, head = model_lib.encoder_and_head(model, family)
+    _, head = tf_model.encoder_and_head(model, family)
     names = {v.name for v in model.trainable_variables}
     assert not any("decoder/kernel" in n for n in names)
     assert head.trainable_variables
@@ -193,10 +194,10 @@ def test_gathered_head_equals_full_model_logits(family: str, special: dict[str, 
 
 def test_causal_loss_matches_hf_shifted_loss() -> None:
     config = model_lib.build_config("gpt2", "tiny", {}, vocab_size=VOCAB, special_ids=GPT2_IDS)
-    model = model_lib.create_model("gpt2", config, SEQ)
+    model = tf_model.create_model("gpt2", config, SEQ)
     ids = np.random.default_rng(0).integers(4, VOCAB, size=(3, SEQ), dtype=np.int32)
     batch = causal_labels(tf.constant(ids), pad_id=GPT2_IDS["pad"])
-    loss_sum, weight_sum, _ = model_lib.loss_terms(model, "gpt2", "clm", batch, training=False)
+    loss_sum, weight_sum, _ = tf_model.loss_terms(model, "gpt2", "clm", batch, training=False)
     assert weight_sum.numpy() == 3 * (SEQ - 1)
     # HF shifts internally: labels=input_ids gives the next-token loss over S-1 positions.
     hf = model(input_ids=tf.constant(ids), labels=tf.constant(ids), training=False).loss
@@ -208,7 +209,7 @@ def test_causal_loss_matches_hf_shifted_loss() -> None:
 @pytest.mark.parametrize(("family", "special"), [("bert", BERT_IDS), ("gpt2", GPT2_IDS)])
 def test_weight_decay_skips_norms_and_biases(family: str, special: dict[str, int]) -> None:
     config = model_lib.build_config(family, "tiny", {}, vocab_size=VOCAB, special_ids=special)
-    model = model_lib.create_model(family, config, SEQ)
+    model = tf_model.create_model(family, config, SEQ)
     job = _job(family)
     optimizer = schedule.create_optimizer(job.train, jit_compile=False)
     optimizer.build(model.trainable_variables)

@@ -27,7 +27,7 @@ from train_helpers import (
 )
 
 from payload import export as export_lib
-from payload import train
+from payload.backends.tf import train
 from payload.spec import load_job
 from payload.status import StatusWriter
 

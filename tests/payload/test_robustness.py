@@ -578,7 +578,8 @@ def _interrupted_checkpoints(write: Callable[[str, bytes], None], root: str) -> 
 def test_interrupted_checkpoint_writes_are_removed_locally(tmp_path: Path) -> None:
     import tensorflow as tf
 
-    from payload import checkpoint, storage
+    from payload import storage
+    from payload.backends.tf import checkpoint
 
     root = str(tmp_path / "checkpoints")
     _interrupted_checkpoints(storage.write_bytes, root)
@@ -592,7 +593,8 @@ def test_interrupted_checkpoint_writes_are_removed_locally(tmp_path: Path) -> No
 
 @pytest.mark.emulator
 def test_interrupted_checkpoint_writes_are_removed_in_the_bucket(gcs_root: str) -> None:
-    from payload import checkpoint, storage
+    from payload import storage
+    from payload.backends.tf import checkpoint
 
     root = f"{gcs_root}/runs/x/checkpoints"
     _interrupted_checkpoints(storage.write_bytes, root)

@@ -1,4 +1,4 @@
-"""The TPU VM rules of payload/strategy.py that a CPU machine can check for real: a host
+"""The TPU VM rules of payload/backends/tf/strategy.py that a CPU machine can check for real: a host
 declared a TPU VM (by the trainer unit) without a TPU fails with one line, and jit_compile
 follows whether this TensorFlow build can XLA-compile on the host (the full tensorflow-tpu
 run is tests/infra/test_tpu_parity.py)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from payload import strategy as strategy_lib
+from payload.backends.tf import strategy as strategy_lib
 from payload.errors import UserError
 
 

@@ -17,7 +17,9 @@ from train_helpers import copy_prepared, job_document, prepare_data, write_corpu
 from payload import data as data_lib
 from payload import manifest as mf
 from payload import model as model_lib
-from payload import storage, train
+from payload import storage
+from payload.backends.tf import model as tf_model
+from payload.backends.tf import train
 from payload.errors import DataError
 from payload.spec import JobSpec
 from payload.status import StatusWriter
@@ -96,7 +98,7 @@ def test_mlm_end_to_end_and_export_loads(tmp_path: Path, corpus: Path, mlm_data:
     # The exported weights are the trained ones: on held-out masking of the data, the loaded
     # model's loss is far below the loss training started from.
     batch = next(iter(data_lib.make_dataset(job, manifest, batch_size=16, seed=99, training=False)))
-    loss_sum, weight_sum, _ = model_lib.loss_terms(model, "bert", "mlm", batch, training=False)
+    loss_sum, weight_sum, _ = tf_model.loss_terms(model, "bert", "mlm", batch, training=False)
     assert float(loss_sum / weight_sum) < stats["first_loss"] - 0.5
 
     # A rerun finds the finished checkpoint: no training, same step, still complete.
@@ -187,8 +189,8 @@ def test_checkpoints_of_another_run_are_refused(
 def test_nan_loss_stops_with_a_clear_error_and_keeps_checkpoints(
     tmp_path: Path, corpus: Path, mlm_data: JobSpec
 ) -> None:
-    from payload import checkpoint as checkpoint_lib
-    from payload import schedule
+    from payload.backends.tf import checkpoint as checkpoint_lib
+    from payload.backends.tf import schedule
 
     doc = job_document(tmp_path, corpus, "mlm", steps=10)
     job = copy_prepared(mlm_data, tmp_path, doc)
@@ -200,7 +202,7 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_checkpoints(
     config = model_lib.build_config(
         "bert", "tiny", {}, vocab_size=manifest.vocab_size, special_ids=manifest.special_ids
     )
-    model = model_lib.create_model("bert", config, 32)
+    model = tf_model.create_model("bert", config, 32)
     optimizer = schedule.create_optimizer(job.train, jit_compile=False)
     optimizer.build(model.trainable_variables)
     ckpt, manager = checkpoint_lib.make_manager(model, optimizer, job.paths.checkpoints, keep=3)

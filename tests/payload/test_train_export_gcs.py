@@ -17,8 +17,10 @@ from train_helpers import job_document, prepare_data, write_corpus, write_job
 from payload import data as data_lib
 from payload import manifest as mf
 from payload import model as model_lib
-from payload import storage, train
-from payload import strategy as strategy_lib
+from payload import storage
+from payload.backends.tf import model as tf_model
+from payload.backends.tf import strategy as strategy_lib
+from payload.backends.tf import train
 from payload.status import StatusWriter
 
 
@@ -44,7 +46,7 @@ def test_export_to_gcs_uploads_model_and_tokenizer_marker_last(
         vocab_size=manifest.vocab_size,
         special_ids=data_lib.special_ids_of(manifest),
     )
-    model = model_lib.create_model("bert", config, 32)
+    model = tf_model.create_model("bert", config, 32)
 
     # A stale, unfinished export is replaced, not mixed with the new one.
     storage.write_text(storage.join(job.paths.export, "stale.txt"), "old")

@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(
     import payload
     import tensorflow as tf
     import tf_keras
-    from payload import strategy, train
+    from payload.backends.tf import strategy, train
     from payload.spec import load_job
     from payload.status import StatusWriter
 

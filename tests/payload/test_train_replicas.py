@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent(
         cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
     )
     from transformers import TFAutoModelForMaskedLM
-    from payload import strategy, train
+    from payload.backends.tf import strategy, train
     from payload.spec import load_job
     from payload.status import StatusWriter
 

@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from payload import schedule
-from payload import strategy as strategy_lib
-from payload.train import _chunk_length
+from payload.backends.tf import schedule
+from payload.backends.tf import strategy as strategy_lib
+from payload.backends.tf.train import _chunk_length
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The Keras 3 / JAX backend (`train.backend: jax`, work in progress: see docs/backends.md).
+"""The Keras 3 / JAX backend (`train.backend: jax`; docs/backends.md).
 
 Keras 3 picks its backend once, when `keras` is first imported: a process that uses this
 package sets KERAS_BACKEND=jax before that (`use_jax()`), and never mixes it with the

@@ -27,14 +27,17 @@ import tensorflow as tf
 import tf_keras
 from tqdm import tqdm
 
-from payload import checkpoint as checkpoint_lib
 from payload import data as data_lib
-from payload import evaluate as evaluate_lib
 from payload import export as export_lib
+from payload import identity as identity_lib
 from payload import manifest as manifest_lib
 from payload import model as model_lib
-from payload import schedule, storage, training
-from payload import strategy as strategy_lib
+from payload import storage, training
+from payload.backends.tf import checkpoint as checkpoint_lib
+from payload.backends.tf import evaluate as evaluate_lib
+from payload.backends.tf import model as tf_model
+from payload.backends.tf import schedule
+from payload.backends.tf import strategy as strategy_lib
 from payload.status import StatusWriter
 
 if TYPE_CHECKING:
@@ -62,16 +65,13 @@ def train(
     status: StatusWriter,
     *,
     runtime: strategy_lib.Runtime | None = None,
-    target: strategy_lib.SliceTarget | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume) and export.
+    """Train (or resume) and export on this host (slices run the JAX backend).
 
-    `runtime` defaults to the detected accelerator, or to the multi-host TPU slice `target`
-    (strategy.slice_target). Only the chief writes (checkpoints, run.json, TensorBoard,
-    status, export): on a slice that is this one client on worker 0; in a multi-client
-    run (the tests' loopback cluster) every other worker computes and reads only.
+    `runtime` defaults to the detected accelerator. Only the chief writes (checkpoints,
+    run.json, TensorBoard, status, export): in a multi-client run every other worker
+    computes and reads only.
     """
-    strategy_lib.require_shared_paths({"output": job.paths.root, "data": job.paths.data}, target)
     if runtime is not None and not runtime.is_chief:
         status = _UnwrittenStatus(status.path, status.job_name)
     status.update(stage="train", message="verifying data")
@@ -81,7 +81,7 @@ def train(
 
     family, spec = job.model.family, job.train
     config = model_lib.config_for(job, manifest)
-    runtime = runtime or strategy_lib.setup(spec.precision, target=target)
+    runtime = runtime or strategy_lib.setup(spec.precision)
     strategy_lib.check_global_batch(spec.global_batch_size, runtime)
     chief = runtime.is_chief
     described = strategy_lib.describe(runtime)
@@ -95,7 +95,7 @@ def train(
     tf_keras.utils.set_random_seed(spec.seed)
     try:
         with strategy.scope():
-            model = model_lib.create_model(family, config, manifest.seq_length)
+            model = tf_model.create_model(family, config, manifest.seq_length)
             optimizer = schedule.create_optimizer(spec, jit_compile=runtime.plan.jit_compile)
             if runtime.plan.loss_scaling:
                 # Dynamic loss scaling (tf_keras' LossScaleOptimizer: starts at 2**15, halves
@@ -148,10 +148,10 @@ def _restore_or_start(
     ckpt, manager = checkpoint_lib.make_manager(
         model, optimizer, job.paths.checkpoints, keep=spec.keep_checkpoints
     )
-    run_identity = checkpoint_lib.identity(job, manifest, config.to_dict(), backend=BACKEND)
+    run_identity = identity_lib.identity(job, manifest, config.to_dict(), backend=BACKEND)
     if chief:
         storage.makedirs(job.paths.checkpoints)
-        checkpoint_lib.check_identity(
+        identity_lib.check_identity(
             job.paths.checkpoints,
             run_identity,
             has_checkpoint=manager.latest_checkpoint is not None,
@@ -196,7 +196,7 @@ class _TrainLoop:
         @tf.function(jit_compile=self.runtime.plan.jit_compile)
         def forward_backward(batch: dict[str, tf.Tensor]) -> tuple[Any, ...]:
             with tf.GradientTape() as tape:
-                loss_sum, weight_sum, correct = model_lib.loss_terms(
+                loss_sum, weight_sum, correct = tf_model.loss_terms(
                     model, family, objective, batch, training=True
                 )
                 scaled = optimizer.get_scaled_loss(loss_sum) if scaling else loss_sum

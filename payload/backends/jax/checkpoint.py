@@ -11,7 +11,7 @@ Why our own format and not Orbax: the state is replicated (data parallelism), so
 holds all of it and one file per checkpoint is enough; numpy + the payload's storage layer
 write it locally or to gs:// atomically (a local file is renamed into place, a GCS object
 appears only when its upload is complete), with no extra dependency in the TPU VM's
-environment. Only process 0 writes. `run.json` (payload/checkpoint.py) records what the
+environment. Only process 0 writes. `run.json` (payload/identity.py) records what the
 checkpoints are valid for, as for the TF backend, with `backend: jax`.
 """
 

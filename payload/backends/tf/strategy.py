@@ -14,16 +14,8 @@
 `precision: fp32` forces float32 anywhere. `decide()` is pure and unit-tested for every
 accelerator; `connect()` can only be exercised for real on the matching hardware.
 
-Multi-host TPU slices (v4-32, v5litepod-16, v5p-16, ...): TensorFlow's own engine, one
-client driving every host. A TF TPU worker (gRPC server, port 8470) runs on every host; the
-training program runs on worker 0 only, with `TPU_NAME=<node name>` (or the workers'
-grpc:// endpoints) and `TPU_LOAD_LIBRARY=0` (so this client does not load libtpu and lock the
-chips the local TPU worker owns), and connects with `TPUClusterResolver(tpu=TPU_NAME, zone,
-project)`; see `slice_target()`.
-Every other rule (precision, steps per execution) is the single-host TPU's. The input
-pipeline runs once per host (`distribute_datasets_from_function`, one `input_pipeline_id`
-per host, data.py shards the files by it); checkpoints, TensorBoard, status and the export
-are written by this one client (`is_chief()`), from gs:// paths every host can read.
+One host only (a TPU VM of one host, a GPU VM, a CPU): multi-host TPU slices run the JAX
+backend (docs/pod-slices.md), and the CLI refuses `TPU_NAME` naming a slice for this backend.
 
 Two facts of the TPU VM's environment (tensorflow-tpu, requirements/tpu-vm.txt) live here
 too: that TensorFlow build has no XLA CPU backend (`jit_compile=True` on the host fails
@@ -37,9 +29,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import re
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,10 +171,10 @@ def tpu_devices() -> list[str]:
     return [device.name for device in tf.config.list_logical_devices("TPU")]
 
 
-def connect(accelerator: str, target: SliceTarget | None = None) -> tf.distribute.Strategy:
-    """The distribution strategy for the accelerator (initialises the TPU system)."""
+def connect(accelerator: str) -> tf.distribute.Strategy:
+    """The distribution strategy for the accelerator (initialises this VM's TPU system)."""
     if accelerator == "tpu":
-        resolver = tpu_resolver(target)
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver("local")
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
@@ -193,11 +183,11 @@ def connect(accelerator: str, target: SliceTarget | None = None) -> tf.distribut
     return tf.distribute.get_strategy()
 
 
-def _connect_tpu_or_fail(target: SliceTarget | None = None) -> tf.distribute.Strategy:
+def _connect_tpu_or_fail() -> tf.distribute.Strategy:
     """Connect to the TPU; on a declared TPU VM any failure is one `TpuNotFoundError` line."""
     host = hosts.expected_tpu()
     try:
-        strategy = connect("tpu", target)
+        strategy = connect("tpu")
     except (tf.errors.OpError, ValueError, RuntimeError) as exc:
         if host is None:
             raise
@@ -231,16 +221,13 @@ def host_xla_available() -> bool:
     return True
 
 
-def setup(
-    precision: str, accelerator: str | None = None, target: SliceTarget | None = None
-) -> Runtime:
+def setup(precision: str, accelerator: str | None = None) -> Runtime:
     """Detect the accelerator (unless given), connect, and set the global precision policy.
 
-    With a `target` (a multi-host slice) the accelerator is a TPU whatever this host shows:
-    worker 0's own chips belong to its TPU worker process. Must run before any model is
-    built; build the model and optimizer inside `runtime.strategy.scope()`.
+    Must run before any model is built; build the model and optimizer inside
+    `runtime.strategy.scope()`.
     """
-    kind = accelerator or ("tpu" if target is not None else detect())
+    kind = accelerator or detect()
     expected_gpu = hosts.expected_gpu()
     gpu_policy = expected_gpu.policy if expected_gpu is not None else ""
     plan = decide(
@@ -256,7 +243,7 @@ def setup(
             f"strategy: jit_compile off: this TensorFlow build ({tf.__version__}) has no XLA "
             "CPU backend (the TPU VM's tensorflow-tpu); the CPU runs the step without XLA"
         )
-    strategy = _connect_tpu_or_fail(target) if kind == "tpu" else connect(kind)
+    strategy = _connect_tpu_or_fail() if kind == "tpu" else connect(kind)
     tf_keras.mixed_precision.set_global_policy(plan.policy)
     return Runtime(plan=plan, strategy=strategy)
 
@@ -270,103 +257,6 @@ def describe(runtime: Runtime) -> dict[str, Any]:
         "jit_compile": runtime.plan.jit_compile,
         "steps_per_execution": runtime.plan.steps_per_execution,
     }
-
-
-# --- Multi-host TPU slices ------------------------------------------------------------------
-
-# A Cloud TPU node id (the `tpu` of `gcloud compute tpus tpu-vm create <tpu>`): lower-case
-# letters, digits and hyphens, starting with a letter (the Cloud TPU API's resource naming).
-_NODE_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-_ENDPOINT_RE = re.compile(r"^grpc://[A-Za-z0-9.\-]+:[0-9]{1,5}$")
-_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
-_PROJECT_RE = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
-
-
-@dataclass(frozen=True)
-class SliceTarget:
-    """The multi-host TPU slice that this process (on worker 0) drives.
-
-    `tpu` is the TPU node name (resolved to every host's TPU worker through the Cloud TPU
-    API: `tpu.nodes.get` for this VM's service account, and the `cloud-tpu-client`
-    dependencies googleapiclient + oauth2client, which TF 2.20 imports for it), or the
-    workers' endpoints themselves, `grpc://10.0.0.2:8470,grpc://10.0.0.3:8470,...` in
-    worker order (no API call, no extra permission). `zone`/`project` None: TensorFlow
-    takes this VM's own from the metadata server (`instance/zone`, `project/project-id`).
-    """
-
-    tpu: str
-    zone: str | None = None
-    project: str | None = None
-
-    @property
-    def endpoints(self) -> tuple[str, ...]:
-        """The explicit worker endpoints, or () when `tpu` is a node name."""
-        return tuple(self.tpu.split(",")) if self.tpu.startswith("grpc://") else ()
-
-
-def slice_target(environ: Mapping[str, str]) -> SliceTarget | None:
-    """The slice named by the environment (the CLI passes os.environ), None on one host.
-
-    `TPU_NAME` unset, empty or `local` is a single-host TPU VM (or no TPU). Anything else is
-    a multi-host slice and needs `TPU_LOAD_LIBRARY=0`: the TPU worker on this host already
-    holds its chips, and a client that loads libtpu would take the lock on them first.
-    `TPU_ZONE` and `TPU_PROJECT` are this payload's own optional variables (TensorFlow
-    itself reads neither; it falls back to the metadata server).
-    """
-    name = environ.get("TPU_NAME", "").strip()
-    if name in ("", "local"):
-        return None
-    if name.startswith("grpc://"):
-        bad = [e for e in name.split(",") if not _ENDPOINT_RE.match(e)]
-        if bad:
-            raise SpecError(
-                f"TPU_NAME: {bad[0]!r} is not a TPU worker endpoint (allowed: a TPU node name, "
-                "or grpc://HOST:PORT,grpc://HOST:PORT,... for every worker, in worker order)"
-            )
-    elif not _NODE_NAME_RE.match(name):
-        raise SpecError(
-            f"TPU_NAME: {name!r} is not a TPU node name (allowed: 'local' on one host; on a "
-            "slice the node name, lower-case letters, digits and '-', or grpc:// endpoints)"
-        )
-    zone = environ.get("TPU_ZONE", "").strip() or None
-    if zone is not None and not _ZONE_RE.match(zone):
-        raise SpecError(f"TPU_ZONE: {zone!r} is not a zone (e.g. us-central2-b)")
-    project = environ.get("TPU_PROJECT", "").strip() or None
-    if project is not None and not _PROJECT_RE.match(project):
-        raise SpecError(f"TPU_PROJECT: {project!r} is not a project id (e.g. my-project-123)")
-    if not name.startswith("grpc://") and (missing := _cloud_tpu_api_missing()):
-        raise SpecError(
-            f"TPU_NAME={name}: finding a slice's workers by node name goes through the Cloud "
-            f"TPU API, and TensorFlow's client for it needs {', '.join(missing)} (not "
-            "installed); give the workers instead: TPU_NAME=grpc://IP0:8470,grpc://IP1:8470,..."
-        )
-    if environ.get("TPU_LOAD_LIBRARY") != "0":
-        raise SpecError(
-            f"TPU_NAME={name} (a multi-host slice) needs TPU_LOAD_LIBRARY=0, got "
-            f"{environ.get('TPU_LOAD_LIBRARY')!r}: the TPU worker on this host owns its chips"
-        )
-    if environ.get("TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
-        # TF 2.20 loads libtpu as a PJRT plugin when this is set (its __init__.py); Google's
-        # TF TPU CI sets it on single hosts only, never for pods.
-        raise SpecError(
-            f"TPU_NAME={name} (a multi-host slice) needs TF_PLUGGABLE_DEVICE_LIBRARY_PATH "
-            "unset (it is for one host): this client would load libtpu and take the chips "
-            "of worker 0's TPU worker"
-        )
-    return SliceTarget(tpu=name, zone=zone, project=project)
-
-
-def _cloud_tpu_api_missing() -> list[str]:
-    """What TF 2.20's Cloud TPU client imports to look a node up (tpu/client/client.py)."""
-    return [m for m in ("googleapiclient", "oauth2client") if importlib.util.find_spec(m) is None]
-
-
-def tpu_resolver(target: SliceTarget | None) -> Any:
-    """TPUClusterResolver for this VM's own chips (`local`) or for a multi-host slice."""
-    resolver_class = tf.distribute.cluster_resolver.TPUClusterResolver
-    if target is None:
-        return resolver_class("local")
-    return resolver_class(tpu=target.tpu, zone=target.zone, project=target.project)
 
 
 def num_hosts(strategy: tf.distribute.Strategy) -> int:
@@ -400,21 +290,3 @@ def check_global_batch(global_batch_size: int, runtime: Runtime) -> None:
         f"replicas of this {runtime.plan.accelerator} ({where} replicas); e.g. "
         f"{max(lower, replicas)} or {lower + replicas}"
     )
-
-
-def require_shared_paths(paths: Mapping[str, str], target: SliceTarget | None) -> None:
-    """On a slice the paths must be gs://: a local path names a different disk on each host.
-
-    Every host's input pipeline runs on that host (it reads `data`). Checkpoints: as we
-    understand TF's placement, a TPU variable's save ops run on its host's TPU worker, not
-    in this client, so they must go where both can reach (not yet observed on a slice).
-    """
-    if target is None:
-        return
-    local = {key: path for key, path in paths.items() if not path.startswith("gs://")}
-    if local:
-        key, path = next(iter(local.items()))
-        raise SpecError(
-            f"{key}: {path!r} is a local path, but on a multi-host slice (TPU_NAME="
-            f"{target.tpu}) every host reads and writes it: put job `output` on gs://"
-        )

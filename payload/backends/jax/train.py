@@ -1,14 +1,14 @@
 """The `train` stage on the Keras 3 / JAX backend (`train.backend: jax`).
 
 The same job, shards, checks, status, checkpoint cadence, signals and export as the TF
-backend (payload/train.py; the shared parts are payload/training.py), in this order:
+backend (payload/backends/tf/train.py; the shared parts are payload/training.py), in this order:
  1. load the manifest, check it against the job and the tokenizer, verify every shard;
  2. the devices JAX sees (`runtime()`): one data-parallel mesh over every device of every
     process; the precision (bfloat16 on TPU); the model (models.py) and AdamW (Keras 3);
  3. restore the newest checkpoint (checkpoints.py; run.json must match) and start the
     input pipeline at that step's batch;
  4. train in chunks of up to `steps_per_execution` optimizer steps per compiled call
-    (steps.py: a `lax.scan` inside one `jax.jit`), stopping exactly at log / checkpoint /
+    (steps.py: a `lax.fori_loop` inside one `jax.jit`), stopping exactly at log / checkpoint /
     eval / final step boundaries. While a chunk runs on the devices the host reads, masks
     and transfers the next chunk's batches (JAX dispatch is asynchronous), so the input is
     on the devices before the next call;
@@ -34,9 +34,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from payload import jax_backend
+from payload.backends.jax import use_jax
 
-jax_backend.use_jax()
+use_jax()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -47,15 +47,17 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from payload import checkpoint as run_identity_lib  # noqa: E402
 from payload import data as data_lib  # noqa: E402
 from payload import evaluate as evaluate_lib  # noqa: E402
 from payload import hosts, storage, training  # noqa: E402
+from payload import identity as run_identity_lib  # noqa: E402
 from payload import manifest as manifest_lib  # noqa: E402
 from payload import model as model_lib  # noqa: E402
+from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
+from payload.backends.jax import distributed, models, steps  # noqa: E402
 from payload.errors import SpecError  # noqa: E402
-from payload.jax_backend import checkpoints, distributed, models, steps  # noqa: E402
 from payload.status import StatusWriter  # noqa: E402
+from payload.tensorboard import Scalars  # noqa: E402
 
 if TYPE_CHECKING:
     from payload.manifest import Manifest
@@ -342,11 +344,7 @@ class Evaluator:
             return jnp.stack(steps.loss_terms(logits, labels, weights))
 
         self._sums = sums
-        self.writer = (
-            tf.summary.create_file_writer(storage.join(job.paths.logs, "eval"))
-            if rt.is_chief
-            else tf.summary.create_noop_writer()
-        )
+        self.writer = Scalars(storage.join(job.paths.logs, "eval"), enabled=rt.is_chief)
 
     def evaluate(self, step: int, state: steps.TrainState) -> dict[str, float]:
         started = time.perf_counter()

@@ -17,6 +17,8 @@ from payload import storage
 from payload.errors import DataError
 
 RUN_IDENTITY = "run.json"
+# Written into run.json but not part of the identity a resume must match (check_identity).
+RECORDED = ("mesh",)
 _ANY_CHECKPOINT = re.compile(r"^ckpt-\d+\.(index|npz)$")
 
 
@@ -55,16 +57,29 @@ def any_checkpoints(checkpoint_dir: str) -> bool:
     return any(_ANY_CHECKPOINT.match(name) for name in storage.listdir(checkpoint_dir))
 
 
-def check_identity(checkpoint_dir: str, current: dict[str, Any], *, has_checkpoint: bool) -> None:
+def check_identity(
+    checkpoint_dir: str,
+    current: dict[str, Any],
+    *,
+    has_checkpoint: bool,
+    record: Mapping[str, Any] | None = None,
+) -> None:
     """Write run.json for a fresh run; for a resumed run, DataError if anything changed
-    (also when the checkpoints there are the other backend's, which this one cannot read)."""
+    (also when the checkpoints there are the other backend's, which this one cannot read).
+
+    `record` (e.g. the JAX backend's mesh) is written beside the identity but never compared:
+    a run may resume on another mesh shape (a preempted v4-32 on a v4-16), and run.json then
+    records the shape of the latest start."""
     path = storage.join(checkpoint_dir, RUN_IDENTITY)
     has_checkpoint = has_checkpoint or any_checkpoints(checkpoint_dir)
+    recorded = dict(record or {})
     if not has_checkpoint or not storage.exists(path):
-        storage.write_text(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
+        _write(path, {**current, **recorded})
         return
     previous = json.loads(storage.read_text(path))
     previous.setdefault("backend", "tf")  # run.json of releases with one backend
+    for key in RECORDED:
+        previous.pop(key, None)
     changed = _differences(previous, json.loads(json.dumps(current)))
     if changed:
         raise DataError(
@@ -73,3 +88,9 @@ def check_identity(checkpoint_dir: str, current: dict[str, Any], *, has_checkpoi
             + (f"; +{len(changed) - 3} more" if len(changed) > 3 else "")
             + "): use a new output directory, or --force to start over"
         )
+    if recorded:
+        _write(path, {**current, **recorded})
+
+
+def _write(path: str, document: Mapping[str, Any]) -> None:
+    storage.write_text(path, json.dumps(document, indent=2, sort_keys=True) + "\n")

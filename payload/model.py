@@ -213,3 +213,28 @@ def check_compatible(job: JobSpec) -> None:
             f"(model.config.{key}={getattr(config, key)} allows at most {limit}); lower "
             f"data.seq_length or set model.config.{key} >= {job.data.seq_length}{extra}"
         )
+
+
+def parameter_count(family: str, config: PretrainedConfig) -> int:
+    """The trainable parameters of the family's model for `config`, from its shapes alone
+    (no framework): what the JAX backend's sharding choice and a plan need before any
+    weight exists. tests/payload/test_jax_sharding.py checks it against the built models.
+
+    BERT / RoBERTa (MaskedLM, decoder tied to the word embeddings, no pooler): embeddings
+    (V + P + T) x H and their LayerNorm; per layer 4 attention projections H x H + H, two
+    LayerNorms, the MLP H x I + I and I x H + H; the head's dense H x H + H, its LayerNorm
+    and the decoder bias V. GPT-2 (tied lm_head, no bias): wte V x H, wpe P x H; per layer
+    ln_1, c_attn H x 3H + 3H, c_proj H x H + H, ln_2, c_fc H x I + I, c_proj I x H + H; ln_f.
+    """
+    if family == "gpt2":
+        h, v, p = config.n_embd, config.vocab_size, config.n_positions
+        inner = config.n_inner or 4 * h
+        per_layer = 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + 2 * h
+        per_layer += (h * inner + inner) + (inner * h + h)
+        return v * h + p * h + config.n_layer * per_layer + 2 * h
+    h, v = config.hidden_size, config.vocab_size
+    p, t, inner = config.max_position_embeddings, config.type_vocab_size, config.intermediate_size
+    embeddings = (v + p + t) * h + 2 * h
+    per_layer = 4 * (h * h + h) + 2 * h + (h * inner + inner) + (inner * h + h) + 2 * h
+    head = (h * h + h) + 2 * h + v
+    return embeddings + config.num_hidden_layers * per_layer + head

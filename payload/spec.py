@@ -39,6 +39,9 @@ DECAYS = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "bf16", "fp32")
 # auto: the VM unit's TPU_PAYLOAD_BACKEND, else tf (payload/training.py resolve_backend).
 BACKENDS = ("auto", "tf", "jax")
+# How the JAX backend lays the training state over the devices (payload/backends/jax/mesh.py):
+# auto: data parallelism while the state fits a chip, else FSDP. The TF backend: data only.
+SHARDINGS = ("auto", "data", "fsdp")
 ON_BAD_INPUT = ("skip", "fail")
 
 # Smallest vocabulary we accept before looking at the corpus: the special tokens plus
@@ -169,6 +172,7 @@ class TrainSpec:
     clip_norm: float = 1.0  # 0 disables global-norm clipping
     precision: str = "auto"
     backend: str = "auto"  # tf (TensorFlow + tf_keras) | jax (Keras 3 on JAX): docs/backends.md
+    sharding: str = "auto"  # auto | data | fsdp (JAX backend): docs/backends.md "The mesh"
     checkpoint_every: int = 100
     keep_checkpoints: int = 3
     log_every: int = 10
@@ -483,6 +487,7 @@ def _train(section: _Section) -> TrainSpec:
         clip_norm=section.take("clip_norm", _float(0.0), 1.0),
         precision=section.take("precision", _choice(PRECISIONS), "auto"),
         backend=section.take("backend", _choice(BACKENDS), "auto"),
+        sharding=section.take("sharding", _choice(SHARDINGS), "auto"),
         checkpoint_every=section.take("checkpoint_every", _int(1, 1 << 40), 100),
         keep_checkpoints=section.take("keep_checkpoints", _int(1, 1000), 3),
         log_every=section.take("log_every", _int(1, 1 << 40), 10),

@@ -25,6 +25,7 @@ dtype's most negative value, as transformers' eager attention does.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
@@ -254,72 +255,89 @@ def create_model(family: str, config: Any, seq_length: int) -> MaskedLM | Causal
     return model
 
 
-def _linear(state: dict[str, np.ndarray], name: str, dense: layers.Dense) -> None:
+Values = Callable[[Any], np.ndarray]
+
+
+def _linear(state: dict[str, np.ndarray], name: str, dense: layers.Dense, value: Values) -> None:
     """nn.Linear: weight [out, in] (Keras' kernel transposed), bias [out]."""
-    state[f"{name}.weight"] = np.asarray(dense.kernel).T
-    state[f"{name}.bias"] = np.asarray(dense.bias)
+    state[f"{name}.weight"] = value(dense.kernel).T
+    state[f"{name}.bias"] = value(dense.bias)
 
 
 def _conv1d(state: dict[str, np.ndarray], name: str, kernel: Any, bias: Any) -> None:
     """GPT-2's Conv1D: weight [in, out], as Keras stores it."""
-    state[f"{name}.weight"] = np.asarray(kernel)
-    state[f"{name}.bias"] = np.asarray(bias)
+    state[f"{name}.weight"] = kernel
+    state[f"{name}.bias"] = bias
 
 
-def _norm(state: dict[str, np.ndarray], name: str, norm: layers.LayerNormalization) -> None:
-    state[f"{name}.weight"] = np.asarray(norm.gamma)
-    state[f"{name}.bias"] = np.asarray(norm.beta)
+def _norm(
+    state: dict[str, np.ndarray], name: str, norm: layers.LayerNormalization, value: Values
+) -> None:
+    state[f"{name}.weight"] = value(norm.gamma)
+    state[f"{name}.bias"] = value(norm.beta)
 
 
-def hf_state_dict(model: MaskedLM | CausalLM) -> dict[str, np.ndarray]:
+def hf_state_dict(
+    model: MaskedLM | CausalLM, values: Mapping[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
     """transformers' PyTorch parameter names and shapes, float32; tied weights once (the
-    decoder / lm_head is the word embedding matrix, export.TIED_KEYS)."""
+    decoder / lm_head is the word embedding matrix, export.TIED_KEYS). `values` (by variable
+    path) replaces the variables' own values: the trainer's gathered weights of a sharded,
+    multi-process state, which no single process can read from the variables."""
+
+    def value(variable: Any) -> np.ndarray:
+        if values is not None:
+            return np.asarray(values[variable.path])
+        return np.asarray(variable)
+
     state: dict[str, np.ndarray] = {}
     if isinstance(model, CausalLM):
-        state["transformer.wte.weight"] = np.asarray(model.wte.embeddings)
-        state["transformer.wpe.weight"] = np.asarray(model.wpe.embeddings)
+        state["transformer.wte.weight"] = value(model.wte.embeddings)
+        state["transformer.wpe.weight"] = value(model.wpe.embeddings)
         for i, block in enumerate(model.blocks):
             p = f"transformer.h.{i}"
-            _norm(state, f"{p}.ln_1", block.ln_1)
+            _norm(state, f"{p}.ln_1", block.ln_1, value)
             a = block.attention
-            kernel = np.concatenate([np.asarray(d.kernel) for d in (a.query, a.key, a.value)], 1)
-            bias = np.concatenate([np.asarray(d.bias) for d in (a.query, a.key, a.value)])
+            kernel = np.concatenate([value(d.kernel) for d in (a.query, a.key, a.value)], 1)
+            bias = np.concatenate([value(d.bias) for d in (a.query, a.key, a.value)])
             _conv1d(state, f"{p}.attn.c_attn", kernel, bias)
-            _conv1d(state, f"{p}.attn.c_proj", block.c_proj.kernel, block.c_proj.bias)
-            _norm(state, f"{p}.ln_2", block.ln_2)
-            _conv1d(state, f"{p}.mlp.c_fc", block.c_fc.kernel, block.c_fc.bias)
-            _conv1d(state, f"{p}.mlp.c_proj", block.mlp_proj.kernel, block.mlp_proj.bias)
-        _norm(state, "transformer.ln_f", model.ln_f)
+            c_proj = block.c_proj
+            _conv1d(state, f"{p}.attn.c_proj", value(c_proj.kernel), value(c_proj.bias))
+            _norm(state, f"{p}.ln_2", block.ln_2, value)
+            _conv1d(state, f"{p}.mlp.c_fc", value(block.c_fc.kernel), value(block.c_fc.bias))
+            mlp = block.mlp_proj
+            _conv1d(state, f"{p}.mlp.c_proj", value(mlp.kernel), value(mlp.bias))
+        _norm(state, "transformer.ln_f", model.ln_f, value)
     else:
         base = model.family  # bert. / roberta.
         e = f"{base}.embeddings"
-        state[f"{e}.word_embeddings.weight"] = np.asarray(model.word_embeddings.embeddings)
-        state[f"{e}.position_embeddings.weight"] = np.asarray(model.position_embeddings.embeddings)
-        state[f"{e}.token_type_embeddings.weight"] = np.asarray(
-            model.token_type_embeddings.embeddings
-        )
-        _norm(state, f"{e}.LayerNorm", model.embedding_norm)
+        state[f"{e}.word_embeddings.weight"] = value(model.word_embeddings.embeddings)
+        state[f"{e}.position_embeddings.weight"] = value(model.position_embeddings.embeddings)
+        state[f"{e}.token_type_embeddings.weight"] = value(model.token_type_embeddings.embeddings)
+        _norm(state, f"{e}.LayerNorm", model.embedding_norm, value)
         for i, block in enumerate(model.blocks):
             p = f"{base}.encoder.layer.{i}"
             for part in ("query", "key", "value"):
-                _linear(state, f"{p}.attention.self.{part}", getattr(block.attention, part))
-            _linear(state, f"{p}.attention.output.dense", block.attention_output)
-            _norm(state, f"{p}.attention.output.LayerNorm", block.attention_norm)
-            _linear(state, f"{p}.intermediate.dense", block.intermediate)
-            _linear(state, f"{p}.output.dense", block.output_dense)
-            _norm(state, f"{p}.output.LayerNorm", block.output_norm)
+                _linear(state, f"{p}.attention.self.{part}", getattr(block.attention, part), value)
+            _linear(state, f"{p}.attention.output.dense", block.attention_output, value)
+            _norm(state, f"{p}.attention.output.LayerNorm", block.attention_norm, value)
+            _linear(state, f"{p}.intermediate.dense", block.intermediate, value)
+            _linear(state, f"{p}.output.dense", block.output_dense, value)
+            _norm(state, f"{p}.output.LayerNorm", block.output_norm, value)
         if model.family == "bert":
-            _linear(state, "cls.predictions.transform.dense", model.head_dense)
-            _norm(state, "cls.predictions.transform.LayerNorm", model.head_norm)
-            state["cls.predictions.bias"] = np.asarray(model.head_bias)
+            _linear(state, "cls.predictions.transform.dense", model.head_dense, value)
+            _norm(state, "cls.predictions.transform.LayerNorm", model.head_norm, value)
+            state["cls.predictions.bias"] = value(model.head_bias)
         else:
-            _linear(state, "lm_head.dense", model.head_dense)
-            _norm(state, "lm_head.layer_norm", model.head_norm)
-            state["lm_head.bias"] = np.asarray(model.head_bias)
+            _linear(state, "lm_head.dense", model.head_dense, value)
+            _norm(state, "lm_head.layer_norm", model.head_norm, value)
+            state["lm_head.bias"] = value(model.head_bias)
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
 
 
-def save_pretrained(model: MaskedLM | CausalLM, directory: str) -> dict[str, np.ndarray]:
+def save_pretrained(
+    model: MaskedLM | CausalLM, directory: str, values: Mapping[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
     """The Hugging Face layout the TF backend's export writes for PyTorch users: config.json
     naming the PyTorch class and `transformers_weights`, and pytorch_model.safetensors
     (export.py explains the file name). No TF weights: none can be produced from here."""
@@ -328,7 +346,7 @@ def save_pretrained(model: MaskedLM | CausalLM, directory: str) -> dict[str, np.
     from payload import export as export_lib  # noqa: PLC0415
 
     model.config.save_pretrained(directory)
-    state = hf_state_dict(model)
+    state = hf_state_dict(model, values)
     save_file(state, f"{directory}/{export_lib.PT_WEIGHTS}", metadata={"format": "pt"})
     export_lib.set_pytorch_config(directory, model.family)
     return state

@@ -43,8 +43,7 @@ import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402  (tf.data only: the input pipeline)
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from payload import data as data_lib  # noqa: E402
@@ -55,6 +54,7 @@ from payload import manifest as manifest_lib  # noqa: E402
 from payload import model as model_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import distributed, models, steps  # noqa: E402
+from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.errors import SpecError  # noqa: E402
 from payload.status import StatusWriter  # noqa: E402
 from payload.tensorboard import Scalars  # noqa: E402
@@ -82,6 +82,7 @@ class Runtime:
     policy: str  # Keras dtype policy: float32 | mixed_bfloat16
     steps_per_execution: int
     mesh: Mesh
+    mesh_plan: mesh_lib.MeshPlan
     process_index: int
     process_count: int
 
@@ -104,6 +105,8 @@ class Runtime:
             "jit_compile": True,
             "steps_per_execution": self.steps_per_execution,
             "devices": f"{len(local)} x {local[0].device_kind}" if local else "none",
+            "mesh": self.mesh_plan.describe(),
+            "sharding_reason": self.mesh_plan.reason,
             "jax": jax.__version__,
         }
 
@@ -112,9 +115,35 @@ def _platform(device: Any) -> str:
     return "gpu" if device.platform in ("gpu", "cuda", "rocm") else str(device.platform)
 
 
-def runtime(precision: str) -> Runtime:
+def runtime(precision: str, sharding: str = "auto", parameters: int = 0) -> Runtime:
     """Detect the devices; on a declared TPU/GPU VM (payload/hosts.py) a host without them
-    is a one-line error, not a CPU run."""
+    is a one-line error, not a CPU run. The mesh follows `train.sharding` for a model of
+    `parameters` (mesh.plan)."""
+    devices = _devices()
+    gpu = hosts.expected_gpu()
+    kind = _platform(devices[0])
+    bf16_gpu = gpu is not None and gpu.policy == "mixed_bfloat16"
+    auto_bf16 = kind == "tpu" or (kind == "gpu" and bf16_gpu)
+    bf16 = precision == "bf16" or (precision == "auto" and auto_bf16)
+    mesh_plan = mesh_lib.plan(
+        sharding,
+        parameters=parameters,
+        devices=len(devices),
+        memory=mesh_lib.device_memory(devices[0]),
+    )
+    return Runtime(
+        accelerator=kind,
+        policy="mixed_bfloat16" if bf16 else "float32",
+        steps_per_execution=STEPS_PER_CALL[kind],
+        mesh=mesh_lib.build_mesh(mesh_plan, devices),
+        mesh_plan=mesh_plan,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+
+
+def _devices() -> list[Any]:
+    """Every device of every process; on a declared TPU/GPU VM without them, one line."""
     tpu, gpu = hosts.expected_tpu(), hosts.expected_gpu()
     try:
         devices = jax.devices()
@@ -137,18 +166,7 @@ def runtime(precision: str) -> Runtime:
             f"but JAX {jax.__version__} sees only {seen}; not training on the host CPU (check "
             "nvidia-smi and `journalctl -t tpu-pretrain` on the VM)"
         )
-    bf16_gpu = gpu is not None and gpu.policy == "mixed_bfloat16"
-    auto_bf16 = kind == "tpu" or (kind == "gpu" and bf16_gpu)
-    bf16 = precision == "bf16" or (precision == "auto" and auto_bf16)
-    mesh = Mesh(np.asarray(devices), ("data",))
-    return Runtime(
-        accelerator=kind,
-        policy="mixed_bfloat16" if bf16 else "float32",
-        steps_per_execution=STEPS_PER_CALL[kind],
-        mesh=mesh,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    )
+    return list(devices)
 
 
 def _env(name: str) -> str:
@@ -225,9 +243,8 @@ class _Pipelines:
             raise ValueError(f"{self.count} input pipelines for {rt.process_count} processes")
         per = self.count // rt.process_count
         self.mine = range(rt.process_index * per, (rt.process_index + 1) * per)
-        self.batch_sharding = NamedSharding(rt.mesh, P("data"))
-        self.chunk_sharding = NamedSharding(rt.mesh, P(None, "data"))
-        self.replicated = NamedSharding(rt.mesh, P())
+        self.batch_sharding = mesh_lib.batch_sharding(rt.mesh, chunk=False)
+        self.chunk_sharding = mesh_lib.batch_sharding(rt.mesh, chunk=True)
 
     def pipeline_batch(self, global_batch: int) -> int:
         return global_batch // self.count
@@ -368,25 +385,20 @@ class Evaluator:
 
 
 def train(
-    job: JobSpec, status: StatusWriter, *, target: Any = None, input_pipelines: int | None = None
+    job: JobSpec, status: StatusWriter, *, input_pipelines: int | None = None
 ) -> dict[str, Any]:
-    """Train (or resume) and export on the JAX backend. `target` (the TF backend's gRPC
-    slice) does not apply: on a slice every host runs this same program. `input_pipelines`:
-    see _Pipelines (default: one per process)."""
-    if target is not None:
-        raise SpecError(
-            "train.backend: jax runs the same program on every host of a slice; TPU_NAME "
-            "(the TF backend's single-client slice) does not apply: unset it"
-        )
+    """Train (or resume) and export on the JAX backend; on a slice every host runs this same
+    program. `input_pipelines`: see _Pipelines (default: one per process)."""
     distributed.initialize_from_env()
-    rt = runtime(job.train.precision)
+    _devices()  # a missing TPU is one line before anything else
+    process, processes = jax.process_index(), jax.process_count()
     worker = os.environ.get(training.WORKER_ENV, "")
-    if worker and int(worker) != rt.process_index:
+    if worker and int(worker) != process:
         raise SpecError(
-            f"{training.WORKER_ENV}={worker} but JAX made this process {rt.process_index} of "
-            f"{rt.process_count}: worker 0 holds the output's lease and must be process 0"
+            f"{training.WORKER_ENV}={worker} but JAX made this process {process} of "
+            f"{processes}: worker 0 holds the output's lease and must be process 0"
         )
-    if not rt.is_chief:
+    if process != 0:
         status = training.UnwrittenStatus(status.path, status.job_name)
     status.update(stage="train", message="verifying data")
     manifest = manifest_lib.load_manifest(job.paths.data)
@@ -394,12 +406,15 @@ def train(
     manifest_lib.verify_shards(job.paths.data, manifest, checksums=True)
 
     spec = job.train
+    config = model_lib.config_for(job, manifest)
+    parameters = model_lib.parameter_count(job.model.family, config)
+    rt = runtime(spec.precision, spec.sharding, parameters)
     check_global_batch(spec.global_batch_size, rt)
     described = rt.describe()
     training.log(f"train: {json.dumps(described)}")
     status.note_runtime(described)  # the devices JAX sees, beside the host checks
 
-    config, model, optimizer = _build(job, manifest, rt)
+    model, optimizer = _build(job, config, manifest, rt)
     layout = checkpoints.Layout.of(model, optimizer)
 
     step, restored = _restore_or_start(
@@ -411,7 +426,7 @@ def train(
         f"train: process {rt.process_index} of {rt.process_count} reads {len(files)} of "
         f"{len(manifest.shards)} training shards: {', '.join(files)}"
     )
-    state = jax.device_put(steps.TrainState.of(model, optimizer), pipelines.replicated)
+    state = steps.TrainState.of(model, optimizer)  # created sharded (mesh.sharded_distribution)
     stats: dict[str, Any] = {"step": step}
     if restored is not None:
         stats["resumed_from"] = restored
@@ -441,22 +456,32 @@ def train(
         if evaluator is not None:
             evaluator.close()
 
+    weights = _gathered_weights(model, state)  # every process: one collective per weight
     if not rt.is_chief:
         return stats
-    state.write_back(model, optimizer)
     status.update(stage="train", progress=1.0, step=stats["step"], message="exporting")
-    export(job, model, stats, manifest=manifest, rt=rt, status=status)
+    export(job, model, stats, weights=weights, manifest=manifest, rt=rt, status=status)
     stats["export"] = job.paths.export
     status.update(stage="train", progress=1.0, step=stats["step"], message="exported")
     return stats
 
 
-def _build(job: JobSpec, manifest: Manifest, rt: Runtime) -> tuple[Any, Any, Any]:
-    """(config, model, optimizer): the model of the job's family with seeded initial
-    weights, in the runtime's precision, and AdamW built for its variables."""
+def _gathered_weights(model: Any, state: steps.TrainState) -> dict[str, np.ndarray]:
+    """The trained weights on this host by variable path, gathered one weight at a time (a
+    sharded weight of a multi-process mesh is readable by no single process: every process
+    joins each gather; the chief exports them)."""
+    return {
+        variable.path: mesh_lib.gather(value)
+        for variable, value in zip(model.trainable_variables, state.trainable, strict=True)
+    }
+
+
+def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[Any, Any]:
+    """(model, optimizer): the model of the job's family with seeded initial weights, in
+    the runtime's precision, and AdamW built for its variables, every variable created
+    sharded on the run's mesh (mesh.sharded_distribution)."""
     spec = job.train
     family = job.model.family
-    config = model_lib.config_for(job, manifest)
     keras.config.set_dtype_policy(rt.policy)
     # The initial weights and the dropout seeds. Keras also seeds TensorFlow's global RNG;
     # that is cleared again, as on the TF backend: the input pipeline's randomness has
@@ -464,12 +489,13 @@ def _build(job: JobSpec, manifest: Manifest, rt: Runtime) -> tuple[Any, Any, Any
     # global seed.
     keras.utils.set_random_seed(spec.seed)
     try:
-        model = models.create_model(family, config, manifest.seq_length)
-        optimizer = create_optimizer(spec)
-        optimizer.build(model.trainable_variables)
+        with mesh_lib.sharded_distribution(rt.mesh).scope():
+            model = models.create_model(family, config, manifest.seq_length)
+            optimizer = create_optimizer(spec)
+            optimizer.build(model.trainable_variables)
     finally:
         tf.random.set_seed(None)
-    return config, model, optimizer
+    return model, optimizer
 
 
 def _restore_or_start(
@@ -489,7 +515,12 @@ def _restore_or_start(
     identity = run_identity_lib.identity(job, manifest, config.to_dict(), backend=BACKEND)
     if rt.is_chief:
         storage.makedirs(directory)
-        run_identity_lib.check_identity(directory, identity, has_checkpoint=bool(found))
+        run_identity_lib.check_identity(
+            directory,
+            identity,
+            has_checkpoint=bool(found),
+            record={"mesh": rt.mesh_plan.describe()},
+        )
         checkpoints.require_space(directory, layout, keep=spec.keep_checkpoints, kept=len(found))
     if not found:
         return 0, None
@@ -522,7 +553,10 @@ class _TrainLoop:
         self.pipelines, self.evaluator = pipelines, evaluator
         self.spec = job.train
         self.train_chunk = steps.make_train_chunk(
-            model, optimizer, job.data.objective, state_sharding=pipelines.replicated
+            model,
+            optimizer,
+            job.data.objective,
+            state_sharding=mesh_lib.shardings_of(steps.TrainState.of(model, optimizer)),
         )
         self.last_checkpoint: str | None = None
 
@@ -638,14 +672,16 @@ def export(
     model: Any,
     stats: dict[str, Any],
     *,
+    weights: dict[str, np.ndarray] | None = None,
     manifest: Manifest,
     rt: Runtime,
     status: StatusWriter,
 ) -> None:
-    """PyTorch weights (the Hugging Face layout), tokenizer and model card to `export/`."""
+    """PyTorch weights (the Hugging Face layout), tokenizer and model card to `export/`.
+    `weights` (by variable path; default: the model's variables) are the trained values."""
     training.export_model(
         job,
-        lambda directory: models.save_pretrained(model, directory),
+        lambda directory: models.save_pretrained(model, directory, weights),
         manifest=manifest,
         model_config=model.config.to_dict(),
         tf_class=None,

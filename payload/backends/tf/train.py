@@ -38,6 +38,7 @@ from payload.backends.tf import evaluate as evaluate_lib
 from payload.backends.tf import model as tf_model
 from payload.backends.tf import schedule
 from payload.backends.tf import strategy as strategy_lib
+from payload.errors import SpecError
 from payload.status import StatusWriter
 
 if TYPE_CHECKING:
@@ -72,6 +73,11 @@ def train(
     run.json, TensorBoard, status, export): in a multi-client run every other worker
     computes and reads only.
     """
+    if job.train.sharding == "fsdp":
+        raise SpecError(
+            "train.sharding: fsdp shards the training state over the devices, which only the "
+            "JAX backend does; use train.backend: jax, or train.sharding: data (or auto)"
+        )
     if runtime is not None and not runtime.is_chief:
         status = _UnwrittenStatus(status.path, status.job_name)
     status.update(stage="train", message="verifying data")

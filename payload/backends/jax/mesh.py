@@ -1,0 +1,210 @@
+"""The JAX backend's device mesh and sharding rules: the one place where they are decided.
+
+The mesh has two axes, `data` x `fsdp` (MaxText's names), over every device of every process,
+built by `jax.make_mesh` (which orders TPU devices by their physical topology):
+- `data`: data parallelism. Each device holds the whole training state and its rows of the
+  batch; XLA all-reduces the gradients.
+- `fsdp`: fully sharded data parallelism (ZeRO-3). Each weight and its optimizer slots are
+  split over the `fsdp` devices along one dimension (`partition_spec`); XLA gathers a
+  weight when a layer needs it and reduce-scatters its gradient. The batch is split over
+  BOTH axes, so an FSDP step computes what a data-parallel step computes.
+
+`train.sharding` picks the mesh (`plan`): `data` = (N, 1), `fsdp` = (1, N) (MaxText's
+"recommended sharding strategy for small-scale training", `ici_fsdp_parallelism: -1`), and
+`auto` = `data` while the state fits a chip with room for activations, else `fsdp`.
+
+The rule of a weight (`partition_spec`) is data, not code scattered through the trainer: an
+array of rank >= 2 is split over `fsdp` along its largest dimension that the axis size
+divides (the first such on ties); vectors (biases, LayerNorm scales), scalars (the step
+counter) and arrays no dimension of which divides stay replicated: they are a rounding
+error of the state. An optimizer slot has its weight's shape, hence its weight's rule.
+Variables are created sharded (`sharded_distribution`, a Keras distribution whose layouts
+follow the rule): Keras jit-compiles a large weight's initializer with the weight's sharding as its
+output, so no chip holds a replicated copy first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from payload.errors import SpecError
+
+AXES = ("data", "fsdp")
+BATCH = ("data", "fsdp")  # the batch dimension is split over both axes
+SETTINGS = ("auto", "data", "fsdp")
+# fp32 weights + fp32 gradients + AdamW's two fp32 slots (docs/backends.md "The mesh").
+STATE_BYTES_PER_PARAMETER = 16
+# `auto` keeps data parallelism while the replicated state takes at most this share of a
+# chip's memory; the rest is for activations, the compiled program and XLA's buffers.
+DATA_PARALLEL_STATE_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class MeshPlan:
+    """The mesh shape a run uses and why."""
+
+    sharding: str  # data | fsdp
+    data: int
+    fsdp: int
+    reason: str
+
+    @property
+    def devices(self) -> int:
+        return self.data * self.fsdp
+
+    def describe(self) -> dict[str, Any]:
+        return {"sharding": self.sharding, "data": self.data, "fsdp": self.fsdp}
+
+
+def state_bytes(parameters: int) -> int:
+    return parameters * STATE_BYTES_PER_PARAMETER
+
+
+def device_memory(device: Any) -> int | None:
+    """A device's memory in bytes as its runtime reports it (TPU, GPU); None on CPU."""
+    try:
+        stats = device.memory_stats()
+    except Exception:  # some PJRT plugins do not implement it
+        return None
+    if not stats:
+        return None
+    limit = stats.get("bytes_limit")
+    return int(limit) if limit else None
+
+
+def plan(setting: str, *, parameters: int, devices: int, memory: int | None) -> MeshPlan:
+    """The mesh for `train.sharding: setting`, a model of `parameters` and `devices` chips
+    of `memory` bytes each (None: unknown, as on CPU)."""
+    if setting not in SETTINGS:
+        raise SpecError(f"train.sharding: {setting!r} is not one of {', '.join(SETTINGS)}")
+    need = state_bytes(parameters)
+    gib = (
+        f"{need / 2**30:.2f} GiB of state "
+        f"({parameters:,} parameters x {STATE_BYTES_PER_PARAMETER} B)"
+    )
+    if setting == "data":
+        return MeshPlan("data", devices, 1, f"train.sharding: data; {gib} on every device")
+    if setting == "fsdp":
+        return MeshPlan(
+            "fsdp", 1, devices, f"train.sharding: fsdp; {gib} split over {devices} devices"
+        )
+    if memory is None:
+        return MeshPlan("data", devices, 1, f"auto: device memory unknown; {gib} on every device")
+    share = f"{DATA_PARALLEL_STATE_SHARE:.0%} of a device's {memory / 2**30:.1f} GiB"
+    if need <= DATA_PARALLEL_STATE_SHARE * memory:
+        return MeshPlan("data", devices, 1, f"auto: {gib} fits {share}")
+    if devices == 1:
+        return MeshPlan("data", 1, 1, f"auto: {gib} exceeds {share}, and one device has no peer")
+    return MeshPlan(
+        "fsdp", 1, devices, f"auto: {gib} exceeds {share}: split over {devices} devices"
+    )
+
+
+def build_mesh(mesh_plan: MeshPlan, devices: Sequence[Any] | None = None) -> Mesh:
+    """The (data, fsdp) mesh over `devices` (default: every device of every process)."""
+    return jax.make_mesh(
+        (mesh_plan.data, mesh_plan.fsdp),
+        AXES,
+        axis_types=(jax.sharding.AxisType.Auto,) * 2,
+        devices=devices,
+    )
+
+
+def partition_spec(shape: Sequence[int], fsdp: int) -> P:
+    """The PartitionSpec of a weight (or its optimizer slot) of `shape` on a mesh whose
+    `fsdp` axis has `fsdp` devices (the rule in the module's docstring)."""
+    if fsdp <= 1 or len(shape) < 2:
+        return P()
+    candidates = [(int(size), -axis) for axis, size in enumerate(shape) if size % fsdp == 0]
+    if not candidates:
+        return P()
+    _, negative_axis = max(candidates)
+    spec: list[Any] = [None] * len(shape)
+    spec[-negative_axis] = "fsdp"
+    return P(*spec)
+
+
+def sharding_of(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
+    return NamedSharding(mesh, partition_spec(shape, int(mesh.shape["fsdp"])))
+
+
+def batch_sharding(mesh: Mesh, *, chunk: bool) -> NamedSharding:
+    """A batch [B, ...] (or a chunk of batches [K, B, ...]) split over both axes."""
+    return NamedSharding(mesh, P(None, BATCH) if chunk else P(BATCH))
+
+
+def sharded_distribution(mesh: Mesh) -> Any:
+    """A Keras distribution that lays every variable out by `partition_spec` on `mesh`:
+    variables created in its `scope()` (the model's, the optimizer's slots) are created
+    sharded. Keras is imported here, not with this module (whose rules need only JAX)."""
+    import keras  # noqa: PLC0415
+
+    # ModelParallel is Keras' public base for a distribution with per-variable layouts; its
+    # layout map stays empty: every layout comes from the rule.
+    class Sharded(keras.distribution.ModelParallel):
+        def __init__(self) -> None:
+            device_mesh = keras.distribution.DeviceMesh(
+                shape=tuple(mesh.devices.shape),
+                axis_names=list(mesh.axis_names),
+                devices=mesh.devices,
+            )
+            super().__init__(
+                layout_map=keras.distribution.LayoutMap(device_mesh),
+                batch_dim_name="data",
+                auto_shard_dataset=False,
+            )
+            self.fsdp = int(mesh.shape["fsdp"])
+
+        def get_data_layout(self, data_shape: Sequence[int]) -> Any:
+            axes: list[Any] = [None] * len(data_shape)
+            axes[0] = BATCH
+            return keras.distribution.TensorLayout(axes, self.device_mesh)
+
+        def get_variable_layout(self, variable: Any) -> Any:
+            if getattr(variable, "_layout", None) is not None:
+                return variable._layout
+            spec = partition_spec(tuple(variable.shape), self.fsdp)
+            axes = list(spec) + [None] * (len(variable.shape) - len(spec))
+            return keras.distribution.TensorLayout(axes, self.device_mesh)
+
+        def get_tensor_layout(self, path: str) -> Any:
+            return None
+
+        def distribute_dataset(self, dataset: Any) -> Any:
+            return dataset  # each process feeds its own shard files (payload/data.py)
+
+    return Sharded()
+
+
+def per_device_state_bytes(shapes: Sequence[Sequence[int]], mesh_plan: MeshPlan) -> int:
+    """The fp32 state bytes one device holds for weights of `shapes` under `mesh_plan`:
+    the formula docs/backends.md states, for the memory benchmark to compare with."""
+    total = 0
+    for shape in shapes:
+        size = math.prod(int(d) for d in shape) if shape else 1
+        sharded = "fsdp" in tuple(partition_spec(shape, mesh_plan.fsdp))
+        total += size // mesh_plan.fsdp if sharded else size
+    return total * STATE_BYTES_PER_PARAMETER
+
+
+def shardings_of(tree: Any) -> Any:
+    """The pytree of the shardings of a pytree of arrays (the state's, for jit's outputs)."""
+    return jax.tree_util.tree_map(lambda x: x.sharding, tree)
+
+
+def gather(array: Any) -> np.ndarray:
+    """The whole value of a (possibly sharded, possibly multi-process) array on this host.
+    Every process must call it for the same arrays in the same order (a collective)."""
+    if getattr(array, "is_fully_addressable", True):
+        return np.asarray(array)
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))

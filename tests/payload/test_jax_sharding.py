@@ -1,0 +1,186 @@
+"""Sharded training state on the JAX backend (payload/backends/jax/mesh.py), on this machine's
+CPU as 8 virtual devices (`--xla_force_host_platform_device_count=8`).
+
+It shows: the rule that lays each weight out over `fsdp` and the plan that picks the mesh
+(`train.sharding: auto | data | fsdp`); that the parameter count the plan uses equals the
+built models' for every family; that the model's weights and the optimizer's slots are
+CREATED sharded (every device holds its slice only); that an FSDP run and a data-parallel
+run of the same job through the real CLI give the same losses and exported weights within
+1e-5, each recording its mesh in status.json and run.json; and that the TF backend refuses
+`fsdp` in one line. Two processes x 4 devices against one process x 8: test_jax_multihost.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+from train_helpers import (
+    assert_user_error,
+    copy_prepared,
+    job_document,
+    prepare_data,
+    run_cli,
+    write_corpus,
+    write_job,
+)
+
+from payload import export as export_lib
+from payload.backends.jax import mesh as mesh_lib
+
+DRIVER = Path(__file__).with_name("jax_sharding_driver.py")
+EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+TOLERANCE = 1e-5
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    ("shape", "fsdp", "spec"),
+    [
+        ((400, 128), 8, ("fsdp", None)),  # the larger dimension
+        ((128, 512), 8, (None, "fsdp")),
+        ((128, 128), 8, ("fsdp", None)),  # ties: the first
+        ((514, 128), 8, (None, "fsdp")),  # 514 is not divisible by 8: the other one
+        ((3, 5), 8, ()),  # nothing divides: replicated
+        ((512,), 8, ()),  # vectors stay replicated
+        ((), 8, ()),  # the step counter
+        ((400, 128), 1, ()),  # no fsdp axis
+    ],
+)
+def test_partition_rule(shape: tuple[int, ...], fsdp: int, spec: tuple) -> None:
+    assert tuple(mesh_lib.partition_spec(shape, fsdp)) == spec
+
+
+def test_plan_picks_the_mesh() -> None:
+    small, large = 100_000_000, 1_000_000_000  # 1.5 GiB and 14.9 GiB of state
+    v5e = 16 * 10**9
+    assert mesh_lib.plan("auto", parameters=small, devices=8, memory=v5e).sharding == "data"
+    fsdp = mesh_lib.plan("auto", parameters=large, devices=8, memory=v5e)
+    assert (fsdp.sharding, fsdp.data, fsdp.fsdp) == ("fsdp", 1, 8)
+    assert "exceeds 50% of a device's 14.9 GiB" in fsdp.reason
+    # Unknown memory (CPU): data parallelism, and the reason says why.
+    cpu = mesh_lib.plan("auto", parameters=large, devices=8, memory=None)
+    assert (cpu.sharding, cpu.data, cpu.fsdp) == ("data", 8, 1)
+    assert "memory unknown" in cpu.reason
+    # One device has nothing to shard over, whatever the size.
+    assert mesh_lib.plan("auto", parameters=large, devices=1, memory=v5e).devices == 1
+    # Explicit settings win.
+    assert mesh_lib.plan("fsdp", parameters=small, devices=4, memory=v5e).fsdp == 4
+    assert mesh_lib.plan("data", parameters=large, devices=4, memory=v5e).data == 4
+    assert mesh_lib.state_bytes(large) / GIB == pytest.approx(14.9, abs=0.05)
+
+
+def test_variables_are_created_sharded_and_counted() -> None:
+    result = subprocess.run(
+        [sys.executable, str(DRIVER)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **EIGHT},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [r["family"] for r in reports] == ["bert", "roberta", "gpt2"]
+    for report in reports:
+        # The plan's parameter count is the built model's, exactly.
+        assert report["parameters"] == report["formula"], report["family"]
+        variables = report["variables"]
+        for v in variables:
+            expected = list(v["expected"]) + [None] * (len(v["shape"]) - len(v["expected"]))
+            assert v["spec"] == expected or (not v["expected"] and not any(v["spec"])), v
+        sharded = [v for v in variables if "fsdp" in v["spec"]]
+        # Every matrix (weights and both Adam slots of each) is split 8 ways on creation.
+        assert len(sharded) >= 40, report["family"]
+        for v in sharded:
+            assert v["device_bytes"] * 8 == v["bytes"], v
+        per_device = sum(v["device_bytes"] for v in variables)
+        total = sum(v["bytes"] for v in variables)
+        assert per_device < total / 5, (report["family"], per_device, total)
+
+
+def _job(tmp_path: Path, sharding: str) -> tuple[Path, dict]:
+    tmp_path.mkdir(parents=True)
+    corpus = write_corpus(tmp_path / "corpus.txt", lines=300)
+    doc = job_document(
+        tmp_path, corpus, "mlm", "bert", steps=6, warmup_steps=2, checkpoint_every=3,
+        log_every=3, eval_every=0, backend="jax", sharding=sharding,
+    )  # fmt: skip
+    doc["data"].update(eval_fraction=0.1, eval_min_sequences=16)
+    return tmp_path, doc
+
+
+def _status(job) -> dict:
+    return json.loads(Path(job.paths.status).read_text())
+
+
+def test_fsdp_and_data_parallel_train_alike(tmp_path: Path) -> None:
+    root, doc = _job(tmp_path / "fsdp", "fsdp")
+    fsdp = write_job(root, doc)
+    prepare_data(fsdp)
+    data = copy_prepared(
+        fsdp, tmp_path / "data", {**doc, "train": {**doc["train"], "sharding": "data"}}
+    )
+    runs = {}
+    for name, job in (("fsdp", fsdp), ("data", data)):
+        result = run_cli(
+            "train", "--job", str(Path(job.paths.root).parent / "job.yaml"), env=EIGHT, timeout=600
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = (job, result.stderr)
+    meshes = {
+        "fsdp": {"sharding": "fsdp", "data": 1, "fsdp": 8},
+        "data": {"sharding": "data", "data": 8, "fsdp": 1},
+    }
+    losses = {}
+    for name, (job, stderr) in runs.items():
+        status = _status(job)
+        assert status["runtime"]["mesh"] == meshes[name], status["runtime"]
+        assert f"train.sharding: {name};" in status["runtime"]["sharding_reason"]
+        run_json = json.loads(Path(job.paths.checkpoints, "run.json").read_text())
+        assert run_json["mesh"] == meshes[name]
+        losses[name] = [
+            line.split("loss ")[1].split()[0]
+            for line in stderr.splitlines()
+            if line.startswith("step ")
+        ]
+    assert len(losses["fsdp"]) == 2
+    assert np.allclose(np.float64(losses["fsdp"]), np.float64(losses["data"]), atol=TOLERANCE)
+    a = load_file(str(Path(fsdp.paths.export, export_lib.PT_WEIGHTS)))
+    b = load_file(str(Path(data.paths.export, export_lib.PT_WEIGHTS)))
+    assert sorted(a) == sorted(b)
+    worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+    assert worst <= TOLERANCE, worst
+    # ... and they trained: the weights moved from their initial values.
+    assert max(float(np.abs(a[k]).max()) for k in a) > 0
+    # A resume on the other mesh shape is allowed: run.json's mesh is a record, not identity.
+    shutil.rmtree(data.paths.export)
+    longer = {
+        **doc,
+        "output": str(tmp_path / "data" / "out"),
+        "train": {**doc["train"], "steps": 9, "sharding": "fsdp"},
+    }
+    write_job(tmp_path / "data", longer)
+    result = run_cli("train", "--job", str(tmp_path / "data" / "job.yaml"), env=EIGHT, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in result.stderr and "at step 6" in result.stderr
+    assert json.loads(Path(data.paths.checkpoints, "run.json").read_text())["mesh"]["fsdp"] == 8
+
+
+def test_the_tf_backend_refuses_fsdp(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.txt", lines=60)
+    doc = job_document(
+        tmp_path, corpus, "mlm", "bert", steps=2, warmup_steps=0, backend="tf", sharding="fsdp"
+    )
+    write_job(tmp_path, doc)
+    result = run_cli("train", "--job", str(tmp_path / "job.yaml"))
+    line = assert_user_error(result, "train.sharding: fsdp")
+    assert "train.backend: jax" in line
+    assert not Path(tmp_path, "out", "checkpoints").exists()

@@ -260,7 +260,8 @@ def describe(runtime: Runtime) -> dict[str, Any]:
 
 
 def num_hosts(strategy: tf.distribute.Strategy) -> int:
-    """Hosts in the cluster: the TPU workers of a slice, the workers of a multi-worker run."""
+    """Hosts in the cluster (1 for the strategies `setup` builds: this backend runs on one
+    host; a caller's multi-worker strategy answers through its cluster resolver)."""
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None:
         return 1
@@ -272,8 +273,8 @@ def num_hosts(strategy: tf.distribute.Strategy) -> int:
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """True in the one process that writes checkpoints, TensorBoard, status and the export.
 
-    A TPU slice has one client (worker 0), which is the chief. Multi-client strategies (the
-    loopback multi-worker cluster the tests run) answer through `should_checkpoint`.
+    On one host that is this process; a multi-client strategy answers through
+    `should_checkpoint`.
     """
     return bool(strategy.extended.should_checkpoint)
 

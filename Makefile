@@ -89,6 +89,7 @@ test-infra: venv-infra venv-tpu venv-tpu-jax $(TOOLS)
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy payload
 
 format: venv
 	$(VENV)/bin/ruff format .

@@ -1,3 +1,3 @@
 from payload.cli import main
 
-raise SystemExit(main())
+raise SystemExit(main(None))

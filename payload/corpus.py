@@ -30,7 +30,7 @@ from __future__ import annotations
 import gzip
 import re
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
@@ -187,7 +187,7 @@ def iter_chunks(
     *,
     chunk_bytes: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
-) -> Iterator[Chunk]:
+) -> Generator[Chunk, None, None]:
     """Stream every file as chunks of about ``chunk_bytes`` cut at document boundaries.
 
     Updates ``stats.files``/``bytes``/``skipped_files``; ``on_bytes`` gets the number of

@@ -171,7 +171,7 @@ def make_dataset(
     ds = ds.map(to_features, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if replicas > 1:
 
-        def split(features: dict[str, tf.Tensor]) -> tf.data.Dataset:
+        def per_replica(features: dict[str, tf.Tensor]) -> tf.data.Dataset:
             return tf.data.Dataset.from_tensor_slices(
                 {
                     k: tf.reshape(v, [replicas, batch_size, *v.shape[1:]])
@@ -179,7 +179,7 @@ def make_dataset(
                 }
             )
 
-        ds = ds.flat_map(split)
+        ds = ds.flat_map(per_replica)
     options = tf.data.Options()
     options.deterministic = True
     options.experimental_optimization.map_parallelization = True

@@ -64,7 +64,7 @@ def report(
     TensorBoard (`writer`: logs/eval) and status.json; both backends report through it."""
     loss_sum, weight_sum, correct = (float(x) for x in totals)
     loss = loss_sum / max(weight_sum, 1.0)
-    metrics = {
+    metrics: dict[str, Any] = {
         "eval_step": step,
         "eval_loss": round(loss, 6),
         "eval_perplexity": round(math.exp(min(loss, 700.0)), 4),

@@ -149,7 +149,7 @@ def build_config(
     from transformers import BertConfig, GPT2Config, RobertaConfig  # noqa: PLC0415
 
     settings = resolved_settings(family, size, overrides)
-    ids = {
+    ids: dict[str, Any] = {
         f"{name}_token_id": special_ids[name]
         for name in ("pad", "bos", "eos")
         if name in special_ids

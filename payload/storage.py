@@ -324,7 +324,7 @@ def walk_files(path: str) -> list[str]:
                 if not b.name.endswith("/")
                 and not any(p.startswith(".") for p in b.name[len(prefix) :].split("/"))
             )
-    out = []
+    out: list[str] = []
     for root, dirs, files in os.walk(path):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         out.extend(str(Path(root, f)) for f in files if not f.startswith("."))

@@ -37,7 +37,7 @@ class Backend(Protocol):
 def load(name: str) -> Backend:
     """The backend module of `name` (one of MODULES), imported now."""
     module: Any = importlib.import_module(MODULES[name])
-    return module  # type: ignore[no-any-return]
+    return module
 
 
 def loaded() -> bool:

@@ -114,6 +114,7 @@ bench: venv
 	$(PY) bench/bench_long_words.py
 	$(PY) bench/bench_eval.py
 	$(PY) bench/bench_jax_steps.py --size tiny
+	$(PY) bench/bench_checkpoint.py
 	$(PY) bench/bench_backends.py
 
 # Install time of the TPU VM's environment: wheelhouse vs package index (printed figures).

@@ -116,6 +116,7 @@ bench: venv
 	$(PY) bench/bench_eval.py
 	$(PY) bench/bench_jax_steps.py --size tiny
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) bench/bench_sharding.py
+	$(PY) bench/bench_checkpoint.py
 	$(PY) bench/bench_backends.py
 
 # Install time of the TPU VM's environment: wheelhouse vs package index (printed figures).

@@ -19,7 +19,8 @@ from payload.errors import DataError
 RUN_IDENTITY = "run.json"
 # Written into run.json but not part of the identity a resume must match (check_identity).
 RECORDED = ("mesh",)
-_ANY_CHECKPOINT = re.compile(r"^ckpt-\d+\.(index|npz)$")
+# TF's ckpt-N.index, the JAX backend's Orbax step directories N/ (and its earlier ckpt-N.npz).
+_ANY_CHECKPOINT = re.compile(r"^(ckpt-\d+\.(index|npz)|\d+)$")
 
 
 def identity(
@@ -51,7 +52,8 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 def any_checkpoints(checkpoint_dir: str) -> bool:
     """Whether `checkpoint_dir` holds a checkpoint of either backend (TF's ckpt-N.index,
-    the JAX backend's ckpt-N.npz): a run of the other backend must not start over there."""
+    the JAX backend's Orbax step directory N/ or earlier ckpt-N.npz): a run of the other
+    backend must not start over there."""
     if not storage.is_dir(checkpoint_dir):
         return False
     return any(_ANY_CHECKPOINT.match(name) for name in storage.listdir(checkpoint_dir))

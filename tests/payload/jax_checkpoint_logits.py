@@ -25,11 +25,10 @@ manifest = manifest_lib.load_manifest(job.paths.data)
 rt = trainer.runtime(job.train.precision)
 _, model, optimizer = trainer._build(job, manifest, rt)
 layout = checkpoints.Layout.of(model, optimizer)
-latest = checkpoints.steps_in(job.paths.checkpoints)[-1]
-arrays = checkpoints.load(job.paths.checkpoints, latest, layout)
-steps.TrainState(arrays["trainable"], arrays["non_trainable"], arrays["optimizer"]).write_back(
-    model, optimizer
-)
+store = checkpoints.Checkpoints(job.paths.checkpoints, layout, keep=job.train.keep_checkpoints)
+latest = store.steps()[-1]
+store.restore(latest, steps.TrainState.of(model, optimizer)).write_back(model, optimizer)
+store.close()
 inputs = {"input_ids": np.load(ids_path), "attention_mask": np.load(mask_path)}
 np.save(out_path, np.asarray(model(inputs, training=False), dtype=np.float32))
 print(latest)

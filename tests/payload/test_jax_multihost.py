@@ -128,10 +128,12 @@ def test_two_jax_processes_match_one_and_resume(tmp_path: Path) -> None:
     second = _two_processes(tmp_path / "multi" / "job.yaml", tmp_path / "logs-2")
     for code, _, err in second:
         assert code == 0, err[-3000:]
-    assert f"resumed from {multi.paths.checkpoints}/ckpt-8.npz at step 8" in second[0][2]
-    assert sorted(p.name for p in Path(multi.paths.checkpoints).glob("ckpt-*")) == [
-        "ckpt-16.npz",
-        "ckpt-8.npz",
+    assert f"resumed from {multi.paths.checkpoints}/8 at step 8" in second[0][2]
+    # Both processes wrote the checkpoints (Orbax): two step directories, nothing unfinished.
+    assert sorted(p.name for p in Path(multi.paths.checkpoints).iterdir()) == [
+        "16",
+        "8",
+        "run.json",
     ]
 
     a = load_file(str(Path(single.paths.export, export_lib.PT_WEIGHTS)))

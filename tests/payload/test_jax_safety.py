@@ -1,19 +1,21 @@
 """The JAX backend's one-line refusals and stops, through the real CLI: a TPU VM whose JAX
-finds no TPU, a loss that becomes NaN, checkpoints of the other backend, a worker index
-without the JAX backend; and bfloat16 when asked on the CPU. The backend choice
+finds no TPU, a loss that becomes NaN, checkpoints of the other backend or of the earlier
+npz format, a checkpoint of other variables, a worker index without the JAX backend; an
+unfinished checkpoint write ignored; and bfloat16 when asked on the CPU. The backend choice
 (`train.backend: auto`, TPU_PAYLOAD_BACKEND) and the slice settings are checked as pure
 functions."""
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import re
 import shutil
 from pathlib import Path
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from train_helpers import (
     assert_user_error,
@@ -52,6 +54,24 @@ def five_steps(prepared, tmp_path_factory: pytest.TempPathFactory) -> JobSpec:
     return job
 
 
+def _steps_on_disk(checkpoint_dir: str) -> list[str]:
+    """Orbax's finished step directories (an unfinished write is <step>.orbax-checkpoint-tmp)."""
+    return sorted(p.name for p in Path(checkpoint_dir).glob("*") if p.name.isdigit())
+
+
+def _read_checkpoint(checkpoint_dir: str, step: int) -> dict:
+    """The raw items of an Orbax checkpoint of the JAX backend ({"state", "layout"})."""
+    items = ("state", "layout")  # payload/backends/jax/checkpoint.py STATE, LAYOUT
+    with ocp.CheckpointManager(checkpoint_dir, item_names=items) as manager:
+        restored = manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(), layout=ocp.args.JsonRestore()
+            ),
+        )
+    return {"state": restored["state"], "layout": restored["layout"]}
+
+
 def _job(prepared: tuple[JobSpec, dict], root: Path, **train: object) -> JobSpec:
     source, doc = prepared
     doc = json.loads(json.dumps(doc))
@@ -77,25 +97,29 @@ def test_a_tpu_vm_whose_jax_finds_no_tpu_is_one_line(prepared, tmp_path: Path) -
     assert "could not initialise it" in line and "not training on the host CPU" in line
     status = json.loads(Path(job.paths.status).read_text())
     assert status["state"] == "failed" and "TPU not found" in status["last_error"]["error"]
-    assert not list(Path(job.paths.checkpoints).glob("ckpt-*"))
+    assert not _steps_on_disk(job.paths.checkpoints)
 
 
 def test_a_nan_loss_stops_with_one_line_and_keeps_the_checkpoint(
     prepared, five_steps, tmp_path
 ) -> None:
     # Poison the step-5 checkpoint's weights, then ask for 5 more steps.
-    with np.load(Path(five_steps.paths.checkpoints, "ckpt-5.npz")) as data:
-        arrays = {name: data[name] for name in data.files}
-    name = next(k for k in arrays if k.startswith("trainable/"))
-    arrays[name] = np.full_like(arrays[name], np.nan)
     job = _job(prepared, tmp_path / "more", steps=10)
     shutil.copytree(five_steps.paths.checkpoints, job.paths.checkpoints)
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    Path(job.paths.checkpoints, "ckpt-5.npz").write_bytes(buffer.getvalue())
+    items = _read_checkpoint(job.paths.checkpoints, 5)
+    state = items["state"]
+    state["trainable"][0] = np.full_like(np.asarray(state["trainable"][0]), np.nan)
+    shutil.rmtree(Path(job.paths.checkpoints, "5"))
+    with ocp.CheckpointManager(job.paths.checkpoints, item_names=("state", "layout")) as m:
+        m.save(
+            5,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), layout=ocp.args.JsonSave(items["layout"])
+            ),
+        )
     result = run_cli("train", "--job", str(tmp_path / "more" / "job.yaml"))
     assert_user_error(result, r"^error: loss became nan between steps 5 and 10 ")
-    assert sorted(p.name for p in Path(job.paths.checkpoints).glob("ckpt-*")) == ["ckpt-5.npz"]
+    assert _steps_on_disk(job.paths.checkpoints) == ["5"]
     assert not training.is_complete(job)
 
 
@@ -104,6 +128,53 @@ def test_checkpoints_of_the_other_backend_are_refused(prepared, five_steps, tmp_
     shutil.copytree(five_steps.paths.checkpoints, job.paths.checkpoints)
     result = run_cli("train", "--job", str(tmp_path / "job.yaml"))
     assert_user_error(result, r"belong to a different run \(backend: 'jax' -> 'tf'\)")
+
+
+def test_checkpoints_of_the_earlier_npz_format_are_refused(prepared, tmp_path) -> None:
+    job = _job(prepared, tmp_path, steps=10)
+    Path(job.paths.checkpoints).mkdir(parents=True)
+    Path(job.paths.checkpoints, "ckpt-5.npz").write_bytes(b"an npz of an earlier release")
+    result = run_cli("train", "--job", str(tmp_path / "job.yaml"))
+    assert_user_error(
+        result,
+        r"^error: .*/checkpoints holds checkpoints of the earlier JAX format \(ckpt-5\.npz\), "
+        r"which this release cannot resume \(it writes Orbax checkpoints\): use a new output "
+        r"directory, or --force to start over$",
+    )
+    assert sorted(p.name for p in Path(job.paths.checkpoints).iterdir()) == ["ckpt-5.npz"]
+
+
+def test_a_checkpoint_of_other_variables_is_one_line(prepared, five_steps, tmp_path) -> None:
+    job = _job(prepared, tmp_path, steps=10)
+    shutil.copytree(five_steps.paths.checkpoints, job.paths.checkpoints)
+    metadata = Path(job.paths.checkpoints, "5", "layout", "metadata")
+    layout = json.loads(metadata.read_text())
+    path, shape = layout["trainable"][0]
+    layout["trainable"][0] = [path, [*shape[:-1], shape[-1] + 1]]
+    metadata.write_text(json.dumps(layout))
+    result = run_cli("train", "--job", str(tmp_path / "job.yaml"))
+    assert_user_error(
+        result,
+        rf"/checkpoints/5 holds other variables than this run's model and optimizer "
+        rf"\(trainable: {re.escape(path)} \[.*\] saved, {re.escape(path)} \[.*\] now\): use a "
+        r"new output directory, or --force to start over$",
+    )
+
+
+def test_an_unfinished_checkpoint_write_is_not_resumed_from(prepared, five_steps, tmp_path):
+    """A write cut off by a kill leaves <step>.orbax-checkpoint-tmp (Orbax renames it into
+    place only when every process has finished): the rerun resumes from the last finished
+    step, and Orbax removes the unfinished one."""
+    job = _job(prepared, tmp_path, steps=10)
+    shutil.copytree(five_steps.paths.checkpoints, job.paths.checkpoints)
+    partial = Path(job.paths.checkpoints, "8.orbax-checkpoint-tmp")
+    shutil.copytree(Path(job.paths.checkpoints, "5"), partial)
+    shutil.rmtree(partial / "state")
+    result = run_cli("train", "--job", str(tmp_path / "job.yaml"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resumed from {job.paths.checkpoints}/5 at step 5" in result.stderr
+    assert _steps_on_disk(job.paths.checkpoints) == ["10", "5"]
+    assert not partial.exists()
 
 
 def test_bf16_when_asked_on_cpu(prepared, tmp_path: Path) -> None:
@@ -117,8 +188,9 @@ def test_bf16_when_asked_on_cpu(prepared, tmp_path: Path) -> None:
         float(re.search(rf"\b{key}=([0-9.]+)", summary).group(1)) for key in ("first_loss", "loss")
     )
     assert np.isfinite(last) and last < first, summary
-    with np.load(Path(job.paths.checkpoints, "ckpt-10.npz")) as data:
-        assert all(data[k].dtype != np.dtype("bfloat16") for k in data.files if "/" in k)
+    state = _read_checkpoint(job.paths.checkpoints, 10)["state"]
+    dtypes = {str(np.asarray(x).dtype) for x in jax.tree.leaves(state)}
+    assert "bfloat16" not in dtypes and "float32" in dtypes, dtypes
 
 
 def test_a_worker_index_needs_the_jax_backend(prepared, tmp_path: Path) -> None:

@@ -86,8 +86,8 @@ def test_jax_backend_pipeline_exports_what_transformers5_loads(family: str, tmp_
     exported = sorted(p.name for p in Path(job.paths.export).iterdir())
     assert export_lib.PT_WEIGHTS in exported and "tokenizer.json" in exported, exported
     assert not set(exported) & {"tf_model.h5", *export_lib.TF_PREFERRED_FILES}, exported
-    checkpoints = sorted(p.name for p in Path(job.paths.checkpoints).glob("ckpt-*.npz"))
-    assert checkpoints == ["ckpt-12.npz", "ckpt-6.npz"], checkpoints
+    checkpoints = sorted(p.name for p in Path(job.paths.checkpoints).iterdir())
+    assert checkpoints == ["12", "6", "run.json"], checkpoints  # Orbax step directories
     assert "eval step 6/12" in result.stderr and "eval step 12/12" in result.stderr
 
     # transformers 5 loads it with the plain calls; logits = the trained model's.

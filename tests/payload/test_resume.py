@@ -39,14 +39,15 @@ LOG_POINT = "after:payload.training:Meter.log:{}"
 
 def _latest_step(checkpoint_dir: str, backend: str = "tf") -> int | None:
     if backend == "jax":
-        steps = sorted(int(p.stem.split("-")[1]) for p in Path(checkpoint_dir).glob("ckpt-*.npz"))
+        # Orbax's step directories; an unfinished write is <step>.orbax-checkpoint-tmp.
+        steps = sorted(int(p.name) for p in Path(checkpoint_dir).glob("*") if p.name.isdigit())
         return steps[-1] if steps else None
     latest = tf.train.latest_checkpoint(checkpoint_dir)
     return int(latest.rsplit("-", 1)[1]) if latest else None
 
 
 def _checkpoint_name(step: int, backend: str) -> str:
-    return f"ckpt-{step}.npz" if backend == "jax" else f"ckpt-{step}"
+    return str(step) if backend == "jax" else f"ckpt-{step}"
 
 
 def _train(job_file: Path, backend: str) -> dict:

@@ -1,35 +1,59 @@
-"""The JAX backend's checkpoints: one `ckpt-<step>.npz` per checkpoint in `checkpoints/`.
+"""The JAX backend's checkpoints: Orbax (`orbax-checkpoint`), one step directory per checkpoint.
 
-A checkpoint holds every array of the training state (model weights, the non-trainable
-state such as the dropout seed generator's, and the optimizer's slots and `iterations`, which
-IS the step counter) plus the Keras variable paths and shapes they belong to. Like the TF
-backend's, it holds nothing of the input pipeline: the pipeline is a pure function of
-(seed, batch index), so the step says where to resume (payload/data.py), and a resumed
-run computes exactly what an uninterrupted one does (tests/payload/test_jax_train.py).
+`checkpoints/<step>/` (Orbax's CheckpointManager layout, no step prefix) holds two items:
+ - `state/`: the training state as one pytree {"trainable": [...], "non_trainable": [...],
+   "optimizer": [...]} of jax arrays (the model weights, the non-trainable state such as the
+   dropout seed generator's, and the optimizer's slots and `iterations`, which IS the step
+   counter), written by tensorstore: every process writes the shards it holds (a replicated
+   array once, by its first replica), so a state sharded over a slice never passes through
+   one host;
+ - `layout/`: the Keras variable paths and shapes of each group (JSON), checked before the
+   state is read: another model's checkpoint is a one-line DataError, not a shape error deep
+   in tensorstore.
+Like the TF backend's, a checkpoint holds nothing of the input pipeline: the pipeline is a
+pure function of (seed, batch index), so the step says where to resume (payload/data.py).
 
-Why our own format and not Orbax: the state is replicated (data parallelism), so process 0
-holds all of it and one file per checkpoint is enough; numpy + the payload's storage layer
-write it locally or to gs:// atomically (a local file is renamed into place, a GCS object
-appears only when its upload is complete), with no extra dependency in the TPU VM's
-environment. Only process 0 writes. `run.json` (payload/identity.py) records what the
-checkpoints are valid for, as for the TF backend, with `backend: jax`.
+Asynchronous: `save()` returns once the state's arrays are copied to host memory; the write
+(and the deletion of all but the newest `keep`) continues in a background thread, the next
+save waits for it, and `close()` (train.py: before the export, before a SIGTERM exit, on
+any error) waits for the last one. Every process calls `save`, `restore` and `close`
+(Orbax synchronises them; one process alone would wait forever).
+
+Complete or absent: locally Orbax writes `<step>.orbax-checkpoint-tmp/` and renames it to
+`<step>/` when every process has finished; on gs:// (no rename) it writes
+`<step>/commit_success.txt` last. Orbax lists only finished steps, so an interrupted write
+is never resumed from (orbax 0.12.8, _src/path/atomicity.py, step.py `is_path_finalized`).
+
+Restore onto another mesh: `restore(step, like)` reads each array straight into the
+sharding of the corresponding array of `like` (the live state), whatever the mesh it was
+saved from: a slice preempted on 32 chips resumes on 16.
+
+The earlier format (`ckpt-<step>.npz`, one file written by process 0) is refused in one line
+(`refuse_npz`), not converted: those checkpoints came from the replicated single-file
+trainer of earlier releases, which had no users on a slice yet, and a converter would be
+code kept for one transition. `run.json` (payload/identity.py) records what the checkpoints
+are valid for, with `backend: jax`.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
 
 from payload import storage
+from payload.backends.jax.steps import TrainState
 from payload.errors import DataError
 
-_NAME = re.compile(r"^ckpt-(\d+)\.npz$")
 _GROUPS = ("trainable", "non_trainable", "optimizer")
+_NPZ = re.compile(r"^ckpt-\d+\.npz$")
+STATE, LAYOUT = "state", "layout"
 
 
 @dataclass(frozen=True)
@@ -59,55 +83,97 @@ class Layout:
             for _, shape in entries
         )
 
+    def as_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self.groups))
 
-def path_of(directory: str, step: int) -> str:
-    return storage.join(directory, f"ckpt-{step}.npz")
 
-
-def steps_in(directory: str) -> list[int]:
-    """The steps of the complete checkpoints in `directory`, oldest first."""
+def refuse_npz(directory: str) -> None:
+    """DataError when `directory` holds checkpoints of the earlier npz format."""
     if not storage.is_dir(directory):
-        return []
-    found = [_NAME.match(name) for name in storage.listdir(directory)]
-    return sorted(int(m.group(1)) for m in found if m)
+        return
+    old = [name for name in storage.listdir(directory) if _NPZ.match(name)]
+    if old:
+        raise DataError(
+            f"{directory} holds checkpoints of the earlier JAX format ({', '.join(old[:3])}"
+            f"{', …' if len(old) > 3 else ''}), which this release cannot resume (it writes "
+            "Orbax checkpoints): use a new output directory, or --force to start over"
+        )
 
 
-def save(
-    directory: str, step: int, layout: Layout, arrays: dict[str, list[Any]], *, keep: int
-) -> str:
-    """Write ckpt-<step>.npz (atomically), then delete all but the newest `keep`."""
-    payload: dict[str, Any] = {
-        "__layout__": np.frombuffer(json.dumps(layout.groups).encode(), dtype=np.uint8)
-    }
-    for group in _GROUPS:
-        for i, value in enumerate(arrays[group]):
-            payload[f"{group}/{i}"] = np.asarray(value)
-    buffer = io.BytesIO()
-    np.savez(buffer, **payload)
-    path = path_of(directory, step)
-    storage.write_bytes(path, buffer.getvalue())
-    for old in steps_in(directory)[:-keep]:
-        storage.remove(path_of(directory, old))
-    return path
+class Checkpoints:
+    """The Orbax checkpoints in `directory`, newest `keep` kept. Every process makes one and
+    calls every method, in the same order."""
 
+    def __init__(self, directory: str, layout: Layout, *, keep: int):
+        self.directory, self.layout = directory, layout
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=ocp.checkpoint_managers.LatestN(keep),
+            enable_async_checkpointing=True,
+            cleanup_tmp_directories=True,  # interrupted writes of an earlier run
+            create=True,
+        )
+        self.manager = ocp.CheckpointManager(
+            epath.Path(directory), options=options, item_names=(STATE, LAYOUT)
+        )
 
-def load(directory: str, step: int, layout: Layout) -> dict[str, list[np.ndarray]]:
-    """The arrays of ckpt-<step>.npz, checked against this run's variables (DataError if the
-    checkpoint was written for other variables)."""
-    path = path_of(directory, step)
-    with np.load(io.BytesIO(storage.read_bytes(path)), allow_pickle=False) as data:
-        saved = json.loads(bytes(data["__layout__"]).decode())
-        expected = json.loads(json.dumps(layout.groups))
+    def steps(self) -> list[int]:
+        """The steps of the complete checkpoints, oldest first."""
+        return sorted(self.manager.all_steps())
+
+    def path_of(self, step: int) -> str:
+        return storage.join(self.directory, str(step))
+
+    def save(self, step: int, state: TrainState) -> str:
+        """Start writing the checkpoint of `step` (a no-op when it exists: a stop right after
+        a checkpoint boundary); returns once `state` is copied to host memory."""
+        if step not in self.manager.all_steps():
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    **{
+                        STATE: ocp.args.StandardSave(_tree(state)),
+                        LAYOUT: ocp.args.JsonSave(self.layout.as_json()),
+                    }
+                ),
+            )
+        return self.path_of(step)
+
+    def restore(self, step: int, like: TrainState) -> TrainState:
+        """The state of `step`, each array in the sharding (and dtype) of `like`'s (arrays or
+        jax.ShapeDtypeStruct); DataError if the checkpoint was written for other variables."""
+        saved = self.manager.restore(
+            step, args=ocp.args.Composite(**{LAYOUT: ocp.args.JsonRestore()})
+        )[LAYOUT]
+        expected = self.layout.as_json()
         if saved != expected:
             raise DataError(
-                f"{path} holds other variables than this run's model and optimizer "
-                f"({_first_difference(saved, expected)}): use a new output directory, or "
-                "--force to start over"
+                f"{self.path_of(step)} holds other variables than this run's model and "
+                f"optimizer ({_first_difference(saved, expected)}): use a new output "
+                "directory, or --force to start over"
             )
-        return {
-            group: [data[f"{group}/{i}"] for i in range(len(layout.groups[group]))]
-            for group in _GROUPS
-        }
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _tree(like)
+        )
+        tree = self.manager.restore(
+            step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(abstract)})
+        )[STATE]
+        return TrainState(tree["trainable"], tree["non_trainable"], tree["optimizer"])
+
+    def wait(self) -> None:
+        """Until the last save is written (and old checkpoints deleted)."""
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Wait for the last save, then release Orbax's threads."""
+        self.manager.close()
+
+
+def _tree(state: TrainState) -> dict[str, list[Any]]:
+    return {
+        "trainable": list(state.trainable),
+        "non_trainable": list(state.non_trainable),
+        "optimizer": list(state.optimizer),
+    }
 
 
 def _first_difference(saved: dict[str, Any], expected: dict[str, Any]) -> str:

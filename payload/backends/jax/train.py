@@ -5,8 +5,8 @@ backend (payload/backends/tf/train.py; the shared parts are payload/training.py)
  1. load the manifest, check it against the job and the tokenizer, verify every shard;
  2. the devices JAX sees (`runtime()`): one data-parallel mesh over every device of every
     process; the precision (bfloat16 on TPU); the model (models.py) and AdamW (Keras 3);
- 3. restore the newest checkpoint (checkpoints.py; run.json must match) and start the
-    input pipeline at that step's batch;
+ 3. restore the newest checkpoint (checkpoint.py: Orbax, onto this run's shardings; run.json
+    must match) and start the input pipeline at that step's batch;
  4. train in chunks of up to `steps_per_execution` optimizer steps per compiled call
     (steps.py: a `lax.fori_loop` inside one `jax.jit`), stopping exactly at log / checkpoint /
     eval / final step boundaries. While a chunk runs on the devices the host reads, masks
@@ -20,8 +20,8 @@ Data parallelism: the state is replicated, every batch is split over the mesh's 
 axis, and XLA's SPMD partitioner inserts the gradient all-reduce: the loss is the mean over
 the predicted tokens of the GLOBAL batch, as on the TF backend. Each process (a host of a
 slice) reads its own shard files (`data.make_dataset` with that process's input pipeline
-id) and contributes its rows of each global batch; only process 0 writes checkpoints,
-run.json, TensorBoard, status.json and the export.
+id) and contributes its rows of each global batch; every process writes its shards of each
+checkpoint (Orbax), only process 0 writes run.json, TensorBoard, status.json and the export.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402  (tf.data only: the input pipeline)
-from jax.sharding import Mesh  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from payload import data as data_lib  # noqa: E402
@@ -389,17 +390,7 @@ def train(
 ) -> dict[str, Any]:
     """Train (or resume) and export on the JAX backend; on a slice every host runs this same
     program. `input_pipelines`: see _Pipelines (default: one per process)."""
-    distributed.initialize_from_env()
-    _devices()  # a missing TPU is one line before anything else
-    process, processes = jax.process_index(), jax.process_count()
-    worker = os.environ.get(training.WORKER_ENV, "")
-    if worker and int(worker) != process:
-        raise SpecError(
-            f"{training.WORKER_ENV}={worker} but JAX made this process {process} of "
-            f"{processes}: worker 0 holds the output's lease and must be process 0"
-        )
-    if process != 0:
-        status = training.UnwrittenStatus(status.path, status.job_name)
+    status = _join(status)
     status.update(stage="train", message="verifying data")
     manifest = manifest_lib.load_manifest(job.paths.data)
     training.check_data(job, manifest)
@@ -447,7 +438,8 @@ def train(
                 pipelines=pipelines,
                 evaluator=evaluator,
             )
-            state, results = loop.run(state, status, step)
+            with loop:  # waits for the last checkpoint's write, also on SIGTERM or an error
+                state, results = loop.run(state, status, step)
             stats.update(results)
         stats["step"] = int(np.asarray(state.optimizer[0]))  # iterations, the step counter
         if evaluator is not None:
@@ -464,6 +456,23 @@ def train(
     stats["export"] = job.paths.export
     status.update(stage="train", progress=1.0, step=stats["step"], message="exported")
     return stats
+
+
+def _join(status: StatusWriter) -> StatusWriter:
+    """Join the slice's other processes (if any) and check this one's place: the status
+    this process writes (only process 0 writes status.json)."""
+    distributed.initialize_from_env()
+    _devices()  # a missing TPU is one line before anything else
+    process, processes = jax.process_index(), jax.process_count()
+    worker = os.environ.get(training.WORKER_ENV, "")
+    if worker and int(worker) != process:
+        raise SpecError(
+            f"{training.WORKER_ENV}={worker} but JAX made this process {process} of "
+            f"{processes}: worker 0 holds the output's lease and must be process 0"
+        )
+    if process != 0:
+        return training.UnwrittenStatus(status.path, status.job_name)
+    return status
 
 
 def _gathered_weights(model: Any, state: steps.TrainState) -> dict[str, np.ndarray]:
@@ -509,30 +518,45 @@ def _restore_or_start(
     rt: Runtime,
 ) -> tuple[int, int | None]:
     """(step, the step of the checkpoint restored or None). The chief refuses checkpoints
-    of another run."""
+    of another run; every process refuses the earlier npz format and restores (Orbax reads
+    each array straight into the sharding the trainer keeps it in: _restore_target)."""
     spec, directory = job.train, job.paths.checkpoints
-    found = checkpoints.steps_in(directory)
+    checkpoints.refuse_npz(directory)
     identity = run_identity_lib.identity(job, manifest, config.to_dict(), backend=BACKEND)
-    if rt.is_chief:
-        storage.makedirs(directory)
-        run_identity_lib.check_identity(
-            directory,
-            identity,
-            has_checkpoint=bool(found),
-            record={"mesh": rt.mesh_plan.describe()},
-        )
-        checkpoints.require_space(directory, layout, keep=spec.keep_checkpoints, kept=len(found))
-    if not found:
-        return 0, None
-    latest = found[-1]
-    arrays = checkpoints.load(directory, latest, layout)
-    steps.TrainState(arrays["trainable"], arrays["non_trainable"], arrays["optimizer"]).write_back(
-        model, optimizer
-    )
-    path = checkpoints.path_of(directory, latest)
+    store = checkpoints.Checkpoints(directory, layout, keep=spec.keep_checkpoints)
+    try:
+        found = store.steps()
+        if rt.is_chief:
+            run_identity_lib.check_identity(
+                directory,
+                identity,
+                has_checkpoint=bool(found),
+                record={"mesh": rt.mesh_plan.describe()},
+            )
+            checkpoints.require_space(
+                directory, layout, keep=spec.keep_checkpoints, kept=len(found)
+            )
+        if not found:
+            return 0, None
+        latest = found[-1]
+        like = jax.tree.map(lambda x: _restore_target(x, rt), steps.TrainState.of(model, optimizer))
+        store.restore(latest, like).write_back(model, optimizer)
+    finally:
+        store.close()
     step = int(np.asarray(optimizer.iterations.value))
-    training.log(f"train: resumed from {path} at step {step}")
+    training.log(f"train: resumed from {store.path_of(latest)} at step {step}")
     return step, latest
+
+
+def _restore_target(live: Any, rt: Runtime) -> jax.ShapeDtypeStruct:
+    """Where a variable's checkpointed value goes: the variable's own sharding when it was
+    created on the mesh, else (Keras' uncommitted single-device value) replicated over the
+    mesh, as the trainer places the state. Orbax reads it straight there, whatever the mesh
+    the checkpoint was written from."""
+    sharding = live.sharding
+    if not isinstance(sharding, NamedSharding):
+        sharding = NamedSharding(rt.mesh, P())
+    return jax.ShapeDtypeStruct(live.shape, live.dtype, sharding=sharding)
 
 
 class _TrainLoop:
@@ -559,6 +583,9 @@ class _TrainLoop:
             state_sharding=mesh_lib.shardings_of(steps.TrainState.of(model, optimizer)),
         )
         self.last_checkpoint: str | None = None
+        self.store = checkpoints.Checkpoints(
+            job.paths.checkpoints, layout, keep=job.train.keep_checkpoints
+        )
 
     def batches(self, start_step: int) -> list[Any]:
         spec = self.spec
@@ -571,19 +598,19 @@ class _TrainLoop:
         )
 
     def save(self, state: steps.TrainState, step: int) -> str:
-        """Process 0 writes ckpt-<step>.npz (every process holds the replicated state)."""
-        if not self.rt.is_chief:
-            return "(process 0's)"
-        host = jax.device_get(state)
-        arrays = {
-            "trainable": host.trainable,
-            "non_trainable": host.non_trainable,
-            "optimizer": host.optimizer,
-        }
-        self.last_checkpoint = checkpoints.save(
-            self.job.paths.checkpoints, step, self.layout, arrays, keep=self.spec.keep_checkpoints
-        )
+        """Every process starts writing its shards of checkpoint <step> (Orbax, async: this
+        returns once the state is copied to host memory; the end of `with loop` waits for
+        the write)."""
+        self.last_checkpoint = self.store.save(step, state)
         return self.last_checkpoint
+
+    def __enter__(self) -> _TrainLoop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Wait for the last checkpoint's write: before the final evaluation and the export,
+        and before a SIGTERM exit or an error leaves the process."""
+        self.store.close()
 
     def run(
         self, state: steps.TrainState, status: StatusWriter, start_step: int

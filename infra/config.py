@@ -23,6 +23,7 @@ from infra import jobspec
 from infra.catalog import MIN_PYTHON, Catalog, Generation, Image, load_catalog
 from infra.errors import ConfigError
 from infra.gpu_catalog import GpuCatalog, GpuChoiceError, load_gpu_catalog
+from infra.project_config import cli_text
 
 NAMESPACE = "tpu-pretrain"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -73,10 +74,12 @@ KEYS: tuple[Key, ...] = (
         "on-demand",
     ),
     Key("tpuExternalIp", "boolean", "Give the TPU VM an external IP (default: no).", False),
-    # No fixed default: on for spot/preemptible scheduling, off for on-demand.
+    # No fixed default: on for spot/preemptible scheduling, off for on-demand. Declared a
+    # string: Pulumi refuses a boolean key whose default is not true or false, and "" is
+    # "unset" here (infra/project_config.py).
     Key(
         "tpuAutoRecover",
-        "boolean",
+        "string",
         "Recreate a preempted/terminated TPU VM from the controller (default: on for spot "
         "and preemptible, off for on-demand).",
         "",
@@ -108,11 +111,18 @@ KEYS: tuple[Key, ...] = (
         "GPU stacks: GPU attached to an N1 type, e.g. nvidia-tesla-t4 (A2/A3/A4/G2 carry theirs).",
         "",
     ),
-    Key("gpuCount", "integer", "GPU stacks: how many gpuType GPUs an N1 type gets.", ""),
+    # 0: unset (an accelerator-optimized type carries its GPUs); Pulumi refuses an integer
+    # key whose default is not an integer.
+    Key(
+        "gpuCount",
+        "integer",
+        "GPU stacks: how many gpuType GPUs an N1 type gets (0: none set).",
+        0,
+    ),
     # No fixed default: on for spot, off for on-demand (which Compute Engine restarts itself).
     Key(
         "gpuAutoRecover",
-        "boolean",
+        "string",
         "GPU stacks: start a preempted (stopped) spot GPU VM again from the controller "
         "(default: on for spot, off for on-demand).",
         "",
@@ -300,6 +310,14 @@ def _value(values: Mapping[str, object], name: str) -> object:
     return raw
 
 
+def _unset(values: Mapping[str, object], name: str) -> bool:
+    """Not set, or set to its Pulumi.yaml default ("" for the keys without a fixed one),
+    compared as the CLI passes values (text)."""
+    raw = values.get(name)
+    default = KEYS_BY_NAME[name].default
+    return raw is None or cli_text(raw) in ("", "" if default is None else cli_text(default))
+
+
 def _string(values: Mapping[str, object], name: str) -> str:
     value = _value(values, name)
     if not isinstance(value, str):
@@ -473,9 +491,7 @@ def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuC
     zone = _string(values, "gpuZone")
     machine_type = _string(values, "gpuMachineType")
     gpu_type = _string(values, "gpuType") or None
-    count = (
-        _integer(values, "gpuCount", 1, 16) if values.get("gpuCount") not in (None, "") else None
-    )
+    count = None if _unset(values, "gpuCount") else _integer(values, "gpuCount", 1, 16)
     scheduling = _string(values, "scheduling")
     if scheduling not in SCHEDULING:
         raise ConfigError(
@@ -521,9 +537,11 @@ def _accelerator_kind(values: Mapping[str, object]) -> str:
         raise ConfigError(
             f"{_k('accelerator')}: {kind!r} is not allowed; use one of: " + ", ".join(ACCELERATORS)
         )
+    # The Pulumi CLI gives every stack every project default (infra/project_config.py):
+    # a GPU stack sees tpuArchitecture "vm", so a foreign key at its default is unset.
     foreign = TPU_KEYS if kind == "gpu" else GPU_KEYS
     for name in foreign:
-        if values.get(name) not in (None, ""):
+        if not _unset(values, name):
             raise ConfigError(
                 f"{_k(name)}: a {'TPU' if kind == 'gpu' else 'GPU'} setting in a {kind.upper()} "
                 f"stack ({_k('accelerator')}: {kind}); remove it"

@@ -37,6 +37,7 @@ from infra import jobspec
 from infra.config import GpuConfig, StackConfig, TpuConfig, parse_config
 from infra.errors import ConfigError
 from infra.offline import STACKS_DIR, stack_names
+from infra.project_config import cli_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SMOKE_JOB = "stacks/jobs/smoke.yaml"
@@ -157,7 +158,9 @@ class Smoke:
                 f"gcp:project <your-project-id> --stack {self.stack}` first"
             )
         config[f"{NAMESPACE}:job"] = SMOKE_JOB
-        values = {k.split(":", 1)[1]: v for k, v in config.items() if k.startswith(f"{NAMESPACE}:")}
+        # What `pulumi up` hands the program: the stack file plus Pulumi.yaml's defaults.
+        given = cli_config(self.stack, config)
+        values = {k.split(":", 1)[1]: v for k, v in given.items() if k.startswith(f"{NAMESPACE}:")}
         cfg = parse_config(project=str(project), stack=self.stack, values=values)
         document["config"] = config
         return cfg, document

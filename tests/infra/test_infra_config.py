@@ -124,8 +124,8 @@ CASES = [
     (
         "v3-euw4",
         {K + "vpnAllowedCidrs": None},
-        'tpu-pretrain:vpnAllowedCidrs is required (e.g. ["203.0.113.0/24"]): Source CIDRs '
-        "allowed to reach WireGuard (UDP).",
+        # The Pulumi CLI's own refusal (no default in Pulumi.yaml), before the program runs.
+        "Stack 'v3-euw4' is missing configuration value 'vpnAllowedCidrs'",
     ),
     (
         "v3-euw4",
@@ -198,8 +198,7 @@ def test_pulumi_yaml_declares_every_key_with_type_and_description():
     for key in KEYS:
         assert declared[key.name]["type"] == key.type
         assert declared[key.name]["description"] == key.description
-        if key.default not in (None, ""):
-            assert declared[key.name]["default"] == key.default
+        assert declared[key.name].get("default") == key.default
 
 
 def test_stack_files_use_only_declared_keys():
@@ -293,8 +292,9 @@ def test_release_when_done_needs_the_watchdog():
         "tpu-pretrain:tpuReleaseWhenDone: true needs tpu-pretrain:tpuAutoRecover: true (the "
         "controller's watchdog releases the TPU VM); turn both on or leave it false"
     )
+    # A boolean key: the Pulumi CLI itself refuses another value before the program runs.
     assert config_error("v6e-euw4", {K + "tpuReleaseWhenDone": "maybe"}) == (
-        "tpu-pretrain:tpuReleaseWhenDone: 'maybe' must be true or false"
+        "Stack 'v6e-euw4' with configuration key 'tpuReleaseWhenDone' must be of type 'boolean'"
     )
 
 

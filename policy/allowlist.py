@@ -127,10 +127,11 @@ MAIN_TYPES = {
     "gcp:compute/address:Address": "the VPN hop's static IP (one-vpn-hop-outside-tpu-region)",
     "gcp:compute/instance:Instance": "no-external-ip-except-vpn-hop, ip-forwarding-only-on-"
     "vpn-hop, shielded-vm, os-login-enabled, project-ssh-keys-blocked, serial-port-disabled, "
-    "no-key-material-in-metadata, no-default-compute-service-account",
-    "gcp:tpu/v2Vm:V2Vm": "the same VM rules as instances, tpu-and-bucket-same-region",
+    "no-key-material-in-metadata, no-default-compute-service-account, accelerator-and-bucket-"
+    "same-region (a VM with GPUs)",
+    "gcp:tpu/v2Vm:V2Vm": "the same VM rules as instances, accelerator-and-bucket-same-region",
     "gcp:storage/bucket:Bucket": "bucket-uniform-access, bucket-public-access-prevention, "
-    "bucket-recoverable, tpu-and-bucket-same-region",
+    "bucket-recoverable, accelerator-and-bucket-same-region",
     "gcp:storage/bucketObject:BucketObject": "payload archive and job spec in the bucket",
     "gcp:serviceaccount/account:Account": "the stack's dedicated service accounts",
     "gcp:secretmanager/secret:Secret": "the VPN hop's WireGuard key",

@@ -246,6 +246,12 @@ class Workload:
         }
 
 
+# Google's VPC MTU is 1460 by default; WireGuard's own overhead over IPv4/IPv6 is at most 80
+# bytes, so the tunnel's MTU is 1460 - 80 (wg-quick would otherwise take 1500 - 80 from the
+# uplink and larger packets would be fragmented or dropped). Both ends set it.
+WIREGUARD_MTU = 1460 - 80
+
+
 @dataclass(frozen=True)
 class WireGuardServer:
     project: str
@@ -594,6 +600,7 @@ def render_vpn_hop_script(server: WireGuardServer, *, client_public_key: str) ->
         "PROJECT": server.project,
         "WG_SECRET_ID": server.secret_id,
         "WG_PORT": str(server.port),
+        "WG_MTU": str(WIREGUARD_MTU),
         "WG_SERVER_ADDRESS": server.server_address,
         "WG_CLIENT_ADDRESS": server.client_address,
         "WG_CLIENT_PUBLIC_KEY": client_public_key,
@@ -616,6 +623,7 @@ def render_wireguard_client_config(
         "[Interface]\n"
         f"PrivateKey = {client_private_key}\n"
         f"Address = {client.client_address}\n"
+        f"MTU = {WIREGUARD_MTU}\n"
         "\n"
         "[Peer]\n"
         f"PublicKey = {server_public_key}\n"

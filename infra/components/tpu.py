@@ -12,7 +12,13 @@ TPU_DESCRIPTION = "tpu-pretrain trainer"
 # OS Login + no project-wide keys: policy pack rules os-login-enabled and
 # project-ssh-keys-blocked (CIS 4.3, 4.4) apply to TPU VMs too. The controller's watchdog
 # recreates a preempted TPU VM with exactly these settings (infra/render.py TpuWatch).
-TPU_METADATA = {"enable-oslogin": "TRUE", "block-project-ssh-keys": "TRUE"}
+# Like every VM of the stack (controller.hardened_metadata): OS Login, no project SSH keys,
+# no interactive serial port.
+TPU_METADATA = {
+    "enable-oslogin": "TRUE",
+    "block-project-ssh-keys": "TRUE",
+    "serial-port-enable": "FALSE",
+}
 
 
 def _inherited_depends_on(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:

@@ -222,6 +222,7 @@ class GpuConfig:
     attached: bool  # N1: guest_accelerators; A2/A3/A4/G2 carry their GPUs
     spot: bool
     image: str  # projects/deeplearning-platform-release/global/images/family/...
+    boot_disk: str  # the boot disk type the machine type takes (gpu_catalog.yaml)
     python_version: str  # the image's python3
     shielded_boot: bool  # secure boot (vTPM and integrity monitoring are always on)
     precision: str  # Keras mixed-precision policy for this GPU
@@ -513,6 +514,7 @@ def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuC
         attached=choice.attached,
         spot=choice.spot,
         image=catalog.image,
+        boot_disk=choice.boot_disk,
         python_version=catalog.image_python,
         shielded_boot=catalog.shielded_boot,
         precision=choice.gpu.precision,

@@ -20,6 +20,10 @@ PROVISIONING = ("on-demand", "spot")
 # memory per vCPU of each N1 series.
 N1_VCPUS = (1, 2, 4, 8, 16, 32, 64, 96)
 N1_MEMORY_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
+# n1-highmem and n1-highcpu start at 2 vCPUs (the N1 table has no n1-highmem-1/-highcpu-1).
+N1_MIN_VCPUS = {"standard": 1, "highmem": 2, "highcpu": 2}
+# The boot disk of a GPU VM unless its family says otherwise (gpu_catalog.yaml boot_disk).
+DEFAULT_BOOT_DISK = "pd-balanced"
 _N1_RE = re.compile(r"^n1-(standard|highmem|highcpu)-(\d+)$")
 
 
@@ -46,6 +50,12 @@ class Family:
     name: str  # a2
     spot_only: bool
     types: Mapping[str, tuple[str, int]]  # machine type -> (gpu type, count)
+    # Machine types of the family that have no on-demand capacity although the family has.
+    spot_only_types: tuple[str, ...] = ()
+    boot_disk: str = DEFAULT_BOOT_DISK  # the only boot disk type some families take
+
+    def spot_only_for(self, machine_type: str) -> bool:
+        return self.spot_only or machine_type in self.spot_only_types
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,7 @@ class GpuChoice:
     zone: str
     region: str
     spot: bool
+    boot_disk: str = DEFAULT_BOOT_DISK
 
     @property
     def summary(self) -> str:
@@ -121,9 +132,12 @@ class GpuCatalog:
                 f"{', '.join(f.upper() for f in self.families)} families",
             )
         region = self._zone(zone, chosen)
-        if family is not None and family.spot_only and provisioning != "spot":
+        if family is not None and family.spot_only_for(machine_type) and provisioning != "spot":
+            what = family.name.upper() if family.spot_only else machine_type
             raise GpuChoiceError(
-                "provisioning", f"{family.name.upper()} has no on-demand capacity; use spot"
+                "provisioning",
+                f"{what} has no on-demand capacity; use spot (flex-start is not supported "
+                "here yet)",
             )
         return GpuChoice(
             machine_type=machine_type,
@@ -133,6 +147,7 @@ class GpuCatalog:
             zone=zone,
             region=region,
             spot=provisioning == "spot",
+            boot_disk=family.boot_disk if family is not None else DEFAULT_BOOT_DISK,
         )
 
     def _gpu_list(self) -> str:
@@ -177,11 +192,12 @@ class GpuCatalog:
             )
         series, vcpus_text = _N1_RE.match(machine_type).groups()  # type: ignore[union-attr]
         vcpus = int(vcpus_text)
-        if vcpus not in N1_VCPUS:
+        sizes = [n for n in N1_VCPUS if n >= N1_MIN_VCPUS[series]]
+        if vcpus not in sizes:
             raise GpuChoiceError(
                 "machine_type",
                 f"{machine_type!r} is not an N1 machine type: n1-{series}-N with N in "
-                + _or_list(list(N1_VCPUS)),
+                + _or_list(sizes),
             )
         max_vcpus, max_memory = limits[count]
         if vcpus > max_vcpus:
@@ -253,9 +269,15 @@ def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
             types=MappingProxyType(
                 {mt: (str(pair[0]), int(pair[1])) for mt, pair in entry["types"].items()}
             ),
+            spot_only_types=tuple(entry.get("spot_only_types") or ()),
+            boot_disk=str(entry.get("boot_disk") or DEFAULT_BOOT_DISK),
         )
         for name, entry in raw["families"].items()
     }
+    for family in families.values():
+        unknown_types = sorted(set(family.spot_only_types) - set(family.types))
+        if unknown_types:
+            raise ValueError(f"{path}: {family.name}: spot_only_types {unknown_types} unknown")
     zones = {zone: tuple(offered) for zone, offered in raw["zones"].items()}
     named = set(n1) | {gpu for f in families.values() for gpu, _ in f.types.values()}
     named |= {gpu for offered in zones.values() for gpu in offered}

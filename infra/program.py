@@ -257,6 +257,7 @@ def _gpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
             attached=gpu.attached,
             spot=gpu.spot,
             image=gpu.image,
+            boot_disk=gpu.boot_disk,
             shielded_boot=gpu.shielded_boot,
             subnetwork=base.network.tpu_subnet.id,
             service_account_email=base.workload_identity.email,

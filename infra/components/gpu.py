@@ -26,6 +26,7 @@ class GpuVmArgs:
     attached: bool  # N1: GPUs go in guest_accelerators; A2/A3/A4/G2 types carry them
     spot: bool
     image: str
+    boot_disk: str  # pd-balanced, or hyperdisk-balanced where the type takes nothing else
     shielded_boot: bool  # secure boot; vTPM and integrity monitoring are always on
     subnetwork: pulumi.Input[str]
     service_account_email: pulumi.Input[str]
@@ -77,7 +78,7 @@ class GpuVm(pulumi.ComponentResource):
                 "initialize_params": {
                     "image": args.image,
                     "size": GPU_BOOT_DISK_GB,
-                    "type": "pd-balanced",
+                    "type": args.boot_disk,
                 }
             },
             # No access_configs: no external IP (packages come through the NAT).

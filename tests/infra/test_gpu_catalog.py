@@ -52,7 +52,7 @@ def error_of(*args: object) -> GpuChoiceError:
         (
             ("a4-highgpu-8g", None, None, "europe-west4-b", "on-demand"),
             "provisioning",
-            "A4 has no on-demand capacity; use spot",
+            "A4 has no on-demand capacity; use spot (flex-start is not supported here yet)",
         ),
         (
             ("n1-standard-8", "nvidia-tesla-t4", 1, "us-central1-a", "preemptible"),
@@ -333,3 +333,66 @@ def test_zone_facts_from_the_source(machine_type, gpu, count, zone, offered):
     else:
         error = error_of(machine_type, gpu, count, zone, provisioning)
         assert error.field == "zone" and f"{zone} does not offer" in str(error)
+
+
+# Shapes and what Google's pages say of them, not what the catalog says: each row names its
+# statement. (machine type, GPU, count, zone, provisioning) -> None (valid) or the field refused.
+# "A3": "For a3-highgpu-1g, a3-highgpu-2g, and a3-highgpu-4g machine types, you must create
+# instances by using Spot VMs or Flex-start VMs"; "A4": spot, reservations or flex-start only;
+# "N1": n1-highmem and n1-highcpu start at 2 vCPUs, n1-standard at 1 (Compute Engine's
+# accelerator-optimized and general-purpose machine family pages, as issue 28 quotes them).
+GOOGLE_SHAPES = [
+    (("a3-highgpu-1g", None, None, "us-central1-a", "on-demand"), "provisioning", "A3"),
+    (("a3-highgpu-2g", None, None, "us-central1-a", "on-demand"), "provisioning", "A3"),
+    (("a3-highgpu-4g", None, None, "us-central1-a", "on-demand"), "provisioning", "A3"),
+    (("a3-highgpu-1g", None, None, "us-central1-a", "spot"), None, "A3"),
+    (("a3-highgpu-8g", None, None, "us-central1-a", "on-demand"), None, "A3"),
+    (("a4-highgpu-8g", None, None, "us-central1-b", "on-demand"), "provisioning", "A4"),
+    (("a4-highgpu-8g", None, None, "us-central1-b", "spot"), None, "A4"),
+    (("n1-highmem-1", "nvidia-tesla-t4", 1, "us-central1-a", "spot"), "machine_type", "N1"),
+    (("n1-highcpu-1", "nvidia-tesla-t4", 1, "us-central1-a", "spot"), "machine_type", "N1"),
+    (("n1-standard-1", "nvidia-tesla-t4", 1, "us-central1-a", "spot"), None, "N1"),
+    (("n1-highmem-2", "nvidia-tesla-t4", 1, "us-central1-a", "spot"), None, "N1"),
+    (("n1-highcpu-2", "nvidia-tesla-t4", 1, "us-central1-a", "spot"), None, "N1"),
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "refused", "statement"),
+    GOOGLE_SHAPES,
+    ids=[f"{s[0][0]}-{s[0][4]}" for s in GOOGLE_SHAPES],
+)
+def test_the_validator_agrees_with_googles_pages(shape, refused, statement):
+    if refused is None:
+        assert CATALOG.validate(*shape).machine_type == shape[0], statement
+        return
+    with pytest.raises(GpuChoiceError) as caught:
+        CATALOG.validate(*shape)
+    assert caught.value.field == refused, statement
+
+
+def test_a3_high_small_types_name_spot_and_flex_start():
+    with pytest.raises(GpuChoiceError) as caught:
+        CATALOG.validate("a3-highgpu-2g", None, None, "us-central1-a", "on-demand")
+    assert str(caught.value) == (
+        "a3-highgpu-2g has no on-demand capacity; use spot (flex-start is not supported here yet)"
+    )
+    with pytest.raises(GpuChoiceError) as caught:
+        CATALOG.validate("n1-highmem-1", "nvidia-tesla-t4", 1, "us-central1-a", "spot")
+    assert str(caught.value) == (
+        "'n1-highmem-1' is not an N1 machine type: n1-highmem-N with N in 2, 4, 8, 16, 32, 64 or 96"
+    )
+
+
+@pytest.mark.parametrize(
+    ("machine_type", "zone", "disk"),
+    [
+        # "Hyperdisk Balanced (hyperdisk-balanced): this is the only disk type that is
+        # supported for the boot disk" (A4, Google's accelerator-optimized machines page).
+        ("a4-highgpu-8g", "us-central1-b", "hyperdisk-balanced"),
+        ("a3-highgpu-8g", "us-central1-a", "pd-balanced"),
+        ("g2-standard-8", "us-central1-a", "pd-balanced"),
+    ],
+)
+def test_the_boot_disk_comes_from_the_catalog(machine_type, zone, disk):
+    assert CATALOG.validate(machine_type, None, None, zone, "spot").boot_disk == disk

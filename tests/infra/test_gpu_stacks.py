@@ -173,3 +173,20 @@ def test_render_refuses_a_gpu_overlay_with_another_tensorflow(tmp_path, monkeypa
         ValueError, match=r"tensorflow\[and-cuda\]==2\.19\.0 but .*tensorflow==2\.20\.0"
     ):
         render.render_gpu_script(workload)
+
+
+def test_an_a4_vm_boots_from_hyperdisk_balanced():
+    """A4 takes no Persistent Disk (Google's accelerator-optimized machines page); the GPU VM's
+    boot disk type comes from infra/gpu_catalog.yaml."""
+    overrides = {
+        "tpu-pretrain:gpuMachineType": "a4-highgpu-8g",
+        "tpu-pretrain:gpuZone": "us-central1-b",
+        "tpu-pretrain:scheduling": "spot",
+    }
+
+    def boot_disk_type(run) -> str:
+        (vm,) = [r for r in run.resources if r.name == "gpu-vm"]
+        return vm.inputs["bootDisk"]["initializeParams"]["type"]
+
+    assert boot_disk_type(run_offline("a100x4-usc1", overrides)) == "hyperdisk-balanced"
+    assert boot_disk_type(run_offline("a100x4-usc1")) == "pd-balanced"

@@ -445,14 +445,18 @@ def gpu_recovery_commands(
 
 
 def gpu_quota(cfg: StackConfig) -> dict[str, str]:
-    """Quota preflight: GPU quotas start at 0 on a new project. One read-only command lists
-    the region's quotas (limit and usage); `needs` names the two rows that must allow this
-    VM. Request the ones below it (IAM & Admin > Quotas) before `pulumi up`."""
+    """Quota preflight: GPU quotas start at 0 on a new project. `needs` names the two rows
+    that must allow this VM; two read-only commands list them with limit and usage: the
+    project's quotas (`checkProject`: GPUS_ALL_REGIONS is a project quota, which `regions
+    describe` never lists) and the region's (`check`: the GPU's own quota). Request the ones
+    below it (IAM & Admin > Quotas) before `pulumi up`."""
     gpu = cfg.gpu
+    global_metric, regional = gpu.quota_metrics
+    table = "--flatten quotas --format 'table(quotas.metric,quotas.limit,quotas.usage)'"
     return {
-        "needs": f"{gpu.count} of " + " and ".join(gpu.quota_metrics) + f" in {gpu.region}",
-        "check": f"gcloud compute regions describe {gpu.region} --project {cfg.project} "
-        "--flatten quotas --format 'table(quotas.metric,quotas.limit,quotas.usage)'",
+        "needs": f"{gpu.count} of {global_metric} (the project) and {regional} in {gpu.region}",
+        "check": f"gcloud compute regions describe {gpu.region} --project {cfg.project} {table}",
+        "checkProject": f"gcloud compute project-info describe --project {cfg.project} {table}",
     }
 
 

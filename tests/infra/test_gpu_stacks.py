@@ -4,6 +4,7 @@ would receive them, the shared components beside it, and the stack outputs."""
 from __future__ import annotations
 
 import pytest
+from gcloud_flags import problems
 from harness import gpu_stack_names, of_type, one, run_offline, tpu_stack_names
 
 from infra import render
@@ -148,11 +149,18 @@ def test_gpu_outputs(run):
         run.stack, "NVIDIA_A100_GPUS"
     )
     regional = f"PREEMPTIBLE_{gpu_metric}" if spot else gpu_metric
-    assert quota["needs"] == f"{gpus} of GPUS_ALL_REGIONS and {regional} in {region}"
-    assert quota["check"] == (
-        f"gcloud compute regions describe {region} --project tpu-pretrain-test --flatten quotas "
-        "--format 'table(quotas.metric,quotas.limit,quotas.usage)'"
+    assert quota["needs"] == (
+        f"{gpus} of GPUS_ALL_REGIONS (the project) and {regional} in {region}"
     )
+    table = "--flatten quotas --format 'table(quotas.metric,quotas.limit,quotas.usage)'"
+    assert quota["check"] == (
+        f"gcloud compute regions describe {region} --project tpu-pretrain-test {table}"
+    )
+    # GPUS_ALL_REGIONS is a project quota: `regions describe` never lists it.
+    assert quota["checkProject"] == (
+        f"gcloud compute project-info describe --project tpu-pretrain-test {table}"
+    )
+    assert not problems(quota["checkProject"]) and not problems(quota["check"])
     recovery = exports["gpuRecovery"]
     assert recovery["start"] == (
         f"gcloud compute instances start {name} --zone {zone} --project tpu-pretrain-test"

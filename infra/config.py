@@ -127,7 +127,12 @@ KEYS: tuple[Key, ...] = (
         "(default: on for spot, off for on-demand).",
         "",
     ),
-    Key("bucketName", "string", "Bucket name (default <project>-<stack>-tpu-pretrain).", ""),
+    Key(
+        "bucketName",
+        "string",
+        "Bucket name, ending with -tpu-pretrain (default <project>-<stack>-tpu-pretrain).",
+        "",
+    ),
     Key("bucketLocation", "string", "Bucket location; must be the TPU region (default).", ""),
     Key("bucketSoftDeleteDays", "integer", "Days deleted objects stay restorable (7-90).", 7),
     Key(
@@ -167,6 +172,10 @@ ACCELERATORS = ("tpu", "gpu")
 SCHEDULING = ("on-demand", "preemptible", "spot")
 _ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
 _GCE_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+# Every stack bucket's name ends so: the deploy account's bucket and object powers are
+# bound with a condition on it (infra/bootstrap/gitops_bootstrap.py STACK_BUCKET_SUFFIX),
+# which keeps the Pulumi state bucket and every other bucket out of its reach.
+STACK_BUCKET_SUFFIX = "-tpu-pretrain"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 _PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _MACHINE_RE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")
@@ -569,11 +578,16 @@ def _wireguard_key(name: str, value: str) -> str | None:
 def _bucket(
     values: Mapping[str, object], project: str, stack: str, region: str, what: str = "TPU"
 ) -> BucketConfig:
-    bucket_name = _string(values, "bucketName") or f"{project}-{stack}-tpu-pretrain"
+    bucket_name = _string(values, "bucketName") or f"{project}-{stack}{STACK_BUCKET_SUFFIX}"
     if not _BUCKET_RE.match(bucket_name) or "goog" in bucket_name:
         raise ConfigError(
             f"{_k('bucketName')}: {bucket_name!r} is not a valid bucket name "
             "(3-63 characters: lowercase letters, digits, '-', '_', '.')"
+        )
+    if not bucket_name.endswith(STACK_BUCKET_SUFFIX):
+        raise ConfigError(
+            f"{_k('bucketName')}: {bucket_name!r} must end with {STACK_BUCKET_SUFFIX!r}: the "
+            "deploy account may change only buckets named so (docs/guard-rails.md)"
         )
     location = (_string(values, "bucketLocation") or region).lower()
     if location != region:

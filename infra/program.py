@@ -370,8 +370,9 @@ def _export(
     )
     ssh = ssh_commands(cfg)
     pulumi.export("sshCommands", ssh)
-    # `pulumi up` updates a changed startup script (new payload, new job) in place without
-    # running it; run it now instead of waiting for a reboot.
+    # `pulumi up` updates a changed startup script (new payload, new job) of the controller
+    # and a GPU VM in place without running it; run it now instead of waiting for a reboot
+    # (a TPU VM is replaced on any change and boots the new script; re-running is harmless).
     rerun = "--command 'sudo google_metadata_script_runner startup'"
     # A slice's hosts all run the startup script: re-run it on every worker.
     vm_rerun = ssh.get("tpuAllWorkers", ssh[kind])

@@ -48,12 +48,19 @@ class TpuVmArgs:
     labels: dict[str, str]
 
 
+# The V2Vm inputs the provider would update in place (tpu.nodes.update). The deploy account
+# does not hold that permission: a node's metadata is a startup script that runs as the
+# node's account at its next boot, and Cloud TPU is not among the services whose resource
+# names an IAM condition can test (docs/guard-rails.md), so the permission would reach every
+# TPU VM of the project. A change to one of these replaces the node instead.
+IN_PLACE_FIELDS = ("description", "labels", "metadata", "tags", "dataDisks")
+
+
 class TpuVm(pulumi.ComponentResource):
-    """The TPU VM (gcp.tpu.V2Vm). A changed startup script updates metadata in place but
-    does not re-run it; the script is idempotent and runs again on every boot (see
-    docs/deploy-gcp.md, Connect and watch, for re-running it without a reboot). Accelerator,
-    runtime, network, service account and scheduling changes replace the VM; training resumes
-    from the bucket's checkpoints.
+    """The TPU VM (gcp.tpu.V2Vm). Every change replaces it (IN_PLACE_FIELDS: no in-place
+    update, so the deploy account needs no tpu.nodes.update), deleting the old node first
+    (the name is fixed); the new node boots the new startup script and training resumes from
+    the bucket's checkpoints.
     With tpuAutoRecover, the controller's watchdog (templates/tpu-watch.sh) recreates a
     preempted VM under the same name with these same settings."""
 
@@ -81,7 +88,12 @@ class TpuVm(pulumi.ComponentResource):
             metadata={**TPU_METADATA, "startup-script": args.startup_script},
             labels=args.labels,
             tags=[TAG_TPU],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=_inherited_depends_on(opts)),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=_inherited_depends_on(opts),
+                replace_on_changes=list(IN_PLACE_FIELDS),
+                delete_before_replace=True,
+            ),
             **extra,  # type: ignore[arg-type]
         )
         self.internal_ip = self.vm.network_endpoints.apply(

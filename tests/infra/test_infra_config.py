@@ -84,6 +84,12 @@ CASES = [
         "set it to europe-west4 (or leave it unset)",
     ),
     (
+        "v3-euw4",
+        {K + "bucketName": "my-training-data"},
+        "tpu-pretrain:bucketName: 'my-training-data' must end with '-tpu-pretrain': the deploy "
+        "account may change only buckets named so (docs/guard-rails.md)",
+    ),
+    (
         "v2-usc1",
         {K + "bucketLocation": "us-east1"},
         "tpu-pretrain:bucketLocation: 'US-EAST1' is outside the TPU region us-central1; "

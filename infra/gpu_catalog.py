@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
@@ -96,6 +96,12 @@ class GpuCatalog:
     families: Mapping[str, Family]
     no_gpu_regions: tuple[str, ...]
     zones: Mapping[str, tuple[str, ...]]
+    # machine type -> its zones, where they are fewer than its GPU's
+    machine_zones: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # gpu -> count -> (zones, (max vCPUs, max GB)): lower N1 ceilings in those zones
+    n1_zone_limits: Mapping[str, Mapping[int, tuple[tuple[str, ...], tuple[int, int]]]] = field(
+        default_factory=dict
+    )
 
     @property
     def image(self) -> str:
@@ -122,7 +128,7 @@ class GpuCatalog:
         if family is not None:
             chosen, attached, count = self._optimized(family, machine_type, gpu, count)
         elif _N1_RE.match(machine_type):
-            chosen, count = self._n1(machine_type, gpu, count), count or 0
+            chosen, count = self._n1(machine_type, gpu, count, zone), count or 0
             attached = True
         else:
             raise GpuChoiceError(
@@ -132,6 +138,13 @@ class GpuCatalog:
                 f"{', '.join(f.upper() for f in self.families)} families",
             )
         region = self._zone(zone, chosen)
+        offered = self.machine_zones.get(machine_type)
+        if offered is not None and zone not in offered:
+            raise GpuChoiceError(
+                "zone",
+                f"{zone} offers {chosen.name} but not the machine type {machine_type}; zones "
+                f"with {machine_type}: {', '.join(offered)}",
+            )
         if family is not None and family.spot_only_for(machine_type) and provisioning != "spot":
             what = family.name.upper() if family.spot_only else machine_type
             raise GpuChoiceError(
@@ -174,7 +187,7 @@ class GpuCatalog:
             )
         return carried_gpu, False, carried_count
 
-    def _n1(self, machine_type: str, gpu: str | None, count: int | None) -> Gpu:
+    def _n1(self, machine_type: str, gpu: str | None, count: int | None, zone: str) -> Gpu:
         attachable = ", ".join(f"{self.gpus[g].name} ({g})" for g in self.n1)
         if gpu is None or count is None:
             raise GpuChoiceError("gpu", f"{machine_type} needs a GPU type and count: {attachable}")
@@ -200,17 +213,21 @@ class GpuCatalog:
                 + _or_list(sizes),
             )
         max_vcpus, max_memory = limits[count]
+        where = ""
+        zones, lower = self.n1_zone_limits.get(gpu, {}).get(count, ((), (0, 0)))
+        if zone in zones:
+            (max_vcpus, max_memory), where = lower, f" in {zone}"
         if vcpus > max_vcpus:
             raise GpuChoiceError(
                 "machine_type",
-                f"{machine_type} has more vCPUs than {count} × {name} allows ({max_vcpus})",
+                f"{machine_type} has more vCPUs than {count} × {name} allows{where} ({max_vcpus})",
             )
         memory = vcpus * N1_MEMORY_PER_VCPU[series]
         if memory > max_memory:
             raise GpuChoiceError(
                 "machine_type",
-                f"{machine_type} has more memory ({memory:g} GB) than {count} × {name} allows "
-                f"({max_memory} GB)",
+                f"{machine_type} has more memory ({memory:g} GB) than {count} × {name} allows"
+                f"{where} ({max_memory} GB)",
             )
         return self.gpus[gpu]
 
@@ -284,6 +301,26 @@ def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
     unknown = sorted(named - set(gpus))
     if unknown:
         raise ValueError(f"{path}: unknown GPU types {unknown}")
+    carried = {mt: gpu for f in families.values() for mt, (gpu, _) in f.types.items()}
+    machine_zones = {mt: tuple(listed) for mt, listed in (raw.get("machine_zones") or {}).items()}
+    for mt, listed in machine_zones.items():
+        if mt not in carried:
+            raise ValueError(f"{path}: machine_zones: {mt} is not a machine type of a family")
+        extra = sorted(z for z in listed if carried[mt] not in zones.get(z, ()))
+        if extra:  # a type is never offered where its GPU is not
+            raise ValueError(f"{path}: machine_zones: {mt}: {extra} do not offer {carried[mt]}")
+    n1_zone_limits = {
+        gpu: MappingProxyType(
+            {
+                int(count): (tuple(rule["zones"]), (int(rule["limit"][0]), int(rule["limit"][1])))
+                for count, rule in counts.items()
+            }
+        )
+        for gpu, counts in (raw.get("n1_zone_limits") or {}).items()
+    }
+    for gpu, counts in n1_zone_limits.items():
+        if gpu not in n1 or not set(counts) <= set(n1[gpu]):
+            raise ValueError(f"{path}: n1_zone_limits: {gpu} {sorted(counts)} not in n1")
     return GpuCatalog(
         checked=str(raw["checked"]),
         image_project=str(raw["image_project"]),
@@ -296,4 +333,6 @@ def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
         families=MappingProxyType(families),
         no_gpu_regions=tuple(raw["no_gpu_regions"]),
         zones=MappingProxyType(zones),
+        machine_zones=MappingProxyType(machine_zones),
+        n1_zone_limits=MappingProxyType(n1_zone_limits),
     )

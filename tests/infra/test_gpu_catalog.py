@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import yaml
 from harness import config_error
 
-from infra.gpu_catalog import GpuChoiceError, load_gpu_catalog
+from infra.gpu_catalog import GPU_CATALOG_PATH, GpuChoiceError, load_gpu_catalog
 
 CATALOG = load_gpu_catalog()
 K = "tpu-pretrain:"
@@ -396,3 +397,56 @@ def test_a3_high_small_types_name_spot_and_flex_start():
 )
 def test_the_boot_disk_comes_from_the_catalog(machine_type, zone, disk):
     assert CATALOG.validate(machine_type, None, None, zone, "spot").boot_disk == disk
+
+
+# Shapes from SkyPilot's data (not the catalog's own lists): its GCP catalog vms.csv at
+# 006059e0 lists a2-megagpu-16g in fewer zones than A100 40GB, and its gcp_catalog.py
+# (005261080a) lowers 4 × P100 to 64 vCPUs / 208 GB in us-east1-c.
+SKYPILOT_SHAPES = [
+    (("a2-megagpu-16g", None, None, "us-east1-b", "spot"), "zone"),
+    (("a2-megagpu-16g", None, None, "us-west1-b", "spot"), "zone"),
+    (("a2-megagpu-16g", None, None, "us-central1-f", "spot"), None),
+    (("a2-highgpu-8g", None, None, "us-east1-b", "spot"), None),
+    (("n1-standard-96", "nvidia-tesla-p100", 4, "us-east1-c", "spot"), "machine_type"),
+    (("n1-standard-64", "nvidia-tesla-p100", 4, "us-east1-c", "spot"), "machine_type"),
+    (("n1-highmem-64", "nvidia-tesla-p100", 4, "us-east1-c", "spot"), "machine_type"),
+    (("n1-standard-32", "nvidia-tesla-p100", 4, "us-east1-c", "spot"), None),
+    (("n1-highcpu-64", "nvidia-tesla-p100", 4, "us-east1-c", "spot"), None),
+    (("n1-standard-96", "nvidia-tesla-p100", 4, "us-central1-c", "spot"), None),
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "refused"), SKYPILOT_SHAPES, ids=[f"{s[0][0]}-{s[0][3]}" for s in SKYPILOT_SHAPES]
+)
+def test_machine_type_zones_and_zone_ceilings(shape, refused):
+    if refused is None:
+        assert CATALOG.validate(*shape).machine_type == shape[0]
+        return
+    with pytest.raises(GpuChoiceError) as caught:
+        CATALOG.validate(*shape)
+    assert caught.value.field == refused
+
+
+def test_a_machine_type_zone_refusal_names_where_it_is_offered():
+    with pytest.raises(GpuChoiceError) as caught:
+        CATALOG.validate("a2-megagpu-16g", None, None, "us-east1-b", "spot")
+    assert str(caught.value) == (
+        "us-east1-b offers A100 40GB but not the machine type a2-megagpu-16g; zones with "
+        "a2-megagpu-16g: europe-west4-a, europe-west4-b, us-central1-a, us-central1-b, "
+        "us-central1-c, us-central1-f"
+    )
+    with pytest.raises(GpuChoiceError) as caught:
+        CATALOG.validate("n1-standard-96", "nvidia-tesla-p100", 4, "us-east1-c", "spot")
+    assert str(caught.value) == (
+        "n1-standard-96 has more vCPUs than 4 × P100 allows in us-east1-c (64)"
+    )
+
+
+def test_machine_zones_must_lie_within_the_gpus_zones(tmp_path):
+    raw = yaml.safe_load(GPU_CATALOG_PATH.read_text())
+    raw["machine_zones"]["a2-megagpu-16g"].append("us-east1-d")  # no A100 there
+    path = tmp_path / "gpu_catalog.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=r"a2-megagpu-16g: \['us-east1-d'\] do not offer"):
+        load_gpu_catalog(path)

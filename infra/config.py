@@ -106,6 +106,12 @@ KEYS: tuple[Key, ...] = (
         "gpu",
     ),
     Key(
+        "gpuImage",
+        "string",
+        "GPU stacks: boot image, a key of infra/gpu_catalog.yaml images (default: the GPU's own).",
+        "",
+    ),
+    Key(
         "gpuType",
         "string",
         "GPU stacks: GPU attached to an N1 type, e.g. nvidia-tesla-t4 (A2/A3/A4/G2 carry theirs).",
@@ -167,7 +173,7 @@ TPU_KEYS = (
     "tpuAutoRecover",
     "tpuReleaseWhenDone",
 )
-GPU_KEYS = ("gpuZone", "gpuMachineType", "gpuType", "gpuCount", "gpuAutoRecover")
+GPU_KEYS = ("gpuZone", "gpuMachineType", "gpuType", "gpuCount", "gpuImage", "gpuAutoRecover")
 ACCELERATORS = ("tpu", "gpu")
 SCHEDULING = ("on-demand", "preemptible", "spot")
 _ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
@@ -230,7 +236,13 @@ class GpuConfig:
     count: int
     attached: bool  # N1: guest_accelerators; A2/A3/A4/G2 carry their GPUs
     spot: bool
-    image: str  # projects/deeplearning-platform-release/global/images/family/...
+    image: str  # projects/<project>/global/images/family/<family> (gpu_catalog.yaml images)
+    image_name: str  # its key in the catalog, ubuntu-2204-nvidia-open
+    kernel_modules: (
+        str  # the NVIDIA kernel-module flavour of the image: open | proprietary | unknown
+    )
+    driver_repo: str  # NVIDIA's apt keyring package the startup script installs ("" : none)
+    driver_packages: tuple[str, ...]  # the driver packages it installs (() : preinstalled)
     boot_disk: str  # the boot disk type the machine type takes (gpu_catalog.yaml)
     python_version: str  # the image's python3
     shielded_boot: bool  # secure boot (vTPM and integrity monitoring are always on)
@@ -502,6 +514,7 @@ def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuC
     machine_type = _string(values, "gpuMachineType")
     gpu_type = _string(values, "gpuType") or None
     count = None if _unset(values, "gpuCount") else _integer(values, "gpuCount", 1, 16)
+    image = _string(values, "gpuImage") or None
     scheduling = _string(values, "scheduling")
     if scheduling not in SCHEDULING:
         raise ConfigError(
@@ -509,7 +522,7 @@ def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuC
             + ", ".join(SCHEDULING)
         )
     try:
-        choice = catalog.validate(machine_type, gpu_type, count, zone, scheduling)
+        choice = catalog.validate(machine_type, gpu_type, count, zone, scheduling, image=image)
     except GpuChoiceError as error:
         raise ConfigError(f"{_k(GPU_FIELD_KEYS[error.field])}: {error}") from None
     return GpuConfig(
@@ -522,9 +535,13 @@ def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuC
         count=choice.count,
         attached=choice.attached,
         spot=choice.spot,
-        image=catalog.image,
+        image=choice.image.uri,
+        image_name=choice.image.name,
+        kernel_modules=choice.image.kernel_modules,
+        driver_repo=choice.image.driver_repo,
+        driver_packages=choice.image.driver_packages,
         boot_disk=choice.boot_disk,
-        python_version=catalog.image_python,
+        python_version=choice.image.python,
         shielded_boot=catalog.shielded_boot,
         precision=choice.gpu.precision,
         quota_metrics=choice.quota_metrics,
@@ -539,6 +556,7 @@ GPU_FIELD_KEYS = {
     "count": "gpuCount",
     "zone": "gpuZone",
     "provisioning": "scheduling",
+    "image": "gpuImage",
 }
 
 

@@ -2,7 +2,8 @@
 attached to, which zones offer which GPU, and the image that drives them. The data lives in
 gpu_catalog.yaml (with its sources); `validate()` is the one place that decides whether a
 machine type x GPU x count x zone x provisioning combination exists, and says why not in one
-line that names what is allowed."""
+line that names what is allowed. The boot image and its NVIDIA kernel modules come from the
+catalog too: each GPU names its image, and an image a GPU cannot use is refused."""
 
 from __future__ import annotations
 
@@ -11,11 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import yaml
 
 GPU_CATALOG_PATH = Path(__file__).with_name("gpu_catalog.yaml")
 PROVISIONING = ("on-demand", "spot")
+# NVIDIA's kernel-module flavours; an image whose flavour is not known drives only GPUs that
+# run both (gpu_catalog.yaml "Boot images").
+KERNEL_MODULES = ("open", "proprietary")
+UNKNOWN_MODULES = "unknown"
 # Compute Engine's N1 shapes (general-purpose machine family, N1 table): vCPU counts and GB of
 # memory per vCPU of each N1 series.
 N1_VCPUS = (1, 2, 4, 8, 16, 32, 64, 96)
@@ -43,6 +49,32 @@ class Gpu:
     compute_capability: str
     precision: str  # Keras mixed-precision policy: mixed_bfloat16 | mixed_float16 | float32
     quota: str  # regional quota metric, NVIDIA_T4_GPUS (spot: PREEMPTIBLE_ + it)
+    kernel_modules: tuple[str, ...] = KERNEL_MODULES  # the NVIDIA flavours that drive it
+    image: str = ""  # the key of the image it boots (GpuCatalog.images)
+
+    def can_boot(self, image: GpuImage) -> bool:
+        if image.kernel_modules == UNKNOWN_MODULES:
+            return set(KERNEL_MODULES) <= set(self.kernel_modules)
+        return image.kernel_modules in self.kernel_modules
+
+
+@dataclass(frozen=True)
+class GpuImage:
+    """A boot image of GPU VMs and how its NVIDIA driver gets there: preinstalled (no
+    packages) or installed once by the startup script from NVIDIA's apt repository."""
+
+    name: str  # ubuntu-2204-nvidia-open
+    project: str
+    family: str
+    python: str  # its python3 ("3.10"): the wheelhouse is built for it
+    dlvm: bool  # a Deep Learning VM image (G2 cannot boot those)
+    kernel_modules: str  # open | proprietary | unknown
+    driver_repo: str = ""  # the apt repository's keyring package (.deb URL)
+    driver_packages: tuple[str, ...] = ()  # () : the driver comes with the image
+
+    @property
+    def uri(self) -> str:
+        return f"projects/{self.project}/global/images/family/{self.family}"
 
 
 @dataclass(frozen=True)
@@ -53,6 +85,7 @@ class Family:
     # Machine types of the family that have no on-demand capacity although the family has.
     spot_only_types: tuple[str, ...] = ()
     boot_disk: str = DEFAULT_BOOT_DISK  # the only boot disk type some families take
+    dlvm_boot: bool = True  # False: the family cannot boot Deep Learning VM images (G2)
 
     def spot_only_for(self, machine_type: str) -> bool:
         return self.spot_only or machine_type in self.spot_only_types
@@ -69,6 +102,7 @@ class GpuChoice:
     zone: str
     region: str
     spot: bool
+    image: GpuImage
     boot_disk: str = DEFAULT_BOOT_DISK
 
     @property
@@ -86,11 +120,9 @@ class GpuChoice:
 @dataclass(frozen=True)
 class GpuCatalog:
     checked: str
-    image_project: str
-    image_family: str
-    image_python: str
     shielded_boot: bool
     gpus: Mapping[str, Gpu]
+    images: Mapping[str, GpuImage]
     retired: Mapping[str, str]
     n1: Mapping[str, Mapping[int, tuple[int, int]]]  # gpu -> count -> (max vCPUs, max GB)
     families: Mapping[str, Family]
@@ -103,15 +135,18 @@ class GpuCatalog:
         default_factory=dict
     )
 
-    @property
-    def image(self) -> str:
-        return f"projects/{self.image_project}/global/images/family/{self.image_family}"
-
     def family_of(self, machine_type: str) -> Family | None:
         return self.families.get(machine_type.split("-", 1)[0])
 
     def validate(
-        self, machine_type: str, gpu: str | None, count: int | None, zone: str, provisioning: str
+        self,
+        machine_type: str,
+        gpu: str | None,
+        count: int | None,
+        zone: str,
+        provisioning: str,
+        *,
+        image: str | None = None,
     ) -> GpuChoice:
         """The one check of a GPU VM's shape; GpuChoiceError names what is allowed."""
         if provisioning not in PROVISIONING:
@@ -152,6 +187,7 @@ class GpuCatalog:
                 f"{what} has no on-demand capacity; use spot (flex-start is not supported "
                 "here yet)",
             )
+        boot = self._image(family, machine_type, chosen, image)
         return GpuChoice(
             machine_type=machine_type,
             gpu=chosen,
@@ -160,8 +196,52 @@ class GpuCatalog:
             zone=zone,
             region=region,
             spot=provisioning == "spot",
+            image=boot,
             boot_disk=family.boot_disk if family is not None else DEFAULT_BOOT_DISK,
         )
+
+    def usable_images(self, family: Family | None, gpu: Gpu) -> list[str]:
+        """The images this machine type x GPU can boot, its own first."""
+        usable = [
+            name
+            for name, image in self.images.items()
+            if gpu.can_boot(image) and not (image.dlvm and family and not family.dlvm_boot)
+        ]
+        return sorted(usable, key=lambda name: name != gpu.image)
+
+    def _image(
+        self, family: Family | None, machine_type: str, gpu: Gpu, name: str | None
+    ) -> GpuImage:
+        """The boot image: the GPU's own, or the one asked if this machine type x GPU can
+        boot it (its kernel modules drive the GPU; no Deep Learning VM image on G2)."""
+        if name is None:
+            return self.images[gpu.image]
+        usable = ", ".join(self.usable_images(family, gpu))
+        if name not in self.images:
+            raise GpuChoiceError(
+                "image",
+                f"{name!r} is not a GPU image of infra/gpu_catalog.yaml; {gpu.name} on "
+                f"{machine_type} boots: {usable}",
+            )
+        image = self.images[name]
+        if image.dlvm and family is not None and not family.dlvm_boot:
+            raise GpuChoiceError(
+                "image",
+                f"{family.name.upper()} cannot boot Deep Learning VM images ({name}); use {usable}",
+            )
+        if not gpu.can_boot(image):
+            runs = " or ".join(gpu.kernel_modules)
+            has = (
+                "kernel modules of an unknown flavour"
+                if image.kernel_modules == UNKNOWN_MODULES
+                else f"the {image.kernel_modules} kernel modules"
+            )
+            raise GpuChoiceError(
+                "image",
+                f"{name} has {has} and {gpu.name} runs only the {runs} NVIDIA kernel "
+                f"modules; use {usable}",
+            )
+        return image
 
     def _gpu_list(self) -> str:
         return ", ".join(f"{gpu.name} ({gpu.type})" for gpu in self.gpus.values())
@@ -258,6 +338,38 @@ def _or_list(values: list[int]) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
+def _load_images(raw: Mapping[str, Any], path: Path) -> dict[str, GpuImage]:
+    images = {
+        name: GpuImage(
+            name=name,
+            project=str(entry["project"]),
+            family=str(entry["family"]),
+            python=str(entry["python"]),
+            dlvm=bool(entry["dlvm"]),
+            kernel_modules=str(entry["kernel_modules"]),
+            driver_repo=str(entry.get("driver_repo") or ""),
+            driver_packages=tuple(str(p) for p in entry.get("driver_packages") or ()),
+        )
+        for name, entry in raw["images"].items()
+    }
+    for image in images.values():
+        if image.kernel_modules not in (*KERNEL_MODULES, UNKNOWN_MODULES):
+            raise ValueError(f"{path}: image {image.name}: kernel_modules {image.kernel_modules}")
+        if bool(image.driver_packages) != bool(image.driver_repo):
+            raise ValueError(f"{path}: image {image.name}: driver_packages need a driver_repo")
+    return images
+
+
+def _check_gpus(gpus: Mapping[str, Gpu], images: Mapping[str, GpuImage], path: Path) -> None:
+    for gpu in gpus.values():
+        if gpu.precision not in ("mixed_bfloat16", "mixed_float16", "float32"):
+            raise ValueError(f"{path}: {gpu.type}: unknown precision {gpu.precision}")
+        if not gpu.kernel_modules or not set(gpu.kernel_modules) <= set(KERNEL_MODULES):
+            raise ValueError(f"{path}: {gpu.type}: kernel_modules {gpu.kernel_modules}")
+        if gpu.image not in images or not gpu.can_boot(images[gpu.image]):
+            raise ValueError(f"{path}: {gpu.type}: image {gpu.image!r} cannot drive it")
+
+
 def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     gpus = {
@@ -267,12 +379,13 @@ def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
             compute_capability=str(entry["compute_capability"]),
             precision=str(entry["precision"]),
             quota=str(entry["quota"]),
+            kernel_modules=tuple(str(m) for m in entry["kernel_modules"]),
+            image=str(entry["image"]),
         )
         for key, entry in raw["gpus"].items()
     }
-    for gpu in gpus.values():
-        if gpu.precision not in ("mixed_bfloat16", "mixed_float16", "float32"):
-            raise ValueError(f"{path}: {gpu.type}: unknown precision {gpu.precision}")
+    images = _load_images(raw, path)
+    _check_gpus(gpus, images, path)
     n1 = {
         gpu: MappingProxyType(
             {int(count): (int(limit[0]), int(limit[1])) for count, limit in counts.items()}
@@ -288,6 +401,7 @@ def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
             ),
             spot_only_types=tuple(entry.get("spot_only_types") or ()),
             boot_disk=str(entry.get("boot_disk") or DEFAULT_BOOT_DISK),
+            dlvm_boot=bool(entry.get("dlvm_boot", True)),
         )
         for name, entry in raw["families"].items()
     }
@@ -301,6 +415,10 @@ def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
     unknown = sorted(named - set(gpus))
     if unknown:
         raise ValueError(f"{path}: unknown GPU types {unknown}")
+    for family in families.values():
+        on_dlvm = sorted(g for g, _ in family.types.values() if images[gpus[g].image].dlvm)
+        if on_dlvm and not family.dlvm_boot:  # the family's own GPUs must boot elsewhere
+            raise ValueError(f"{path}: {family.name}: {on_dlvm} boot a Deep Learning VM image")
     carried = {mt: gpu for f in families.values() for mt, (gpu, _) in f.types.items()}
     machine_zones = {mt: tuple(listed) for mt, listed in (raw.get("machine_zones") or {}).items()}
     for mt, listed in machine_zones.items():
@@ -323,11 +441,9 @@ def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
             raise ValueError(f"{path}: n1_zone_limits: {gpu} {sorted(counts)} not in n1")
     return GpuCatalog(
         checked=str(raw["checked"]),
-        image_project=str(raw["image_project"]),
-        image_family=str(raw["image_family"]),
-        image_python=str(raw["image_python"]),
         shielded_boot=bool(raw["shielded_boot"]),
         gpus=MappingProxyType(gpus),
+        images=MappingProxyType(images),
         retired=MappingProxyType(dict(raw.get("retired") or {})),
         n1=MappingProxyType(n1),
         families=MappingProxyType(families),

@@ -186,6 +186,9 @@ def _host(cfg: StackConfig) -> render.TpuHost | render.GpuHost:
             image=gpu.image,
             python_version=gpu.python_version,
             precision=gpu.precision,
+            kernel_modules=gpu.kernel_modules,
+            driver_repo=gpu.driver_repo,
+            driver_packages=gpu.driver_packages,
             secure_boot=gpu.shielded_boot,
         )
     tpu = cfg.tpu

@@ -210,6 +210,11 @@ class GpuHost:
     image: str
     python_version: str  # the image's python3: the wheelhouse is built for it
     precision: str  # Keras mixed-precision policy for this GPU
+    # The image's NVIDIA kernel-module flavour and, when it has no driver, what installs one
+    # (gpu_catalog.yaml images; gpu.sh install_driver).
+    kernel_modules: str = "unknown"
+    driver_repo: str = ""
+    driver_packages: tuple[str, ...] = ()
     hosts: int = 1
     requirements: str = GPU_REQUIREMENTS_FILE
     secure_boot: bool = False  # shielded_instance_config.enable_secure_boot, set either way
@@ -392,6 +397,9 @@ def render_gpu_script(workload: Workload) -> str:
             "GPU_NAME": host.gpu_name,
             "GPU_COUNT": str(host.count),
             "GPU_PRECISION": host.precision,
+            "DRIVER_MODULES": host.kernel_modules,
+            "DRIVER_REPO": host.driver_repo,
+            "DRIVER_PACKAGES": " ".join(host.driver_packages),
         }
         | host_expectations(
             python=host.python_version,

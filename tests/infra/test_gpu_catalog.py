@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import yaml
-from harness import config_error
+from harness import config_error, run_offline
 
 from infra.gpu_catalog import GPU_CATALOG_PATH, GpuChoiceError, load_gpu_catalog
 
@@ -15,9 +15,9 @@ CATALOG = load_gpu_catalog()
 K = "tpu-pretrain:"
 
 
-def error_of(*args: object) -> GpuChoiceError:
+def error_of(*args: object, image: str | None = None) -> GpuChoiceError:
     with pytest.raises(GpuChoiceError) as caught:
-        CATALOG.validate(*args)  # type: ignore[arg-type]
+        CATALOG.validate(*args, image=image)  # type: ignore[arg-type]
     assert "\n" not in str(caught.value)
     return caught.value
 
@@ -228,14 +228,180 @@ def test_quota_metrics_follow_provisioning():
     assert spot.quota_metrics == ("GPUS_ALL_REGIONS", "PREEMPTIBLE_NVIDIA_L4_GPUS")
 
 
-def test_catalog_has_sources_a_date_and_one_image_family():
+DLVM = (
+    "projects/deeplearning-platform-release/global/images/family/"
+    "common-cu128-ubuntu-2204-nvidia-570"
+)
+UBUNTU = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
+
+
+def test_catalog_has_sources_a_date_and_its_images():
     assert CATALOG.checked == "2026-11-24"
-    assert CATALOG.image == (
-        "projects/deeplearning-platform-release/global/images/family/"
-        "common-cu128-ubuntu-2204-nvidia-570"
-    )
-    assert CATALOG.image_python == "3.10"
+    assert {name: image.uri for name, image in CATALOG.images.items()} == {
+        "dlvm-cu128": DLVM,
+        "ubuntu-2204-nvidia-open": UBUNTU,
+        "ubuntu-2204-nvidia-proprietary": UBUNTU,
+    }
+    assert {image.python for image in CATALOG.images.values()} == {"3.10"}
     assert "us-central2" in CATALOG.no_gpu_regions
+
+
+# Per machine type x GPU generation: the image it boots, the kernel-module flavour and the
+# driver packages the startup script installs (none: the image brings its driver).
+@pytest.mark.parametrize(
+    ("shape", "image", "modules", "packages"),
+    [
+        (
+            ("n1-standard-8", "nvidia-tesla-p4", 1, "us-central1-a"),
+            UBUNTU,
+            "proprietary",
+            ("cuda-drivers-570",),
+        ),
+        (
+            ("n1-standard-8", "nvidia-tesla-p100", 1, "us-central1-c"),
+            UBUNTU,
+            "proprietary",
+            ("cuda-drivers-570",),
+        ),
+        (
+            ("n1-standard-8", "nvidia-tesla-v100", 1, "us-central1-a"),
+            UBUNTU,
+            "proprietary",
+            ("cuda-drivers-570",),
+        ),
+        (("n1-standard-8", "nvidia-tesla-t4", 1, "us-central1-a"), DLVM, "unknown", ()),
+        (("a2-highgpu-4g", None, None, "us-central1-a"), DLVM, "unknown", ()),
+        (("a2-ultragpu-1g", None, None, "us-central1-a"), DLVM, "unknown", ()),
+        (
+            ("g2-standard-24", None, None, "us-east1-d"),
+            UBUNTU,
+            "open",
+            ("nvidia-open-570", "nvidia-utils-570"),
+        ),
+        (
+            ("a3-highgpu-8g", None, None, "us-central1-a"),
+            UBUNTU,
+            "open",
+            ("nvidia-open-570", "nvidia-utils-570"),
+        ),
+        (
+            ("a4-highgpu-8g", None, None, "us-central1-b"),
+            UBUNTU,
+            "open",
+            ("nvidia-open-570", "nvidia-utils-570"),
+        ),
+    ],
+)
+def test_the_image_and_driver_come_from_the_catalog(shape, image, modules, packages):
+    choice = CATALOG.validate(*shape, "spot")
+    assert choice.image.uri == image
+    assert choice.image.kernel_modules == modules
+    assert choice.image.driver_packages == packages
+    assert bool(choice.image.driver_repo) == bool(packages)
+
+
+# Images and what Google's and NVIDIA's pages say of them (not what the catalog says).
+# "G2": "You can't use Deep Learning VM Images as boot disks for instances that use the G2
+# machine type" (Google's G2 limitations). "pre-Turing": the open kernel modules "are not
+# compatible with" Maxwell, Pascal or Volta (NVIDIA's driver installation guide). "open":
+# the open modules are "what you should use" from Turing on and the only ones here for
+# Hopper/Blackwell (NVIDIA; Google's A4 blueprint installs nvidia-open-570). "unknown": the
+# DLVM image's flavour is not in our sources, so it drives only GPUs that run both.
+IMAGE_SHAPES = [
+    (("g2-standard-24", None, None, "us-east1-d"), "dlvm-cu128", "image", "G2"),
+    (("g2-standard-8", None, None, "us-east1-d"), "ubuntu-2204-nvidia-open", None, "G2"),
+    (("g2-standard-8", None, None, "us-east1-d"), "ubuntu-2204-nvidia-proprietary", None, "G2"),
+    (
+        ("n1-standard-8", "nvidia-tesla-v100", 1, "us-central1-a"),
+        "ubuntu-2204-nvidia-open",
+        "image",
+        "pre-Turing",
+    ),
+    (
+        ("n1-standard-8", "nvidia-tesla-p100", 1, "us-central1-c"),
+        "ubuntu-2204-nvidia-open",
+        "image",
+        "pre-Turing",
+    ),
+    (("n1-standard-8", "nvidia-tesla-p4", 1, "us-central1-a"), "dlvm-cu128", "image", "unknown"),
+    (
+        ("n1-standard-8", "nvidia-tesla-t4", 1, "us-central1-a"),
+        "ubuntu-2204-nvidia-open",
+        None,
+        "open",
+    ),
+    (("n1-standard-8", "nvidia-tesla-t4", 1, "us-central1-a"), "dlvm-cu128", None, "unknown"),
+    (
+        ("a3-highgpu-8g", None, None, "us-central1-a"),
+        "ubuntu-2204-nvidia-proprietary",
+        "image",
+        "open",
+    ),
+    (("a3-highgpu-8g", None, None, "us-central1-a"), "dlvm-cu128", "image", "unknown"),
+    (
+        ("a4-highgpu-8g", None, None, "us-central1-b"),
+        "ubuntu-2204-nvidia-proprietary",
+        "image",
+        "open",
+    ),
+    (("a4-highgpu-8g", None, None, "us-central1-b"), "ubuntu-2204-nvidia-open", None, "open"),
+    (("a2-highgpu-1g", None, None, "us-central1-a"), "no-such-image", "image", "-"),
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "image", "refused", "statement"),
+    IMAGE_SHAPES,
+    ids=[f"{s[0][1] or s[0][0]}-{s[1]}" for s in IMAGE_SHAPES],
+)
+def test_an_image_the_gpu_cannot_use_is_refused(shape, image, refused, statement):
+    if refused is None:
+        assert CATALOG.validate(*shape, "spot", image=image).image.name == image, statement
+        return
+    error = error_of(*shape, "spot", image=image)
+    assert error.field == refused, statement
+
+
+def test_image_refusals_name_what_the_shape_boots():
+    assert str(
+        error_of("g2-standard-24", None, None, "us-east1-d", "spot", image="dlvm-cu128")
+    ) == (
+        "G2 cannot boot Deep Learning VM images (dlvm-cu128); use ubuntu-2204-nvidia-open, "
+        "ubuntu-2204-nvidia-proprietary"
+    )
+    assert str(
+        error_of(
+            "n1-standard-8",
+            "nvidia-tesla-v100",
+            1,
+            "us-central1-a",
+            "spot",
+            image="ubuntu-2204-nvidia-open",
+        )
+    ) == (
+        "ubuntu-2204-nvidia-open has the open kernel modules and V100 runs only the "
+        "proprietary NVIDIA kernel modules; use ubuntu-2204-nvidia-proprietary"
+    )
+    assert str(
+        error_of("a4-highgpu-8g", None, None, "us-central1-b", "spot", image="dlvm-cu128")
+    ) == (
+        "dlvm-cu128 has kernel modules of an unknown flavour and B200 runs only the open "
+        "NVIDIA kernel modules; use ubuntu-2204-nvidia-open"
+    )
+
+
+def test_the_catalog_refuses_a_gpu_image_it_cannot_drive(tmp_path):
+    raw = yaml.safe_load(GPU_CATALOG_PATH.read_text())
+    raw["gpus"]["nvidia-tesla-v100"]["image"] = "ubuntu-2204-nvidia-open"
+    path = tmp_path / "gpu_catalog.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match="nvidia-tesla-v100: image 'ubuntu-2204-nvidia-open'"):
+        load_gpu_catalog(path)
+    raw["gpus"]["nvidia-tesla-v100"]["image"] = "ubuntu-2204-nvidia-proprietary"
+    raw["gpus"]["nvidia-l4"]["image"] = "dlvm-cu128"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=r"g2: .*nvidia-l4.* boot a Deep Learning VM image"):
+        load_gpu_catalog(path)
 
 
 # The config names the key each catalog message is about (run through the real program).
@@ -284,6 +450,16 @@ def test_catalog_has_sources_a_date_and_one_image_family():
 )
 def test_gpu_stack_config_errors_name_the_key(overrides, message):
     assert config_error("t4-usc1", overrides) == message
+
+
+def test_the_stacks_image_setting_is_checked_against_the_gpu():
+    assert config_error("l4x2-use1", {K + "gpuImage": "dlvm-cu128"}) == (
+        "tpu-pretrain:gpuImage: G2 cannot boot Deep Learning VM images (dlvm-cu128); use "
+        "ubuntu-2204-nvidia-open, ubuntu-2204-nvidia-proprietary"
+    )
+    run = run_offline("t4-usc1", {K + "gpuImage": "ubuntu-2204-nvidia-open"})
+    (vm,) = [r for r in run.resources if r.name == "gpu-vm"]
+    assert vm.inputs["bootDisk"]["initializeParams"]["image"] == UBUNTU
 
 
 def test_a_tpu_stack_refuses_gpu_settings():

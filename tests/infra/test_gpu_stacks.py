@@ -15,6 +15,19 @@ DLVM = (
     "projects/deeplearning-platform-release/global/images/family/"
     "common-cu128-ubuntu-2204-nvidia-570"
 )
+UBUNTU = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
+NVIDIA_REPO = (
+    "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/"
+    "cuda-keyring_1.1-1_all.deb"
+)
+# stack: boot image, kernel-module flavour, driver packages the startup script installs
+# (infra/gpu_catalog.yaml images: G2 cannot boot the Deep Learning VM image, so the L4 stack
+# boots Ubuntu and installs NVIDIA's open modules; T4 and A100 keep the DLVM's driver).
+IMAGES = {
+    "t4-usc1": (DLVM, "unknown", ""),
+    "l4x2-use1": (UBUNTU, "open", "nvidia-open-570 nvidia-utils-570"),
+    "a100x4-usc1": (DLVM, "unknown", ""),
+}
 # stack: zone, machine type, guest accelerators (N1 only), spot, GPUs, precision
 EXPECTED = {
     "t4-usc1": (
@@ -67,7 +80,7 @@ def test_gpu_vm_inputs(run):
     assert inputs["machineType"] == machine_type
     assert inputs.get("guestAccelerators") == accelerators
     assert inputs["scheduling"] == (SPOT if spot else ON_DEMAND)
-    assert inputs["bootDisk"]["initializeParams"]["image"] == DLVM
+    assert inputs["bootDisk"]["initializeParams"]["image"] == IMAGES[run.stack][0]
     assert inputs["bootDisk"]["initializeParams"]["size"] >= 100
     # No external IP: no access config on any interface.
     assert [nic.get("accessConfigs") for nic in inputs["networkInterfaces"]] == [None]
@@ -111,6 +124,22 @@ def test_gpu_startup_script_is_the_gpu_variant(run):
     assert "templates/gpu.sh" in script
     assert "templates/tpu-main.sh" not in script
     assert "tpu_install_env()" in script
+
+
+def test_the_driver_install_follows_the_image(run):
+    image, modules, packages = IMAGES[run.stack]
+    script = gpu_vm(run).inputs["metadata"]["startup-script"]
+    family = image.rsplit("/", 1)[-1]
+    assert f"readonly RUNTIME_VERSION={family}\n" in script
+    assert f"readonly DRIVER_MODULES={modules}\n" in script
+    if packages:
+        assert f"readonly DRIVER_PACKAGES='{packages}'\n" in script
+        assert f"readonly DRIVER_REPO={NVIDIA_REPO}\n" in script
+    else:
+        assert "readonly DRIVER_PACKAGES=''\n" in script
+        assert "readonly DRIVER_REPO=''\n" in script
+    # install_driver runs before the GPUs are checked.
+    assert script.index("\ninstall_driver\n") < script.index("\ncheck_gpus\n")
 
 
 def test_one_accelerator_and_the_shared_components(run):
@@ -198,3 +227,19 @@ def test_an_a4_vm_boots_from_hyperdisk_balanced():
 
     assert boot_disk_type(run_offline("a100x4-usc1", overrides)) == "hyperdisk-balanced"
     assert boot_disk_type(run_offline("a100x4-usc1")) == "pd-balanced"
+
+
+def test_an_a4_vm_boots_ubuntu_and_installs_the_open_modules():
+    """B200 runs only the open kernel modules here (NVIDIA; Google's A4 blueprint boots
+    ubuntu-2204-lts and installs nvidia-open-570): the image and the install come from the
+    catalog, under the same mocks as the shipped stacks."""
+    overrides = {
+        "tpu-pretrain:gpuMachineType": "a4-highgpu-8g",
+        "tpu-pretrain:gpuZone": "us-central1-b",
+        "tpu-pretrain:scheduling": "spot",
+    }
+    (vm,) = [r for r in run_offline("a100x4-usc1", overrides).resources if r.name == "gpu-vm"]
+    assert vm.inputs["bootDisk"]["initializeParams"]["image"] == UBUNTU
+    script = vm.inputs["metadata"]["startup-script"]
+    assert "readonly DRIVER_PACKAGES='nvidia-open-570 nvidia-utils-570'\n" in script
+    assert "readonly DRIVER_MODULES=open\n" in script

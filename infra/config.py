@@ -358,10 +358,13 @@ def _boolean(values: Mapping[str, object], name: str) -> bool:
 
 def _integer(values: Mapping[str, object], name: str, low: int, high: int) -> int:
     value = _value(values, name)
-    try:
-        number = int(value) if not isinstance(value, bool) else None  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        number = None
+    number: int | None = None
+    # bool is an int to Python, not a count to a user.
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
     if number is None or not low <= number <= high:
         raise ConfigError(f"{_k(name)}: {value!r} must be an integer from {low} to {high}")
     return number

@@ -155,7 +155,7 @@ class GpuCatalog:
                 f"{provisioning!r} is not a GPU provisioning model: use "
                 + " or ".join(PROVISIONING),
             )
-        if gpu in self.retired:
+        if gpu is not None and gpu in self.retired:
             raise GpuChoiceError("gpu", f"{self.retired[gpu]}; use one of: {self._gpu_list()}")
         if gpu is not None and gpu not in self.gpus:
             raise GpuChoiceError("gpu", f"{gpu!r} is not a GPU type; known: {self._gpu_list()}")

@@ -810,7 +810,7 @@ def define(cfg: BootstrapConfig) -> None:
             },
         ),
     ):
-        role = gcp.projects.IAMCustomRole(
+        custom_role = gcp.projects.IAMCustomRole(
             role_name,
             project=project,
             role_id=role_id,
@@ -823,7 +823,7 @@ def define(cfg: BootstrapConfig) -> None:
         gcp.projects.IAMMember(
             f"deploy-{role_name.removesuffix('-role')}s",
             project=project,
-            role=role.name,
+            role=custom_role.name,
             member=deploy_member,
             condition=condition,
         )

@@ -785,7 +785,10 @@ def define(cfg: BootstrapConfig) -> None:
             "expression": stack_instance_condition(),
         },
     )
-    for role_name, role_id, title, permissions, condition in (
+    # Custom roles bound to the deploy account only under a condition on resource names.
+    scoped_roles: tuple[
+        tuple[str, str, str, tuple[str, ...], gcp.projects.IAMMemberConditionArgsDict], ...
+    ] = (
         (
             "stack-bucket-role",
             STACK_BUCKET_ROLE_ID,
@@ -809,7 +812,8 @@ def define(cfg: BootstrapConfig) -> None:
                 "expression": stack_secret_condition(),
             },
         ),
-    ):
+    )
+    for role_name, role_id, title, permissions, condition in scoped_roles:
         custom_role = gcp.projects.IAMCustomRole(
             role_name,
             project=project,

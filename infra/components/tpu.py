@@ -66,9 +66,6 @@ class TpuVm(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: TpuVmArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-pretrain:index:TpuVm", name, None, opts)
-        extra: dict[str, object] = {}
-        if args.shielded_boot:
-            extra["shielded_instance_config"] = {"enable_secure_boot": True}
         self.vm = gcp.tpu.V2Vm(
             f"{name}-vm",
             project=args.project,
@@ -94,7 +91,8 @@ class TpuVm(pulumi.ComponentResource):
                 replace_on_changes=list(IN_PLACE_FIELDS),
                 delete_before_replace=True,
             ),
-            **extra,  # type: ignore[arg-type]
+            # None (the default): no shielded_instance_config at all.
+            shielded_instance_config={"enable_secure_boot": True} if args.shielded_boot else None,
         )
         self.internal_ip = self.vm.network_endpoints.apply(
             lambda endpoints: endpoints[0].ip_address if endpoints else None

@@ -211,7 +211,7 @@ class _GcpMocks:
 
 def _run_in_fresh_context(
     stack: str,
-    config: Mapping[str, object],
+    config: Mapping[str, str],
     build_dir: Path | None,
     entry: Callable[[], None] | None,
     existing_buckets: frozenset[str] = frozenset(),
@@ -222,10 +222,10 @@ def _run_in_fresh_context(
         def __init__(self) -> None:
             self.inner = _GcpMocks(project or DEFAULT_TEST_PROJECT, existing_buckets)
 
-        def new_resource(self, args: pulumi_mocks.MockResourceArgs):  # type: ignore[override]
+        def new_resource(self, args: pulumi_mocks.MockResourceArgs):
             return self.inner.new_resource(args)
 
-        def call(self, args: pulumi_mocks.MockCallArgs):  # type: ignore[override]
+        def call(self, args: pulumi_mocks.MockCallArgs):
             return self.inner.call(args)
 
     loop = asyncio.new_event_loop()

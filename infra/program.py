@@ -60,9 +60,15 @@ class Foundation:
 class AcceleratorVm(Protocol):
     """The component's outputs every accelerator has (TpuVm, GpuVm)."""
 
-    vm: pulumi.CustomResource  # .name, .zone, .urn
-    internal_ip: pulumi.Output[str]
-    worker_ips: pulumi.Output[list[str]]
+    # Read-only (properties), so TpuVm's V2Vm and GpuVm's Instance match.
+    @property
+    def vm(self) -> pulumi.CustomResource: ...  # .name, .zone, .urn
+
+    @property
+    def internal_ip(self) -> pulumi.Output[str | None]: ...  # None: a TPU VM without endpoints
+
+    @property
+    def worker_ips(self) -> pulumi.Output[list[str | None]]: ...
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ class Accelerator:
     controller runs for it (None when auto-recovery is off)."""
 
     component: AcceleratorVm
-    watch: pulumi.Input[render.TpuWatch] | render.GpuWatch | None
+    watch: pulumi.Input[render.TpuWatch | render.GpuWatch] | None
     # The watchdog's grants (TpuAutoRecovery, GpuAutoRecovery); None without a watchdog.
     recovery: pulumi.Resource | None = None
 
@@ -294,8 +300,11 @@ def _controller(cfg: StackConfig, base: Foundation, accelerator: Accelerator) ->
         controller_ready.append(accelerator.component)  # type: ignore[arg-type]
         if accelerator.recovery is not None:  # the watchdog's grants, before it runs
             controller_ready.append(accelerator.recovery)
-        controller_script: pulumi.Input[str] = pulumi.Output.from_input(accelerator.watch).apply(
-            lambda watch: render.render_controller_script(base.workload, watch)
+        watch: pulumi.Output[render.TpuWatch | render.GpuWatch] = pulumi.Output.from_input(
+            accelerator.watch
+        )
+        controller_script: pulumi.Input[str] = watch.apply(
+            lambda resolved: render.render_controller_script(base.workload, resolved)
         )
     else:
         controller_script = render.render_controller_script(base.workload)
@@ -384,10 +393,10 @@ def _export(
         {"controller": f"{ssh['controller']} {rerun}", kind: f"{vm_rerun} {rerun}"},
     )
     if isinstance(cfg.accelerator, GpuConfig):
-        pulumi.export("gpuRecovery", gpu_recovery_commands(cfg, vm.vm.urn))  # type: ignore[attr-defined]
+        pulumi.export("gpuRecovery", gpu_recovery_commands(cfg, vm.vm.urn))
         pulumi.export("gpuQuota", gpu_quota(cfg))
     else:
-        pulumi.export("tpuRecovery", tpu_recovery_commands(cfg, vm.vm.urn))  # type: ignore[attr-defined]
+        pulumi.export("tpuRecovery", tpu_recovery_commands(cfg, vm.vm.urn))
     pulumi.export("vpnEndpoint", hop.endpoint)
     pulumi.export("vpnServerPublicKey", hop.server_public_key)
     pulumi.export("vpnClientConfig", hop.client_config)

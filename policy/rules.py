@@ -592,8 +592,8 @@ def _collapse(networks: Iterable[Net]) -> list[Net]:
     v4 = [n for n in networks if n.version == 4]
     v6 = [n for n in networks if n.version == 6]
     return [
-        *ipaddress.collapse_addresses(v4),  # type: ignore[arg-type]
-        *ipaddress.collapse_addresses(v6),  # type: ignore[arg-type]
+        *ipaddress.collapse_addresses(v4),
+        *ipaddress.collapse_addresses(v6),
     ]
 
 

@@ -102,7 +102,7 @@ plan: venv-infra
 # The first real run on GCP (docs/first-real-run.md): preflight, pulumi up with the tiny
 # smoke job, wait, verdict table, pulumi destroy (KEEP=1 keeps the stack). It creates real
 # resources, so STACK must be named on the command line: make smoke STACK=v6e-euw4
-smoke: venv venv-infra
+smoke: venv-pt venv-infra
 	@test "$(origin STACK)" = "command line" || { echo "make smoke: name the stack: make smoke STACK=<stack> [KEEP=1]" >&2; exit 2; }
 	$(IPY) -m infra.smoke --stack $(STACK) $(if $(KEEP),--keep)
 

@@ -43,6 +43,9 @@ class Slice:
     hosts: int
     chips_per_host: int
     source: str = ""  # the Google doc or CI job (catalog.yaml)
+    # The base image that evidence boots, where it names one the generation allows: a stack
+    # of this slice boots it (tests/infra/test_infra_config.py); "" = the generation's first.
+    image: str = ""
 
     @property
     def replicas(self) -> int:
@@ -158,7 +161,7 @@ def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
     for accelerator_type, generation in accelerators.items():
         if generation not in generations:
             raise ValueError(f"{path}: {accelerator_type} has unknown generation {generation}")
-    slices = _slices(path, raw.get("slices") or {}, accelerators)
+    slices = _slices(path, raw.get("slices") or {}, accelerators, generations)
     tensorflow_tpu = _tf_tpu_pin(path, raw.get("tensorflow_tpu"), generations)
     return Catalog(
         tensorflow_tpu=tensorflow_tpu,
@@ -170,13 +173,16 @@ def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
     )
 
 
-def _slices(path: Path, raw: Mapping, accelerators: Mapping[str, str]) -> dict[str, Slice]:
+def _slices(
+    path: Path, raw: Mapping, accelerators: Mapping[str, str], generations: Mapping
+) -> dict[str, Slice]:
     """catalog.yaml `slices:`: each a known accelerator type of >= 2 hosts, with its source."""
     slices = {
         name: Slice(
             hosts=int(entry["hosts"]),
             chips_per_host=int(entry["chips_per_host"]),
             source=" ".join(str(entry.get("source") or "").split()),
+            image=str(entry.get("image") or ""),
         )
         for name, entry in raw.items()
     }
@@ -188,6 +194,10 @@ def _slices(path: Path, raw: Mapping, accelerators: Mapping[str, str]) -> dict[s
         if not shape.source:
             raise ValueError(
                 f"{path}: slice {name} has no source (a Google doc or CI job that runs JAX on it)"
+            )
+        if shape.image and shape.image not in generations[accelerators[name]].images:
+            raise ValueError(
+                f"{path}: slice {name}: image {shape.image} is not an image of its generation"
             )
     return slices
 

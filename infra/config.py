@@ -23,6 +23,7 @@ from infra import jobspec
 from infra.catalog import MIN_PYTHON, Catalog, Generation, Image, load_catalog
 from infra.errors import ConfigError
 from infra.gpu_catalog import GpuCatalog, GpuChoiceError, load_gpu_catalog
+from infra.project_config import cli_text
 
 NAMESPACE = "tpu-pretrain"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -73,10 +74,12 @@ KEYS: tuple[Key, ...] = (
         "on-demand",
     ),
     Key("tpuExternalIp", "boolean", "Give the TPU VM an external IP (default: no).", False),
-    # No fixed default: on for spot/preemptible scheduling, off for on-demand.
+    # No fixed default: on for spot/preemptible scheduling, off for on-demand. Declared a
+    # string: Pulumi refuses a boolean key whose default is not true or false, and "" is
+    # "unset" here (infra/project_config.py).
     Key(
         "tpuAutoRecover",
-        "boolean",
+        "string",
         "Recreate a preempted/terminated TPU VM from the controller (default: on for spot "
         "and preemptible, off for on-demand).",
         "",
@@ -103,21 +106,39 @@ KEYS: tuple[Key, ...] = (
         "gpu",
     ),
     Key(
+        "gpuImage",
+        "string",
+        "GPU stacks: boot image, a key of infra/gpu_catalog.yaml images (default: the GPU's own).",
+        "",
+    ),
+    Key(
         "gpuType",
         "string",
         "GPU stacks: GPU attached to an N1 type, e.g. nvidia-tesla-t4 (A2/A3/A4/G2 carry theirs).",
         "",
     ),
-    Key("gpuCount", "integer", "GPU stacks: how many gpuType GPUs an N1 type gets.", ""),
+    # 0: unset (an accelerator-optimized type carries its GPUs); Pulumi refuses an integer
+    # key whose default is not an integer.
+    Key(
+        "gpuCount",
+        "integer",
+        "GPU stacks: how many gpuType GPUs an N1 type gets (0: none set).",
+        0,
+    ),
     # No fixed default: on for spot, off for on-demand (which Compute Engine restarts itself).
     Key(
         "gpuAutoRecover",
-        "boolean",
+        "string",
         "GPU stacks: start a preempted (stopped) spot GPU VM again from the controller "
         "(default: on for spot, off for on-demand).",
         "",
     ),
-    Key("bucketName", "string", "Bucket name (default <project>-<stack>-tpu-pretrain).", ""),
+    Key(
+        "bucketName",
+        "string",
+        "Bucket name, ending with -tpu-pretrain (default <project>-<stack>-tpu-pretrain).",
+        "",
+    ),
     Key("bucketLocation", "string", "Bucket location; must be the TPU region (default).", ""),
     Key("bucketSoftDeleteDays", "integer", "Days deleted objects stay restorable (7-90).", 7),
     Key(
@@ -152,11 +173,15 @@ TPU_KEYS = (
     "tpuAutoRecover",
     "tpuReleaseWhenDone",
 )
-GPU_KEYS = ("gpuZone", "gpuMachineType", "gpuType", "gpuCount", "gpuAutoRecover")
+GPU_KEYS = ("gpuZone", "gpuMachineType", "gpuType", "gpuCount", "gpuImage", "gpuAutoRecover")
 ACCELERATORS = ("tpu", "gpu")
 SCHEDULING = ("on-demand", "preemptible", "spot")
 _ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
 _GCE_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+# Every stack bucket's name ends so: the deploy account's bucket and object powers are
+# bound with a condition on it (infra/bootstrap/gitops_bootstrap.py STACK_BUCKET_SUFFIX),
+# which keeps the Pulumi state bucket and every other bucket out of its reach.
+STACK_BUCKET_SUFFIX = "-tpu-pretrain"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 _PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _MACHINE_RE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")
@@ -211,7 +236,14 @@ class GpuConfig:
     count: int
     attached: bool  # N1: guest_accelerators; A2/A3/A4/G2 carry their GPUs
     spot: bool
-    image: str  # projects/deeplearning-platform-release/global/images/family/...
+    image: str  # projects/<project>/global/images/family/<family> (gpu_catalog.yaml images)
+    image_name: str  # its key in the catalog, ubuntu-2204-nvidia-open
+    kernel_modules: (
+        str  # the NVIDIA kernel-module flavour of the image: open | proprietary | unknown
+    )
+    driver_repo: str  # NVIDIA's apt keyring package the startup script installs ("" : none)
+    driver_packages: tuple[str, ...]  # the driver packages it installs (() : preinstalled)
+    boot_disk: str  # the boot disk type the machine type takes (gpu_catalog.yaml)
     python_version: str  # the image's python3
     shielded_boot: bool  # secure boot (vTPM and integrity monitoring are always on)
     precision: str  # Keras mixed-precision policy for this GPU
@@ -300,6 +332,14 @@ def _value(values: Mapping[str, object], name: str) -> object:
     return raw
 
 
+def _unset(values: Mapping[str, object], name: str) -> bool:
+    """Not set, or set to its Pulumi.yaml default ("" for the keys without a fixed one),
+    compared as the CLI passes values (text)."""
+    raw = values.get(name)
+    default = KEYS_BY_NAME[name].default
+    return raw is None or cli_text(raw) in ("", "" if default is None else cli_text(default))
+
+
 def _string(values: Mapping[str, object], name: str) -> str:
     value = _value(values, name)
     if not isinstance(value, str):
@@ -318,10 +358,13 @@ def _boolean(values: Mapping[str, object], name: str) -> bool:
 
 def _integer(values: Mapping[str, object], name: str, low: int, high: int) -> int:
     value = _value(values, name)
-    try:
-        number = int(value) if not isinstance(value, bool) else None  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        number = None
+    number: int | None = None
+    # bool is an int to Python, not a count to a user.
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
     if number is None or not low <= number <= high:
         raise ConfigError(f"{_k(name)}: {value!r} must be an integer from {low} to {high}")
     return number
@@ -473,9 +516,8 @@ def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuC
     zone = _string(values, "gpuZone")
     machine_type = _string(values, "gpuMachineType")
     gpu_type = _string(values, "gpuType") or None
-    count = (
-        _integer(values, "gpuCount", 1, 16) if values.get("gpuCount") not in (None, "") else None
-    )
+    count = None if _unset(values, "gpuCount") else _integer(values, "gpuCount", 1, 16)
+    image = _string(values, "gpuImage") or None
     scheduling = _string(values, "scheduling")
     if scheduling not in SCHEDULING:
         raise ConfigError(
@@ -483,7 +525,7 @@ def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuC
             + ", ".join(SCHEDULING)
         )
     try:
-        choice = catalog.validate(machine_type, gpu_type, count, zone, scheduling)
+        choice = catalog.validate(machine_type, gpu_type, count, zone, scheduling, image=image)
     except GpuChoiceError as error:
         raise ConfigError(f"{_k(GPU_FIELD_KEYS[error.field])}: {error}") from None
     return GpuConfig(
@@ -496,8 +538,13 @@ def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuC
         count=choice.count,
         attached=choice.attached,
         spot=choice.spot,
-        image=catalog.image,
-        python_version=catalog.image_python,
+        image=choice.image.uri,
+        image_name=choice.image.name,
+        kernel_modules=choice.image.kernel_modules,
+        driver_repo=choice.image.driver_repo,
+        driver_packages=choice.image.driver_packages,
+        boot_disk=choice.boot_disk,
+        python_version=choice.image.python,
         shielded_boot=catalog.shielded_boot,
         precision=choice.gpu.precision,
         quota_metrics=choice.quota_metrics,
@@ -512,6 +559,7 @@ GPU_FIELD_KEYS = {
     "count": "gpuCount",
     "zone": "gpuZone",
     "provisioning": "scheduling",
+    "image": "gpuImage",
 }
 
 
@@ -521,9 +569,11 @@ def _accelerator_kind(values: Mapping[str, object]) -> str:
         raise ConfigError(
             f"{_k('accelerator')}: {kind!r} is not allowed; use one of: " + ", ".join(ACCELERATORS)
         )
+    # The Pulumi CLI gives every stack every project default (infra/project_config.py):
+    # a GPU stack sees tpuArchitecture "vm", so a foreign key at its default is unset.
     foreign = TPU_KEYS if kind == "gpu" else GPU_KEYS
     for name in foreign:
-        if values.get(name) not in (None, ""):
+        if not _unset(values, name):
             raise ConfigError(
                 f"{_k(name)}: a {'TPU' if kind == 'gpu' else 'GPU'} setting in a {kind.upper()} "
                 f"stack ({_k('accelerator')}: {kind}); remove it"
@@ -549,11 +599,16 @@ def _wireguard_key(name: str, value: str) -> str | None:
 def _bucket(
     values: Mapping[str, object], project: str, stack: str, region: str, what: str = "TPU"
 ) -> BucketConfig:
-    bucket_name = _string(values, "bucketName") or f"{project}-{stack}-tpu-pretrain"
+    bucket_name = _string(values, "bucketName") or f"{project}-{stack}{STACK_BUCKET_SUFFIX}"
     if not _BUCKET_RE.match(bucket_name) or "goog" in bucket_name:
         raise ConfigError(
             f"{_k('bucketName')}: {bucket_name!r} is not a valid bucket name "
             "(3-63 characters: lowercase letters, digits, '-', '_', '.')"
+        )
+    if not bucket_name.endswith(STACK_BUCKET_SUFFIX):
+        raise ConfigError(
+            f"{_k('bucketName')}: {bucket_name!r} must end with {STACK_BUCKET_SUFFIX!r}: the "
+            "deploy account may change only buckets named so (docs/guard-rails.md)"
         )
     location = (_string(values, "bucketLocation") or region).lower()
     if location != region:

@@ -2,24 +2,34 @@
 attached to, which zones offer which GPU, and the image that drives them. The data lives in
 gpu_catalog.yaml (with its sources); `validate()` is the one place that decides whether a
 machine type x GPU x count x zone x provisioning combination exists, and says why not in one
-line that names what is allowed."""
+line that names what is allowed. The boot image and its NVIDIA kernel modules come from the
+catalog too: each GPU names its image, and an image a GPU cannot use is refused."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import yaml
 
 GPU_CATALOG_PATH = Path(__file__).with_name("gpu_catalog.yaml")
 PROVISIONING = ("on-demand", "spot")
+# NVIDIA's kernel-module flavours; an image whose flavour is not known drives only GPUs that
+# run both (gpu_catalog.yaml "Boot images").
+KERNEL_MODULES = ("open", "proprietary")
+UNKNOWN_MODULES = "unknown"
 # Compute Engine's N1 shapes (general-purpose machine family, N1 table): vCPU counts and GB of
 # memory per vCPU of each N1 series.
 N1_VCPUS = (1, 2, 4, 8, 16, 32, 64, 96)
 N1_MEMORY_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
+# n1-highmem and n1-highcpu start at 2 vCPUs (the N1 table has no n1-highmem-1/-highcpu-1).
+N1_MIN_VCPUS = {"standard": 1, "highmem": 2, "highcpu": 2}
+# The boot disk of a GPU VM unless its family says otherwise (gpu_catalog.yaml boot_disk).
+DEFAULT_BOOT_DISK = "pd-balanced"
 _N1_RE = re.compile(r"^n1-(standard|highmem|highcpu)-(\d+)$")
 
 
@@ -39,6 +49,32 @@ class Gpu:
     compute_capability: str
     precision: str  # Keras mixed-precision policy: mixed_bfloat16 | mixed_float16 | float32
     quota: str  # regional quota metric, NVIDIA_T4_GPUS (spot: PREEMPTIBLE_ + it)
+    kernel_modules: tuple[str, ...] = KERNEL_MODULES  # the NVIDIA flavours that drive it
+    image: str = ""  # the key of the image it boots (GpuCatalog.images)
+
+    def can_boot(self, image: GpuImage) -> bool:
+        if image.kernel_modules == UNKNOWN_MODULES:
+            return set(KERNEL_MODULES) <= set(self.kernel_modules)
+        return image.kernel_modules in self.kernel_modules
+
+
+@dataclass(frozen=True)
+class GpuImage:
+    """A boot image of GPU VMs and how its NVIDIA driver gets there: preinstalled (no
+    packages) or installed once by the startup script from NVIDIA's apt repository."""
+
+    name: str  # ubuntu-2204-nvidia-open
+    project: str
+    family: str
+    python: str  # its python3 ("3.10"): the wheelhouse is built for it
+    dlvm: bool  # a Deep Learning VM image (G2 cannot boot those)
+    kernel_modules: str  # open | proprietary | unknown
+    driver_repo: str = ""  # the apt repository's keyring package (.deb URL)
+    driver_packages: tuple[str, ...] = ()  # () : the driver comes with the image
+
+    @property
+    def uri(self) -> str:
+        return f"projects/{self.project}/global/images/family/{self.family}"
 
 
 @dataclass(frozen=True)
@@ -46,6 +82,13 @@ class Family:
     name: str  # a2
     spot_only: bool
     types: Mapping[str, tuple[str, int]]  # machine type -> (gpu type, count)
+    # Machine types of the family that have no on-demand capacity although the family has.
+    spot_only_types: tuple[str, ...] = ()
+    boot_disk: str = DEFAULT_BOOT_DISK  # the only boot disk type some families take
+    dlvm_boot: bool = True  # False: the family cannot boot Deep Learning VM images (G2)
+
+    def spot_only_for(self, machine_type: str) -> bool:
+        return self.spot_only or machine_type in self.spot_only_types
 
 
 @dataclass(frozen=True)
@@ -59,6 +102,8 @@ class GpuChoice:
     zone: str
     region: str
     spot: bool
+    image: GpuImage
+    boot_disk: str = DEFAULT_BOOT_DISK
 
     @property
     def summary(self) -> str:
@@ -75,26 +120,33 @@ class GpuChoice:
 @dataclass(frozen=True)
 class GpuCatalog:
     checked: str
-    image_project: str
-    image_family: str
-    image_python: str
     shielded_boot: bool
     gpus: Mapping[str, Gpu]
+    images: Mapping[str, GpuImage]
     retired: Mapping[str, str]
     n1: Mapping[str, Mapping[int, tuple[int, int]]]  # gpu -> count -> (max vCPUs, max GB)
     families: Mapping[str, Family]
     no_gpu_regions: tuple[str, ...]
     zones: Mapping[str, tuple[str, ...]]
-
-    @property
-    def image(self) -> str:
-        return f"projects/{self.image_project}/global/images/family/{self.image_family}"
+    # machine type -> its zones, where they are fewer than its GPU's
+    machine_zones: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # gpu -> count -> (zones, (max vCPUs, max GB)): lower N1 ceilings in those zones
+    n1_zone_limits: Mapping[str, Mapping[int, tuple[tuple[str, ...], tuple[int, int]]]] = field(
+        default_factory=dict
+    )
 
     def family_of(self, machine_type: str) -> Family | None:
         return self.families.get(machine_type.split("-", 1)[0])
 
     def validate(
-        self, machine_type: str, gpu: str | None, count: int | None, zone: str, provisioning: str
+        self,
+        machine_type: str,
+        gpu: str | None,
+        count: int | None,
+        zone: str,
+        provisioning: str,
+        *,
+        image: str | None = None,
     ) -> GpuChoice:
         """The one check of a GPU VM's shape; GpuChoiceError names what is allowed."""
         if provisioning not in PROVISIONING:
@@ -103,7 +155,7 @@ class GpuCatalog:
                 f"{provisioning!r} is not a GPU provisioning model: use "
                 + " or ".join(PROVISIONING),
             )
-        if gpu in self.retired:
+        if gpu is not None and gpu in self.retired:
             raise GpuChoiceError("gpu", f"{self.retired[gpu]}; use one of: {self._gpu_list()}")
         if gpu is not None and gpu not in self.gpus:
             raise GpuChoiceError("gpu", f"{gpu!r} is not a GPU type; known: {self._gpu_list()}")
@@ -111,7 +163,7 @@ class GpuCatalog:
         if family is not None:
             chosen, attached, count = self._optimized(family, machine_type, gpu, count)
         elif _N1_RE.match(machine_type):
-            chosen, count = self._n1(machine_type, gpu, count), count or 0
+            chosen, count = self._n1(machine_type, gpu, count, zone), count or 0
             attached = True
         else:
             raise GpuChoiceError(
@@ -121,10 +173,21 @@ class GpuCatalog:
                 f"{', '.join(f.upper() for f in self.families)} families",
             )
         region = self._zone(zone, chosen)
-        if family is not None and family.spot_only and provisioning != "spot":
+        offered = self.machine_zones.get(machine_type)
+        if offered is not None and zone not in offered:
             raise GpuChoiceError(
-                "provisioning", f"{family.name.upper()} has no on-demand capacity; use spot"
+                "zone",
+                f"{zone} offers {chosen.name} but not the machine type {machine_type}; zones "
+                f"with {machine_type}: {', '.join(offered)}",
             )
+        if family is not None and family.spot_only_for(machine_type) and provisioning != "spot":
+            what = family.name.upper() if family.spot_only else machine_type
+            raise GpuChoiceError(
+                "provisioning",
+                f"{what} has no on-demand capacity; use spot (flex-start is not supported "
+                "here yet)",
+            )
+        boot = self._image(family, machine_type, chosen, image)
         return GpuChoice(
             machine_type=machine_type,
             gpu=chosen,
@@ -133,7 +196,52 @@ class GpuCatalog:
             zone=zone,
             region=region,
             spot=provisioning == "spot",
+            image=boot,
+            boot_disk=family.boot_disk if family is not None else DEFAULT_BOOT_DISK,
         )
+
+    def usable_images(self, family: Family | None, gpu: Gpu) -> list[str]:
+        """The images this machine type x GPU can boot, its own first."""
+        usable = [
+            name
+            for name, image in self.images.items()
+            if gpu.can_boot(image) and not (image.dlvm and family and not family.dlvm_boot)
+        ]
+        return sorted(usable, key=lambda name: name != gpu.image)
+
+    def _image(
+        self, family: Family | None, machine_type: str, gpu: Gpu, name: str | None
+    ) -> GpuImage:
+        """The boot image: the GPU's own, or the one asked if this machine type x GPU can
+        boot it (its kernel modules drive the GPU; no Deep Learning VM image on G2)."""
+        if name is None:
+            return self.images[gpu.image]
+        usable = ", ".join(self.usable_images(family, gpu))
+        if name not in self.images:
+            raise GpuChoiceError(
+                "image",
+                f"{name!r} is not a GPU image of infra/gpu_catalog.yaml; {gpu.name} on "
+                f"{machine_type} boots: {usable}",
+            )
+        image = self.images[name]
+        if image.dlvm and family is not None and not family.dlvm_boot:
+            raise GpuChoiceError(
+                "image",
+                f"{family.name.upper()} cannot boot Deep Learning VM images ({name}); use {usable}",
+            )
+        if not gpu.can_boot(image):
+            runs = " or ".join(gpu.kernel_modules)
+            has = (
+                "kernel modules of an unknown flavour"
+                if image.kernel_modules == UNKNOWN_MODULES
+                else f"the {image.kernel_modules} kernel modules"
+            )
+            raise GpuChoiceError(
+                "image",
+                f"{name} has {has} and {gpu.name} runs only the {runs} NVIDIA kernel "
+                f"modules; use {usable}",
+            )
+        return image
 
     def _gpu_list(self) -> str:
         return ", ".join(f"{gpu.name} ({gpu.type})" for gpu in self.gpus.values())
@@ -159,7 +267,7 @@ class GpuCatalog:
             )
         return carried_gpu, False, carried_count
 
-    def _n1(self, machine_type: str, gpu: str | None, count: int | None) -> Gpu:
+    def _n1(self, machine_type: str, gpu: str | None, count: int | None, zone: str) -> Gpu:
         attachable = ", ".join(f"{self.gpus[g].name} ({g})" for g in self.n1)
         if gpu is None or count is None:
             raise GpuChoiceError("gpu", f"{machine_type} needs a GPU type and count: {attachable}")
@@ -177,24 +285,29 @@ class GpuCatalog:
             )
         series, vcpus_text = _N1_RE.match(machine_type).groups()  # type: ignore[union-attr]
         vcpus = int(vcpus_text)
-        if vcpus not in N1_VCPUS:
+        sizes = [n for n in N1_VCPUS if n >= N1_MIN_VCPUS[series]]
+        if vcpus not in sizes:
             raise GpuChoiceError(
                 "machine_type",
                 f"{machine_type!r} is not an N1 machine type: n1-{series}-N with N in "
-                + _or_list(list(N1_VCPUS)),
+                + _or_list(sizes),
             )
         max_vcpus, max_memory = limits[count]
+        where = ""
+        zones, lower = self.n1_zone_limits.get(gpu, {}).get(count, ((), (0, 0)))
+        if zone in zones:
+            (max_vcpus, max_memory), where = lower, f" in {zone}"
         if vcpus > max_vcpus:
             raise GpuChoiceError(
                 "machine_type",
-                f"{machine_type} has more vCPUs than {count} × {name} allows ({max_vcpus})",
+                f"{machine_type} has more vCPUs than {count} × {name} allows{where} ({max_vcpus})",
             )
         memory = vcpus * N1_MEMORY_PER_VCPU[series]
         if memory > max_memory:
             raise GpuChoiceError(
                 "machine_type",
-                f"{machine_type} has more memory ({memory:g} GB) than {count} × {name} allows "
-                f"({max_memory} GB)",
+                f"{machine_type} has more memory ({memory:g} GB) than {count} × {name} allows"
+                f"{where} ({max_memory} GB)",
             )
         return self.gpus[gpu]
 
@@ -225,6 +338,38 @@ def _or_list(values: list[int]) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
+def _load_images(raw: Mapping[str, Any], path: Path) -> dict[str, GpuImage]:
+    images = {
+        name: GpuImage(
+            name=name,
+            project=str(entry["project"]),
+            family=str(entry["family"]),
+            python=str(entry["python"]),
+            dlvm=bool(entry["dlvm"]),
+            kernel_modules=str(entry["kernel_modules"]),
+            driver_repo=str(entry.get("driver_repo") or ""),
+            driver_packages=tuple(str(p) for p in entry.get("driver_packages") or ()),
+        )
+        for name, entry in raw["images"].items()
+    }
+    for image in images.values():
+        if image.kernel_modules not in (*KERNEL_MODULES, UNKNOWN_MODULES):
+            raise ValueError(f"{path}: image {image.name}: kernel_modules {image.kernel_modules}")
+        if bool(image.driver_packages) != bool(image.driver_repo):
+            raise ValueError(f"{path}: image {image.name}: driver_packages need a driver_repo")
+    return images
+
+
+def _check_gpus(gpus: Mapping[str, Gpu], images: Mapping[str, GpuImage], path: Path) -> None:
+    for gpu in gpus.values():
+        if gpu.precision not in ("mixed_bfloat16", "mixed_float16", "float32"):
+            raise ValueError(f"{path}: {gpu.type}: unknown precision {gpu.precision}")
+        if not gpu.kernel_modules or not set(gpu.kernel_modules) <= set(KERNEL_MODULES):
+            raise ValueError(f"{path}: {gpu.type}: kernel_modules {gpu.kernel_modules}")
+        if gpu.image not in images or not gpu.can_boot(images[gpu.image]):
+            raise ValueError(f"{path}: {gpu.type}: image {gpu.image!r} cannot drive it")
+
+
 def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     gpus = {
@@ -234,12 +379,13 @@ def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
             compute_capability=str(entry["compute_capability"]),
             precision=str(entry["precision"]),
             quota=str(entry["quota"]),
+            kernel_modules=tuple(str(m) for m in entry["kernel_modules"]),
+            image=str(entry["image"]),
         )
         for key, entry in raw["gpus"].items()
     }
-    for gpu in gpus.values():
-        if gpu.precision not in ("mixed_bfloat16", "mixed_float16", "float32"):
-            raise ValueError(f"{path}: {gpu.type}: unknown precision {gpu.precision}")
+    images = _load_images(raw, path)
+    _check_gpus(gpus, images, path)
     n1 = {
         gpu: MappingProxyType(
             {int(count): (int(limit[0]), int(limit[1])) for count, limit in counts.items()}
@@ -253,25 +399,56 @@ def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
             types=MappingProxyType(
                 {mt: (str(pair[0]), int(pair[1])) for mt, pair in entry["types"].items()}
             ),
+            spot_only_types=tuple(entry.get("spot_only_types") or ()),
+            boot_disk=str(entry.get("boot_disk") or DEFAULT_BOOT_DISK),
+            dlvm_boot=bool(entry.get("dlvm_boot", True)),
         )
         for name, entry in raw["families"].items()
     }
+    for family in families.values():
+        unknown_types = sorted(set(family.spot_only_types) - set(family.types))
+        if unknown_types:
+            raise ValueError(f"{path}: {family.name}: spot_only_types {unknown_types} unknown")
     zones = {zone: tuple(offered) for zone, offered in raw["zones"].items()}
     named = set(n1) | {gpu for f in families.values() for gpu, _ in f.types.values()}
     named |= {gpu for offered in zones.values() for gpu in offered}
     unknown = sorted(named - set(gpus))
     if unknown:
         raise ValueError(f"{path}: unknown GPU types {unknown}")
+    for family in families.values():
+        on_dlvm = sorted(g for g, _ in family.types.values() if images[gpus[g].image].dlvm)
+        if on_dlvm and not family.dlvm_boot:  # the family's own GPUs must boot elsewhere
+            raise ValueError(f"{path}: {family.name}: {on_dlvm} boot a Deep Learning VM image")
+    carried = {mt: gpu for f in families.values() for mt, (gpu, _) in f.types.items()}
+    machine_zones = {mt: tuple(listed) for mt, listed in (raw.get("machine_zones") or {}).items()}
+    for mt, listed in machine_zones.items():
+        if mt not in carried:
+            raise ValueError(f"{path}: machine_zones: {mt} is not a machine type of a family")
+        extra = sorted(z for z in listed if carried[mt] not in zones.get(z, ()))
+        if extra:  # a type is never offered where its GPU is not
+            raise ValueError(f"{path}: machine_zones: {mt}: {extra} do not offer {carried[mt]}")
+    n1_zone_limits = {
+        gpu: MappingProxyType(
+            {
+                int(count): (tuple(rule["zones"]), (int(rule["limit"][0]), int(rule["limit"][1])))
+                for count, rule in counts.items()
+            }
+        )
+        for gpu, counts in (raw.get("n1_zone_limits") or {}).items()
+    }
+    for gpu, counts in n1_zone_limits.items():
+        if gpu not in n1 or not set(counts) <= set(n1[gpu]):
+            raise ValueError(f"{path}: n1_zone_limits: {gpu} {sorted(counts)} not in n1")
     return GpuCatalog(
         checked=str(raw["checked"]),
-        image_project=str(raw["image_project"]),
-        image_family=str(raw["image_family"]),
-        image_python=str(raw["image_python"]),
         shielded_boot=bool(raw["shielded_boot"]),
         gpus=MappingProxyType(gpus),
+        images=MappingProxyType(images),
         retired=MappingProxyType(dict(raw.get("retired") or {})),
         n1=MappingProxyType(n1),
         families=MappingProxyType(families),
         no_gpu_regions=tuple(raw["no_gpu_regions"]),
         zones=MappingProxyType(zones),
+        machine_zones=MappingProxyType(machine_zones),
+        n1_zone_limits=MappingProxyType(n1_zone_limits),
     )

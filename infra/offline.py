@@ -11,7 +11,6 @@ import asyncio
 import base64
 import contextvars
 import hashlib
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from pulumi.runtime.sync_await import _sync_await
 from infra.catalog import load_catalog
 from infra.config import REPO_ROOT, read_stack_config
 from infra.program import BUILD_DIR, define
+from infra.project_config import cli_config
 
 STACKS_DIR = REPO_ROOT / "stacks"
 PROJECT_NAME = "tpu-pretrain"
@@ -46,7 +46,7 @@ class Registered:
     outputs: dict[str, Any] = field(default_factory=dict)
     secret_inputs: frozenset[str] = frozenset()  # top-level inputs the engine got as secrets
     # Resource options as the engine got them: parent, protect, retainOnDelete,
-    # dependencies, replaceOnChanges.
+    # dependencies, replaceOnChanges, deleteBeforeReplace.
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -64,8 +64,10 @@ def stack_names() -> list[str]:
     )
 
 
-def stack_config(stack: str, overrides: Mapping[str, object] | None = None) -> dict[str, Any]:
-    """The stack file's `config:` section plus overrides (a None value removes a key)."""
+def stack_config(stack: str, overrides: Mapping[str, object] | None = None) -> dict[str, str]:
+    """The config the Pulumi CLI hands the program for `stack`: the stack file's `config:`
+    section plus overrides (a None value removes a key), merged with Pulumi.yaml's project
+    defaults and typed as the CLI passes them (infra/project_config.py cli_config)."""
     path = STACKS_DIR / f"Pulumi.{stack}.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"no stack file {path}; stacks: {', '.join(stack_names())}")
@@ -77,16 +79,7 @@ def stack_config(stack: str, overrides: Mapping[str, object] | None = None) -> d
             config.pop(key, None)
         else:
             config[key] = value
-    return config
-
-
-def _engine_value(value: object) -> str:
-    """Config values reach a Pulumi program as strings (structured ones as JSON)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value)
-    return str(value)
+    return cli_config(stack, config)
 
 
 def _is_secret(value: object) -> bool:
@@ -132,6 +125,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
             ),
             "dependencies": sorted(request.dependencies),
             "replaceOnChanges": list(request.replaceOnChanges),
+            "deleteBeforeReplace": request.deleteBeforeReplace,
             "importId": request.importId or None,
         }
         return response
@@ -217,7 +211,7 @@ class _GcpMocks:
 
 def _run_in_fresh_context(
     stack: str,
-    config: Mapping[str, object],
+    config: Mapping[str, str],
     build_dir: Path | None,
     entry: Callable[[], None] | None,
     existing_buckets: frozenset[str] = frozenset(),
@@ -228,16 +222,16 @@ def _run_in_fresh_context(
         def __init__(self) -> None:
             self.inner = _GcpMocks(project or DEFAULT_TEST_PROJECT, existing_buckets)
 
-        def new_resource(self, args: pulumi_mocks.MockResourceArgs):  # type: ignore[override]
+        def new_resource(self, args: pulumi_mocks.MockResourceArgs):
             return self.inner.new_resource(args)
 
-        def call(self, args: pulumi_mocks.MockCallArgs):  # type: ignore[override]
+        def call(self, args: pulumi_mocks.MockCallArgs):
             return self.inner.call(args)
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        set_all_config({key: _engine_value(value) for key, value in config.items()}, [])
+        set_all_config(dict(config), [])
         mocks = Mocks()
         monitor = _RecordingMonitor(mocks)
         pulumi.runtime.set_mocks(

@@ -60,9 +60,15 @@ class Foundation:
 class AcceleratorVm(Protocol):
     """The component's outputs every accelerator has (TpuVm, GpuVm)."""
 
-    vm: pulumi.CustomResource  # .name, .zone, .urn
-    internal_ip: pulumi.Output[str]
-    worker_ips: pulumi.Output[list[str]]
+    # Read-only (properties), so TpuVm's V2Vm and GpuVm's Instance match.
+    @property
+    def vm(self) -> pulumi.CustomResource: ...  # .name, .zone, .urn
+
+    @property
+    def internal_ip(self) -> pulumi.Output[str | None]: ...  # None: a TPU VM without endpoints
+
+    @property
+    def worker_ips(self) -> pulumi.Output[list[str | None]]: ...
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ class Accelerator:
     controller runs for it (None when auto-recovery is off)."""
 
     component: AcceleratorVm
-    watch: pulumi.Input[render.TpuWatch] | render.GpuWatch | None
+    watch: pulumi.Input[render.TpuWatch | render.GpuWatch] | None
     # The watchdog's grants (TpuAutoRecovery, GpuAutoRecovery); None without a watchdog.
     recovery: pulumi.Resource | None = None
 
@@ -186,6 +192,9 @@ def _host(cfg: StackConfig) -> render.TpuHost | render.GpuHost:
             image=gpu.image,
             python_version=gpu.python_version,
             precision=gpu.precision,
+            kernel_modules=gpu.kernel_modules,
+            driver_repo=gpu.driver_repo,
+            driver_packages=gpu.driver_packages,
             secure_boot=gpu.shielded_boot,
         )
     tpu = cfg.tpu
@@ -257,6 +266,7 @@ def _gpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
             attached=gpu.attached,
             spot=gpu.spot,
             image=gpu.image,
+            boot_disk=gpu.boot_disk,
             shielded_boot=gpu.shielded_boot,
             subnetwork=base.network.tpu_subnet.id,
             service_account_email=base.workload_identity.email,
@@ -290,8 +300,11 @@ def _controller(cfg: StackConfig, base: Foundation, accelerator: Accelerator) ->
         controller_ready.append(accelerator.component)  # type: ignore[arg-type]
         if accelerator.recovery is not None:  # the watchdog's grants, before it runs
             controller_ready.append(accelerator.recovery)
-        controller_script: pulumi.Input[str] = pulumi.Output.from_input(accelerator.watch).apply(
-            lambda watch: render.render_controller_script(base.workload, watch)
+        watch: pulumi.Output[render.TpuWatch | render.GpuWatch] = pulumi.Output.from_input(
+            accelerator.watch
+        )
+        controller_script: pulumi.Input[str] = watch.apply(
+            lambda resolved: render.render_controller_script(base.workload, resolved)
         )
     else:
         controller_script = render.render_controller_script(base.workload)
@@ -369,8 +382,9 @@ def _export(
     )
     ssh = ssh_commands(cfg)
     pulumi.export("sshCommands", ssh)
-    # `pulumi up` updates a changed startup script (new payload, new job) in place without
-    # running it; run it now instead of waiting for a reboot.
+    # `pulumi up` updates a changed startup script (new payload, new job) of the controller
+    # and a GPU VM in place without running it; run it now instead of waiting for a reboot
+    # (a TPU VM is replaced on any change and boots the new script; re-running is harmless).
     rerun = "--command 'sudo google_metadata_script_runner startup'"
     # A slice's hosts all run the startup script: re-run it on every worker.
     vm_rerun = ssh.get("tpuAllWorkers", ssh[kind])
@@ -379,10 +393,10 @@ def _export(
         {"controller": f"{ssh['controller']} {rerun}", kind: f"{vm_rerun} {rerun}"},
     )
     if isinstance(cfg.accelerator, GpuConfig):
-        pulumi.export("gpuRecovery", gpu_recovery_commands(cfg, vm.vm.urn))  # type: ignore[attr-defined]
+        pulumi.export("gpuRecovery", gpu_recovery_commands(cfg, vm.vm.urn))
         pulumi.export("gpuQuota", gpu_quota(cfg))
     else:
-        pulumi.export("tpuRecovery", tpu_recovery_commands(cfg, vm.vm.urn))  # type: ignore[attr-defined]
+        pulumi.export("tpuRecovery", tpu_recovery_commands(cfg, vm.vm.urn))
     pulumi.export("vpnEndpoint", hop.endpoint)
     pulumi.export("vpnServerPublicKey", hop.server_public_key)
     pulumi.export("vpnClientConfig", hop.client_config)
@@ -444,14 +458,18 @@ def gpu_recovery_commands(
 
 
 def gpu_quota(cfg: StackConfig) -> dict[str, str]:
-    """Quota preflight: GPU quotas start at 0 on a new project. One read-only command lists
-    the region's quotas (limit and usage); `needs` names the two rows that must allow this
-    VM. Request the ones below it (IAM & Admin > Quotas) before `pulumi up`."""
+    """Quota preflight: GPU quotas start at 0 on a new project. `needs` names the two rows
+    that must allow this VM; two read-only commands list them with limit and usage: the
+    project's quotas (`checkProject`: GPUS_ALL_REGIONS is a project quota, which `regions
+    describe` never lists) and the region's (`check`: the GPU's own quota). Request the ones
+    below it (IAM & Admin > Quotas) before `pulumi up`."""
     gpu = cfg.gpu
+    global_metric, regional = gpu.quota_metrics
+    table = "--flatten quotas --format 'table(quotas.metric,quotas.limit,quotas.usage)'"
     return {
-        "needs": f"{gpu.count} of " + " and ".join(gpu.quota_metrics) + f" in {gpu.region}",
-        "check": f"gcloud compute regions describe {gpu.region} --project {cfg.project} "
-        "--flatten quotas --format 'table(quotas.metric,quotas.limit,quotas.usage)'",
+        "needs": f"{gpu.count} of {global_metric} (the project) and {regional} in {gpu.region}",
+        "check": f"gcloud compute regions describe {gpu.region} --project {cfg.project} {table}",
+        "checkProject": f"gcloud compute project-info describe --project {cfg.project} {table}",
     }
 
 

@@ -210,6 +210,11 @@ class GpuHost:
     image: str
     python_version: str  # the image's python3: the wheelhouse is built for it
     precision: str  # Keras mixed-precision policy for this GPU
+    # The image's NVIDIA kernel-module flavour and, when it has no driver, what installs one
+    # (gpu_catalog.yaml images; gpu.sh install_driver).
+    kernel_modules: str = "unknown"
+    driver_repo: str = ""
+    driver_packages: tuple[str, ...] = ()
     hosts: int = 1
     requirements: str = GPU_REQUIREMENTS_FILE
     secure_boot: bool = False  # shielded_instance_config.enable_secure_boot, set either way
@@ -244,6 +249,12 @@ class Workload:
             "PAYLOAD_URI": f"gs://{self.bucket}/{self.payload_object}",
             "PAYLOAD_SHA256": self.payload_sha256,
         }
+
+
+# Google's VPC MTU is 1460 by default; WireGuard's own overhead over IPv4/IPv6 is at most 80
+# bytes, so the tunnel's MTU is 1460 - 80 (wg-quick would otherwise take 1500 - 80 from the
+# uplink and larger packets would be fragmented or dropped). Both ends set it.
+WIREGUARD_MTU = 1460 - 80
 
 
 @dataclass(frozen=True)
@@ -386,6 +397,9 @@ def render_gpu_script(workload: Workload) -> str:
             "GPU_NAME": host.gpu_name,
             "GPU_COUNT": str(host.count),
             "GPU_PRECISION": host.precision,
+            "DRIVER_MODULES": host.kernel_modules,
+            "DRIVER_REPO": host.driver_repo,
+            "DRIVER_PACKAGES": " ".join(host.driver_packages),
         }
         | host_expectations(
             python=host.python_version,
@@ -594,6 +608,7 @@ def render_vpn_hop_script(server: WireGuardServer, *, client_public_key: str) ->
         "PROJECT": server.project,
         "WG_SECRET_ID": server.secret_id,
         "WG_PORT": str(server.port),
+        "WG_MTU": str(WIREGUARD_MTU),
         "WG_SERVER_ADDRESS": server.server_address,
         "WG_CLIENT_ADDRESS": server.client_address,
         "WG_CLIENT_PUBLIC_KEY": client_public_key,
@@ -616,6 +631,7 @@ def render_wireguard_client_config(
         "[Interface]\n"
         f"PrivateKey = {client_private_key}\n"
         f"Address = {client.client_address}\n"
+        f"MTU = {WIREGUARD_MTU}\n"
         "\n"
         "[Peer]\n"
         f"PublicKey = {server_public_key}\n"

@@ -4,18 +4,22 @@
 
 For a user with a project, billing and quota: a preflight that checks what can be checked
 before anything is created (credentials, project, billing, the accelerator type and runtime
-version offered in the zone, GPU quota), `pulumi up` of the stack with the tiny job
-`stacks/jobs/smoke.yaml` (through a copy of the stack's settings: the stack file is never
-changed), the bundled corpus uploaded, a bounded wait with progress on the bucket's status
-files, a verdict table (each host fact against the catalog, the devices the trainer saw,
-steps/s, the export checked by the payload's own `export` verb) and `pulumi destroy` unless
---keep, after a failure too. The report (table and the log of every command) is written to
-build/smoke/ for a bug report. Exit 0 when every verdict is ok, 1 when something did not
-hold, 2 when the preflight or the settings stopped it before anything was created.
+version offered in the zone, GPU quotas, the recovery roles the stack binds), `pulumi up` of
+the stack with the tiny job `stacks/jobs/smoke.yaml` under a name of its own for this run
+(`smoke-<UTC time>`, so nothing a previous run left in the kept bucket is judged; through a
+copy of the stack's settings: the stack file is never changed), the bundled corpus uploaded,
+a bounded wait with progress on every status file of the run (the job's, each VM's, each
+slice worker's, the watchdog's; the first failure stops it), a verdict table (each host fact
+against the catalog, the devices the trainer saw, steps/s, the export loaded by transformers
+with `from_pretrained` and one forward pass in the PyTorch environment .venv-pt) and `pulumi
+destroy` unless --keep, after a failure too. The report (table and the log of every command)
+is written to build/smoke/ for a bug report. Exit 0 when every verdict is ok, 1 when
+something did not hold, 2 when the preflight or the settings stopped it before anything was
+created.
 
-Every external command goes through `Smoke.run` (gcloud, pulumi, the payload CLI); the
-offline test puts stub executables first on PATH and injects the clock, so every branch
-runs without a cloud (tests/infra/test_smoke.py)."""
+Every external command goes through `Smoke.run` (gcloud, pulumi, the export loader); the
+offline test puts stub executables first on PATH and injects the clock and the run's name, so
+every branch runs without a cloud (tests/infra/test_smoke.py)."""
 
 from __future__ import annotations
 
@@ -34,16 +38,46 @@ from typing import Any
 import yaml
 
 from infra import jobspec
+from infra.components.recovery import GPU_RECOVERY_ROLE_ID, RECOVERY_ROLE_ID
 from infra.config import GpuConfig, StackConfig, TpuConfig, parse_config
 from infra.errors import ConfigError
 from infra.offline import STACKS_DIR, stack_names
+from infra.project_config import cli_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SMOKE_JOB = "stacks/jobs/smoke.yaml"
+# Loads the export with transformers 5 + PyTorch (CPU) in .venv-pt (`make venv-pt`); a file
+# of its own outside infra/, which never imports transformers (tests/test_boundaries.py).
+LOAD_EXPORT = REPO_ROOT / "tools" / "load_export.py"
+PT_PYTHON = REPO_ROOT / ".venv-pt" / "bin" / "python"
 CORPUS_DIR = REPO_ROOT / "examples" / "corpus"
 REPORT_DIR = REPO_ROOT / "build" / "smoke"
 NAMESPACE = "tpu-pretrain"
 OK, MISMATCH, FAILED, UNKNOWN = "ok", "MISMATCH", "FAILED", "unknown"
+# What gcloud says when the API a command calls is off in the project (read as unknown: the
+# preflight cannot tell, and `pulumi up` enables the program's APIs).
+API_OFF = ("has not been used", "is disabled", "SERVICE_DISABLED")
+# A watchdog's status (templates/tpu-watch.sh, gpu-watch.sh) that ends the wait: an action
+# that failed, or a preempted TPU VM waiting for capacity in its queued resource (no bound
+# on how long; the smoke run would only wait out its timeout).
+WATCH_STOPS = ("queued", "waiting-capacity")
+GLOBAL_QUOTAS = frozenset({"GPUS_ALL_REGIONS"})  # in `project-info describe`, not per region
+
+
+def run_name(now: datetime) -> str:
+    """This run's job name: a fresh gs://<bucket>/runs/<name>/ per run (the bucket is kept on
+    destroy, and a name used before would find the last run's export marker and status)."""
+    return now.strftime("smoke-%Y%m%d-%H%M%S")
+
+
+def write_run_job(directory: Path, name: str) -> Path:
+    """stacks/jobs/smoke.yaml under this run's name, written next to the run's report."""
+    template = yaml.safe_load((REPO_ROOT / SMOKE_JOB).read_text(encoding="utf-8"))
+    template["name"] = name
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"job-{name}.yaml"
+    path.write_text(yaml.safe_dump(template, sort_keys=False), encoding="utf-8")
+    return path
 
 
 @dataclass
@@ -92,15 +126,17 @@ class Smoke:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         report_dir: Path = REPORT_DIR,
-        payload_cli: Sequence[str] = (str(REPO_ROOT / ".venv" / "bin" / "tpu-payload"),),
+        pt_python: Path = PT_PYTHON,
         out: Any = sys.stderr,
         stacks_dir: Path = STACKS_DIR,
+        name: str | None = None,
     ) -> None:
         self.stacks_dir = stacks_dir
         self.stack, self.keep = stack, keep
         self.timeout_s, self.poll_s = timeout_s, poll_s
         self.clock, self.sleep = clock, sleep
-        self.report_dir, self.payload_cli, self.out = report_dir, list(payload_cli), out
+        self.report_dir, self.pt_python, self.out = report_dir, pt_python, out
+        self.name = name or run_name(datetime.now(timezone.utc))
         self.report = Report(stack)
         self.config_file = report_dir / f"Pulumi.{stack}.smoke.yaml"
 
@@ -156,8 +192,13 @@ class Smoke:
                 f"gcp:project is not set for stack {self.stack}: run `pulumi config set "
                 f"gcp:project <your-project-id> --stack {self.stack}` first"
             )
-        config[f"{NAMESPACE}:job"] = SMOKE_JOB
-        values = {k.split(":", 1)[1]: v for k, v in config.items() if k.startswith(f"{NAMESPACE}:")}
+        job = write_run_job(self.report_dir, self.name)
+        config[f"{NAMESPACE}:job"] = (
+            str(job.relative_to(REPO_ROOT)) if job.is_relative_to(REPO_ROOT) else str(job)
+        )
+        # What `pulumi up` hands the program: the stack file plus Pulumi.yaml's defaults.
+        given = cli_config(self.stack, config)
+        values = {k.split(":", 1)[1]: v for k, v in given.items() if k.startswith(f"{NAMESPACE}:")}
         cfg = parse_config(project=str(project), stack=self.stack, values=values)
         document["config"] = config
         return cfg, document
@@ -179,20 +220,28 @@ class Smoke:
         self._row_ok(f"project {project}", "ACTIVE", state == "ACTIVE", state or "not readable")
         billing = self.gcloud(
             "billing", "projects", "describe", project, "--format=value(billingEnabled)"
-        ).stdout.strip()
-        self._row_ok("billing", "True", billing == "True", billing or "not readable")
+        )
+        if billing.returncode != 0 and any(m in _last_line(billing) for m in API_OFF):
+            # The Cloud Billing API is off in the project gcloud bills its calls to: that
+            # says nothing about this project's billing (pulumi up does not need the API).
+            self.report.add(
+                "billing", "True", "not readable: the Cloud Billing API is not enabled", UNKNOWN
+            )
+        else:
+            seen = billing.stdout.strip() or _last_line(billing) or "not readable"
+            self._row_ok("billing", "True", billing.stdout.strip() == "True", seen)
         accel = cfg.accelerator
         if isinstance(accel, TpuConfig):
             self._offered(
                 f"accelerator type {accel.accelerator_type} in {accel.zone}",
                 accel.accelerator_type,
-                ["alpha", "compute", "tpus", "tpu-vm", "accelerator-types", "list"],
+                ["compute", "tpus", "tpu-vm", "accelerator-types", "list"],
                 ["--zone", accel.zone, "--project", project, "--format=value(type)"],
             )
             self._offered(
                 f"runtime version {accel.runtime_version} in {accel.zone}",
                 accel.runtime_version,
-                ["alpha", "compute", "tpus", "tpu-vm", "versions", "list"],
+                ["compute", "tpus", "tpu-vm", "versions", "list"],
                 ["--zone", accel.zone, "--project", project, "--format=value(version)"],
             )
             self.report.add(
@@ -204,6 +253,10 @@ class Smoke:
             )
         else:
             self._gpu_preflight(cfg, accel)
+        if accel.auto_recover:
+            self._recovery_role(
+                project, RECOVERY_ROLE_ID if isinstance(accel, TpuConfig) else GPU_RECOVERY_ROLE_ID
+            )
         failed = [r for r in self.report.rows if r.verdict == FAILED]
         if failed:
             raise SmokeStopError(f"preflight: {failed[0].check}: {failed[0].seen}")
@@ -225,34 +278,82 @@ class Smoke:
             ["compute", "accelerator-types", "list"],
             [f"--filter=zone:{gpu.zone}", "--project", cfg.project, "--format=value(name)"],
         )
-        quotas = self.gcloud(
-            "compute", "regions", "describe", gpu.region, "--project", cfg.project,
-            "--format=json(quotas)",
-        )  # fmt: skip
+        # GPUS_ALL_REGIONS is a project quota (`project-info describe`), the GPU's own quota
+        # a regional one (`regions describe`); each read where Compute Engine lists it.
+        scopes = {
+            "the project": ("compute", "project-info", "describe"),
+            gpu.region: ("compute", "regions", "describe", gpu.region),
+        }
+        for where, command in scopes.items():
+            metrics = [
+                m for m in gpu.quota_metrics if (m in GLOBAL_QUOTAS) == (where == "the project")
+            ]
+            if metrics:
+                self._quotas(where, command, metrics, cfg.project, gpu.count)
+
+    def _quotas(
+        self, where: str, command: Sequence[str], metrics: list[str], project: str, count: int
+    ) -> None:
+        result = self.gcloud(*command, "--project", project, "--format=json(quotas)")
         try:
-            rows = {q["metric"]: q for q in json.loads(quotas.stdout).get("quotas", [])}
-        except (ValueError, AttributeError, TypeError):
+            rows = {q["metric"]: q for q in json.loads(result.stdout).get("quotas", [])}
+        except (ValueError, AttributeError, TypeError, KeyError):
             rows = {}
-        for metric in gpu.quota_metrics:
+        for metric in metrics:
+            check = f"quota {metric} in {where}"
             if metric not in rows:
-                seen = "not listed for the region" if quotas.returncode == 0 else "not readable"
-                self.report.add(f"quota {metric} in {gpu.region}", f">= {gpu.count}", seen, UNKNOWN)
+                seen = f"not listed for {where}" if result.returncode == 0 else _last_line(result)
+                self.report.add(check, f">= {count} free", seen, UNKNOWN)
                 continue
             free = float(rows[metric].get("limit", 0)) - float(rows[metric].get("usage", 0))
             self._row_ok(
-                f"quota {metric} in {gpu.region}",
-                f">= {gpu.count} free",
-                free >= gpu.count,
+                check,
+                f">= {count} free",
+                free >= count,
                 f"{free:g} free (request more: IAM & Admin > Quotas)",
                 seen_ok=f"{free:g} free",
             )
 
+    def _recovery_role(self, project: str, role_id: str) -> None:
+        """The custom role the stack's watchdog grant binds: made once per project by the
+        bootstrap, never by the program. Without it `pulumi up` fails after creating most of
+        the stack."""
+        result = self.gcloud(
+            "iam", "roles", "describe", role_id, "--project", project,
+            "--format=json(name,deleted)",
+        )  # fmt: skip
+        check = f"recovery role {role_id}"
+        fix = (
+            "missing: create it once per project (`make bootstrap`, or the gcloud command in "
+            "docs/deploy-gcp.md), or set the stack's auto-recovery off"
+        )
+        if result.returncode != 0:
+            error = _last_line(result)
+            if "NOT_FOUND" in error or "not found" in error.lower():
+                self.report.add(check, "exists", fix, FAILED)
+            else:
+                self.report.add(check, "exists", error or "not readable", UNKNOWN)
+            return
+        try:
+            doc = json.loads(result.stdout or "{}")
+        except ValueError:
+            doc = {}
+        if doc.get("deleted"):
+            self.report.add(
+                check, "exists", "deleted (undelete it: gcloud iam roles undelete)", FAILED
+            )
+        else:
+            self._row_ok(check, "exists", True, "")
+
     def _offered(self, check: str, wanted: str, command: list[str], flags: list[str]) -> None:
         result = self.gcloud(*command, *flags)
+        if result.returncode != 0 and "Invalid choice" in (result.stderr or ""):
+            # a gcloud older than the GA TPU VM lists: the same command on the alpha track
+            result = self.gcloud("alpha", *command, *flags)
         offered = result.stdout.split()
         if result.returncode != 0:
             error = _last_line(result)
-            if "has not been used" in error or "is disabled" in error:
+            if any(m in error for m in API_OFF):
                 self.report.add(
                     check, wanted, "API not enabled yet (pulumi up enables it)", UNKNOWN
                 )
@@ -283,7 +384,7 @@ class Smoke:
             self._ensure_empty_stack()
             self.config_file.write_text(yaml.safe_dump(document, sort_keys=False))
             deployed = True
-            self.say(f"pulumi up (stack {self.stack}, job {SMOKE_JOB})")
+            self.say(f"pulumi up (stack {self.stack}, job {self.name} from {SMOKE_JOB})")
             up = self.pulumi(
                 "up", "--yes", "--skip-preview", "--config-file", str(self.config_file)
             )
@@ -296,8 +397,8 @@ class Smoke:
             copied = self.gcloud("storage", "cp", *files, f"{bucket}/corpus/smoke/")
             if copied.returncode != 0:
                 raise SmokeStopError(f"corpus upload failed: {_last_line(copied)}")
-            run_root = jobspec.run_root(bucket.removeprefix("gs://"), "smoke")
-            status = self._wait(run_root)
+            run_root = jobspec.run_root(bucket.removeprefix("gs://"), self.name)
+            status = self._wait(run_root, status_files(cfg))
             self._judge(run_root, status, outputs)
         except SmokeStopError as stop:
             self.report.add("run", "complete", str(stop), FAILED)
@@ -335,34 +436,35 @@ class Smoke:
             raise SmokeStopError("pulumi stack output has no bucketUrl")
         return outputs
 
-    def _wait(self, run_root: str) -> dict[str, Any]:
-        """Poll status.json and the bootstrap statuses until the export is complete, a unit
-        stops, or the time is up (bounded; one progress line per change)."""
+    def _wait(self, run_root: str, files: Sequence[str]) -> dict[str, Any]:
+        """Poll status.json and every status file of this run (`files`: each VM's, each slice
+        worker's, the watchdog's) until the export is complete, the first one reports a
+        failure, or the time is up (bounded; one progress line per change)."""
         started = self.clock()
         previous = ""
         while True:
             status = self.read_json(f"{run_root}/status.json") or {}
             boots = {
-                name: self.read_json(f"{run_root}/bootstrap/{name}.json") or {}
-                for name in ("controller", "tpu", "gpu")
+                name: self.read_json(f"{run_root}/bootstrap/{name}.json") or {} for name in files
             }
             line = _progress(status, boots)
             if line != previous:
                 self.say(f"{self.clock() - started:6.0f}s {line}")
                 previous = line
             if (
-                self.gcloud("storage", "ls", f"{run_root}/export/export_complete.json").returncode
+                self.gcloud(
+                    "storage", "ls", f"{run_root}/export/{jobspec.EXPORT_MARKER}"
+                ).returncode
                 == 0
             ):
                 return status
-            stopped = [
-                f"{name}: {doc.get('message', '')}"
-                for name, doc in boots.items()
-                if doc.get("state") in ("failed", "stopped")
-            ]
-            if status.get("state") == "failed" or stopped:
-                error = (status.get("last_error") or {}).get("error", "") or "; ".join(stopped)
+            if status.get("state") == "failed":
+                error = (status.get("last_error") or {}).get("error", "") or "status.json: failed"
                 raise SmokeStopError(f"the job stopped: {error}")
+            for name, doc in boots.items():  # in order: the first failure is the one reported
+                stop = _failure(doc)
+                if stop:
+                    raise SmokeStopError(f"the job stopped: {name}: {stop}")
             if self.clock() - started >= self.timeout_s:
                 raise SmokeStopError(
                     f"no complete export after {self.timeout_s / 60:.0f} min (last: {line})"
@@ -403,13 +505,39 @@ class Smoke:
         metrics = (status.get("stages", {}).get("train", {}) or {}).get("metrics", {})
         speed = metrics.get("steps_per_second")
         self.report.add("steps/s", "(measured)", str(speed), OK if speed else UNKNOWN)
-        job = jobspec.job_uri(run_root.split("/")[2], "smoke")
-        checked = self.run([*self.payload_cli, "export", "--job", job], timeout=900)
+        self._load_export(run_root)
+
+    def _load_export(self, run_root: str) -> None:
+        """The export as a user takes it: downloaded, loaded with transformers'
+        `from_pretrained` (its tokenizer too) and run once, on CPU (tools/load_export.py)."""
+        check = "export loads (from_pretrained + one forward pass, PyTorch CPU)"
+        local = self.report_dir / f"export-{self.name}"
+        local.mkdir(parents=True, exist_ok=True)
+        copied = self.gcloud("storage", "cp", "-r", f"{run_root}/export/*", str(local))
+        if copied.returncode != 0:
+            self.report.add(check, "loads", f"download failed: {_last_line(copied)}", FAILED)
+            return
+        if not self.pt_python.exists():
+            self.report.add(
+                check, "loads", f"no {self.pt_python}: `make venv-pt` builds it", FAILED
+            )
+            return
+        loaded = self.run([str(self.pt_python), str(LOAD_EXPORT), str(local)], timeout=900)
+        try:
+            doc = (
+                json.loads(loaded.stdout.strip().splitlines()[-1]) if loaded.returncode == 0 else {}
+            )
+        except (ValueError, IndexError):
+            doc = {}
+        if loaded.returncode != 0 or not doc:
+            self.report.add(check, "loads", _last_line(loaded), FAILED)
+            return
         self.report.add(
-            "export loads (tpu-payload export)",
-            "exit 0",
-            "exit 0" if checked.returncode == 0 else _last_line(checked),
-            OK if checked.returncode == 0 else FAILED,
+            check,
+            "loads",
+            f"{doc.get('class')}: logits {doc.get('logits_shape')} (transformers "
+            f"{doc.get('transformers')})",
+            OK,
         )
 
     def _destroy(self) -> None:
@@ -445,9 +573,37 @@ def _last_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[-1][:300] if lines else f"exit {result.returncode}"
 
 
+def status_files(cfg: StackConfig) -> list[str]:
+    """The bootstrap status files of this stack's run (gs://…/runs/<job>/bootstrap/<name>.json,
+    templates/common.sh write_status and the watchdogs' watch_status), in the order the wait
+    reports a failure: the controller, the accelerator VM (a slice: worker 0 writes `tpu`,
+    every other worker `tpu-worker-<i>`), the watchdog when the stack recovers its VM."""
+    accel = cfg.accelerator
+    if isinstance(accel, TpuConfig):
+        names = ["controller", "tpu", *(f"tpu-worker-{i}" for i in range(1, accel.hosts))]
+        watch = "tpu-watch"
+    else:
+        names, watch = ["controller", "gpu"], "gpu-watch"
+    return [*names, watch] if accel.auto_recover else names
+
+
+def _failure(doc: dict[str, Any]) -> str:
+    """The line that ends the wait, or "": a VM's state failed or stopped, a watchdog action
+    that failed or that waits for capacity without bound."""
+    message = str(doc.get("message", ""))
+    if doc.get("state") in ("failed", "stopped"):
+        return message or str(doc["state"])
+    action = str(doc.get("action", ""))
+    if action.endswith("-failed") or action in WATCH_STOPS:
+        return f"{action}: {message}"
+    return ""
+
+
 def _progress(status: dict[str, Any], boots: dict[str, dict[str, Any]]) -> str:
     parts = [
-        f"{name} {doc.get('state')}" for name, doc in boots.items() if doc.get("state") is not None
+        f"{name} {doc.get('state') or doc.get('action')}"
+        for name, doc in boots.items()
+        if (doc.get("state") or doc.get("action")) is not None
     ]
     if status:
         progress = status.get("progress")

@@ -127,10 +127,11 @@ MAIN_TYPES = {
     "gcp:compute/address:Address": "the VPN hop's static IP (one-vpn-hop-outside-tpu-region)",
     "gcp:compute/instance:Instance": "no-external-ip-except-vpn-hop, ip-forwarding-only-on-"
     "vpn-hop, shielded-vm, os-login-enabled, project-ssh-keys-blocked, serial-port-disabled, "
-    "no-key-material-in-metadata, no-default-compute-service-account",
-    "gcp:tpu/v2Vm:V2Vm": "the same VM rules as instances, tpu-and-bucket-same-region",
+    "no-key-material-in-metadata, no-default-compute-service-account, accelerator-and-bucket-"
+    "same-region (a VM with GPUs)",
+    "gcp:tpu/v2Vm:V2Vm": "the same VM rules as instances, accelerator-and-bucket-same-region",
     "gcp:storage/bucket:Bucket": "bucket-uniform-access, bucket-public-access-prevention, "
-    "bucket-recoverable, tpu-and-bucket-same-region",
+    "bucket-recoverable, accelerator-and-bucket-same-region",
     "gcp:storage/bucketObject:BucketObject": "payload archive and job spec in the bucket",
     "gcp:serviceaccount/account:Account": "the stack's dedicated service accounts",
     "gcp:secretmanager/secret:Secret": "the VPN hop's WireGuard key",
@@ -278,12 +279,15 @@ DEPLOYER_ROLE_ID = "tpuPretrainDeployer"
 PROJECT_IAM_WRITER_ROLE_ID = "tpuPretrainIamGranter"
 STACK_ACCOUNT_USER_ROLE_ID = "tpuPretrainStackAccountUser"
 STACK_INSTANCE_ROLE_ID = "tpuPretrainStackInstances"
+STACK_BUCKET_ROLE_ID = "tpuPretrainStackBuckets"
+STACK_SECRET_ROLE_ID = "tpuPretrainStackSecrets"  # noqa: S105 (a role id)
 
 # The deploy account's unconditional permissions: what the main program's resource types
 # need (infra/bootstrap/gitops_bootstrap.py PERMISSIONS_BY_TYPE; tests/policy/
 # test_deployability.py checks that the two lists are the same). No IAM policy write on a
-# project or a service account, no actAs, no change to a VM (those come with conditions),
-# no token or key creation, no role editing.
+# project or a service account, no actAs, no change to a VM, no bucket or object or secret
+# beyond creating and listing (those come with conditions), no change to a TPU VM
+# (tpu.nodes.update: every change replaces it), no token or key creation, no role editing.
 DEPLOYER_PERMISSIONS = frozenset(
     {
         "compute.addresses.create",
@@ -329,37 +333,16 @@ DEPLOYER_PERMISSIONS = frozenset(
         "iam.serviceAccounts.update",
         "resourcemanager.projects.get",
         "secretmanager.secrets.create",
-        "secretmanager.secrets.delete",
-        "secretmanager.secrets.get",
-        "secretmanager.secrets.getIamPolicy",
-        "secretmanager.secrets.setIamPolicy",
-        "secretmanager.secrets.update",
-        "secretmanager.versions.access",
-        "secretmanager.versions.add",
-        "secretmanager.versions.destroy",
-        "secretmanager.versions.disable",
-        "secretmanager.versions.enable",
-        "secretmanager.versions.get",
         "serviceusage.operations.get",
         "serviceusage.services.enable",
         "serviceusage.services.get",
         "serviceusage.services.list",
         "storage.buckets.create",
-        "storage.buckets.delete",
-        "storage.buckets.get",
-        "storage.buckets.getIamPolicy",
         "storage.buckets.list",
-        "storage.buckets.setIamPolicy",
-        "storage.buckets.update",
-        "storage.objects.create",
-        "storage.objects.delete",
-        "storage.objects.get",
-        "storage.objects.list",
         "tpu.acceleratortypes.list",
         "tpu.nodes.create",
         "tpu.nodes.delete",
         "tpu.nodes.get",
-        "tpu.nodes.update",
         "tpu.operations.get",
         "tpu.runtimeversions.list",
     }
@@ -382,6 +365,34 @@ STACK_INSTANCE_PERMISSIONS = frozenset(
         "compute.instances.start",
         "compute.instances.stop",
         "compute.instances.updateShieldedInstanceConfig",
+    }
+)
+STACK_BUCKET_PERMISSIONS = frozenset(
+    {
+        "storage.buckets.delete",
+        "storage.buckets.get",
+        "storage.buckets.getIamPolicy",
+        "storage.buckets.setIamPolicy",
+        "storage.buckets.update",
+        "storage.objects.create",
+        "storage.objects.delete",
+        "storage.objects.get",
+        "storage.objects.list",
+    }
+)
+STACK_SECRET_PERMISSIONS = frozenset(
+    {
+        "secretmanager.secrets.delete",
+        "secretmanager.secrets.get",
+        "secretmanager.secrets.getIamPolicy",
+        "secretmanager.secrets.setIamPolicy",
+        "secretmanager.secrets.update",
+        "secretmanager.versions.access",
+        "secretmanager.versions.add",
+        "secretmanager.versions.destroy",
+        "secretmanager.versions.disable",
+        "secretmanager.versions.enable",
+        "secretmanager.versions.get",
     }
 )
 PROJECT_IAM_WRITER_PERMISSIONS = frozenset(
@@ -449,6 +460,22 @@ BOOTSTRAP_GRANTS = (
         condition="resource.name",
     ),
     Grant(
+        (PROJECT_IAM_MEMBER,),
+        f"custom:{STACK_BUCKET_ROLE_ID}",
+        _DEPLOY,
+        "the stacks' own buckets and objects only (never the state bucket)",
+        "the CI deploy account",
+        condition="resource.name",
+    ),
+    Grant(
+        (PROJECT_IAM_MEMBER,),
+        f"custom:{STACK_SECRET_ROLE_ID}",
+        _DEPLOY,
+        "the stacks' own secrets only",
+        "the CI deploy account",
+        condition="resource.name",
+    ),
+    Grant(
         (SA_IAM_MEMBER,),
         "roles/iam.workloadIdentityUser",
         WIF_POOL_PRINCIPAL_SET,
@@ -498,6 +525,8 @@ BOOTSTRAP = Profile(
         PROJECT_IAM_WRITER_ROLE_ID: PROJECT_IAM_WRITER_PERMISSIONS,
         STACK_ACCOUNT_USER_ROLE_ID: STACK_ACCOUNT_USER_PERMISSIONS,
         STACK_INSTANCE_ROLE_ID: STACK_INSTANCE_PERMISSIONS,
+        STACK_BUCKET_ROLE_ID: STACK_BUCKET_PERMISSIONS,
+        STACK_SECRET_ROLE_ID: STACK_SECRET_PERMISSIONS,
         RECOVERY_ROLE_ID: RECOVERY_PERMISSIONS,
         GPU_RECOVERY_ROLE_ID: GPU_RECOVERY_PERMISSIONS,
     },

@@ -171,7 +171,7 @@ MSG_PROJECT_SSH_KEYS = (
 )
 MSG_SERIAL_PORT = "interactive serial port access must stay disabled"
 MSG_KEY_MATERIAL = "key material in metadata"
-MSG_REGION = "TPU and training bucket must be in the same region"
+MSG_REGION = "the accelerator (TPU or GPU VM) and the training bucket must be in one region"
 MSG_BUCKET_RECOVERY = "bucket must keep versioning or a soft-delete retention"
 MSG_SA_KEY = "user-managed service account keys are not allowed"
 MSG_KMS_ROTATION = "KMS keys must rotate at least every 90 days"
@@ -592,8 +592,8 @@ def _collapse(networks: Iterable[Net]) -> list[Net]:
     v4 = [n for n in networks if n.version == 4]
     v6 = [n for n in networks if n.version == 6]
     return [
-        *ipaddress.collapse_addresses(v4),  # type: ignore[arg-type]
-        *ipaddress.collapse_addresses(v6),  # type: ignore[arg-type]
+        *ipaddress.collapse_addresses(v4),
+        *ipaddress.collapse_addresses(v6),
     ]
 
 
@@ -985,22 +985,33 @@ def _region_of_zone(zone: str) -> str:
     return zone.rsplit("-", 1)[0].lower()
 
 
+def _accelerators(args: StackValidationArgs) -> list[Any]:
+    """What trains: TPU VMs (and queued resources) and compute instances with GPUs."""
+    return [
+        r
+        for r in args.resources
+        if r.resource_type in (TPU_VM, TPU_QUEUED)
+        or (r.resource_type == INSTANCE and _has_gpus(r.props))
+    ]
+
+
 def _validate_regions(args: StackValidationArgs, report_violation: ReportViolation) -> None:
-    tpus = [r for r in args.resources if r.resource_type in (TPU_VM, TPU_QUEUED)]
+    accelerators = _accelerators(args)
     buckets = [r for r in args.resources if r.resource_type == BUCKET]
-    if not tpus or not buckets:
+    if not accelerators or not buckets:
         return
-    for tpu in tpus:
-        zone = _get(tpu.props, "zone")
+    for accelerator in accelerators:
+        zone = _get(accelerator.props, "zone")
         if not isinstance(zone, str):
             continue
         region = _region_of_zone(zone)
+        what = "GPU VM" if accelerator.resource_type == INSTANCE else "TPU"
         for bucket in buckets:
             location = str(_get(bucket.props, "location") or "").lower()
             if location != region:
                 report_violation(
-                    f"{MSG_REGION}: TPU {tpu.name} is in {region} ({zone}) but bucket "
-                    f"{bucket.name} is in {location or 'an unknown location'}",
+                    f"{MSG_REGION}: {what} {accelerator.name} is in {region} ({zone}) but "
+                    f"bucket {bucket.name} is in {location or 'an unknown location'}",
                     bucket.urn,
                 )
 
@@ -1282,9 +1293,9 @@ def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
             enforcement_level=EnforcementLevel.MANDATORY,
         ),
         StackValidationPolicy(
-            name="tpu-and-bucket-same-region",
-            description="Every TPU VM and every bucket of a stack are in one region "
-            "(no cross-region reads of training data).",
+            name="accelerator-and-bucket-same-region",
+            description="Every TPU VM, every VM with GPUs and every bucket of a stack are in "
+            "one region (no cross-region reads of training data).",
             validate=_validate_regions,
             enforcement_level=EnforcementLevel.MANDATORY,
         ),
@@ -1361,6 +1372,6 @@ POLICY_MESSAGES = {
     "subnet-flow-logs": MSG_FLOW_LOGS,
     "no-auto-mode-network": MSG_AUTO_NETWORK,
     "wif-provider-attribute-condition": MSG_WIF_CONDITION,
-    "tpu-and-bucket-same-region": MSG_REGION,
+    "accelerator-and-bucket-same-region": MSG_REGION,
     "one-vpn-hop-outside-tpu-region": MSG_HOP,
 }

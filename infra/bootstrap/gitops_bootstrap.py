@@ -12,8 +12,10 @@ Creates what the workflows in .github/workflows need before any stack can be pre
     deploy:  applies stacks; only jobs in the GitHub environment that gates deploys, AND
              running on refs/heads/main; its permissions are derived from what the
              program's resource types need (PERMISSIONS_BY_TYPE); it acts as, and edits
-             the IAM policy of, the stacks' own accounts only (no project-wide actAs), and
-             grants on the project only the roles the stacks grant,
+             the IAM policy of, the stacks' own accounts only (no project-wide actAs),
+             changes only the stacks' own VMs, buckets (never the state bucket) and
+             secrets (conditions on resource names), never updates a TPU VM, and grants on
+             the project only the roles the stacks grant,
 - the TPU and GPU recovery custom roles that stacks with tpuAutoRecover / gpuAutoRecover
   bind to their controller account (the deploy account may grant them, never edit them).
 
@@ -42,6 +44,8 @@ DEPLOYER_ROLE_ID = "tpuPretrainDeployer"
 IAM_GRANTER_ROLE_ID = "tpuPretrainIamGranter"  # project IAM writes, limited roles
 STACK_ACCOUNT_USER_ROLE_ID = "tpuPretrainStackAccountUser"  # actAs on the stacks' accounts
 STACK_INSTANCE_ROLE_ID = "tpuPretrainStackInstances"  # the stacks' own VMs only
+STACK_BUCKET_ROLE_ID = "tpuPretrainStackBuckets"  # the stacks' own buckets and objects only
+STACK_SECRET_ROLE_ID = "tpuPretrainStackSecrets"  # noqa: S105 (a role id, not a secret)
 # The main program binds this role by name (infra/components/recovery.py RECOVERY_ROLE_ID).
 RECOVERY_ROLE_ID = "tpuPretrainTpuRecovery"
 # ... and this one for GPU stacks (infra/components/recovery.py GPU_RECOVERY_ROLE_ID).
@@ -193,11 +197,13 @@ PERMISSIONS_BY_TYPE: dict[str, tuple[str, ...]] = {
         "compute.machineTypes.get",
         "iam.serviceAccounts.actAs",  # attaching the stack's own account (conditional role)
     ),
+    # No tpu.nodes.update: a node's metadata (its startup script) would run as its account
+    # at the next boot, and Cloud TPU is not among the services whose resource names an IAM
+    # condition can test. Every change replaces the node instead (infra/components/tpu.py).
     "gcp:tpu/v2Vm:V2Vm": (
         "tpu.nodes.create",
         "tpu.nodes.delete",
         "tpu.nodes.get",
-        "tpu.nodes.update",
         "tpu.operations.get",
         "tpu.acceleratortypes.list",
         "tpu.runtimeversions.list",
@@ -282,10 +288,33 @@ STACK_INSTANCE_PERMISSIONS = tuple(
     for p in PERMISSIONS_BY_TYPE["gcp:compute/instance:Instance"]
     if p.startswith("compute.instances.")
 )
+# A bucket's IAM policy and objects, and a secret's payload and IAM policy: only the
+# stacks' own (the state bucket and every other bucket or secret of the project out of
+# reach). Cloud Storage and Secret Manager are on Google's "Resource attributes for IAM
+# Conditions" page (iam/docs/conditions-resource-attributes), with resource names
+# "projects/_/buckets/<bucket>[/objects/<object>]" and "projects/<project>/secrets/<id>
+# [/versions/<v>]". Creating and listing are checked on the project, not on a named
+# resource: those two stay in the deployer role.
+STACK_BUCKET_PERMISSIONS = tuple(
+    p
+    for t in ("gcp:storage/bucket:Bucket", "gcp:storage/bucketIAMMember:BucketIAMMember",
+              "gcp:storage/bucketObject:BucketObject")
+    for p in PERMISSIONS_BY_TYPE[t]
+    if p not in ("storage.buckets.create", "storage.buckets.list")
+)  # fmt: skip
+STACK_SECRET_PERMISSIONS = tuple(
+    p
+    for t in ("gcp:secretmanager/secret:Secret", "gcp:secretmanager/secretVersion:SecretVersion",
+              "gcp:secretmanager/secretIamMember:SecretIamMember")
+    for p in PERMISSIONS_BY_TYPE[t]
+    if p != "secretmanager.secrets.create"
+)  # fmt: skip
 CONDITIONAL_PERMISSIONS = (
     frozenset(STACK_ACCOUNT_USER_PERMISSIONS)
     | frozenset(PROJECT_IAM_WRITER_PERMISSIONS)
     | frozenset(STACK_INSTANCE_PERMISSIONS)
+    | frozenset(STACK_BUCKET_PERMISSIONS)
+    | frozenset(STACK_SECRET_PERMISSIONS)
 )
 
 # The deployer role: every permission of the table that is not conditional, sorted.
@@ -306,6 +335,9 @@ GRANTABLE_ACCOUNT_ROLES = ("roles/iam.serviceAccountUser",)
 # captured accounts of every stack.
 STACK_ACCOUNT_PREFIX = "tp-"
 STACK_ACCOUNT_SUFFIXES = ("workload", "controller", "vpn-hop")
+# A stack's bucket name ends so (infra/config.py STACK_BUCKET_SUFFIX refuses any other), and
+# the state bucket's may not: the deploy account's bucket powers stop at the stacks' buckets.
+STACK_BUCKET_SUFFIX = "-tpu-pretrain"
 
 
 def recovery_role_name(project: str) -> str:
@@ -328,6 +360,24 @@ def stack_instance_condition() -> str:
     return (
         "resource.name.matches('^projects/[^/]+/zones/[^/]+/instances/"
         f"{STACK_ACCOUNT_PREFIX}[a-z0-9-]+$')"
+    )
+
+
+def stack_bucket_condition() -> str:
+    """The stacks' buckets and their objects ("projects/_/buckets/<name>-tpu-pretrain" and
+    ".../objects/<object>"); never the state bucket (validate_config)."""
+    return (
+        "resource.name.matches('^projects/_/buckets/[a-z0-9][a-z0-9_.-]*"
+        f"{STACK_BUCKET_SUFFIX}(/objects/.+)?$')"
+    )
+
+
+def stack_secret_condition() -> str:
+    """The stacks' secrets and their versions: every secret id of a stack starts with
+    "tp-<stack>" (infra/components/vpn.py, "<prefix>-vpn-hop-wireguard-server-key")."""
+    return (
+        f"resource.name.matches('^projects/[^/]+/secrets/{STACK_ACCOUNT_PREFIX}[a-z0-9-]+"
+        "(/versions/[^/]+)?$')"
     )
 
 
@@ -410,6 +460,11 @@ def validate_config(
     )
     if bucket.startswith("goog") or "google" in bucket:
         raise BootstrapConfigError(f"{ns}:stateBucket: {bucket!r} may not contain 'goog'")
+    if bucket.endswith(STACK_BUCKET_SUFFIX):
+        raise BootstrapConfigError(
+            f"{ns}:stateBucket: {bucket!r} may not end with {STACK_BUCKET_SUFFIX!r}: that is "
+            "how the stacks' buckets are named, which the deploy account may change"
+        )
     environment = need(
         f"{ns}:deployEnvironment",
         deploy_environment,
@@ -730,6 +785,52 @@ def define(cfg: BootstrapConfig) -> None:
             "expression": stack_instance_condition(),
         },
     )
+    # Custom roles bound to the deploy account only under a condition on resource names.
+    scoped_roles: tuple[
+        tuple[str, str, str, tuple[str, ...], gcp.projects.IAMMemberConditionArgsDict], ...
+    ] = (
+        (
+            "stack-bucket-role",
+            STACK_BUCKET_ROLE_ID,
+            "tpu-pretrain stack buckets",
+            STACK_BUCKET_PERMISSIONS,
+            {
+                "title": "stack-buckets-only",
+                "description": f"Buckets named <name>{STACK_BUCKET_SUFFIX} and their objects "
+                "only; never the state bucket.",
+                "expression": stack_bucket_condition(),
+            },
+        ),
+        (
+            "stack-secret-role",
+            STACK_SECRET_ROLE_ID,
+            "tpu-pretrain stack secrets",
+            STACK_SECRET_PERMISSIONS,
+            {
+                "title": "stack-secrets-only",
+                "description": "Secrets named tp-<stack>-... and their versions only.",
+                "expression": stack_secret_condition(),
+            },
+        ),
+    )
+    for role_name, role_id, title, permissions, condition in scoped_roles:
+        custom_role = gcp.projects.IAMCustomRole(
+            role_name,
+            project=project,
+            role_id=role_id,
+            title=title,
+            description=f"{title} (bound only with a condition on resource names).",
+            permissions=list(permissions),
+            stage="GA",
+            opts=after_apis,
+        )
+        gcp.projects.IAMMember(
+            f"deploy-{role_name.removesuffix('-role')}s",
+            project=project,
+            role=custom_role.name,
+            member=deploy_member,
+            condition=condition,
+        )
     # No project-wide actAs: the deploy account acts as (and edits the IAM policy of) the
     # stacks' own accounts "tp-<stack>-<role>" only, never the default compute account,
     # the App Engine default account or the CI accounts of this bootstrap.

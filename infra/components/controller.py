@@ -13,7 +13,7 @@ CONTROLLER_IMAGE = "debian-cloud/debian-12"
 
 # Every GCE VM of a stack (controller, VPN hop): shielded boot, OS Login, no project-wide
 # SSH keys, no serial console. The policy pack enforces the same settings.
-SHIELDED_VM = {
+SHIELDED_VM: gcp.compute.InstanceShieldedInstanceConfigArgsDict = {
     "enable_secure_boot": True,
     "enable_vtpm": True,
     "enable_integrity_monitoring": True,

@@ -26,6 +26,7 @@ class GpuVmArgs:
     attached: bool  # N1: GPUs go in guest_accelerators; A2/A3/A4/G2 types carry them
     spot: bool
     image: str
+    boot_disk: str  # pd-balanced, or hyperdisk-balanced where the type takes nothing else
     shielded_boot: bool  # secure boot; vTPM and integrity monitoring are always on
     subnetwork: pulumi.Input[str]
     service_account_email: pulumi.Input[str]
@@ -33,7 +34,7 @@ class GpuVmArgs:
     labels: dict[str, str]
 
 
-def gpu_scheduling(spot: bool) -> dict[str, object]:
+def gpu_scheduling(spot: bool) -> gcp.compute.InstanceSchedulingArgsDict:
     """Compute Engine's rules for GPU VMs: no live migration (on_host_maintenance TERMINATE);
     spot is provisioning_model SPOT with preemptible true and automatic_restart false, and a
     termination action: STOP keeps the disk, so the watchdog can start the VM again."""
@@ -63,9 +64,6 @@ class GpuVm(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GpuVmArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-pretrain:index:GpuVm", name, None, opts)
-        extra: dict[str, object] = {}
-        if args.attached:
-            extra["guest_accelerators"] = [{"type": args.gpu_type, "count": args.count}]
         self.vm = gcp.compute.Instance(
             f"{name}-vm",
             project=args.project,
@@ -77,7 +75,7 @@ class GpuVm(pulumi.ComponentResource):
                 "initialize_params": {
                     "image": args.image,
                     "size": GPU_BOOT_DISK_GB,
-                    "type": "pd-balanced",
+                    "type": args.boot_disk,
                 }
             },
             # No access_configs: no external IP (packages come through the NAT).
@@ -93,9 +91,12 @@ class GpuVm(pulumi.ComponentResource):
             # The trainer's network tag (firewall rules select the trainer by it, TPU or GPU).
             tags=[TAG_TPU],
             labels=args.labels,
+            # None (the default): the machine type carries its GPUs.
+            guest_accelerators=(
+                [{"type": args.gpu_type, "count": args.count}] if args.attached else None
+            ),
             allow_stopping_for_update=True,
             opts=pulumi.ResourceOptions(parent=self, depends_on=_inherited_depends_on(opts)),
-            **extra,  # type: ignore[arg-type]
         )
         self.internal_ip = self.vm.network_interfaces.apply(lambda nics: nics[0].network_ip)
         self.worker_ips = self.internal_ip.apply(lambda ip: [ip])

@@ -46,7 +46,7 @@ class Network(pulumi.ComponentResource):
             routing_mode="GLOBAL",
             opts=child,
         )
-        flow_logs = {
+        flow_logs: gcp.compute.SubnetworkLogConfigArgsDict = {
             "aggregation_interval": "INTERVAL_5_SEC",
             "flow_sampling": 0.5,
             "metadata": "INCLUDE_ALL_METADATA",

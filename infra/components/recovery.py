@@ -69,7 +69,9 @@ def gpu_recovery_role_name(project: str) -> str:
     return f"projects/{project}/roles/{GPU_RECOVERY_ROLE_ID}"
 
 
-def instance_condition(project: str, zone: str, name: str) -> dict[str, str]:
+def instance_condition(
+    project: str, zone: str, name: str
+) -> gcp.projects.IAMMemberConditionArgsDict:
     """An IAM condition that limits a project-level grant to one VM: Compute Engine
     instances are named projects/<p>/zones/<z>/instances/<name> in IAM conditions (the
     bootstrap's stack_instance_condition uses the same attribute)."""

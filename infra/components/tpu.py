@@ -12,7 +12,13 @@ TPU_DESCRIPTION = "tpu-pretrain trainer"
 # OS Login + no project-wide keys: policy pack rules os-login-enabled and
 # project-ssh-keys-blocked (CIS 4.3, 4.4) apply to TPU VMs too. The controller's watchdog
 # recreates a preempted TPU VM with exactly these settings (infra/render.py TpuWatch).
-TPU_METADATA = {"enable-oslogin": "TRUE", "block-project-ssh-keys": "TRUE"}
+# Like every VM of the stack (controller.hardened_metadata): OS Login, no project SSH keys,
+# no interactive serial port.
+TPU_METADATA = {
+    "enable-oslogin": "TRUE",
+    "block-project-ssh-keys": "TRUE",
+    "serial-port-enable": "FALSE",
+}
 
 
 def _inherited_depends_on(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
@@ -42,20 +48,24 @@ class TpuVmArgs:
     labels: dict[str, str]
 
 
+# The V2Vm inputs the provider would update in place (tpu.nodes.update). The deploy account
+# does not hold that permission: a node's metadata is a startup script that runs as the
+# node's account at its next boot, and Cloud TPU is not among the services whose resource
+# names an IAM condition can test (docs/guard-rails.md), so the permission would reach every
+# TPU VM of the project. A change to one of these replaces the node instead.
+IN_PLACE_FIELDS = ("description", "labels", "metadata", "tags", "dataDisks")
+
+
 class TpuVm(pulumi.ComponentResource):
-    """The TPU VM (gcp.tpu.V2Vm). A changed startup script updates metadata in place but
-    does not re-run it; the script is idempotent and runs again on every boot (see
-    docs/deploy-gcp.md, Connect and watch, for re-running it without a reboot). Accelerator,
-    runtime, network, service account and scheduling changes replace the VM; training resumes
-    from the bucket's checkpoints.
+    """The TPU VM (gcp.tpu.V2Vm). Every change replaces it (IN_PLACE_FIELDS: no in-place
+    update, so the deploy account needs no tpu.nodes.update), deleting the old node first
+    (the name is fixed); the new node boots the new startup script and training resumes from
+    the bucket's checkpoints.
     With tpuAutoRecover, the controller's watchdog (templates/tpu-watch.sh) recreates a
     preempted VM under the same name with these same settings."""
 
     def __init__(self, name: str, args: TpuVmArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-pretrain:index:TpuVm", name, None, opts)
-        extra: dict[str, object] = {}
-        if args.shielded_boot:
-            extra["shielded_instance_config"] = {"enable_secure_boot": True}
         self.vm = gcp.tpu.V2Vm(
             f"{name}-vm",
             project=args.project,
@@ -75,8 +85,14 @@ class TpuVm(pulumi.ComponentResource):
             metadata={**TPU_METADATA, "startup-script": args.startup_script},
             labels=args.labels,
             tags=[TAG_TPU],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=_inherited_depends_on(opts)),
-            **extra,  # type: ignore[arg-type]
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=_inherited_depends_on(opts),
+                replace_on_changes=list(IN_PLACE_FIELDS),
+                delete_before_replace=True,
+            ),
+            # None (the default): no shielded_instance_config at all.
+            shielded_instance_config={"enable_secure_boot": True} if args.shielded_boot else None,
         )
         self.internal_ip = self.vm.network_endpoints.apply(
             lambda endpoints: endpoints[0].ip_address if endpoints else None

@@ -42,7 +42,9 @@ class VpnHop(pulumi.ComponentResource):
         super().__init__("tpu-pretrain:index:VpnHop", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         server_seed = random.RandomBytes(f"{name}-server-key", length=32, opts=child)
-        server_private = pulumi.Output.secret(server_seed.base64.apply(wgkeys.private_key))
+        server_private: pulumi.Output[str] = pulumi.Output.secret(
+            server_seed.base64.apply(wgkeys.private_key)
+        )
         # A public key is not a secret; unsecret it so the output is readable.
         self.server_public_key = pulumi.Output.unsecret(server_private.apply(wgkeys.public_key))
         if args.client_public_key is None:
@@ -124,7 +126,7 @@ class VpnHop(pulumi.ComponentResource):
             ),
         )
         self.endpoint = pulumi.Output.concat(self.address.address, ":", str(args.port))
-        self.client_config = pulumi.Output.secret(
+        self.client_config: pulumi.Output[str] = pulumi.Output.secret(
             pulumi.Output.all(client_private, self.server_public_key, self.endpoint).apply(
                 lambda values: render.render_wireguard_client_config(
                     client_private_key=values[0],

@@ -1,7 +1,8 @@
 # ---- templates/gpu.sh: the GPU VM's startup, after tpu.sh's functions -----------------
 # The same install (tpu-install.sh with VM_REQUIREMENTS=requirements/gpu-vm.txt: the lock with
 # tensorflow[and-cuda] of the lock's version), the same trainer unit, helper and status as
-# the TPU VM. The driver comes with the Deep Learning VM image (infra/gpu_catalog.yaml).
+# the TPU VM. The NVIDIA driver comes with the image or is installed here once
+# (install_driver; which one: infra/gpu_catalog.yaml images).
 
 # What the payload is told about its host (payload/cli.py): a GPU VM whose TensorFlow must
 # see GPU_COUNT GPUs, or the trainer stops with "GPU not found" (exit 2, not restarted).
@@ -13,6 +14,51 @@ trainer_host_env() {
 }
 
 GPUS_LISTED=""  # how many GPUs nvidia-smi lists (check_gpus)
+
+gpu_driver_works() {
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
+}
+
+# The NVIDIA driver of the catalog's image: a Deep Learning VM image brings it
+# (DRIVER_PACKAGES empty); on an Ubuntu image it is installed here once, as Google's A4
+# Cluster Toolkit blueprint installs it: NVIDIA's CUDA apt repository (its keyring package),
+# then the branch's packages of the GPU's kernel-module flavour, held so that unattended
+# upgrades do not move the driver under the trainer. Every later boot finds it working and
+# installs nothing. When the new modules do not load in this boot, the VM reboots once and
+# this script runs again (only a real VM shows whether that is needed).
+install_driver() {
+  local keyring reboot_marker="${APP_DIR}/driver-rebooted"
+  local -a packages
+  [ -n "${DRIVER_PACKAGES}" ] || return 0
+  if gpu_driver_works; then
+    log "NVIDIA driver present (${DRIVER_MODULES} kernel modules: ${DRIVER_PACKAGES})"
+    return 0
+  fi
+  read -r -a packages <<<"${DRIVER_PACKAGES}"
+  if ! dpkg -s "${packages[@]}" >/dev/null 2>&1; then
+    write_status starting "installing the NVIDIA driver (${DRIVER_MODULES} kernel modules: ${DRIVER_PACKAGES})"
+    keyring="$(mktemp)"
+    curl -fsSL --retry "${RETRY_ATTEMPTS}" --retry-delay 15 --retry-connrefused \
+      -o "${keyring}" "${DRIVER_REPO}"
+    dpkg -i "${keyring}"
+    rm -f "${keyring}"
+    apt_install "${packages[@]}"
+    apt-mark hold "${packages[@]}"
+  fi
+  modprobe nvidia 2>/dev/null || true
+  if gpu_driver_works; then
+    log "NVIDIA driver loaded (${DRIVER_MODULES} kernel modules: ${DRIVER_PACKAGES})"
+    return 0
+  fi
+  if [ ! -f "${reboot_marker}" ]; then
+    mkdir -p "${APP_DIR}"
+    touch "${reboot_marker}"
+    write_status starting "NVIDIA driver installed (${DRIVER_PACKAGES}); rebooting once to load it"
+    systemctl reboot
+    exit 0
+  fi
+  log "the NVIDIA driver does not load after a reboot (${DRIVER_PACKAGES})"
+}
 
 # The driver must list the GPUs the machine type carries before anything is installed.
 check_gpus() {
@@ -53,6 +99,7 @@ log "step 1/4: checks (image ${RUNTIME_VERSION}, ${ACCELERATOR_TYPE})"
 gcs_cli
 write_status starting "startup script started on ${ACCELERATOR_TYPE} (${RUNTIME_VERSION})"
 check_python
+install_driver
 check_gpus
 log "step 2/4: payload install"
 install_started="${SECONDS}"

@@ -22,6 +22,7 @@ umask 077
 if write_if_changed "${WG_DIR}/wg0.conf" 0600 "[Interface]
 Address = ${WG_SERVER_ADDRESS}
 ListenPort = ${WG_PORT}
+MTU = ${WG_MTU}
 PrivateKey = ${private_key}
 PostUp = iptables -t nat -A POSTROUTING -s ${VPN_CLIENT_CIDR} -o ${uplink} -j MASQUERADE; iptables -A FORWARD -i %i -j ACCEPT; iptables -A FORWARD -o %i -m state --state RELATED,ESTABLISHED -j ACCEPT
 PostDown = iptables -t nat -D POSTROUTING -s ${VPN_CLIENT_CIDR} -o ${uplink} -j MASQUERADE; iptables -D FORWARD -i %i -j ACCEPT; iptables -D FORWARD -o %i -m state --state RELATED,ESTABLISHED -j ACCEPT

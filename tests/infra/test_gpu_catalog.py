@@ -6,17 +6,18 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from harness import config_error
+import yaml
+from harness import config_error, run_offline
 
-from infra.gpu_catalog import GpuChoiceError, load_gpu_catalog
+from infra.gpu_catalog import GPU_CATALOG_PATH, GpuChoiceError, load_gpu_catalog
 
 CATALOG = load_gpu_catalog()
 K = "tpu-pretrain:"
 
 
-def error_of(*args: object) -> GpuChoiceError:
+def error_of(*args: object, image: str | None = None) -> GpuChoiceError:
     with pytest.raises(GpuChoiceError) as caught:
-        CATALOG.validate(*args)  # type: ignore[arg-type]
+        CATALOG.validate(*args, image=image)  # type: ignore[arg-type]
     assert "\n" not in str(caught.value)
     return caught.value
 
@@ -52,7 +53,7 @@ def error_of(*args: object) -> GpuChoiceError:
         (
             ("a4-highgpu-8g", None, None, "europe-west4-b", "on-demand"),
             "provisioning",
-            "A4 has no on-demand capacity; use spot",
+            "A4 has no on-demand capacity; use spot (flex-start is not supported here yet)",
         ),
         (
             ("n1-standard-8", "nvidia-tesla-t4", 1, "us-central1-a", "preemptible"),
@@ -227,14 +228,180 @@ def test_quota_metrics_follow_provisioning():
     assert spot.quota_metrics == ("GPUS_ALL_REGIONS", "PREEMPTIBLE_NVIDIA_L4_GPUS")
 
 
-def test_catalog_has_sources_a_date_and_one_image_family():
+DLVM = (
+    "projects/deeplearning-platform-release/global/images/family/"
+    "common-cu128-ubuntu-2204-nvidia-570"
+)
+UBUNTU = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
+
+
+def test_catalog_has_sources_a_date_and_its_images():
     assert CATALOG.checked == "2026-11-24"
-    assert CATALOG.image == (
-        "projects/deeplearning-platform-release/global/images/family/"
-        "common-cu128-ubuntu-2204-nvidia-570"
-    )
-    assert CATALOG.image_python == "3.10"
+    assert {name: image.uri for name, image in CATALOG.images.items()} == {
+        "dlvm-cu128": DLVM,
+        "ubuntu-2204-nvidia-open": UBUNTU,
+        "ubuntu-2204-nvidia-proprietary": UBUNTU,
+    }
+    assert {image.python for image in CATALOG.images.values()} == {"3.10"}
     assert "us-central2" in CATALOG.no_gpu_regions
+
+
+# Per machine type x GPU generation: the image it boots, the kernel-module flavour and the
+# driver packages the startup script installs (none: the image brings its driver).
+@pytest.mark.parametrize(
+    ("shape", "image", "modules", "packages"),
+    [
+        (
+            ("n1-standard-8", "nvidia-tesla-p4", 1, "us-central1-a"),
+            UBUNTU,
+            "proprietary",
+            ("cuda-drivers-570",),
+        ),
+        (
+            ("n1-standard-8", "nvidia-tesla-p100", 1, "us-central1-c"),
+            UBUNTU,
+            "proprietary",
+            ("cuda-drivers-570",),
+        ),
+        (
+            ("n1-standard-8", "nvidia-tesla-v100", 1, "us-central1-a"),
+            UBUNTU,
+            "proprietary",
+            ("cuda-drivers-570",),
+        ),
+        (("n1-standard-8", "nvidia-tesla-t4", 1, "us-central1-a"), DLVM, "unknown", ()),
+        (("a2-highgpu-4g", None, None, "us-central1-a"), DLVM, "unknown", ()),
+        (("a2-ultragpu-1g", None, None, "us-central1-a"), DLVM, "unknown", ()),
+        (
+            ("g2-standard-24", None, None, "us-east1-d"),
+            UBUNTU,
+            "open",
+            ("nvidia-open-570", "nvidia-utils-570"),
+        ),
+        (
+            ("a3-highgpu-8g", None, None, "us-central1-a"),
+            UBUNTU,
+            "open",
+            ("nvidia-open-570", "nvidia-utils-570"),
+        ),
+        (
+            ("a4-highgpu-8g", None, None, "us-central1-b"),
+            UBUNTU,
+            "open",
+            ("nvidia-open-570", "nvidia-utils-570"),
+        ),
+    ],
+)
+def test_the_image_and_driver_come_from_the_catalog(shape, image, modules, packages):
+    choice = CATALOG.validate(*shape, "spot")
+    assert choice.image.uri == image
+    assert choice.image.kernel_modules == modules
+    assert choice.image.driver_packages == packages
+    assert bool(choice.image.driver_repo) == bool(packages)
+
+
+# Images and what Google's and NVIDIA's pages say of them (not what the catalog says).
+# "G2": "You can't use Deep Learning VM Images as boot disks for instances that use the G2
+# machine type" (Google's G2 limitations). "pre-Turing": the open kernel modules "are not
+# compatible with" Maxwell, Pascal or Volta (NVIDIA's driver installation guide). "open":
+# the open modules are "what you should use" from Turing on and the only ones here for
+# Hopper/Blackwell (NVIDIA; Google's A4 blueprint installs nvidia-open-570). "unknown": the
+# DLVM image's flavour is not in our sources, so it drives only GPUs that run both.
+IMAGE_SHAPES = [
+    (("g2-standard-24", None, None, "us-east1-d"), "dlvm-cu128", "image", "G2"),
+    (("g2-standard-8", None, None, "us-east1-d"), "ubuntu-2204-nvidia-open", None, "G2"),
+    (("g2-standard-8", None, None, "us-east1-d"), "ubuntu-2204-nvidia-proprietary", None, "G2"),
+    (
+        ("n1-standard-8", "nvidia-tesla-v100", 1, "us-central1-a"),
+        "ubuntu-2204-nvidia-open",
+        "image",
+        "pre-Turing",
+    ),
+    (
+        ("n1-standard-8", "nvidia-tesla-p100", 1, "us-central1-c"),
+        "ubuntu-2204-nvidia-open",
+        "image",
+        "pre-Turing",
+    ),
+    (("n1-standard-8", "nvidia-tesla-p4", 1, "us-central1-a"), "dlvm-cu128", "image", "unknown"),
+    (
+        ("n1-standard-8", "nvidia-tesla-t4", 1, "us-central1-a"),
+        "ubuntu-2204-nvidia-open",
+        None,
+        "open",
+    ),
+    (("n1-standard-8", "nvidia-tesla-t4", 1, "us-central1-a"), "dlvm-cu128", None, "unknown"),
+    (
+        ("a3-highgpu-8g", None, None, "us-central1-a"),
+        "ubuntu-2204-nvidia-proprietary",
+        "image",
+        "open",
+    ),
+    (("a3-highgpu-8g", None, None, "us-central1-a"), "dlvm-cu128", "image", "unknown"),
+    (
+        ("a4-highgpu-8g", None, None, "us-central1-b"),
+        "ubuntu-2204-nvidia-proprietary",
+        "image",
+        "open",
+    ),
+    (("a4-highgpu-8g", None, None, "us-central1-b"), "ubuntu-2204-nvidia-open", None, "open"),
+    (("a2-highgpu-1g", None, None, "us-central1-a"), "no-such-image", "image", "-"),
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "image", "refused", "statement"),
+    IMAGE_SHAPES,
+    ids=[f"{s[0][1] or s[0][0]}-{s[1]}" for s in IMAGE_SHAPES],
+)
+def test_an_image_the_gpu_cannot_use_is_refused(shape, image, refused, statement):
+    if refused is None:
+        assert CATALOG.validate(*shape, "spot", image=image).image.name == image, statement
+        return
+    error = error_of(*shape, "spot", image=image)
+    assert error.field == refused, statement
+
+
+def test_image_refusals_name_what_the_shape_boots():
+    assert str(
+        error_of("g2-standard-24", None, None, "us-east1-d", "spot", image="dlvm-cu128")
+    ) == (
+        "G2 cannot boot Deep Learning VM images (dlvm-cu128); use ubuntu-2204-nvidia-open, "
+        "ubuntu-2204-nvidia-proprietary"
+    )
+    assert str(
+        error_of(
+            "n1-standard-8",
+            "nvidia-tesla-v100",
+            1,
+            "us-central1-a",
+            "spot",
+            image="ubuntu-2204-nvidia-open",
+        )
+    ) == (
+        "ubuntu-2204-nvidia-open has the open kernel modules and V100 runs only the "
+        "proprietary NVIDIA kernel modules; use ubuntu-2204-nvidia-proprietary"
+    )
+    assert str(
+        error_of("a4-highgpu-8g", None, None, "us-central1-b", "spot", image="dlvm-cu128")
+    ) == (
+        "dlvm-cu128 has kernel modules of an unknown flavour and B200 runs only the open "
+        "NVIDIA kernel modules; use ubuntu-2204-nvidia-open"
+    )
+
+
+def test_the_catalog_refuses_a_gpu_image_it_cannot_drive(tmp_path):
+    raw = yaml.safe_load(GPU_CATALOG_PATH.read_text())
+    raw["gpus"]["nvidia-tesla-v100"]["image"] = "ubuntu-2204-nvidia-open"
+    path = tmp_path / "gpu_catalog.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match="nvidia-tesla-v100: image 'ubuntu-2204-nvidia-open'"):
+        load_gpu_catalog(path)
+    raw["gpus"]["nvidia-tesla-v100"]["image"] = "ubuntu-2204-nvidia-proprietary"
+    raw["gpus"]["nvidia-l4"]["image"] = "dlvm-cu128"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=r"g2: .*nvidia-l4.* boot a Deep Learning VM image"):
+        load_gpu_catalog(path)
 
 
 # The config names the key each catalog message is about (run through the real program).
@@ -285,6 +452,16 @@ def test_gpu_stack_config_errors_name_the_key(overrides, message):
     assert config_error("t4-usc1", overrides) == message
 
 
+def test_the_stacks_image_setting_is_checked_against_the_gpu():
+    assert config_error("l4x2-use1", {K + "gpuImage": "dlvm-cu128"}) == (
+        "tpu-pretrain:gpuImage: G2 cannot boot Deep Learning VM images (dlvm-cu128); use "
+        "ubuntu-2204-nvidia-open, ubuntu-2204-nvidia-proprietary"
+    )
+    run = run_offline("t4-usc1", {K + "gpuImage": "ubuntu-2204-nvidia-open"})
+    (vm,) = [r for r in run.resources if r.name == "gpu-vm"]
+    assert vm.inputs["bootDisk"]["initializeParams"]["image"] == UBUNTU
+
+
 def test_a_tpu_stack_refuses_gpu_settings():
     assert config_error("v3-euw4", {K + "gpuCount": 2}) == (
         "tpu-pretrain:gpuCount: a GPU setting in a TPU stack (tpu-pretrain:accelerator: tpu); "
@@ -333,3 +510,119 @@ def test_zone_facts_from_the_source(machine_type, gpu, count, zone, offered):
     else:
         error = error_of(machine_type, gpu, count, zone, provisioning)
         assert error.field == "zone" and f"{zone} does not offer" in str(error)
+
+
+# Shapes and what Google's pages say of them, not what the catalog says: each row names its
+# statement. (machine type, GPU, count, zone, provisioning) -> None (valid) or the field refused.
+# "A3": "For a3-highgpu-1g, a3-highgpu-2g, and a3-highgpu-4g machine types, you must create
+# instances by using Spot VMs or Flex-start VMs"; "A4": spot, reservations or flex-start only;
+# "N1": n1-highmem and n1-highcpu start at 2 vCPUs, n1-standard at 1 (Compute Engine's
+# accelerator-optimized and general-purpose machine family pages, as issue 28 quotes them).
+GOOGLE_SHAPES = [
+    (("a3-highgpu-1g", None, None, "us-central1-a", "on-demand"), "provisioning", "A3"),
+    (("a3-highgpu-2g", None, None, "us-central1-a", "on-demand"), "provisioning", "A3"),
+    (("a3-highgpu-4g", None, None, "us-central1-a", "on-demand"), "provisioning", "A3"),
+    (("a3-highgpu-1g", None, None, "us-central1-a", "spot"), None, "A3"),
+    (("a3-highgpu-8g", None, None, "us-central1-a", "on-demand"), None, "A3"),
+    (("a4-highgpu-8g", None, None, "us-central1-b", "on-demand"), "provisioning", "A4"),
+    (("a4-highgpu-8g", None, None, "us-central1-b", "spot"), None, "A4"),
+    (("n1-highmem-1", "nvidia-tesla-t4", 1, "us-central1-a", "spot"), "machine_type", "N1"),
+    (("n1-highcpu-1", "nvidia-tesla-t4", 1, "us-central1-a", "spot"), "machine_type", "N1"),
+    (("n1-standard-1", "nvidia-tesla-t4", 1, "us-central1-a", "spot"), None, "N1"),
+    (("n1-highmem-2", "nvidia-tesla-t4", 1, "us-central1-a", "spot"), None, "N1"),
+    (("n1-highcpu-2", "nvidia-tesla-t4", 1, "us-central1-a", "spot"), None, "N1"),
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "refused", "statement"),
+    GOOGLE_SHAPES,
+    ids=[f"{s[0][0]}-{s[0][4]}" for s in GOOGLE_SHAPES],
+)
+def test_the_validator_agrees_with_googles_pages(shape, refused, statement):
+    if refused is None:
+        assert CATALOG.validate(*shape).machine_type == shape[0], statement
+        return
+    with pytest.raises(GpuChoiceError) as caught:
+        CATALOG.validate(*shape)
+    assert caught.value.field == refused, statement
+
+
+def test_a3_high_small_types_name_spot_and_flex_start():
+    with pytest.raises(GpuChoiceError) as caught:
+        CATALOG.validate("a3-highgpu-2g", None, None, "us-central1-a", "on-demand")
+    assert str(caught.value) == (
+        "a3-highgpu-2g has no on-demand capacity; use spot (flex-start is not supported here yet)"
+    )
+    with pytest.raises(GpuChoiceError) as caught:
+        CATALOG.validate("n1-highmem-1", "nvidia-tesla-t4", 1, "us-central1-a", "spot")
+    assert str(caught.value) == (
+        "'n1-highmem-1' is not an N1 machine type: n1-highmem-N with N in 2, 4, 8, 16, 32, 64 or 96"
+    )
+
+
+@pytest.mark.parametrize(
+    ("machine_type", "zone", "disk"),
+    [
+        # "Hyperdisk Balanced (hyperdisk-balanced): this is the only disk type that is
+        # supported for the boot disk" (A4, Google's accelerator-optimized machines page).
+        ("a4-highgpu-8g", "us-central1-b", "hyperdisk-balanced"),
+        ("a3-highgpu-8g", "us-central1-a", "pd-balanced"),
+        ("g2-standard-8", "us-central1-a", "pd-balanced"),
+    ],
+)
+def test_the_boot_disk_comes_from_the_catalog(machine_type, zone, disk):
+    assert CATALOG.validate(machine_type, None, None, zone, "spot").boot_disk == disk
+
+
+# Shapes from SkyPilot's data (not the catalog's own lists): its GCP catalog vms.csv at
+# 006059e0 lists a2-megagpu-16g in fewer zones than A100 40GB, and its gcp_catalog.py
+# (005261080a) lowers 4 × P100 to 64 vCPUs / 208 GB in us-east1-c.
+SKYPILOT_SHAPES = [
+    (("a2-megagpu-16g", None, None, "us-east1-b", "spot"), "zone"),
+    (("a2-megagpu-16g", None, None, "us-west1-b", "spot"), "zone"),
+    (("a2-megagpu-16g", None, None, "us-central1-f", "spot"), None),
+    (("a2-highgpu-8g", None, None, "us-east1-b", "spot"), None),
+    (("n1-standard-96", "nvidia-tesla-p100", 4, "us-east1-c", "spot"), "machine_type"),
+    (("n1-standard-64", "nvidia-tesla-p100", 4, "us-east1-c", "spot"), "machine_type"),
+    (("n1-highmem-64", "nvidia-tesla-p100", 4, "us-east1-c", "spot"), "machine_type"),
+    (("n1-standard-32", "nvidia-tesla-p100", 4, "us-east1-c", "spot"), None),
+    (("n1-highcpu-64", "nvidia-tesla-p100", 4, "us-east1-c", "spot"), None),
+    (("n1-standard-96", "nvidia-tesla-p100", 4, "us-central1-c", "spot"), None),
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "refused"), SKYPILOT_SHAPES, ids=[f"{s[0][0]}-{s[0][3]}" for s in SKYPILOT_SHAPES]
+)
+def test_machine_type_zones_and_zone_ceilings(shape, refused):
+    if refused is None:
+        assert CATALOG.validate(*shape).machine_type == shape[0]
+        return
+    with pytest.raises(GpuChoiceError) as caught:
+        CATALOG.validate(*shape)
+    assert caught.value.field == refused
+
+
+def test_a_machine_type_zone_refusal_names_where_it_is_offered():
+    with pytest.raises(GpuChoiceError) as caught:
+        CATALOG.validate("a2-megagpu-16g", None, None, "us-east1-b", "spot")
+    assert str(caught.value) == (
+        "us-east1-b offers A100 40GB but not the machine type a2-megagpu-16g; zones with "
+        "a2-megagpu-16g: europe-west4-a, europe-west4-b, us-central1-a, us-central1-b, "
+        "us-central1-c, us-central1-f"
+    )
+    with pytest.raises(GpuChoiceError) as caught:
+        CATALOG.validate("n1-standard-96", "nvidia-tesla-p100", 4, "us-east1-c", "spot")
+    assert str(caught.value) == (
+        "n1-standard-96 has more vCPUs than 4 × P100 allows in us-east1-c (64)"
+    )
+
+
+def test_machine_zones_must_lie_within_the_gpus_zones(tmp_path):
+    raw = yaml.safe_load(GPU_CATALOG_PATH.read_text())
+    raw["machine_zones"]["a2-megagpu-16g"].append("us-east1-d")  # no A100 there
+    path = tmp_path / "gpu_catalog.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=r"a2-megagpu-16g: \['us-east1-d'\] do not offer"):
+        load_gpu_catalog(path)

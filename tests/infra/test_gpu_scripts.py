@@ -48,19 +48,72 @@ case "$*" in
 esac
 """
 PTXAS = "/opt/tpu-pretrain/venv/lib/python3.10/site-packages/nvidia/cuda_nvcc/bin"
+# The driver install (gpu.sh install_driver) on an image without one: NVIDIA's keyring
+# package comes through curl, dpkg knows what apt-get installed, and installing the driver's
+# utilities (nvidia-utils-570, or cuda-drivers-570) brings nvidia-smi.
+KEYRING_CURL = r"""
+case "$*" in
+  *cuda-keyring*)
+    echo "curl $*" >>"$CALLS"
+    out="" prev=""
+    for arg in "$@"; do [ "$prev" = -o ] && out="$arg"; prev="$arg"; done
+    echo keyring >"$out"
+    exit 0
+    ;;
+esac
+"""
+DPKG = r"""
+echo "dpkg $*" >>"$CALLS"
+if [ "$1" = -s ]; then
+  shift
+  for package in "$@"; do [ -f "$STATE/dpkg/$package" ] || exit 1; done
+fi
+"""
+APT_INSTALLS = r"""
+if [[ " $* " == *" install "* ]]; then
+  mkdir -p "$STATE/dpkg"
+  for arg in "$@"; do
+    case "$arg" in -* | install | DPkg*) ;; *) touch "$STATE/dpkg/$arg" ;; esac
+  done
+fi
+case " $* " in
+  *" nvidia-utils-570 "* | *" cuda-drivers-570 "*)
+    cp "$STUB_DIR/nvidia-smi.real" "$STUB_DIR/nvidia-smi" ;;
+esac
+"""
+DRIVER_PACKAGES = ["nvidia-open-570", "nvidia-utils-570"]
 
 
 @pytest.fixture(scope="module")
 def gpu_run():
-    return run_offline("l4x2-use1")
+    return run_offline("l4x2-use1")  # G2: Ubuntu, the driver installed at boot
+
+
+@pytest.fixture(scope="module")
+def dlvm_run():
+    return run_offline("t4-usc1")  # the Deep Learning VM image brings its driver
 
 
 @pytest.fixture
 def box(sandbox: Sandbox) -> Sandbox:  # noqa: F811
-    for name, body in (("nvidia-smi", NVIDIA_SMI),):
+    recorder = 'echo "$(basename "$0") $*" >>"$CALLS"\n'
+    for name, body in (
+        ("nvidia-smi", NVIDIA_SMI),
+        ("nvidia-smi.real", NVIDIA_SMI),
+        ("dpkg", DPKG),
+        ("apt-mark", recorder),
+        ("modprobe", recorder),
+    ):
         stub = sandbox.bin / name
         stub.write_text("#!/bin/bash\nset -u\n" + body)
         stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    for name, extra in (("curl", KEYRING_CURL), ("apt-get", APT_INSTALLS)):
+        stub = sandbox.bin / name
+        head, body = stub.read_text().split("\n", 1)[0], stub.read_text().split("\n", 1)[1]
+        if name == "curl":
+            stub.write_text(f"{head}\n{extra}{body}")
+        else:
+            stub.write_text(f"{head}\n{body}{extra}")
     # `python3 -m venv` copies the recorder as every venv tool: make its python answer.
     recorder = sandbox.bin / "recorder"
     recorder.write_text(
@@ -122,7 +175,7 @@ def test_gpu_script_installs_the_cuda_build_and_a_trainer_that_sees_the_gpus(gpu
         "TPU_PRETRAIN_GPU": "L4",
         "TPU_PRETRAIN_GPU_COUNT": "2",
         "TPU_PRETRAIN_GPU_PRECISION": "mixed_bfloat16",
-        "TPU_PRETRAIN_RUNTIME_VERSION": "common-cu128-ubuntu-2204-nvidia-570",
+        "TPU_PRETRAIN_RUNTIME_VERSION": "ubuntu-2204-lts",
         "TPU_PRETRAIN_HOST_FACTS": "/opt/tpu-pretrain/host-facts.json",
     }
     assert "systemctl restart --no-block tpu-pretrain-train.service" in calls
@@ -148,32 +201,89 @@ def test_a_failed_install_is_retried(gpu_run, box):
 @pytest.mark.parametrize(
     ("env", "reason"),
     [
-        ({"SMI_FAIL": "1"}, "GPU not found: nvidia-smi fails on 2x L4 on g2-standard-24: "),
-        ({"SMI_GPUS": "0"}, "GPU not found: nvidia-smi lists no GPU on 2x L4 on g2-standard-24"),
+        ({"SMI_FAIL": "1"}, "GPU not found: nvidia-smi fails on 1x T4 on n1-standard-8: "),
+        ({"SMI_GPUS": "0"}, "GPU not found: nvidia-smi lists no GPU on 1x T4 on n1-standard-8"),
     ],
 )
-def test_no_gpu_is_exit_2_with_the_reason_in_the_status(gpu_run, box, env, reason):
-    bucket, _ = _publish_payload(gpu_run, box)
-    result = box.run(_script(gpu_run, "gpu-vm"), **env)
+def test_no_gpu_is_exit_2_with_the_reason_in_the_status(dlvm_run, box, env, reason):
+    """The image's own driver (DLVM) fails or sees no GPU: nothing is installed or rebooted."""
+    bucket, _ = _publish_payload(dlvm_run, box)
+    result = box.run(_script(dlvm_run, "gpu-vm"), **env)
     assert result.returncode == 2, result.stderr
     status = _status(box, bucket)
     assert status["state"] == "failed"
     assert status["message"].startswith(reason), status["message"]
     assert "not training on the CPU" in status["message"]
     # Nothing installed, no trainer unit: exit 2 is not retried by anything.
-    assert not [c for c in box.calls if c.startswith(("pip ", "systemctl"))]
+    assert not [c for c in box.calls if c.startswith(("pip ", "systemctl", "apt-get"))]
     assert not (box.root / "etc/systemd/system/tpu-pretrain-train.service").exists()
 
 
-def test_no_driver_at_all_is_exit_2(gpu_run, box):
-    bucket, _ = _publish_payload(gpu_run, box)
+def test_no_driver_at_all_is_exit_2(dlvm_run, box):
+    """An image that should bring its driver (DLVM) and has none: nothing is installed."""
+    bucket, _ = _publish_payload(dlvm_run, box)
     (box.bin / "nvidia-smi").unlink()
-    result = box.run(_script(gpu_run, "gpu-vm"))
+    result = box.run(_script(dlvm_run, "gpu-vm"))
     assert result.returncode == 2, result.stderr
     message = _status(box, bucket)["message"]
     assert message.startswith(
         "GPU not found: no nvidia-smi on image common-cu128-ubuntu-2204-nvidia-570"
     )
+    assert not [c for c in box.calls if c.startswith(("apt-get", "dpkg", "curl"))]
+
+
+def test_the_driver_is_installed_once_from_nvidias_repository(gpu_run, box):
+    bucket, _ = _publish_payload(gpu_run, box)
+    (box.bin / "nvidia-smi").unlink()
+    script = _script(gpu_run, "gpu-vm")
+    first = box.run(script, SMI_GPUS="2")
+    assert first.returncode == 0, first.stderr
+    calls = box.calls
+    keyring = [c for c in calls if c.startswith("curl ") and "cuda-keyring" in c]
+    assert len(keyring) == 1
+    assert keyring[0].endswith(
+        " https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/"
+        "cuda-keyring_1.1-1_all.deb"
+    )
+    assert any(c.startswith("dpkg -i ") for c in calls)
+    assert f"apt-get -o DPkg::Lock::Timeout=600 -q install -y {' '.join(DRIVER_PACKAGES)}" in calls
+    assert f"apt-mark hold {' '.join(DRIVER_PACKAGES)}" in calls
+    assert "modprobe nvidia" in calls
+    # The driver before the GPU check, the GPU check before the payload install.
+    first_pip = next(i for i, c in enumerate(calls) if c.startswith("pip "))
+    assert calls.index("modprobe nvidia") < calls.index("nvidia-smi -L") < first_pip
+    assert "NVIDIA driver loaded (open kernel modules: nvidia-open-570 nvidia-utils-570)" in (
+        first.stderr
+    )
+    assert _status(box, bucket)["state"] == "started"
+    assert "systemctl reboot" not in calls
+    # Every later boot finds the driver working and installs nothing.
+    second = box.run(script, SMI_GPUS="2")
+    assert second.returncode == 0, second.stderr
+    assert not [c for c in box.calls if c.startswith(("apt-get", "apt-mark", "dpkg"))]
+    assert not [c for c in box.calls if "cuda-keyring" in c]
+    assert "NVIDIA driver present (open kernel modules" in second.stderr
+
+
+def test_a_driver_that_does_not_load_reboots_once_then_reports(gpu_run, box):
+    bucket, _ = _publish_payload(gpu_run, box)
+    (box.bin / "nvidia-smi").unlink()
+    script = _script(gpu_run, "gpu-vm")
+    first = box.run(script, SMI_FAIL="1")
+    assert first.returncode == 0, first.stderr
+    assert box.calls[-1] == "systemctl reboot"
+    status = _status(box, bucket)
+    assert status["state"] == "starting"
+    assert status["message"] == (
+        "NVIDIA driver installed (nvidia-open-570 nvidia-utils-570); rebooting once to load it"
+    )
+    assert not [c for c in box.calls if c.startswith("pip ")]
+    # After the reboot: installed already, still not loading: no second reboot, exit 2.
+    second = box.run(script, SMI_FAIL="1")
+    assert second.returncode == 2, second.stderr
+    assert "systemctl reboot" not in box.calls
+    assert not [c for c in box.calls if c.startswith("apt-get") or "cuda-keyring" in c]
+    assert _status(box, bucket)["message"].startswith("GPU not found: nvidia-smi fails on ")
 
 
 def test_trainer_exit_2_is_reported_as_not_restarted(gpu_run, box):
@@ -199,7 +309,7 @@ def test_the_gpu_vm_requirements_resolve_for_the_images_python():
     resolve for the image's Python with binary wheels only, as the controller's wheelhouse
     and the GPU VM's install ask (metadata only; needs the package index, like the TPU
     VM's check in test_tpu_parity.py)."""
-    python_version = load_gpu_catalog().image_python
+    (python_version,) = {image.python for image in load_gpu_catalog().images.values()}
     pip = str(Path(sys.executable).with_name("pip"))
     check = '. infra/templates/tpu-install.sh; tpu_check_resolves "$0" . "$1"'
     result = subprocess.run(

@@ -4,6 +4,7 @@ would receive them, the shared components beside it, and the stack outputs."""
 from __future__ import annotations
 
 import pytest
+from gcloud_flags import problems
 from harness import gpu_stack_names, of_type, one, run_offline, tpu_stack_names
 
 from infra import render
@@ -14,6 +15,19 @@ DLVM = (
     "projects/deeplearning-platform-release/global/images/family/"
     "common-cu128-ubuntu-2204-nvidia-570"
 )
+UBUNTU = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
+NVIDIA_REPO = (
+    "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/"
+    "cuda-keyring_1.1-1_all.deb"
+)
+# stack: boot image, kernel-module flavour, driver packages the startup script installs
+# (infra/gpu_catalog.yaml images: G2 cannot boot the Deep Learning VM image, so the L4 stack
+# boots Ubuntu and installs NVIDIA's open modules; T4 and A100 keep the DLVM's driver).
+IMAGES = {
+    "t4-usc1": (DLVM, "unknown", ""),
+    "l4x2-use1": (UBUNTU, "open", "nvidia-open-570 nvidia-utils-570"),
+    "a100x4-usc1": (DLVM, "unknown", ""),
+}
 # stack: zone, machine type, guest accelerators (N1 only), spot, GPUs, precision
 EXPECTED = {
     "t4-usc1": (
@@ -66,7 +80,7 @@ def test_gpu_vm_inputs(run):
     assert inputs["machineType"] == machine_type
     assert inputs.get("guestAccelerators") == accelerators
     assert inputs["scheduling"] == (SPOT if spot else ON_DEMAND)
-    assert inputs["bootDisk"]["initializeParams"]["image"] == DLVM
+    assert inputs["bootDisk"]["initializeParams"]["image"] == IMAGES[run.stack][0]
     assert inputs["bootDisk"]["initializeParams"]["size"] >= 100
     # No external IP: no access config on any interface.
     assert [nic.get("accessConfigs") for nic in inputs["networkInterfaces"]] == [None]
@@ -112,6 +126,22 @@ def test_gpu_startup_script_is_the_gpu_variant(run):
     assert "tpu_install_env()" in script
 
 
+def test_the_driver_install_follows_the_image(run):
+    image, modules, packages = IMAGES[run.stack]
+    script = gpu_vm(run).inputs["metadata"]["startup-script"]
+    family = image.rsplit("/", 1)[-1]
+    assert f"readonly RUNTIME_VERSION={family}\n" in script
+    assert f"readonly DRIVER_MODULES={modules}\n" in script
+    if packages:
+        assert f"readonly DRIVER_PACKAGES='{packages}'\n" in script
+        assert f"readonly DRIVER_REPO={NVIDIA_REPO}\n" in script
+    else:
+        assert "readonly DRIVER_PACKAGES=''\n" in script
+        assert "readonly DRIVER_REPO=''\n" in script
+    # install_driver runs before the GPUs are checked.
+    assert script.index("\ninstall_driver\n") < script.index("\ncheck_gpus\n")
+
+
 def test_one_accelerator_and_the_shared_components(run):
     assert not of_type(run.resources, "gcp:tpu/v2Vm:V2Vm")
     names = {r.name for r in of_type(run.resources, INSTANCE)}
@@ -148,11 +178,18 @@ def test_gpu_outputs(run):
         run.stack, "NVIDIA_A100_GPUS"
     )
     regional = f"PREEMPTIBLE_{gpu_metric}" if spot else gpu_metric
-    assert quota["needs"] == f"{gpus} of GPUS_ALL_REGIONS and {regional} in {region}"
-    assert quota["check"] == (
-        f"gcloud compute regions describe {region} --project tpu-pretrain-test --flatten quotas "
-        "--format 'table(quotas.metric,quotas.limit,quotas.usage)'"
+    assert quota["needs"] == (
+        f"{gpus} of GPUS_ALL_REGIONS (the project) and {regional} in {region}"
     )
+    table = "--flatten quotas --format 'table(quotas.metric,quotas.limit,quotas.usage)'"
+    assert quota["check"] == (
+        f"gcloud compute regions describe {region} --project tpu-pretrain-test {table}"
+    )
+    # GPUS_ALL_REGIONS is a project quota: `regions describe` never lists it.
+    assert quota["checkProject"] == (
+        f"gcloud compute project-info describe --project tpu-pretrain-test {table}"
+    )
+    assert not problems(quota["checkProject"]) and not problems(quota["check"])
     recovery = exports["gpuRecovery"]
     assert recovery["start"] == (
         f"gcloud compute instances start {name} --zone {zone} --project tpu-pretrain-test"
@@ -173,3 +210,36 @@ def test_render_refuses_a_gpu_overlay_with_another_tensorflow(tmp_path, monkeypa
         ValueError, match=r"tensorflow\[and-cuda\]==2\.19\.0 but .*tensorflow==2\.20\.0"
     ):
         render.render_gpu_script(workload)
+
+
+def test_an_a4_vm_boots_from_hyperdisk_balanced():
+    """A4 takes no Persistent Disk (Google's accelerator-optimized machines page); the GPU VM's
+    boot disk type comes from infra/gpu_catalog.yaml."""
+    overrides = {
+        "tpu-pretrain:gpuMachineType": "a4-highgpu-8g",
+        "tpu-pretrain:gpuZone": "us-central1-b",
+        "tpu-pretrain:scheduling": "spot",
+    }
+
+    def boot_disk_type(run) -> str:
+        (vm,) = [r for r in run.resources if r.name == "gpu-vm"]
+        return vm.inputs["bootDisk"]["initializeParams"]["type"]
+
+    assert boot_disk_type(run_offline("a100x4-usc1", overrides)) == "hyperdisk-balanced"
+    assert boot_disk_type(run_offline("a100x4-usc1")) == "pd-balanced"
+
+
+def test_an_a4_vm_boots_ubuntu_and_installs_the_open_modules():
+    """B200 runs only the open kernel modules here (NVIDIA; Google's A4 blueprint boots
+    ubuntu-2204-lts and installs nvidia-open-570): the image and the install come from the
+    catalog, under the same mocks as the shipped stacks."""
+    overrides = {
+        "tpu-pretrain:gpuMachineType": "a4-highgpu-8g",
+        "tpu-pretrain:gpuZone": "us-central1-b",
+        "tpu-pretrain:scheduling": "spot",
+    }
+    (vm,) = [r for r in run_offline("a100x4-usc1", overrides).resources if r.name == "gpu-vm"]
+    assert vm.inputs["bootDisk"]["initializeParams"]["image"] == UBUNTU
+    script = vm.inputs["metadata"]["startup-script"]
+    assert "readonly DRIVER_PACKAGES='nvidia-open-570 nvidia-utils-570'\n" in script
+    assert "readonly DRIVER_MODULES=open\n" in script

@@ -84,6 +84,12 @@ CASES = [
         "set it to europe-west4 (or leave it unset)",
     ),
     (
+        "v3-euw4",
+        {K + "bucketName": "my-training-data"},
+        "tpu-pretrain:bucketName: 'my-training-data' must end with '-tpu-pretrain': the deploy "
+        "account may change only buckets named so (docs/guard-rails.md)",
+    ),
+    (
         "v2-usc1",
         {K + "bucketLocation": "us-east1"},
         "tpu-pretrain:bucketLocation: 'US-EAST1' is outside the TPU region us-central1; "
@@ -124,8 +130,8 @@ CASES = [
     (
         "v3-euw4",
         {K + "vpnAllowedCidrs": None},
-        'tpu-pretrain:vpnAllowedCidrs is required (e.g. ["203.0.113.0/24"]): Source CIDRs '
-        "allowed to reach WireGuard (UDP).",
+        # The Pulumi CLI's own refusal (no default in Pulumi.yaml), before the program runs.
+        "Stack 'v3-euw4' is missing configuration value 'vpnAllowedCidrs'",
     ),
     (
         "v3-euw4",
@@ -198,8 +204,7 @@ def test_pulumi_yaml_declares_every_key_with_type_and_description():
     for key in KEYS:
         assert declared[key.name]["type"] == key.type
         assert declared[key.name]["description"] == key.description
-        if key.default not in (None, ""):
-            assert declared[key.name]["default"] == key.default
+        assert declared[key.name].get("default") == key.default
 
 
 def test_stack_files_use_only_declared_keys():
@@ -253,8 +258,12 @@ def test_every_stack_boots_a_base_image_and_the_current_generation_is_in_googles
     for stack in tpu_stack_names():
         config = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"]
         image = config["tpu-pretrain:runtimeVersion"]
-        generation = catalog.generation_of(config["tpu-pretrain:acceleratorType"])
-        assert image == generation.images[0], stack
+        accelerator_type = config["tpu-pretrain:acceleratorType"]
+        generation = catalog.generation_of(accelerator_type)
+        # A slice boots the image its evidence boots (catalog.yaml slices), others the first.
+        shape = catalog.slice_of(accelerator_type)
+        assert image == ((shape and shape.image) or generation.images[0]), stack
+    assert catalog.slice_of("v4-32").image == "tpu-ubuntu2204-base"
     current = yaml.safe_load((ROOT / "stacks/Pulumi.v5e-euw4.yaml").read_text())["config"]
     assert catalog.images[current["tpu-pretrain:runtimeVersion"]].tf_ci
 
@@ -293,8 +302,9 @@ def test_release_when_done_needs_the_watchdog():
         "tpu-pretrain:tpuReleaseWhenDone: true needs tpu-pretrain:tpuAutoRecover: true (the "
         "controller's watchdog releases the TPU VM); turn both on or leave it false"
     )
+    # A boolean key: the Pulumi CLI itself refuses another value before the program runs.
     assert config_error("v6e-euw4", {K + "tpuReleaseWhenDone": "maybe"}) == (
-        "tpu-pretrain:tpuReleaseWhenDone: 'maybe' must be true or false"
+        "Stack 'v6e-euw4' with configuration key 'tpuReleaseWhenDone' must be of type 'boolean'"
     )
 
 

@@ -62,6 +62,7 @@ def test_printed_stack_outputs_work_as_printed(stack):
         assert ssh["gpu"].endswith(" --tunnel-through-iap")
         assert ssh["gpuOverVpn"].endswith(" --internal-ip")
         assert exports["gpuQuota"]["check"] in commands
+        assert exports["gpuQuota"]["checkProject"] in commands
         return
     assert ssh["tpu"].startswith("gcloud alpha compute tpus tpu-vm ssh ")
     assert ssh["tpu"].endswith(" --tunnel-through-iap")

@@ -30,7 +30,7 @@ EXPECTED = {
     "v3-euw4": ("europe-west4-a", "v3-8", "v2-alpha-tpuv5", (False, False), False),
     "v2-usc1": ("us-central1-f", "v2-8", "v2-alpha-tpuv5", (True, False), False),
     "v4-usc2": ("us-central2-b", "v4-8", "v2-alpha-tpuv5", (False, False), True),
-    "v4-32-usc2": ("us-central2-b", "v4-32", "v2-alpha-tpuv5", (False, True), True),
+    "v4-32-usc2": ("us-central2-b", "v4-32", "tpu-ubuntu2204-base", (False, True), True),
     "v5e-euw4": ("europe-west4-b", "v5litepod-8", "v2-alpha-tpuv5-lite", (False, True), True),
     "v6e-euw4": ("europe-west4-a", "v6e-8", "v2-alpha-tpuv6e", (False, True), True),
 }
@@ -89,10 +89,12 @@ def test_tpu_vm(run):
         assert vm.inputs["shieldedInstanceConfig"] == {"enableSecureBoot": True}
     assert vm.inputs["metadata"]["enable-oslogin"] == "TRUE"
     assert vm.inputs["metadata"]["block-project-ssh-keys"] == "TRUE"
+    assert vm.inputs["metadata"]["serial-port-enable"] == "FALSE"  # like the other VMs
     assert set(vm.inputs["metadata"]) == {
         "startup-script",
         "enable-oslogin",
         "block-project-ssh-keys",
+        "serial-port-enable",
     }
     assert vm.inputs["labels"]["stack"] == run.stack
     assert vm.inputs["labels"]["accelerator"] == accelerator
@@ -338,6 +340,8 @@ def test_vpn_client_config_is_a_secret_limited_to_the_vpc(run):
     address = by_name(run, "vpn-hop-address").outputs["address"]
     assert f"Endpoint = {address}:51820\n" in config
     assert "AllowedIPs = 10.10.0.0/20, 10.20.0.0/24\n" in config
+    assert "MTU = 1380\n" in config  # Google's VPC MTU 1460 - WireGuard's 80
+    assert "readonly WG_MTU=1380" in by_name(run, "vpn-hop-vm").inputs["metadata"]["startup-script"]
     hop_script = by_name(run, "vpn-hop-vm").inputs["metadata"]["startup-script"]
     client_public = wgkeys.public_key(material["vpn-hop-client-key:private"])
     assert f"readonly WG_CLIENT_PUBLIC_KEY={client_public}" in hop_script

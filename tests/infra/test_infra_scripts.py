@@ -878,6 +878,7 @@ def test_vpn_hop_script_configures_wireguard_once(stack_run, sandbox):
     assert conf.count("MASQUERADE") == 2  # PostUp adds, PostDown removes
     assert "-s 10.250.0.0/24 -o ens4 -j MASQUERADE" in conf
     assert "Address = 10.250.0.1/24\n" in conf and "AllowedIPs = 10.250.0.2/32" in conf
+    assert "MTU = 1380\n" in conf
     client_public = re.search(r"readonly WG_CLIENT_PUBLIC_KEY=(\S+)", script).group(1)
     assert f"PublicKey = {client_public}\n" in conf
     sysctl = sandbox.root / "etc/sysctl.d/60-tpu-pretrain-forwarding.conf"
@@ -2076,7 +2077,7 @@ def test_a_preempted_slice_is_recreated_as_one_node(slice_run, sandbox):
     assert positional[-1] == watch.qr
     assert flags["--node-id"] == watch.vm.inputs["name"] == "tp-v4-32-usc2-tpu"
     assert flags["--accelerator-type"] == "v4-32"
-    assert flags["--runtime-version"] == "v2-alpha-tpuv5"
+    assert flags["--runtime-version"] == "tpu-ubuntu2204-base"
     assert "--spot" in switches
     _, path = flags["--metadata-from-file"].split("=", 1)
     startup = Path(path).read_text()

@@ -1,17 +1,25 @@
 """`make smoke` end to end, offline: infra/smoke.py drives stub `gcloud` and `pulumi`
-executables (first on PATH) and a stub payload CLI; the bucket is a directory. What the VMs
+executables (first on PATH) and a stub export loader (tools/load_export.py itself runs
+in .venv-pt in its own test); the bucket is a directory. What the VMs
 write there comes from the real rendered startup script run in the script sandbox
 (templates/facts.sh) and is published step by step by the injected `sleep`: the wait loop
 synchronises on those steps, never on time. Every branch of the control flow runs: all good,
-a preflight failure, a stack that is already deployed, a failed `pulumi up`, a host that does
-not match the catalog, a job that stops, a timeout, KEEP=1, a GPU stack."""
+a preflight failure (a missing recovery role among them), the APIs gcloud reads being off, an
+older gcloud without the GA TPU VM lists, a stack that is already deployed, a failed `pulumi
+up`, a host that does not match the catalog, a job that stops, a slice worker or a watchdog
+that reports a failure, the last run's files in the kept bucket, a timeout, KEEP=1, an export
+that does not load, a GPU stack."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
+import subprocess
 import sys
+from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -28,7 +36,8 @@ from test_infra_scripts import (  # the sandbox and its helpers, shared with the
 from infra import smoke
 
 PROJECT = "tpu-pretrain-test"
-SMOKE = {"tpu-pretrain:job": smoke.SMOKE_JOB}
+RUN = "smoke-20261126-001500"  # the run's name, injected (by default from the UTC time)
+LOADS = "export loads (from_pretrained + one forward pass, PyTorch CPU)"
 
 # The stub CLIs: Python scripts that answer from $SMOKE_STATE/scenario.json and log argv.
 GCLOUD = r"""
@@ -41,6 +50,7 @@ argv = sys.argv[1:]
 with (state / "calls.log").open("a") as log:
     log.write(json.dumps(["gcloud", *argv]) + "\n")
 words = [a for a in argv if not a.startswith("-")]
+tpu = words[1:] if words[:1] == ["alpha"] else words  # the TPU VM lists: GA, or alpha
 def local(uri):
     return bucket / uri.removeprefix("gs://")
 def fail(message, code=1):
@@ -53,21 +63,45 @@ if words[:3] == ["auth", "application-default", "print-access-token"]:
 elif words[:2] == ["projects", "describe"]:
     print(scenario.get("project_state", "ACTIVE"))
 elif words[:3] == ["billing", "projects", "describe"]:
+    if scenario.get("billing_api_off"):
+        fail("Cloud Billing API has not been used in project 7 before or it is disabled. "
+             "Enable it by visiting https://console.developers.google.com/apis/api/"
+             "cloudbilling.googleapis.com/overview?project=7")
     print(scenario.get("billing", "True"))
-elif words[:5] == ["alpha", "compute", "tpus", "tpu-vm", "accelerator-types"]:
+elif words[:4] in (["compute", "tpus", "tpu-vm", "accelerator-types"],
+                   ["compute", "tpus", "tpu-vm", "versions"]) and scenario.get("old_gcloud"):
+    fail(f"(gcloud.compute.tpus.tpu-vm) Invalid choice: '{words[3]}'.", 2)
+elif words[:1] == ["alpha"] and not scenario.get("old_gcloud"):
+    fail("unexpected: alpha although the GA command works", 3)
+elif tpu[:4] == ["compute", "tpus", "tpu-vm", "accelerator-types"]:
     if scenario.get("tpu_api_off"):
         fail("Cloud TPU API has not been used in project 1 before or it is disabled.")
-    print("\n".join(scenario.get("tpu_types", ["v6e-8", "v6e-16"])))
-elif words[:5] == ["alpha", "compute", "tpus", "tpu-vm", "versions"]:
+    print("\n".join(scenario.get("tpu_types", ["v6e-8", "v6e-16", "v4-32"])))
+elif tpu[:4] == ["compute", "tpus", "tpu-vm", "versions"]:
     if scenario.get("tpu_api_off"):
         fail("Cloud TPU API has not been used in project 1 before or it is disabled.")
     print("\n".join(scenario.get("versions", ["v2-alpha-tpuv6e", "tpu-ubuntu2204-base"])))
+elif words[:3] == ["iam", "roles", "describe"]:
+    if words[3] not in scenario.get("roles", ["tpuPretrainTpuRecovery", "tpuPretrainGpuRecovery"]):
+        fail(f"NOT_FOUND: The role named projects/p/roles/{words[3]} was not found.")
+    print(json.dumps({"name": f"projects/p/roles/{words[3]}",
+                      "deleted": words[3] in scenario.get("deleted_roles", [])}))
+elif words[:3] == ["compute", "project-info", "describe"]:
+    print(json.dumps({"quotas": scenario.get("project_quotas", [])}))
 elif words[:3] == ["compute", "machine-types", "describe"]:
     print(words[3])
 elif words[:3] == ["compute", "accelerator-types", "list"]:
     print("\n".join(scenario.get("gpu_types", ["nvidia-l4", "nvidia-tesla-t4"])))
 elif words[:3] == ["compute", "regions", "describe"]:
     print(json.dumps({"quotas": scenario.get("quotas", [])}))
+elif words[:2] == ["storage", "cp"] and words[2].startswith("gs://"):  # a download
+    source, target = words[2:]
+    assert source.endswith("/*") and "-r" in argv, argv
+    found = sorted(local(source[:-2]).glob("*"))
+    if not found:
+        fail(f"The following URLs matched no objects or files: {source}")
+    for path in found:
+        (shutil.copytree if path.is_dir() else shutil.copy)(path, Path(target) / path.name)
 elif words[:2] == ["storage", "cp"]:
     *sources, target = words[2:]
     for source in sources:
@@ -119,15 +153,20 @@ else:
     print(f"unexpected: pulumi {argv}", file=sys.stderr)
     sys.exit(3)
 """
-PAYLOAD = r"""
+LOADER = r"""
 import json, os, sys
 from pathlib import Path
 state = Path(os.environ["SMOKE_STATE"])
 with (state / "calls.log").open("a") as log:
-    log.write(json.dumps(["tpu-payload", *sys.argv[1:]]) + "\n")
+    log.write(json.dumps(["pt-python", *sys.argv[1:]]) + "\n")
+export = Path(sys.argv[2])
+(state / "loaded.json").write_text(json.dumps(sorted(p.name for p in export.iterdir())))
 if json.loads((state / "scenario.json").read_text()).get("export_broken"):
-    print("error: export: pytorch_model.safetensors is missing", file=sys.stderr)
-    sys.exit(2)
+    print('BertForMaskedLM.from_pretrained: {"missing_keys": "{cls.predictions.bias}"}',
+          file=sys.stderr)
+    sys.exit(1)
+print(json.dumps({"class": "BertForMaskedLM", "transformers": "5.0.0", "tokens": 9,
+                  "logits_shape": [1, 9, 2000]}))
 """
 
 
@@ -140,11 +179,11 @@ class World:
         bin_dir = tmp_path / "smoke-bin"
         for directory in (self.state, bin_dir):
             directory.mkdir()
-        for name, body in (("gcloud", GCLOUD), ("pulumi", PULUMI), ("tpu-payload", PAYLOAD)):
+        for name, body in (("gcloud", GCLOUD), ("pulumi", PULUMI), ("pt-python", LOADER)):
             path = bin_dir / name
             path.write_text(f"#!{sys.executable}\n{body}")
             path.chmod(0o755)
-        self.payload_cli = [str(bin_dir / "tpu-payload")]
+        self.pt_python = bin_dir / "pt-python"
         (self.state / "scenario.json").write_text(json.dumps(scenario))
         monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
         monkeypatch.setenv("SMOKE_STATE", str(self.state))
@@ -157,11 +196,14 @@ class World:
         document["config"]["gcp:project"] = PROJECT
         self.stack_file = self.stacks / f"Pulumi.{stack}.yaml"
         self.stack_file.write_text(yaml.safe_dump(document))
-        # What `pulumi up` would create: the program itself, under Pulumi's mocks.
-        self.run = run_offline(stack, SMOKE)
+        # What `pulumi up` would create: the program itself, under Pulumi's mocks, with the
+        # job the smoke run writes for this run (the same function, the same name).
+        self.report_dir = tmp_path / "report"
+        self.job = smoke.write_run_job(self.report_dir, RUN)
+        self.run = run_offline(stack, {"tpu-pretrain:job": str(self.job)})
         (self.state / "outputs.json").write_text(json.dumps(self.run.exports))
         self.bucket = self.run.exports["bucketUrl"].removeprefix("gs://")
-        self.root = box.gcs / self.bucket / "runs" / "smoke"
+        self.root = box.gcs / self.bucket / "runs" / RUN
         self.steps: list = []
         self.clock = 0.0
         self.out = io.StringIO()
@@ -197,6 +239,7 @@ class World:
                 "stages": {"train": {"metrics": {"steps_per_second": steps_per_second}}},
             },
         )  # fmt: skip
+        self.write("export/config.json", {"architectures": ["BertForMaskedLM"]})
         self.write("export/export_complete.json", {"step": 300})
 
     def sleep(self, seconds: float) -> None:
@@ -211,10 +254,11 @@ class World:
             sleep=self.sleep,
             poll_s=60,
             timeout_s=options.pop("timeout_s", 3600),
-            report_dir=self.tmp / "report",
-            payload_cli=self.payload_cli,
+            report_dir=self.report_dir,
+            pt_python=self.pt_python,
             out=self.out,
             stacks_dir=self.stacks,
+            name=RUN,
             **options,
         )
         return runner.execute(), runner
@@ -256,8 +300,16 @@ def test_all_good_up_wait_verdict_destroy_and_a_report(world):
     assert w.verbs("pulumi") == [
         "stack select", "stack output", "up --yes", "stack output", "destroy --yes",
     ]  # fmt: skip
+    # This run's job: stacks/jobs/smoke.yaml under the run's own name.
     up_config = yaml.safe_load((w.state / "up-config.yaml").read_text())["config"]
-    assert up_config["tpu-pretrain:job"] == "stacks/jobs/smoke.yaml"
+    assert up_config["tpu-pretrain:job"] == str(w.job)
+    job = yaml.safe_load(w.job.read_text())
+    assert job["name"] == RUN
+    assert {k: v for k, v in job.items() if k != "name"} == {
+        k: v
+        for k, v in yaml.safe_load((smoke.REPO_ROOT / smoke.SMOKE_JOB).read_text()).items()
+        if k != "name"
+    }
     assert yaml.safe_load(w.stack_file.read_text())["config"]["tpu-pretrain:job"] == (
         "stacks/jobs/gpt2-small-clm.yaml"
     )
@@ -271,11 +323,21 @@ def test_all_good_up_wait_verdict_destroy_and_a_report(world):
     assert rows["devices the trainer saw"] == ("tpu", "tpu x 4 replicas", "ok")
     assert rows["training backend"] == ("(recorded)", "jax", "ok")
     assert rows["steps/s"] == ("(measured)", "7.5", "ok")
-    assert rows["export loads (tpu-payload export)"][2] == "ok"
+    assert rows[LOADS] == (
+        "loads", "BertForMaskedLM: logits [1, 9, 2000] (transformers 5.0.0)", "ok",
+    )  # fmt: skip
     assert rows["pulumi destroy"][2] == "ok"
-    assert [c for c in w.calls if c[0] == "tpu-payload"] == [
-        ["tpu-payload", "export", "--job", f"gs://{w.bucket}/jobs/smoke.json"]
+    # The loader got this run's export, downloaded.
+    local = w.report_dir / f"export-{RUN}"
+    assert [c for c in w.calls if c[0] == "pt-python"] == [
+        ["pt-python", str(smoke.LOAD_EXPORT), str(local)]
     ]
+    assert json.loads((w.state / "loaded.json").read_text()) == [
+        "config.json", "export_complete.json",
+    ]  # fmt: skip
+    # The preflight: GA TPU lists, the recovery role this spot stack binds.
+    assert rows["recovery role tpuPretrainTpuRecovery"] == ("exists", "yes", "ok")
+    assert not [c for c in w.calls if c[:2] == ["gcloud", "alpha"]]
     # Progress lines while waiting, and a report a user can attach.
     log = w.out.getvalue()
     assert "job train complete 100%" in log and "preflight passed" in log
@@ -304,6 +366,12 @@ def test_a_host_that_does_not_match_the_catalog_fails_the_verdict(world):
         ({"project_state": "DELETE_REQUESTED"}, "project tpu-pretrain-test", "DELETE_REQUESTED"),
         ({"tpu_types": ["v5litepod-8"]}, "accelerator type v6e-8 in europe-west4-a", "offered"),
         ({"versions": ["tpu-ubuntu2204-base"]}, "runtime version v2-alpha-tpuv6e in", "offered"),
+        ({"roles": []}, "recovery role tpuPretrainTpuRecovery", "missing: create it once"),
+        (
+            {"deleted_roles": ["tpuPretrainTpuRecovery"]},
+            "recovery role tpuPretrainTpuRecovery",
+            "deleted (undelete it",
+        ),
     ],
 )
 def test_a_preflight_failure_stops_before_anything_is_created(world, scenario, check, seen):
@@ -314,6 +382,34 @@ def test_a_preflight_failure_stops_before_anything_is_created(world, scenario, c
     failed = [r for r in runner.report.rows if r.verdict == "FAILED"]
     assert failed[0].check.startswith(check) and failed[0].seen.startswith(seen)
     assert f"error: preflight: {failed[0].check}: " in w.out.getvalue()
+
+
+def test_an_older_gcloud_reads_the_tpu_lists_on_the_alpha_track(world):
+    w = world(old_gcloud=True)
+    w.boot("tpu")
+    w.finish_training()
+    code, runner = w.smoke()
+    assert code == 0, w.out.getvalue()
+    assert w.rows(runner)["accelerator type v6e-8 in europe-west4-a"] == ("v6e-8", "yes", "ok")
+    lists = [c[1:5] for c in w.calls if "tpu-vm" in c]
+    assert lists == [
+        ["compute", "tpus", "tpu-vm", "accelerator-types"],
+        ["alpha", "compute", "tpus", "tpu-vm"],
+        ["compute", "tpus", "tpu-vm", "versions"],
+        ["alpha", "compute", "tpus", "tpu-vm"],
+    ]
+    _gcloud_commands_are_real(w)
+
+
+def test_a_billing_api_that_is_off_is_unknown_not_a_failure(world):
+    w = world(billing_api_off=True)
+    w.boot("tpu")
+    w.finish_training()
+    code, runner = w.smoke()
+    assert code == 0, w.out.getvalue()
+    assert w.rows(runner)["billing"] == (
+        "True", "not readable: the Cloud Billing API is not enabled", "unknown",
+    )  # fmt: skip
 
 
 def test_a_disabled_tpu_api_is_unknown_not_a_failure(world):
@@ -354,6 +450,65 @@ def test_a_job_that_stops_ends_the_wait_at_once(world):
     assert "destroy --yes" in w.verbs("pulumi")
 
 
+@pytest.mark.parametrize(
+    ("stack", "status", "doc", "line"),
+    [
+        (
+            "v4-32-usc2",
+            "bootstrap/tpu-worker-2.json",
+            {"role": "tpu", "state": "failed", "message": "jax.distributed.initialize timed out"},
+            "tpu-worker-2: jax.distributed.initialize timed out",
+        ),
+        (
+            "v6e-euw4",
+            "bootstrap/tpu-watch.json",
+            {"action": "queued", "message": "waiting in q (WAITING_FOR_RESOURCES) for t"},
+            "tpu-watch: queued: waiting in q (WAITING_FOR_RESOURCES) for t",
+        ),
+        (
+            "v6e-euw4",
+            "bootstrap/tpu-watch.json",
+            {"action": "create-failed", "message": "Error 403: tpu.nodes.create denied"},
+            "tpu-watch: create-failed: Error 403: tpu.nodes.create denied",
+        ),
+        (
+            "l4x2-use1",
+            "bootstrap/gpu-watch.json",
+            {"action": "start-failed", "message": "ZONE_RESOURCE_POOL_EXHAUSTED"},
+            "gpu-watch: start-failed: ZONE_RESOURCE_POOL_EXHAUSTED",
+        ),
+    ],
+)
+def test_a_worker_or_watchdog_failure_ends_the_wait_with_its_line(world, stack, status, doc, line):
+    quotas = {"quotas": [{"metric": "PREEMPTIBLE_NVIDIA_L4_GPUS", "limit": 8.0, "usage": 0.0}]}
+    w = world(stack, tpu_types=["v4-32", "v6e-8"], **quotas)
+    w.write("bootstrap/tpu-worker-1.json", {"role": "tpu", "state": "started"})
+    w.write("bootstrap/tpu-watch.json", {"action": "none", "message": "nothing to do"})
+    w.write(status, doc)
+    w.steps.append(lambda: pytest.fail("waited after the first failure"))
+    code, runner = w.smoke()
+    assert code == 1, w.out.getvalue()
+    assert w.rows(runner)["run"][1] == f"the job stopped: {line}"
+    assert "destroy --yes" in w.verbs("pulumi")
+
+
+@pytest.mark.parametrize(
+    ("stack", "files"),
+    [
+        ("v4-32-usc2", ["controller", "tpu", "tpu-worker-1", "tpu-worker-2", "tpu-worker-3",
+                        "tpu-watch"]),
+        ("l4x2-use1", ["controller", "gpu", "gpu-watch"]),
+        ("v6e-euw4", ["controller", "tpu", "tpu-watch"]),
+    ],
+)  # fmt: skip
+def test_the_wait_reads_every_status_file_of_the_stack(world, stack, files):
+    w = world(stack)
+    cfg, _ = smoke.Smoke(stack, stacks_dir=w.stacks, report_dir=w.report_dir, name=RUN).load()
+    assert smoke.status_files(cfg) == files
+    off = smoke.status_files(replace(cfg, accelerator=replace(cfg.accelerator, auto_recover=False)))
+    assert off == files[:-1]  # no watchdog without auto-recovery
+
+
 def test_the_wait_is_bounded_and_keep_leaves_the_stack_up(world):
     w = world()
     code, runner = w.smoke(timeout_s=300, keep=True)
@@ -370,30 +525,72 @@ def test_a_broken_export_fails_the_verdict(world):
     w.finish_training()
     code, runner = w.smoke()
     assert code == 1
-    assert w.rows(runner)["export loads (tpu-payload export)"] == (
-        "exit 0",
-        "error: export: pytorch_model.safetensors is missing",
+    assert w.rows(runner)[LOADS] == (
+        "loads",
+        'BertForMaskedLM.from_pretrained: {"missing_keys": "{cls.predictions.bias}"}',
         "FAILED",
     )
 
 
-def test_a_gpu_stack_checks_machine_type_gpu_and_quota(world):
-    quotas = [
-        {"metric": "GPUS_ALL_REGIONS", "limit": 4.0, "usage": 0.0},
-        {"metric": "PREEMPTIBLE_NVIDIA_L4_GPUS", "limit": 1.0, "usage": 0.0},
-    ]
-    w = world("l4x2-use1", quotas=quotas)
+def test_the_last_runs_files_in_the_kept_bucket_are_never_judged(world):
+    """destroy keeps the bucket: a second run must not find the first one's export marker
+    and status (the old fixed name `smoke`, or an earlier run's name)."""
+    w = world()
+    for old in ("smoke", "smoke-20261125-230000"):
+        root = w.box.gcs / w.bucket / "runs" / old
+        (root / "export").mkdir(parents=True)
+        (root / "export" / "export_complete.json").write_text("{}")
+        (root / "export" / "config.json").write_text("{}")
+        (root / "status.json").write_text(json.dumps({"stage": "train", "state": "complete"}))
+    code, runner = w.smoke(timeout_s=180)
+    assert code == 1
+    assert w.rows(runner)["run"][1].startswith("no complete export after 3 min")
+    assert LOADS not in w.rows(runner)
+    assert not [c for c in w.calls if c[0] == "pt-python"]
+
+
+def test_each_run_has_a_fresh_name():
+    first = smoke.run_name(datetime(2026, 11, 26, 0, 15, 0, tzinfo=timezone.utc))
+    second = smoke.run_name(datetime(2026, 11, 26, 0, 15, 1, tzinfo=timezone.utc))
+    assert (first, second) == ("smoke-20261126-001500", "smoke-20261126-001501")
+    default = smoke.Smoke("v6e-euw4").name
+    assert default.startswith("smoke-") and default != "smoke"
+
+
+def test_a_gpu_stack_checks_machine_type_gpu_quotas_and_its_role(world):
+    """GPUS_ALL_REGIONS is the project's quota (`project-info describe`); a region's
+    `regions describe` never lists it. The GPU's own quota is the region's."""
+    w = world(
+        "l4x2-use1",
+        project_quotas=[{"metric": "GPUS_ALL_REGIONS", "limit": 4.0, "usage": 3.0}],
+        quotas=[
+            {"metric": "PREEMPTIBLE_NVIDIA_L4_GPUS", "limit": 8.0, "usage": 0.0},
+            {"metric": "GPUS_ALL_REGIONS", "limit": 99.0, "usage": 0.0},  # never read here
+        ],
+        roles=["tpuPretrainTpuRecovery"],
+    )
     code, runner = w.smoke()
     assert code == 2
     rows = w.rows(runner)
     assert rows["machine type g2-standard-24 in us-east1-d"][2] == "ok"
     assert rows["GPU nvidia-l4 in us-east1-d"][2] == "ok"
-    assert rows["quota GPUS_ALL_REGIONS in us-east1"] == (">= 2 free", "4 free", "ok")
-    assert rows["quota PREEMPTIBLE_NVIDIA_L4_GPUS in us-east1"][1:] == (
-        "1 free (request more: IAM & Admin > Quotas)",
-        "FAILED",
-    )
+    assert rows["quota GPUS_ALL_REGIONS in the project"] == (
+        ">= 2 free", "1 free (request more: IAM & Admin > Quotas)", "FAILED",
+    )  # fmt: skip
+    assert rows["quota PREEMPTIBLE_NVIDIA_L4_GPUS in us-east1"] == (">= 2 free", "8 free", "ok")
+    assert rows["recovery role tpuPretrainGpuRecovery"][2] == "FAILED"
+    assert "error: preflight: quota GPUS_ALL_REGIONS in the project: 1 free" in w.out.getvalue()
     _gcloud_commands_are_real(w)
+
+
+def test_a_quota_gcloud_does_not_list_is_unknown(world):
+    w = world("l4x2-use1", quotas=[{"metric": "PREEMPTIBLE_NVIDIA_L4_GPUS", "limit": 8.0}])
+    code, runner = w.smoke(timeout_s=60)
+    assert w.rows(runner)["quota GPUS_ALL_REGIONS in the project"] == (
+        ">= 2 free", "not listed for the project", "unknown",
+    )  # fmt: skip
+    assert "up --yes" in w.verbs("pulumi")  # unknown does not stop the run
+    assert code == 1  # (nothing ran on the stub VMs: the wait times out)
 
 
 def test_a_stack_without_a_project_is_one_line(world):
@@ -407,3 +604,71 @@ def test_a_stack_without_a_project_is_one_line(world):
         w.out.getvalue()
     )
     assert w.calls == []
+
+
+# tools/load_export.py itself, in the PyTorch environment the smoke run uses: a real tiny
+# BERT export loads and runs; the same export with one weight missing (transformers would
+# fill it with random values and only print a report) and a directory that is no export fail
+# with one line.
+BUILD_EXPORTS = r"""
+import sys
+from pathlib import Path
+import transformers
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, models, pre_tokenizers
+out = Path(sys.argv[1])
+vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "run"])}
+tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+fast = transformers.PreTrainedTokenizerFast(
+    tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+    sep_token="[SEP]", mask_token="[MASK]")
+config = transformers.BertConfig(
+    vocab_size=len(vocab), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+    intermediate_size=16, max_position_embeddings=32)
+for name, drop in (("good", None), ("missing", "bert.encoder.layer.0.output.dense.weight")):
+    transformers.BertForMaskedLM(config).save_pretrained(out / name)
+    fast.save_pretrained(out / name)
+    if drop:
+        state = load_file(out / name / "model.safetensors")
+        del state[drop]
+        save_file(state, out / name / "model.safetensors", metadata={"format": "pt"})
+"""
+
+
+@pytest.mark.slow
+def test_the_export_loader_loads_a_real_export_and_refuses_random_weights(tmp_path):
+    python = Path(os.environ.get("PAYLOAD_PT_PYTHON") or smoke.PT_PYTHON)
+    if not python.exists():
+        if os.environ.get("CI"):
+            pytest.fail("CI must run this check: build .venv-pt with `make venv-pt`")
+        pytest.skip("no PyTorch environment: `make venv-pt` builds .venv-pt")
+    built = subprocess.run(
+        [str(python), "-c", BUILD_EXPORTS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+
+    def load(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(python), str(smoke.LOAD_EXPORT), str(tmp_path / name)],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+
+    good = load("good")
+    assert good.returncode == 0, good.stderr
+    doc = json.loads(good.stdout)
+    assert doc["class"] == "BertForMaskedLM" and doc["logits_shape"] == [1, doc["tokens"], 7]
+    missing = load("missing")
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines()[-1] == (
+        "BertForMaskedLM.from_pretrained: "
+        '{"missing_keys": "{\'bert.encoder.layer.0.output.dense.weight\'}"}'
+    )
+    nothing = load("nothing")
+    assert nothing.returncode == 1
+    assert nothing.stderr.strip().endswith("nothing: no config.json (not an export directory)")

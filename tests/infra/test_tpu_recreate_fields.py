@@ -8,7 +8,9 @@ difference replaces the node): zone, name, runtimeVersion, acceleratorType, cidr
 networkConfig (network, subnetwork, enableExternalIps, canIpForward, queueCount),
 networkConfigs, serviceAccount (email, scope), schedulingConfig (preemptible, reserved,
 spot), shieldedInstanceConfig, acceleratorConfig. description, labels, metadata, tags and
-dataDisks are updated in place. cidrBlock, networkConfig, serviceAccount and
+dataDisks are updated in place by the provider; this program replaces the node on those too
+(infra/components/tpu.py IN_PLACE_FIELDS: the deploy account holds no tpu.nodes.update,
+test_every_change_replaces_the_tpu_vm below). cidrBlock, networkConfig, serviceAccount and
 acceleratorConfig are `default_from_api` (an API value the program did not set is no diff).
 
 Closed world: every input the program gives the V2Vm must be one the watchdog reproduces
@@ -107,3 +109,14 @@ def test_the_recreated_node_has_every_immutable_field_of_the_v2vm(
     assert {k: ok for k, ok in reproduced.items() if not ok} == {}
     # What the program leaves to the API (default_from_api): never an input of ours.
     assert not {"cidrBlock", "acceleratorConfig", "networkConfigs", "dataDisks"} & set(vm)
+
+
+@pytest.mark.parametrize("stack", ["v6e-euw4", "v4-32-usc2"])
+def test_every_change_replaces_the_tpu_vm(stack):
+    """No in-place update of a node (its metadata is a startup script that runs as its
+    account): the provider's mutable fields replace it, the old node deleted first (its name
+    is fixed), so the deploy account needs no tpu.nodes.update."""
+    [vm] = [r for r in run_offline(stack).resources if r.type_ == "gcp:tpu/v2Vm:V2Vm"]
+    assert sorted(vm.options["replaceOnChanges"]) == sorted(MUTABLE)
+    assert vm.options["deleteBeforeReplace"] is True
+    assert set(vm.inputs) - set(NEEDS_NOTHING) <= MUTABLE | IMMUTABLE

@@ -119,3 +119,18 @@ def test_the_gpu_exception_does_not_cover_a_vm_without_gpus():
 )
 def test_what_counts_as_a_gpu_vm(props, has_gpus):
     assert rules._has_gpus(props) is has_gpus
+
+
+@pytest.mark.parametrize("stack", GPU_STACKS)
+@pytest.mark.parametrize("location", ["US", "EU", "europe-west1", "us-west4"])
+def test_a_gpu_stacks_bucket_outside_the_gpu_region_is_refused(stack, location):
+    stack_resources = resources(stack)
+    region = _gpu_vm(stack_resources)["zone"].rsplit("-", 1)[0]
+    (bucket,) = [i for t, _, i, _ in stack_resources if t == rules.BUCKET]
+    assert bucket["location"].lower() == region  # the stack as the program writes it
+    bucket["location"] = location
+    violations = _violations(stack_resources)
+    assert [policy for policy, _ in violations] == ["accelerator-and-bucket-same-region"]
+    [(_, message)] = violations
+    assert message.startswith(f"{rules.MSG_REGION}: GPU VM gpu-vm is in {region} (")
+    assert message.endswith(f"is in {location.lower()}")

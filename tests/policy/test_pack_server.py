@@ -122,6 +122,6 @@ def test_analyze_stack_rejects_a_bucket_far_from_the_tpu(
         ]
     )
     [diagnostic] = analyzer.AnalyzeStack(request).diagnostics
-    assert diagnostic.policyName == "tpu-and-bucket-same-region"
+    assert diagnostic.policyName == "accelerator-and-bucket-same-region"
     assert diagnostic.urn == bucket_urn
     assert rules.MSG_REGION in diagnostic.message

@@ -522,7 +522,7 @@ def _stack_resource(key: str, name: str, **changes: Any) -> tuple[str, str, dict
 
 
 def test_tpu_and_bucket_in_one_region_pass() -> None:
-    policy = POLICY_BY_NAME["tpu-and-bucket-same-region"]
+    policy = POLICY_BY_NAME["accelerator-and-bucket-same-region"]
     resources = [_stack_resource("tpu", "tpu"), _stack_resource("bucket", "bucket")]
     assert check_stack(policy, resources) == []
     # A stack without a TPU (e.g. the bootstrap) has nothing to compare.
@@ -531,7 +531,7 @@ def test_tpu_and_bucket_in_one_region_pass() -> None:
 
 @pytest.mark.parametrize("location", ["US-CENTRAL1", "EU", "europe-west1"])
 def test_tpu_and_bucket_in_different_regions_are_rejected(location: str) -> None:
-    policy = POLICY_BY_NAME["tpu-and-bucket-same-region"]
+    policy = POLICY_BY_NAME["accelerator-and-bucket-same-region"]
     resources = [
         _stack_resource("tpu", "tpu"),
         _stack_resource("bucket", "bucket", location=location),

@@ -147,7 +147,7 @@ MUTATIONS: list[tuple[str, str, str, Callable[[dict], None]]] = [
      _set("metadata.wg-key", "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=")),
     ("subnet-flow-logs", rules.SUBNETWORK, "tpu-subnet", _drop("logConfig")),
     ("no-auto-mode-network", rules.NETWORK, "vpc", _set("autoCreateSubnetworks", True)),
-    ("tpu-and-bucket-same-region", rules.BUCKET, "training", _set("location", "US")),
+    ("accelerator-and-bucket-same-region", rules.BUCKET, "training", _set("location", "US")),
 ]  # fmt: skip
 
 

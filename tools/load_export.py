@@ -1,0 +1,63 @@
+"""Load a finished export as its user would, and run it once: `make smoke`'s export check.
+
+    .venv-pt/bin/python tools/load_export.py <export_dir>
+
+Run by infra/smoke.py in the PyTorch environment (.venv-pt, requirements/pt-check.txt:
+transformers 5 + torch CPU); it lives outside infra/, which never imports transformers.
+The class is the one config.json names (`architectures`), loaded with `from_pretrained`; a
+weight the checkpoint lacks, does not use or has in another shape fails the check, because
+transformers fills a missing weight with random values and only reports it. The tokenizer
+is loaded the same way and encodes one sentence; one forward pass must give finite logits.
+Prints one JSON line; exit 1 with one line on stderr when something does not hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory only, never the Hub
+
+import torch
+import transformers
+
+SENTENCE = "The smoke run loads this export."
+
+
+def main(export_dir: str) -> dict[str, object]:
+    if not Path(export_dir, "config.json").is_file():
+        raise SystemExit(f"{export_dir}: no config.json (not an export directory)")
+    config = transformers.AutoConfig.from_pretrained(export_dir)
+    names = list(getattr(config, "architectures", None) or [])
+    if not names or not hasattr(transformers, names[0]):
+        raise SystemExit(f"config.json: architectures {names!r} names no transformers class")
+    model, info = getattr(transformers, names[0]).from_pretrained(
+        export_dir, output_loading_info=True
+    )
+    problems = {k: v for k, v in info.items() if v and k != "error_msgs"}
+    if problems or info.get("error_msgs"):
+        raise SystemExit(f"{names[0]}.from_pretrained: {json.dumps(problems or info, default=str)}")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(export_dir)
+    inputs = tokenizer(SENTENCE, return_tensors="pt")
+    model.eval()
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    if not torch.isfinite(logits).all():
+        raise SystemExit(f"{names[0]}: the forward pass gave non-finite logits")
+    return {
+        "class": names[0],
+        "transformers": transformers.__version__,
+        "tokens": int(inputs["input_ids"].shape[1]),
+        "logits_shape": list(logits.shape),
+    }
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: load_export.py <export_dir>")
+    try:
+        print(json.dumps(main(sys.argv[1])))
+    except (OSError, ValueError) as error:  # a directory transformers cannot read
+        raise SystemExit(f"{sys.argv[1]}: {str(error).splitlines()[0]}") from None

@@ -86,10 +86,11 @@ test-payload: venv venv-pt
 test-infra: venv-infra venv-tpu venv-tpu-jax $(TOOLS)
 	$(IPY) -m pytest $(PYTEST_PARALLEL) tests/infra tests/policy
 
-lint: venv
+lint: venv venv-infra
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy payload
+	$(IVENV)/bin/mypy infra policy
 
 format: venv
 	$(VENV)/bin/ruff format .

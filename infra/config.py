@@ -681,7 +681,7 @@ def _check_replica_batch(
 ) -> None:
     """What a multi-replica accelerator (a TPU slice, several GPUs) needs from its job,
     checked before anything is deployed: the global batch splits evenly over every replica
-    (the payload checks the same again against the replicas it finds, payload/backends/tf/strategy.py
+    (the payload checks the same again against the replicas it finds: its backends'
     check_global_batch).
     The output is always gs://<bucket>/runs/<job> (jobspec.render_job_spec; a template with
     its own `output` is refused), which a slice needs: every host reads and worker 0 writes

@@ -55,13 +55,21 @@ def any_checkpoints(checkpoint_dir: str) -> bool:
     return any(_ANY_CHECKPOINT.match(name) for name in storage.listdir(checkpoint_dir))
 
 
-def check_identity(checkpoint_dir: str, current: dict[str, Any], *, has_checkpoint: bool) -> None:
+def check_identity(
+    checkpoint_dir: str, current: dict[str, Any], *, has_checkpoint: bool, read_only: bool = False
+) -> None:
     """Write run.json for a fresh run; for a resumed run, DataError if anything changed
-    (also when the checkpoints there are the other backend's, which this one cannot read)."""
+    (also when the checkpoints there are the other backend's, which this one cannot read).
+
+    `read_only` (a JAX slice's processes other than the chief): never write; compare only
+    when checkpoints exist and run.json is there. On a fresh run the chief may be writing
+    run.json at this moment (or replacing a stale one), and there is no run yet to differ
+    from; with checkpoints the chief does not write it, so every process reads the same."""
     path = storage.join(checkpoint_dir, RUN_IDENTITY)
     has_checkpoint = has_checkpoint or any_checkpoints(checkpoint_dir)
     if not has_checkpoint or not storage.exists(path):
-        storage.write_text(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
+        if not read_only:
+            storage.write_text(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
         return
     previous = json.loads(storage.read_text(path))
     previous.setdefault("backend", "tf")  # run.json of releases with one backend

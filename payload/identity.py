@@ -65,18 +65,25 @@ def check_identity(
     *,
     has_checkpoint: bool,
     record: Mapping[str, Any] | None = None,
+    read_only: bool = False,
 ) -> None:
     """Write run.json for a fresh run; for a resumed run, DataError if anything changed
     (also when the checkpoints there are the other backend's, which this one cannot read).
 
     `record` (e.g. the JAX backend's mesh) is written beside the identity but never compared:
     a run may resume on another mesh shape (a preempted v4-32 on a v4-16), and run.json then
-    records the shape of the latest start."""
+    records the shape of the latest start.
+
+    `read_only` (a JAX slice's processes other than the chief): never write; compare only
+    when checkpoints exist and run.json is there. On a fresh run the chief may be writing
+    run.json at this moment (or replacing a stale one), and there is no run yet to differ
+    from; with checkpoints the chief does not write it, so every process reads the same."""
     path = storage.join(checkpoint_dir, RUN_IDENTITY)
     has_checkpoint = has_checkpoint or any_checkpoints(checkpoint_dir)
     recorded = dict(record or {})
     if not has_checkpoint or not storage.exists(path):
-        _write(path, {**current, **recorded})
+        if not read_only:
+            _write(path, {**current, **recorded})
         return
     previous = json.loads(storage.read_text(path))
     previous.setdefault("backend", "tf")  # run.json of releases with one backend
@@ -90,7 +97,7 @@ def check_identity(
             + (f"; +{len(changed) - 3} more" if len(changed) > 3 else "")
             + "): use a new output directory, or --force to start over"
         )
-    if recorded:
+    if recorded and not read_only:
         _write(path, {**current, **recorded})
 
 

@@ -12,7 +12,7 @@ a manifest written before it existed, or with ``data.eval_fraction: 0``, has non
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
@@ -160,10 +160,25 @@ def shard_paths(data_dir: str, manifest: Manifest, *, split: str = "train") -> l
     return [storage.join(data_dir, shard.name) for shard in shards]
 
 
-def verify_shards(data_dir: str, manifest: Manifest, *, checksums: bool = True) -> None:
+def verify_shards(
+    data_dir: str,
+    manifest: Manifest,
+    *,
+    checksums: bool = True,
+    names: Collection[str] | None = None,
+) -> None:
     """DataError naming the first shard (training or held-out) that is missing, of the wrong
-    size or altered."""
-    for shard in manifest.all_shards:
+    size or altered (`checksums`: read every byte for its sha256; else existence and size).
+
+    `names`: only these shards (a host of a slice checks the files its own input pipelines
+    read; every name must be in the manifest)."""
+    shards = manifest.all_shards
+    if names is not None:
+        unknown = set(names) - {shard.name for shard in shards}
+        if unknown:
+            raise ValueError(f"not shards of {MANIFEST_NAME}: {sorted(unknown)}")
+        shards = tuple(shard for shard in shards if shard.name in names)
+    for shard in shards:
         path = storage.join(data_dir, shard.name)
         try:
             actual = storage.size(path)

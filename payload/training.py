@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
@@ -175,7 +175,9 @@ def wait_for_data(
 def chunk_length(
     step: int, total: int, plan_spe: int, log_every: int, ckpt_every: int, *, eval_every: int = 0
 ) -> int:
-    """Steps until the next log/checkpoint/eval/final boundary, at most steps_per_execution."""
+    """Steps until the next log/checkpoint/eval/final boundary, at most steps_per_execution.
+    A boundary of 0 never cuts (the JAX backend passes log_every 0: it logs from the
+    chunk's per-step metrics, Meter.record_steps)."""
     boundary = total
     for every in (log_every, ckpt_every, eval_every):
         if every > 0:
@@ -285,6 +287,7 @@ class Meter:
         self.run_start, self.run_steps = self.window_start, 0
         self.warm = False
         self._last_record = self.window_start
+        self._window: list[tuple[float, float]] = []  # (loss, accuracy) since the last log
 
     def record(self, step: int, n: int, loss: float, accuracy: float) -> None:
         self._last_record = time.perf_counter()
@@ -299,6 +302,43 @@ class Meter:
             self.window_steps += n
             self.run_steps += n
 
+    def record_steps(
+        self,
+        start: int,
+        losses: Sequence[float],
+        accuracies: Sequence[float],
+        grad_norms: Sequence[float],
+        *,
+        log_every: int,
+    ) -> None:
+        """The per-step metrics of a chunk of steps start + 1 .. start + len(losses), for a
+        backend whose chunks do not end at log boundaries (the JAX backend): a log line at
+        every `log_every` boundary inside the chunk and at the last step, each with the mean
+        loss and accuracy of the steps since the previous log line (what a chunk cut at each
+        log boundary reported), its own step's gradient norm, and the throughput measured
+        over the chunks since the previous log line."""
+        n = len(losses)
+        self._last_record = time.perf_counter()
+        if not self.warm:
+            # The first chunk includes tracing and compilation: keep it out of throughput.
+            self.warm, self.window_start, self.window_steps = True, self._last_record, 0
+            self.run_start, self.run_steps = self.window_start, 0
+        else:
+            self.window_steps += n
+            self.run_steps += n
+        elapsed = self._last_record - self.window_start
+        rate = self.window_steps / elapsed if self.window_steps and elapsed > 0 else 0.0
+        for i in range(n):
+            step = start + i + 1
+            self._window.append((float(losses[i]), float(accuracies[i])))
+            if step % log_every == 0 or step == self.total:
+                self.loss = math.fsum(x for x, _ in self._window) / len(self._window)
+                self.accuracy = math.fsum(a for _, a in self._window) / len(self._window)
+                self._window = []
+                if self.first_loss is None:
+                    self.first_loss = self.loss
+                self.log(step, float(grad_norms[i]), steps_per_second=rate)
+
     def exclude_pause(self) -> None:
         """Restart the throughput window after an evaluation: steps/s counts training only."""
         now = time.perf_counter()
@@ -310,9 +350,14 @@ class Meter:
         elapsed = time.perf_counter() - self.run_start
         return self.run_steps / elapsed if self.run_steps and elapsed > 0 else 0.0
 
-    def log(self, step: int, grad_norm: float) -> None:
-        elapsed = time.perf_counter() - self.window_start
-        steps_per_s = self.window_steps / elapsed if self.window_steps and elapsed > 0 else 0.0
+    def log(self, step: int, grad_norm: float, *, steps_per_second: float | None = None) -> None:
+        """A log line, TensorBoard scalars and status.json for `step`; the throughput is the
+        window's since the previous line unless given (record_steps measures it per chunk)."""
+        if steps_per_second is None:
+            elapsed = time.perf_counter() - self.window_start
+            steps_per_s = self.window_steps / elapsed if self.window_steps and elapsed > 0 else 0.0
+        else:
+            steps_per_s = steps_per_second
         lr = float(self.learning_rate(step - 1))  # the rate of the step just taken
         scalars = {
             "loss": self.loss,

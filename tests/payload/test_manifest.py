@@ -119,3 +119,21 @@ def test_inconsistent_manifest_is_rejected(tmp_path: Path) -> None:
     (tmp_path / mf.MANIFEST_NAME).write_text(bad.to_json())
     with pytest.raises(DataError, match="total_records"):
         mf.load_manifest(str(tmp_path))
+
+
+def test_a_subset_checks_only_its_own_shards(data_dir: str) -> None:
+    """A host of a slice verifies the files it reads: an altered or missing shard of
+    another host is not its to find; its own are checked as the whole set would be."""
+    manifest = _write_shards(data_dir)
+    storage.remove(storage.join(data_dir, manifest.shards[0].name))
+    mine = [manifest.shards[1].name, manifest.shards[2].name]
+    mf.verify_shards(data_dir, manifest, names=mine)
+    path = storage.join(data_dir, manifest.shards[2].name)
+    data = bytearray(storage.read_bytes(path))
+    data[100] ^= 0x01
+    storage.write_bytes(path, bytes(data))
+    mf.verify_shards(data_dir, manifest, names=mine, checksums=False)  # sizes only
+    with pytest.raises(DataError, match=r"shard shard-00002-of-00003\.tfrecord .*sha256"):
+        mf.verify_shards(data_dir, manifest, names=mine)
+    with pytest.raises(ValueError, match=r"not shards of manifest\.json"):
+        mf.verify_shards(data_dir, manifest, names=["elsewhere.tfrecord"])

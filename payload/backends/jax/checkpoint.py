@@ -100,6 +100,14 @@ def refuse_npz(directory: str) -> None:
         )
 
 
+def finished_steps(directory: str) -> list[int]:
+    """The steps of the finished checkpoints in `directory`, oldest first, by Orbax's own
+    test of a finished step (no manager opened: any process may ask, at any time)."""
+    if not storage.is_dir(directory):
+        return []
+    return sorted(ocp.utils.checkpoint_steps(epath.Path(directory)))
+
+
 class Checkpoints:
     """The Orbax checkpoints in `directory`, newest `keep` kept. Every process makes one and
     calls every method, in the same order."""

@@ -2,19 +2,24 @@
 
 The same job, shards, checks, status, checkpoint cadence, signals and export as the TF
 backend (payload/backends/tf/train.py; the shared parts are payload/training.py), in this order:
- 1. load the manifest, check it against the job and the tokenizer, verify every shard;
+ 1. load the manifest, check it against the job and the tokenizer, verify the shard files
+    this process reads (checksums on a fresh start, sizes on a resume); every process
+    checks, and a user error on one is the same one-line error on all (distributed.py);
  2. the devices JAX sees (`runtime()`): one data-parallel mesh over every device of every
     process; the precision (bfloat16 on TPU); the model (models.py) and AdamW (Keras 3);
  3. restore the newest checkpoint (checkpoint.py: Orbax, onto this run's shardings; run.json
-    must match) and start the input pipeline at that step's batch;
+    must match, on every process) and start the input pipeline at that step's batch;
  4. train in chunks of up to `steps_per_execution` optimizer steps per compiled call
-    (steps.py: a `lax.fori_loop` inside one `jax.jit`), stopping exactly at log / checkpoint /
-    eval / final step boundaries. While a chunk runs on the devices the host reads, masks
-    and transfers the next chunk's batches (JAX dispatch is asynchronous), so the input is
-    on the devices before the next call;
- 5. a final checkpoint, the held-out evaluation, then the export: the Hugging Face layout
-    PyTorch users load with the plain `from_pretrained` (models.save_pretrained), the
-    tokenizer and the model card, the completion marker last.
+    (steps.py: a `lax.fori_loop` inside one `jax.jit`), stopping exactly at checkpoint /
+    eval / final step boundaries; log lines come from the chunks' per-step metrics. JAX
+    dispatch is asynchronous: the next chunk is dispatched before the host logs the
+    previous one and reads, masks and transfers the following chunk's batches. After each
+    chunk the processes agree whether a signal stops the run (all save that step, all exit
+    128 + the signal);
+ 5. a final checkpoint, the held-out evaluation, then the export on process 0: the Hugging
+    Face layout PyTorch users load with the plain `from_pretrained` (models.save_pretrained),
+    the tokenizer and the model card, the completion marker last; the other processes wait
+    for it (bounded) rather than exit into JAX's shutdown barrier.
 
 Data parallelism: the state is replicated, every batch is split over the mesh's `data`
 axis, and XLA's SPMD partitioner inserts the gradient all-reduce: the loss is the mean over
@@ -392,26 +397,26 @@ def train(
     program. `input_pipelines`: see _Pipelines (default: one per process)."""
     status = _join(status)
     status.update(stage="train", message="verifying data")
-    manifest = manifest_lib.load_manifest(job.paths.data)
-    training.check_data(job, manifest)
-    manifest_lib.verify_shards(job.paths.data, manifest, checksums=True)
-
     spec = job.train
+    manifest = _loaded_manifest(job)
     config = model_lib.config_for(job, manifest)
     parameters = model_lib.parameter_count(job.model.family, config)
     rt = runtime(spec.precision, spec.sharding, parameters)
-    check_global_batch(spec.global_batch_size, rt)
+    pipelines = _Pipelines(rt, input_pipelines)
+    _checked_data(job, manifest, pipelines)
     described = rt.describe()
     training.log(f"train: {json.dumps(described)}")
     status.note_runtime(described)  # the devices JAX sees, beside the host checks
 
     model, optimizer = _build(job, config, manifest, rt)
     layout = checkpoints.Layout.of(model, optimizer)
+    distributed.agree_on_checks(
+        "run checks", lambda: _check_run(job, manifest, config, layout=layout, rt=rt)
+    )
 
     step, restored = _restore_or_start(
         job, manifest, config, model=model, optimizer=optimizer, layout=layout, rt=rt
     )
-    pipelines = _Pipelines(rt, input_pipelines)
     files = pipelines.files(job, manifest, spec.global_batch_size)
     training.log(
         f"train: process {rt.process_index} of {rt.process_count} reads {len(files)} of "
@@ -448,13 +453,10 @@ def train(
         if evaluator is not None:
             evaluator.close()
 
-    weights = _gathered_weights(model, state)  # every process: one collective per weight
-    if not rt.is_chief:
-        return stats
-    status.update(stage="train", progress=1.0, step=stats["step"], message="exporting")
-    export(job, model, stats, weights=weights, manifest=manifest, rt=rt, status=status)
-    stats["export"] = job.paths.export
-    status.update(stage="train", progress=1.0, step=stats["step"], message="exported")
+    # Every process: the weights the export writes, gathered one at a time (with sharded
+    # state a gather is a collective every process joins before the chief writes).
+    weights = _gathered_weights(model, state)
+    _export_together(job, model, stats, weights=weights, manifest=manifest, rt=rt, status=status)
     return stats
 
 
@@ -483,6 +485,93 @@ def _gathered_weights(model: Any, state: steps.TrainState) -> dict[str, np.ndarr
         variable.path: mesh_lib.gather(value)
         for variable, value in zip(model.trainable_variables, state.trainable, strict=True)
     }
+
+
+def _export_together(
+    job: JobSpec,
+    model: Any,
+    stats: dict[str, Any],
+    *,
+    weights: dict[str, np.ndarray],
+    manifest: Manifest,
+    rt: Runtime,
+    status: StatusWriter,
+) -> None:
+    """The chief exports while the others wait for it (bounded), so none exits into JAX's
+    shutdown barrier while the chief still exports; they fail if its export fails."""
+
+    def export_on_chief() -> None:
+        status.update(stage="train", progress=1.0, step=stats["step"], message="exporting")
+        export(job, model, stats, weights=weights, manifest=manifest, rt=rt, status=status)
+        status.update(stage="train", progress=1.0, step=stats["step"], message="exported")
+        stats["export"] = job.paths.export
+
+    if not rt.is_chief:
+        training.log("train: waiting for process 0's export")
+    distributed.after_chief(
+        "export", rt.is_chief, export_on_chief, timeout_s=distributed.EXPORT_TIMEOUT_S
+    )
+
+
+def _loaded_manifest(job: JobSpec) -> Manifest:
+    """The data's manifest, loaded on every process; a user error (no data yet, a corrupt
+    manifest) is the same one-line error on all (distributed.agree_on_checks)."""
+    loaded: list[Manifest] = []
+    distributed.agree_on_checks(
+        "manifest", lambda: loaded.append(manifest_lib.load_manifest(job.paths.data))
+    )
+    return loaded[0]
+
+
+def _checked_data(job: JobSpec, manifest: Manifest, pipelines: _Pipelines) -> None:
+    """The manifest checked against the job and the tokenizer, the global batch against
+    the devices, and the shard files this process reads. Every process checks; a user error
+    on any is the same one-line error on all (distributed.agree_on_checks): no host is left
+    waiting in a collective."""
+
+    def check() -> None:
+        training.check_data(job, manifest)
+        check_global_batch(job.train.global_batch_size, pipelines.rt)
+        _verify_own_shards(job, manifest, pipelines)
+
+    distributed.agree_on_checks("data checks", check)
+
+
+def _verify_own_shards(job: JobSpec, manifest: Manifest, pipelines: _Pipelines) -> None:
+    """The shard files this process's input pipelines read (training and held-out), against
+    the manifest, which was verified when it was written: checksums on a fresh start, sizes
+    only on a resume (a run's files were checksummed when it started; on a preemptible slice
+    reading a 40-100 GB corpus again at every resume costs minutes per host)."""
+    spec = job.train
+    names = set(pipelines.files(job, manifest, spec.global_batch_size))
+    if manifest.eval_records:
+        eval_batch = evaluate_lib.checked_eval_batch(job, manifest, pipelines.rt.num_replicas)
+        plans = pipelines.plans(job, manifest, eval_batch, split="eval")
+        names |= {storage.basename(path) for i in pipelines.mine for path in plans[i].files}
+    resuming = bool(checkpoints.finished_steps(job.paths.checkpoints))
+    manifest_lib.verify_shards(job.paths.data, manifest, checksums=not resuming, names=names)
+
+
+def _check_run(
+    job: JobSpec, manifest: Manifest, config: Any, *, layout: checkpoints.Layout, rt: Runtime
+) -> None:
+    """run.json and the space for checkpoints, on every process. The chief writes run.json
+    for a fresh run; the others never write it and compare only when checkpoints exist
+    (identity.check_identity's read_only: on a fresh run the chief may be writing it now)."""
+    spec, directory = job.train, job.paths.checkpoints
+    checkpoints.refuse_npz(directory)
+    found = checkpoints.finished_steps(directory)
+    identity = run_identity_lib.identity(job, manifest, config.to_dict(), backend=BACKEND)
+    if rt.is_chief:
+        storage.makedirs(directory)
+    run_identity_lib.check_identity(
+        directory,
+        identity,
+        has_checkpoint=bool(found),
+        record={"mesh": rt.mesh_plan.describe()},
+        read_only=not rt.is_chief,
+    )
+    checkpoints.require_space(directory, layout, keep=spec.keep_checkpoints, kept=len(found))
 
 
 def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[Any, Any]:
@@ -517,25 +606,12 @@ def _restore_or_start(
     layout: checkpoints.Layout,
     rt: Runtime,
 ) -> tuple[int, int | None]:
-    """(step, the step of the checkpoint restored or None). The chief refuses checkpoints
-    of another run; every process refuses the earlier npz format and restores (Orbax reads
-    each array straight into the sharding the trainer keeps it in: _restore_target)."""
-    spec, directory = job.train, job.paths.checkpoints
-    checkpoints.refuse_npz(directory)
-    identity = run_identity_lib.identity(job, manifest, config.to_dict(), backend=BACKEND)
-    store = checkpoints.Checkpoints(directory, layout, keep=spec.keep_checkpoints)
+    """(step, the step of the checkpoint restored or None); run.json was checked before
+    (_check_run). Every process restores (Orbax reads each array straight into the sharding
+    the trainer keeps it in: _restore_target)."""
+    store = checkpoints.Checkpoints(job.paths.checkpoints, layout, keep=job.train.keep_checkpoints)
     try:
         found = store.steps()
-        if rt.is_chief:
-            run_identity_lib.check_identity(
-                directory,
-                identity,
-                has_checkpoint=bool(found),
-                record={"mesh": rt.mesh_plan.describe()},
-            )
-            checkpoints.require_space(
-                directory, layout, keep=spec.keep_checkpoints, kept=len(found)
-            )
         if not found:
             return 0, None
         latest = found[-1]
@@ -612,76 +688,102 @@ class _TrainLoop:
         and before a SIGTERM exit or an error leaves the process."""
         self.store.close()
 
+    def _load(self, batches: list[Any], n: int) -> dict[str, Any]:
+        """The next n batches, stacked to one chunk's shape, on their way to the devices."""
+        host = [self.pipelines.next_host_batch(batches) for _ in range(n)]
+        return self.pipelines.to_devices(_stack(host, self.rt.steps_per_execution), chunk=True)
+
+    def _report(self, meter: training.Meter, start: int, n: int, metrics: dict[str, Any]) -> None:
+        """A finished chunk's log lines, TensorBoard and status (waits for that chunk); a
+        NaN/inf loss stops the run (before any checkpoint of it is written)."""
+        host = jax.device_get(metrics)
+        losses = np.asarray(host["loss"])[:n]
+        if not np.isfinite(losses).all():
+            loss = float(losses.mean())
+            raise training.diverged(loss, start + n, n, self.spec, self.last_checkpoint)
+        accuracies = np.asarray(host["accuracy"])[:n].tolist()
+        norms = np.asarray(host["grad_norm"])[:n].tolist()
+        meter.record_steps(start, losses.tolist(), accuracies, norms, log_every=self.spec.log_every)
+
     def run(
         self, state: steps.TrainState, status: StatusWriter, start_step: int
     ) -> tuple[steps.TrainState, dict[str, Any]]:
+        """Train from `start_step` to train.steps in chunks that end only at a checkpoint,
+        an evaluation or the last step. JAX dispatch is asynchronous: the next chunk is
+        dispatched first, then the host does the previous chunk's logging and status I/O
+        and reads the following chunk's batches while the devices run. After each chunk the
+        processes agree whether to stop (distributed.agree_on_signal): a SIGTERM/SIGINT to
+        any one host checkpoints the same step on all, and all exit 128 + the signal."""
         spec = self.spec
-        chief = self.rt.is_chief
         meter = training.Meter(
             self.job,
             self.manifest,
             status,
-            chief=chief,
+            chief=self.rt.is_chief,
             learning_rate=lambda s: training.learning_rate_at(spec, s),
         )
         eval_every = spec.eval_every if self.evaluator is not None else 0
         batches = self.batches(start_step)
 
         def chunk_after(step: int) -> int:
+            # log_every 0: log boundaries do not cut chunks (Meter.record_steps).
             return training.chunk_length(
                 step,
                 spec.steps,
                 self.rt.steps_per_execution,
-                spec.log_every,
+                0,
                 spec.checkpoint_every,
                 eval_every=eval_every,
             )
-
-        length = self.rt.steps_per_execution
-
-        def load(n: int) -> dict[str, Any]:
-            host = _stack([self.pipelines.next_host_batch(batches) for _ in range(n)], length)
-            return self.pipelines.to_devices(host, chunk=True)
 
         step, total = start_step, spec.steps
         bar = tqdm(
             total=total, initial=step, unit="step", file=sys.stderr, disable=not sys.stderr.isatty()
         )
+
+        def report(start: int, n: int, metrics: dict[str, Any]) -> None:
+            self._report(meter, start, n, metrics)
+            bar.update(n)
+            bar.set_postfix(loss=f"{meter.loss:.4f}")
+
+        def load(n: int) -> dict[str, Any]:
+            return self._load(batches, n)
+
         stop = training.StopRequest()
         n = chunk_after(step)
         ready = load(n)
+        pending: tuple[int, int, dict[str, Any]] | None = None  # dispatched, not reported
         try:
             while step < total:
-                # Runs on the devices while the host reads the next chunk.
-                state, metrics = self.train_chunk(state, ready, np.int32(n))
-                following = step + n
-                if following < total:
-                    next_n = chunk_after(following)
-                    ready = load(next_n)
-                loss = float(np.asarray(metrics["loss"])[:n].mean())
-                accuracy = float(np.asarray(metrics["accuracy"])[:n].mean())
-                norm = float(np.asarray(metrics["grad_norm"])[n - 1])
-                step = following
-                bar.update(n)
-                meter.record(step, n, loss, accuracy)
-                if not math.isfinite(meter.loss):
-                    raise training.diverged(meter.loss, step, n, spec, self.last_checkpoint)
-                if step % spec.checkpoint_every == 0 or step == total:
-                    self.save(state, step)
-                if step % spec.log_every == 0 or step == total:
-                    meter.log(step, norm)
-                    bar.set_postfix(loss=f"{meter.loss:.4f}")
+                state, metrics = self.train_chunk(state, ready, np.int32(n))  # dispatched
+                chunk, step = (step, n, metrics), step + n
+                if pending is not None:
+                    report(*pending)  # the previous chunk's host I/O, while this one runs
+                pending = chunk
+                signum = distributed.agree_on_signal(step, stop.signal)
+                if step < total and signum is None:
+                    n = chunk_after(step)
+                    ready = load(n)  # the next chunk's batches, while this one runs
+                checkpoint_now = step % spec.checkpoint_every == 0 or step == total
                 # The final evaluation follows the loop.
-                evaluate_now = eval_every and step % eval_every == 0 and step < total
-                if self.evaluator is not None and evaluate_now:
+                evaluate_now = bool(eval_every) and step % eval_every == 0 and step < total
+                if not (checkpoint_now or evaluate_now or signum is not None):
+                    continue
+                report(*pending)  # waits for this chunk: its state is needed now
+                pending = None
+                if checkpoint_now or signum is not None:
+                    self.save(state, step)
+                if signum is not None:
+                    # Preemption/shutdown: keep this step's work, then exit like the signal,
+                    # every process once the checkpoint is written.
+                    self.store.wait()
+                    distributed.barrier(f"stopped/{step}")
+                    raise training.interrupted(
+                        signum, step, self.last_checkpoint or "(process 0's)", status
+                    )
+                if evaluate_now and self.evaluator is not None:
                     self.evaluator.evaluate(step, state)
                     meter.exclude_pause()
-                if stop.signal is not None:
-                    # Preemption/shutdown: keep this step's work, then exit like the signal.
-                    path = self.save(state, step)
-                    raise training.interrupted(stop.signal, step, path, status)
-                if step < total:
-                    n = next_n
         finally:
             stop.restore()
             bar.close()
@@ -706,9 +808,15 @@ def export(
 ) -> None:
     """PyTorch weights (the Hugging Face layout), tokenizer and model card to `export/`.
     `weights` (by variable path; default: the model's variables) are the trained values."""
+
+    def save_model(directory: str) -> Any:
+        state = models.save_pretrained(model, directory, weights)
+        _export_gate()
+        return state
+
     training.export_model(
         job,
-        lambda directory: models.save_pretrained(model, directory, weights),
+        save_model,
         manifest=manifest,
         model_config=model.config.to_dict(),
         tf_class=None,
@@ -716,3 +824,23 @@ def export(
         status=status,
         stats=stats,
     )
+
+
+# A test hook, nothing else: a slow export at a point the test controls. With this variable
+# set to a path, the chief's export, once the model files are written and before the
+# tokenizer, the card and the completion marker, creates `<path>.waiting` and waits until
+# `<path>` exists (tests/payload/test_jax_hosts.py: the other process must wait meanwhile).
+EXPORT_GATE_ENV = "TPU_PAYLOAD_TEST_EXPORT_GATE"
+EXPORT_GATE_TIMEOUT_S = 600.0
+
+
+def _export_gate() -> None:
+    gate = os.environ.get(EXPORT_GATE_ENV, "")
+    if not gate:
+        return
+    storage.write_text(gate + ".waiting", "")
+    deadline = time.monotonic() + EXPORT_GATE_TIMEOUT_S
+    while not storage.exists(gate):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{EXPORT_GATE_ENV}: {gate} did not appear")
+        time.sleep(0.05)

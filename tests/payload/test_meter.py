@@ -1,0 +1,46 @@
+"""The meter's log lines from a chunk's per-step metrics (the JAX backend's chunks do not
+end at log boundaries): one line per `log_every` boundary inside a chunk and at the last
+step, each with the mean of the steps since the previous line and its own step's norm."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from train_helpers import job_document, write_job
+
+from payload import training
+
+
+def test_log_lines_inside_a_chunk(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = job_document(tmp_path, tmp_path / "corpus.txt", steps=10, log_every=3)
+    job = write_job(tmp_path, doc)
+    status = training.UnwrittenStatus(job.paths.status, job.name)
+    meter = training.Meter(
+        job,
+        SimpleNamespace(seq_length=32),
+        status,
+        chief=False,  # no TensorBoard file
+        learning_rate=lambda step: 1e-3,
+    )
+    loss = [float(step) for step in range(1, 11)]  # step s has loss s
+    accuracy = [step / 100 for step in range(1, 11)]
+    norm = [10.0 * step for step in range(1, 11)]
+    meter.record_steps(0, loss[:8], accuracy[:8], norm[:8], log_every=3)  # steps 1-8
+    assert meter.first_loss == 2.0  # the mean of steps 1-3
+    meter.record_steps(8, loss[8:], accuracy[8:], norm[8:], log_every=3)  # steps 9-10
+    meter.close()
+    lines = re.findall(
+        r"^step (\d+)/10  loss ([0-9.]+)  acc ([0-9.]+)", capsys.readouterr().err, re.M
+    )
+    assert lines == [
+        ("3", "2.0000", "0.020"),
+        ("6", "5.0000", "0.050"),
+        ("9", "8.0000", "0.080"),
+        ("10", "10.0000", "0.100"),  # the last step closes a window of one
+    ]
+    assert meter.loss == 10.0 and meter.first_loss == 2.0
+    metrics = status.document["stages"]["train"]["metrics"]
+    assert metrics["step"] == 10 and metrics["loss"] == 10.0 and metrics["accuracy"] == 0.1

@@ -1,12 +1,14 @@
-"""Multi-host on the JAX backend, on this machine: two JAX processes on 127.0.0.1 (one CPU
-device each), joined by `jax.distributed.initialize` (TPU_PAYLOAD_JAX_DISTRIBUTED), each the
-real `tpu-payload run` as a slice worker runs it (TPU_PRETRAIN_WORKER).
+"""Multi-host on the JAX backend, on this machine: two JAX processes on 127.0.0.1 (four
+virtual CPU devices each), joined by `jax.distributed.initialize`
+(TPU_PAYLOAD_JAX_DISTRIBUTED), each the real `tpu-payload run` as a slice worker runs it
+(TPU_PRETRAIN_WORKER), with the state sharded over all eight devices (train.sharding: fsdp).
 
 It shows: each process reads its own training shard files (disjoint, together all of them);
-worker 1 takes no lease, waits for worker 0's data and writes nothing; the two processes
-train to the same weights, train losses and held-out loss as ONE process with two devices
-that reads the same global batches (two input pipelines, jax_pipelines_driver.py), within
-1e-4; and a two-process run interrupted after its checkpoint resumes from it.
+worker 1 takes no lease, waits for worker 0's data and writes nothing but its shards of each
+Orbax checkpoint; two processes x four devices train to the same weights, train losses and
+held-out loss as ONE process with eight devices that reads the same global batches (two
+input pipelines, jax_pipelines_driver.py), within 1e-4; and a two-process run interrupted
+after its checkpoint resumes from it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from payload import storage
 DRIVER = Path(__file__).with_name("jax_pipelines_driver.py")
 HANG_GUARD_S = 900  # far above a real run: only a hung process reaches it
 TOLERANCE = 1e-4
+# Both runs shard the state over all 8 devices (pure FSDP): 2 processes x 4 devices = 1 x 8.
+MESH = '"mesh": {"sharding": "fsdp", "data": 1, "fsdp": 8}'
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -52,6 +56,7 @@ def _two_processes(job_file: Path, logs: Path) -> list[tuple[int, str, str]]:
         env = _env(
             TPU_PAYLOAD_JAX_DISTRIBUTED=f"127.0.0.1:{port},2,{worker}",
             TPU_PRETRAIN_WORKER=str(worker),
+            XLA_FLAGS="--xla_force_host_platform_device_count=4",
         )
         cmd = [sys.executable, "-m", "payload", "run", "--job", str(job_file)]
         procs.append((subprocess.Popen(cmd, stdout=out, stderr=err, env=env), out, err))
@@ -87,8 +92,9 @@ def _train_scalars(job) -> dict[int, float]:
 def test_two_jax_processes_match_one_and_resume(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus.txt", lines=600)
     doc = job_document(
-        tmp_path, corpus, "mlm", steps=16, decay="constant", warmup_steps=0, backend="jax"
-    )
+        tmp_path, corpus, "mlm", steps=16, decay="constant", warmup_steps=0, backend="jax",
+        sharding="fsdp",
+    )  # fmt: skip
     doc["train"].update(checkpoint_every=8, log_every=4, eval_every=8, global_batch_size=16)
     doc["data"].update(records_per_shard=40, eval_fraction=0.1, eval_min_sequences=16)
     single = write_job(tmp_path / "single", {**doc, "output": str(tmp_path / "single" / "out")})
@@ -96,14 +102,15 @@ def test_two_jax_processes_match_one_and_resume(tmp_path: Path) -> None:
     manifest = manifest_lib.load_manifest(single.paths.data)
     assert len(manifest.shards) >= 4, manifest.shards  # files to split between the hosts
 
-    # One process, two devices, two input pipelines: the global batches of two hosts.
+    # One process, eight devices, two input pipelines: the global batches of two hosts.
     result = subprocess.run(
         [sys.executable, str(DRIVER), str(tmp_path / "single" / "job.yaml"), "2"],
         capture_output=True, text=True, timeout=HANG_GUARD_S, check=False,
-        env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=2"),
+        env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert '"replicas": 2, "hosts": 1' in result.stderr
+    assert '"replicas": 8, "hosts": 1' in result.stderr
+    assert MESH in result.stderr
 
     # Two processes, stopped after the step-8 checkpoint (a run of 8 steps)...
     half = json.loads(json.dumps(doc))
@@ -113,7 +120,7 @@ def test_two_jax_processes_match_one_and_resume(tmp_path: Path) -> None:
     for code, _, err in first:
         assert code == 0, err[-3000:]
     (_, out0, err0), (_, out1, err1) = first
-    assert '"replicas": 2, "hosts": 2' in err0
+    assert '"replicas": 8, "hosts": 2' in err0 and MESH in err0
     mine, theirs = _shards_read(err0), _shards_read(err1)
     assert not set(mine) & set(theirs), (mine, theirs)
     assert sorted(mine + theirs) == sorted(

@@ -1,0 +1,159 @@
+"""The Llama family on the JAX backend (payload/backends/jax/models.py LlamaCausalLM).
+
+- Random weights (every weight, the RMSNorm scales included), saved in the export layout,
+  load into transformers 5's LlamaForCausalLM with the plain `from_pretrained` (no missing,
+  unexpected or mismatched keys) and give the same logits within 1e-4, with padding, for
+  tied embeddings + grouped-query attention and for untied embeddings + one key/value head
+  per query head, at a rope_theta other than the default.
+- The parameter count of payload/model.py equals the built model's, for tied and untied.
+- The spec: presets by size, LlamaConfig overrides, unknown keys and bad shapes refused in
+  one line; llama needs data.objective clm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_export import PT_SCRIPT, _require_pt_python, _run_pt
+
+from payload import export as export_lib
+from payload import model as model_lib
+from payload.errors import SpecError
+from payload.spec import parse_job
+
+DRIVER = Path(__file__).with_name("jax_export_driver.py")
+TOLERANCE = 1e-4
+VOCAB, SEQ = 300, 16
+VARIANTS = {
+    "tied-gqa": {"rope_theta": 500000.0},
+    "untied-mha": {"tie_word_embeddings": False, "num_key_value_heads": 4, "rms_norm_eps": 1e-6},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_llama_matches_transformers5(variant: str, tmp_path: Path) -> None:
+    _require_pt_python()
+    rng = np.random.default_rng(3)
+    ids = rng.integers(5, VOCAB, size=(3, SEQ)).astype("int32")
+    mask = np.ones_like(ids)
+    ids[1, 10:], mask[1, 10:] = 1, 0  # right padding in one row
+    np.save(tmp_path / "ids.npy", ids)
+    np.save(tmp_path / "mask.npy", mask)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    built = subprocess.run(
+        [sys.executable, str(DRIVER), "llama", "tiny", str(VOCAB), str(SEQ), str(model_dir),
+         str(tmp_path / "ids.npy"), str(tmp_path / "mask.npy"), str(tmp_path / "jax.npy"),
+         json.dumps(VARIANTS[variant])],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert config["transformers_weights"] == export_lib.PT_WEIGHTS
+    report = _run_pt(
+        PT_SCRIPT, str(model_dir), str(tmp_path / "ids.npy"), str(tmp_path / "mask.npy"),
+        str(tmp_path / "pt.npy"),
+    )  # fmt: skip
+    assert report["class"] == "LlamaForCausalLM"
+    assert report["missing_keys"] == [] and report["unexpected_keys"] == []
+    assert report["mismatched_keys"] == []
+    jax_logits, pt_logits = np.load(tmp_path / "jax.npy"), np.load(tmp_path / "pt.npy")
+    keep = mask.astype(bool)
+    worst = float(np.abs(jax_logits[keep] - pt_logits[keep]).max())
+    print(f"llama {variant}: worst |jax - pt| = {worst:.2e}")
+    assert worst <= TOLERANCE, worst
+    assert float(np.abs(pt_logits[keep]).max()) > 1.0  # not a degenerate comparison
+
+
+def _job(model: dict, objective: str = "clm", **train: object) -> dict:
+    return {
+        "name": "llama",
+        "output": "/tmp/unused-llama-out",
+        "corpus": {"paths": ["/tmp/unused.txt"]},
+        "tokenizer": {"kind": "bpe", "vocab_size": 600},
+        "data": {"objective": objective, "seq_length": 32},
+        "model": model,
+        "train": {"steps": 2, "global_batch_size": 8, **train},
+    }
+
+
+def test_presets_counts_and_shapes() -> None:
+    expected = {  # at a 49,152-token vocabulary (SmolLM2's), tied embeddings
+        "125m": 134_515_008,
+        "350m": 361_821_120,
+        "1b": 1_073_809_408,
+        "3b": 2_969_742_336,
+    }
+    for size, count in expected.items():
+        config = model_lib.build_config("llama", size, {}, vocab_size=49152, special_ids={})
+        assert model_lib.parameter_count("llama", config) == count, size
+    # Llama 3.2 1B's own vocabulary: its published 1.24B.
+    config = model_lib.build_config("llama", "1b", {}, vocab_size=128256, special_ids={})
+    assert model_lib.parameter_count("llama", config) == 1_235_814_400
+    untied = model_lib.build_config(
+        "llama", "tiny", {"tie_word_embeddings": False}, vocab_size=300, special_ids={}
+    )
+    tied = model_lib.build_config("llama", "tiny", {}, vocab_size=300, special_ids={})
+    assert (
+        model_lib.parameter_count("llama", untied) - model_lib.parameter_count("llama", tied)
+        == 300 * tied.hidden_size
+    )
+
+
+def test_spec_takes_llama_config_names() -> None:
+    job = parse_job(
+        _job(
+            {
+                "family": "llama",
+                "size": "125m",
+                "config": {
+                    "num_key_value_heads": 9,
+                    "rope_theta": 5e5,
+                    "tie_word_embeddings": False,
+                },
+            },
+            remat="block",
+            grad_accum_steps=2,
+        ),
+        source="/tmp/job.yaml",
+    )
+    assert job.model.config["tie_word_embeddings"] is False
+    assert job.train.remat == "block" and job.train.grad_accum_steps == 2
+
+
+@pytest.mark.parametrize(
+    ("model", "train", "message"),
+    [
+        ({"family": "llama", "config": {"n_embd": 64}}, {},
+         "model.config.n_embd: unknown llama config key (allowed: "),
+        ({"family": "llama", "size": "base"}, {},
+         "model.size: 'base' is not allowed (allowed: tiny, 125m, 350m, 1b, 3b)"),
+        ({"family": "llama", "config": {"num_key_value_heads": 3}}, {},
+         "num_attention_heads=4 must be a multiple of num_key_value_heads=3"),
+        ({"family": "llama", "config": {"tie_word_embeddings": 1}}, {},
+         "model.config.tie_word_embeddings: expected true or false"),
+        ({"family": "llama", "config": {"rope_theta": 0}}, {},
+         "model.config.rope_theta: 0.0 must be >"),
+        ({"family": "llama"}, {"grad_accum_steps": 3},
+         "train.grad_accum_steps: 3 does not divide train.global_batch_size: 8"),
+        ({"family": "llama"}, {"remat": "full"},
+         "train.remat: 'full' is not allowed (allowed: none, block)"),
+    ],
+)  # fmt: skip
+def test_spec_refuses_in_one_line(model: dict, train: dict, message: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job(_job(model, **train), source="/tmp/job.yaml")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_llama_needs_clm() -> None:
+    with pytest.raises(SpecError, match=r"model.family: 'llama' cannot train objective 'mlm'"):
+        parse_job(_job({"family": "llama"}, objective="mlm"), source="/tmp/job.yaml")

@@ -42,7 +42,8 @@ FAMILIES_FOR_OBJECTIVE = {"mlm": ("bert", "roberta"), "clm": ("gpt2", "llama")}
 JAX_ONLY_FAMILIES = ("llama",)
 DECAYS = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "bf16", "fp32")
-# auto: the VM unit's TPU_PAYLOAD_BACKEND, else tf (payload/training.py resolve_backend).
+# auto: jax for a family only the JAX backend has (JAX_ONLY_FAMILIES), else the VM unit's
+# TPU_PAYLOAD_BACKEND, else tf (payload/training.py resolve_backend).
 BACKENDS = ("auto", "tf", "jax")
 # Activation rematerialisation (JAX backend): none, or `block` = jax.checkpoint around each
 # decoder block, keeping only the block's input for the backward pass (docs/models.md).
@@ -574,8 +575,30 @@ def parse_job(document: Any, *, source: str) -> JobSpec:
         source=source,
     )
     top.finish()
+    _check_backend(job)
     _check_model(job)
     return job
+
+
+def _check_backend(job: JobSpec) -> None:
+    """`train.backend: tf` with what only the JAX backend has, refused before any stage."""
+    if job.train.backend != "tf":
+        return
+    if job.model.family in JAX_ONLY_FAMILIES:
+        raise SpecError(
+            f"model.family: {job.model.family} trains on the JAX backend only, not with "
+            "train.backend: tf; use train.backend: jax (or auto, which picks it)"
+        )
+    if job.train.remat != "none":
+        raise SpecError(
+            f"train.remat: {job.train.remat} is a JAX backend setting, not one of "
+            "train.backend: tf; use train.backend: jax, or train.remat: none"
+        )
+    if job.train.grad_accum_steps != 1:
+        raise SpecError(
+            f"train.grad_accum_steps: {job.train.grad_accum_steps} is a JAX backend setting, "
+            "not one of train.backend: tf; use train.backend: jax, or train.grad_accum_steps: 1"
+        )
 
 
 def _check_model(job: JobSpec) -> None:

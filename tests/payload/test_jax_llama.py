@@ -28,6 +28,7 @@ from payload.errors import SpecError
 from payload.spec import parse_job
 
 DRIVER = Path(__file__).with_name("jax_export_driver.py")
+STEPS_DRIVER = Path(__file__).with_name("jax_llama_steps_driver.py")
 TOLERANCE = 1e-4
 VOCAB, SEQ = 300, 16
 VARIANTS = {
@@ -157,3 +158,26 @@ def test_spec_refuses_in_one_line(model: dict, train: dict, message: str) -> Non
 def test_llama_needs_clm() -> None:
     with pytest.raises(SpecError, match=r"model.family: 'llama' cannot train objective 'mlm'"):
         parse_job(_job({"family": "llama"}, objective="mlm"), source="/tmp/job.yaml")
+
+
+def test_remat_and_gradient_accumulation_change_nothing_computed() -> None:
+    """train.remat: block gives the loss and gradients of none (and its program holds a
+    checkpoint, the plain one none); train.grad_accum_steps: 2 gives one step of the whole
+    batch (SGD: the weights move by the gradient itself; AdamW as trained), on a batch whose
+    rows predict different numbers of tokens."""
+    result = subprocess.run(
+        [sys.executable, str(STEPS_DRIVER)],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    print(report)
+    assert report["checkpoint_in_remat"] and not report["checkpoint_in_plain"], report
+    assert report["remat_loss_gap"] <= 1e-5 and report["remat_grad_gap"] <= 1e-5, report
+    assert report["grad_scale"] > 1e-3, report
+    for name in ("sgd", "adamw"):
+        assert report[f"{name}_weight_gap"] <= 1e-5, report
+        assert report[f"{name}_loss_gap"] <= 1e-5 and report[f"{name}_norm_gap"] <= 1e-5, report
+        assert report[f"{name}_moved"] > 1e-3, report  # the step changed the weights
+    assert report["mean_of_means_grad_gap"] > 1e-3, report  # what a wrong average would miss

@@ -174,12 +174,30 @@ def _env(name: str) -> str:
     return os.environ.get(name, "") or "unset"
 
 
-def check_global_batch(global_batch_size: int, rt: Runtime) -> None:
+def check_global_batch(global_batch_size: int, rt: Runtime, grad_accum_steps: int = 1) -> None:
+    """Every micro-batch (the global batch / train.grad_accum_steps) splits evenly over the
+    devices."""
     if global_batch_size % rt.num_replicas:
         raise SpecError(
             f"train.global_batch_size: {global_batch_size} is not divisible by the "
             f"{rt.num_replicas} devices JAX sees ({rt.describe()['devices']} per host, "
             f"{rt.process_count} host(s)); use a multiple of {rt.num_replicas}"
+        )
+    need = rt.num_replicas * grad_accum_steps
+    if global_batch_size % need:
+        raise SpecError(
+            f"train.global_batch_size: {global_batch_size} does not split into "
+            f"train.grad_accum_steps: {grad_accum_steps} micro-batches over the "
+            f"{rt.num_replicas} devices JAX sees; use a multiple of {need}"
+        )
+
+
+def check_remat(job: JobSpec) -> None:
+    """train.remat wraps decoder blocks of the llama family only."""
+    if job.train.remat != "none" and job.model.family != "llama":
+        raise SpecError(
+            f"train.remat: {job.train.remat} applies to the llama family's decoder blocks; "
+            f"model.family {job.model.family} trains with train.remat: none"
         )
 
 
@@ -397,10 +415,11 @@ def train(
     manifest_lib.verify_shards(job.paths.data, manifest, checksums=True)
 
     spec = job.train
+    check_remat(job)
     config = model_lib.config_for(job, manifest)
     parameters = model_lib.parameter_count(job.model.family, config)
     rt = runtime(spec.precision, spec.sharding, parameters)
-    check_global_batch(spec.global_batch_size, rt)
+    check_global_batch(spec.global_batch_size, rt, spec.grad_accum_steps)
     described = rt.describe()
     training.log(f"train: {json.dumps(described)}")
     status.note_runtime(described)  # the devices JAX sees, beside the host checks
@@ -499,7 +518,7 @@ def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[
     keras.utils.set_random_seed(spec.seed)
     try:
         with mesh_lib.sharded_distribution(rt.mesh).scope():
-            model = models.create_model(family, config, manifest.seq_length)
+            model = models.create_model(family, config, manifest.seq_length, remat=spec.remat)
             optimizer = create_optimizer(spec)
             optimizer.build(model.trainable_variables)
     finally:
@@ -581,6 +600,7 @@ class _TrainLoop:
             optimizer,
             job.data.objective,
             state_sharding=mesh_lib.shardings_of(steps.TrainState.of(model, optimizer)),
+            accum_steps=job.train.grad_accum_steps,
         )
         self.last_checkpoint: str | None = None
         self.store = checkpoints.Checkpoints(

@@ -14,13 +14,31 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_export import PT_SCRIPT, _require_pt_python, _run_pt
+from safetensors.numpy import load_file
+from test_export import (
+    CYCLE,
+    GENERATE_SCRIPT,
+    PROMPT_WORDS,
+    PT_SCRIPT,
+    _expected_tokens,
+    _require_pt_python,
+    _run_pt,
+)
+from train_helpers import (
+    copy_prepared,
+    job_document,
+    prepare_data,
+    run_cli,
+    write_corpus,
+    write_job,
+)
 
 from payload import export as export_lib
 from payload import model as model_lib
@@ -29,7 +47,10 @@ from payload.spec import parse_job
 
 DRIVER = Path(__file__).with_name("jax_export_driver.py")
 STEPS_DRIVER = Path(__file__).with_name("jax_llama_steps_driver.py")
+LOGITS_DRIVER = Path(__file__).with_name("jax_checkpoint_logits.py")
+EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 TOLERANCE = 1e-4
+SHARDED_TOLERANCE = 1e-5
 VOCAB, SEQ = 300, 16
 VARIANTS = {
     "tied-gqa": {"rope_theta": 500000.0},
@@ -181,3 +202,146 @@ def test_remat_and_gradient_accumulation_change_nothing_computed() -> None:
         assert report[f"{name}_loss_gap"] <= 1e-5 and report[f"{name}_norm_gap"] <= 1e-5, report
         assert report[f"{name}_moved"] > 1e-3, report  # the step changed the weights
     assert report["mean_of_means_grad_gap"] > 1e-3, report  # what a wrong average would miss
+
+
+# ---------------------------------------------------------------- through the real CLI
+
+
+def _llama_doc(root: Path, corpus: Path, **train: object) -> dict:
+    doc = job_document(root, corpus, "clm", "llama", **train)
+    doc["data"].update(eval_fraction=0.1, eval_min_sequences=16)
+    doc["train"].pop("backend", None)  # auto: jax for llama (training.resolve_backend)
+    return doc
+
+
+def test_fsdp_and_data_parallel_train_a_llama_alike(tmp_path: Path) -> None:
+    """8 virtual CPU devices: FSDP (the family's table, with remat and 2 micro-batches) and
+    data parallelism give the same losses and exported weights within 1e-5."""
+    corpus = write_corpus(tmp_path / "corpus.txt", lines=300)
+    common = {"steps": 6, "warmup_steps": 2, "checkpoint_every": 3, "log_every": 3}
+    doc = _llama_doc(tmp_path / "fsdp", corpus, **common, eval_every=0, sharding="fsdp")
+    doc["train"].update(remat="block", grad_accum_steps=2)
+    fsdp = write_job(tmp_path / "fsdp", doc)
+    prepare_data(fsdp)
+    plain = {**doc["train"], "sharding": "data", "remat": "none", "grad_accum_steps": 1}
+    data = copy_prepared(fsdp, tmp_path / "data", {**doc, "train": plain})
+    losses, meshes = {}, {}
+    for name, job in (("fsdp", fsdp), ("data", data)):
+        result = run_cli(
+            "train", "--job", str(Path(job.paths.root).parent / "job.yaml"), env=EIGHT, timeout=600
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        status = json.loads(Path(job.paths.status).read_text())
+        assert status["runtime"]["backend"] == "jax", status["runtime"]
+        meshes[name] = status["runtime"]["mesh"]
+        losses[name] = [
+            float(line.split("loss ")[1].split()[0])
+            for line in result.stderr.splitlines()
+            if line.startswith("step ")
+        ]
+    assert meshes == {
+        "fsdp": {"sharding": "fsdp", "data": 1, "fsdp": 8},
+        "data": {"sharding": "data", "data": 8, "fsdp": 1},
+    }
+    assert len(losses["fsdp"]) == 2, losses
+    assert np.allclose(losses["fsdp"], losses["data"], atol=SHARDED_TOLERANCE), losses
+    a = load_file(str(Path(fsdp.paths.export, export_lib.PT_WEIGHTS)))
+    b = load_file(str(Path(data.paths.export, export_lib.PT_WEIGHTS)))
+    assert sorted(a) == sorted(b)
+    worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+    print(f"llama fsdp+remat+accumulation vs data: worst weight gap {worst:.2e}")
+    assert worst <= SHARDED_TOLERANCE, worst
+    first = load_file(str(Path(fsdp.paths.export, export_lib.PT_WEIGHTS)))
+    assert max(float(np.abs(first[k]).max()) for k in first) > 0
+
+
+def _cycle_corpus(path: Path, documents: int = 600, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as f:
+        for _ in range(documents):
+            start, length = rng.randrange(len(CYCLE)), rng.randint(8, 20)
+            f.write(" ".join(CYCLE[(start + i) % len(CYCLE)] for i in range(length)) + "\n\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained_llama(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny Llama trained by `tpu-payload run` (auto backend) on documents that walk a
+    cycle of words, to its export."""
+    root = tmp_path_factory.mktemp("llama-run")
+    corpus = _cycle_corpus(root / "cycle.txt")
+    doc = _llama_doc(root, corpus, steps=200, log_every=50, checkpoint_every=100)
+    doc["tokenizer"].update(vocab_size=300)
+    doc["train"].update(warmup_steps=20, eval_every=100)
+    doc["data"].update(eval_fraction=0.05, eval_min_sequences=8)
+    job = write_job(root, doc)
+    result = run_cli("run", "--job", str(root / "job.yaml"), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return job
+
+
+def test_llama_export_is_what_transformers5_loads(trained_llama, tmp_path: Path) -> None:
+    _require_pt_python()
+    job = trained_llama
+    export = Path(job.paths.export)
+    config = json.loads((export / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    marker = json.loads((export / export_lib.EXPORT_MARKER).read_text())
+    assert marker["backend"] == "jax" and marker["step"] == 200, marker
+    card = (export / export_lib.MODEL_CARD).read_text()
+    parameters = model_lib.parameter_count("llama", model_lib.build_config(
+        "llama", "tiny", {}, vocab_size=config["vocab_size"], special_ids={}
+    ))  # fmt: skip
+    assert f"| parameters | {parameters:,} " in card and marker["parameters"] == parameters
+    assert "| key/value heads (grouped-query attention) | 2 |" in card
+    assert f"| tokens seen | {200 * 16 * 32:,} " in card
+    assert "model.generate(**inputs" in card and "AutoModelForCausalLM" in card
+    tokenizer_config = json.loads((export / "tokenizer_config.json").read_text())
+    assert tokenizer_config["add_bos_token"] is True and tokenizer_config["add_eos_token"] is False
+    assert tokenizer_config["model_input_names"] == ["input_ids", "attention_mask"]
+
+    rng = np.random.default_rng(1)
+    ids = rng.integers(5, config["vocab_size"], size=(3, 32)).astype("int32")
+    mask = np.ones_like(ids)
+    ids[1, 20:], mask[1, 20:] = 1, 0
+    np.save(tmp_path / "ids.npy", ids)
+    np.save(tmp_path / "mask.npy", mask)
+    driver = subprocess.run(
+        [sys.executable, str(LOGITS_DRIVER), str(Path(job.paths.root).parent / "job.yaml"),
+         str(tmp_path / "ids.npy"), str(tmp_path / "mask.npy"), str(tmp_path / "jax.npy")],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )  # fmt: skip
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    assert int(driver.stdout.strip().splitlines()[-1]) == 200
+    report = _run_pt(
+        PT_SCRIPT, job.paths.export, str(tmp_path / "ids.npy"), str(tmp_path / "mask.npy"),
+        str(tmp_path / "pt.npy"),
+    )  # fmt: skip
+    assert report["class"] == "LlamaForCausalLM"
+    assert report["missing_keys"] == [] and report["unexpected_keys"] == []
+    assert report["mismatched_keys"] == []
+    assert report["tokens"] == _expected_tokens(job, "hello world")
+    keep = mask.astype(bool)
+    jax_logits, pt_logits = np.load(tmp_path / "jax.npy"), np.load(tmp_path / "pt.npy")
+    worst = float(np.abs(jax_logits[keep] - pt_logits[keep]).max())
+    print(f"llama: worst |trained jax - transformers 5| = {worst:.2e}")
+    assert worst <= TOLERANCE, worst
+    assert float(np.abs(pt_logits[keep]).max()) > 1.0
+
+
+def test_llama_generate_continues_the_prompt(trained_llama, tmp_path: Path) -> None:
+    """The model card's recipe in transformers 5: generate(**tok(prompt, return_tensors="pt"))."""
+    _require_pt_python()
+    prompts = {}
+    for offset in (2, 7, 10):
+        words = [CYCLE[(offset + i) % len(CYCLE)] for i in range(PROMPT_WORDS + 3)]
+        prompts[" ".join(words[:PROMPT_WORDS])] = words[PROMPT_WORDS:]
+    (tmp_path / "prompts.json").write_text(json.dumps(list(prompts)))
+    report = _run_pt(GENERATE_SCRIPT, trained_llama.paths.export, str(tmp_path / "prompts.json"))
+    for result in report["results"]:
+        ids = result["input_ids"]
+        assert ids[0] == report["bos_token_id"] and report["eos_token_id"] not in ids, result
+        assert result["inputs"] == ["attention_mask", "input_ids"], result
+        expected = prompts[result["prompt"]]
+        assert result["continuation"].split()[: len(expected)] == expected, result

@@ -517,7 +517,7 @@ def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[
     # global seed.
     keras.utils.set_random_seed(spec.seed)
     try:
-        with mesh_lib.sharded_distribution(rt.mesh).scope():
+        with mesh_lib.sharded_distribution(rt.mesh, family).scope():
             model = models.create_model(family, config, manifest.seq_length, remat=spec.remat)
             optimizer = create_optimizer(spec)
             optimizer.build(model.trainable_variables)

@@ -48,6 +48,7 @@ BACKENDS = ("auto", "tf", "jax")
 # Activation rematerialisation (JAX backend): none, or `block` = jax.checkpoint around each
 # decoder block, keeping only the block's input for the backward pass (docs/models.md).
 REMATS = ("none", "block")
+REMAT_FAMILIES = ("llama",)
 # How the JAX backend lays the training state over the devices (payload/backends/jax/mesh.py):
 # auto: data parallelism while the state fits a chip, else FSDP. The TF backend: data only.
 SHARDINGS = ("auto", "data", "fsdp")
@@ -581,7 +582,14 @@ def parse_job(document: Any, *, source: str) -> JobSpec:
 
 
 def _check_backend(job: JobSpec) -> None:
-    """`train.backend: tf` with what only the JAX backend has, refused before any stage."""
+    """`train.backend: tf` with what only the JAX backend has, refused before any stage;
+    `train.remat` wraps Llama decoder blocks only."""
+    if job.train.remat != "none" and job.model.family not in REMAT_FAMILIES:
+        raise SpecError(
+            f"train.remat: {job.train.remat} applies to the decoder blocks of model.family "
+            f"{', '.join(REMAT_FAMILIES)}; model.family {job.model.family} trains with "
+            "train.remat: none"
+        )
     if job.train.backend != "tf":
         return
     if job.model.family in JAX_ONLY_FAMILIES:

@@ -32,6 +32,7 @@ from test_export import (
     _run_pt,
 )
 from train_helpers import (
+    assert_user_error,
     copy_prepared,
     job_document,
     prepare_data,
@@ -42,6 +43,7 @@ from train_helpers import (
 
 from payload import export as export_lib
 from payload import model as model_lib
+from payload import training
 from payload.errors import SpecError
 from payload.spec import parse_job
 
@@ -168,12 +170,38 @@ def test_spec_takes_llama_config_names() -> None:
          "train.grad_accum_steps: 3 does not divide train.global_batch_size: 8"),
         ({"family": "llama"}, {"remat": "full"},
          "train.remat: 'full' is not allowed (allowed: none, block)"),
+        ({"family": "llama"}, {"backend": "tf"},
+         "model.family: llama trains on the JAX backend only, not with train.backend: tf"),
+        ({"family": "gpt2"}, {"remat": "block"},
+         "train.remat: block applies to the decoder blocks of model.family llama; "),
+        ({"family": "gpt2"}, {"backend": "tf", "grad_accum_steps": 2},
+         "train.grad_accum_steps: 2 is a JAX backend setting, not one of train.backend: tf"),
     ],
 )  # fmt: skip
 def test_spec_refuses_in_one_line(model: dict, train: dict, message: str) -> None:
     with pytest.raises(SpecError) as caught:
         parse_job(_job(model, **train), source="/tmp/job.yaml")
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_auto_backend_is_jax_for_llama() -> None:
+    llama = parse_job(_job({"family": "llama"}), source="/tmp/job.yaml")
+    gpt2 = parse_job(_job({"family": "gpt2"}), source="/tmp/job.yaml")
+    unit = {training.BACKEND_ENV: "tf"}  # a VM unit that installed the TF environment
+    assert training.resolve_backend(llama, unit) == "jax"
+    assert training.resolve_backend(gpt2, unit) == "tf"
+    assert training.resolve_backend(gpt2, {}) == "tf"
+
+
+def test_the_tf_trainer_refuses_accumulation_when_auto_resolves_to_tf(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.txt", lines=60)
+    doc = job_document(tmp_path, corpus, "clm", "gpt2", steps=2, warmup_steps=0, grad_accum_steps=2)
+    doc["train"].pop("backend", None)
+    write_job(tmp_path, doc)
+    result = run_cli("train", "--job", str(tmp_path / "job.yaml"), env={training.BACKEND_ENV: "tf"})
+    line = assert_user_error(result, "train.grad_accum_steps: 2 is a JAX backend setting")
+    assert "train.backend: jax" in line
+    assert not Path(tmp_path, "out", "checkpoints").exists()
 
 
 def test_llama_needs_clm() -> None:

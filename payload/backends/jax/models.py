@@ -398,7 +398,7 @@ Model = MaskedLM | CausalLM | LlamaCausalLM
 
 def create_model(family: str, config: Any, seq_length: int, *, remat: str = "none") -> Model:
     """A built model (weights created) for `seq_length`-token inputs; `remat` (train.remat)
-    applies to the Llama family's blocks (the other families refuse it: train.py)."""
+    applies to the Llama family's blocks (spec.py refuses it for the other families)."""
     # Named by the family: the variables' paths (checkpoints.Layout) do not depend on how
     # many models this process built before.
     model: Model

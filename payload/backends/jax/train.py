@@ -192,15 +192,6 @@ def check_global_batch(global_batch_size: int, rt: Runtime, grad_accum_steps: in
         )
 
 
-def check_remat(job: JobSpec) -> None:
-    """train.remat wraps decoder blocks of the llama family only."""
-    if job.train.remat != "none" and job.model.family != "llama":
-        raise SpecError(
-            f"train.remat: {job.train.remat} applies to the llama family's decoder blocks; "
-            f"model.family {job.model.family} trains with train.remat: none"
-        )
-
-
 class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
     """training.learning_rate_at in keras.ops (traced inside the compiled step)."""
 
@@ -415,7 +406,6 @@ def train(
     manifest_lib.verify_shards(job.paths.data, manifest, checksums=True)
 
     spec = job.train
-    check_remat(job)
     config = model_lib.config_for(job, manifest)
     parameters = model_lib.parameter_count(job.model.family, config)
     rt = runtime(spec.precision, spec.sharding, parameters)

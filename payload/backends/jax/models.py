@@ -367,9 +367,11 @@ class LlamaCausalLM(keras.Model):
         length = ops.shape(input_ids)[1]
         x = self.embed_tokens(input_ids)
         cos, sin = rotary_tables(length, self.head_size, self.theta, x.dtype)
-        causal = ops.tril(ops.ones((length, length), dtype="bool"))
-        bias = ops.where(causal, 0.0, _most_negative(x.dtype))[None, None]
-        bias = ops.cast(bias + _padding_bias(attention_mask, x.dtype), x.dtype)
+        # One mask, one most negative value (never -inf from adding two of them): a query
+        # whose every key is masked (a row of padding only) gets a finite softmax, not NaN.
+        causal = ops.tril(ops.ones((length, length), dtype="bool"))[None, None]
+        visible = ops.logical_and(causal, ops.cast(attention_mask, "bool")[:, None, None, :])
+        bias = ops.cast(ops.where(visible, 0.0, _most_negative(x.dtype)), x.dtype)
         for block in self.blocks:
             x = self._run_block(block, x, bias, cos, sin)
         x = self.norm(x)

@@ -68,6 +68,7 @@ PYTORCH_CLASSES = {
     "bert": "BertForMaskedLM",
     "roberta": "RobertaForMaskedLM",
     "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
 }
 # Stored once, tied on load (transformers 5's `_tied_weights_keys` of these classes).
 TIED_KEYS = {
@@ -80,6 +81,8 @@ TIED_KEYS = {
         "lm_head.decoder.bias": "lm_head.bias",
     },
     "gpt2": {"lm_head.weight": "transformer.wte.weight"},
+    # Only with tie_word_embeddings (the presets' default); untied, lm_head.weight is stored.
+    "llama": {"lm_head.weight": "model.embed_tokens.weight"},
 }
 HUB_TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 

@@ -56,6 +56,67 @@ _GPT2_SIZES: dict[str, dict[str, int]] = {
     for size, v in _ENCODER_SIZES.items()
 }
 
+# Llama (LlamaConfig names). Shapes and where they come from (docs/models.md has the counts):
+# - tiny: our choice, for tests (grouped-query attention with 2 key/value heads of 4);
+# - 125m: SmolLM2-135M's config.json (HuggingFaceTB/SmolLM2-135M: 576 wide, 30 layers,
+#   9 heads, 3 key/value heads, intermediate 1536, tied, rope_theta 100000);
+# - 350m: SmolLM2-360M's shape (960 wide, 32 layers, 15 heads, 5 key/value heads,
+#   intermediate 2560, tied); its rope_theta here is our choice (100000, as the 135M);
+# - 1b / 3b: Llama 3.2 1B / 3B's config.json (meta-llama/Llama-3.2-{1B,3B}: 2048 x 16
+#   layers, 32 heads / 3072 x 28 layers, 24 heads; 8 key/value heads, intermediate 8192,
+#   tied, rope_theta 500000, rms_norm_eps 1e-5) with the default RoPE: their "llama3"
+#   scaling of positions past 8192 is for long-context extension, not pre-training, and
+#   8192 positions is their original_max_position_embeddings.
+# max_position_embeddings costs no parameters with RoPE: it caps data.seq_length only.
+_LLAMA_COMMON = {"rms_norm_eps": 1e-5, "tie_word_embeddings": True, "initializer_range": 0.02}
+_LLAMA_SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 176,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "rope_theta": 10000.0,
+    },
+    "125m": {
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "max_position_embeddings": 2048,
+        "rope_theta": 100000.0,
+    },
+    "350m": {
+        "hidden_size": 960,
+        "intermediate_size": 2560,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 15,
+        "num_key_value_heads": 5,
+        "max_position_embeddings": 2048,
+        "rope_theta": 100000.0,
+    },
+    "1b": {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+    },
+    "3b": {
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+    },
+}
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "bert": {size: {**v, "max_position_embeddings": 512} for size, v in _ENCODER_SIZES.items()},
     # TF RoBERTa numbers positions from padding_idx + 1 = 2: 512 tokens need 514 positions.
@@ -64,6 +125,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         for size, v in _ENCODER_SIZES.items()
     },
     "gpt2": {size: {**v, "n_positions": 1024} for size, v in _GPT2_SIZES.items()},
+    "llama": {size: {**_LLAMA_COMMON, **v} for size, v in _LLAMA_SIZES.items()},
 }
 
 # Config keys a job may override, per family. gpt2 also accepts the BERT-style names that
@@ -96,10 +158,23 @@ _GPT2_ALIASES = {
     "hidden_dropout_prob": "resid_pdrop",
     "attention_probs_dropout_prob": "attn_pdrop",
 }
+_LLAMA_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rope_theta",
+    "rms_norm_eps",
+    "initializer_range",
+    "tie_word_embeddings",
+)
 OVERRIDABLE_KEYS: dict[str, tuple[str, ...]] = {
     "bert": _ENCODER_KEYS,
     "roberta": _ENCODER_KEYS,
     "gpt2": _GPT2_KEYS + tuple(_GPT2_ALIASES),
+    "llama": _LLAMA_KEYS,
 }
 
 # TF RoBERTa hard-codes padding_idx = 1 for its position ids (modeling_tf_roberta.py).
@@ -154,6 +229,8 @@ def build_config(
         for name in ("pad", "bos", "eos")
         if name in special_ids
     }
+    if family == "llama":
+        return _llama_config(settings, vocab_size=int(vocab_size), ids=ids)
     if family == "gpt2":
         heads_key, width_key = "n_head", "n_embd"
         config_cls: type[PretrainedConfig] = GPT2Config
@@ -170,6 +247,40 @@ def build_config(
             f"model.config: {width_key}={width} must be a positive multiple of {heads_key}={heads}"
         )
     return config_cls(vocab_size=int(vocab_size), **settings, **ids)
+
+
+def _llama_config(
+    settings: Mapping[str, Any], *, vocab_size: int, ids: Mapping[str, Any]
+) -> PretrainedConfig:
+    """LlamaConfig without biases, with SiLU and the default RoPE (what LlamaForCausalLM
+    computes from it is what backends/jax/models.py computes)."""
+    from transformers import LlamaConfig  # noqa: PLC0415
+
+    width, heads = int(settings["hidden_size"]), int(settings["num_attention_heads"])
+    groups = int(settings["num_key_value_heads"])
+    if width % heads:
+        raise SpecError(
+            f"model.config: hidden_size={width} must be a multiple of num_attention_heads={heads}"
+        )
+    if heads % groups:
+        raise SpecError(
+            f"model.config: num_attention_heads={heads} must be a multiple of "
+            f"num_key_value_heads={groups} (grouped-query attention)"
+        )
+    if (width // heads) % 2:
+        raise SpecError(
+            f"model.config: the head size hidden_size / num_attention_heads = {width // heads} "
+            "must be even (rotary embeddings rotate pairs of dimensions)"
+        )
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        attention_dropout=0.0,
+        **settings,
+        **ids,
+    )
 
 
 def max_sequence_length(family: str, config: PretrainedConfig) -> int:
@@ -226,6 +337,8 @@ def parameter_count(family: str, config: PretrainedConfig) -> int:
     and the decoder bias V. GPT-2 (tied lm_head, no bias): wte V x H, wpe P x H; per layer
     ln_1, c_attn H x 3H + 3H, c_proj H x H + H, ln_2, c_fc H x I + I, c_proj I x H + H; ln_f.
     """
+    if family == "llama":
+        return _llama_parameters(config)
     if family == "gpt2":
         h, v, p = config.n_embd, config.vocab_size, config.n_positions
         inner = config.n_inner or 4 * h
@@ -238,3 +351,17 @@ def parameter_count(family: str, config: PretrainedConfig) -> int:
     per_layer = 4 * (h * h + h) + 2 * h + (h * inner + inner) + (inner * h + h) + 2 * h
     head = (h * h + h) + 2 * h + v
     return embeddings + config.num_hidden_layers * per_layer + head
+
+
+def _llama_parameters(config: PretrainedConfig) -> int:
+    """LlamaForCausalLM (no biases): embed_tokens V x H; per layer q_proj H x (A x D),
+    k_proj and v_proj H x (K x D), o_proj (A x D) x H, gate_proj and up_proj H x I,
+    down_proj I x H and two RMSNorm scales H; the final norm H; lm_head H x V unless tied
+    (A heads of size D = H / A, K key/value heads, I the intermediate size)."""
+    h, v, inner = config.hidden_size, config.vocab_size, config.intermediate_size
+    head = h // config.num_attention_heads
+    attention = 2 * h * config.num_attention_heads * head
+    attention += 2 * h * config.num_key_value_heads * head
+    per_layer = attention + 3 * h * inner + 2 * h
+    lm_head = 0 if config.tie_word_embeddings else v * h
+    return v * h + config.num_hidden_layers * per_layer + h + lm_head

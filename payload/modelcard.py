@@ -68,6 +68,19 @@ def _num(value: Any, fmt: str = "{:,}") -> str:
 
 
 def _architecture(family: str, config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    if family == "llama":
+        keys = [
+            ("layers", "num_hidden_layers"),
+            ("hidden size", "hidden_size"),
+            ("attention heads", "num_attention_heads"),
+            ("key/value heads (grouped-query attention)", "num_key_value_heads"),
+            ("intermediate size (SwiGLU)", "intermediate_size"),
+            ("RoPE theta", "rope_theta"),
+            ("RMSNorm epsilon", "rms_norm_eps"),
+            ("tied input/output embeddings", "tie_word_embeddings"),
+            ("positions", "max_position_embeddings"),
+        ]
+        return [(label, _plain(config.get(key))) for label, key in keys]
     if family == "gpt2":
         keys = [
             ("layers", "n_layer"),
@@ -84,6 +97,14 @@ def _architecture(family: str, config: Mapping[str, Any]) -> list[tuple[str, str
             ("positions", "max_position_embeddings"),
         ]
     return [(label, _num(config.get(key))) for label, key in keys]
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return _num(value)
 
 
 def render(
@@ -172,6 +193,15 @@ def render(
         f"| steps | {_num(metrics.get('step'))} of {spec.steps:,} |",
         f"| global batch | {spec.global_batch_size:,} sequences "
         f"({spec.global_batch_size * manifest.seq_length:,} tokens) |",
+        f"| tokens seen | {_tokens_seen(metrics.get('step'), spec.global_batch_size, manifest)} |",
+        *(
+            [
+                f"| micro-batches per step (gradient accumulation) | {spec.grad_accum_steps} |",
+                f"| activation rematerialisation | {spec.remat} |",
+            ]
+            if runtime.get("backend") == "jax"
+            else []
+        ),
         f"| learning-rate schedule | {schedule} |",
         f"| backend | {_backend(runtime)} |",
         f"| hardware | {runtime.get('accelerator', NOT_RECORDED)}, "
@@ -256,6 +286,14 @@ def render(
         "",
     ]
     return "\n".join(lines)
+
+
+def _tokens_seen(step: Any, global_batch: int, manifest: Manifest) -> str:
+    """Sequence positions trained on (steps x global batch x sequence length; a packed
+    sequence's padding, if any, included)."""
+    if not isinstance(step, int):
+        return NOT_RECORDED
+    return f"{step * global_batch * manifest.seq_length:,} (steps x global batch x sequence length)"
 
 
 def _backend(runtime: Mapping[str, Any]) -> str:

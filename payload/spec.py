@@ -32,13 +32,23 @@ from payload.errors import SpecError
 
 OBJECTIVES = ("mlm", "clm")
 TOKENIZER_KINDS = ("wordpiece", "bpe", "unigram")
-FAMILIES = ("bert", "roberta", "gpt2")
+FAMILIES = ("bert", "roberta", "gpt2", "llama")
 SIZES = ("tiny", "mini", "small", "base")
-FAMILIES_FOR_OBJECTIVE = {"mlm": ("bert", "roberta"), "clm": ("gpt2",)}
+# Llama's presets are named by their size (payload/model.py, docs/models.md).
+LLAMA_SIZES = ("tiny", "125m", "350m", "1b", "3b")
+SIZES_FOR_FAMILY = {"bert": SIZES, "roberta": SIZES, "gpt2": SIZES, "llama": LLAMA_SIZES}
+FAMILIES_FOR_OBJECTIVE = {"mlm": ("bert", "roberta"), "clm": ("gpt2", "llama")}
+# Families only the JAX backend has: `train.backend: auto` picks jax for them.
+JAX_ONLY_FAMILIES = ("llama",)
 DECAYS = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "bf16", "fp32")
-# auto: the VM unit's TPU_PAYLOAD_BACKEND, else tf (payload/training.py resolve_backend).
+# auto: jax for a family only the JAX backend has (JAX_ONLY_FAMILIES), else the VM unit's
+# TPU_PAYLOAD_BACKEND, else tf (payload/training.py resolve_backend).
 BACKENDS = ("auto", "tf", "jax")
+# Activation rematerialisation (JAX backend): none, or `block` = jax.checkpoint around each
+# decoder block, keeping only the block's input for the backward pass (docs/models.md).
+REMATS = ("none", "block")
+REMAT_FAMILIES = ("llama",)
 # How the JAX backend lays the training state over the devices (payload/backends/jax/mesh.py):
 # auto: data parallelism while the state fits a chip, else FSDP. The TF backend: data only.
 SHARDINGS = ("auto", "data", "fsdp")
@@ -91,7 +101,26 @@ GPT2_CONFIG_KEYS = {
     "embd_pdrop": float,
     "attn_pdrop": float,
 }
-CONFIG_KEYS = {"bert": BERT_CONFIG_KEYS, "roberta": BERT_CONFIG_KEYS, "gpt2": GPT2_CONFIG_KEYS}
+# transformers' LlamaConfig names. rope_theta is any positive number; the other floats lie in
+# (0, 1) or [0, 1).
+LLAMA_CONFIG_KEYS = {
+    "hidden_size": int,
+    "intermediate_size": int,
+    "num_hidden_layers": int,
+    "num_attention_heads": int,
+    "num_key_value_heads": int,
+    "max_position_embeddings": int,
+    "rope_theta": float,
+    "rms_norm_eps": float,
+    "initializer_range": float,
+    "tie_word_embeddings": bool,
+}
+CONFIG_KEYS = {
+    "bert": BERT_CONFIG_KEYS,
+    "roberta": BERT_CONFIG_KEYS,
+    "gpt2": GPT2_CONFIG_KEYS,
+    "llama": LLAMA_CONFIG_KEYS,
+}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -154,7 +183,9 @@ class DataSpec:
 class ModelSpec:
     family: str
     size: str = "tiny"
-    config: Mapping[str, int | float | str] = field(default_factory=lambda: MappingProxyType({}))
+    config: Mapping[str, int | float | str | bool] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,6 +204,10 @@ class TrainSpec:
     precision: str = "auto"
     backend: str = "auto"  # tf (TensorFlow + tf_keras) | jax (Keras 3 on JAX): docs/backends.md
     sharding: str = "auto"  # auto | data | fsdp (JAX backend): docs/backends.md "The mesh"
+    remat: str = "none"  # none | block (JAX backend): docs/models.md
+    # Micro-batches per optimizer step (JAX backend): the global batch is split into this many
+    # parts whose gradients are summed before the one update (docs/models.md).
+    grad_accum_steps: int = 1
     checkpoint_every: int = 100
     keep_checkpoints: int = 3
     log_every: int = 10
@@ -449,9 +484,9 @@ def _model(section: _Section, objective: str) -> ModelSpec:
             f"{section.key('family')}: {family!r} cannot train objective {objective!r} "
             f"(data.objective={objective} needs model.family in: {', '.join(allowed)})"
         )
-    size = section.take("size", _choice(SIZES), "tiny")
+    size = section.take("size", _choice(SIZES_FOR_FAMILY[family]), "tiny")
     raw = section.take("config", lambda key, v: _Section(v, key), None)
-    config: dict[str, int | float] = {}
+    config: dict[str, int | float | bool] = {}
     if raw is not None:
         keys = CONFIG_KEYS[family]
         for name, value in raw.data.items():
@@ -460,8 +495,14 @@ def _model(section: _Section, objective: str) -> ModelSpec:
                 raise SpecError(
                     f"{key}: unknown {family} config key (allowed: {', '.join(sorted(keys))})"
                 )
-            if keys[name] is int:
+            if keys[name] is bool:
+                config[name] = _bool(key, value)
+            elif keys[name] is int:
                 config[name] = _int(1, 1 << 20)(key, value)
+            elif name == "rope_theta":
+                config[name] = _float(0.0, 1e12, lo_open=True)(key, value)
+            elif name in ("rms_norm_eps", "initializer_range"):
+                config[name] = _float(0.0, 1.0, lo_open=True, hi_open=True)(key, value)
             else:
                 config[name] = _float(0.0, 1.0, hi_open=True)(key, value)
     spec = ModelSpec(
@@ -488,6 +529,8 @@ def _train(section: _Section) -> TrainSpec:
         precision=section.take("precision", _choice(PRECISIONS), "auto"),
         backend=section.take("backend", _choice(BACKENDS), "auto"),
         sharding=section.take("sharding", _choice(SHARDINGS), "auto"),
+        remat=section.take("remat", _choice(REMATS), "none"),
+        grad_accum_steps=section.take("grad_accum_steps", _int(1, 1 << 16), 1),
         checkpoint_every=section.take("checkpoint_every", _int(1, 1 << 40), 100),
         keep_checkpoints=section.take("keep_checkpoints", _int(1, 1000), 3),
         log_every=section.take("log_every", _int(1, 1 << 40), 10),
@@ -495,6 +538,12 @@ def _train(section: _Section) -> TrainSpec:
         shuffle_buffer=section.take("shuffle_buffer", _int(1, 1 << 24), 10000),
         seed=section.take("seed", _int(0, (1 << 31) - 1), 0),
     )
+    if spec.global_batch_size % spec.grad_accum_steps:
+        raise SpecError(
+            f"{section.key('grad_accum_steps')}: {spec.grad_accum_steps} does not divide "
+            f"{section.key('global_batch_size')}: {spec.global_batch_size} (each optimizer step "
+            "splits the global batch into that many equal micro-batches)"
+        )
     section.finish()
     return spec
 
@@ -527,8 +576,37 @@ def parse_job(document: Any, *, source: str) -> JobSpec:
         source=source,
     )
     top.finish()
+    _check_backend(job)
     _check_model(job)
     return job
+
+
+def _check_backend(job: JobSpec) -> None:
+    """`train.backend: tf` with what only the JAX backend has, refused before any stage;
+    `train.remat` wraps Llama decoder blocks only."""
+    if job.train.remat != "none" and job.model.family not in REMAT_FAMILIES:
+        raise SpecError(
+            f"train.remat: {job.train.remat} applies to the decoder blocks of model.family "
+            f"{', '.join(REMAT_FAMILIES)}; model.family {job.model.family} trains with "
+            "train.remat: none"
+        )
+    if job.train.backend != "tf":
+        return
+    if job.model.family in JAX_ONLY_FAMILIES:
+        raise SpecError(
+            f"model.family: {job.model.family} trains on the JAX backend only, not with "
+            "train.backend: tf; use train.backend: jax (or auto, which picks it)"
+        )
+    if job.train.remat != "none":
+        raise SpecError(
+            f"train.remat: {job.train.remat} is a JAX backend setting, not one of "
+            "train.backend: tf; use train.backend: jax, or train.remat: none"
+        )
+    if job.train.grad_accum_steps != 1:
+        raise SpecError(
+            f"train.grad_accum_steps: {job.train.grad_accum_steps} is a JAX backend setting, "
+            "not one of train.backend: tf; use train.backend: jax, or train.grad_accum_steps: 1"
+        )
 
 
 def _check_model(job: JobSpec) -> None:

@@ -61,11 +61,16 @@ class TrainingInterrupted(SystemExit):
 
 
 def resolve_backend(job: JobSpec, environ: Mapping[str, str] = os.environ) -> str:
-    """`tf` or `jax`: the job's `train.backend`; for `auto`, the VM unit's TPU_PAYLOAD_BACKEND,
+    """`tf` or `jax`: the job's `train.backend`; for `auto`, `jax` for a family only the JAX
+    backend has (spec.JAX_ONLY_FAMILIES: llama), else the VM unit's TPU_PAYLOAD_BACKEND,
     else the TensorFlow backend (docs/backends.md says when that default changes)."""
+    from payload.spec import JAX_ONLY_FAMILIES  # noqa: PLC0415
+
     chosen = job.train.backend
     if chosen != "auto":
         return chosen
+    if job.model.family in JAX_ONLY_FAMILIES:
+        return "jax"
     from_unit = environ.get(BACKEND_ENV, "")
     if from_unit:
         if from_unit not in BACKENDS:

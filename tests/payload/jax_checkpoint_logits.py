@@ -14,6 +14,7 @@ jax_backend.use_jax()
 import numpy as np  # noqa: E402
 
 from payload import manifest as manifest_lib  # noqa: E402
+from payload import model as model_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import steps  # noqa: E402
 from payload.backends.jax import train as trainer  # noqa: E402
@@ -23,7 +24,8 @@ job_file, ids_path, mask_path, out_path = sys.argv[1:5]
 job = load_job(job_file)
 manifest = manifest_lib.load_manifest(job.paths.data)
 rt = trainer.runtime(job.train.precision)
-_, model, optimizer = trainer._build(job, manifest, rt)
+config = model_lib.config_for(job, manifest)
+model, optimizer = trainer._build(job, config, manifest, rt)
 layout = checkpoints.Layout.of(model, optimizer)
 store = checkpoints.Checkpoints(job.paths.checkpoints, layout, keep=job.train.keep_checkpoints)
 latest = store.steps()[-1]

@@ -3,8 +3,10 @@ build a JAX-backend model with random weights from our presets, save it in the H
 layout and write its logits for the given inputs.
 
 argv: family size vocab_size seq_length model_dir input_ids.npy attention_mask.npy logits.npy
+[overrides.json: model.config overrides]
 """
 
+import json
 import sys
 
 from payload.backends import jax as jax_backend
@@ -19,7 +21,8 @@ from payload.backends.jax import models  # noqa: E402
 
 family, size, vocab, seq, out_dir, ids_path, mask_path, logits_path = sys.argv[1:9]
 special = {"pad": 1, "bos": 0, "eos": 2} if family != "bert" else {"pad": 0, "cls": 2, "sep": 3}
-config = model_lib.build_config(family, size, {}, vocab_size=int(vocab), special_ids=special)
+overrides = json.loads(sys.argv[9]) if len(sys.argv) > 9 else {}
+config = model_lib.build_config(family, size, overrides, vocab_size=int(vocab), special_ids=special)
 keras.utils.set_random_seed(7)
 model = models.create_model(family, config, int(seq))
 # Random, non-trivial values everywhere (biases and LayerNorms too), so that no mapping

@@ -23,18 +23,18 @@ from payload.backends.jax import models  # noqa: E402
 from payload.backends.jax.train import create_optimizer  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
-VOCAB = {"bert": 400, "roberta": 600, "gpt2": 600}
+VOCAB = {"bert": 400, "roberta": 600, "gpt2": 600, "llama": 600}
 SEQ = 32
 
 assert len(jax.devices()) == 8, jax.devices()
 plan = mesh_lib.plan("fsdp", parameters=0, devices=8, memory=None)
 mesh = mesh_lib.build_mesh(plan)
-for family in ("bert", "roberta", "gpt2"):
+for family in ("bert", "roberta", "gpt2", "llama"):
     special = {"pad": 1} if family == "roberta" else {}
     config = model_lib.build_config(
         family, "tiny", {}, vocab_size=VOCAB[family], special_ids=special
     )
-    with mesh_lib.sharded_distribution(mesh).scope():
+    with mesh_lib.sharded_distribution(mesh, family).scope():
         model = models.create_model(family, config, SEQ)
         optimizer = create_optimizer(TrainSpec(steps=10))
         optimizer.build(model.trainable_variables)
@@ -50,7 +50,7 @@ for family in ("bert", "roberta", "gpt2"):
                 "spec": [None if a is None else str(a) for a in v.value.sharding.spec],
                 "expected": [
                     None if a is None else str(a)
-                    for a in mesh_lib.partition_spec(tuple(v.shape), 8)
+                    for a in mesh_lib.partition_spec(tuple(v.shape), 8, path=v.path, family=family)
                 ],
                 "device_bytes": max(s.data.nbytes for s in v.value.addressable_shards),
                 "bytes": int(v.value.nbytes),

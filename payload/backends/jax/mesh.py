@@ -13,11 +13,26 @@ built by `jax.make_mesh` (which orders TPU devices by their physical topology):
 "recommended sharding strategy for small-scale training", `ici_fsdp_parallelism: -1`), and
 `auto` = `data` while the state fits a chip with room for activations, else `fsdp`.
 
-The rule of a weight (`partition_spec`) is data, not code scattered through the trainer: an
-array of rank >= 2 is split over `fsdp` along its largest dimension that the axis size
-divides (the first such on ties); vectors (biases, LayerNorm scales), scalars (the step
-counter) and arrays no dimension of which divides stay replicated: they are a rounding
-error of the state. An optimizer slot has its weight's shape, hence its weight's rule.
+The rule of a weight (`partition_spec`) is data, not code scattered through the trainer:
+- a family's table (FAMILY_RULES) names, by the variable's path, the axis of each weight
+  that is split over `fsdp`, and takes precedence;
+- otherwise (the families without a table: BERT, RoBERTa, GPT-2, and a table's axis that
+  the `fsdp` size does not divide) the generic rule: an array of rank >= 2 is split along
+  its largest dimension that the axis size divides (the first such on ties);
+- vectors (biases, norm scales), scalars (the step counter) and arrays no dimension of
+  which divides stay replicated: they are a rounding error of the state.
+An optimizer slot has its weight's shape and its weight's path in its own (Keras names it
+`<weight path with / as _>_<slot>`), hence its weight's rule.
+
+Llama's table follows MaxText's logical axis rules (AI-Hypercomputer/maxtext
+MaxText/configs/base.yml `logical_axis_rules`: `embed` -> `fsdp`, while `vocab`, `mlp` and
+`heads` go to the `tensor` axis, which this mesh does not have): every weight is split along
+its hidden-size (`embed`) dimension: the embedding table [V, H] and the untied LM head
+[H, V] on H, q/k/v/gate/up kernels [H, out] on their input, o/down kernels [in, H] on their
+output. Why not the generic rule's largest dimension: the vocabulary, which the user's
+tokenizer sets (GPT-2's 50,257 is odd), would decide whether the two largest
+matrices are split at all, and the split axis would differ from weight to weight; H of every
+preset is a multiple of 64, so one rule covers the family up to 64-way FSDP.
 Variables are created sharded (`sharded_distribution`, a Keras distribution whose layouts
 follow the rule): Keras jit-compiles a large weight's initializer with the weight's sharding as its
 output, so no chip holds a replicated copy first.
@@ -26,6 +41,7 @@ output, so no chip holds a replicated copy first.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -118,11 +134,41 @@ def build_mesh(mesh_plan: MeshPlan, devices: Sequence[Any] | None = None) -> Mes
     )
 
 
-def partition_spec(shape: Sequence[int], fsdp: int) -> P:
-    """The PartitionSpec of a weight (or its optimizer slot) of `shape` on a mesh whose
-    `fsdp` axis has `fsdp` devices (the rule in the module's docstring)."""
+# family -> ((a regular expression searched in the variable's path, the axis split over
+# fsdp), ...): the first match decides. `[/_]` matches a weight's path (llama/layers_0/
+# self_attn/q_proj/kernel) and its optimizer slots' (adamw/llama_layers_0_self_attn_q_proj_
+# kernel_momentum). Variables no entry names (the RMSNorm scales) follow the generic rule.
+FAMILY_RULES: dict[str, tuple[tuple[str, int], ...]] = {
+    "llama": (
+        (r"embed_tokens[/_]embeddings", 1),  # [V, H]
+        (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)[/_]kernel", 0),  # [H, out]
+        (r"(o_proj|down_proj)[/_]kernel", 1),  # [in, H]
+        (r"lm_head[/_]kernel", 0),  # [H, V], untied embeddings only
+    ),
+}
+
+
+def family_axis(family: str | None, path: str) -> int | None:
+    """The axis the family's table splits for the variable at `path`, or None."""
+    for pattern, axis in FAMILY_RULES.get(family or "", ()):
+        if re.search(pattern, path):
+            return axis
+    return None
+
+
+def partition_spec(
+    shape: Sequence[int], fsdp: int, *, path: str = "", family: str | None = None
+) -> P:
+    """The PartitionSpec of a weight (or its optimizer slot) of `shape` at `path` of a
+    `family` model on a mesh whose `fsdp` axis has `fsdp` devices (the rules in the module's
+    docstring)."""
     if fsdp <= 1 or len(shape) < 2:
         return P()
+    axis = family_axis(family, path)
+    if axis is not None and axis < len(shape) and shape[axis] % fsdp == 0:
+        table: list[Any] = [None] * len(shape)
+        table[axis] = "fsdp"
+        return P(*table)
     candidates = [(int(size), -axis) for axis, size in enumerate(shape) if size % fsdp == 0]
     if not candidates:
         return P()
@@ -141,8 +187,9 @@ def batch_sharding(mesh: Mesh, *, chunk: bool) -> NamedSharding:
     return NamedSharding(mesh, P(None, BATCH) if chunk else P(BATCH))
 
 
-def sharded_distribution(mesh: Mesh) -> Any:
-    """A Keras distribution that lays every variable out by `partition_spec` on `mesh`:
+def sharded_distribution(mesh: Mesh, family: str | None = None) -> Any:
+    """A Keras distribution that lays every variable of a `family` model (and its optimizer
+    slots) out by `partition_spec` on `mesh`:
     variables created in its `scope()` (the model's, the optimizer's slots) are created
     sharded. Keras is imported here, not with this module (whose rules need only JAX)."""
     import keras  # noqa: PLC0415
@@ -171,7 +218,9 @@ def sharded_distribution(mesh: Mesh) -> Any:
         def get_variable_layout(self, variable: Any) -> Any:
             if getattr(variable, "_layout", None) is not None:
                 return variable._layout
-            spec = partition_spec(tuple(variable.shape), self.fsdp)
+            spec = partition_spec(
+                tuple(variable.shape), self.fsdp, path=str(variable.path), family=family
+            )
             axes = list(spec) + [None] * (len(variable.shape) - len(spec))
             return keras.distribution.TensorLayout(axes, self.device_mesh)
 

@@ -17,6 +17,14 @@ modeling files (the classes the export names in config.json):
 - GPT-2 (modeling_gpt2.py): token + position embeddings; pre-LayerNorm blocks (ln_1,
   c_attn -> q, k, v, causal softmax, c_proj; ln_2, c_fc, "gelu_new" = the tanh GELU,
   c_proj); ln_f; lm_head tied to wte without a bias.
+- Llama (modeling_llama.py, LlamaForCausalLM): embed_tokens; pre-norm blocks of LlamaRMSNorm
+  (x in float32 times rsqrt(mean(x^2) + eps), cast back, times the weight), attention
+  without biases with rotary embeddings (default RoPE: inv_freq = 1 / theta^(2i / D),
+  cos/sin of position x inv_freq duplicated over both halves, q * cos + rotate_half(q) * sin,
+  positions 0..S-1 whatever the padding) and grouped-query attention (query head h reads
+  key/value head h // (A / K), as repeat_kv), softmax in float32, o_proj; the SwiGLU MLP
+  down_proj(silu(gate_proj(x)) * up_proj(x)); the final norm; lm_head tied to embed_tokens
+  or its own matrix (tie_word_embeddings), no bias.
 Dense kernels are Keras' [in, out]; `hf_state_dict` maps every weight to the PyTorch name
 and shape (nn.Linear [out, in]; GPT-2's Conv1D keeps [in, out]). Masked positions get the
 dtype's most negative value, as transformers' eager attention does.
@@ -232,6 +240,150 @@ class CausalLM(keras.Model):
         return ops.matmul(x, ops.transpose(ops.cast(self.wte.embeddings, x.dtype)))
 
 
+class RMSNorm(layers.Layer):
+    """LlamaRMSNorm: normalised in float32, cast back to the input's dtype, then scaled.
+    The scale is named `gamma` so that weight decay skips it (train.NO_DECAY_NAMES)."""
+
+    def __init__(self, eps: float, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.eps = eps
+
+    def build(self, input_shape: Any) -> None:
+        self.gamma = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="gamma")
+
+    def call(self, x: Any) -> Any:
+        x32 = ops.cast(x, "float32")
+        variance = ops.mean(ops.square(x32), axis=-1, keepdims=True)
+        normed = ops.cast(x32 * ops.rsqrt(variance + self.eps), x.dtype)
+        return ops.cast(self.gamma, x.dtype) * normed
+
+
+def _rotate_half(x: Any) -> Any:
+    half = ops.shape(x)[-1] // 2
+    return ops.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def rotary_tables(length: int, head_size: int, theta: float, dtype: Any) -> tuple[Any, Any]:
+    """(cos, sin) [S, D] of LlamaRotaryEmbedding's default RoPE for positions 0..S-1,
+    computed in float32 and cast to the activations' dtype as transformers does."""
+    exponents = np.arange(0, head_size, 2, dtype=np.float32) / np.float32(head_size)
+    inv_freq = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+    freqs = ops.cast(ops.arange(length), "float32")[:, None] * inv_freq[None, :]
+    emb = ops.concatenate([freqs, freqs], axis=-1)
+    return ops.cast(ops.cos(emb), dtype), ops.cast(ops.sin(emb), dtype)
+
+
+class LlamaAttention(layers.Layer):
+    """LlamaAttention: q/k/v/o projections without biases, RoPE on q and k, grouped-query
+    attention (K key/value heads shared by groups of A / K query heads)."""
+
+    def __init__(self, config: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        width = int(config.hidden_size)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_size = width // self.heads
+        self.q_proj = _linear_no_bias(self.heads * self.head_size, config, "q_proj")
+        self.k_proj = _linear_no_bias(self.kv_heads * self.head_size, config, "k_proj")
+        self.v_proj = _linear_no_bias(self.kv_heads * self.head_size, config, "v_proj")
+        self.o_proj = _linear_no_bias(width, config, "o_proj")
+
+    def call(self, x: Any, bias: Any, cos: Any, sin: Any) -> Any:
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        groups, size = self.heads // self.kv_heads, self.head_size
+        q = ops.reshape(self.q_proj(x), (batch, length, self.kv_heads, groups, size))
+        k = ops.reshape(self.k_proj(x), (batch, length, self.kv_heads, size))
+        v = ops.reshape(self.v_proj(x), (batch, length, self.kv_heads, size))
+        q = q * cos[None, :, None, None] + _rotate_half(q) * sin[None, :, None, None]
+        k = k * cos[None, :, None] + _rotate_half(k) * sin[None, :, None]
+        # [B, K, G, S, T]: query head k * G + g attends with key/value head k (repeat_kv).
+        scores = ops.einsum("bskgd,btkd->bkgst", q, k) * (size**-0.5)
+        scores = scores + bias[:, :, None]  # bias [B, 1, S, T] -> [B, 1, 1, S, T]
+        probs = ops.cast(ops.softmax(ops.cast(scores, "float32"), axis=-1), x.dtype)
+        out = ops.einsum("bkgst,btkd->bskgd", probs, v)
+        return self.o_proj(ops.reshape(out, (batch, length, self.heads * size)))
+
+
+class LlamaBlock(layers.Layer):
+    """LlamaDecoderLayer: x + attn(norm(x)), then h + mlp(norm(h)) with the SwiGLU MLP."""
+
+    def __init__(self, config: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        eps, width = float(config.rms_norm_eps), int(config.hidden_size)
+        inner = int(config.intermediate_size)
+        self.input_layernorm = RMSNorm(eps, name="input_layernorm")
+        self.self_attn = LlamaAttention(config, name="self_attn")
+        self.post_attention_layernorm = RMSNorm(eps, name="post_attention_layernorm")
+        self.gate_proj = _linear_no_bias(inner, config, "gate_proj")
+        self.up_proj = _linear_no_bias(inner, config, "up_proj")
+        self.down_proj = _linear_no_bias(width, config, "down_proj")
+
+    def call(self, x: Any, bias: Any, cos: Any, sin: Any) -> Any:
+        x = x + self.self_attn(self.input_layernorm(x), bias, cos, sin)
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(ops.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+# `train.remat`: what the backward pass of a decoder block may keep from its forward pass.
+# `block` keeps nothing but the block's input (jax.checkpoint with the nothing_saveable
+# policy): every activation inside a block is recomputed, the memory of activations drops
+# from O(layers x block internals) to O(layers x hidden states) for ~1/3 more compute.
+REMAT_POLICIES = {"block": "nothing_saveable"}
+
+
+class LlamaCausalLM(keras.Model):
+    """LlamaForCausalLM: logits [B, S, V]. `remat` (train.remat) wraps each block's call in
+    jax.checkpoint; the weights and what they compute are the same either way."""
+
+    def __init__(self, config: Any, remat: str = "none", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.config, self.family = config, "llama"
+        self.remat = remat
+        width = int(config.hidden_size)
+        self.embed_tokens = layers.Embedding(
+            int(config.vocab_size), width, embeddings_initializer=_init(config), name="embed_tokens"
+        )
+        self.blocks = [
+            LlamaBlock(config, name=f"layers_{i}") for i in range(config.num_hidden_layers)
+        ]
+        self.norm = RMSNorm(float(config.rms_norm_eps), name="norm")
+        self.tied = bool(config.tie_word_embeddings)
+        self.lm_head = (
+            None if self.tied else _linear_no_bias(int(config.vocab_size), config, "lm_head")
+        )
+        self.head_size = width // int(config.num_attention_heads)
+        self.theta = float(config.rope_theta)
+
+    def _run_block(self, block: LlamaBlock, x: Any, bias: Any, cos: Any, sin: Any) -> Any:
+        if self.remat == "none":
+            return block(x, bias, cos, sin)
+        import jax  # noqa: PLC0415  (this module is the JAX backend's)
+
+        policy = getattr(jax.checkpoint_policies, REMAT_POLICIES[self.remat])
+        return jax.checkpoint(lambda h: block(h, bias, cos, sin), policy=policy)(x)
+
+    def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
+        input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+        length = ops.shape(input_ids)[1]
+        x = self.embed_tokens(input_ids)
+        cos, sin = rotary_tables(length, self.head_size, self.theta, x.dtype)
+        # One mask, one most negative value (never -inf from adding two of them): a query
+        # whose every key is masked (a row of padding only) gets a finite softmax, not NaN.
+        causal = ops.tril(ops.ones((length, length), dtype="bool"))[None, None]
+        visible = ops.logical_and(causal, ops.cast(attention_mask, "bool")[:, None, None, :])
+        bias = ops.cast(ops.where(visible, 0.0, _most_negative(x.dtype)), x.dtype)
+        for block in self.blocks:
+            x = self._run_block(block, x, bias, cos, sin)
+        x = self.norm(x)
+        if self.lm_head is not None:
+            return self.lm_head(x)
+        return ops.matmul(x, ops.transpose(ops.cast(self.embed_tokens.embeddings, x.dtype)))
+
+
+def _linear_no_bias(units: int, config: Any, name: str) -> layers.Dense:
+    return layers.Dense(units, use_bias=False, kernel_initializer=_init(config), name=name)
+
+
 def _most_negative(dtype: Any) -> float:
     # ml_dtypes' finfo knows bfloat16 (numpy's does not) as well as numpy's own types.
     return float(ml_dtypes.finfo(keras.backend.standardize_dtype(dtype)).min)
@@ -243,13 +395,21 @@ def _padding_bias(attention_mask: Any, dtype: Any) -> Any:
     return ops.where(keep, 0.0, _most_negative(dtype))
 
 
-def create_model(family: str, config: Any, seq_length: int) -> MaskedLM | CausalLM:
-    """A built model (weights created) for `seq_length`-token inputs."""
+Model = MaskedLM | CausalLM | LlamaCausalLM
+
+
+def create_model(family: str, config: Any, seq_length: int, *, remat: str = "none") -> Model:
+    """A built model (weights created) for `seq_length`-token inputs; `remat` (train.remat)
+    applies to the Llama family's blocks (spec.py refuses it for the other families)."""
     # Named by the family: the variables' paths (checkpoints.Layout) do not depend on how
     # many models this process built before.
-    model = (
-        CausalLM(config, name=family) if family == "gpt2" else MaskedLM(config, family, name=family)
-    )
+    model: Model
+    if family == "llama":
+        model = LlamaCausalLM(config, remat=remat, name=family)
+    elif family == "gpt2":
+        model = CausalLM(config, name=family)
+    else:
+        model = MaskedLM(config, family, name=family)
     ids = np.zeros((1, seq_length), dtype="int32")
     model({"input_ids": ids, "attention_mask": np.ones_like(ids)})
     return model
@@ -277,8 +437,25 @@ def _norm(
     state[f"{name}.bias"] = value(norm.beta)
 
 
+def _llama_state(model: LlamaCausalLM, value: Values) -> dict[str, np.ndarray]:
+    """LlamaForCausalLM's names; nn.Linear weights [out, in]; lm_head only when untied."""
+    state = {"model.embed_tokens.weight": value(model.embed_tokens.embeddings)}
+    for i, block in enumerate(model.blocks):
+        p = f"model.layers.{i}"
+        state[f"{p}.input_layernorm.weight"] = value(block.input_layernorm.gamma)
+        for part in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            state[f"{p}.self_attn.{part}.weight"] = value(getattr(block.self_attn, part).kernel).T
+        state[f"{p}.post_attention_layernorm.weight"] = value(block.post_attention_layernorm.gamma)
+        for part in ("gate_proj", "up_proj", "down_proj"):
+            state[f"{p}.mlp.{part}.weight"] = value(getattr(block, part).kernel).T
+    state["model.norm.weight"] = value(model.norm.gamma)
+    if model.lm_head is not None:
+        state["lm_head.weight"] = value(model.lm_head.kernel).T
+    return state
+
+
 def hf_state_dict(
-    model: MaskedLM | CausalLM, values: Mapping[str, np.ndarray] | None = None
+    model: Model, values: Mapping[str, np.ndarray] | None = None
 ) -> dict[str, np.ndarray]:
     """transformers' PyTorch parameter names and shapes, float32; tied weights once (the
     decoder / lm_head is the word embedding matrix, export.TIED_KEYS). `values` (by variable
@@ -291,7 +468,9 @@ def hf_state_dict(
         return np.asarray(variable)
 
     state: dict[str, np.ndarray] = {}
-    if isinstance(model, CausalLM):
+    if isinstance(model, LlamaCausalLM):
+        state = _llama_state(model, value)
+    elif isinstance(model, CausalLM):
         state["transformer.wte.weight"] = value(model.wte.embeddings)
         state["transformer.wpe.weight"] = value(model.wpe.embeddings)
         for i, block in enumerate(model.blocks):
@@ -336,7 +515,7 @@ def hf_state_dict(
 
 
 def save_pretrained(
-    model: MaskedLM | CausalLM, directory: str, values: Mapping[str, np.ndarray] | None = None
+    model: Model, directory: str, values: Mapping[str, np.ndarray] | None = None
 ) -> dict[str, np.ndarray]:
     """The Hugging Face layout the TF backend's export writes for PyTorch users: config.json
     naming the PyTorch class and `transformers_weights`, and pytorch_model.safetensors

@@ -79,6 +79,7 @@ def make_train_chunk(
     objective: str,
     *,
     state_sharding: Any = None,
+    accum_steps: int = 1,
 ) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
     """A compiled function (state, batches with a leading [K] axis[, n]) -> (state, metrics
     [K]): the first n optimizer steps of the K batches in one call (n defaults to K; metrics
@@ -88,21 +89,62 @@ def make_train_chunk(
     same compiled program with the batches' tail unused, instead of compiling another one
     (on a TPU a compilation of a large model takes minutes). `state_sharding` (the
     trainer's: replicated over the mesh) pins where the new state lives; the old state's
-    buffers are donated to it (no second copy of the weights and optimizer slots)."""
+    buffers are donated to it (no second copy of the weights and optimizer slots).
 
-    def loss_fn(trainable: list[Any], non_trainable: list[Any], batch: Mapping[str, Any]):
+    `accum_steps` (train.grad_accum_steps) > 1 splits each batch into that many micro-batches
+    (rows i, i + N, i + 2N, ... form micro-batch i: every device keeps its own rows) run one
+    after another in a `lax.scan`: the gradients of each micro-batch's SUM of token losses
+    are added up and divided by the whole batch's token count, so loss and gradients are
+    the big batch's (not a mean of micro-batch means, which would weigh a token by its
+    micro-batch's size), and the optimizer steps once per batch. Activations are held for
+    one micro-batch at a time."""
+
+    def sums_fn(trainable: list[Any], non_trainable: list[Any], batch: Mapping[str, Any]):
         inputs, labels, weights = model_inputs(objective, batch)
         logits, non_trainable = model.stateless_call(
             trainable, non_trainable, inputs, training=True
         )
         loss_sum, weight_sum, correct = loss_terms(logits, labels, weights)
+        return loss_sum, (non_trainable, weight_sum, correct)
+
+    sums_and_grads = jax.value_and_grad(sums_fn, has_aux=True)
+
+    def micro_batches(batch: Mapping[str, Any]) -> dict[str, Any]:
+        def split(x: Any) -> Any:
+            parts = x.reshape(x.shape[0] // accum_steps, accum_steps, *x.shape[1:])
+            return jnp.swapaxes(parts, 0, 1)  # [N, B / N, ...]
+
+        return {name: split(x) for name, x in batch.items()}
+
+    def gradients(state: TrainState, batch: Mapping[str, Any]):
+        """(loss, accuracy, non-trainable state, gradients) of the whole batch's mean."""
+        if accum_steps == 1:
+            (loss_sum, (non_trainable, weight_sum, correct)), grads = sums_and_grads(
+                state.trainable, state.non_trainable, batch
+            )
+        else:
+
+            def body(carry: tuple[Any, ...], micro: Mapping[str, Any]):
+                non_trainable, grads, loss_sum, weight_sum, correct = carry
+                (part, (non_trainable, weights, right)), part_grads = sums_and_grads(
+                    state.trainable, non_trainable, micro
+                )
+                grads = jax.tree.map(jnp.add, grads, part_grads)
+                totals = (loss_sum + part, weight_sum + weights, correct + right)
+                return (non_trainable, grads, *totals), None
+
+            zero = jnp.zeros([], jnp.float32)
+            zeros = jax.tree.map(jnp.zeros_like, state.trainable)
+            start = (state.non_trainable, zeros, zero, zero, zero)
+            (non_trainable, grads, loss_sum, weight_sum, correct), _ = jax.lax.scan(
+                body, start, micro_batches(batch)
+            )
         denominator = jnp.maximum(weight_sum, 1.0)
-        return loss_sum / denominator, (non_trainable, correct / denominator)
+        grads = jax.tree.map(lambda g: g / denominator, grads)
+        return loss_sum / denominator, correct / denominator, non_trainable, grads
 
     def one_step(state: TrainState, batch: Mapping[str, Any]):
-        (loss, (non_trainable, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state.trainable, state.non_trainable, batch
-        )
+        loss, accuracy, non_trainable, grads = gradients(state, batch)
         norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in grads))
         trainable, optimizer_vars = optimizer.stateless_apply(
             state.optimizer, grads, state.trainable

@@ -179,12 +179,21 @@ def _env(name: str) -> str:
     return os.environ.get(name, "") or "unset"
 
 
-def check_global_batch(global_batch_size: int, rt: Runtime) -> None:
+def check_global_batch(global_batch_size: int, rt: Runtime, grad_accum_steps: int = 1) -> None:
+    """Every micro-batch (the global batch / train.grad_accum_steps) splits evenly over the
+    devices."""
     if global_batch_size % rt.num_replicas:
         raise SpecError(
             f"train.global_batch_size: {global_batch_size} is not divisible by the "
             f"{rt.num_replicas} devices JAX sees ({rt.describe()['devices']} per host, "
             f"{rt.process_count} host(s)); use a multiple of {rt.num_replicas}"
+        )
+    need = rt.num_replicas * grad_accum_steps
+    if global_batch_size % need:
+        raise SpecError(
+            f"train.global_batch_size: {global_batch_size} does not split into "
+            f"train.grad_accum_steps: {grad_accum_steps} micro-batches over the "
+            f"{rt.num_replicas} devices JAX sees; use a multiple of {need}"
         )
 
 
@@ -531,7 +540,7 @@ def _checked_data(job: JobSpec, manifest: Manifest, pipelines: _Pipelines) -> No
 
     def check() -> None:
         training.check_data(job, manifest)
-        check_global_batch(job.train.global_batch_size, pipelines.rt)
+        check_global_batch(job.train.global_batch_size, pipelines.rt, job.train.grad_accum_steps)
         _verify_own_shards(job, manifest, pipelines)
 
     distributed.agree_on_checks("data checks", check)
@@ -587,8 +596,8 @@ def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[
     # global seed.
     keras.utils.set_random_seed(spec.seed)
     try:
-        with mesh_lib.sharded_distribution(rt.mesh).scope():
-            model = models.create_model(family, config, manifest.seq_length)
+        with mesh_lib.sharded_distribution(rt.mesh, family).scope():
+            model = models.create_model(family, config, manifest.seq_length, remat=spec.remat)
             optimizer = create_optimizer(spec)
             optimizer.build(model.trainable_variables)
     finally:
@@ -657,6 +666,7 @@ class _TrainLoop:
             optimizer,
             job.data.objective,
             state_sharding=mesh_lib.shardings_of(steps.TrainState.of(model, optimizer)),
+            accum_steps=job.train.grad_accum_steps,
         )
         self.last_checkpoint: str | None = None
         self.store = checkpoints.Checkpoints(

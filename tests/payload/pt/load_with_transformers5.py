@@ -17,7 +17,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM,
 
 export_dir, ids_path, mask_path, out_path = sys.argv[1:5]
 config = AutoConfig.from_pretrained(export_dir)
-auto = AutoModelForCausalLM if config.model_type == "gpt2" else AutoModelForMaskedLM
+causal = config.model_type in ("gpt2", "llama")
+auto = AutoModelForCausalLM if causal else AutoModelForMaskedLM
 model, info = auto.from_pretrained(export_dir, output_loading_info=True)
 model.eval()
 with torch.no_grad():

@@ -410,8 +410,11 @@ def create_model(family: str, config: Any, seq_length: int, *, remat: str = "non
         model = CausalLM(config, name=family)
     else:
         model = MaskedLM(config, family, name=family)
-    ids = np.zeros((1, seq_length), dtype="int32")
-    model({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    # A symbolic call builds every weight without computing anything: on a slice the
+    # weights are global arrays, and an eager forward pass would be hundreds of small
+    # computations every process must run in step (one of them hung two CPU processes here).
+    ids = keras.KerasTensor((1, seq_length), dtype="int32")
+    model({"input_ids": ids, "attention_mask": ids})
     return model
 
 

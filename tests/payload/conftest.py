@@ -26,7 +26,10 @@ EMULATOR_START_TIMEOUT_S = 120.0  # a hang guard: the server answers within a se
 # files to its workers in collection order (pytest-xdist --dist loadfile), and long files
 # started last leave one core idle at the end. Order only; every test still runs.
 LONGEST_FIRST = (
+    "test_jax_hosts.py",
     "test_resume.py",
+    "test_jax_sharding.py",
+    "test_jax_llama.py",
     "test_export.py",
     "test_train_replicas.py",
     "test_jax_train.py",
@@ -35,6 +38,7 @@ LONGEST_FIRST = (
     "test_cli.py",
     "test_robustness.py",
     "test_jax_safety.py",
+    "test_jax_checkpoint.py",
     "test_jax_steps.py",
     "test_train_fp16.py",
     "test_quiet.py",

@@ -590,23 +590,37 @@ def _check_backend(job: JobSpec) -> None:
             f"{', '.join(REMAT_FAMILIES)}; model.family {job.model.family} trains with "
             "train.remat: none"
         )
-    if job.train.backend != "tf":
-        return
+    if job.train.backend == "tf" and (refusal := tf_backend_refusal(job)):
+        raise SpecError(refusal)
+
+
+def tf_backend_refusal(job: JobSpec) -> str | None:
+    """Why the TF backend cannot train `job` (the first setting only the JAX backend has),
+    or None. Checked here for `train.backend: tf` and by the TF backend itself, which `auto`
+    can also pick (the VM's TPU_PAYLOAD_BACKEND)."""
+    spec = job.train
     if job.model.family in JAX_ONLY_FAMILIES:
-        raise SpecError(
+        return (
             f"model.family: {job.model.family} trains on the JAX backend only, not with "
             "train.backend: tf; use train.backend: jax (or auto, which picks it)"
         )
-    if job.train.remat != "none":
-        raise SpecError(
-            f"train.remat: {job.train.remat} is a JAX backend setting, not one of "
+    if spec.sharding == "fsdp":
+        return (
+            "train.sharding: fsdp shards the training state over the devices, which only the "
+            "JAX backend does, not train.backend: tf; use train.backend: jax, or "
+            "train.sharding: data (or auto)"
+        )
+    if spec.remat != "none":
+        return (
+            f"train.remat: {spec.remat} is a JAX backend setting, not one of "
             "train.backend: tf; use train.backend: jax, or train.remat: none"
         )
-    if job.train.grad_accum_steps != 1:
-        raise SpecError(
-            f"train.grad_accum_steps: {job.train.grad_accum_steps} is a JAX backend setting, "
+    if spec.grad_accum_steps != 1:
+        return (
+            f"train.grad_accum_steps: {spec.grad_accum_steps} is a JAX backend setting, "
             "not one of train.backend: tf; use train.backend: jax, or train.grad_accum_steps: 1"
         )
+    return None
 
 
 def _check_model(job: JobSpec) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from safetensors.numpy import load_file
 from train_helpers import (
     assert_user_error,
@@ -198,13 +199,18 @@ def test_fsdp_and_data_parallel_train_alike(tmp_path: Path) -> None:
     assert json.loads(Path(data.paths.checkpoints, "run.json").read_text())["mesh"]["fsdp"] == 8
 
 
-def test_the_tf_backend_refuses_fsdp(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("backend", "env"),
+    [("tf", {}), ("auto", {"TPU_PAYLOAD_BACKEND": "tf"})],  # refused by the spec; by the trainer
+)
+def test_the_tf_backend_refuses_fsdp(tmp_path: Path, backend: str, env: dict[str, str]) -> None:
     corpus = write_corpus(tmp_path / "corpus.txt", lines=60)
     doc = job_document(
-        tmp_path, corpus, "mlm", "bert", steps=2, warmup_steps=0, backend="tf", sharding="fsdp"
-    )
-    write_job(tmp_path, doc)
-    result = run_cli("train", "--job", str(tmp_path / "job.yaml"))
+        tmp_path, corpus, "mlm", "bert", steps=2, warmup_steps=0, backend=backend,
+        sharding="fsdp",
+    )  # fmt: skip
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    result = run_cli("run", "--job", str(tmp_path / "job.yaml"), env=env)
     line = assert_user_error(result, "train.sharding: fsdp")
     assert "train.backend: jax" in line
     assert not Path(tmp_path, "out", "checkpoints").exists()

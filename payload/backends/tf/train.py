@@ -39,7 +39,7 @@ from payload.backends.tf import model as tf_model
 from payload.backends.tf import schedule
 from payload.backends.tf import strategy as strategy_lib
 from payload.errors import SpecError
-from payload.spec import JAX_ONLY_FAMILIES
+from payload.spec import tf_backend_refusal
 from payload.status import StatusWriter
 
 if TYPE_CHECKING:
@@ -66,26 +66,8 @@ def refuse_jax_only(job: JobSpec) -> None:
     """One line for what only the JAX backend has: the llama family, train.remat and
     train.grad_accum_steps (spec.py refuses them with `train.backend: tf`; this catches
     `auto` resolved to tf by the VM unit's TPU_PAYLOAD_BACKEND), and train.sharding: fsdp."""
-    if job.train.sharding == "fsdp":
-        raise SpecError(
-            "train.sharding: fsdp shards the training state over the devices, which only the "
-            "JAX backend does; use train.backend: jax, or train.sharding: data (or auto)"
-        )
-    if job.model.family in JAX_ONLY_FAMILIES:
-        raise SpecError(
-            f"model.family: {job.model.family} trains on the JAX backend only; use "
-            "train.backend: jax (or auto, which picks it for this family)"
-        )
-    if job.train.remat != "none":
-        raise SpecError(
-            f"train.remat: {job.train.remat} is a JAX backend setting; use train.backend: jax, "
-            "or train.remat: none"
-        )
-    if job.train.grad_accum_steps != 1:
-        raise SpecError(
-            f"train.grad_accum_steps: {job.train.grad_accum_steps} is a JAX backend setting; "
-            "use train.backend: jax, or train.grad_accum_steps: 1"
-        )
+    if refusal := tf_backend_refusal(job):
+        raise SpecError(refusal)
 
 
 def train(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
+from bench_backends import summary_value  # the train summary's figures, read alike
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,13 +62,6 @@ def cli(source: Path, *args: str) -> subprocess.CompletedProcess[str]:
     if result.returncode != 0:
         sys.exit(f"tpu-payload {' '.join(args)} ({source}) failed:\n{result.stderr[-3000:]}")
     return result
-
-
-def summary_value(stdout: str, key: str) -> float:
-    match = re.search(rf"\b{key}=([0-9.eE+-]+)", stdout)
-    if not match:
-        sys.exit(f"no {key} in the train summary:\n{stdout[-2000:]}")
-    return float(match.group(1))
 
 
 def main() -> None:

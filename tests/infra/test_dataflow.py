@@ -241,3 +241,26 @@ def test_render_refuses_a_dataflow_job_without_a_target():
     }
     with pytest.raises(jobspec.JobTemplateError, match=r"tpu-pretrain:dataflow true"):
         jobspec.render_job_spec(template, "b-tpu-pretrain")
+
+
+def test_the_offline_plan_shows_the_dataflow_resources_and_options():
+    from infra import plan
+
+    out = plan.format_plan(run_offline("v3-euw4", ON))
+    lines = out.splitlines()
+
+    def row(name: str) -> str:
+        [line] = [line for line in lines if f"  {name}  " in line]
+        return line
+
+    assert 'service="dataflow.googleapis.com" disableOnDestroy=false' in row("apis-dataflow")
+    assert 'accountId="tp-v3-euw4-dataflow"' in row("dataflow-worker-identity-sa")
+    assert 'role="roles/dataflow.worker"' in row("dataflow-worker")
+    assert 'role="roles/storage.objectUser"' in row("dataflow-worker-objects")
+    assert 'role="roles/dataflow.developer"' in row("dataflow-launcher")
+    assert 'role="roles/iam.serviceAccountUser"' in row("dataflow-launcher-acts-as-worker")
+    assert 'sourceTags=["dataflow"] targetTags=["dataflow"]' in row("dataflow-allow-workers")
+    [options] = [line for line in lines if line.startswith("  dataflowOptions: ")]
+    shown = json.loads(options.removeprefix("  dataflowOptions: "))
+    assert shown["subnetwork"] == "regions/europe-west4/subnetworks/tp-v3-euw4-vpc-europe-west4"
+    assert shown == run_offline("v3-euw4", ON).exports["dataflowOptions"]

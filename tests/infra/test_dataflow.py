@@ -218,10 +218,10 @@ def test_a_template_may_not_set_the_options_infra_owns(tmp_path, key):
 
 
 def test_a_local_beam_runner_needs_no_dataflow_and_gets_no_options(tmp_path):
-    data = {"runner": "beam", "beam": {"runner": "PrismRunner"}}
+    data = {"runner": "beam", "beam": {"runner": "DirectRunner"}}
     job = _template(tmp_path, "stacks/jobs/bert-small-mlm.yaml", data)
     run = run_offline("v3-euw4", {"tpu-pretrain:job": job})
-    assert _job_spec(run)["data"]["beam"] == {"runner": "PrismRunner"}
+    assert _job_spec(run)["data"]["beam"] == {"runner": "DirectRunner"}
     assert not [r for r in run.resources if r.name.startswith("dataflow")]
 
 

@@ -9,8 +9,12 @@ permissions" and "Access control with IAM" pages, dataflow/docs/concepts/...):
   be assigned to such an account" (dataflow.workItems.lease/update/sendMessage), and object
   read/write on the stack's bucket only (corpus in, shards out, staging and temp files);
 - the launcher (the controller's account) may create and manage jobs (roles/dataflow.developer:
-  dataflow.* and resourcemanager.projects.get/list; Dataflow Admin would add project-wide
-  storage object rights the controller does not need) and act as the worker account, a grant
+  dataflow.* and resourcemanager.projects.get/list). Google calls Dataflow Admin the minimal
+  set for running jobs; it adds compute.machineTypes.get, storage.buckets.get and object
+  create/get/list on every bucket of the project: the controller has the objects of the
+  stack's bucket already (storage.objectAdmin), and whether a launch needs the other two is
+  what only a real job shows (docs/verified-offline-vs-gcp.md). It may act as the worker
+  account, a grant
   on that one account (never roles/iam.serviceAccountUser on the project, which would be
   actAs on every account of the project);
 - workers talk to each other on TCP 12345-12346 (Google's "Configure internet access and

@@ -161,6 +161,13 @@ KEYS: tuple[Key, ...] = (
         "",
     ),
     Key("job", "string", "Job template (YAML) relative to the repository root."),
+    Key(
+        "dataflow",
+        "boolean",
+        "Give the stack Dataflow for encoding at scale: the Dataflow API, a worker service "
+        "account and launch rights for the controller (default: off).",
+        False,
+    ),
 )
 KEYS_BY_NAME = {key.name: key for key in KEYS}
 # Settings that belong to one kind of accelerator; a stack of the other kind refuses them.
@@ -189,7 +196,7 @@ _MACHINE_RE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")
 # limit: 6-30 characters, [a-z][a-z0-9-]*[a-z0-9] (IAM serviceAccounts.create accountId);
 # the stack's accounts are "<prefix>-<suffix>" for each suffix below (infra/program.py).
 SERVICE_ACCOUNT_ID_MAX = 30
-SERVICE_ACCOUNT_SUFFIXES = ("-workload", "-controller", "-vpn-hop")
+SERVICE_ACCOUNT_SUFFIXES = ("-workload", "-controller", "-vpn-hop", "-dataflow")
 LONGEST_ACCOUNT_SUFFIX = max(SERVICE_ACCOUNT_SUFFIXES, key=len)
 MAX_PREFIX = SERVICE_ACCOUNT_ID_MAX - len(LONGEST_ACCOUNT_SUFFIX)
 MAX_STACK_NAME = MAX_PREFIX - len("tp-")
@@ -298,6 +305,8 @@ class StackConfig:
     # The training backend the accelerator VM's environment is built for ("tf" | "jax"):
     # the job's train.backend, or for auto the catalog's choice (resolve_backend).
     backend: str = "tf"
+    # tpu-pretrain:dataflow: the stack provides Dataflow (infra/components/dataflow.py).
+    dataflow: bool = False
 
     @property
     def labels(self) -> dict[str, str]:
@@ -815,6 +824,7 @@ def parse_config(
         raise ConfigError(f"{_k('job')}: {job_file_value!r}: {error}") from None
     _check_job_replicas(job_file_value, template, accelerator, catalog)
     backend = resolve_backend(job_file_value, template, accelerator, catalog)
+    dataflow = _dataflow(values, job_file_value, template)
 
     return StackConfig(
         project=project,
@@ -828,7 +838,24 @@ def parse_config(
         job_file=job_file,
         job_name=template["name"],
         backend=backend,
+        dataflow=dataflow,
     )
+
+
+def _dataflow(values: Mapping[str, object], job_file: str, template: Mapping[str, object]) -> bool:
+    """tpu-pretrain:dataflow, off by default: Dataflow is billed outside a TPU grant and its
+    grants (a launcher role on the controller) are a stack's explicit choice. A job that
+    encodes on Dataflow needs it on; with it on, a job may still encode locally (the stack
+    then only offers Dataflow, e.g. to a launch from your own machine: stack output
+    dataflowOptions)."""
+    enabled = _boolean(values, "dataflow")
+    if not enabled and jobspec.uses_dataflow(template):
+        raise ConfigError(
+            f"{_k('dataflow')}: the job {job_file!r} encodes on Dataflow (data.beam.runner "
+            f"{jobspec.DATAFLOW_RUNNER}); set {_k('dataflow')} to true, or use a local Beam "
+            "runner (docs/deploy-gcp.md#dataflow-encoding-at-scale)"
+        )
+    return enabled
 
 
 def read_stack_config() -> StackConfig:

@@ -16,6 +16,7 @@ import copy
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,78 @@ def load_template(path: Path) -> dict[str, Any]:
             raise JobTemplateError(
                 f"corpus.paths[{i}]: {item!r} must be relative to gs://<bucket>/corpus/"
             )
+    _check_beam_options(template)
     return template
+
+
+# --- Dataflow (encoding at scale; docs/deploy-gcp.md#dataflow-encoding-at-scale) -----------
+# The payload owns `data.runner` / `data.beam` and validates them (its allowlist of Beam
+# options); infra fills in the options that name the stack's resources when the job runs on
+# Dataflow, so a template never carries a project, an account or a bucket of its own.
+DATAFLOW_RUNNER = "DataflowRunner"
+DATAFLOW_OPTION_KEYS = (
+    "project",
+    "region",
+    "service_account_email",
+    "subnetwork",
+    "temp_location",
+    "staging_location",
+    "no_use_public_ips",
+)
+
+
+@dataclass(frozen=True)
+class DataflowTarget:
+    """What a Dataflow job of the stack runs in: the stack's project and region, its worker
+    service account and the TPU region's subnet (Private Google Access on, no public IPs)."""
+
+    project: str
+    region: str
+    service_account_email: str
+    subnet_name: str
+
+
+def _beam(template: Mapping[str, Any]) -> Mapping[str, Any]:
+    data = template.get("data")
+    beam = data.get("beam") if isinstance(data, dict) else None
+    return beam if isinstance(beam, dict) else {}
+
+
+def uses_dataflow(template: Mapping[str, Any]) -> bool:
+    """Whether the job encodes on Dataflow: data.runner beam with data.beam.runner
+    DataflowRunner (the payload's keys; anything else runs on the machine that runs it)."""
+    data = template.get("data")
+    runner = data.get("runner") if isinstance(data, dict) else None
+    return runner == "beam" and _beam(template).get("runner") == DATAFLOW_RUNNER
+
+
+def _check_beam_options(template: Mapping[str, Any]) -> None:
+    options = _beam(template).get("options")
+    if not isinstance(options, dict):
+        return  # absent, or not a mapping: the payload refuses it with its own message
+    for key in DATAFLOW_OPTION_KEYS:
+        if key in options:
+            raise JobTemplateError(
+                f"data.beam.options.{key}: set by infra from the stack (its project, region, "
+                "Dataflow worker account, subnet and bucket); remove it"
+            )
+
+
+def dataflow_options(target: DataflowTarget, bucket: str) -> dict[str, Any]:
+    """The Beam pipeline options that put a Dataflow job into the stack: workers run as the
+    stack's worker account, in the TPU region's subnet, without public IPs (they reach Cloud
+    Storage through Private Google Access), staging and temp files in the stack's bucket.
+    `subnetwork` is the short form Google documents for a subnet of the job's own project
+    ("regions/REGION/subnetworks/SUBNETWORK", dataflow/docs/guides/specifying-networks)."""
+    return {
+        "project": target.project,
+        "region": target.region,
+        "service_account_email": target.service_account_email,
+        "subnetwork": f"regions/{target.region}/subnetworks/{target.subnet_name}",
+        "temp_location": f"gs://{bucket}/dataflow/tmp",
+        "staging_location": f"gs://{bucket}/dataflow/staging",
+        "no_use_public_ips": True,
+    }
 
 
 def run_root(bucket: str, job_name: str) -> str:
@@ -103,11 +175,23 @@ def watch_lease_object_name(job_name: str) -> str:
     return f"runs/{job_name}/bootstrap/tpu-watch-lease"
 
 
-def render_job_spec(template: Mapping[str, Any], bucket: str) -> dict[str, Any]:
-    """The job spec the payload runs on GCP: gs:// output and corpus in the bucket."""
+def render_job_spec(
+    template: Mapping[str, Any], bucket: str, dataflow: DataflowTarget | None = None
+) -> dict[str, Any]:
+    """The job spec the payload runs on GCP: gs:// output and corpus in the bucket; for a
+    job that encodes on Dataflow, the Beam options that name the stack's resources
+    (`dataflow`: the stack's Dataflow target, None when the stack has no Dataflow access)."""
     spec = copy.deepcopy(dict(template))
     spec["output"] = run_root(bucket, spec["name"])
     spec["corpus"]["paths"] = [f"gs://{bucket}/corpus/{p}" for p in spec["corpus"]["paths"]]
+    if uses_dataflow(template):
+        if dataflow is None:
+            raise JobTemplateError(
+                f"data.beam.runner: {DATAFLOW_RUNNER} needs a stack with Dataflow access "
+                "(tpu-pretrain:dataflow true)"
+            )
+        beam = spec["data"]["beam"]
+        beam["options"] = {**(beam.get("options") or {}), **dataflow_options(dataflow, bucket)}
     return spec
 
 

@@ -65,9 +65,11 @@ KEY_SETTINGS: dict[str, tuple[str, ...]] = {
 HIDDEN = "[secret]"
 
 
-def _compact(value: Any) -> str:
+def _compact(value: Any, drop: tuple[str, ...] = ("network", "subnetwork")) -> str:
+    """One-line JSON; a resource's long network links are dropped (`drop`), never an
+    output's (dataflowOptions names its subnetwork)."""
     if isinstance(value, dict):
-        value = {k: v for k, v in value.items() if k not in ("network", "subnetwork")}
+        value = {k: v for k, v in value.items() if k not in drop}
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
@@ -98,7 +100,7 @@ def format_plan(run: offline.OfflineRun) -> str:
     lines += [f"{r.type_:<{type_width}}  {r.name:<{name_width}}  {_settings(r)}" for r in rows]
     lines += ["", "Outputs:"]
     for key in sorted(run.exports):
-        value = HIDDEN if key in run.secret_exports else _compact(run.exports[key])
+        value = HIDDEN if key in run.secret_exports else _compact(run.exports[key], drop=())
         lines.append(f"  {key}: {value}")
     for resource in sorted(run.resources, key=lambda r: r.name):
         script = (resource.inputs.get("metadata") or {}).get("startup-script")

@@ -15,13 +15,20 @@ from typing import Protocol
 import pulumi
 
 from infra import jobspec, render
-from infra.components.apis import ProjectApis, ProjectApisArgs
+from infra.components import dataflow
+from infra.components.apis import REQUIRED_APIS, ProjectApis, ProjectApisArgs
 from infra.components.bucket import TrainingBucket, TrainingBucketArgs, kept_bucket_exists
 from infra.components.controller import ControllerVm, ControllerVmArgs, WatchLease
 from infra.components.delivery import PayloadDelivery, PayloadDeliveryArgs
 from infra.components.gpu import GpuVm, GpuVmArgs
 from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
-from infra.components.network import TAG_TPU, TENSORBOARD_PORT, Network, NetworkArgs
+from infra.components.network import (
+    TAG_TPU,
+    TENSORBOARD_PORT,
+    Network,
+    NetworkArgs,
+    subnet_name,
+)
 from infra.components.recovery import (
     GpuAutoRecovery,
     GpuAutoRecoveryArgs,
@@ -55,6 +62,7 @@ class Foundation:
     delivery: PayloadDelivery
     workload: render.Workload
     ready: list[pulumi.Resource]  # what a VM's first boot needs to exist
+    dataflow: dataflow.DataflowAccess | None = None  # tpu-pretrain:dataflow
 
 
 class AcceleratorVm(Protocol):
@@ -93,7 +101,7 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
 
 
 def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
-    apis = ProjectApis("apis", ProjectApisArgs(project=cfg.project))
+    apis = ProjectApis("apis", ProjectApisArgs(project=cfg.project, services=_apis(cfg)))
     after_apis = pulumi.ResourceOptions(depends_on=[apis])
     region = cfg.accelerator.region
     network = Network(
@@ -147,7 +155,9 @@ def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
         opts=after_apis,
     )
     archive = render.build_payload_archive()
-    job_spec = jobspec.render_job_spec(jobspec.load_template(cfg.job_file), cfg.bucket.name)
+    job_spec = jobspec.render_job_spec(
+        jobspec.load_template(cfg.job_file), cfg.bucket.name, _dataflow_target(cfg)
+    )
     delivery = PayloadDelivery(
         "payload",
         PayloadDeliveryArgs(
@@ -165,6 +175,16 @@ def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
         payload_sha256=archive.sha256,
         host=_host(cfg),
     )
+    dataflow_access = _dataflow_access(cfg, network, bucket, controller_identity, after_apis)
+    ready: list[pulumi.Resource] = [
+        delivery,
+        bucket,
+        workload_identity,
+        controller_identity,
+        network.nat,
+    ]
+    if dataflow_access is not None:  # the controller may launch a Dataflow job at boot
+        ready.append(dataflow_access)
     return Foundation(
         apis=apis,
         network=network,
@@ -176,7 +196,51 @@ def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
         workload=workload,
         # VMs start after their inputs exist, so a first boot finds payload, job, bucket
         # access and the NAT that lets it install packages.
-        ready=[delivery, bucket, workload_identity, controller_identity, network.nat],
+        ready=ready,
+        dataflow=dataflow_access,
+    )
+
+
+# --- Dataflow (tpu-pretrain:dataflow; infra/components/dataflow.py) ---------------------------
+def _apis(cfg: StackConfig) -> tuple[str, ...]:
+    return (*REQUIRED_APIS, dataflow.DATAFLOW_API) if cfg.dataflow else REQUIRED_APIS
+
+
+def _dataflow_target(cfg: StackConfig) -> jobspec.DataflowTarget | None:
+    """Where the stack's Dataflow jobs run: its region (the bucket's), its worker account and
+    the region's subnet. None without tpu-pretrain:dataflow."""
+    if not cfg.dataflow:
+        return None
+    region = cfg.accelerator.region
+    return jobspec.DataflowTarget(
+        project=cfg.project,
+        region=region,
+        service_account_email=dataflow.worker_email(cfg.prefix, cfg.project),
+        subnet_name=subnet_name(cfg.network.name, region),
+    )
+
+
+def _dataflow_access(
+    cfg: StackConfig,
+    network: Network,
+    bucket: TrainingBucket,
+    launcher: ServiceIdentity,
+    opts: pulumi.ResourceOptions,
+) -> dataflow.DataflowAccess | None:
+    if not cfg.dataflow:
+        return None
+    return dataflow.DataflowAccess(
+        "dataflow",
+        dataflow.DataflowAccessArgs(
+            project=cfg.project,
+            prefix=cfg.prefix,
+            stack=cfg.stack,
+            bucket=bucket.name,
+            launcher_member=launcher.member,
+            network=network.vpc.id,
+            network_name=cfg.network.name,
+        ),
+        opts=opts,
     )
 
 
@@ -397,6 +461,11 @@ def _export(
         pulumi.export("gpuQuota", gpu_quota(cfg))
     else:
         pulumi.export("tpuRecovery", tpu_recovery_commands(cfg, vm.vm.urn))
+    target = _dataflow_target(cfg)
+    if target is not None:
+        # What a launch from your own machine passes (the job spec carries the same when the
+        # job encodes on Dataflow); the launcher needs the controller's two Dataflow grants.
+        pulumi.export("dataflowOptions", jobspec.dataflow_options(target, cfg.bucket.name))
     pulumi.export("vpnEndpoint", hop.endpoint)
     pulumi.export("vpnServerPublicKey", hop.server_public_key)
     pulumi.export("vpnClientConfig", hop.client_config)

@@ -31,7 +31,11 @@ BOOTSTRAP_PROJECT = "tpu-pretrain-bootstrap"
 _PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
 # The main program's service accounts: "tp-<stack>-<role>" (infra/config.py: every name of a
 # stack starts with "tp-<stack>"; SERVICE_ACCOUNT_SUFFIXES). Group 1 is "tp-<stack>".
-STACK_ACCOUNT_ROLES = ("workload", "controller", "vpn-hop")
+# The VMs of a stack run as the first three; "dataflow" is the Dataflow worker account of a
+# stack with tpu-pretrain:dataflow (infra/components/dataflow.py), which no VM of the stack
+# may run as and which gets only the Dataflow grants below.
+VM_ACCOUNT_ROLES = ("workload", "controller", "vpn-hop")
+STACK_ACCOUNT_ROLES = (*VM_ACCOUNT_ROLES, "dataflow")
 
 
 def stack_account(*roles: str) -> str:
@@ -105,6 +109,7 @@ MAIN_TYPES = {
         f"tpu-pretrain:index:{name}": "component of infra/components"
         for name in (
             "ControllerVm",
+            "DataflowAccess",
             "GpuAutoRecovery",
             "GpuVm",
             "Network",
@@ -148,6 +153,7 @@ MAIN_APIS = frozenset(
     {
         "cloudresourcemanager.googleapis.com",
         "compute.googleapis.com",
+        "dataflow.googleapis.com",  # tpu-pretrain:dataflow only
         "iam.googleapis.com",
         "iamcredentials.googleapis.com",
         "iap.googleapis.com",
@@ -182,7 +188,8 @@ RECOVERY_PERMISSIONS = frozenset(
 GPU_RECOVERY_ROLE_ID = "tpuPretrainGpuRecovery"
 GPU_RECOVERY_PERMISSIONS = frozenset({"compute.instances.get", "compute.instances.start"})
 
-_ANY_STACK_ACCOUNT = stack_account(*STACK_ACCOUNT_ROLES)
+_ANY_STACK_ACCOUNT = stack_account(*VM_ACCOUNT_ROLES)
+_DATAFLOW_WORKER = stack_account("dataflow")
 # The accounts a VM or TPU VM of a stack may run as: the stack's own. Attaching an account
 # gives everyone who can log in to the VM that account's powers, so it is a grant too.
 VM_ACCOUNT = _ANY_STACK_ACCOUNT
@@ -231,6 +238,41 @@ MAIN_GRANTS = (
         rf"serviceAccount:{stack_account('controller', 'workload')}",
         "the TPU VM and the controller read and write the training bucket",
         "the stack's tp-<stack>-controller and tp-<stack>-workload accounts",
+    ),
+    # tpu-pretrain:dataflow (infra/components/dataflow.py; Google's Dataflow security and
+    # access-control pages): the worker role to the worker account only, objects of the
+    # stack's bucket to it, and the launcher's two grants to the controller: Dataflow
+    # Developer on the project and actAs on its own stack's worker account (never on the
+    # project).
+    Grant(
+        (PROJECT_IAM_MEMBER,),
+        "roles/dataflow.worker",
+        rf"serviceAccount:{_DATAFLOW_WORKER}",
+        "Dataflow workers lease and report work items of the stack's jobs",
+        "the stack's Dataflow worker account tp-<stack>-dataflow",
+    ),
+    Grant(
+        (BUCKET_IAM_MEMBER,),
+        "roles/storage.objectUser",
+        rf"serviceAccount:{_DATAFLOW_WORKER}",
+        "Dataflow workers read the corpus and write shards, staging and temp files",
+        "the stack's Dataflow worker account tp-<stack>-dataflow",
+    ),
+    Grant(
+        (PROJECT_IAM_MEMBER,),
+        "roles/dataflow.developer",
+        rf"serviceAccount:{stack_account('controller')}",
+        "the controller launches and watches the stack's Dataflow jobs",
+        "the stack's controller account tp-<stack>-controller",
+    ),
+    Grant(
+        (SA_IAM_MEMBER,),
+        "roles/iam.serviceAccountUser",
+        rf"serviceAccount:{stack_account('controller')}",
+        "the controller runs Dataflow jobs as the stack's worker account",
+        "the stack's controller account, on the same stack's tp-<stack>-dataflow account",
+        target=rf"projects/{_PROJECT_ID}/serviceAccounts/{_DATAFLOW_WORKER}",
+        same_stack=True,
     ),
     Grant(
         (SECRET_IAM_MEMBER,),

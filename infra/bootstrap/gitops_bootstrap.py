@@ -326,7 +326,15 @@ DEPLOYER_PERMISSIONS = tuple(
 # recovery role for the watchdog). roles/iam.serviceAccountUser is NOT among them: granted on
 # the project it would be actAs on every account of the project. The program grants it on
 # the TPU VM's own account only, through the stack-account role.
-GRANTABLE_PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
+GRANTABLE_PROJECT_ROLES = (
+    "roles/logging.logWriter",
+    "roles/monitoring.metricWriter",
+    # Stacks with tpu-pretrain:dataflow (infra/components/dataflow.py): the worker role to the
+    # stack's Dataflow worker account, the launcher role to its controller (the policy pack
+    # refuses them to any other member).
+    "roles/dataflow.worker",
+    "roles/dataflow.developer",
+)
 GRANTABLE_ACCOUNT_ROLES = ("roles/iam.serviceAccountUser",)
 
 # The main program's service accounts are "tp-<stack>-<suffix>" (infra/config.py: every GCP
@@ -334,7 +342,7 @@ GRANTABLE_ACCOUNT_ROLES = ("roles/iam.serviceAccountUser",)
 # project. tests/policy/test_deployability.py checks these against infra/config.py and the
 # captured accounts of every stack.
 STACK_ACCOUNT_PREFIX = "tp-"
-STACK_ACCOUNT_SUFFIXES = ("workload", "controller", "vpn-hop")
+STACK_ACCOUNT_SUFFIXES = ("workload", "controller", "vpn-hop", "dataflow")
 # A stack's bucket name ends so (infra/config.py STACK_BUCKET_SUFFIX refuses any other), and
 # the state bucket's may not: the deploy account's bucket powers stop at the stacks' buckets.
 STACK_BUCKET_SUFFIX = "-tpu-pretrain"

@@ -22,6 +22,9 @@ class ServiceIdentityArgs:
     project: str
     account_id: str
     display_name: str
+    # Project-level roles to report on itself; () for an account whose role brings its own
+    # (the Dataflow worker account: roles/dataflow.worker, infra/components/dataflow.py).
+    reporting_roles: tuple[str, ...] = REPORTING_ROLES
 
 
 class ServiceIdentity(pulumi.ComponentResource):
@@ -72,6 +75,6 @@ class ServiceIdentity(pulumi.ComponentResource):
                 member=self.member,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.settled]),
             )
-            for role in REPORTING_ROLES
+            for role in args.reporting_roles
         ]
         self.register_outputs({"email": self.email, "member": self.member})

@@ -14,6 +14,12 @@ TENSORBOARD_PORT = 6006
 HOP_TCP_PORTS = ("22", str(TENSORBOARD_PORT))  # what VPN clients reach through the hop
 
 
+def subnet_name(network_name: str, region: str) -> str:
+    """The name of the network's subnet in a region (the Dataflow option `subnetwork` names
+    the TPU region's subnet by it)."""
+    return f"{network_name}-{region}"
+
+
 @dataclass(frozen=True)
 class NetworkArgs:
     project: str
@@ -56,7 +62,7 @@ class Network(pulumi.ComponentResource):
             return gcp.compute.Subnetwork(
                 f"{name}-{role}-subnet",
                 project=args.project,
-                name=f"{args.name}-{region}",
+                name=subnet_name(args.name, region),
                 region=region,
                 network=self.vpc.id,
                 ip_cidr_range=cidr,

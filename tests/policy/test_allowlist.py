@@ -385,11 +385,20 @@ def test_a_second_wireguard_shaped_rule_to_every_vm_is_not_the_vpn_entry() -> No
 
 # --- the lists are exactly what the programs use ------------------------------------------
 def _all_variants() -> list[list[Resource]]:
-    return [resources(s) for s in STACKS] + [
-        resources(s, {f"tpu-pretrain:{'gpu' if s in GPU_STACKS else 'tpu'}AutoRecover": flag})
-        for s in STACKS
-        for flag in (True, False)
-    ]
+    return (
+        [resources(s) for s in STACKS]
+        + [
+            resources(s, {f"tpu-pretrain:{'gpu' if s in GPU_STACKS else 'tpu'}AutoRecover": flag})
+            for s in STACKS
+            for flag in (True, False)
+        ]
+        + [resources(s, DATAFLOW_ON) for s in DATAFLOW_STACKS]
+    )
+
+
+# Dataflow is off by default; these stacks run with it on (tests/policy/test_dataflow_policy.py).
+DATAFLOW_ON = {"tpu-pretrain:dataflow": True}
+DATAFLOW_STACKS = ("v6e-euw4", "t4-usc1")
 
 
 def test_every_allowed_main_type_api_and_grant_is_used_by_a_stack() -> None:

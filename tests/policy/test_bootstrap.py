@@ -266,6 +266,7 @@ def test_deploy_account_roles(run: Run) -> None:
     assert granter == (
         "api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
         ".hasOnly(['roles/logging.logWriter', 'roles/monitoring.metricWriter', "
+        "'roles/dataflow.worker', 'roles/dataflow.developer', "
         "'projects/tpu-pretrain-example/roles/tpuPretrainTpuRecovery', "
         "'projects/tpu-pretrain-example/roles/tpuPretrainGpuRecovery'])"
     )
@@ -280,7 +281,7 @@ def test_deploy_account_roles(run: Run) -> None:
     stack_accounts = run.named("deploy-stack-accounts").inputs["condition"]["expression"]
     assert stack_accounts == (
         "resource.name.matches('^projects/[^/]+/serviceAccounts/tp-[a-z0-9-]+-"
-        "(workload|controller|vpn-hop)@tpu-pretrain-example[.]iam[.]gserviceaccount[.]com$')"
+        "(workload|controller|vpn-hop|dataflow)@tpu-pretrain-example[.]iam[.]gserviceaccount[.]com$')"
         " && api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
         ".hasOnly(['roles/iam.serviceAccountUser'])"
     )

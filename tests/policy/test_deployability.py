@@ -99,9 +99,15 @@ def _account_pattern(expression: str) -> re.Pattern[str]:
 
 
 def _variants() -> list[tuple[str, dict[str, object]]]:
-    return [(s, {}) for s in stack_names()] + [
-        (s, {"tpu-pretrain:tpuAutoRecover": not_default}) for s, not_default in _flipped()
-    ]
+    return (
+        [(s, {}) for s in stack_names()]
+        + [(s, {"tpu-pretrain:tpuAutoRecover": not_default}) for s, not_default in _flipped()]
+        # Dataflow (off by default): one TPU and one GPU stack with it on.
+        + [(s, {"tpu-pretrain:dataflow": True}) for s in DATAFLOW_STACKS]
+    )
+
+
+DATAFLOW_STACKS = ("v3-euw4", "t4-usc1")
 
 
 def _flipped() -> list[tuple[str, bool]]:
@@ -232,11 +238,12 @@ def test_act_as_covers_the_stacks_accounts_and_nothing_else(bootstrap_run) -> No
     created = {
         f"projects/{PROJECT}/serviceAccounts/{r.inputs['accountId']}@{PROJECT}"
         ".iam.gserviceaccount.com"
-        for stack in stack_names()
-        for r in _run(stack)
+        for stack, overrides in _variants()
+        for r in _run(stack, overrides)
         if r.type_ == "gcp:serviceaccount/account:Account"
     }
-    assert len(created) == 3 * len(stack_names())
+    # three per stack, and the Dataflow worker account of the stacks with Dataflow on
+    assert len(created) == 3 * len(stack_names()) + len(DATAFLOW_STACKS)
     for name in created:
         assert pattern.fullmatch(name), name
         assert pattern.fullmatch(name.replace(f"projects/{PROJECT}/", "projects/-/")), name

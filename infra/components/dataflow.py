@@ -1,0 +1,132 @@
+"""Dataflow for encoding at scale (tpu-pretrain:dataflow; docs/deploy-gcp.md, "Dataflow
+(encoding at scale)").
+
+What a Dataflow job of the stack needs, and nothing more (Google's "Dataflow security and
+permissions" and "Access control with IAM" pages, dataflow/docs/concepts/...):
+- a worker service account of its own (never the default compute account): the Dataflow
+  Worker role on the project, which Google documents as the role "for a Compute Engine
+  service account to execute work units for a Dataflow pipeline" that "should typically only
+  be assigned to such an account" (dataflow.workItems.lease/update/sendMessage), and object
+  read/write on the stack's bucket only (corpus in, shards out, staging and temp files);
+- the launcher (the controller's account) may create and manage jobs (roles/dataflow.developer:
+  dataflow.* and resourcemanager.projects.get/list). Google calls Dataflow Admin the minimal
+  set for running jobs; it adds compute.machineTypes.get, storage.buckets.get and object
+  create/get/list on every bucket of the project: the controller has the objects of the
+  stack's bucket already (storage.objectAdmin), and whether a launch needs the other two is
+  what only a real job shows (docs/verified-offline-vs-gcp.md). It may act as the worker
+  account, a grant
+  on that one account (never roles/iam.serviceAccountUser on the project, which would be
+  actAs on every account of the project);
+- workers talk to each other on TCP 12345-12346 (Google's "Configure internet access and
+  firewall rules" for Dataflow: an ingress rule between VMs with the network tag `dataflow`,
+  which Dataflow puts on its workers); they have no public IPs (job option
+  no_use_public_ips, infra.jobspec.dataflow_options) and reach Cloud Storage and Google APIs
+  through the subnet's Private Google Access (infra/components/network.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
+
+DATAFLOW_API = "dataflow.googleapis.com"
+WORKER_ROLE = "roles/dataflow.worker"
+LAUNCHER_ROLE = "roles/dataflow.developer"
+ACT_AS_ROLE = "roles/iam.serviceAccountUser"
+# Objects only (get, list, create, delete, update), no IAM: Beam writes files under a temp
+# name and renames them (copy + delete), so create without delete is not enough.
+WORKER_BUCKET_ROLE = "roles/storage.objectUser"
+# Google's Dataflow firewall page: the tag Dataflow gives its worker VMs, and the ports of
+# worker-to-worker traffic (12345 streaming, 12346 batch shuffle without Dataflow Shuffle).
+WORKER_TAG = "dataflow"
+WORKER_PORTS = "12345-12346"
+
+
+def worker_account_id(prefix: str) -> str:
+    return f"{prefix}-dataflow"
+
+
+def worker_email(prefix: str, project: str) -> str:
+    """The worker account's email, as IAM forms it (ACCOUNT_ID@PROJECT.iam.gserviceaccount.com):
+    known before the account exists, so the job spec can name it (infra.jobspec)."""
+    return f"{worker_account_id(prefix)}@{project}.iam.gserviceaccount.com"
+
+
+@dataclass(frozen=True)
+class DataflowAccessArgs:
+    project: str
+    prefix: str  # tp-<stack>
+    stack: str
+    bucket: pulumi.Input[str]  # the stack's bucket name
+    launcher_member: pulumi.Input[str]  # the controller's account (serviceAccount:...)
+    network: pulumi.Input[str]  # the stack's VPC (id)
+    network_name: str
+
+
+class DataflowAccess(pulumi.ComponentResource):
+    """The worker account with its two grants, the launcher's two grants and the firewall
+    rule between workers. The Dataflow API itself is in ProjectApis (program.py)."""
+
+    def __init__(
+        self, name: str, args: DataflowAccessArgs, opts: pulumi.ResourceOptions | None = None
+    ):
+        super().__init__("tpu-pretrain:index:DataflowAccess", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.worker = ServiceIdentity(
+            f"{name}-worker-identity",
+            ServiceIdentityArgs(
+                project=args.project,
+                account_id=worker_account_id(args.prefix),
+                display_name=f"tpu-pretrain {args.stack}: Dataflow workers",
+                # roles/dataflow.worker is what Google documents for a worker account; no
+                # other project role.
+                reporting_roles=(),
+            ),
+            opts=child,
+        )
+        self.worker_role = gcp.projects.IAMMember(
+            f"{name}-worker",
+            project=args.project,
+            role=WORKER_ROLE,
+            member=self.worker.member,
+            opts=child,
+        )
+        self.worker_objects = gcp.storage.BucketIAMMember(
+            f"{name}-worker-objects",
+            bucket=args.bucket,
+            role=WORKER_BUCKET_ROLE,
+            member=self.worker.member,
+            opts=child,
+        )
+        self.launcher_role = gcp.projects.IAMMember(
+            f"{name}-launcher",
+            project=args.project,
+            role=LAUNCHER_ROLE,
+            member=args.launcher_member,
+            opts=child,
+        )
+        self.launcher_acts_as_worker = gcp.serviceaccount.IAMMember(
+            f"{name}-launcher-acts-as-worker",
+            service_account_id=self.worker.resource_name,
+            role=ACT_AS_ROLE,
+            member=args.launcher_member,
+            opts=child,
+        )
+        self.workers_rule = gcp.compute.Firewall(
+            f"{name}-allow-workers",
+            project=args.project,
+            name=f"{args.network_name}-allow-dataflow",
+            network=args.network,
+            direction="INGRESS",
+            allows=[{"protocol": "tcp", "ports": [WORKER_PORTS]}],
+            source_tags=[WORKER_TAG],
+            target_tags=[WORKER_TAG],
+            log_config={"metadata": "INCLUDE_ALL_METADATA"},
+            opts=child,
+        )
+        self.worker_email = self.worker.email
+        self.register_outputs({"workerEmail": self.worker_email})

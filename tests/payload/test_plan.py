@@ -178,3 +178,19 @@ def test_cli_refuses_in_one_line(tmp_path: Path) -> None:
     unknown = run_cli("--job", write(tmp_path, "125m"), "--accelerator", "tpu-9")
     assert unknown.returncode == 2
     assert unknown.stderr.count("\n") == 1 and "known: v2-<cores>" in unknown.stderr
+
+
+def test_docs_table_is_the_commands_output() -> None:
+    """docs/models.md's table is what the command prints today (it cannot drift)."""
+    result = run_cli(
+        "--job",
+        "examples/llama-plan.yaml",
+        "--accelerator",
+        "v5litepod-8,v4-32,v6e-8",
+        "--sizes",
+        "125m,350m,1b,3b",
+    )
+    assert result.returncode == 0, result.stderr
+    docs = (ROOT / "docs" / "models.md").read_text()
+    begin, end = "<!-- plan-table:begin -->\n", "<!-- plan-table:end -->"
+    assert docs[docs.index(begin) + len(begin) : docs.index(end)] == result.stdout

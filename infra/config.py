@@ -19,7 +19,7 @@ from typing import ClassVar
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from infra import jobspec
+from infra import jobfit, jobspec
 from infra.catalog import MIN_PYTHON, Catalog, Generation, Image, load_catalog
 from infra.errors import ConfigError
 from infra.gpu_catalog import GpuCatalog, GpuChoiceError, load_gpu_catalog
@@ -298,6 +298,8 @@ class StackConfig:
     # The training backend the accelerator VM's environment is built for ("tf" | "jax"):
     # the job's train.backend, or for auto the catalog's choice (resolve_backend).
     backend: str = "tf"
+    # The payload's plan of the job on the accelerator, in a line (infra/jobfit.py).
+    job_plan: str = ""
 
     @property
     def labels(self) -> dict[str, str]:
@@ -815,6 +817,7 @@ def parse_config(
         raise ConfigError(f"{_k('job')}: {job_file_value!r}: {error}") from None
     _check_job_replicas(job_file_value, template, accelerator, catalog)
     backend = resolve_backend(job_file_value, template, accelerator, catalog)
+    job_plan = _check_job_fits(job_file_value, template, accelerator, bucket.name, backend)
 
     return StackConfig(
         project=project,
@@ -828,7 +831,28 @@ def parse_config(
         job_file=job_file,
         job_name=template["name"],
         backend=backend,
+        job_plan=job_plan,
     )
+
+
+def _check_job_fits(
+    job_file: str,
+    template: Mapping[str, object],
+    accelerator: TpuConfig | GpuConfig,
+    bucket: str,
+    backend: str,
+) -> str:
+    """The payload's plan of the rendered job on the stack's accelerator (infra/jobfit.py):
+    a job that cannot fit is refused here, before any resource exists. The TF backend
+    trains data-parallel only, so its jobs are planned with train.sharding: data."""
+    spec = jobspec.render_job_spec(template, bucket)
+    if backend == "tf" and isinstance(spec.get("train"), dict):
+        spec["train"] = {**spec["train"], "sharding": "data"}
+    if isinstance(accelerator, GpuConfig):
+        name = jobfit.plan_accelerator("gpu", "", accelerator.gpu_type, accelerator.count)
+    else:
+        name = jobfit.plan_accelerator("tpu", accelerator.accelerator_type, "", 1)
+    return jobfit.check_job_fits(f"{_k('job')}: {job_file!r}", jobspec.to_json(spec), name).summary
 
 
 def read_stack_config() -> StackConfig:

@@ -15,6 +15,10 @@ The training state, as the JAX backend lays it out (payload/backends/jax/mesh.py
   partition rule splits it (mesh.partition_spec: Llama's weights on their hidden-size
   axis, other families' matrices on their largest dimension the chip count divides) is
   divided over the chips, and so are its gradient and slots; vectors stay replicated;
+- under FSDP, XLA all-gathers a weight before it is used and reduce-scatters its whole
+  gradient: the plan counts the largest unit (one decoder layer's matrices, or the
+  embedding / LM head) whole in the compute dtype plus its fp32 gradient ("gathered"; our
+  assumption of a compiler that gathers one layer at a time);
 - `train.sharding: auto` is data parallelism while the state takes at most half of a chip's
   memory (mesh.DATA_PARALLEL_STATE_SHARE), else FSDP, exactly as mesh.plan decides it.
 
@@ -174,6 +178,7 @@ class Shape:
     head_size: int
     vocab: int
     causal: bool
+    layer_matrices: int  # parameters in one layer's matrices (what FSDP gathers for it)
 
 
 # transformers' config defaults the presets leave out (BertConfig type_vocab_size 2,
@@ -206,7 +211,7 @@ def model_shape(family: str, size: str, overrides: Mapping[str, Any], vocab: int
             mats.append((h, vocab))
         return Shape(
             family, parameters, tuple(mats), h * (2 * layers + 1), layers, h, i, a, k, d,
-            vocab, True,
+            vocab, True, sum(math.prod(m) for m in per_layer),
         )  # fmt: skip
     if family == "gpt2":
         h, layers, a = config.n_embd, config.n_layer, config.n_head
@@ -215,14 +220,14 @@ def model_shape(family: str, size: str, overrides: Mapping[str, Any], vocab: int
         mats += [(h, 3 * h), (h, h), (h, i), (i, h)] * layers
         vectors = parameters - sum(math.prod(m) for m in mats)
         return Shape(family, parameters, tuple(mats), vectors, layers, h, i, a, a, h // a,
-                     vocab, True)  # fmt: skip
+                     vocab, True, 4 * h * h + 2 * h * i)  # fmt: skip
     h, layers, a = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
     i = config.intermediate_size
     mats = [(vocab, h), (config.max_position_embeddings, h), (config.type_vocab_size, h)]
     mats += [(h, h)] * (4 * layers) + [(h, i), (i, h)] * layers + [(h, h)]
     vectors = parameters - sum(math.prod(m) for m in mats)
     return Shape(family, parameters, tuple(mats), vectors, layers, h, i, a, a, h // a, vocab,
-                 False)  # fmt: skip
+                 False, 4 * h * h + 2 * h * i)  # fmt: skip
 
 
 def _split(shape: Shape, matrix: tuple[int, ...], fsdp: int) -> bool:
@@ -282,13 +287,14 @@ class Layout:
     weights: int
     slots: int
     gradients: int
+    gathered: int  # FSDP: the whole weights and gradients of one layer at a time
     activations: int
     per_chip_batch: int
     max_per_chip_batch: int  # the largest micro-batch per chip that fits (0: none)
 
     @property
     def total(self) -> int:
-        return self.weights + self.slots + self.gradients + self.activations
+        return self.weights + self.slots + self.gradients + self.gathered + self.activations
 
 
 @dataclass(frozen=True)
@@ -350,7 +356,12 @@ def _layout(
     split, whole = sharded_parameters(shape, fsdp)
     held = whole + math.ceil(split / fsdp)
     gradients = held * GRADIENT_BYTES * (2 if accumulate else 1)
-    state = held * (WEIGHT_BYTES + SLOT_BYTES) + gradients
+    # Under FSDP a layer's weights are all-gathered (in the compute dtype) before it runs and
+    # its whole fp32 gradients exist before their reduce-scatter: at least the largest such
+    # unit (a decoder layer, or the embedding / LM head) is whole on every chip at once.
+    largest_unit = max([shape.layer_matrices, *(math.prod(m) for m in shape.matrices)])
+    gathered = largest_unit * (acc.activation_bytes + GRADIENT_BYTES) if fsdp > 1 else 0
+    state = held * (WEIGHT_BYTES + SLOT_BYTES) + gradients + gathered
     sequence = activation_bytes_per_sequence(
         shape, seq_length, predictions, remat, acc.activation_bytes
     )
@@ -361,6 +372,7 @@ def _layout(
         weights=held * WEIGHT_BYTES,
         slots=held * SLOT_BYTES,
         gradients=gradients,
+        gathered=gathered,
         activations=sequence * per_chip_batch,
         per_chip_batch=per_chip_batch,
         max_per_chip_batch=int(largest),
@@ -544,13 +556,14 @@ def format_plan(plan: Plan) -> str:
         f"({FIT_SHARE:.0%})",
         "",
         f"{'sharding':<9}{'remat':<7}{'weights':>10}{'slots':>10}{'grads':>10}"
-        f"{'activ.':>10}{'total':>10}{'max batch/chip':>16}",
+        f"{'gathered':>10}{'activ.':>10}{'total':>10}{'max batch/chip':>16}",
     ]
     for x in plan.layouts:
         mark = " <-" if (x.sharding, x.remat) == (plan.sharding, plan.remat) else ""
         lines.append(
             f"{x.sharding:<9}{x.remat:<7}{_gib(x.weights):>10}{_gib(x.slots):>10}"
-            f"{_gib(x.gradients):>10}{_gib(x.activations):>10}{_gib(x.total):>10}"
+            f"{_gib(x.gradients):>10}{_gib(x.gathered):>10}{_gib(x.activations):>10}"
+            f"{_gib(x.total):>10}"
             f"{x.max_per_chip_batch:>16}{mark}"
         )
     lines += [

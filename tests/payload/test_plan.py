@@ -98,9 +98,13 @@ def test_figures_of_llama_1b_on_v5e_8() -> None:
     held = (n - 33 * 2048) // 8 + 33 * 2048
     layout = p.layout("fsdp", "block")
     assert (layout.weights, layout.slots, layout.gradients) == (4 * held, 8 * held, 4 * held)
+    # ...and the largest unit whole: the embedding (65.5M > a layer's 58.7M) in bf16 + its
+    # fp32 gradient.
+    assert 32000 * 2048 > 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192
+    assert layout.gathered == 32000 * 2048 * (2 + 4)
     # Data parallelism: 16 bytes per parameter on every chip.
     data = p.layout("data", "none")
-    assert data.weights + data.slots + data.gradients == 16 * n
+    assert data.weights + data.slots + data.gradients == 16 * n and data.gathered == 0
     # Remat keeps one bf16 hidden state per layer and token, plus one layer's activations.
     assert layout.activations < data.activations / 8
     assert layout.per_chip_batch == 4

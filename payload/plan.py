@@ -83,6 +83,9 @@ FIT_SHARE = 0.9
 # measurement.
 DEFAULT_MFU = 0.35
 LAYOUTS = (("data", "none"), ("data", "block"), ("fsdp", "none"), ("fsdp", "block"))
+# train.remat applies to these families' decoder blocks only (payload/spec.py REMAT_FAMILIES):
+# the other families' plans have no remat layouts.
+REMAT_FAMILIES = ("llama",)
 
 
 class AcceleratorError(UserError):
@@ -403,6 +406,7 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
             budget=budget,
         )
         for sharding, remat in LAYOUTS
+        if remat == "none" or job.model.family in REMAT_FAMILIES
     )
     sharding, reason = resolve_sharding(
         train.sharding, shape.parameters, acc.chips, acc.memory_bytes
@@ -450,6 +454,8 @@ def _refusal(plan: Plan, chosen: Layout, job: Any) -> str:
     micro = chosen.per_chip_batch
     for layout in plan.layouts:
         settings = []
+        if layout.sharding != plan.sharding and acc.chips == 1:
+            continue  # FSDP over one chip is data parallelism
         if layout.sharding != plan.sharding:
             settings.append(f"train.sharding: {layout.sharding}")
         if layout.remat != plan.remat:
@@ -621,14 +627,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(path: str) -> Any:
-    """The job spec, validated as the stages validate it. Where transformers is not installed
-    (the Pulumi program's environment) the model-vs-data check that builds a transformers
-    config is left to the payload on the VM; the plan's own shape checks still run."""
+    """The job spec, validated as the stages validate it. A job template (stacks/jobs/*.yaml,
+    whose `output` infra fills in) is planned too: the plan writes nothing. Where
+    transformers is not installed (the Pulumi program's environment) the model-vs-data check
+    that builds a transformers config is left to the payload on the VM; the plan's own shape
+    checks still run."""
     from importlib.util import find_spec  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
 
     from payload import spec  # noqa: PLC0415
 
-    return spec.load_job(path, check_model=find_spec("transformers") is not None)
+    check_model = find_spec("transformers") is not None
+    try:
+        return spec.load_job(path, check_model=check_model)
+    except SpecError as error:
+        if str(error) != "output is required":
+            raise
+        import yaml  # noqa: PLC0415
+
+        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(document, dict):
+            raise
+        source = str(Path(path).resolve())
+        document = {**document, "output": "plan-writes-nothing"}
+        return spec.parse_job(document, source=source, check_model=check_model)
 
 
 def _table(args: argparse.Namespace) -> int:

@@ -198,3 +198,32 @@ def test_docs_table_is_the_commands_output() -> None:
     docs = (ROOT / "docs" / "models.md").read_text()
     begin, end = "<!-- plan-table:begin -->\n", "<!-- plan-table:end -->"
     assert docs[docs.index(begin) + len(begin) : docs.index(end)] == result.stdout
+
+
+def test_a_job_template_without_output_is_planned() -> None:
+    """stacks/jobs/ templates have no `output` (infra fills it in); the plan writes nothing."""
+    job = "stacks/jobs/gpt2-small-clm.yaml"  # the a100x4-usc1 stack's job
+    result = run_cli("--job", job, "--accelerator", "nvidia-tesla-a100x4")
+    assert result.returncode == 0, result.stderr
+    assert "fits" in result.stdout
+
+
+def test_remat_is_offered_only_where_it_exists() -> None:
+    from payload.spec import REMAT_FAMILIES
+
+    assert plan.REMAT_FAMILIES == REMAT_FAMILIES
+    document = {
+        "name": "g",
+        "output": "/tmp/unused",
+        "corpus": {"paths": ["/tmp/unused.txt"]},
+        "tokenizer": {"kind": "bpe", "vocab_size": 50000},
+        "data": {"objective": "clm", "seq_length": 1024},
+        "model": {"family": "gpt2", "size": "base"},
+        "train": {"steps": 10, "global_batch_size": 512},
+    }
+    p = plan.plan_job(spec.parse_job(document, source="/tmp/g.yaml"), plan.accelerator("nvidia-l4"))
+    assert {x.remat for x in p.layouts} == {"none"}
+    assert p.refusal is not None
+    would = p.refusal.split("would fit: ")[1]
+    assert "remat" not in would and "train.sharding" not in would  # one GPU: no FSDP either
+    assert "train.grad_accum_steps" in would

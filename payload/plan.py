@@ -391,7 +391,15 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
         job.model.family, job.model.size, job.model.config, job.tokenizer.vocab_size
     )
     predictions = data.max_predictions if data.objective == "mlm" else data.seq_length
-    micro = max(1, train.global_batch_size // (acc.chips * train.grad_accum_steps))
+    split = acc.chips * train.grad_accum_steps
+    if train.global_batch_size % split:
+        # What the JAX trainer refuses (backends/jax/train.py check_global_batch).
+        raise SpecError(
+            f"train.global_batch_size: {train.global_batch_size} does not split into "
+            f"train.grad_accum_steps: {train.grad_accum_steps} micro-batches over the "
+            f"{acc.chips} chips of {acc.name}; use a multiple of {split}"
+        )
+    micro = train.global_batch_size // split
     budget = int(FIT_SHARE * acc.memory_bytes)
     layouts = tuple(
         _layout(

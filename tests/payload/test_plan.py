@@ -129,6 +129,13 @@ def test_auto_follows_the_half_memory_rule() -> None:
     assert plan.plan_job(job("1b"), v5e).sharding == "fsdp"  # 16.6 GB > 8 GB
 
 
+def test_a_batch_that_does_not_split_over_the_chips_is_refused() -> None:
+    with pytest.raises(spec.SpecError, match=r"use a multiple of 16$"):
+        plan.plan_job(
+            job("125m", global_batch_size=24, grad_accum_steps=2), plan.accelerator("v6e-8")
+        )
+
+
 def test_a_job_that_does_not_fit_names_what_would() -> None:
     p = plan.plan_job(
         job("3b", sharding="data", global_batch_size=8), plan.accelerator("v5litepod-8")

@@ -19,7 +19,7 @@ from typing import ClassVar
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from infra import jobspec
+from infra import jobfit, jobspec
 from infra.catalog import MIN_PYTHON, Catalog, Generation, Image, load_catalog
 from infra.errors import ConfigError
 from infra.gpu_catalog import GpuCatalog, GpuChoiceError, load_gpu_catalog
@@ -307,6 +307,8 @@ class StackConfig:
     backend: str = "tf"
     # tpu-pretrain:dataflow: the stack provides Dataflow (infra/components/dataflow.py).
     dataflow: bool = False
+    # The payload's plan of the job on the accelerator, in a line (infra/jobfit.py).
+    job_plan: str = ""
 
     @property
     def labels(self) -> dict[str, str]:
@@ -825,6 +827,7 @@ def parse_config(
     _check_job_replicas(job_file_value, template, accelerator, catalog)
     backend = resolve_backend(job_file_value, template, accelerator, catalog)
     dataflow = _dataflow(values, job_file_value, template)
+    job_plan = _check_job_fits(job_file_value, template, accelerator, bucket.name, backend)
 
     return StackConfig(
         project=project,
@@ -839,6 +842,7 @@ def parse_config(
         job_name=template["name"],
         backend=backend,
         dataflow=dataflow,
+        job_plan=job_plan,
     )
 
 
@@ -856,6 +860,34 @@ def _dataflow(values: Mapping[str, object], job_file: str, template: Mapping[str
             "runner (docs/deploy-gcp.md#dataflow-encoding-at-scale)"
         )
     return enabled
+
+
+def _check_job_fits(
+    job_file: str,
+    template: Mapping[str, object],
+    accelerator: TpuConfig | GpuConfig,
+    bucket: str,
+    backend: str,
+) -> str:
+    """The payload's plan of the rendered job on the stack's accelerator (infra/jobfit.py):
+    a job that cannot fit is refused here, before any resource exists. The TF backend
+    trains data-parallel only, so its jobs are planned with train.sharding: data."""
+    # Where the corpus is encoded (data.runner, data.beam) does not change what training
+    # holds in memory; the Dataflow options are rendered with the stack's resources later.
+    raw_data = template.get("data")
+    data = {
+        k: v
+        for k, v in (raw_data.items() if isinstance(raw_data, Mapping) else ())
+        if k not in ("runner", "beam")
+    }
+    spec = jobspec.render_job_spec({**template, "data": data}, bucket)
+    if backend == "tf" and isinstance(spec.get("train"), dict):
+        spec["train"] = {**spec["train"], "sharding": "data"}
+    if isinstance(accelerator, GpuConfig):
+        name = jobfit.plan_accelerator("gpu", "", accelerator.gpu_type, accelerator.count)
+    else:
+        name = jobfit.plan_accelerator("tpu", accelerator.accelerator_type, "", 1)
+    return jobfit.check_job_fits(f"{_k('job')}: {job_file!r}", jobspec.to_json(spec), name).summary
 
 
 def read_stack_config() -> StackConfig:

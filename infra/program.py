@@ -440,6 +440,7 @@ def _export(
     pulumi.export("jobSpecUri", base.delivery.job_uri)
     pulumi.export("payloadUri", base.delivery.payload_uri)
     pulumi.export("statusUri", jobspec.status_uri(cfg.bucket.name, cfg.job_name))
+    pulumi.export("jobPlan", cfg.job_plan)
     pulumi.export(
         "tensorboardUrl",
         controller.internal_ip.apply(lambda ip: f"http://{ip}:{TENSORBOARD_PORT} (over the VPN)"),

@@ -1,4 +1,5 @@
-"""Command line: ``tpu-payload {validate,tokenizer,encode,train,run} --job PATH [--force]``.
+"""Command line: ``tpu-payload {validate,tokenizer,encode,train,run} --job PATH [--force]``,
+``tpu-payload plan --job PATH --accelerator TYPE [--mfu F] [--json]`` (payload/plan.py).
 
 argv (and ``TPU_PAYLOAD_GCS_RETRY_S``, ``TPU_PAYLOAD_VERBOSE``) is read here and nowhere
 else. ``output`` is checked before any stage. A :class:`UserError` becomes ``error: <one
@@ -71,7 +72,22 @@ def _parser() -> argparse.ArgumentParser:
                 help="take the output's lease from a run that is gone without waiting for it "
                 "to expire (a live holder stops at its next heartbeat)",
             )
+    plan = commands.add_parser(
+        "plan",
+        help=PLAN_HELP,
+        description=PLAN_HELP + "; exit 2 with one line naming what would fit when it does not",
+    )
+    _plan_arguments(plan)
     return parser
+
+
+PLAN_HELP = "bytes per chip, largest batch and hours of the job on an accelerator type"
+
+
+def _plan_arguments(parser: argparse.ArgumentParser) -> None:
+    from payload import plan  # noqa: PLC0415  (stdlib + the pure spec/model modules)
+
+    plan.add_arguments(parser)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -145,8 +161,12 @@ def _ignore_sigint_until_exit() -> None:
 
 
 @_CtrlC.guard
-def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
+def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:  # noqa: PLR0911
     args = _parser().parse_args(argv)
+    if args.command == "plan":
+        from payload import plan  # noqa: PLC0415
+
+        return plan.run(args)
     from payload import lease, quiet, storage  # noqa: PLC0415  (keep --help fast)
     from payload.spec import load_job  # noqa: PLC0415
     from payload.status import StatusWriter  # noqa: PLC0415

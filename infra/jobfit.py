@@ -1,0 +1,94 @@
+"""Does the stack's job fit its accelerator? Asked of the payload, before anything exists.
+
+infra/ never imports the payload: their contract includes the payload's command line, so
+this runs `python -m payload.plan --job <rendered spec> --accelerator <type> --json` in a
+subprocess, with this interpreter and the repository root on PYTHONPATH. The payload's plan
+module loads with the standard library, PyYAML and the payload's pure modules only (the
+Pulumi program's environment has no TensorFlow, JAX or transformers;
+tests/infra/test_jobfit.py checks its import closure in this environment). The plan mirrors
+the JAX trainer's layout (payload/plan.py); its exit status 2 with one line on stderr is a
+job that cannot fit (or a spec the payload refuses), which becomes a one-line ConfigError.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from infra.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 120
+PLAN_COMMAND = (sys.executable, "-m", "payload.plan")
+
+
+@dataclass(frozen=True)
+class JobFit:
+    """The plan's verdict in a line for the stack's outputs."""
+
+    summary: str
+
+
+def plan_accelerator(kind: str, accelerator_type: str, gpu_type: str, count: int) -> str:
+    """The accelerator as the payload's plan names it: the TPU type, or <gpu type>x<count>."""
+    return accelerator_type if kind == "tpu" else f"{gpu_type}x{count}"
+
+
+def check_job_fits(key: str, spec_json: str, accelerator: str) -> JobFit:
+    """The payload's plan of the rendered job spec on `accelerator`; ConfigError (naming
+    `key`, the stack setting of the job) when the job cannot fit or the payload refuses it."""
+    return _plan(key, spec_json, accelerator)
+
+
+@cache
+def _plan(key: str, spec_json: str, accelerator: str) -> JobFit:
+    with tempfile.TemporaryDirectory(prefix="tpu-pretrain-plan-") as tmp:
+        job = Path(tmp) / "job.json"
+        job.write_text(spec_json, encoding="utf-8")
+        path = os.environ.get("PYTHONPATH")
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO_ROOT) + (os.pathsep + path if path else ""),
+        }
+        try:
+            result = subprocess.run(
+                [*PLAN_COMMAND, "--job", str(job), "--accelerator", accelerator, "--json"],
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+                check=False,
+                cwd=REPO_ROOT,
+                env=env,
+            )
+        except subprocess.TimeoutExpired:
+            raise ConfigError(
+                f"{key}: the payload's plan (python -m payload.plan) took over {TIMEOUT_S} s"
+            ) from None
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    if result.returncode != 0:
+        last = lines[-1] if lines else f"exit status {result.returncode}"
+        raise ConfigError(f"{key}: {last.removeprefix('error: ')}")
+    try:
+        plan = json.loads(result.stdout)
+        layout = next(
+            x
+            for x in plan["layouts"]
+            if (x["sharding"], x["remat"]) == (plan["sharding"], plan["remat"])
+        )
+        summary = (
+            f"{plan['family']} {plan['size']} ({plan['parameters']:,} parameters) fits "
+            f"{accelerator}: train.sharding {plan['sharding']}, train.remat {plan['remat']}, "
+            f"{layout['total'] / 2**30:.1f} of {plan['budget_bytes'] / 2**30:.1f} GiB per chip, "
+            f"{plan['hours']:.1f} h at {plan['mfu']:.0%} MFU"
+        )
+    except (ValueError, KeyError, StopIteration) as error:
+        raise ConfigError(
+            f"{key}: the payload's plan printed no plan this program reads ({error!r})"
+        ) from None
+    return JobFit(summary)

@@ -1,0 +1,706 @@
+"""What a job needs on an accelerator, before anything is created: `tpu-payload plan`.
+
+    tpu-payload plan --job JOB --accelerator TYPE [--mfu F] [--json]
+    python -m payload.plan --job JOB --accelerator TYPE ...   (what infra runs)
+
+Framework-free (stdlib, PyYAML and the payload's pure modules): it runs on a laptop and in
+the Pulumi program's environment, which has no TensorFlow, JAX or transformers. The
+accelerator's figures come from payload/accelerators.yaml (Google's and NVIDIA's pages).
+
+The training state, as the JAX backend lays it out (payload/backends/jax/mesh.py):
+- weights fp32 (the master copy; bf16 is for compute only), gradients fp32, AdamW's two fp32
+  slots: 16 bytes per parameter, plus a second fp32 gradient buffer (the accumulator)
+  when train.grad_accum_steps > 1;
+- under data parallelism every chip holds all of it; under FSDP each weight whose
+  partition rule splits it (mesh.partition_spec: Llama's weights on their hidden-size
+  axis, other families' matrices on their largest dimension the chip count divides) is
+  divided over the chips, and so are its gradient and slots; vectors stay replicated;
+- under FSDP, XLA all-gathers a weight before it is used and reduce-scatters its whole
+  gradient: the plan counts the largest unit (one decoder layer's matrices, or the
+  embedding / LM head) whole in the compute dtype plus its fp32 gradient ("gathered"; our
+  assumption of a compiler that gathers one layer at a time);
+- `train.sharding: auto` is data parallelism while the state takes at most half of a chip's
+  memory (mesh.DATA_PARALLEL_STATE_SHARE), else FSDP, exactly as mesh.plan decides it.
+
+Activations (per chip, for the per-chip micro-batch b = global batch / chips /
+train.grad_accum_steps and sequence length S), in the compute dtype: bf16 (a = 2 bytes) on
+TPU and bf16/fp16 GPUs, fp32 (a = 4) on fp32 GPUs and CPU. What one decoder layer keeps for
+the backward pass, per token (H hidden size, I intermediate size, A query heads, K
+key/value heads, D head size):
+    a x (7H + 3KD + 4I)   the block input, normed inputs, q/k/v (and q/k after RoPE), the
+                          attention output, the residual, the MLP's gate, up, act(gate) and
+                          product, the down projection
+  + 8H                    the two RMSNorms' float32 copies of their input
+  + (4 + a) x A x S       the attention scores (float32 for the softmax) and probabilities:
+                          the backend materialises them (no flash attention)
+With train.remat: block (jax.checkpoint around each block, nothing saveable) a layer keeps
+only its input (a x H per token) and one layer's activations above exist at a time, while
+its backward pass recomputes them. The LM head adds (a + 8) x V per predicted token (the
+logits, their float32 log-softmax and its gradient; for MLM only the masked positions).
+Other families use the same per-layer figure with K = A. A job fits when the state plus the
+activations take at most FIT_SHARE of a chip's memory (the rest: XLA's buffers and the
+compiled program). tests/payload/test_plan_memory.py compares these figures with XLA's
+memory analysis of the real compiled train step.
+
+FLOPs per token are MaxText's (AI-Hypercomputer/maxtext src/maxtext/utils/maxtext_utils.py
+calculate_tflops_training_per_device, commit e591f30c): 3 x (forward matmul FLOPs of the
+weights: per layer the MLP 2 x 3 x H x I for SwiGLU, q/k/v 2 x H x (A + 2K) x D, the output
+projection 2 x H x A x D, and the unembedding 2 x H x V once) plus 3 x the causal attention
+2 x S x A x D per layer (its 4 x S x A x D halved for the causal mask). That is 6N over the
+matmul weights (the embedding lookup counted once, as the LM head) plus the attention term.
+Hours = train.steps x global batch x seq_length x FLOPs per token / (chips x peak x MFU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from functools import cache
+from importlib import resources
+from types import SimpleNamespace
+from typing import Any
+
+from payload.errors import SpecError, UserError
+
+# The JAX backend's rule (payload/backends/jax/mesh.py STATE_BYTES_PER_PARAMETER,
+# DATA_PARALLEL_STATE_SHARE); tests/payload/test_plan.py checks that the two agree.
+WEIGHT_BYTES = 4
+GRADIENT_BYTES = 4
+SLOT_BYTES = 8  # AdamW: momentum and velocity, fp32
+STATE_BYTES_PER_PARAMETER = WEIGHT_BYTES + GRADIENT_BYTES + SLOT_BYTES
+DATA_PARALLEL_STATE_SHARE = 0.5
+# A layout fits when state + activations take at most this share of a chip's memory: the
+# rest is for XLA's temporaries, the program and fragmentation (our margin, not a measured
+# constant).
+FIT_SHARE = 0.9
+# The MFU the hours assume unless --mfu says otherwise: our assumption for 125M-3B models on
+# one slice (MaxText publishes ~50-60% for 8B and larger; small models reach less), not a
+# measurement.
+DEFAULT_MFU = 0.35
+LAYOUTS = (("data", "none"), ("data", "block"), ("fsdp", "none"), ("fsdp", "block"))
+# train.remat applies to these families' decoder blocks only (payload/spec.py REMAT_FAMILIES):
+# the other families' plans have no remat layouts.
+REMAT_FAMILIES = ("llama",)
+
+
+class AcceleratorError(UserError):
+    """An accelerator type the plan has no figures for."""
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str  # as given: v5litepod-8, v4-32, nvidia-l4x2
+    kind: str  # tpu | gpu
+    generation: str  # v5e, nvidia-l4, ...
+    chips: int
+    memory_bytes: int  # per chip
+    peak_flops: float  # per chip, dense, in the precision it trains in
+    activation_bytes: int  # 2 (bf16/fp16) or 4 (fp32)
+    source: str
+
+
+@cache
+def catalog() -> dict[str, Any]:
+    text = resources.files("payload").joinpath("accelerators.yaml").read_text(encoding="utf-8")
+    import yaml  # noqa: PLC0415
+
+    data: dict[str, Any] = yaml.safe_load(text)
+    return data
+
+
+def known_accelerators() -> list[str]:
+    """Examples of every accelerator the plan knows (for the refusal of an unknown one)."""
+    tpu = [
+        f"{g['prefix']}-<{'cores' if g['cores_per_chip'] > 1 else 'chips'}>"
+        for g in catalog()["tpu"].values()
+    ]
+    return tpu + [f"{name}[x<count>]" for name in catalog()["gpu"]]
+
+
+def accelerator(name: str) -> Accelerator:
+    """The accelerator an accelerator type names, or AcceleratorError (one line)."""
+    for generation, row in catalog()["tpu"].items():
+        match = re.fullmatch(re.escape(row["prefix"]) + r"-(\d+)", name)
+        if match:
+            cores, per_chip = int(match.group(1)), int(row["cores_per_chip"])
+            if cores < per_chip or cores % per_chip:
+                raise AcceleratorError(
+                    f"--accelerator {name!r}: {row['prefix']} counts TensorCores, "
+                    f"{per_chip} per chip; use a multiple of {per_chip}"
+                )
+            return Accelerator(
+                name=name,
+                kind="tpu",
+                generation=generation,
+                chips=cores // per_chip,
+                memory_bytes=int(row["memory_bytes"]),
+                peak_flops=float(row["peak_flops"]),
+                activation_bytes=2,
+                source=str(row["source"]),
+            )
+    match = re.fullmatch(r"(.+?)(?:x(\d+))?", name)
+    row = catalog()["gpu"].get(match.group(1)) if match else None
+    if match and row is not None and (match.group(2) is None or int(match.group(2)) >= 1):
+        return Accelerator(
+            name=name,
+            kind="gpu",
+            generation=match.group(1),
+            chips=int(match.group(2) or 1),
+            memory_bytes=int(row["memory_bytes"]),
+            peak_flops=float(row["peak_flops"]),
+            activation_bytes=int(row["activation_bytes"]),
+            source=str(row["source"]),
+        )
+    raise AcceleratorError(
+        f"--accelerator {name!r}: unknown accelerator type; known: "
+        + ", ".join(known_accelerators())
+    )
+
+
+# ------------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the plan needs of a model: its weights' shapes and the activations' dimensions."""
+
+    family: str
+    parameters: int
+    matrices: tuple[tuple[int, ...], ...]  # rank >= 2 weights, with their split axis first
+    vectors: int  # parameters in rank-1 weights (never split)
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_size: int
+    vocab: int
+    causal: bool
+    layer_matrices: int  # parameters in one layer's matrices (what FSDP gathers for it)
+
+
+# transformers' config defaults the presets leave out (BertConfig type_vocab_size 2,
+# GPT2Config n_inner None = 4 x n_embd).
+_CONFIG_DEFAULTS = {"type_vocab_size": 2, "n_inner": None, "tie_word_embeddings": True}
+
+
+def model_shape(family: str, size: str, overrides: Mapping[str, Any], vocab: int) -> Shape:
+    """The model's shape from the presets (payload/model.py), without transformers."""
+    from payload import model  # noqa: PLC0415  (pure: presets and parameter_count)
+
+    settings = {**_CONFIG_DEFAULTS, **model.resolved_settings(family, size, overrides)}
+    config = SimpleNamespace(vocab_size=vocab, **settings)
+    parameters = model.parameter_count(family, config)  # type: ignore[arg-type]
+    if family == "llama":
+        h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+        a, k = config.num_attention_heads, config.num_key_value_heads
+        if a <= 0 or h % a or k <= 0 or a % k:
+            raise SpecError(
+                f"model.config: hidden_size={h}, num_attention_heads={a}, "
+                f"num_key_value_heads={k}: heads must divide hidden_size and key/value heads "
+                "the heads"
+            )
+        d = h // a
+        # Every matrix is split on its hidden-size axis (mesh.FAMILY_RULES["llama"]): listed
+        # as (H, other).
+        per_layer = [(h, a * d), (h, k * d), (h, k * d), (h, a * d), (h, i), (h, i), (h, i)]
+        mats = [(h, vocab)] + per_layer * layers
+        if not config.tie_word_embeddings:
+            mats.append((h, vocab))
+        return Shape(
+            family, parameters, tuple(mats), h * (2 * layers + 1), layers, h, i, a, k, d,
+            vocab, True, sum(math.prod(m) for m in per_layer),
+        )  # fmt: skip
+    if family == "gpt2":
+        h, layers, a = config.n_embd, config.n_layer, config.n_head
+        i = config.n_inner or 4 * h
+        mats = [(vocab, h), (config.n_positions, h)]
+        mats += [(h, 3 * h), (h, h), (h, i), (i, h)] * layers
+        vectors = parameters - sum(math.prod(m) for m in mats)
+        return Shape(family, parameters, tuple(mats), vectors, layers, h, i, a, a, h // a,
+                     vocab, True, 4 * h * h + 2 * h * i)  # fmt: skip
+    h, layers, a = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
+    i = config.intermediate_size
+    mats = [(vocab, h), (config.max_position_embeddings, h), (config.type_vocab_size, h)]
+    mats += [(h, h)] * (4 * layers) + [(h, i), (i, h)] * layers + [(h, h)]
+    vectors = parameters - sum(math.prod(m) for m in mats)
+    return Shape(family, parameters, tuple(mats), vectors, layers, h, i, a, a, h // a, vocab,
+                 False, 4 * h * h + 2 * h * i)  # fmt: skip
+
+
+def _split(shape: Shape, matrix: tuple[int, ...], fsdp: int) -> bool:
+    """Whether mesh.partition_spec splits this matrix over `fsdp` devices: Llama's table
+    (the hidden-size axis, listed first), else the generic rule (any dimension it divides)."""
+    if fsdp <= 1:
+        return False
+    if shape.family == "llama" and matrix[0] % fsdp == 0:
+        return True
+    return any(d % fsdp == 0 for d in matrix)
+
+
+def sharded_parameters(shape: Shape, fsdp: int) -> tuple[int, int]:
+    """(parameters split over the fsdp axis, parameters every chip holds whole)."""
+    split = sum(math.prod(m) for m in shape.matrices if _split(shape, m, fsdp))
+    return split, shape.parameters - split
+
+
+def flops_per_token(shape: Shape, seq_length: int) -> float:
+    """MaxText's training FLOPs per token (module docstring), for this model."""
+    h, i, layers, d = shape.hidden, shape.intermediate, shape.layers, shape.head_size
+    mlp = 2 * h * i * (3 if shape.family == "llama" else 2)  # SwiGLU: gate, up, down
+    qkv = 2 * h * (shape.heads + 2 * shape.kv_heads) * d
+    projection = 2 * h * shape.heads * d
+    weights = layers * (mlp + qkv + projection) + 2 * h * shape.vocab
+    attention = 4.0 * seq_length * shape.heads * d * layers
+    if shape.causal:
+        attention /= 2
+    return 3.0 * (weights + attention)
+
+
+def activation_bytes_per_sequence(
+    shape: Shape, seq_length: int, predictions: int, remat: str, dtype_bytes: int
+) -> int:
+    """Activation bytes one sequence needs at the peak of its backward pass (docstring)."""
+    a, h, s = dtype_bytes, shape.hidden, seq_length
+    per_token_layer = (
+        a * (7 * h + 3 * shape.kv_heads * shape.head_size + 4 * shape.intermediate)
+        + 8 * h
+        + (4 + a) * shape.heads * s
+    )
+    layer = per_token_layer * s
+    kept = shape.layers * layer if remat == "none" else shape.layers * a * h * s + layer
+    head = (a + 8) * shape.vocab * predictions
+    return kept + head
+
+
+# ------------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Bytes per chip of one (sharding, remat) layout of the job on the accelerator."""
+
+    sharding: str
+    remat: str
+    weights: int
+    slots: int
+    gradients: int
+    gathered: int  # FSDP: the whole weights and gradients of one layer at a time
+    activations: int
+    per_chip_batch: int
+    max_per_chip_batch: int  # the largest micro-batch per chip that fits (0: none)
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.slots + self.gradients + self.gathered + self.activations
+
+
+@dataclass(frozen=True)
+class Plan:
+    job: str
+    accelerator: Accelerator
+    family: str
+    size: str
+    parameters: int
+    seq_length: int
+    global_batch_size: int
+    grad_accum_steps: int
+    steps: int
+    flops_per_token: float
+    mfu: float
+    hours: float
+    budget_bytes: int  # FIT_SHARE of a chip's memory
+    sharding: str  # what the trainer picks for train.sharding (auto resolved)
+    sharding_reason: str
+    remat: str
+    layouts: tuple[Layout, ...]
+    fits: bool
+    refusal: str | None
+
+    def layout(self, sharding: str, remat: str) -> Layout:
+        return next(x for x in self.layouts if (x.sharding, x.remat) == (sharding, remat))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for row, layout in zip(out["layouts"], self.layouts, strict=True):
+            row["total"] = layout.total
+        return out
+
+
+def resolve_sharding(setting: str, parameters: int, chips: int, memory: int) -> tuple[str, str]:
+    """(data | fsdp, why): mesh.plan's decision for a chip of known memory."""
+    need = parameters * STATE_BYTES_PER_PARAMETER
+    if setting != "auto":
+        return setting if chips > 1 else "data", f"train.sharding: {setting}"
+    if need <= DATA_PARALLEL_STATE_SHARE * memory or chips == 1:
+        why = "fits" if need <= DATA_PARALLEL_STATE_SHARE * memory else "exceeds (one chip)"
+        return "data", f"auto: state {_gib(need)} {why} half a chip's {_gib(memory)}"
+    return "fsdp", f"auto: state {_gib(need)} exceeds half a chip's {_gib(memory)}"
+
+
+def _layout(
+    shape: Shape,
+    acc: Accelerator,
+    sharding: str,
+    remat: str,
+    *,
+    seq_length: int,
+    predictions: int,
+    per_chip_batch: int,
+    accumulate: bool,
+    budget: int,
+) -> Layout:
+    fsdp = acc.chips if sharding == "fsdp" else 1
+    split, whole = sharded_parameters(shape, fsdp)
+    held = whole + math.ceil(split / fsdp)
+    gradients = held * GRADIENT_BYTES * (2 if accumulate else 1)
+    # Under FSDP a layer's weights are all-gathered (in the compute dtype) before it runs and
+    # its whole fp32 gradients exist before their reduce-scatter: at least the largest such
+    # unit (a decoder layer, or the embedding / LM head) is whole on every chip at once.
+    largest_unit = max([shape.layer_matrices, *(math.prod(m) for m in shape.matrices)])
+    gathered = largest_unit * (acc.activation_bytes + GRADIENT_BYTES) if fsdp > 1 else 0
+    state = held * (WEIGHT_BYTES + SLOT_BYTES) + gradients + gathered
+    sequence = activation_bytes_per_sequence(
+        shape, seq_length, predictions, remat, acc.activation_bytes
+    )
+    largest = max(0, (budget - state) // sequence) if sequence else 0
+    return Layout(
+        sharding=sharding,
+        remat=remat,
+        weights=held * WEIGHT_BYTES,
+        slots=held * SLOT_BYTES,
+        gradients=gradients,
+        gathered=gathered,
+        activations=sequence * per_chip_batch,
+        per_chip_batch=per_chip_batch,
+        max_per_chip_batch=int(largest),
+    )
+
+
+def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
+    """The plan of a validated job spec (payload.spec.JobSpec) on `acc`."""
+    if not 0 < mfu <= 1:
+        raise SpecError(f"--mfu: {mfu} must be in (0, 1]")
+    train, data = job.train, job.data
+    shape = model_shape(
+        job.model.family, job.model.size, job.model.config, job.tokenizer.vocab_size
+    )
+    predictions = data.max_predictions if data.objective == "mlm" else data.seq_length
+    split = acc.chips * train.grad_accum_steps
+    if train.global_batch_size % split:
+        # What the JAX trainer refuses (backends/jax/train.py check_global_batch).
+        raise SpecError(
+            f"train.global_batch_size: {train.global_batch_size} does not split into "
+            f"train.grad_accum_steps: {train.grad_accum_steps} micro-batches over the "
+            f"{acc.chips} chips of {acc.name}; use a multiple of {split}"
+        )
+    micro = train.global_batch_size // split
+    budget = int(FIT_SHARE * acc.memory_bytes)
+    layouts = tuple(
+        _layout(
+            shape,
+            acc,
+            sharding,
+            remat,
+            seq_length=data.seq_length,
+            predictions=predictions,
+            per_chip_batch=micro,
+            accumulate=train.grad_accum_steps > 1,
+            budget=budget,
+        )
+        for sharding, remat in LAYOUTS
+        if remat == "none" or job.model.family in REMAT_FAMILIES
+    )
+    sharding, reason = resolve_sharding(
+        train.sharding, shape.parameters, acc.chips, acc.memory_bytes
+    )
+    per_token = flops_per_token(shape, data.seq_length)
+    tokens = train.steps * train.global_batch_size * data.seq_length
+    hours = tokens * per_token / (acc.chips * acc.peak_flops * mfu) / 3600
+    draft = Plan(
+        job=job.name,
+        accelerator=acc,
+        family=job.model.family,
+        size=job.model.size,
+        parameters=shape.parameters,
+        seq_length=data.seq_length,
+        global_batch_size=train.global_batch_size,
+        grad_accum_steps=train.grad_accum_steps,
+        steps=train.steps,
+        flops_per_token=per_token,
+        mfu=mfu,
+        hours=hours,
+        budget_bytes=budget,
+        sharding=sharding,
+        sharding_reason=reason,
+        remat=train.remat,
+        layouts=layouts,
+        fits=True,
+        refusal=None,
+    )
+    chosen = draft.layout(sharding, train.remat)
+    if chosen.total <= budget:
+        return draft
+    return _replace(draft, fits=False, refusal=_refusal(draft, chosen, job))
+
+
+def _replace(plan: Plan, **changes: Any) -> Plan:
+    from dataclasses import replace  # noqa: PLC0415
+
+    return replace(plan, **changes)
+
+
+def _refusal(plan: Plan, chosen: Layout, job: Any) -> str:
+    """One line: what does not fit, and what would."""
+    acc = plan.accelerator
+    options = []
+    micro = chosen.per_chip_batch
+    for layout in plan.layouts:
+        settings = []
+        if layout.sharding != plan.sharding and acc.chips == 1:
+            continue  # FSDP over one chip is data parallelism
+        if layout.sharding != plan.sharding:
+            settings.append(f"train.sharding: {layout.sharding}")
+        if layout.remat != plan.remat:
+            settings.append(f"train.remat: {layout.remat}")
+        if layout.max_per_chip_batch <= 0:
+            continue
+        if layout.max_per_chip_batch >= micro:
+            if settings:
+                options.append(f"{', '.join(settings)} ({_gib(layout.total)})")
+            continue
+        # A smaller micro-batch through gradient accumulation (same global batch).
+        accum = _accum_for(plan, acc.chips, layout.max_per_chip_batch)
+        if accum is not None:
+            settings.append(f"train.grad_accum_steps: {accum}")
+            per_chip = plan.global_batch_size // (acc.chips * accum)
+            options.append(f"{', '.join(settings)} (micro-batch {per_chip} per chip)")
+    larger = _larger_accelerator(plan, job)
+    if larger:
+        options.append(f"a larger accelerator: {larger}")
+    would = "; would fit: " + "; or ".join(options) if options else "; nothing listed fits"
+    return (
+        f"plan: {plan.family} {plan.size} ({plan.parameters / 1e9:.2f}B parameters) does not fit "
+        f"{acc.name} with train.sharding: {plan.sharding}, train.remat: {plan.remat}, "
+        f"{micro} sequence(s) of {plan.seq_length} per chip: {_gib(chosen.total)} per chip > "
+        f"{_gib(plan.budget_bytes)} ({FIT_SHARE:.0%} of {_gib(acc.memory_bytes)}){would}"
+    )
+
+
+def _accum_for(plan: Plan, chips: int, largest: int) -> int | None:
+    """The smallest train.grad_accum_steps whose micro-batch per chip is <= `largest`
+    and splits the global batch evenly."""
+    for accum in range(plan.grad_accum_steps + 1, plan.global_batch_size + 1):
+        if plan.global_batch_size % (chips * accum) == 0 and (
+            plan.global_batch_size // (chips * accum) <= largest
+        ):
+            return accum
+    return None
+
+
+def _larger_accelerator(plan: Plan, job: Any) -> str | None:
+    """The first accelerator of the same kind (a list of common sizes) on which the job's
+    own settings fit."""
+    candidates = (
+        ["v5litepod-8", "v4-8", "v6e-8", "v5p-8", "v4-16", "v4-32", "v5litepod-16", "v6e-16"]
+        if plan.accelerator.kind == "tpu"
+        else ["nvidia-a100-80gb", "nvidia-h100-80gb", "nvidia-h100-80gbx8", "nvidia-b200x8"]
+    )
+    for name in candidates:
+        if name == plan.accelerator.name:
+            continue
+        other = accelerator(name)
+        if (
+            other.memory_bytes * other.chips
+            <= plan.accelerator.memory_bytes * plan.accelerator.chips
+        ):
+            continue
+        if plan.global_batch_size % other.chips:
+            continue
+        candidate = plan_job_fits(job, other)
+        if candidate:
+            return name
+    return None
+
+
+def plan_job_fits(job: Any, acc: Accelerator) -> bool:
+    shape = model_shape(
+        job.model.family, job.model.size, job.model.config, job.tokenizer.vocab_size
+    )
+    train, data = job.train, job.data
+    predictions = data.max_predictions if data.objective == "mlm" else data.seq_length
+    sharding, _ = resolve_sharding(train.sharding, shape.parameters, acc.chips, acc.memory_bytes)
+    budget = int(FIT_SHARE * acc.memory_bytes)
+    layout = _layout(
+        shape,
+        acc,
+        sharding,
+        train.remat,
+        seq_length=data.seq_length,
+        predictions=predictions,
+        per_chip_batch=max(1, train.global_batch_size // (acc.chips * train.grad_accum_steps)),
+        accumulate=train.grad_accum_steps > 1,
+        budget=budget,
+    )
+    return layout.total <= budget
+
+
+# ---------------------------------------------------------------------------- rendering
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def format_plan(plan: Plan) -> str:
+    acc = plan.accelerator
+    lines = [
+        f"job {plan.job}: {plan.family} {plan.size}, {plan.parameters:,} parameters, "
+        f"seq_length {plan.seq_length}, global batch {plan.global_batch_size}"
+        + (f" in {plan.grad_accum_steps} micro-batches" if plan.grad_accum_steps > 1 else ""),
+        f"accelerator {acc.name}: {acc.chips} chip(s) of {_gib(acc.memory_bytes)}, "
+        f"{acc.peak_flops / 1e12:.0f} TFLOP/s peak each ({acc.source})",
+        f"trainer's layout: train.sharding {plan.sharding} ({plan.sharding_reason}), "
+        f"train.remat {plan.remat}; fits when a chip holds at most {_gib(plan.budget_bytes)} "
+        f"({FIT_SHARE:.0%})",
+        "",
+        f"{'sharding':<9}{'remat':<7}{'weights':>10}{'slots':>10}{'grads':>10}"
+        f"{'gathered':>10}{'activ.':>10}{'total':>10}{'max batch/chip':>16}",
+    ]
+    for x in plan.layouts:
+        mark = " <-" if (x.sharding, x.remat) == (plan.sharding, plan.remat) else ""
+        lines.append(
+            f"{x.sharding:<9}{x.remat:<7}{_gib(x.weights):>10}{_gib(x.slots):>10}"
+            f"{_gib(x.gradients):>10}{_gib(x.gathered):>10}{_gib(x.activations):>10}"
+            f"{_gib(x.total):>10}"
+            f"{x.max_per_chip_batch:>16}{mark}"
+        )
+    lines += [
+        "",
+        f"micro-batch per chip {plan.layouts[0].per_chip_batch} sequence(s); model FLOPs per "
+        f"token {plan.flops_per_token / 1e9:.2f} GFLOP (MaxText's 6N + attention)",
+        f"{plan.steps:,} steps x {plan.global_batch_size} x {plan.seq_length} tokens = "
+        f"{plan.steps * plan.global_batch_size * plan.seq_length / 1e9:.2f}B tokens: "
+        f"{plan.hours:.1f} hours at {plan.mfu:.0%} MFU",
+        "fits" if plan.fits else "does NOT fit",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def markdown(plans: Sequence[Plan]) -> str:
+    """A Markdown table of plans (docs/models.md's, generated by `--sizes ... --markdown`):
+    per layout the bytes per chip of the job's micro-batch and the largest micro-batch per
+    chip that fits; "no" marks a layout where the job's own micro-batch does not fit."""
+    head = ["size", "parameters", "accelerator"]
+    head += [f"{s}{' + remat' if r == 'block' else ''}" for s, r in LAYOUTS]
+    head += ["auto picks", "hours"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in plans:
+        cells = [f"`{p.size}`", f"{p.parameters / 1e6:,.0f}M", f"`{p.accelerator.name}`"]
+        for x in p.layouts:
+            fits = "" if x.total <= p.budget_bytes else " (no)"
+            cells.append(f"{x.total / 2**30:.1f} GiB{fits}, max {x.max_per_chip_batch}")
+        cells += [p.sharding, f"{p.hours:,.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job", required=True, help="job spec (YAML/JSON), as for the stages")
+    parser.add_argument(
+        "--accelerator",
+        required=True,
+        help="TPU type (v5litepod-8, v4-32, v6e-8, ...) or GPU type[x count] (nvidia-l4x2)",
+    )
+    parser.add_argument(
+        "--mfu",
+        type=float,
+        default=DEFAULT_MFU,
+        help=f"model FLOPs utilisation the hours assume (default {DEFAULT_MFU})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument(
+        "--sizes",
+        help="plan the job once per model.size preset of this comma-separated list, on each "
+        "of a comma-separated --accelerator list, and print one Markdown table (the docs')",
+    )
+
+
+def _load(path: str) -> Any:
+    """The job spec, validated as the stages validate it. A job template (stacks/jobs/*.yaml,
+    whose `output` infra fills in) is planned too: the plan writes nothing. Where
+    transformers is not installed (the Pulumi program's environment) the model-vs-data check
+    that builds a transformers config is left to the payload on the VM; the plan's own shape
+    checks still run."""
+    from importlib.util import find_spec  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from payload import spec  # noqa: PLC0415
+
+    check_model = find_spec("transformers") is not None
+    try:
+        return spec.load_job(path, check_model=check_model)
+    except SpecError as error:
+        if str(error) != "output is required":
+            raise
+        import yaml  # noqa: PLC0415
+
+        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(document, dict):
+            raise
+        source = str(Path(path).resolve())
+        document = {**document, "output": "plan-writes-nothing"}
+        return spec.parse_job(document, source=source, check_model=check_model)
+
+
+def _table(args: argparse.Namespace) -> int:
+    from dataclasses import replace  # noqa: PLC0415
+
+    job = _load(args.job)
+    accelerators = [accelerator(name) for name in args.accelerator.split(",")]
+    plans = []
+    for size in args.sizes.split(","):
+        sized = replace(job, model=replace(job.model, size=size))
+        plans += [plan_job(sized, acc, mfu=args.mfu) for acc in accelerators]
+    sys.stdout.write(markdown(plans))
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """`tpu-payload plan`: 0 fits, 2 does not fit (or bad input), as one line on stderr."""
+    try:
+        if args.sizes:
+            return _table(args)
+        acc = accelerator(args.accelerator)
+        plan = plan_job(_load(args.job), acc, mfu=args.mfu)
+    except UserError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(format_plan(plan))
+    if plan.refusal:
+        print(f"error: {plan.refusal}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m payload.plan", description=(__doc__ or "").split("\n")[0]
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

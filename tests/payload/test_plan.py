@@ -1,0 +1,236 @@
+"""payload/plan.py: figures for known cases worked out here, the refusal, the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from payload import model as model_lib
+from payload import plan, spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def job(size: str, *, sharding: str = "auto", remat: str = "none", **train: Any) -> Any:
+    document = {
+        "name": "p",
+        "output": "/tmp/unused",
+        "corpus": {"paths": ["/tmp/unused.txt"]},
+        "tokenizer": {"kind": "bpe", "vocab_size": 32000},
+        "data": {"objective": "clm", "seq_length": 2048},
+        "model": {"family": "llama", "size": size},
+        "train": {
+            "steps": 1000,
+            "global_batch_size": 64,
+            "sharding": sharding,
+            "remat": remat,
+            **train,
+        },
+    }
+    return spec.parse_job(document, source="/tmp/p.yaml")
+
+
+@pytest.mark.parametrize(
+    ("name", "chips", "memory"),
+    [
+        ("v4-32", 16, 32 * 2**30),  # TensorCores, two per chip
+        ("v3-8", 4, 32 * 2**30),
+        ("v5p-8", 4, 95 * 10**9),
+        ("v5litepod-8", 8, 16 * 10**9),  # chips
+        ("v6e-8", 8, 32 * 10**9),
+        ("nvidia-l4x2", 2, 24 * 2**30),
+        ("nvidia-tesla-a100", 1, 40 * 2**30),
+    ],
+)
+def test_accelerator_types(name: str, chips: int, memory: int) -> None:
+    acc = plan.accelerator(name)
+    assert (acc.chips, acc.memory_bytes) == (chips, memory)
+
+
+@pytest.mark.parametrize("name", ["v9-8", "v4-3", "nvidia-l4x0", "v5litepod", ""])
+def test_unknown_accelerator_is_one_line(name: str) -> None:
+    with pytest.raises(plan.AcceleratorError) as error:
+        plan.accelerator(name)
+    assert "\n" not in str(error.value) and repr(name) in str(error.value)
+
+
+def test_the_plan_and_the_trainer_use_the_same_rule() -> None:
+    from payload.backends.jax import mesh
+
+    assert plan.STATE_BYTES_PER_PARAMETER == mesh.STATE_BYTES_PER_PARAMETER
+    assert plan.DATA_PARALLEL_STATE_SHARE == mesh.DATA_PARALLEL_STATE_SHARE
+    for size in ("125m", "1b", "3b"):
+        n = plan.model_shape("llama", size, {}, 32000).parameters
+        for chips in (1, 8):
+            memory = 16 * 10**9
+            ours, _ = plan.resolve_sharding("auto", n, chips, memory)
+            theirs = mesh.plan("auto", parameters=n, devices=chips, memory=memory)
+            assert ours == theirs.sharding, (size, chips)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "gpt2", "llama"])
+def test_parameter_count_is_the_models(family: str) -> None:
+    config = model_lib.build_config(family, "tiny", {}, vocab_size=600, special_ids={})
+    assert plan.model_shape(family, "tiny", {}, 600).parameters == model_lib.parameter_count(
+        family, config
+    )
+
+
+def test_figures_of_llama_1b_on_v5e_8() -> None:
+    p = plan.plan_job(
+        job("1b", sharding="fsdp", remat="block", global_batch_size=32),
+        plan.accelerator("v5litepod-8"),
+    )
+    # Llama 3.2 1B's shape with a 32,000-token vocabulary, tied: 32000 x 2048 embedding;
+    # per layer q, o 2048 x 2048, k, v 2048 x 512, gate, up, down 2048 x 8192, 2 norms.
+    per_layer = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192 + 2 * 2048
+    n = 32000 * 2048 + 16 * per_layer + 2048
+    assert p.parameters == n == 1_038_682_112
+    # MaxText: 6 x the matmul weights (norms excluded) + 6 x L x S x A x D (causal half).
+    assert p.flops_per_token == 6 * (n - 33 * 2048) + 6 * 16 * 2048 * 32 * 64
+    # FSDP over 8 chips: every matrix split 8 ways (2048 divides), norm scales whole.
+    held = (n - 33 * 2048) // 8 + 33 * 2048
+    layout = p.layout("fsdp", "block")
+    assert (layout.weights, layout.slots, layout.gradients) == (4 * held, 8 * held, 4 * held)
+    # ...and the largest unit whole: the embedding (65.5M > a layer's 58.7M) in bf16 + its
+    # fp32 gradient.
+    assert 32000 * 2048 > 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192
+    assert layout.gathered == 32000 * 2048 * (2 + 4)
+    # Data parallelism: 16 bytes per parameter on every chip.
+    data = p.layout("data", "none")
+    assert data.weights + data.slots + data.gradients == 16 * n and data.gathered == 0
+    # Remat keeps one bf16 hidden state per layer and token, plus one layer's activations.
+    assert layout.activations < data.activations / 8
+    assert layout.per_chip_batch == 4
+    # 1000 steps x 32 x 2048 tokens at 35% of 8 x 197 TFLOP/s.
+    tokens = 1000 * 32 * 2048
+    assert p.hours == pytest.approx(tokens * p.flops_per_token / (8 * 197e12 * 0.35) / 3600)
+    assert p.fits and p.refusal is None
+
+
+def test_gradient_accumulation_adds_an_accumulator() -> None:
+    acc = plan.accelerator("v6e-8")
+    one = plan.plan_job(job("125m"), acc).layout("data", "none")
+    two = plan.plan_job(job("125m", grad_accum_steps=2), acc).layout("data", "none")
+    assert two.gradients == 2 * one.gradients
+    assert two.per_chip_batch == one.per_chip_batch // 2
+    assert two.activations == one.activations // 2
+
+
+def test_auto_follows_the_half_memory_rule() -> None:
+    v5e = plan.accelerator("v5litepod-8")
+    assert plan.plan_job(job("125m"), v5e).sharding == "data"  # 2.1 GB of state < 8 GB
+    assert plan.plan_job(job("1b"), v5e).sharding == "fsdp"  # 16.6 GB > 8 GB
+
+
+def test_a_batch_that_does_not_split_over_the_chips_is_refused() -> None:
+    with pytest.raises(spec.SpecError, match=r"use a multiple of 16$"):
+        plan.plan_job(
+            job("125m", global_batch_size=24, grad_accum_steps=2), plan.accelerator("v6e-8")
+        )
+
+
+def test_a_job_that_does_not_fit_names_what_would() -> None:
+    p = plan.plan_job(
+        job("3b", sharding="data", global_batch_size=8), plan.accelerator("v5litepod-8")
+    )
+    assert not p.fits
+    assert p.refusal is not None and "\n" not in p.refusal
+    assert "does not fit v5litepod-8 with train.sharding: data" in p.refusal
+    assert "would fit: " in p.refusal and "train.sharding: fsdp" in p.refusal
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "payload", "plan", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def write(tmp_path: Path, size: str, **train: Any) -> str:
+    path = tmp_path / "job.yaml"
+    train_lines = "".join(f"  {k}: {v}\n" for k, v in train.items())
+    path.write_text(
+        "name: p\noutput: out\ncorpus: {paths: [c.txt]}\ntokenizer: {kind: bpe, vocab_size: "
+        f"32000}}\ndata: {{objective: clm, seq_length: 1024}}\nmodel: {{family: llama, size: "
+        f"{size}}}\ntrain:\n  steps: 100\n  global_batch_size: 16\n{train_lines}"
+    )
+    return str(path)
+
+
+def test_cli_table_and_json(tmp_path: Path) -> None:
+    path = write(tmp_path, "125m")
+    table = run_cli("--job", path, "--accelerator", "v6e-8")
+    assert table.returncode == 0, table.stderr
+    assert "max batch/chip" in table.stdout and "fits" in table.stdout
+    machine = run_cli("--job", path, "--accelerator", "v6e-8", "--json", "--mfu", "0.5")
+    data = json.loads(machine.stdout)
+    assert data["fits"] is True and data["mfu"] == 0.5
+    assert {x["sharding"] for x in data["layouts"]} == {"data", "fsdp"}
+
+
+def test_cli_refuses_in_one_line(tmp_path: Path) -> None:
+    big = run_cli("--job", write(tmp_path, "3b", sharding="data"), "--accelerator", "v5litepod-8")
+    assert big.returncode == 2
+    assert "does NOT fit" in big.stdout  # the table is still printed
+    lines = big.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: plan: llama 3b")
+    unknown = run_cli("--job", write(tmp_path, "125m"), "--accelerator", "tpu-9")
+    assert unknown.returncode == 2
+    assert unknown.stderr.count("\n") == 1 and "known: v2-<cores>" in unknown.stderr
+
+
+def test_docs_table_is_the_commands_output() -> None:
+    """docs/models.md's table is what the command prints today (it cannot drift)."""
+    result = run_cli(
+        "--job",
+        "examples/llama-plan.yaml",
+        "--accelerator",
+        "v5litepod-8,v4-32,v6e-8",
+        "--sizes",
+        "125m,350m,1b,3b",
+    )
+    assert result.returncode == 0, result.stderr
+    docs = (ROOT / "docs" / "models.md").read_text()
+    begin, end = "<!-- plan-table:begin -->\n", "<!-- plan-table:end -->"
+    assert docs[docs.index(begin) + len(begin) : docs.index(end)] == result.stdout
+
+
+def test_a_job_template_without_output_is_planned() -> None:
+    """stacks/jobs/ templates have no `output` (infra fills it in); the plan writes nothing."""
+    job = "stacks/jobs/gpt2-small-clm.yaml"  # the a100x4-usc1 stack's job
+    result = run_cli("--job", job, "--accelerator", "nvidia-tesla-a100x4")
+    assert result.returncode == 0, result.stderr
+    assert "fits" in result.stdout
+
+
+def test_remat_is_offered_only_where_it_exists() -> None:
+    from payload.spec import REMAT_FAMILIES
+
+    assert plan.REMAT_FAMILIES == REMAT_FAMILIES
+    document = {
+        "name": "g",
+        "output": "/tmp/unused",
+        "corpus": {"paths": ["/tmp/unused.txt"]},
+        "tokenizer": {"kind": "bpe", "vocab_size": 50000},
+        "data": {"objective": "clm", "seq_length": 1024},
+        "model": {"family": "gpt2", "size": "base"},
+        "train": {"steps": 10, "global_batch_size": 512},
+    }
+    p = plan.plan_job(spec.parse_job(document, source="/tmp/g.yaml"), plan.accelerator("nvidia-l4"))
+    assert {x.remat for x in p.layouts} == {"none"}
+    assert p.refusal is not None
+    would = p.refusal.split("would fit: ")[1]
+    assert "remat" not in would and "train.sharding" not in would  # one GPU: no FSDP either
+    assert "train.grad_accum_steps" in would

@@ -1,4 +1,14 @@
-"""Reading the corpus: files, documents, and what happens to bad input.
+"""Reading the corpus: files, documents, groups, and what happens to bad input.
+
+Groups. ``iter_groups`` is what the encoder reads: every document of every source, file by
+file, in runs of consecutive documents of one file (``Group``). A group ends after the
+document with which the UTF-8 length of its documents reaches ``GROUP_BYTES`` (1 MiB), and
+at the end of each file, so groups depend on the documents alone: the same documents in a
+text, jsonl or Parquet file give the same groups. A document is held whole in memory (the
+``MAX_DOCUMENT_BYTES`` cut of the older chunk reader below is the encoder's business: a
+pure function of the document, the same for every format). Every format gives documents
+normalised the same way (``normalise``: ``\\r\\n`` read as ``\\n``, outer whitespace removed;
+an empty document is no document).
 
 Inputs. ``corpus.paths`` entries are files, directories (every non-hidden file under them,
 recursively), or glob patterns; each may be local or a gs:// URI (gs:// objects are
@@ -33,12 +43,13 @@ import zlib
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, cast
 
 from payload import storage
 from payload.errors import CorpusError
 from payload.spec import CorpusSpec
 
+GROUP_BYTES = 1 << 20  # a group ends after the document that brings its text to 1 MiB
 CHUNK_BYTES = 1 << 20  # fixed (not derived from the worker count) so output is deterministic
 MAX_DOCUMENT_BYTES = 8 << 20
 BINARY_SNIFF_BYTES = 8192
@@ -85,11 +96,41 @@ class ChunkText:
     continues: bool = False
 
 
+@dataclass(frozen=True)
+class Group:
+    """A run of consecutive documents of one file: the unit the encoder packs and resumes by.
+
+    Where groups end depends on the documents alone (see ``iter_groups``), so the same
+    documents give the same groups from any format, runner or worker count.
+    """
+
+    source: int  # index into corpus.members (0 without a mixture)
+    path: str  # the file: local, gs://, or hf://datasets/<owner>/<name>@<commit>/<file>
+    index: int  # the group's number within its file (0, 1, ...)
+    documents: list[str]  # in file order, never empty
+    position: str  # where the group's first document starts ("line 120", "row group 3 row 0")
+    nbytes: int  # input bytes read from the file for this group (for progress)
+
+
+def resolve_sources(corpus: CorpusSpec) -> list[list[str]]:
+    """Each source's files (see ``resolve_files``), in the order of ``corpus.members``."""
+    keyed = bool(corpus.sources)
+    return [
+        _resolve_paths(source.paths, f"corpus.sources[{i}].paths" if keyed else "corpus.paths")
+        for i, source in enumerate(corpus.members)
+    ]
+
+
 def resolve_files(corpus: CorpusSpec) -> list[str]:
-    """Expand ``corpus.paths`` into a sorted, de-duplicated file list (CorpusError if none)."""
+    """Every file of every source, de-duplicated, in reading order (CorpusError if none)."""
+    return list(dict.fromkeys(f for files in resolve_sources(corpus) for f in files))
+
+
+def _resolve_paths(paths: tuple[str, ...], where: str) -> list[str]:
+    """Expand paths into a de-duplicated file list (CorpusError if one matches nothing)."""
     files: list[str] = []
-    for i, path in enumerate(corpus.paths):
-        key = f"corpus.paths[{i}]"
+    for i, path in enumerate(paths):
+        key = f"{where}[{i}]"
         if _GLOB_CHARS.search(path):
             matches = storage.glob(path)
             if not matches:
@@ -282,6 +323,256 @@ def split_documents(chunk: Chunk, on_bad_input: str) -> ChunkText:
     return out
 
 
+# --------------------------------------------------------------------------- groups
+
+
+class _Counted:
+    """A read-only file wrapper that counts (and reports) the bytes read through it."""
+
+    def __init__(self, handle: IO[bytes], on_bytes: Callable[[int], None] | None):
+        self.handle = handle
+        self.on_bytes = on_bytes
+        self.total = 0
+
+    def read(self, size: int = -1) -> bytes:
+        block = self.handle.read(size)
+        self.total += len(block)
+        if self.on_bytes and block:
+            self.on_bytes(len(block))
+        return block
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def __enter__(self) -> _Counted:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.close()
+
+    def __getattr__(self, name: str) -> object:  # seek, tell, seekable... for Parquet
+        return getattr(self.handle, name)
+
+
+def normalise(text: str) -> str:
+    """A document as every format gives it: ``\\r\\n`` read as ``\\n``, outer whitespace removed."""
+    return text.replace("\r\n", "\n").strip()
+
+
+def iter_groups(
+    corpus: CorpusSpec,
+    stats: CorpusStats,
+    *,
+    on_bytes: Callable[[int], None] | None = None,
+    group_bytes: int = GROUP_BYTES,
+    sources: list[list[str]] | None = None,
+    source_stats: list[CorpusStats] | None = None,
+) -> Iterator[Group]:
+    """Every document of the corpus in groups, source by source, file by file, in order.
+
+    A group ends after the document with which the UTF-8 length of its documents reaches
+    ``group_bytes``, and at the end of each file: a pure function of the documents, so a
+    text, jsonl or Parquet file with the same documents gives the same groups (only
+    ``path``, ``position`` and ``nbytes`` differ). ``stats`` (and ``source_stats[i]`` for
+    source ``i``, when given) count files, bytes, documents and skips as reading goes;
+    ``on_bytes`` gets input bytes as they are read. ``sources`` is ``resolve_sources(corpus)``
+    when the caller already has it.
+    """
+    if group_bytes < 1:
+        raise ValueError(f"group_bytes must be positive, got {group_bytes}")
+    if sources is None:
+        sources = resolve_sources(corpus)
+    for number, (member, files) in enumerate(zip(corpus.members, sources, strict=True)):
+        for path in files:
+            file_stats = CorpusStats()
+            try:
+                read = _FileRead(path, member.text_field, corpus.on_bad_input, file_stats, on_bytes)
+                yield from _file_groups(number, read, group_bytes)
+            finally:
+                stats.add(file_stats)
+                if source_stats is not None:
+                    source_stats[number].add(file_stats)
+
+
+@dataclass
+class _FileRead:
+    """What a reader needs for one file, and the wrapper counting its raw input bytes."""
+
+    path: str
+    text_field: str
+    on_bad_input: str
+    stats: CorpusStats
+    on_bytes: Callable[[int], None] | None
+    raw: _Counted | None = None
+
+    def open(self) -> _Counted:
+        self.raw = _Counted(storage.open_read(self.path), self.on_bytes)
+        return self.raw
+
+    @property
+    def read(self) -> int:
+        return self.raw.total if self.raw else 0
+
+
+def _file_groups(source: int, read: _FileRead, group_bytes: int) -> Iterator[Group]:
+    reader = _reader_for(read.path)
+    if reader is None:
+        _bad_file(read, f"is not a corpus format ({FORMATS_HELP})")
+        return
+    documents: list[str] = []
+    size = 0
+    index = 0
+    position = ""
+    used = 0
+    for text, where in reader(read):
+        if not documents:
+            position = where
+        documents.append(text)
+        read.stats.documents += 1
+        size += len(text.encode("utf-8"))
+        if size >= group_bytes:
+            yield Group(source, read.path, index, documents, position, read.read - used)
+            used, documents, size, index = read.read, [], 0, index + 1
+    if documents:
+        yield Group(source, read.path, index, documents, position, read.read - used)
+
+
+def _bad_file(read: _FileRead, problem: str) -> None:
+    """Count the file as skipped, or CorpusError under ``on_bad_input: fail``."""
+    if read.on_bad_input == "fail":
+        raise CorpusError(
+            f"{read.path} {problem}; fix or remove it, or set corpus.on_bad_input: skip"
+        )
+    read.stats.skipped_files += 1
+
+
+def _bad_document(read: _FileRead, problem: str) -> None:
+    """Count a skipped document, or CorpusError naming the file and position under fail."""
+    if read.on_bad_input == "fail":
+        raise CorpusError(f"{read.path}: {problem}; fix the file or set corpus.on_bad_input: skip")
+    read.stats.skipped_documents += 1
+
+
+# A reader yields (normalised non-empty document, position) for one file and counts files,
+# bytes and skips in ``read.stats`` (never documents); it opens the file with ``read.open()``
+# so that groups can say how many input bytes they used.
+_Reader = Callable[[_FileRead], Iterator[tuple[str, str]]]
+
+FORMATS_HELP = "text (.txt or any other name, .gz)"
+
+
+def _reader_for(path: str) -> _Reader | None:
+    name = path.rsplit("/", 1)[-1].lower()
+    for suffix in _REFUSED_SUFFIXES:
+        if name.endswith(suffix):
+            return None
+    return _text_documents
+
+
+# Formats that would be misread as paragraphs of text: refused rather than guessed at.
+_REFUSED_SUFFIXES = (
+    ".json", ".json.gz", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".ndjson", ".zst", ".zstd",
+    ".parquet", ".arrow", ".csv", ".tsv", ".bz2", ".xz", ".lz4", ".zip", ".tar", ".7z",
+)  # fmt: skip
+
+
+def _text_documents(read: _FileRead) -> Iterator[tuple[str, str]]:
+    """Documents of a text file: runs of non-blank lines, positions as 1-based line numbers."""
+    path, stats = read.path, read.stats
+    if _bad_gzip(path, read.on_bad_input, stats):
+        return
+    try:
+        with read.open() as raw:
+            # GzipFile holds nothing but ``raw``, which the with-block closes.
+            gz = path.endswith(".gz")
+            handle: Any = gzip.GzipFile(fileobj=cast(IO[bytes], raw)) if gz else raw
+            buf = handle.read(BINARY_SNIFF_BYTES)
+            if b"\x00" in buf:
+                _bad_file(read, f"looks binary (NUL byte in its first {BINARY_SNIFF_BYTES} bytes)")
+                return
+            stats.files += 1
+            line = 1  # line number of buf[0]
+            first = True
+            eof = False
+            scanned = 0  # buf[:scanned] holds no document boundary
+            while True:
+                cut = None if eof else _boundary(buf, scanned)
+                if cut is None and not eof:
+                    scanned = _rescan_from(buf)
+                    block = handle.read(CHUNK_BYTES)
+                    eof = not block
+                    buf += block
+                    continue
+                end, rest = cut if cut is not None else (len(buf), len(buf))
+                for text, start in _split_piece(read, buf[:end], line, stats.bytes):
+                    document = text
+                    if first:  # a byte-order mark opens the file, not its first document
+                        first = False
+                        document = text.removeprefix("\ufeff").strip()
+                        if not document:
+                            continue
+                    yield document, f"line {start}"
+                line += buf.count(b"\n", 0, rest)
+                stats.bytes += rest
+                buf = buf[rest:]
+                scanned = 0
+                if eof and not buf:
+                    break
+    except _GZIP_ERRORS as exc:  # changed since it was checked: never use half of it
+        raise CorpusError(f"{path} became unreadable while reading it: {exc}") from None
+    except OSError as exc:  # permissions, a path that vanished, a dead disk or network
+        raise CorpusError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _boundary(buf: bytes, scanned: int) -> tuple[int, int] | None:
+    """(end of the last complete documents, start of the rest) in ``buf``, or None."""
+    last = None
+    for last in _BLANK_LINES_BYTES.finditer(buf, scanned):  # noqa: B007  (the last match)
+        pass
+    return None if last is None else (last.start(), last.end())
+
+
+def _rescan_from(buf: bytes) -> int:
+    """Where a boundary may still begin once more bytes arrive (keeps reading linear)."""
+    pos = len(buf)
+    while pos > 0 and buf[pos - 1] in b" \t\r\f\v\n":
+        pos -= 1
+    return max(0, pos - 1)
+
+
+def _split_piece(
+    read: _FileRead, piece: bytes, line: int, offset: int
+) -> Iterator[tuple[str, int]]:
+    """Documents of a piece that ends at a document boundary, with their first line;
+    ``line`` and ``offset`` are those of the piece's first byte in the file."""
+    cursor = 0
+    for start, span in _spans(piece):
+        line += piece.count(b"\n", cursor, start)
+        cursor = start
+        try:
+            text = normalise(span.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            bad_line = line + span.count(b"\n", 0, exc.start)
+            where = f"line {bad_line} (byte {offset + start + exc.start})"
+            _bad_document(read, f"invalid UTF-8 at {where}")
+            continue
+        if text:
+            lead = len(span) - len(span.lstrip())
+            yield text, line + span.count(b"\n", 0, lead)
+
+
+def _spans(piece: bytes) -> Iterator[tuple[int, bytes]]:
+    """(offset, bytes) of each run between blank lines."""
+    start = 0
+    for match in _BLANK_LINES_BYTES.finditer(piece):
+        yield start, piece[start : match.start()]
+        start = match.end()
+    yield start, piece[start:]
+
+
 def iter_document_batches(
     files: list[str],
     on_bad_input: str,
@@ -308,6 +599,6 @@ def require_text(stats: CorpusStats, corpus: CorpusSpec) -> None:
                 f"{stats.skipped_documents} non-UTF-8 documents skipped)"
             )
         raise CorpusError(
-            f"corpus has no text: corpus.paths {list(corpus.paths)} gave {stats.files} "
+            f"corpus has no text: {list(corpus.all_paths)} gave {stats.files} "
             f"readable files with 0 documents{skipped}"
         )

@@ -401,3 +401,23 @@ def test_hub_dataset(tmp_path: Path, hub: type[_Hub]) -> None:
         CorpusError, match=r"^corpus\.paths\[0\]: no such file or directory on the Hub"
     ):
         corpus.resolve_files(CorpusSpec(paths=(f"{prefix}/nothing.parquet",)))
+
+
+def test_tokenizer_stage_reads_every_format(tmp_path: Path) -> None:
+    """The tokenizer trained on the bundled corpus as Parquet and as jsonl.zst is the one
+    trained on its text files (the same documents give the same tokenizer)."""
+    from test_tokenizer import EXAMPLES, make_job
+
+    from payload import tokenizer
+    from payload.status import StatusWriter
+
+    groups, _ = read(sorted(str(p) for p in (EXAMPLES / "corpus").glob("*.txt")))
+    docs = [d for g in groups for d in g.documents]
+    paths = write_all_formats(tmp_path / "formats", docs)
+    trained = {}
+    for name in ("text", "parquet", "jsonl.zst"):
+        (tmp_path / name).mkdir()
+        job = make_job(tmp_path / name, kind="bpe", corpus=[str(paths[name])])
+        out = tokenizer.train_tokenizer(job, StatusWriter(job.paths.status, job.name))
+        trained[name] = (Path(out) / "tokenizer.json").read_bytes()
+    assert trained["parquet"] == trained["text"] == trained["jsonl.zst"]

@@ -47,7 +47,7 @@ from typing import IO, Any, cast
 
 from payload import readers_hub, storage
 from payload.errors import CorpusError
-from payload.spec import CorpusSpec
+from payload.spec import HF_DATASET_RE, CorpusSpec
 
 GROUP_BYTES = 1 << 20  # a group ends after the document that brings its text to 1 MiB
 CHUNK_BYTES = 1 << 20  # fixed (not derived from the worker count) so output is deterministic
@@ -159,6 +159,16 @@ def _is_file(path: str) -> bool:
 def total_bytes(files: list[str]) -> int:
     """Sum of (compressed) file sizes, for progress reporting."""
     return sum(readers_hub.size(f) if readers_hub.is_hub(f) else storage.size(f) for f in files)
+
+
+def hub_revisions(files: list[str]) -> dict[str, str]:
+    """``{"<owner>/<name>": commit}`` of the Hub datasets among ``files`` (for the manifest)."""
+    out: dict[str, str] = {}
+    for path in files:
+        match = HF_DATASET_RE.match(path)
+        if match:
+            out[match.group("repo")] = match.group("revision")
+    return dict(sorted(out.items()))
 
 
 def open_input(path: str) -> IO[bytes]:

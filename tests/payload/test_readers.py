@@ -386,6 +386,7 @@ def test_hub_dataset(tmp_path: Path, hub: type[_Hub]) -> None:
     assert files == [f"{prefix}/data/docs.jsonl.zst", f"{prefix}/data/docs.parquet"]
     found, stats = read([f"{prefix}/data/docs.jsonl.zst"], group_bytes=200)
     assert shape(found) == shape(expected)
+    assert corpus.hub_revisions([*files, str(local["text"])]) == {REPO: COMMIT}
     assert corpus.total_bytes(files) == sum(
         local[n].stat().st_size for n in ("jsonl.zst", "parquet")
     )

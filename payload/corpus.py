@@ -379,6 +379,34 @@ def normalise(text: str) -> str:
     return text.replace("\r\n", "\n").strip()
 
 
+def document_pieces(document: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> list[str]:
+    """``document`` cut into pieces of at most ``max_bytes`` UTF-8 bytes, each ending at the
+    last line break that fits (else at a character), for tokenizing a long document in parts
+    that the encoder keeps together; a pure function of the text, the same for every format.
+    Joining the pieces with ``"\\n"`` where a cut fell on a line break gives the document back."""
+    if max_bytes < 4:
+        raise ValueError(f"max_bytes must be at least 4 (one UTF-8 character), got {max_bytes}")
+    data = document.encode("utf-8")
+    if len(data) <= max_bytes:
+        return [document]
+    pieces = []
+    start = 0
+    while len(data) - start > max_bytes:
+        window_end = start + max_bytes
+        cut = data.rfind(b"\n", start, window_end + 1)
+        if cut > start:
+            pieces.append(data[start:cut].decode("utf-8"))
+            start = cut + 1
+            continue
+        end = window_end
+        while data[end] & 0xC0 == 0x80:  # never cut inside a UTF-8 sequence
+            end -= 1
+        pieces.append(data[start:end].decode("utf-8"))
+        start = end
+    pieces.append(data[start:].decode("utf-8"))
+    return pieces
+
+
 def iter_groups(
     corpus: CorpusSpec,
     stats: CorpusStats,

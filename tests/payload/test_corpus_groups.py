@@ -298,3 +298,19 @@ def test_spec_refusals(tmp_path: Path, section: Any, data: dict[str, Any], messa
     with pytest.raises(SpecError, match=message) as info:
         _load(tmp_path, section, **data)
     assert "\n" not in str(info.value)
+
+
+def test_document_pieces() -> None:
+    assert corpus.document_pieces("short", 8) == ["short"]
+    assert corpus.document_pieces("aaa\nbbb\ncc\nd", 8) == ["aaa\nbbb", "cc\nd"]
+    assert corpus.document_pieces("abcdefghij", 4) == ["abcd", "efgh", "ij"]
+    assert corpus.document_pieces("한글한글", 4) == ["한", "글", "한", "글"]  # 3 bytes each
+    rng = random.Random(0)
+    text = "".join(rng.choice(["a", "é", "한", "🙂", "\n", " "]) for _ in range(3000))
+    for limit in (4, 5, 17, 100):
+        pieces = corpus.document_pieces(text, limit)
+        assert all(len(p.encode()) <= limit for p in pieces)
+        assert "".join(pieces).replace("\n", "") == text.replace("\n", "")  # only line breaks go
+        assert len("".join(pieces)) >= len(text) - len(pieces) + 1  # at most one per cut
+    with pytest.raises(ValueError, match="max_bytes"):
+        corpus.document_pieces("x", 3)

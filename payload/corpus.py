@@ -431,15 +431,23 @@ def iter_groups(
     if sources is None:
         sources = resolve_sources(corpus)
     for number, (member, files) in enumerate(zip(corpus.members, sources, strict=True)):
+        totals = [stats] if source_stats is None else [stats, source_stats[number]]
         for path in files:
-            file_stats = CorpusStats()
+            counts = CorpusStats()  # this file's counts since they were last passed on
+            read = FileRead(path, member.text_field, corpus.on_bad_input, counts, on_bytes)
             try:
-                read = FileRead(path, member.text_field, corpus.on_bad_input, file_stats, on_bytes)
-                yield from _file_groups(number, read, group_bytes)
+                for group in _file_groups(number, read, group_bytes):
+                    _pass_on(counts, totals)  # counts are current whenever a group arrives
+                    yield group
             finally:
-                stats.add(file_stats)
-                if source_stats is not None:
-                    source_stats[number].add(file_stats)
+                _pass_on(counts, totals)
+
+
+def _pass_on(counts: CorpusStats, totals: list[CorpusStats]) -> None:
+    for total in totals:
+        total.add(counts)
+    for key in counts.as_dict():
+        setattr(counts, key, 0)
 
 
 @dataclass

@@ -112,7 +112,15 @@ def test_one_megabyte_groups(tmp_path: Path) -> None:
     path = tmp_path / "big.txt"
     path.write_text("\n\n".join([doc] * 2500))
     progress: list[int] = []
-    found, stats = groups([path], on_bytes=progress.append)
+    stats = corpus.CorpusStats()
+    seen = []  # the counts as each group arrives: current, not only at the end of the file
+    found = []
+    for group in corpus.iter_groups(
+        CorpusSpec(paths=(str(path),)), stats, on_bytes=progress.append
+    ):
+        seen.append(stats.documents)
+        found.append(group)
+    assert seen == [1049, 2098, 2500]
     assert corpus.GROUP_BYTES == 1 << 20
     assert [len(g.documents) for g in found] == [1049, 1049, 402]  # ceil(2**20 / 1000)
     assert sum(progress) == path.stat().st_size == sum(g.nbytes for g in found)

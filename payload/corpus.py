@@ -563,7 +563,7 @@ def _text_documents(read: FileRead) -> Iterator[tuple[str, str]]:
                 cut = None if eof else _boundary(buf, scanned)
                 if cut is None and not eof:
                     scanned = _rescan_from(buf)
-                    block = handle.read(CHUNK_BYTES)
+                    block = _read(handle, CHUNK_BYTES, None)  # Counted reports bytes
                     eof = not block
                     buf += block
                     continue

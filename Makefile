@@ -15,7 +15,7 @@ JOB ?= examples/tiny.yaml
 	venv-tpu venv-tpu-jax venv-pt tools clean
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml requirements/payload-dev.txt
+$(VENV)/.installed: pyproject.toml requirements/payload-dev.txt requirements/payload.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements/payload-dev.txt
@@ -111,6 +111,7 @@ smoke: venv-pt venv-infra
 # RSS at two corpus sizes, input pipeline sequences/s. BENCH_ARGS=--quick for a short run.
 bench: venv
 	$(PY) bench/bench_encode.py $(BENCH_ARGS)
+	$(PY) bench/bench_readers.py
 	$(PY) bench/bench_input.py
 	$(PY) bench/bench_input.py --cores 1 --records 100000
 	$(PY) bench/bench_long_words.py

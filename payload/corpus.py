@@ -1,4 +1,14 @@
-"""Reading the corpus: files, documents, and what happens to bad input.
+"""Reading the corpus: files, documents, groups, and what happens to bad input.
+
+Groups. ``iter_groups`` is what the encoder reads: every document of every source, file by
+file, in runs of consecutive documents of one file (``Group``). A group ends after the
+document with which the UTF-8 length of its documents reaches ``GROUP_BYTES`` (1 MiB), and
+at the end of each file, so groups depend on the documents alone: the same documents in a
+text, jsonl or Parquet file give the same groups. A document is held whole in memory (the
+``MAX_DOCUMENT_BYTES`` cut of the older chunk reader below is the encoder's business: a
+pure function of the document, the same for every format). Every format gives documents
+normalised the same way (``normalise``: ``\\r\\n`` read as ``\\n``, outer whitespace removed;
+an empty document is no document).
 
 Inputs. ``corpus.paths`` entries are files, directories (every non-hidden file under them,
 recursively), or glob patterns; each may be local or a gs:// URI (gs:// objects are
@@ -33,12 +43,13 @@ import zlib
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, cast
 
-from payload import storage
+from payload import readers_hub, storage
 from payload.errors import CorpusError
-from payload.spec import CorpusSpec
+from payload.spec import HF_DATASET_RE, CorpusSpec
 
+GROUP_BYTES = 1 << 20  # a group ends after the document that brings its text to 1 MiB
 CHUNK_BYTES = 1 << 20  # fixed (not derived from the worker count) so output is deterministic
 MAX_DOCUMENT_BYTES = 8 << 20
 BINARY_SNIFF_BYTES = 8192
@@ -85,12 +96,44 @@ class ChunkText:
     continues: bool = False
 
 
+@dataclass(frozen=True)
+class Group:
+    """A run of consecutive documents of one file: the unit the encoder packs and resumes by.
+
+    Where groups end depends on the documents alone (see ``iter_groups``), so the same
+    documents give the same groups from any format, runner or worker count.
+    """
+
+    source: int  # index into corpus.members (0 without a mixture)
+    path: str  # the file: local, gs://, or hf://datasets/<owner>/<name>@<commit>/<file>
+    index: int  # the group's number within its file (0, 1, ...)
+    documents: list[str]  # in file order, never empty
+    position: str  # where the group's first document starts ("line 120", "row group 3 row 0")
+    nbytes: int  # input bytes read from the file for this group (for progress)
+
+
+def resolve_sources(corpus: CorpusSpec) -> list[list[str]]:
+    """Each source's files (see ``resolve_files``), in the order of ``corpus.members``."""
+    keyed = bool(corpus.sources)
+    return [
+        _resolve_paths(source.paths, f"corpus.sources[{i}].paths" if keyed else "corpus.paths")
+        for i, source in enumerate(corpus.members)
+    ]
+
+
 def resolve_files(corpus: CorpusSpec) -> list[str]:
-    """Expand ``corpus.paths`` into a sorted, de-duplicated file list (CorpusError if none)."""
+    """Every file of every source, de-duplicated, in reading order (CorpusError if none)."""
+    return list(dict.fromkeys(f for files in resolve_sources(corpus) for f in files))
+
+
+def _resolve_paths(paths: tuple[str, ...], where: str) -> list[str]:
+    """Expand paths into a de-duplicated file list (CorpusError if one matches nothing)."""
     files: list[str] = []
-    for i, path in enumerate(corpus.paths):
-        key = f"corpus.paths[{i}]"
-        if _GLOB_CHARS.search(path):
+    for i, path in enumerate(paths):
+        key = f"{where}[{i}]"
+        if readers_hub.is_hub(path):
+            files.extend(readers_hub.resolve(path, key))
+        elif _GLOB_CHARS.search(path):
             matches = storage.glob(path)
             if not matches:
                 raise CorpusError(f"{key}: pattern {path} matched no files")
@@ -115,7 +158,22 @@ def _is_file(path: str) -> bool:
 
 def total_bytes(files: list[str]) -> int:
     """Sum of (compressed) file sizes, for progress reporting."""
-    return sum(storage.size(f) for f in files)
+    return sum(readers_hub.size(f) if readers_hub.is_hub(f) else storage.size(f) for f in files)
+
+
+def hub_revisions(files: list[str]) -> dict[str, str]:
+    """``{"<owner>/<name>": commit}`` of the Hub datasets among ``files`` (for the manifest)."""
+    out: dict[str, str] = {}
+    for path in files:
+        match = HF_DATASET_RE.match(path)
+        if match:
+            out[match.group("repo")] = match.group("revision")
+    return dict(sorted(out.items()))
+
+
+def open_input(path: str) -> IO[bytes]:
+    """A binary file object streaming ``path`` (local, gs:// or hf://), never read whole."""
+    return readers_hub.open_read(path) if readers_hub.is_hub(path) else storage.open_read(path)
 
 
 _GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
@@ -149,7 +207,7 @@ def _bad_gzip(path: str, on_bad_input: str, stats: CorpusStats) -> bool:
 
 
 def _open(path: str) -> IO[bytes]:
-    handle = storage.open_read(path)
+    handle = open_input(path)
     if path.endswith(".gz"):
         return gzip.GzipFile(fileobj=handle, mode="rb")  # type: ignore[return-value]
     return handle
@@ -282,6 +340,323 @@ def split_documents(chunk: Chunk, on_bad_input: str) -> ChunkText:
     return out
 
 
+# --------------------------------------------------------------------------- groups
+
+
+class Counted:
+    """A read-only file wrapper that counts (and reports) the bytes read through it."""
+
+    def __init__(self, handle: IO[bytes], on_bytes: Callable[[int], None] | None):
+        self.handle = handle
+        self.on_bytes = on_bytes
+        self.total = 0
+
+    def read(self, size: int = -1) -> bytes:
+        block = self.handle.read(size)
+        self.total += len(block)
+        if self.on_bytes and block:
+            self.on_bytes(len(block))
+        return block
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def __enter__(self) -> Counted:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.close()
+
+    def __getattr__(self, name: str) -> object:  # seek, tell, seekable... for Parquet
+        return getattr(self.handle, name)
+
+
+def normalise(text: str) -> str:
+    """A document as every format gives it: ``\\r\\n`` read as ``\\n``, outer whitespace removed."""
+    return text.replace("\r\n", "\n").strip()
+
+
+def document_pieces(document: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> list[str]:
+    """``document`` cut into pieces of at most ``max_bytes`` UTF-8 bytes, each ending at the
+    last line break that fits (else at a character), for tokenizing a long document in parts
+    that the encoder keeps together; a pure function of the text, the same for every format.
+    Joining the pieces with ``"\\n"`` where a cut fell on a line break gives the document back."""
+    if max_bytes < 4:
+        raise ValueError(f"max_bytes must be at least 4 (one UTF-8 character), got {max_bytes}")
+    data = document.encode("utf-8")
+    if len(data) <= max_bytes:
+        return [document]
+    pieces = []
+    start = 0
+    while len(data) - start > max_bytes:
+        window_end = start + max_bytes
+        cut = data.rfind(b"\n", start, window_end + 1)
+        if cut > start:
+            pieces.append(data[start:cut].decode("utf-8"))
+            start = cut + 1
+            continue
+        end = window_end
+        while data[end] & 0xC0 == 0x80:  # never cut inside a UTF-8 sequence
+            end -= 1
+        pieces.append(data[start:end].decode("utf-8"))
+        start = end
+    pieces.append(data[start:].decode("utf-8"))
+    return pieces
+
+
+def iter_groups(
+    corpus: CorpusSpec,
+    stats: CorpusStats,
+    *,
+    on_bytes: Callable[[int], None] | None = None,
+    group_bytes: int = GROUP_BYTES,
+    sources: list[list[str]] | None = None,
+    source_stats: list[CorpusStats] | None = None,
+) -> Iterator[Group]:
+    """Every document of the corpus in groups, source by source, file by file, in order.
+
+    A group ends after the document with which the UTF-8 length of its documents reaches
+    ``group_bytes``, and at the end of each file: a pure function of the documents, so a
+    text, jsonl or Parquet file with the same documents gives the same groups (only
+    ``path``, ``position`` and ``nbytes`` differ). ``stats`` (and ``source_stats[i]`` for
+    source ``i``, when given) count files, bytes, documents and skips as reading goes;
+    ``on_bytes`` gets input bytes as they are read. ``sources`` is ``resolve_sources(corpus)``
+    when the caller already has it.
+    """
+    if group_bytes < 1:
+        raise ValueError(f"group_bytes must be positive, got {group_bytes}")
+    if sources is None:
+        sources = resolve_sources(corpus)
+    for number, (member, files) in enumerate(zip(corpus.members, sources, strict=True)):
+        totals = [stats] if source_stats is None else [stats, source_stats[number]]
+        for path in files:
+            counts = CorpusStats()  # this file's counts since they were last passed on
+            read = FileRead(path, member.text_field, corpus.on_bad_input, counts, on_bytes)
+            try:
+                for group in _file_groups(number, read, group_bytes):
+                    _pass_on(counts, totals)  # counts are current whenever a group arrives
+                    yield group
+            finally:
+                _pass_on(counts, totals)
+
+
+def _pass_on(counts: CorpusStats, totals: list[CorpusStats]) -> None:
+    for total in totals:
+        total.add(counts)
+    for key in counts.as_dict():
+        setattr(counts, key, 0)
+
+
+@dataclass
+class FileRead:
+    """What a reader needs for one file, and the wrapper counting its raw input bytes."""
+
+    path: str
+    text_field: str
+    on_bad_input: str
+    stats: CorpusStats
+    on_bytes: Callable[[int], None] | None
+    raw: Counted | None = None
+
+    def open(self) -> Counted:
+        self.raw = Counted(open_input(self.path), self.on_bytes)
+        return self.raw
+
+    @property
+    def read(self) -> int:
+        return self.raw.total if self.raw else 0
+
+
+def _file_groups(source: int, read: FileRead, group_bytes: int) -> Iterator[Group]:
+    reader = _reader_for(read.path)
+    if reader is None:
+        bad_file(read, f"is not a corpus format ({FORMATS_HELP})")
+        return
+    documents: list[str] = []
+    size = 0
+    index = 0
+    position = ""
+    used = 0
+    for text, where in reader(read):
+        if not documents:
+            position = where
+        documents.append(text)
+        read.stats.documents += 1
+        size += len(text.encode("utf-8"))
+        if size >= group_bytes:
+            yield Group(source, read.path, index, documents, position, read.read - used)
+            used, documents, size, index = read.read, [], 0, index + 1
+    if documents:
+        yield Group(source, read.path, index, documents, position, read.read - used)
+
+
+def bad_file(read: FileRead, problem: str) -> None:
+    """Count the file as skipped, or CorpusError under ``on_bad_input: fail``."""
+    if read.on_bad_input == "fail":
+        raise CorpusError(
+            f"{read.path} {problem}; fix or remove it, or set corpus.on_bad_input: skip"
+        )
+    read.stats.skipped_files += 1
+
+
+def bad_document(read: FileRead, problem: str) -> None:
+    """Count a skipped document, or CorpusError naming the file and position under fail."""
+    if read.on_bad_input == "fail":
+        raise CorpusError(f"{read.path}: {problem}; fix the file or set corpus.on_bad_input: skip")
+    read.stats.skipped_documents += 1
+
+
+# A reader yields (normalised non-empty document, position) for one file and counts files,
+# bytes and skips in ``read.stats`` (never documents); it opens the file with ``read.open()``
+# so that groups can say how many input bytes they used.
+_Reader = Callable[[FileRead], Iterator[tuple[str, str]]]
+
+FORMATS_HELP = (
+    "allowed: .jsonl, .jsonl.gz, .jsonl.zst, .parquet, and text under any other name, "
+    "optionally .gz"
+)
+
+
+def _reader_for(path: str) -> _Reader | None:
+    """The reader for ``path``'s format, from its name; None for a format we do not read."""
+    from payload import readers  # noqa: PLC0415  (readers builds on this module)
+
+    name = path.rsplit("/", 1)[-1].lower()
+    for suffix, reader in readers.STRUCTURED.items():
+        if name.endswith(suffix):
+            return reader
+    if name.endswith(_REFUSED_SUFFIXES):
+        return None
+    return _text_documents
+
+
+# Formats that would be misread as paragraphs of text: refused rather than guessed at.
+_REFUSED_SUFFIXES = (
+    ".json", ".json.gz", ".ndjson", ".zst", ".zstd", ".arrow", ".csv", ".tsv", ".bz2",
+    ".xz", ".lz4", ".zip", ".tar", ".7z", ".parquet.gz", ".jsonl.bz2", ".jsonl.xz",
+)  # fmt: skip
+
+
+def _text_documents(read: FileRead) -> Iterator[tuple[str, str]]:
+    """Documents of a text file: runs of non-blank lines, positions as 1-based line numbers."""
+    path, stats = read.path, read.stats
+    if _bad_gzip(path, read.on_bad_input, stats):
+        return
+    try:
+        with read.open() as raw:
+            # GzipFile holds nothing but ``raw``, which the with-block closes.
+            gz = path.endswith(".gz")
+            handle: Any = gzip.GzipFile(fileobj=cast(IO[bytes], raw)) if gz else raw
+            buf = handle.read(BINARY_SNIFF_BYTES)
+            if b"\x00" in buf:
+                bad_file(read, f"looks binary (NUL byte in its first {BINARY_SNIFF_BYTES} bytes)")
+                return
+            stats.files += 1
+            line = 1  # line number of buf[0]
+            first = True
+            eof = False
+            scanned = 0  # buf[:scanned] holds no document boundary
+            while True:
+                cut = None if eof else _boundary(buf, scanned)
+                if cut is None and not eof:
+                    scanned = _rescan_from(buf)
+                    block = _read(handle, CHUNK_BYTES, None)  # Counted reports bytes
+                    eof = not block
+                    buf += block
+                    continue
+                end, rest = cut if cut is not None else (len(buf), len(buf))
+                for text, start in _split_piece(read, buf[:end], line, stats.bytes):
+                    document = text
+                    if first:  # a byte-order mark opens the file, not its first document
+                        first = False
+                        document = text.removeprefix("\ufeff").strip()
+                        if not document:
+                            continue
+                    yield document, f"line {start}"
+                line += buf.count(b"\n", 0, rest)
+                stats.bytes += rest
+                buf = buf[rest:]
+                scanned = 0
+                if eof and not buf:
+                    break
+    except _GZIP_ERRORS as exc:  # changed since it was checked: never use half of it
+        raise CorpusError(f"{path} became unreadable while reading it: {exc}") from None
+    except OSError as exc:  # permissions, a path that vanished, a dead disk or network
+        raise CorpusError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _boundary(buf: bytes, scanned: int) -> tuple[int, int] | None:
+    """(end of the last complete documents, start of the rest) in ``buf``, or None."""
+    last = None
+    for last in _BLANK_LINES_BYTES.finditer(buf, scanned):  # noqa: B007  (the last match)
+        pass
+    return None if last is None else (last.start(), last.end())
+
+
+def _rescan_from(buf: bytes) -> int:
+    """Where a boundary may still begin once more bytes arrive (keeps reading linear)."""
+    pos = len(buf)
+    while pos > 0 and buf[pos - 1] in b" \t\r\f\v\n":
+        pos -= 1
+    return max(0, pos - 1)
+
+
+def _split_piece(read: FileRead, piece: bytes, line: int, offset: int) -> Iterator[tuple[str, int]]:
+    """Documents of a piece that ends at a document boundary, with their first line;
+    ``line`` and ``offset`` are those of the piece's first byte in the file."""
+    try:
+        whole = piece.decode("utf-8")
+    except UnicodeDecodeError:
+        yield from _split_bytes(read, piece, line, offset)
+        return
+    # Valid UTF-8 (the common case): split the text at once. The str pattern's trailing \s*
+    # also takes Unicode spaces, which normalise() would strip anyway: the same documents.
+    cursor = 0
+    for match in _BLANK_LINES.finditer(whole):
+        yield from _document_at(whole, cursor, match.start(), line)
+        line += whole.count("\n", cursor, match.end())
+        cursor = match.end()
+    yield from _document_at(whole, cursor, len(whole), line)
+
+
+def _document_at(whole: str, start: int, end: int, line: int) -> Iterator[tuple[str, int]]:
+    span = whole[start:end]
+    text = normalise(span)
+    if text:
+        lead = len(span) - len(span.lstrip())
+        yield text, line + span.count("\n", 0, lead)
+
+
+def _split_bytes(read: FileRead, piece: bytes, line: int, offset: int) -> Iterator[tuple[str, int]]:
+    """``_split_piece`` for a piece with invalid UTF-8: decoded document by document."""
+    cursor = 0
+    for start, span in _spans(piece):
+        line += piece.count(b"\n", cursor, start)
+        cursor = start
+        try:
+            text = normalise(span.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            bad_line = line + span.count(b"\n", 0, exc.start)
+            where = f"line {bad_line} (byte {offset + start + exc.start})"
+            bad_document(read, f"invalid UTF-8 at {where}")
+            continue
+        if text:
+            lead = len(span) - len(span.lstrip())
+            yield text, line + span.count(b"\n", 0, lead)
+
+
+def _spans(piece: bytes) -> Iterator[tuple[int, bytes]]:
+    """(offset, bytes) of each run between blank lines."""
+    start = 0
+    for match in _BLANK_LINES_BYTES.finditer(piece):
+        yield start, piece[start : match.start()]
+        start = match.end()
+    yield start, piece[start:]
+
+
 def iter_document_batches(
     files: list[str],
     on_bad_input: str,
@@ -308,6 +683,6 @@ def require_text(stats: CorpusStats, corpus: CorpusSpec) -> None:
                 f"{stats.skipped_documents} non-UTF-8 documents skipped)"
             )
         raise CorpusError(
-            f"corpus has no text: corpus.paths {list(corpus.paths)} gave {stats.files} "
+            f"corpus has no text: {list(corpus.all_paths)} gave {stats.files} "
             f"readable files with 0 documents{skipped}"
         )

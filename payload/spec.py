@@ -53,6 +53,16 @@ REMAT_FAMILIES = ("llama",)
 # auto: data parallelism while the state fits a chip, else FSDP. The TF backend: data only.
 SHARDINGS = ("auto", "data", "fsdp")
 ON_BAD_INPUT = ("skip", "fail")
+# The JSON field / Parquet column that holds a record's text (corpus.text_field).
+DEFAULT_TEXT_FIELD = "text"
+# A Hub dataset path: hf://datasets/<owner>/<name>@<revision>/<path or glob>; the revision
+# must be a full commit id so that a corpus read twice is the same corpus (payload/corpus.py).
+HF_SCHEME = "hf://"
+HF_DATASET_RE = re.compile(
+    r"^hf://datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)@(?P<revision>[^/]+)(?P<rest>/.*)?$"
+)
+HF_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+MAX_CORPUS_SOURCES = 1024
 
 # Smallest vocabulary we accept before looking at the corpus: the special tokens plus
 # 100 pieces (wordpiece/unigram), or plus the 256 byte symbols of byte-level BPE. After
@@ -140,9 +150,34 @@ def default_special_tokens(objective: str, kind: str, family: str) -> tuple[str,
 
 
 @dataclass(frozen=True, kw_only=True)
-class CorpusSpec:
+class CorpusSource:
+    """One member of a corpus: its paths, the field its records keep their text in, and its
+    share of ``data.max_tokens`` (``weight / sum of weights``; None without weights)."""
+
     paths: tuple[str, ...]
+    text_field: str = DEFAULT_TEXT_FIELD
+    weight: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorpusSpec:
+    """``paths`` (one source) or ``sources`` (a mixture), never both: see ``sources_of``."""
+
+    paths: tuple[str, ...] = ()
     on_bad_input: str = "skip"
+    text_field: str = DEFAULT_TEXT_FIELD
+    sources: tuple[CorpusSource, ...] = ()
+
+    @property
+    def members(self) -> tuple[CorpusSource, ...]:
+        """The corpus as a list of sources: ``corpus.paths`` is one source of weight None."""
+        if self.sources:
+            return self.sources
+        return (CorpusSource(paths=self.paths, text_field=self.text_field),)
+
+    @property
+    def all_paths(self) -> tuple[str, ...]:
+        return tuple(p for source in self.members for p in source.paths)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +202,8 @@ class DataSpec:
     eval_fraction: float = 0.01
     eval_min_sequences: int = 32
     eval_max_sequences: int = 2000
+    # Token budget: encoding stops when it is reached (split over corpus.sources by weight).
+    max_tokens: int | None = None
 
     @property
     def max_predictions(self) -> int:
@@ -404,17 +441,85 @@ def _bucket_checked(key: str, path: str) -> str:
     return path
 
 
-def _corpus(section: _Section, base_dir: str) -> CorpusSpec:
-    paths = section.take("paths", _str_list)
+def _corpus_path(key: str, path: str, base_dir: str) -> str:
+    if path.startswith(HF_SCHEME):
+        return _hub_path_checked(key, path)
+    return _resolve(base_dir, _bucket_checked(key, path))
+
+
+def _hub_path_checked(key: str, path: str) -> str:
+    """``path`` unchanged, or SpecError unless it names a Hub dataset at a full commit id."""
+    match = HF_DATASET_RE.match(path)
+    if match is None or not match.group("rest") or match.group("rest") == "/":
+        raise SpecError(
+            f"{key}: {_show(path)} is not a Hub dataset path (allowed: "
+            "hf://datasets/<owner>/<name>@<commit>/<file, directory or glob>)"
+        )
+    revision = match.group("revision")
+    if not HF_COMMIT_RE.match(revision):
+        raise SpecError(
+            f"{key}: revision {revision!r} is not a commit id; pin the dataset to the full "
+            "40-character commit (HfApi().dataset_info(repo, revision=...).sha, or the Hub's "
+            "'History' page) so the corpus cannot change under the run"
+        )
+    return path
+
+
+def _paths(section: _Section, base_dir: str) -> tuple[str, ...]:
     key = section.key("paths")
-    spec = CorpusSpec(
-        paths=tuple(
-            _resolve(base_dir, _bucket_checked(f"{key}[{i}]", p)) for i, p in enumerate(paths)
-        ),
-        on_bad_input=section.take("on_bad_input", _choice(ON_BAD_INPUT), "skip"),
+    return tuple(
+        _corpus_path(f"{key}[{i}]", p, base_dir)
+        for i, p in enumerate(section.take("paths", _str_list))
     )
+
+
+def _text_field(section: _Section, default: str) -> str:
+    return str(section.take("text_field", _str, default))
+
+
+def _corpus(section: _Section, base_dir: str) -> CorpusSpec:
+    on_bad_input = section.take("on_bad_input", _choice(ON_BAD_INPUT), "skip")
+    text_field = _text_field(section, DEFAULT_TEXT_FIELD)
+    if ("paths" in section.data) == ("sources" in section.data):
+        raise SpecError(
+            f"{section.where}: give either paths (one source) or sources (a mixture), "
+            f"{'not both' if 'paths' in section.data else 'one of them is required'}"
+        )
+    if "paths" in section.data:
+        spec = CorpusSpec(
+            paths=_paths(section, base_dir), on_bad_input=on_bad_input, text_field=text_field
+        )
+    else:
+        spec = CorpusSpec(
+            on_bad_input=on_bad_input,
+            text_field=text_field,
+            sources=section.take("sources", lambda k, v: _sources(k, v, base_dir, text_field)),
+        )
     section.finish()
     return spec
+
+
+def _sources(key: str, value: Any, base_dir: str, text_field: str) -> tuple[CorpusSource, ...]:
+    if not isinstance(value, list | tuple) or not value:
+        raise SpecError(f"{key}: expected a non-empty list of sources, got {_show(value)}")
+    if len(value) > MAX_CORPUS_SOURCES:
+        raise SpecError(f"{key}: {len(value)} sources (at most {MAX_CORPUS_SOURCES})")
+    sources = []
+    for i, raw in enumerate(value):
+        section = _Section(raw, f"{key}[{i}]")
+        sources.append(
+            CorpusSource(
+                paths=_paths(section, base_dir),
+                text_field=_text_field(section, text_field),
+                weight=section.take("weight", _float(0.0, None, lo_open=True), None),
+            )
+        )
+        section.finish()
+    weighted = [s.weight is not None for s in sources]
+    if any(weighted) and not all(weighted):
+        missing = weighted.index(False)
+        raise SpecError(f"{key}[{missing}].weight is required: give every source a weight, or none")
+    return tuple(sources)
 
 
 def _tokenizer(section: _Section, objective: str, family: str) -> TokenizerSpec:
@@ -465,6 +570,7 @@ def _data(section: _Section) -> DataSpec:
         eval_fraction=section.take("eval_fraction", _float(0.0, MAX_EVAL_FRACTION), 0.01),
         eval_min_sequences=section.take("eval_min_sequences", _int(0, 1 << 30), 32),
         eval_max_sequences=section.take("eval_max_sequences", _int(1, 1 << 30), 2000),
+        max_tokens=section.take("max_tokens", _int(1, 1 << 62), None),
     )
     if spec.eval_max_sequences < spec.eval_min_sequences:
         raise SpecError(
@@ -578,10 +684,21 @@ def parse_job(document: Any, *, source: str, check_model: bool = True) -> JobSpe
         source=source,
     )
     top.finish()
+    _check_mixture(job)
     _check_backend(job)
     if check_model:
         _check_model(job)
     return job
+
+
+def _check_mixture(job: JobSpec) -> None:
+    """Weights share out a token budget: without data.max_tokens they would mean nothing."""
+    weighted = bool(job.corpus.sources) and job.corpus.sources[0].weight is not None
+    if weighted and job.data.max_tokens is None:
+        raise SpecError(
+            "corpus.sources[0].weight: weights share out data.max_tokens; set "
+            "data.max_tokens or remove the weights (then every source is read whole)"
+        )
 
 
 def _check_backend(job: JobSpec) -> None:

@@ -49,13 +49,41 @@ def load_template(path: Path) -> dict[str, Any]:
         )
     if "output" in template:
         raise JobTemplateError("output: set by infra (gs://<bucket>/runs/<name>); remove it")
-    corpus = template.get("corpus")
-    paths = corpus.get("paths") if isinstance(corpus, dict) else None
-    if not isinstance(paths, list) or not paths:
+    _check_corpus(template.get("corpus"))
+    _check_beam_options(template)
+    return template
+
+
+HUB_PREFIX = "hf://datasets/"
+
+
+def _check_corpus(corpus: object) -> None:
+    """corpus.paths (one source) or corpus.sources (a mixture: each with its own paths); every
+    path relative to gs://<bucket>/corpus/, or a Hub dataset (hf://datasets/...: the payload
+    checks that its revision is pinned). What else a source says is the payload's to check."""
+    if not isinstance(corpus, dict) or ("paths" in corpus) == ("sources" in corpus):
         raise JobTemplateError(
-            "corpus.paths: a non-empty list of paths under gs://<bucket>/corpus/"
+            "corpus: give paths (a non-empty list of paths under gs://<bucket>/corpus/) or "
+            "sources (a list of {paths: [...], weight: ...}), not both"
         )
+    if "paths" in corpus:
+        _check_paths("corpus.paths", corpus["paths"])
+        return
+    sources = corpus["sources"]
+    if not isinstance(sources, list) or not sources:
+        raise JobTemplateError("corpus.sources: a non-empty list of {paths: [...]} mappings")
+    for i, source in enumerate(sources):
+        if not isinstance(source, dict):
+            raise JobTemplateError(f"corpus.sources[{i}]: a mapping with paths: [...]")
+        _check_paths(f"corpus.sources[{i}].paths", source.get("paths"))
+
+
+def _check_paths(where: str, paths: object) -> None:
+    if not isinstance(paths, list) or not paths:
+        raise JobTemplateError(f"{where}: a non-empty list of paths under gs://<bucket>/corpus/")
     for i, item in enumerate(paths):
+        if isinstance(item, str) and item.startswith(HUB_PREFIX):
+            continue
         if (
             not isinstance(item, str)
             or not item
@@ -64,10 +92,13 @@ def load_template(path: Path) -> dict[str, Any]:
             or ".." in item.split("/")
         ):
             raise JobTemplateError(
-                f"corpus.paths[{i}]: {item!r} must be relative to gs://<bucket>/corpus/"
+                f"{where}[{i}]: {item!r} must be relative to gs://<bucket>/corpus/ "
+                f"(or a Hub dataset, {HUB_PREFIX}<owner>/<name>@<commit>/<glob>)"
             )
-    _check_beam_options(template)
-    return template
+
+
+def _in_bucket(bucket: str, path: str) -> str:
+    return path if path.startswith(HUB_PREFIX) else f"gs://{bucket}/corpus/{path}"
 
 
 # --- Dataflow (encoding at scale; docs/deploy-gcp.md#dataflow-encoding-at-scale) -----------
@@ -183,7 +214,9 @@ def render_job_spec(
     (`dataflow`: the stack's Dataflow target, None when the stack has no Dataflow access)."""
     spec = copy.deepcopy(dict(template))
     spec["output"] = run_root(bucket, spec["name"])
-    spec["corpus"]["paths"] = [f"gs://{bucket}/corpus/{p}" for p in spec["corpus"]["paths"]]
+    corpus = spec["corpus"]
+    for source in corpus.get("sources", [corpus]):
+        source["paths"] = [_in_bucket(bucket, p) for p in source["paths"]]
     if uses_dataflow(template):
         if dataflow is None:
             raise JobTemplateError(

@@ -30,15 +30,18 @@ build_wheelhouse() {
 }
 
 # What the data unit's ExecStartPre runs: wait until every corpus pattern of the job spec
-# matches an object, so a corpus uploaded after `pulumi up` is picked up (exit 2 of the
+# (gs://) matches an object, so a corpus uploaded after `pulumi up` is picked up (exit 2 of the
 # stages is not retried, see below). The patterns are read from the job spec itself.
 wait_corpus() {
   local waited=0 spec patterns pattern out reason previous=""
   gcs_cli
   spec="$(mktemp)"
   retry_gcloud gcs cp "${JOB_URI}" "${spec}" || { rm -f "${spec}"; return 1; }
+  # corpus.paths, or every source's paths (a mixture); Hub datasets (hf://) are not waited for.
   patterns="$("${APP_DIR}/venv/bin/python" -c 'import json, sys
-print("\n".join(json.load(open(sys.argv[1]))["corpus"]["paths"]))' "${spec}")" \
+corpus = json.load(open(sys.argv[1]))["corpus"]
+paths = [p for s in corpus.get("sources", [corpus]) for p in s["paths"]]
+print("\n".join(p for p in paths if p.startswith("gs://")))' "${spec}")" \
     || { rm -f "${spec}"; return 1; }
   rm -f "${spec}"
   while true; do

@@ -28,6 +28,20 @@ def write(tmp_path, text: str):
             "corpus.paths: a non-empty list of paths under gs://<bucket>/corpus/",
         ),
         (
+            "name: ok\ncorpus: {paths: [a], sources: [{paths: [b]}]}\n",
+            "corpus: give paths (a non-empty list of paths under gs://<bucket>/corpus/) or sources",
+        ),
+        ("name: ok\ncorpus: {}\n", "corpus: give paths"),
+        (
+            "name: ok\ncorpus: {sources: []}\n",
+            "corpus.sources: a non-empty list of {paths: [...]} mappings",
+        ),
+        (
+            "name: ok\ncorpus: {sources: [{paths: [a]}, {paths: [hf://x/y]}]}\n",
+            "corpus.sources[1].paths[0]: 'hf://x/y' must be relative to gs://<bucket>/corpus/ "
+            "(or a Hub dataset, hf://datasets/<owner>/<name>@<commit>/<glob>)",
+        ),
+        (
             "name: ok\ncorpus: {paths: [gs://other/x]}\n",
             "corpus.paths[0]: 'gs://other/x' must be relative to gs://<bucket>/corpus/",
         ),
@@ -45,6 +59,28 @@ def test_bad_templates(tmp_path, text, message):
     with pytest.raises(jobspec.JobTemplateError) as caught:
         jobspec.load_template(write(tmp_path, text))
     assert str(caught.value).startswith(message)
+
+
+def test_a_mixture_and_hub_paths_are_rendered_source_by_source(tmp_path):
+    commit = "0" * 40
+    hub = f"hf://datasets/acme/web@{commit}/data/*.parquet"
+    template = jobspec.load_template(
+        write(
+            tmp_path,
+            "name: mix\ncorpus:\n  text_field: body\n  sources:\n"
+            "    - {paths: [books/], weight: 0.25}\n"
+            f"    - {{paths: ['{hub}', extra.jsonl.zst], weight: 0.75}}\n",
+        )
+    )
+    spec = jobspec.render_job_spec(template, "bkt")
+    assert spec["corpus"] == {
+        "text_field": "body",
+        "sources": [
+            {"paths": ["gs://bkt/corpus/books/"], "weight": 0.25},
+            {"paths": [hub, "gs://bkt/corpus/extra.jsonl.zst"], "weight": 0.75},
+        ],
+    }
+    assert template["corpus"]["sources"][0]["paths"] == ["books/"]
 
 
 def test_rendering_fills_in_the_bucket_layout_and_leaves_the_template_alone(tmp_path):

@@ -680,6 +680,31 @@ def test_trainer_waits_for_the_data_manifest_and_says_why(stack_run, sandbox):
     assert any(line.startswith("logger -t tpu-pretrain -- [tpu] waiting for") for line in journal)
 
 
+def test_the_data_unit_waits_for_every_sources_bucket_paths_not_the_hub(stack_run, sandbox):
+    """A mixture (corpus.sources) is waited for source by source; a Hub dataset (hf://) is
+    read by the payload itself, so the unit does not wait for it."""
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    spec = _publish_job_spec(stack_run, sandbox)
+    installed = sandbox.run(_script(stack_run, "controller-vm"), STUB_VENV_PYTHON=sys.executable)
+    assert installed.returncode == 0, installed.stderr
+    books, extra = f"gs://{bucket}/corpus/books/", f"gs://{bucket}/corpus/extra.jsonl.zst"
+    hub = "hf://datasets/acme/web@" + "0" * 40 + "/data/*.parquet"
+    spec["corpus"] = {"sources": [{"paths": [books], "weight": 1}, {"paths": [hub, extra]}]}
+    (job,) = [r for r in stack_run.resources if r.name == "payload-job-spec"]
+    target = sandbox.gcs / job.inputs["bucket"] / job.inputs["name"]
+    target.write_text(json.dumps(spec))
+    for pattern in (books + "part-0.txt", extra):
+        path = sandbox.gcs / pattern.removeprefix("gs://")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("text\n")
+    waited = _helper(sandbox, "wait-corpus")
+    assert waited.returncode == 0, waited.stderr
+    assert [c for c in sandbox.calls if c.startswith("gcloud storage ls")] == [
+        f"gcloud storage ls {books}",
+        f"gcloud storage ls {extra}",
+    ]
+
+
 @pytest.mark.parametrize(
     ("exit_status", "state", "words"),
     [

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from train_helpers import job_document, write_corpus, write_job
 
-from payload import lease, tokenizer
+from payload import encode, lease, tokenizer
+from payload import manifest as mf
 from payload.status import StatusWriter
 
 WORKERS = 2
@@ -108,6 +109,13 @@ def test_sigkill_of_encode_leaves_no_worker_behind(tmp_path: Path) -> None:
                 break
             time.sleep(0.05)
         assert not left, f"still running after the parent's SIGKILL: {sorted(left)}"
+        # The killed run left its staging directory and no manifest; the next run starts
+        # clean and finishes (what `rerun to continue` means for encode).
+        assert list(Path(job.paths.data).glob(".staging-*"))
+        assert not encode.is_complete(job)
+        manifest = encode.encode(job, StatusWriter(job.paths.status, job.name))
+        mf.verify_shards(job.paths.data, manifest)
+        assert not list(Path(job.paths.data).glob(".staging-*"))
     finally:
         if proc.poll() is None:
             proc.kill()

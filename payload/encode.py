@@ -267,28 +267,23 @@ class GroupTokenizer:
     def __call__(self, key: GroupKey, group: corpus.Group) -> TokenizedGroup:
         plan = self.plan
         encodings, long_words = self.word_limit.encode(group.documents)
-        pieces: list[np.ndarray] = []
-        dtype = np.dtype(plan.token_dtype)
+        flat: list[int] = []
+        lengths: list[int] = []
         for enc in encodings:
-            ids = np.asarray(enc.ids, dtype=dtype)
+            start = len(flat)
             if plan.objective == "mlm":
-                pieces.append(np.append(ids, np.array([plan.first_id], dtype=dtype)))
+                flat.extend(enc.ids)
+                flat.append(plan.first_id)
             else:
-                pieces.append(
-                    np.concatenate(
-                        [
-                            np.array([plan.first_id], dtype=dtype),
-                            ids,
-                            np.array([plan.last_id], dtype=dtype),
-                        ]
-                    )
-                )
-        lengths = np.array([len(p) for p in pieces], dtype=np.int64)
+                flat.append(plan.first_id)
+                flat.extend(enc.ids)
+                flat.append(plan.last_id)
+            lengths.append(len(flat) - start)
         return TokenizedGroup(
             key=key,
             source=group.source,
-            ids=np.concatenate(pieces) if pieces else np.empty(0, dtype=dtype),
-            lengths=lengths,
+            ids=np.array(flat, dtype=np.dtype(plan.token_dtype)),
+            lengths=np.array(lengths, dtype=np.int64),
             draws=np.array([held_out_draw(doc) for doc in group.documents], dtype=np.float64),
             long_words=long_words,
         )

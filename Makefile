@@ -16,7 +16,7 @@ JOB ?= examples/tiny.yaml
 	venv-tpu venv-tpu-jax venv-pt venv-beam tools clean
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml requirements/payload-dev.txt
+$(VENV)/.installed: pyproject.toml requirements/payload-dev.txt requirements/payload.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements/payload-dev.txt

@@ -45,9 +45,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
-from payload import storage
+from payload import readers_hub, storage
 from payload.errors import CorpusError
-from payload.spec import CorpusSpec
+from payload.spec import HF_DATASET_RE, CorpusSpec
 
 GROUP_BYTES = 1 << 20  # a group ends after the document that brings its text to 1 MiB
 CHUNK_BYTES = 1 << 20  # fixed (not derived from the worker count) so output is deterministic
@@ -131,7 +131,9 @@ def _resolve_paths(paths: tuple[str, ...], where: str) -> list[str]:
     files: list[str] = []
     for i, path in enumerate(paths):
         key = f"{where}[{i}]"
-        if _GLOB_CHARS.search(path):
+        if readers_hub.is_hub(path):
+            files.extend(readers_hub.resolve(path, key))
+        elif _GLOB_CHARS.search(path):
             matches = storage.glob(path)
             if not matches:
                 raise CorpusError(f"{key}: pattern {path} matched no files")
@@ -156,7 +158,22 @@ def _is_file(path: str) -> bool:
 
 def total_bytes(files: list[str]) -> int:
     """Sum of (compressed) file sizes, for progress reporting."""
-    return sum(storage.size(f) for f in files)
+    return sum(readers_hub.size(f) if readers_hub.is_hub(f) else storage.size(f) for f in files)
+
+
+def hub_revisions(files: list[str]) -> dict[str, str]:
+    """``{"<owner>/<name>": commit}`` of the Hub datasets among ``files`` (for the manifest)."""
+    out: dict[str, str] = {}
+    for path in files:
+        match = HF_DATASET_RE.match(path)
+        if match:
+            out[match.group("repo")] = match.group("revision")
+    return dict(sorted(out.items()))
+
+
+def open_input(path: str) -> IO[bytes]:
+    """A binary file object streaming ``path`` (local, gs:// or hf://), never read whole."""
+    return readers_hub.open_read(path) if readers_hub.is_hub(path) else storage.open_read(path)
 
 
 _GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
@@ -190,7 +207,7 @@ def _bad_gzip(path: str, on_bad_input: str, stats: CorpusStats) -> bool:
 
 
 def _open(path: str) -> IO[bytes]:
-    handle = storage.open_read(path)
+    handle = open_input(path)
     if path.endswith(".gz"):
         return gzip.GzipFile(fileobj=handle, mode="rb")  # type: ignore[return-value]
     return handle
@@ -326,7 +343,7 @@ def split_documents(chunk: Chunk, on_bad_input: str) -> ChunkText:
 # --------------------------------------------------------------------------- groups
 
 
-class _Counted:
+class Counted:
     """A read-only file wrapper that counts (and reports) the bytes read through it."""
 
     def __init__(self, handle: IO[bytes], on_bytes: Callable[[int], None] | None):
@@ -347,7 +364,7 @@ class _Counted:
     def close(self) -> None:
         self.handle.close()
 
-    def __enter__(self) -> _Counted:
+    def __enter__(self) -> Counted:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -360,6 +377,34 @@ class _Counted:
 def normalise(text: str) -> str:
     """A document as every format gives it: ``\\r\\n`` read as ``\\n``, outer whitespace removed."""
     return text.replace("\r\n", "\n").strip()
+
+
+def document_pieces(document: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> list[str]:
+    """``document`` cut into pieces of at most ``max_bytes`` UTF-8 bytes, each ending at the
+    last line break that fits (else at a character), for tokenizing a long document in parts
+    that the encoder keeps together; a pure function of the text, the same for every format.
+    Joining the pieces with ``"\\n"`` where a cut fell on a line break gives the document back."""
+    if max_bytes < 4:
+        raise ValueError(f"max_bytes must be at least 4 (one UTF-8 character), got {max_bytes}")
+    data = document.encode("utf-8")
+    if len(data) <= max_bytes:
+        return [document]
+    pieces = []
+    start = 0
+    while len(data) - start > max_bytes:
+        window_end = start + max_bytes
+        cut = data.rfind(b"\n", start, window_end + 1)
+        if cut > start:
+            pieces.append(data[start:cut].decode("utf-8"))
+            start = cut + 1
+            continue
+        end = window_end
+        while data[end] & 0xC0 == 0x80:  # never cut inside a UTF-8 sequence
+            end -= 1
+        pieces.append(data[start:end].decode("utf-8"))
+        start = end
+    pieces.append(data[start:].decode("utf-8"))
+    return pieces
 
 
 def iter_groups(
@@ -386,19 +431,27 @@ def iter_groups(
     if sources is None:
         sources = resolve_sources(corpus)
     for number, (member, files) in enumerate(zip(corpus.members, sources, strict=True)):
+        totals = [stats] if source_stats is None else [stats, source_stats[number]]
         for path in files:
-            file_stats = CorpusStats()
+            counts = CorpusStats()  # this file's counts since they were last passed on
+            read = FileRead(path, member.text_field, corpus.on_bad_input, counts, on_bytes)
             try:
-                read = _FileRead(path, member.text_field, corpus.on_bad_input, file_stats, on_bytes)
-                yield from _file_groups(number, read, group_bytes)
+                for group in _file_groups(number, read, group_bytes):
+                    _pass_on(counts, totals)  # counts are current whenever a group arrives
+                    yield group
             finally:
-                stats.add(file_stats)
-                if source_stats is not None:
-                    source_stats[number].add(file_stats)
+                _pass_on(counts, totals)
+
+
+def _pass_on(counts: CorpusStats, totals: list[CorpusStats]) -> None:
+    for total in totals:
+        total.add(counts)
+    for key in counts.as_dict():
+        setattr(counts, key, 0)
 
 
 @dataclass
-class _FileRead:
+class FileRead:
     """What a reader needs for one file, and the wrapper counting its raw input bytes."""
 
     path: str
@@ -406,10 +459,10 @@ class _FileRead:
     on_bad_input: str
     stats: CorpusStats
     on_bytes: Callable[[int], None] | None
-    raw: _Counted | None = None
+    raw: Counted | None = None
 
-    def open(self) -> _Counted:
-        self.raw = _Counted(storage.open_read(self.path), self.on_bytes)
+    def open(self) -> Counted:
+        self.raw = Counted(open_input(self.path), self.on_bytes)
         return self.raw
 
     @property
@@ -417,10 +470,10 @@ class _FileRead:
         return self.raw.total if self.raw else 0
 
 
-def _file_groups(source: int, read: _FileRead, group_bytes: int) -> Iterator[Group]:
+def _file_groups(source: int, read: FileRead, group_bytes: int) -> Iterator[Group]:
     reader = _reader_for(read.path)
     if reader is None:
-        _bad_file(read, f"is not a corpus format ({FORMATS_HELP})")
+        bad_file(read, f"is not a corpus format ({FORMATS_HELP})")
         return
     documents: list[str] = []
     size = 0
@@ -440,7 +493,7 @@ def _file_groups(source: int, read: _FileRead, group_bytes: int) -> Iterator[Gro
         yield Group(source, read.path, index, documents, position, read.read - used)
 
 
-def _bad_file(read: _FileRead, problem: str) -> None:
+def bad_file(read: FileRead, problem: str) -> None:
     """Count the file as skipped, or CorpusError under ``on_bad_input: fail``."""
     if read.on_bad_input == "fail":
         raise CorpusError(
@@ -449,7 +502,7 @@ def _bad_file(read: _FileRead, problem: str) -> None:
     read.stats.skipped_files += 1
 
 
-def _bad_document(read: _FileRead, problem: str) -> None:
+def bad_document(read: FileRead, problem: str) -> None:
     """Count a skipped document, or CorpusError naming the file and position under fail."""
     if read.on_bad_input == "fail":
         raise CorpusError(f"{read.path}: {problem}; fix the file or set corpus.on_bad_input: skip")
@@ -459,27 +512,35 @@ def _bad_document(read: _FileRead, problem: str) -> None:
 # A reader yields (normalised non-empty document, position) for one file and counts files,
 # bytes and skips in ``read.stats`` (never documents); it opens the file with ``read.open()``
 # so that groups can say how many input bytes they used.
-_Reader = Callable[[_FileRead], Iterator[tuple[str, str]]]
+_Reader = Callable[[FileRead], Iterator[tuple[str, str]]]
 
-FORMATS_HELP = "text (.txt or any other name, .gz)"
+FORMATS_HELP = (
+    "allowed: .jsonl, .jsonl.gz, .jsonl.zst, .parquet, and text under any other name, "
+    "optionally .gz"
+)
 
 
 def _reader_for(path: str) -> _Reader | None:
+    """The reader for ``path``'s format, from its name; None for a format we do not read."""
+    from payload import readers  # noqa: PLC0415  (readers builds on this module)
+
     name = path.rsplit("/", 1)[-1].lower()
-    for suffix in _REFUSED_SUFFIXES:
+    for suffix, reader in readers.STRUCTURED.items():
         if name.endswith(suffix):
-            return None
+            return reader
+    if name.endswith(_REFUSED_SUFFIXES):
+        return None
     return _text_documents
 
 
 # Formats that would be misread as paragraphs of text: refused rather than guessed at.
 _REFUSED_SUFFIXES = (
-    ".json", ".json.gz", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".ndjson", ".zst", ".zstd",
-    ".parquet", ".arrow", ".csv", ".tsv", ".bz2", ".xz", ".lz4", ".zip", ".tar", ".7z",
+    ".json", ".json.gz", ".ndjson", ".zst", ".zstd", ".arrow", ".csv", ".tsv", ".bz2",
+    ".xz", ".lz4", ".zip", ".tar", ".7z", ".parquet.gz", ".jsonl.bz2", ".jsonl.xz",
 )  # fmt: skip
 
 
-def _text_documents(read: _FileRead) -> Iterator[tuple[str, str]]:
+def _text_documents(read: FileRead) -> Iterator[tuple[str, str]]:
     """Documents of a text file: runs of non-blank lines, positions as 1-based line numbers."""
     path, stats = read.path, read.stats
     if _bad_gzip(path, read.on_bad_input, stats):
@@ -491,7 +552,7 @@ def _text_documents(read: _FileRead) -> Iterator[tuple[str, str]]:
             handle: Any = gzip.GzipFile(fileobj=cast(IO[bytes], raw)) if gz else raw
             buf = handle.read(BINARY_SNIFF_BYTES)
             if b"\x00" in buf:
-                _bad_file(read, f"looks binary (NUL byte in its first {BINARY_SNIFF_BYTES} bytes)")
+                bad_file(read, f"looks binary (NUL byte in its first {BINARY_SNIFF_BYTES} bytes)")
                 return
             stats.files += 1
             line = 1  # line number of buf[0]
@@ -543,9 +604,7 @@ def _rescan_from(buf: bytes) -> int:
     return max(0, pos - 1)
 
 
-def _split_piece(
-    read: _FileRead, piece: bytes, line: int, offset: int
-) -> Iterator[tuple[str, int]]:
+def _split_piece(read: FileRead, piece: bytes, line: int, offset: int) -> Iterator[tuple[str, int]]:
     """Documents of a piece that ends at a document boundary, with their first line;
     ``line`` and ``offset`` are those of the piece's first byte in the file."""
     cursor = 0
@@ -557,7 +616,7 @@ def _split_piece(
         except UnicodeDecodeError as exc:
             bad_line = line + span.count(b"\n", 0, exc.start)
             where = f"line {bad_line} (byte {offset + start + exc.start})"
-            _bad_document(read, f"invalid UTF-8 at {where}")
+            bad_document(read, f"invalid UTF-8 at {where}")
             continue
         if text:
             lead = len(span) - len(span.lstrip())

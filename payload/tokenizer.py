@@ -327,7 +327,8 @@ def train_tokenizer(job: JobSpec, status: StatusWriter) -> str:
     out_dir = job.paths.tokenizer
     if is_complete(job):
         return out_dir
-    files = corpus.resolve_files(job.corpus)
+    sources = corpus.resolve_sources(job.corpus)
+    files = list(dict.fromkeys(f for found in sources for f in found))
     total = corpus.total_bytes(files)
     stats = corpus.CorpusStats()
     status.update(
@@ -345,8 +346,9 @@ def train_tokenizer(job: JobSpec, status: StatusWriter) -> str:
             bar.update(n)
             status.update(stage=STAGE, progress=0.9 * done / max(total, 1))
 
-        batches = corpus.iter_document_batches(
-            files, job.corpus.on_bad_input, stats, on_bytes=on_bytes
+        batches = (
+            group.documents
+            for group in corpus.iter_groups(job.corpus, stats, on_bytes=on_bytes, sources=sources)
         )
         counter = WordLimit(tok)  # before training, which holds the tokenizer
         tok.train_from_iterator(_counting_long_words(batches, counter, stats), trainer)

@@ -112,7 +112,15 @@ def test_one_megabyte_groups(tmp_path: Path) -> None:
     path = tmp_path / "big.txt"
     path.write_text("\n\n".join([doc] * 2500))
     progress: list[int] = []
-    found, stats = groups([path], on_bytes=progress.append)
+    stats = corpus.CorpusStats()
+    seen = []  # the counts as each group arrives: current, not only at the end of the file
+    found = []
+    for group in corpus.iter_groups(
+        CorpusSpec(paths=(str(path),)), stats, on_bytes=progress.append
+    ):
+        seen.append(stats.documents)
+        found.append(group)
+    assert seen == [1049, 2098, 2500]
     assert corpus.GROUP_BYTES == 1 << 20
     assert [len(g.documents) for g in found] == [1049, 1049, 402]  # ceil(2**20 / 1000)
     assert sum(progress) == path.stat().st_size == sum(g.nbytes for g in found)
@@ -298,3 +306,19 @@ def test_spec_refusals(tmp_path: Path, section: Any, data: dict[str, Any], messa
     with pytest.raises(SpecError, match=message) as info:
         _load(tmp_path, section, **data)
     assert "\n" not in str(info.value)
+
+
+def test_document_pieces() -> None:
+    assert corpus.document_pieces("short", 8) == ["short"]
+    assert corpus.document_pieces("aaa\nbbb\ncc\nd", 8) == ["aaa\nbbb", "cc\nd"]
+    assert corpus.document_pieces("abcdefghij", 4) == ["abcd", "efgh", "ij"]
+    assert corpus.document_pieces("한글한글", 4) == ["한", "글", "한", "글"]  # 3 bytes each
+    rng = random.Random(0)
+    text = "".join(rng.choice(["a", "é", "한", "🙂", "\n", " "]) for _ in range(3000))
+    for limit in (4, 5, 17, 100):
+        pieces = corpus.document_pieces(text, limit)
+        assert all(len(p.encode()) <= limit for p in pieces)
+        assert "".join(pieces).replace("\n", "") == text.replace("\n", "")  # only line breaks go
+        assert len("".join(pieces)) >= len(text) - len(pieces) + 1  # at most one per cut
+    with pytest.raises(ValueError, match="max_bytes"):
+        corpus.document_pieces("x", 3)

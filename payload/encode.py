@@ -151,6 +151,8 @@ class Plan:
     eval_fraction: float
     eval_min_sequences: int
     eval_max_sequences: int
+    # A longer document is tokenized in pieces (corpus.document_pieces) kept together.
+    max_document_bytes: int = corpus.MAX_DOCUMENT_BYTES
 
     @property
     def floor_tokens(self) -> int:
@@ -208,6 +210,7 @@ def prepare(job: JobSpec) -> Prepared:
         eval_fraction=data.eval_fraction,
         eval_min_sequences=data.eval_min_sequences,
         eval_max_sequences=data.eval_max_sequences,
+        max_document_bytes=corpus.MAX_DOCUMENT_BYTES,
     )
     return Prepared(
         plan=plan,
@@ -266,18 +269,24 @@ class GroupTokenizer:
 
     def __call__(self, key: GroupKey, group: corpus.Group) -> TokenizedGroup:
         plan = self.plan
-        encodings, long_words = self.word_limit.encode(group.documents)
+        texts: list[str] = []
+        pieces: list[int] = []  # how many texts each document was tokenized as
+        for document in group.documents:
+            parts = corpus.document_pieces(document, plan.max_document_bytes)
+            texts += parts
+            pieces.append(len(parts))
+        encodings, long_words = self.word_limit.encode(texts)
         flat: list[int] = []
         lengths: list[int] = []
-        for enc in encodings:
+        at = 0
+        for count in pieces:
             start = len(flat)
-            if plan.objective == "mlm":
-                flat.extend(enc.ids)
+            if plan.objective == "clm":
                 flat.append(plan.first_id)
-            else:
-                flat.append(plan.first_id)
+            for enc in encodings[at : at + count]:
                 flat.extend(enc.ids)
-                flat.append(plan.last_id)
+            at += count
+            flat.append(plan.first_id if plan.objective == "mlm" else plan.last_id)
             lengths.append(len(flat) - start)
         return TokenizedGroup(
             key=key,
@@ -429,8 +438,11 @@ def build_manifest(
     train: Sequence[mf.Shard],
     held_out: Sequence[mf.Shard],
     totals: Totals,
+    *,
+    files: Sequence[str],
 ) -> mf.Manifest:
-    """The manifest of a finished shard set (the same from every runner)."""
+    """The manifest of a finished shard set (the same from every runner); ``files`` are the
+    corpus's files (the commits of Hub datasets among them are recorded)."""
     total_records = sum(s.records for s in train)
     eval_records = sum(s.records for s in held_out)
     counts = {
@@ -461,6 +473,7 @@ def build_manifest(
         eval_tokens=eval_records * job.data.seq_length,
         held_out={"rule": HELD_OUT_RULE, "fraction": totals.fraction},
         sources=tuple(s.as_dict() for s in totals.sources),
+        hub_revisions=corpus.hub_revisions(list(files)),
     )
 
 
@@ -743,7 +756,7 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
             )
         train = _place(data_dir, assembler.train, "shard")
         held_out = _place(data_dir, assembler.held_out, "eval")
-        manifest = build_manifest(job, prepared, train, held_out, totals)
+        manifest = build_manifest(job, prepared, train, held_out, totals, files=files)
         write_stage_and_manifest(job, manifest)
     except OSError as exc:
         if not storage.is_disk_full(exc):

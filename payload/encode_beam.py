@@ -404,7 +404,7 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
         _run(pipeline, status)
         summary = json.loads(storage.read_text(summary_path))
         storage.remove(summary_path)
-        manifest = _manifest(job, prepared, summary)
+        manifest = _manifest(job, prepared, summary, [path for _, _, path in files])
         enc.write_stage_and_manifest(job, manifest)
     except BaseException:
         storage.remove_tree(data_dir)  # nothing half-written: no shards without a manifest
@@ -458,7 +458,9 @@ def _report(result: Any, status: StatusWriter) -> None:
         status.update(stage=enc.STAGE, **metrics)
 
 
-def _manifest(job: JobSpec, prepared: enc.Prepared, summary: dict[str, Any]) -> mf.Manifest:
+def _manifest(
+    job: JobSpec, prepared: enc.Prepared, summary: dict[str, Any], files: list[str]
+) -> mf.Manifest:
     stats = corpus.CorpusStats(**summary["stats"])
     corpus.require_text(stats, job.corpus)
     budgets = enc.source_budgets(job)
@@ -492,7 +494,7 @@ def _manifest(job: JobSpec, prepared: enc.Prepared, summary: dict[str, Any]) -> 
         eval_documents=summary["eval_documents"],
         eval_dropped_tokens=summary["eval_dropped_tokens"],
     )
-    return enc.build_manifest(job, prepared, train, held, totals)
+    return enc.build_manifest(job, prepared, train, held, totals, files=files)
 
 
 def main(argv: list[str] | None = None) -> int:

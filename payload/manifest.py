@@ -22,7 +22,8 @@ from payload.errors import DataError
 
 MANIFEST_NAME = "manifest.json"
 # 3: encoding a pure function of the documents (held-out split by a hash of each document,
-#    packing within groups, per-source use: `held_out`, `sources`); 2: raw packed-id records
+#    packing within groups, per-source use, Hub commits: `held_out`, `sources`,
+#    `hub_revisions`); 2: raw packed-id records
 #    (1 wrapped them in tf.train.Example). Shards of 2 and 3 have the same record format,
 #    so the trainer reads both.
 FORMAT_VERSION = 3
@@ -60,6 +61,8 @@ class Manifest:
     # and per corpus source: budget (None: none), tokens, documents, exhausted.
     held_out: Mapping[str, Any] = field(default_factory=dict)
     sources: tuple[Mapping[str, Any], ...] = ()
+    # Format 3: the commit of every Hub dataset read ({"<owner>/<name>": "<40 hex>"}).
+    hub_revisions: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def all_shards(self) -> tuple[Shard, ...]:
@@ -74,8 +77,9 @@ class Manifest:
         data["corpus"] = dict(self.corpus)
         data["held_out"] = dict(self.held_out)
         data["sources"] = [dict(source) for source in self.sources]
+        data["hub_revisions"] = dict(self.hub_revisions)
         if self.format_version < 3:  # written as that format was (tests read old manifests)
-            del data["held_out"], data["sources"]
+            del data["held_out"], data["sources"], data["hub_revisions"]
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
@@ -105,6 +109,9 @@ class Manifest:
                 eval_tokens=int(data.get("eval_tokens", 0)),
                 held_out=MappingProxyType(_held_out(data.get("held_out", {}))),
                 sources=tuple(_source(s) for s in data.get("sources", [])),
+                hub_revisions=MappingProxyType(
+                    {str(k): str(v) for k, v in data.get("hub_revisions", {}).items()}
+                ),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DataError(f"invalid manifest {where}: {type(exc).__name__}: {exc}") from None

@@ -120,10 +120,12 @@ smoke: venv-pt venv-infra
 	@test "$(origin STACK)" = "command line" || { echo "make smoke: name the stack: make smoke STACK=<stack> [KEEP=1]" >&2; exit 2; }
 	$(IPY) -m infra.smoke --stack $(STACK) $(if $(KEEP),--keep)
 
-# Performance figures (printed, not asserted): encode vs raw tokenizers, bytes/token,
+# Performance figures (printed, not asserted): encode vs raw tokenizers, the encode stage on
+# Beam's local runner vs the local encoder (same bytes), bytes/token,
 # RSS at two corpus sizes, input pipeline sequences/s. BENCH_ARGS=--quick for a short run.
-bench: venv
+bench: venv venv-beam
 	$(PY) bench/bench_encode.py $(BENCH_ARGS)
+	PAYLOAD_BEAM_PYTHON=$(BVENV)/bin/python $(PY) bench/bench_encode_beam.py
 	$(PY) bench/bench_input.py
 	$(PY) bench/bench_input.py --cores 1 --records 100000
 	$(PY) bench/bench_long_words.py

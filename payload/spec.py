@@ -220,7 +220,9 @@ BEAM_OPTIONS: dict[str, type] = {
     "dataflow_kms_key": str,
 }
 BEAM_GCS_OPTIONS = ("temp_location", "staging_location")
-BEAM_DATAFLOW_REQUIRED = ("project", "region", "temp_location")
+# sdk_container_image: the workers' environment with tokenizers and the payload itself (the
+# payload is not on PyPI, so a job without the image cannot run: docs/encoding-at-scale.md).
+BEAM_DATAFLOW_REQUIRED = ("project", "region", "temp_location", "sdk_container_image")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -257,7 +257,8 @@ def test_dataflow_options_become_beam_flags(tmp_path, corpus_dir) -> None:
         ),
         (
             {"runner": "beam", "beam": {"runner": "DataflowRunner", "options": {"project": "p"}}},
-            r"data\.beam\.options: DataflowRunner needs region, temp_location",
+            r"data\.beam\.options: DataflowRunner needs region, temp_location, "
+            r"sdk_container_image",
         ),
         (
             {"runner": "beam", "beam": {"options": {"project": "p"}}},
@@ -268,7 +269,12 @@ def test_dataflow_options_become_beam_flags(tmp_path, corpus_dir) -> None:
                 "runner": "beam",
                 "beam": {
                     "runner": "DataflowRunner",
-                    "options": {"project": "p", "region": "r", "temp_location": "/tmp/x"},
+                    "options": {
+                        "project": "p",
+                        "region": "r",
+                        "temp_location": "/tmp/x",
+                        "sdk_container_image": "i",
+                    },
                 },
             },
             r"data\.beam\.options\.temp_location: '/tmp/x' must be a gs:// path",

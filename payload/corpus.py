@@ -563,7 +563,7 @@ def _text_documents(read: FileRead) -> Iterator[tuple[str, str]]:
                 cut = None if eof else _boundary(buf, scanned)
                 if cut is None and not eof:
                     scanned = _rescan_from(buf)
-                    block = handle.read(CHUNK_BYTES)
+                    block = _read(handle, CHUNK_BYTES, None)  # Counted reports bytes
                     eof = not block
                     buf += block
                     continue
@@ -607,6 +607,31 @@ def _rescan_from(buf: bytes) -> int:
 def _split_piece(read: FileRead, piece: bytes, line: int, offset: int) -> Iterator[tuple[str, int]]:
     """Documents of a piece that ends at a document boundary, with their first line;
     ``line`` and ``offset`` are those of the piece's first byte in the file."""
+    try:
+        whole = piece.decode("utf-8")
+    except UnicodeDecodeError:
+        yield from _split_bytes(read, piece, line, offset)
+        return
+    # Valid UTF-8 (the common case): split the text at once. The str pattern's trailing \s*
+    # also takes Unicode spaces, which normalise() would strip anyway: the same documents.
+    cursor = 0
+    for match in _BLANK_LINES.finditer(whole):
+        yield from _document_at(whole, cursor, match.start(), line)
+        line += whole.count("\n", cursor, match.end())
+        cursor = match.end()
+    yield from _document_at(whole, cursor, len(whole), line)
+
+
+def _document_at(whole: str, start: int, end: int, line: int) -> Iterator[tuple[str, int]]:
+    span = whole[start:end]
+    text = normalise(span)
+    if text:
+        lead = len(span) - len(span.lstrip())
+        yield text, line + span.count("\n", 0, lead)
+
+
+def _split_bytes(read: FileRead, piece: bytes, line: int, offset: int) -> Iterator[tuple[str, int]]:
+    """``_split_piece`` for a piece with invalid UTF-8: decoded document by document."""
     cursor = 0
     for start, span in _spans(piece):
         line += piece.count(b"\n", cursor, start)

@@ -81,9 +81,10 @@ def _zstd_errors() -> tuple[type[BaseException], ...]:
 
 
 def _codec(path: str) -> tuple[Callable[[Any], Iterator[bytes]], str]:
-    if path.endswith(".zst"):
+    name = path.lower()  # the reader was chosen from the lower-cased name too
+    if name.endswith(".zst"):
         return _zstd_blocks, "zstd"
-    if path.endswith(".gz"):
+    if name.endswith(".gz"):
         return _gzip_blocks, "gzip"
     return _plain_blocks, ""
 
@@ -129,8 +130,14 @@ def jsonl_documents(read: FileRead) -> Iterator[tuple[str, str]]:
             read.stats.files += 1
             line = 0
             rest = b""
+            pending: list[bytes] = []  # blocks of a line longer than a block
             for block in blocks(raw):
                 read.stats.bytes += len(block)
+                if b"\n" not in block:
+                    pending.append(block)
+                    continue
+                if pending:
+                    rest, pending = rest + b"".join(pending), []
                 lines = (rest + block).split(b"\n")
                 rest = lines.pop()
                 for record in lines:
@@ -138,6 +145,7 @@ def jsonl_documents(read: FileRead) -> Iterator[tuple[str, str]]:
                     document = _json_document(read, record, line)
                     if document:
                         yield document, f"line {line}"
+            rest += b"".join(pending)
             if rest:
                 document = _json_document(read, rest, line + 1)
                 if document:

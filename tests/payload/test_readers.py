@@ -112,6 +112,23 @@ def test_positions(tmp_path: Path) -> None:
     ]
 
 
+def test_long_lines_and_upper_case_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from payload import readers
+
+    monkeypatch.setattr(readers, "READ_BYTES", 5)  # every line spans several blocks
+    docs = ["a" * 23, "b", "c" * 11]
+    path = tmp_path / "UPPER.JSONL.ZST"
+    path.write_bytes(zstandard.ZstdCompressor().compress(jsonl_bytes(docs).rstrip(b"\n")))
+    found, stats = read([str(path)])
+    assert [d for g in found for d in g.documents] == docs
+    assert stats.bytes == len(jsonl_bytes(docs)) - 1
+    assert [g.position for g in read([str(path)], group_bytes=1)[0]] == [
+        "line 1",
+        "line 2",
+        "line 3",
+    ]
+
+
 def test_text_field_and_normalisation(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     path.write_text(

@@ -36,10 +36,10 @@ written literally in the corpus (e.g. "[MASK]") are encoded as plain text.
 
 Token budget (``data.max_tokens``): with unweighted sources (or plain ``corpus.paths``) one
 budget for the whole corpus, consumed in corpus order; with weighted sources, source ``i``
-gets ``floor(max_tokens * weight_i / sum of weights)``, consumed in that source's order. A
-document is used while the tokens of the documents of its budget before it (separators
-included, both splits) are below the budget: the document that crosses the budget is used
-whole, every later one of that budget is not (its source is "exhausted"). Tokens used,
+gets ``floor(max_tokens * weight_i / sum of weights)``, consumed in that source's order.
+Documents are used from the start while their tokens (separators included, both splits),
+added up, stay within the budget: the first document that would pass it and every later one
+of that budget are not used (its source is "exhausted"), so a budget is never exceeded. Tokens used,
 documents, budget and whether it was exhausted are reported per source in status.json and
 manifest.json. The reader still reads an exhausted source to its end (counted in the reading
 statistics); its later groups are not packed.
@@ -319,11 +319,13 @@ def budget_key(job: JobSpec, source: int) -> int:
 
 
 def within_budget(group: TokenizedGroup, tokens_before: int, budget: int | None) -> int:
-    """How many of the group's documents are used, given the budget's tokens before it."""
+    """How many of the group's documents are used: those whose running sum of tokens over
+    every document of their budget so far (``tokens_before``: all documents of the groups
+    before this one, used or not) stays within the budget."""
     if budget is None:
         return group.documents
-    before_each = tokens_before + np.cumsum(group.lengths) - group.lengths
-    return int(np.count_nonzero(before_each < budget))
+    through_each = tokens_before + np.cumsum(group.lengths)
+    return int(np.count_nonzero(through_each <= budget))  # a prefix: the sums only grow
 
 
 def truncated(group: TokenizedGroup, keep: int) -> TokenizedGroup:
@@ -655,6 +657,9 @@ class _Assembler:
         budget = self.budgets[group.source]
         spent = self.spent.get(key, 0)
         keep = within_budget(group, spent, budget)
+        # Every document counts toward the budget's running sum, used or not: once one does
+        # not fit, no later one does (the sums only grow), as Beam's positions say too.
+        self.spent[key] = spent + group.tokens
         if keep < group.documents:
             for i, _ in enumerate(self.sources):
                 if budget_key(self.job, i) == key:
@@ -663,7 +668,6 @@ class _Assembler:
             return  # as if never read: the local runner may not even tokenize such a group
         self.long_words += group.long_words  # of a used group (cut words are not per document)
         group = truncated(group, keep)
-        self.spent[key] = spent + group.tokens
         use = self.sources[group.source]
         use.tokens += group.tokens
         use.documents += group.documents
@@ -754,10 +758,7 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
                 f"data.seq_length={job.data.seq_length} (sequences are packed within groups "
                 f"of about {corpus.GROUP_BYTES >> 20} MiB of text)"
             )
-        train = _place(data_dir, assembler.train, "shard")
-        held_out = _place(data_dir, assembler.held_out, "eval")
-        manifest = build_manifest(job, prepared, train, held_out, totals, files=files)
-        write_stage_and_manifest(job, manifest)
+        manifest = _publish(job, prepared, assembler, totals, files)
     except OSError as exc:
         if not storage.is_disk_full(exc):
             raise
@@ -782,6 +783,17 @@ def _beam_module() -> Any:
             "--job ... (or set data.runner: local)"
         ) from None
     return encode_beam
+
+
+def _publish(
+    job: JobSpec, prepared: Prepared, assembler: _Assembler, totals: Totals, files: list[str]
+) -> mf.Manifest:
+    """Shards to their names, then stage.json, then the manifest (the commit point)."""
+    train = _place(job.paths.data, assembler.train, "shard")
+    held_out = _place(job.paths.data, assembler.held_out, "eval")
+    manifest = build_manifest(job, prepared, train, held_out, totals, files=files)
+    write_stage_and_manifest(job, manifest)
+    return manifest
 
 
 def _place(data_dir: str, shard_set: _ShardSet, prefix: str) -> list[mf.Shard]:
@@ -901,6 +913,7 @@ def _make_staging(data_dir: str) -> Path:
 
 
 RECORD_FRAMING = 16  # TFRecord: length (8) + its CRC (4) + the data's CRC (4) per record
+SAMPLE_DOCUMENTS = 2000  # of the first group, tokenized for the estimate
 
 
 def estimate_output_bytes(
@@ -908,9 +921,10 @@ def estimate_output_bytes(
 ) -> int:
     """About how many bytes the shards of the whole corpus take (training + held out).
 
-    Tokens per input byte measured on the corpus's first group (plus one separator per
-    document), times the input size; each sequence of ``seq_length`` ids costs
-    ``seq_length * itemsize + 16`` bytes (2.125 bytes per token at length 128, uint16).
+    Tokens per input byte measured on the corpus's first group (its first
+    ``SAMPLE_DOCUMENTS`` documents, plus one separator each), times the input size; each
+    sequence of ``seq_length`` ids costs ``seq_length * itemsize + 16`` bytes (2.125 bytes
+    per token at length 128, uint16).
     """
     groups = corpus.iter_groups(job.corpus, corpus.CorpusStats(), sources=sources)
     try:
@@ -922,7 +936,7 @@ def estimate_output_bytes(
     from tokenizers import Tokenizer  # noqa: PLC0415
 
     tok = Tokenizer.from_str(prepared.tokenizer_text)
-    sample = first.documents[:2000]
+    sample = first.documents[:SAMPLE_DOCUMENTS]
     sample_bytes = sum(len(d.encode("utf-8")) for d in sample) or 1
     text_bytes = sum(len(d.encode("utf-8")) for d in first.documents) or 1
     # One document at a time: encode_batch would start the Rust thread pool in this process.

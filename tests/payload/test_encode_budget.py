@@ -47,10 +47,11 @@ def _lengths(job: spec.JobSpec, files: list[str]) -> list[int]:
 
 
 def _used(lengths: list[int], budget: int) -> tuple[int, int]:
-    """(documents, tokens) the rule uses: a document while the tokens before it < budget."""
+    """(documents, tokens) the rule uses: documents from the start while the sum stays within
+    the budget."""
     tokens = documents = 0
     for n in lengths:
-        if tokens >= budget:
+        if tokens + n > budget:
             break
         tokens += n
         documents += 1
@@ -69,11 +70,13 @@ def _with_tokenizer(job: spec.JobSpec, trained: str) -> spec.JobSpec:
     return job
 
 
-def test_one_budget_stops_at_the_document_that_reaches_it(tmp_path, corpus_files, trained) -> None:
+def test_one_budget_stops_before_the_document_that_would_pass_it(
+    tmp_path, corpus_files, trained
+) -> None:
     job = _with_tokenizer(_job(tmp_path, {"paths": corpus_files}, 5000), trained)
     manifest = encode.encode(job, status_for(job))
     documents, tokens = _used(_lengths(job, corpus_files), 5000)
-    assert 5000 <= tokens < 5200
+    assert 4800 < tokens <= 5000
     assert [dict(s) for s in manifest.sources] == [
         {"budget": 5000, "tokens": tokens, "documents": documents, "exhausted": True}
     ]

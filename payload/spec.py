@@ -190,6 +190,48 @@ class TokenizerSpec:
     max_word_length: int = DEFAULT_MAX_WORD_LENGTH
 
 
+# How the encode stage runs (payload/encode.py; payload/encode_beam.py; docs/payload.md):
+# `local`: worker processes on this machine; `beam`: an Apache Beam pipeline with the same
+# functions and the same output, on a local Beam runner or on Dataflow.
+ENCODE_RUNNERS = ("local", "beam")
+# Beam runners we accept (Beam's names): DirectRunner runs here (payload/encode_beam.py: its
+# FnApiRunner, never Prism, which downloads a binary at first use), DataflowRunner on GCP.
+BEAM_RUNNERS = ("DirectRunner", "DataflowRunner")
+# Pipeline options passed through to Dataflow (data.beam.options), by Beam's own names
+# (apache_beam/options/pipeline_options.py of apache-beam 2.77.0: GoogleCloudOptions,
+# WorkerOptions, SetupOptions; checked in that file) and the type each takes. Closed: an
+# option not listed here is refused, so nothing the stack did not mean reaches the job.
+BEAM_OPTIONS: dict[str, type] = {
+    "project": str,
+    "region": str,
+    "service_account_email": str,
+    "network": str,
+    "subnetwork": str,
+    "temp_location": str,
+    "staging_location": str,
+    "no_use_public_ips": bool,
+    "num_workers": int,
+    "max_num_workers": int,
+    "machine_type": str,
+    "disk_size_gb": int,
+    "sdk_container_image": str,
+    "requirements_file": str,
+    "job_name": str,
+    "dataflow_kms_key": str,
+}
+BEAM_GCS_OPTIONS = ("temp_location", "staging_location")
+# sdk_container_image: the workers' environment with tokenizers and the payload itself (the
+# payload is not on PyPI, so a job without the image cannot run: docs/encoding-at-scale.md).
+BEAM_DATAFLOW_REQUIRED = ("project", "region", "temp_location", "sdk_container_image")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BeamSpec:
+    runner: str = "DirectRunner"
+    workers: int | None = None  # parallelism of a local Beam runner (None: one per CPU core)
+    options: Mapping[str, str | int | bool] = field(default_factory=lambda: MappingProxyType({}))
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataSpec:
     objective: str
@@ -197,13 +239,17 @@ class DataSpec:
     records_per_shard: int = 10000
     mask_probability: float = 0.15
     workers: int | None = None
-    # Held-out split, chosen by document (see encode.py): a share of the corpus, raised to
-    # reach eval_min_sequences and capped at eval_max_sequences; 0 turns it off.
+    # Held-out split, chosen per document from a hash of its text (see encode.py): a share
+    # of the corpus (raised toward eval_min_sequences on a small corpus), capped at
+    # eval_max_sequences; 0 turns it off.
     eval_fraction: float = 0.01
     eval_min_sequences: int = 32
     eval_max_sequences: int = 2000
-    # Token budget: encoding stops when it is reached (split over corpus.sources by weight).
+    # Token budget: encoding stops when it is reached (split over corpus.sources by weight;
+    # the rule: payload/encode.py).
     max_tokens: int | None = None
+    runner: str = "local"  # local | beam (payload/encode_beam.py)
+    beam: BeamSpec = field(default_factory=BeamSpec)
 
     @property
     def max_predictions(self) -> int:
@@ -571,6 +617,8 @@ def _data(section: _Section) -> DataSpec:
         eval_min_sequences=section.take("eval_min_sequences", _int(0, 1 << 30), 32),
         eval_max_sequences=section.take("eval_max_sequences", _int(1, 1 << 30), 2000),
         max_tokens=section.take("max_tokens", _int(1, 1 << 62), None),
+        runner=section.take("runner", _choice(ENCODE_RUNNERS), "local"),
+        beam=section.take("beam", lambda key, v: _beam(_Section(v, key)), BeamSpec()),
     )
     if spec.eval_max_sequences < spec.eval_min_sequences:
         raise SpecError(
@@ -580,6 +628,47 @@ def _data(section: _Section) -> DataSpec:
         )
     section.finish()
     return spec
+
+
+def _beam(section: _Section) -> BeamSpec:
+    runner = section.take("runner", _choice(BEAM_RUNNERS), "DirectRunner")
+    workers = section.take("workers", _int(1, 1024), None)
+    options = section.take("options", _beam_options, MappingProxyType({}))
+    section.finish()
+    key = section.key("options")
+    if runner == "DataflowRunner":
+        missing = [name for name in BEAM_DATAFLOW_REQUIRED if name not in options]
+        if missing:
+            raise SpecError(f"{key}: DataflowRunner needs {', '.join(missing)}")
+    elif options:
+        raise SpecError(
+            f"{key}: options are for DataflowRunner; {runner} runs on this machine "
+            f"(use {section.key('workers')} for its parallelism)"
+        )
+    return BeamSpec(runner=runner, workers=workers, options=options)
+
+
+def _beam_options(key: str, value: Any) -> Mapping[str, str | int | bool]:
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{key}: expected a mapping of Beam pipeline options, got {_show(value)}")
+    out: dict[str, str | int | bool] = {}
+    for name, option in value.items():
+        kind = BEAM_OPTIONS.get(str(name))
+        if kind is None:
+            raise SpecError(
+                f"{key}.{name}: unknown Beam option (allowed: {', '.join(sorted(BEAM_OPTIONS))})"
+            )
+        where = f"{key}.{name}"
+        if kind is bool:
+            out[name] = _bool(where, option)
+        elif kind is int:
+            out[name] = _int(1, 1 << 20)(where, option)
+        else:
+            text = _str(where, option)
+            if name in BEAM_GCS_OPTIONS and not storage.is_gcs(text):
+                raise SpecError(f"{where}: {_show(text)} must be a gs:// path")
+            out[name] = text
+    return MappingProxyType(out)
 
 
 def _model(section: _Section, objective: str) -> ModelSpec:

@@ -26,10 +26,9 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from tokenizers import Tokenizer
 from train_helpers import assert_user_error, job_document, run_cli, write_corpus
 
-from payload import cli, encode, pipeline, records, storage, tokenizer
+from payload import cli, corpus, encode, pipeline, records, storage, tokenizer
 from payload.errors import DiskFullError
 from payload.spec import JobSpec, load_job
 from payload.status import StatusWriter
@@ -77,12 +76,10 @@ def leftovers(data_dir: str) -> list[str]:
 
 
 def test_estimate_is_close_to_the_encoded_size(tmp_path: Path) -> None:
-    job = make_job(tmp_path, tmp_path / "out", lines=20_000)  # ~0.8 MB: 3 samples' worth
-    files = [job.corpus.paths[0]]
-    total = Path(files[0]).stat().st_size
-    assert total > 3 * encode.SAMPLE_BYTES
-    tok = Tokenizer.from_str(tokenizer.tokenizer_json(job.paths.tokenizer).decode())
-    estimate = encode.estimate_output_bytes(tok, files, job, total, "uint16")
+    job = make_job(tmp_path, tmp_path / "out", lines=20_000)  # ~0.8 MB
+    sources = corpus.resolve_sources(job.corpus)
+    total = Path(sources[0][0]).stat().st_size
+    estimate = encode.estimate_output_bytes(job, encode.prepare(job), sources, total)
     manifest = encode.encode(job, StatusWriter(job.paths.status, job.name))
     real = sum(s.bytes for s in (*manifest.shards, *manifest.eval_shards))
     assert manifest.token_dtype == records.token_dtype_for(300)  # uint16
@@ -193,11 +190,10 @@ def test_encode_space_check_for_gcs_output_looks_at_the_temp_dir(
     )
     asked: list[str] = []
     monkeypatch.setattr(storage, "free_bytes", lambda path: asked.append(path) or 10)
-    tok = Tokenizer.from_str(tokenizer.tokenizer_json(job.paths.tokenizer).decode())
-    files = [job.corpus.paths[0]]
-    total = Path(files[0]).stat().st_size
+    sources = corpus.resolve_sources(job.corpus)
+    total = Path(sources[0][0]).stat().st_size
     with pytest.raises(DiskFullError, match=r": not enough free space .*\(or point TMPDIR"):
-        encode._check_space(tok, files, on_gcs, total, "uint16")  # type: ignore[arg-type]
+        encode._check_space(on_gcs, encode.prepare(job), sources, total)  # type: ignore[arg-type]
     assert asked == [tempfile.gettempdir()]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import subprocess
 import sys
@@ -59,27 +60,70 @@ def prepared(job: spec.JobSpec) -> spec.JobSpec:
     return job
 
 
-def expected_rows(job: spec.JobSpec, files: list[str]) -> np.ndarray:
-    """The packing rule, computed independently with the transformers tokenizer."""
+HELD_OUT_KEY = b"tpu-pretrain/held-out/v1"  # encode.HELD_OUT_SALT, written out again here
+
+
+def file_documents(path: str) -> list[str]:
+    """A text file's documents: runs of non-blank lines (the reader's rule, restated)."""
+    text = Path(path).read_text(encoding="utf-8-sig").replace("\r\n", "\n")
+    return [d.strip() for d in re.split(r"\n[ \t\r\f\v]*\n", text) if d.strip()]
+
+
+def groups_of(documents: list[str], group_bytes: int) -> list[list[str]]:
+    """A file's documents cut where their UTF-8 text reaches group_bytes (corpus.iter_groups)."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for document in documents:
+        groups[-1].append(document)
+        size += len(document.encode("utf-8"))
+        if size >= group_bytes:
+            groups.append([])
+            size = 0
+    return [g for g in groups if g]
+
+
+def draw(document: str) -> float:
+    digest = hashlib.blake2b(document.encode("utf-8"), digest_size=8, key=HELD_OUT_KEY).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def expected_split(
+    job: spec.JobSpec, files: list[str], fraction: float = 0.0, group_bytes: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(training rows, held-out rows): the packing and split rules, computed independently
+    with the transformers tokenizer. Each group's streams are cut into windows on their own
+    (the remainder dropped); a document is held out when its keyed blake2b draw < fraction."""
     tok = tokenizer.load_tokenizer(job.paths.tokenizer)
-    stream: list[int] = []
-    for path in files:
-        text = Path(path).read_text(encoding="utf-8-sig").replace("\r\n", "\n")
-        for document in re.split(r"\n[ \t\r\f\v]*\n", text):
-            if not document.strip():
-                continue
-            encoded = tok(document.strip(), add_special_tokens=False, split_special_tokens=True)
-            ids = encoded["input_ids"]
-            if job.data.objective == "mlm":
-                stream += [*ids, tok.sep_token_id]
-            else:
-                stream += [tok.bos_token_id, *ids, tok.eos_token_id]
     length = job.data.seq_length
     width = length - 1 if job.data.objective == "mlm" else length
-    rows = np.array(stream[: len(stream) // width * width]).reshape(-1, width)
-    if job.data.objective == "mlm":
-        rows = np.concatenate([np.full((len(rows), 1), tok.cls_token_id), rows], axis=1)
-    return rows
+    out: dict[bool, list[np.ndarray]] = {False: [], True: []}
+    for path in files:
+        for group in groups_of(file_documents(path), group_bytes or corpus.GROUP_BYTES):
+            streams: dict[bool, list[int]] = {False: [], True: []}
+            for document in group:
+                ids = tok(document, add_special_tokens=False, split_special_tokens=True)
+                ids = ids["input_ids"]
+                if job.data.objective == "mlm":
+                    piece = [*ids, tok.sep_token_id]
+                else:
+                    piece = [tok.bos_token_id, *ids, tok.eos_token_id]
+                streams[draw(document) < fraction] += piece
+            for held, stream in streams.items():
+                rows = np.array(stream[: len(stream) // width * width], dtype=np.int64)
+                rows = rows.reshape(-1, width)
+                if job.data.objective == "mlm":
+                    lead = np.full((len(rows), 1), tok.cls_token_id)
+                    rows = np.concatenate([lead, rows], axis=1)
+                out[held].append(rows)
+    train = np.concatenate(out[False])
+    held_out = np.concatenate(out[True])[: job.data.eval_max_sequences]
+    return train, held_out
+
+
+def expected_rows(
+    job: spec.JobSpec, files: list[str], group_bytes: int | None = None
+) -> np.ndarray:
+    return expected_split(job, files, 0.0, group_bytes)[0]
 
 
 def read_rows_python(data_dir: str) -> np.ndarray:
@@ -146,28 +190,28 @@ def test_shards_hold_exactly_the_packed_stream(tmp_path, corpus_files, objective
     assert names == sorted([s.name for s in manifest.shards] + ["manifest.json", "stage.json"])
 
 
-def test_output_is_independent_of_workers_and_chunking(tmp_path, corpus_files, monkeypatch) -> None:
+def test_output_is_independent_of_workers_and_reading(tmp_path, corpus_files, monkeypatch) -> None:
+    """Many groups (small ones here), 1 or 2 workers, any read size: the same bytes."""
+    monkeypatch.setattr(corpus, "GROUP_BYTES", 16_384)
     one = prepared(make_job(tmp_path / "one", corpus_files, data__workers=1))
     first = encode.encode(one, status_for(one))
-    # Same tokenizer file, two workers, small chunks and forced mid-document cuts.
+    np.testing.assert_array_equal(
+        read_rows_python(one.paths.data), expected_rows(one, corpus_files, 16_384)
+    )
     two = make_job(tmp_path / "two", corpus_files, data__workers=2)
     storage.upload_tree(one.paths.tokenizer, two.paths.tokenizer)
-    monkeypatch.setattr(corpus, "CHUNK_BYTES", 16_384)
-    monkeypatch.setattr(corpus, "MAX_DOCUMENT_BYTES", 20_000)
-    (Path(corpus_files[0]).parent / "long.txt").write_text(
-        "\n".join(f"line {i} of one very long document" for i in range(3000)) + "\n"
-    )
+    monkeypatch.setattr(corpus, "CHUNK_BYTES", 4_096)  # the text reader's read size
     second = encode.encode(two, status_for(two))
     assert second.shards == first.shards
+    assert mf.as_dict(second) == mf.as_dict(first)
     for shard in first.shards:
         assert (
             Path(one.paths.data, shard.name).read_bytes()
             == Path(two.paths.data, shard.name).read_bytes()
         )
-    (Path(corpus_files[0]).parent / "long.txt").unlink()
 
 
-def test_long_document_cut_keeps_the_stream(tmp_path, monkeypatch) -> None:
+def test_long_document_stays_whole(tmp_path, monkeypatch) -> None:
     long_doc = tmp_path / "long.txt"
     long_doc.write_text(
         "\n".join(f"sentence {i} keeps going without a blank line" for i in range(4000))
@@ -175,10 +219,10 @@ def test_long_document_cut_keeps_the_stream(tmp_path, monkeypatch) -> None:
     )
     job = prepared(make_job(tmp_path, [str(long_doc)]))
     monkeypatch.setattr(corpus, "CHUNK_BYTES", 8_192)
-    monkeypatch.setattr(corpus, "MAX_DOCUMENT_BYTES", 10_000)
+    monkeypatch.setattr(corpus, "GROUP_BYTES", 10_000)  # the long document is a group alone
     manifest = encode.encode(job, status_for(job))
     np.testing.assert_array_equal(
-        read_rows_python(job.paths.data), expected_rows(job, [str(long_doc)])
+        read_rows_python(job.paths.data), expected_rows(job, [str(long_doc)], 10_000)
     )
     assert manifest.corpus["documents"] == 2
 
@@ -203,7 +247,7 @@ def test_bad_input_fails_when_asked(tmp_path, corpus_files) -> None:
     bad.write_bytes("ok\n\ncaf\xe9\n".encode("latin-1"))
     job = prepared(make_job(tmp_path, corpus_files))
     failing = make_job(tmp_path, [*corpus_files, str(bad)], corpus__on_bad_input="fail")
-    with pytest.raises(CorpusError, match=r"latin1\.txt: invalid UTF-8 at byte 7"):
+    with pytest.raises(CorpusError, match=r"latin1\.txt: invalid UTF-8 at .*byte 7"):
         encode.encode(failing, status_for(failing))
     assert not encode.is_complete(job)
     assert not any(p.suffix == ".tfrecord" for p in Path(job.paths.data).rglob("*"))

@@ -1,79 +1,42 @@
-"""The held-out split: whole documents, never in both splits, deterministic, verified."""
+"""The held-out split: whole documents chosen by a hash of their text, never in both splits,
+the same whatever the order, the worker count or the read size; floor and cap; verified."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import test_encode
-from test_encode import make_job, prepared, status_for
+from test_encode import (
+    draw,
+    expected_split,
+    file_documents,
+    make_job,
+    prepared,
+    read_rows_python,
+    status_for,
+)
 
-from payload import corpus, encode, records, storage, tokenizer
+from payload import corpus, encode, records, storage
 from payload import manifest as mf
 from payload.errors import DataError, SpecError
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
 
 
-def _documents(job, files: list[str]) -> list[list[int]]:
-    """Each document's tokens with its separators, computed with the transformers tokenizer."""
-    tok = tokenizer.load_tokenizer(job.paths.tokenizer)
-    out = []
-    for path in files:
-        text = Path(path).read_text(encoding="utf-8-sig").replace("\r\n", "\n")
-        for document in re.split(r"\n[ \t\r\f\v]*\n", text):
-            if document.strip():
-                ids = tok(document.strip(), add_special_tokens=False, split_special_tokens=True)[
-                    "input_ids"
-                ]
-                if job.data.objective == "mlm":
-                    out.append([*ids, tok.sep_token_id])
-                else:
-                    out.append([tok.bos_token_id, *ids, tok.eos_token_id])
-    return out
-
-
-def _stream(data_dir: str, manifest: mf.Manifest, split: str, lead: bool) -> list[int]:
+def _rows(data_dir: str, manifest: mf.Manifest, split: str) -> np.ndarray:
     rows = []
     for path in mf.shard_paths(data_dir, manifest, split=split):
         with storage.open_read(path) as handle:
             rows += [
                 records.decode_record(r, manifest.token_dtype) for r in records.iter_records(handle)
             ]
-    return [int(t) for row in rows for t in (row[1:] if lead else row)]
-
-
-def _assign(documents: list[list[int]], train: list[int], held: list[int]) -> list[str]:
-    """Walk both streams in corpus order; every document must be a whole run of exactly one."""
-    t = h = 0
-    where = []
-    for doc in documents:
-        if t == len(train) and h == len(held):
-            break  # the dropped tail
-        n = len(doc)
-        in_train = train[t : t + n] == doc
-        in_held = held[h : h + n] == doc
-        if in_train:
-            where.append("train")
-            t += n
-        elif in_held:
-            where.append("eval")
-            h += n
-        else:
-            # A document cut by the end of a stream (the dropped last window) is a prefix.
-            tail_t, tail_h = train[t:], held[h:]
-            assert doc[: len(tail_t)] == tail_t or doc[: len(tail_h)] == tail_h, (
-                f"document {len(where)} is in neither stream as a whole"
-            )
-            where.append("tail")
-            t, h = (len(train), h) if doc[: len(tail_t)] == tail_t and tail_t else (t, len(held))
-    assert t == len(train) and h == len(held), "tokens left over that belong to no document"
-    return where
+    return np.stack(rows) if rows else np.empty((0, manifest.seq_length), dtype=np.int64)
 
 
 @pytest.mark.parametrize(("objective", "kind"), [("mlm", "wordpiece"), ("clm", "bpe")])
-def test_held_out_documents_are_whole_and_never_in_training(
+def test_held_out_documents_are_those_their_hash_picks(
     tmp_path, corpus_files, objective, kind
 ) -> None:
     job = prepared(
@@ -88,24 +51,40 @@ def test_held_out_documents_are_whole_and_never_in_training(
         )
     )
     manifest = encode.encode(job, status_for(job))
-    lead = objective == "mlm"
-    train = _stream(job.paths.data, manifest, "train", lead)
-    held = _stream(job.paths.data, manifest, "eval", lead)
-    where = _assign(_documents(job, corpus_files), train, held)
-    # The last held-out document may sit in the dropped last window of its stream.
-    counted = manifest.corpus["eval_documents"]
-    assert where.count("eval") <= counted <= where.count("eval") + where.count("tail")
-    assert counted > 10
+    assert manifest.held_out["fraction"] == 0.05  # the corpus is large enough for the floor
+    train, held_out = expected_split(job, corpus_files, 0.05)
+    np.testing.assert_array_equal(read_rows_python(job.paths.data), train)
+    np.testing.assert_array_equal(_rows(job.paths.data, manifest, "eval"), held_out)
+    documents = [d for f in corpus_files for d in file_documents(f)]
+    picked = [i for i, d in enumerate(documents) if draw(d) < 0.05]
+    assert manifest.corpus["eval_documents"] == len(picked) > 10
     # Spread through the corpus, not bunched at one end.
-    positions = [i for i, w in enumerate(where) if w == "eval"]
-    assert positions[0] < len(where) * 0.1 and positions[-1] > len(where) * 0.9
+    assert picked[0] < len(documents) * 0.2 and picked[-1] > len(documents) * 0.8
     # About the asked share of the sequences (documents are whole, so not exact).
     share = manifest.eval_records / (manifest.eval_records + manifest.total_records)
-    assert 0.035 < share < 0.065, share
+    assert 0.02 < share < 0.09, share
     assert manifest.eval_tokens == manifest.eval_records * 32
     names = [s.name for s in manifest.eval_shards]
     assert names[0] == f"eval-00000-of-{len(names):05d}.tfrecord"
     mf.verify_shards(job.paths.data, manifest)
+
+
+def test_a_documents_split_does_not_depend_on_where_it_is(tmp_path, corpus_files) -> None:
+    """The same documents in another file order: each lands in the same split."""
+    settings = {"data__eval_fraction": 0.05, "data__eval_min_sequences": 0}
+    one = prepared(make_job(tmp_path / "one", corpus_files, **settings))
+    first = encode.encode(one, status_for(one))
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for i, name in enumerate(reversed(corpus_files)):  # c, b, a: the reading order reversed
+        (moved / f"{i}-{Path(name).name}").write_bytes(Path(name).read_bytes())
+    two = make_job(tmp_path / "two", [str(moved)], **settings)
+    storage.upload_tree(one.paths.tokenizer, two.paths.tokenizer)
+    second = encode.encode(two, status_for(two))
+    assert second.corpus["eval_documents"] == first.corpus["eval_documents"]
+    held_one = {tuple(r) for r in _rows(one.paths.data, first, "eval")}
+    held_two = {tuple(r) for r in _rows(two.paths.data, second, "eval")}
+    assert held_one == held_two  # one group per file: the same sequences, in another order
 
 
 def test_floor_and_cap_in_sequences(tmp_path, corpus_files) -> None:
@@ -120,9 +99,14 @@ def test_floor_and_cap_in_sequences(tmp_path, corpus_files) -> None:
         )
     )
     manifest = encode.encode(floor, status_for(floor))
-    total = manifest.eval_records + manifest.total_records
-    assert 0.001 * total < 20, "the fraction alone would give far fewer than the floor"
-    assert 34 <= manifest.eval_records <= 100, manifest.eval_records
+    used = manifest.corpus["used_tokens"]
+    assert used * 0.001 < 40 * 31, "the fraction alone would give far fewer than the floor"
+    assert manifest.held_out["fraction"] == pytest.approx(40 * 31 / used)
+    train, held_out = expected_split(floor, small, manifest.held_out["fraction"])
+    np.testing.assert_array_equal(read_rows_python(floor.paths.data), train)
+    np.testing.assert_array_equal(_rows(floor.paths.data, manifest, "eval"), held_out)
+    # Aimed at, not guaranteed: documents fall by their hash.
+    assert 20 <= manifest.eval_records <= 100, manifest.eval_records
 
     cap = make_job(
         tmp_path / "cap",
@@ -134,18 +118,21 @@ def test_floor_and_cap_in_sequences(tmp_path, corpus_files) -> None:
     storage.upload_tree(floor.paths.tokenizer, cap.paths.tokenizer)
     manifest = encode.encode(cap, status_for(cap))
     assert manifest.eval_records == 25  # exactly the cap; the surplus is dropped and counted
-    assert manifest.corpus["eval_dropped_tokens"] >= 0
+    _, held_out = expected_split(cap, small, 0.5)
+    np.testing.assert_array_equal(_rows(cap.paths.data, manifest, "eval"), held_out)
+    assert manifest.corpus["eval_dropped_tokens"] >= 25 * 31
 
 
-def test_split_is_deterministic_across_workers_and_chunking(
+def test_split_is_deterministic_across_workers_and_reading(
     tmp_path, corpus_files, monkeypatch
 ) -> None:
     settings = {"data__eval_fraction": 0.05, "data__eval_min_sequences": 10}
+    monkeypatch.setattr(corpus, "GROUP_BYTES", 16_384)
     one = prepared(make_job(tmp_path / "one", corpus_files, data__workers=1, **settings))
     first = encode.encode(one, status_for(one))
     two = make_job(tmp_path / "two", corpus_files, data__workers=2, **settings)
     storage.upload_tree(one.paths.tokenizer, two.paths.tokenizer)
-    monkeypatch.setattr(corpus, "CHUNK_BYTES", 16_384)
+    monkeypatch.setattr(corpus, "CHUNK_BYTES", 4_096)
     second = encode.encode(two, status_for(two))
     assert second.eval_shards == first.eval_shards and second.shards == first.shards
     assert first.eval_records > 0

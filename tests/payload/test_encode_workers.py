@@ -1,7 +1,7 @@
 """Encode workers die with their parent (issue 14, item 8).
 
 The real `encode.encode()` runs in a child process with two spawned workers; that process
-stops itself (blocks forever) at the moment it consumes the first encoded chunk, so the
+stops itself (blocks forever) at the moment it consumes the first tokenized group, so the
 workers are provably running, and says so on stdout. The test lists the process's children
 (the workers and multiprocessing's resource tracker) from /proc, kills the process with
 SIGKILL, and waits, bounded, until none of those children is left.
@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from train_helpers import job_document, write_corpus, write_job
 
-from payload import lease, tokenizer
+from payload import encode, lease, tokenizer
+from payload import manifest as mf
 from payload.status import StatusWriter
 
 WORKERS = 2
@@ -33,13 +34,13 @@ BLOCKED_ENCODE = textwrap.dedent(
     from payload.spec import load_job
     from payload.status import StatusWriter
 
-    corpus.CHUNK_BYTES = 2048  # many chunks from a small corpus: every worker gets work
+    corpus.GROUP_BYTES = 2048  # many groups from a small corpus: every worker gets work
 
-    def stop_here(self, ids):
+    def stop_here(self, group):
         print("consuming", flush=True)
         threading.Event().wait()  # until SIGKILL
 
-    encode._Packer.add = stop_here
+    encode._Assembler.add = stop_here
     job = load_job(sys.argv[1])
     encode.encode(job, StatusWriter(job.paths.status, job.name))
     """
@@ -89,7 +90,7 @@ def test_sigkill_of_encode_leaves_no_worker_behind(tmp_path: Path) -> None:
     children: dict[int, str] = {}
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()  # the workers have encoded a chunk
+        line = proc.stdout.readline()  # the workers have tokenized a group
         assert line == "consuming\n", proc.communicate(timeout=DEADLINE_S)
         children = children_of(proc.pid)
         workers = {
@@ -108,6 +109,13 @@ def test_sigkill_of_encode_leaves_no_worker_behind(tmp_path: Path) -> None:
                 break
             time.sleep(0.05)
         assert not left, f"still running after the parent's SIGKILL: {sorted(left)}"
+        # The killed run left its staging directory and no manifest; the next run starts
+        # clean and finishes (what `rerun to continue` means for encode).
+        assert list(Path(job.paths.data).glob(".staging-*"))
+        assert not encode.is_complete(job)
+        manifest = encode.encode(job, StatusWriter(job.paths.status, job.name))
+        mf.verify_shards(job.paths.data, manifest)
+        assert not list(Path(job.paths.data).glob(".staging-*"))
     finally:
         if proc.poll() is None:
             proc.kill()

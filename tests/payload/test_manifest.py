@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -137,3 +139,56 @@ def test_a_subset_checks_only_its_own_shards(data_dir: str) -> None:
         mf.verify_shards(data_dir, manifest, names=mine)
     with pytest.raises(ValueError, match=r"not shards of manifest\.json"):
         mf.verify_shards(data_dir, manifest, names=["elsewhere.tfrecord"])
+
+
+def test_a_manifest_of_format_2_still_reads(tmp_path: Path) -> None:
+    """Data encoded before format 3 (no held_out, no sources) is read and verified as is."""
+    root = str(tmp_path / "data")
+    current = _write_shards(root)
+    old = {  # the keys format 2 wrote (payload/manifest.py before format 3)
+        "format_version": 2,
+        "objective": "mlm",
+        "seq_length": 16,
+        "vocab_size": 500,
+        "token_dtype": "uint16",
+        "tokenizer_sha256": "0" * 64,
+        "special_ids": {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4},
+        "shards": [
+            {"name": s.name, "records": s.records, "bytes": s.bytes, "sha256": s.sha256}
+            for s in current.shards
+        ],
+        "total_records": 15,
+        "total_tokens": 240,
+        "corpus": {"documents": 9, "dropped_tokens": 3},
+        "packing": "mlm: [CLS] + (seq_length-1) tokens of the stream 'doc [SEP] doc [SEP] ...'",
+        "eval_shards": [],
+        "eval_records": 0,
+        "eval_tokens": 0,
+    }
+    Path(root, mf.MANIFEST_NAME).write_text(json.dumps(old, indent=2, sort_keys=True) + "\n")
+    manifest = mf.load_manifest(root)
+    assert manifest.format_version == 2 and manifest.sources == () and not manifest.held_out
+    mf.verify_shards(root, manifest)
+    assert json.loads(manifest.to_json()) == old  # written back as format 2 wrote it
+    assert mf.shard_paths(root, manifest) == [storage.join(root, s.name) for s in current.shards]
+
+
+def test_format_3_carries_the_split_and_the_sources(tmp_path: Path) -> None:
+    root = str(tmp_path / "data")
+    manifest = dataclasses.replace(
+        _write_shards(root),
+        held_out={"rule": "blake2b", "fraction": 0.25},
+        sources=({"budget": 100, "tokens": 104, "documents": 3, "exhausted": True},),
+    )
+    mf.write_manifest(root, manifest)
+    loaded = mf.load_manifest(root)
+    assert loaded.held_out == {"rule": "blake2b", "fraction": 0.25}
+    assert [dict(s) for s in loaded.sources] == [dict(s) for s in manifest.sources]
+
+
+def test_an_unknown_format_is_refused(tmp_path: Path) -> None:
+    root = str(tmp_path / "data")
+    manifest = dataclasses.replace(_write_shards(root), format_version=4)
+    Path(root, mf.MANIFEST_NAME).write_text(manifest.to_json())
+    with pytest.raises(DataError, match=r"format_version 4; this payload reads versions 2, 3"):
+        mf.load_manifest(root)

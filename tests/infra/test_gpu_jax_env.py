@@ -146,6 +146,16 @@ def test_a_llama_job_installs_the_jax_environment_a_bert_job_the_tensorflow_one(
         assert gpu["EXPECT_PYTHON"] == "3.10"  # the image's python3 (host check)
 
 
+def test_auto_is_jax_for_a_llama_job_on_a_tpu_stack_whose_image_tf_ci_covers(tmp_path):
+    """v5e's image is in Google's TF CI (auto is tf for its GPT-2 job), but the payload trains
+    llama on JAX only: the stack installs the JAX environment for it."""
+    for job, backend in ((None, "tf"), (llama_job(tmp_path), "jax")):
+        run = run_offline("v5e-euw4", {K + "job": job} if job else None)
+        tpu = _constants(run, "tpu-vm")
+        assert tpu["PAYLOAD_BACKEND"] == backend, job
+        assert tpu["VM_REQUIREMENTS"] == render.requirements_for(backend), job
+
+
 @pytest.fixture
 def gpu_box(box):  # noqa: F811
     """The GPU script sandbox (stub nvidia-smi, a venv python that names the ptxas folder),

@@ -122,8 +122,9 @@ smoke: venv-pt venv-infra
 	$(IPY) -m infra.smoke --stack $(STACK) $(if $(KEEP),--keep)
 
 # Performance figures (printed, not asserted): encode vs raw tokenizers, bytes/token,
-# RSS at two corpus sizes, input pipeline sequences/s. BENCH_ARGS=--quick for a short run.
-bench: venv
+# RSS at two corpus sizes, input pipeline sequences/s, a small Llama on our JAX backend vs a
+# transformers 5 PyTorch loop (.venv-pt). BENCH_ARGS=--quick for a short run.
+bench: venv venv-pt
 	$(PY) bench/bench_encode.py $(BENCH_ARGS)
 	$(PY) bench/bench_input.py
 	$(PY) bench/bench_input.py --cores 1 --records 100000
@@ -133,6 +134,7 @@ bench: venv
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) bench/bench_sharding.py
 	$(PY) bench/bench_checkpoint.py
 	$(PY) bench/bench_backends.py
+	$(PY) bench/bench_llama_torch.py $(BENCH_ARGS)
 
 # Install time of the TPU VM's environment: wheelhouse vs package index (printed figures).
 bench-tpu-install:

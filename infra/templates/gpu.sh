@@ -2,11 +2,11 @@
 # The same install (tpu-install.sh with VM_REQUIREMENTS=requirements/gpu-vm.txt: the lock with
 # tensorflow[and-cuda] of the lock's version; or, for the JAX backend (PAYLOAD_BACKEND=jax),
 # requirements/gpu-vm-jax.txt: jax[cuda12] + tensorflow-cpu on uv's Python 3.11), the same
-# trainer unit, helper and status as the TPU VM. The NVIDIA driver comes with the image or is installed here once
-# (install_driver; which one: infra/gpu_catalog.yaml images).
+# trainer unit, helper and status as the TPU VM. The NVIDIA driver comes with the image or is
+# installed here once (install_driver; which one: infra/gpu_catalog.yaml images).
 
-# What the payload is told about its host (payload/cli.py): a GPU VM whose TensorFlow must
-# see GPU_COUNT GPUs, or the trainer stops with "GPU not found" (exit 2, not restarted).
+# What the payload is told about its host (payload/cli.py): a GPU VM with GPU_COUNT GPUs; a
+# backend that finds none stops with "GPU not found" (exit 2, not restarted).
 trainer_host_env() {
   printf '%s\n' "Environment=TPU_PRETRAIN_GPU=${GPU_NAME}" \
     "Environment=TPU_PRETRAIN_GPU_COUNT=${GPU_COUNT}" \

@@ -7,13 +7,14 @@ PY := $(VENV)/bin/python
 IPY := $(IVENV)/bin/python
 TVENV := .venv-tpu
 TJVENV := .venv-tpu-jax
+GJVENV := .venv-gpu-jax
 PTVENV := .venv-pt
 BVENV := .venv-beam
 STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
 .PHONY: demo test test-payload test-infra lint format plan smoke bench bench-tpu-install venv venv-infra \
-	venv-tpu venv-tpu-jax venv-pt venv-beam tools clean
+	venv-tpu venv-tpu-jax venv-gpu-jax venv-pt venv-beam tools clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/payload-dev.txt requirements/payload.lock
@@ -52,6 +53,19 @@ $(TJVENV)/.installed: requirements/payload.lock requirements/tpu-vm-jax.txt infr
 	rm -rf $(TJVENV)
 	$(PYTHON_TPU_JAX) -m venv $(TJVENV)
 	VM_REQUIREMENTS=requirements/tpu-vm-jax.txt bash -c 'set -euo pipefail; . infra/templates/tpu-install.sh; tpu_install_env "$$0" .' $(TJVENV)
+	touch $@
+
+# The GPU VM's environment for the same backend (jax[cuda12] + NVIDIA's CUDA wheels +
+# tensorflow-cpu + the lock: requirements/gpu-vm-jax.txt), built by the same shell function.
+# The CUDA wheels install on any x86-64 Linux without a GPU; JAX uses the CPU with
+# JAX_PLATFORMS=cpu (tests/infra/test_gpu_jax_env.py). About 3.2 GB to download, 5.5 GB
+# installed (docs/gpus.md).
+PYTHON_GPU_JAX ?= python$(shell sed -n -E 's/^\# tpu-python: *([0-9.]+) *$$/\1/p' requirements/gpu-vm-jax.txt)
+venv-gpu-jax: $(GJVENV)/.installed
+$(GJVENV)/.installed: requirements/payload.lock requirements/gpu-vm-jax.txt infra/templates/tpu-install.sh
+	rm -rf $(GJVENV)
+	$(PYTHON_GPU_JAX) -m venv $(GJVENV)
+	VM_REQUIREMENTS=requirements/gpu-vm-jax.txt bash -c 'set -euo pipefail; . infra/templates/tpu-install.sh; tpu_install_env "$$0" .' $(GJVENV)
 	touch $@
 
 # transformers 5 + PyTorch (CPU) only to check that the export loads there (test_export.py).
@@ -96,7 +110,7 @@ PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 test-payload: venv venv-pt venv-beam
 	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python PAYLOAD_BEAM_PYTHON=$(BVENV)/bin/python $(PY) -m pytest $(PYTEST_PARALLEL) tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py
 
-test-infra: venv-infra venv-tpu venv-tpu-jax $(TOOLS)
+test-infra: venv-infra venv-tpu venv-tpu-jax venv-gpu-jax $(TOOLS)
 	$(IPY) -m pytest $(PYTEST_PARALLEL) tests/infra tests/policy
 
 lint: venv venv-infra
@@ -122,8 +136,9 @@ smoke: venv-pt venv-infra
 
 # Performance figures (printed, not asserted): encode vs raw tokenizers, the encode stage on
 # Beam's local runner vs the local encoder (same bytes), bytes/token,
-# RSS at two corpus sizes, input pipeline sequences/s. BENCH_ARGS=--quick for a short run.
-bench: venv venv-beam
+# RSS at two corpus sizes, input pipeline sequences/s, a small Llama on our JAX backend vs a
+# transformers 5 PyTorch loop (.venv-pt). BENCH_ARGS=--quick for a short run.
+bench: venv venv-beam venv-pt
 	$(PY) bench/bench_encode.py $(BENCH_ARGS)
 	$(PY) bench/bench_readers.py
 	PAYLOAD_BEAM_PYTHON=$(BVENV)/bin/python $(PY) bench/bench_encode_beam.py
@@ -135,6 +150,7 @@ bench: venv venv-beam
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) bench/bench_sharding.py
 	$(PY) bench/bench_checkpoint.py
 	$(PY) bench/bench_backends.py
+	$(PY) bench/bench_llama_torch.py $(BENCH_ARGS)
 
 # Install time of the TPU VM's environment: wheelhouse vs package index (printed figures).
 bench-tpu-install:

@@ -741,10 +741,12 @@ def resolve_backend(
     catalog: Catalog,
 ) -> str:
     """The backend whose environment the accelerator VM installs: the job's train.backend,
-    or for auto (or none) jax on a slice, jax on a single-host TPU VM whose image Google's TF
-    CI does not cover (catalog.yaml tf_ci: false, e.g. v6e) and tf everywhere else. A slice
-    runs JAX only: Google's TF CI runs TensorFlow on slices only through its grpc_tpu_worker
-    container, which is not built here (docs/pod-slices.md)."""
+    or for auto (or none) jax for a family only the JAX backend trains (jobspec
+    JAX_ONLY_FAMILIES, as the payload resolves auto), jax on a slice, jax on a single-host TPU
+    VM whose image Google's TF CI does not cover (catalog.yaml tf_ci: false, e.g. v6e) and tf
+    everywhere else (a GPU VM included). A slice runs JAX only: Google's TF CI runs TensorFlow
+    on slices only through its grpc_tpu_worker container, which is not built here
+    (docs/pod-slices.md)."""
     train = template.get("train")
     value = train.get("backend", "auto") if isinstance(train, dict) else "auto"
     if value not in BACKENDS:
@@ -752,13 +754,10 @@ def resolve_backend(
             f"{_k('job')}: {job_file!r}: train.backend {value!r} is not one of: "
             + ", ".join(BACKENDS)
         )
+    if value == "auto" and jobspec.model_family(template) in jobspec.JAX_ONLY_FAMILIES:
+        value = "jax"
     if isinstance(accelerator, GpuConfig):
-        if value == "jax":
-            raise ConfigError(
-                f"{_k('job')}: {job_file!r}: train.backend 'jax' on a GPU VM is not built yet "
-                "(the JAX environment is for TPU VMs); use train.backend: tf or auto"
-            )
-        return "tf"
+        return "jax" if value == "jax" else "tf"
     if accelerator.hosts > 1:
         if value == "tf":
             raise ConfigError(

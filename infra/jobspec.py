@@ -196,6 +196,19 @@ def status_uri(bucket: str, job_name: str) -> str:
 EXPORT_MARKER = "export_complete.json"
 
 
+# Families only the payload's JAX backend trains (payload/spec.py JAX_ONLY_FAMILIES; the
+# contract test checks that the two agree): for them `train.backend: auto` is jax, so the
+# accelerator VM installs the JAX environment (infra/config.py resolve_backend).
+JAX_ONLY_FAMILIES = ("llama",)
+
+
+def model_family(template: Mapping[str, Any]) -> str | None:
+    """The template's model.family (None when it names none: the payload refuses that)."""
+    model = template.get("model")
+    family = model.get("family") if isinstance(model, dict) else None
+    return family if isinstance(family, str) else None
+
+
 def export_marker_uri(bucket: str, job_name: str) -> str:
     return f"{run_root(bucket, job_name)}/export/{EXPORT_MARKER}"
 

@@ -260,6 +260,8 @@ def _host(cfg: StackConfig) -> render.TpuHost | render.GpuHost:
             driver_repo=gpu.driver_repo,
             driver_packages=gpu.driver_packages,
             secure_boot=gpu.shielded_boot,
+            requirements=render.gpu_requirements_for(cfg.backend),
+            backend=cfg.backend,
         )
     tpu = cfg.tpu
     return render.TpuHost(

@@ -32,6 +32,8 @@ TPU_REQUIREMENTS_FILE = "requirements/tpu-vm.txt"
 GPU_REQUIREMENTS_FILE = "requirements/gpu-vm.txt"
 # The TPU VM's environment for the Keras 3 / JAX backend (train.backend: jax).
 TPU_JAX_REQUIREMENTS_FILE = "requirements/tpu-vm-jax.txt"
+# The GPU VM's environment for the same backend: jax[cuda12] instead of jax[tpu].
+GPU_JAX_REQUIREMENTS_FILE = "requirements/gpu-vm-jax.txt"
 # The payload's CPU test environment: the JAX the JAX backend is tested with.
 PAYLOAD_DEV_FILE = "requirements/payload-dev.txt"
 ARCHIVE_FILES = (
@@ -41,6 +43,7 @@ ARCHIVE_FILES = (
     TPU_REQUIREMENTS_FILE,
     GPU_REQUIREMENTS_FILE,
     TPU_JAX_REQUIREMENTS_FILE,
+    GPU_JAX_REQUIREMENTS_FILE,
 )
 ARCHIVE_DIRS = ("payload",)
 ARCHIVE_PREFIX = "tpu-pretrain-payload"
@@ -122,6 +125,11 @@ def overlay_setting(requirements: str, key: str, root: Path = REPO_ROOT) -> str:
 def requirements_for(backend: str) -> str:
     """The TPU VM's overlay for a training backend ("tf" | "jax")."""
     return TPU_JAX_REQUIREMENTS_FILE if backend == "jax" else TPU_REQUIREMENTS_FILE
+
+
+def gpu_requirements_for(backend: str) -> str:
+    """The GPU VM's overlay for a training backend ("tf" | "jax")."""
+    return GPU_JAX_REQUIREMENTS_FILE if backend == "jax" else GPU_REQUIREMENTS_FILE
 
 
 def _minor(version: str) -> str:
@@ -376,12 +384,15 @@ def render_gpu_script(workload: Workload) -> str:
     if not isinstance(host, GpuHost):
         raise TypeError("render_gpu_script needs a GpuHost workload")
     pins = read_pins()
-    gpu_tf = _read_pinned_extra(REPO_ROOT / GPU_REQUIREMENTS_FILE).get("tensorflow")
-    if gpu_tf != pins.tensorflow:
-        raise ValueError(
-            f"{GPU_REQUIREMENTS_FILE} pins tensorflow[and-cuda]=={gpu_tf} but {LOCK_FILE} "
-            f"tests tensorflow=={pins.tensorflow}: they must be the same version"
-        )
+    if host.backend == "jax":
+        _check_jax_pins(host.requirements, pins, accelerator="gpu")
+    else:
+        gpu_tf = _read_pinned_extra(REPO_ROOT / host.requirements).get("tensorflow")
+        if gpu_tf != pins.tensorflow:
+            raise ValueError(
+                f"{host.requirements} pins tensorflow[and-cuda]=={gpu_tf} but {LOCK_FILE} "
+                f"tests tensorflow=={pins.tensorflow}: they must be the same version"
+            )
     values = (
         workload.values
         | {
@@ -411,10 +422,11 @@ def render_gpu_script(workload: Workload) -> str:
     return _script("gpu", values, "tpu-install.sh", "tpu.sh", "facts.sh", "gpu.sh")
 
 
-def _check_jax_pins(requirements: str, pins: Pins) -> str:
-    """The JAX overlay against what the payload is tested with: tensorflow-cpu is the lock's
+def _check_jax_pins(requirements: str, pins: Pins, accelerator: str = "tpu") -> str:
+    """A JAX overlay against what the payload is tested with: tensorflow-cpu is the lock's
     TensorFlow, jax/jaxlib are requirements/payload-dev.txt's (the CPU tests' JAX), and it
-    names its own Python and libtpu. Returns its libtpu pin (the host check's expectation)."""
+    names its own Python and, for a TPU VM, libtpu, for a GPU VM the CUDA plugin and PJRT of
+    the same JAX. Returns its libtpu pin (the TPU host check's expectation; "" for a GPU)."""
     overlay = _read_pinned_extra(REPO_ROOT / requirements)
     dev = _read_pinned(REPO_ROOT / PAYLOAD_DEV_FILE)
     problems = []
@@ -428,14 +440,20 @@ def _check_jax_pins(requirements: str, pins: Pins) -> str:
             problems.append(
                 f"{name}=={overlay.get(name)} ({PAYLOAD_DEV_FILE} tests {dev.get(name)})"
             )
-    if "libtpu" not in overlay:
+    if accelerator == "gpu":
+        for name in ("jax-cuda12-plugin", "jax-cuda12-pjrt"):
+            if overlay.get(name) != dev.get("jax"):
+                problems.append(
+                    f"{name}=={overlay.get(name)} (not the tested jax {dev.get('jax')})"
+                )
+    elif "libtpu" not in overlay:
         problems.append("no libtpu pin")
     for key in ("python", "uv"):
         if not overlay_setting(requirements, key):
             problems.append(f"no `# tpu-{key}:` line")
     if problems:
         raise ValueError(f"{requirements}: " + "; ".join(problems))
-    return overlay["libtpu"]
+    return overlay.get("libtpu", "")
 
 
 def _read_pinned_extra(path: Path) -> dict[str, str]:

@@ -1,11 +1,12 @@
 # ---- templates/gpu.sh: the GPU VM's startup, after tpu.sh's functions -----------------
 # The same install (tpu-install.sh with VM_REQUIREMENTS=requirements/gpu-vm.txt: the lock with
-# tensorflow[and-cuda] of the lock's version), the same trainer unit, helper and status as
-# the TPU VM. The NVIDIA driver comes with the image or is installed here once
-# (install_driver; which one: infra/gpu_catalog.yaml images).
+# tensorflow[and-cuda] of the lock's version; or, for the JAX backend (PAYLOAD_BACKEND=jax),
+# requirements/gpu-vm-jax.txt: jax[cuda12] + tensorflow-cpu on uv's Python 3.11), the same
+# trainer unit, helper and status as the TPU VM. The NVIDIA driver comes with the image or is
+# installed here once (install_driver; which one: infra/gpu_catalog.yaml images).
 
-# What the payload is told about its host (payload/cli.py): a GPU VM whose TensorFlow must
-# see GPU_COUNT GPUs, or the trainer stops with "GPU not found" (exit 2, not restarted).
+# What the payload is told about its host (payload/cli.py): a GPU VM with GPU_COUNT GPUs; a
+# backend that finds none stops with "GPU not found" (exit 2, not restarted).
 trainer_host_env() {
   printf '%s\n' "Environment=TPU_PRETRAIN_GPU=${GPU_NAME}" \
     "Environment=TPU_PRETRAIN_GPU_COUNT=${GPU_COUNT}" \
@@ -84,10 +85,11 @@ check_gpus() {
 }
 
 # ptxas for XLA's GPU compiler: the nvidia-cuda-nvcc-cu12 wheel (a dependency of
-# tensorflow[and-cuda]) ships it under nvidia/cuda_nvcc/bin, and TF 2.20's XLA looks for
-# ptxas on PATH (libtensorflow_cc.so.2: tsl::PreferPtxasFromPath, FindPtxAsExecutable). The
-# CUDA libraries need no path: TF's own libraries carry RUNPATH $ORIGIN/../nvidia/*/lib.
-# Printed relative to the venv, like tpu_libtpu_path.
+# tensorflow[and-cuda], and of jax-cuda12-plugin[with-cuda]) ships it under
+# nvidia/cuda_nvcc/bin, and TF 2.20's XLA looks for ptxas on PATH (libtensorflow_cc.so.2:
+# tsl::PreferPtxasFromPath, FindPtxAsExecutable). The CUDA libraries need no path: TF's own
+# libraries carry RUNPATH $ORIGIN/../nvidia/*/lib. Printed relative to the venv, like
+# tpu_libtpu_path.
 gpu_ptxas_dir() {
   "$1/bin/python" -c 'import importlib.util, os, sys
 spec = importlib.util.find_spec("nvidia.cuda_nvcc")
@@ -108,8 +110,14 @@ record_facts "$((SECONDS - install_started))"
 log "step 3/4: trainer unit"
 ptxas_dir="/opt/tpu-pretrain/venv/$(gpu_ptxas_dir "${APP_DIR}/venv")"
 install_helper
-install_trainer_unit " (${ACCELERATOR_TYPE})" "" \
-  "Environment=PATH=${ptxas_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" ""
+# Keras 3 on JAX (PAYLOAD_BACKEND=jax) gets no JAX_PLATFORMS here, unlike the TPU VM's unit:
+# with JAX_PLATFORMS=cuda and a CUDA plugin that cannot initialise, jax 0.10.2 ends in a bare
+# AssertionError (jax/_src/xla_bridge.py backends(): `assert _default_backend is not None`,
+# seen with .venv-gpu-jax on a host without a GPU), which systemd would restart every minute.
+# Without it JAX falls back to the CPU, and the payload, told by trainer_host_env that this VM
+# has GPUs, stops with "GPU not found" and exit 2 (payload/backends/jax/train.py _devices).
+gpu_env="Environment=PATH=${ptxas_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+install_trainer_unit " (${ACCELERATOR_TYPE})" "" "${gpu_env}" ""
 log "step 4/4: start"
 start_units tpu-pretrain-train.service
 write_status started "trainer unit started; waits for ${MANIFEST_URI}"

@@ -62,7 +62,7 @@ import numpy as np
 from payload import corpus, records, storage
 from payload import manifest as mf
 from payload.errors import CorpusError, DataError
-from payload.spec import MAX_EVAL_FRACTION, DataSpec, JobSpec
+from payload.spec import MASKED_OBJECTIVES, MAX_EVAL_FRACTION, DataSpec, JobSpec
 from payload.tokenizer import WordLimit, max_word_length_of, tokenizer_json
 
 if TYPE_CHECKING:
@@ -73,8 +73,8 @@ STAGE_FILE = "stage.json"
 
 
 def packing_description(objective: str) -> str:
-    if objective == "mlm":
-        return "mlm: [CLS] + (seq_length-1) tokens of the stream 'doc [SEP] doc [SEP] ...'"
+    if objective in MASKED_OBJECTIVES:  # rtd (ELECTRA) packs as mlm
+        return f"{objective}: [CLS] + (seq_length-1) tokens of the stream 'doc [SEP] doc [SEP] ...'"
     return "clm: seq_length tokens of the stream '<s> doc </s> <s> doc </s> ...'"
 
 
@@ -348,7 +348,7 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
             f"tokenizer in {job.paths.tokenizer} lacks special tokens {special_ids}; "
             "re-run `tpu-payload tokenizer --force`"
         )
-    if job.data.objective == "mlm":
+    if job.data.objective in MASKED_OBJECTIVES:  # the "mlm" packing serves rtd too
         plan = _Plan("mlm", job.corpus.on_bad_input, token_dtype, special_ids["sep"], -1)
         width, lead = job.data.seq_length - 1, special_ids["cls"]
     else:
@@ -476,7 +476,7 @@ def estimate_output_bytes(
     # One document at a time: encode_batch would start the Rust thread pool in this process.
     tokens = sum(len(tok.encode(doc, add_special_tokens=False).ids) + 1 for doc in documents)
     seq_length = job.data.seq_length
-    width = seq_length - 1 if job.data.objective == "mlm" else seq_length
+    width = seq_length - 1 if job.data.objective in MASKED_OBJECTIVES else seq_length
     row_bytes = seq_length * np.dtype(token_dtype).itemsize + RECORD_FRAMING
     return int(tokens / len(first.data) * total / width * row_bytes)
 

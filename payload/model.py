@@ -357,6 +357,13 @@ def generator_config(config: PretrainedConfig) -> PretrainedConfig:
     return ElectraConfig(**settings)
 
 
+def discriminator_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The discriminator's ElectraConfig as exported (no generator fraction)."""
+    from transformers import ElectraConfig  # noqa: PLC0415
+
+    return ElectraConfig(**export_config(config))
+
+
 def export_config(config: PretrainedConfig) -> dict[str, Any]:
     """An ElectraConfig's dict without the generator fraction (what transformers reads)."""
     settings = config.to_dict()

@@ -735,7 +735,6 @@ def save_electra(
     from pathlib import Path  # noqa: PLC0415
 
     from safetensors.numpy import save_file  # noqa: PLC0415
-    from transformers import ElectraConfig  # noqa: PLC0415
 
     from payload import export as export_lib  # noqa: PLC0415
     from payload import model as model_lib  # noqa: PLC0415
@@ -747,7 +746,7 @@ def save_electra(
 
     states = electra_state_dicts(model, value)
     configs = {
-        "discriminator": ElectraConfig(**model_lib.export_config(model.config)),
+        "discriminator": model_lib.discriminator_config(model.config),
         "generator": model.generator_config,
     }
     for part, state in states.items():

@@ -272,6 +272,7 @@ def test_the_tf_backend_refuses_rtd_in_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_fsdp_and_data_parallel_train_electra_alike(tmp_path: Path) -> None:
+    (tmp_path / "fsdp").mkdir()
     doc = _doc(
         tmp_path / "fsdp", steps=6, warmup_steps=2, checkpoint_every=3, log_every=3,
         eval_every=0, sharding="fsdp",

@@ -199,7 +199,7 @@ EXPORT_MARKER = "export_complete.json"
 # Families only the payload's JAX backend trains (payload/spec.py JAX_ONLY_FAMILIES; the
 # contract test checks that the two agree): for them `train.backend: auto` is jax, so the
 # accelerator VM installs the JAX environment (infra/config.py resolve_backend).
-JAX_ONLY_FAMILIES = ("llama",)
+JAX_ONLY_FAMILIES = ("llama", "electra")
 
 
 def model_family(template: Mapping[str, Any]) -> str | None:

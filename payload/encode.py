@@ -84,7 +84,7 @@ import numpy as np
 from payload import corpus, records, storage
 from payload import manifest as mf
 from payload.errors import CorpusError, DataError
-from payload.spec import MAX_EVAL_FRACTION, JobSpec
+from payload.spec import MASKED_OBJECTIVES, MAX_EVAL_FRACTION, JobSpec
 from payload.tokenizer import WordLimit, max_word_length_of, tokenizer_json
 
 if TYPE_CHECKING:
@@ -99,10 +99,10 @@ HELD_OUT_RULE = "blake2b(document utf-8, key=HELD_OUT_SALT, 8 bytes) / 2**64 < f
 
 
 def packing_description(objective: str) -> str:
-    if objective == "mlm":
+    if objective in MASKED_OBJECTIVES:  # rtd (ELECTRA) packs as mlm
         return (
-            "mlm: [CLS] + (seq_length-1) tokens of each group's stream 'doc [SEP] doc [SEP] ...'"
-            " (remainder of each group dropped)"
+            f"{objective}: [CLS] + (seq_length-1) tokens of each group's stream "
+            "'doc [SEP] doc [SEP] ...' (remainder of each group dropped)"
         )
     return (
         "clm: seq_length tokens of each group's stream '<s> doc </s> <s> doc </s> ...'"
@@ -194,7 +194,7 @@ def prepare(job: JobSpec) -> Prepared:
         )
     special_ids = {role: int(i) for role, i in found.items()}
     data = job.data
-    if data.objective == "mlm":
+    if data.objective in MASKED_OBJECTIVES:  # rtd (ELECTRA) packs as mlm
         first, last, width, lead = special_ids["sep"], -1, data.seq_length - 1, special_ids["cls"]
     else:
         first, last, width, lead = special_ids["bos"], special_ids["eos"], data.seq_length, None
@@ -286,7 +286,7 @@ class GroupTokenizer:
             for enc in encodings[at : at + count]:
                 flat.extend(enc.ids)
             at += count
-            flat.append(plan.first_id if plan.objective == "mlm" else plan.last_id)
+            flat.append(plan.last_id if plan.objective == "clm" else plan.first_id)
             lengths.append(len(flat) - start)
         return TokenizedGroup(
             key=key,

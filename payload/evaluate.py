@@ -9,6 +9,14 @@ the next token (CLM).
 
 This module is framework-free (the set, the batch size, the report); each backend computes
 the sums (payload/backends/tf/evaluate.py, payload/backends/jax/train.py `Evaluator`).
+
+ELECTRA (rtd) reports its two networks: the generator's MLM loss, perplexity and accuracy
+at the masked positions (eval_loss / eval_perplexity / eval_accuracy are the generator's,
+comparable with an MLM run's), the discriminator's loss and accuracy over every real token,
+and its precision, recall and F1 on the replaced tokens (those where the generator's sample
+differs from the original); eval_rtd_loss is the training objective, generator loss +
+50 x discriminator loss. The generator's samples are drawn with a fixed key per held-out
+batch, so they too are the same at every evaluation of the same weights.
 """
 
 from __future__ import annotations
@@ -62,6 +70,8 @@ def report(
 ) -> dict[str, float]:
     """The metrics of one evaluation from its sums (loss, weight, correct), to the log,
     TensorBoard (`writer`: logs/eval) and status.json; both backends report through it."""
+    if job.data.objective == "rtd":
+        return _report_rtd(job, status, writer, step, totals, sequences=sequences, seconds=seconds)
     loss_sum, weight_sum, correct = (float(x) for x in totals)
     loss = loss_sum / max(weight_sum, 1.0)
     metrics: dict[str, Any] = {
@@ -86,6 +96,73 @@ def report(
         f"eval step {step}/{job.train.steps}  loss {loss:.4f}  "
         f"ppl {metrics['eval_perplexity']:.2f}  {name} {metrics['eval_accuracy']:.3f}  "
         f"({sequences} held-out sequences)",
+        file=sys.stderr,
+    )
+    status.update(stage="train", progress=step / job.train.steps, step=step, **metrics)
+    return metrics
+
+
+def rtd_metrics(totals: Any) -> dict[str, float]:
+    """ELECTRA's held-out metrics from the sums of steps.RTD_TERMS (JAX backend)."""
+    from payload.model import ELECTRA_DISC_WEIGHT, ELECTRA_GEN_WEIGHT  # noqa: PLC0415
+
+    gen_loss, masked, gen_correct, disc_loss, tokens, disc_correct, tp, fp, fn = (
+        float(x) for x in totals
+    )
+    generator_loss = gen_loss / max(masked, 1.0)
+    discriminator_loss = disc_loss / max(tokens, 1.0)
+    precision = tp / max(tp + fp, 1.0)
+    recall = tp / max(tp + fn, 1.0)
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
+    return {
+        "eval_loss": round(generator_loss, 6),
+        "eval_perplexity": round(math.exp(min(generator_loss, 700.0)), 4),
+        "eval_accuracy": round(gen_correct / max(masked, 1.0), 6),
+        "eval_predictions": int(masked),
+        "eval_rtd_loss": round(
+            ELECTRA_GEN_WEIGHT * generator_loss + ELECTRA_DISC_WEIGHT * discriminator_loss, 6
+        ),
+        "eval_discriminator_loss": round(discriminator_loss, 6),
+        "eval_discriminator_accuracy": round(disc_correct / max(tokens, 1.0), 6),
+        "eval_replaced_precision": round(precision, 6),
+        "eval_replaced_recall": round(recall, 6),
+        "eval_replaced_f1": round(f1, 6),
+        "eval_replaced_fraction": round((tp + fn) / max(tokens, 1.0), 6),
+        "eval_tokens": int(tokens),
+    }
+
+
+def _report_rtd(
+    job: JobSpec,
+    status: StatusWriter,
+    writer: Scalars,
+    step: int,
+    totals: Any,
+    *,
+    sequences: int,
+    seconds: float,
+) -> dict[str, float]:
+    metrics: dict[str, Any] = {"eval_step": step, **rtd_metrics(totals)}
+    metrics.update(eval_sequences=sequences, eval_seconds=round(seconds, 3))
+    writer.write(
+        step,
+        {
+            # loss / perplexity / accuracy: the generator's, as an MLM run's tags.
+            "loss": metrics["eval_loss"],
+            "perplexity": metrics["eval_perplexity"],
+            "accuracy": metrics["eval_accuracy"],
+            "rtd_loss": metrics["eval_rtd_loss"],
+            "discriminator_loss": metrics["eval_discriminator_loss"],
+            "discriminator_accuracy": metrics["eval_discriminator_accuracy"],
+            "replaced_f1": metrics["eval_replaced_f1"],
+        },
+    )
+    tqdm.write(
+        f"eval step {step}/{job.train.steps}  generator loss {metrics['eval_loss']:.4f}  "
+        f"masked acc {metrics['eval_accuracy']:.3f}  discriminator loss "
+        f"{metrics['eval_discriminator_loss']:.4f}  "
+        f"acc {metrics['eval_discriminator_accuracy']:.3f}  "
+        f"replaced F1 {metrics['eval_replaced_f1']:.3f}  ({sequences} held-out sequences)",
         file=sys.stderr,
     )
     status.update(stage="train", progress=step / job.train.steps, step=step, **metrics)

@@ -35,6 +35,12 @@ the export is one that a loader would pick up and read with the wrong layout.
 For causal LMs the exported tokenizer adds BOS only (see `tokenizer.for_export`), so
 `model.generate(**tok(prompt, ...))` continues the prompt instead of a new document.
 
+ELECTRA (`model.family: electra`, JAX backend) has two models, each a complete Hugging Face
+directory with its own config, weights, tokenizer and model card: `export/discriminator`
+(ElectraForPreTraining, the one to fine-tune) and `export/generator` (ElectraForMaskedLM,
+fill-mask). The completion marker stays where it is for every family, `export/` +
+EXPORT_MARKER, written after both (infra's watchdog and `is_complete` look only there).
+
 The completion marker is written last; an export without it is replaced, never mixed.
 """
 
@@ -69,6 +75,12 @@ PYTORCH_CLASSES = {
     "roberta": "RobertaForMaskedLM",
     "gpt2": "GPT2LMHeadModel",
     "llama": "LlamaForCausalLM",
+    # ELECTRA's discriminator, the model to fine-tune; both parts: EXPORT_PARTS.
+    "electra": "ElectraForPreTraining",
+}
+# Families whose export is several models, by subdirectory of export/ -> PyTorch class.
+EXPORT_PARTS: dict[str, dict[str, str]] = {
+    "electra": {"discriminator": "ElectraForPreTraining", "generator": "ElectraForMaskedLM"},
 }
 # Stored once, tied on load (transformers 5's `_tied_weights_keys` of these classes).
 TIED_KEYS = {
@@ -83,7 +95,16 @@ TIED_KEYS = {
     "gpt2": {"lm_head.weight": "transformer.wte.weight"},
     # Only with tie_word_embeddings (the presets' default); untied, lm_head.weight is stored.
     "llama": {"lm_head.weight": "model.embed_tokens.weight"},
+    # ElectraForMaskedLM (the generator part); ElectraForPreTraining has no output embedding.
+    "electra": {"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"},
 }
+
+
+def pytorch_class(family: str, part: str | None = None) -> str:
+    """The PyTorch class of the family's export (of its `part`, for EXPORT_PARTS)."""
+    return EXPORT_PARTS[family][part] if part else PYTORCH_CLASSES[family]
+
+
 HUB_TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
@@ -124,12 +145,12 @@ def write_pytorch_weights(model: Any, directory: str) -> dict[str, np.ndarray]:
     return state
 
 
-def set_pytorch_config(directory: str, family: str) -> None:
+def set_pytorch_config(directory: str, family: str, part: str | None = None) -> None:
     """config.json names the PyTorch class (`architectures`) and the PyTorch weights file
     (`transformers_weights`), both read by PyTorch transformers only."""
     path = Path(directory, "config.json")
     config = json.loads(path.read_text())
-    config["architectures"] = [PYTORCH_CLASSES[family]]
+    config["architectures"] = [pytorch_class(family, part)]
     config["transformers_weights"] = PT_WEIGHTS
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
@@ -152,32 +173,52 @@ def save_tf_model(model: Any, family: str) -> Callable[[str], dict[str, np.ndarr
 
 def write_export(
     job: JobSpec,
-    save_model: Callable[[str], dict[str, np.ndarray]],
+    save_model: Callable[[str], Any],
     tokenizer: Any,
     *,
     card: Any,
     summary: dict[str, Any],
 ) -> None:
     """The model files (`save_model(directory)` writes them and returns the PyTorch state:
-    `save_tf_model` on the TF backend, backends/jax/models.save_pretrained on JAX), the
-    tokenizer and the model card, uploaded to `export/`, then the completion marker last.
-    `card(parameters) -> str` renders the model card once the parameter count is known."""
+    `save_tf_model` on the TF backend, backends/jax/models.save_pretrained on JAX; for a
+    family of EXPORT_PARTS, one subdirectory per part and {part: state}), the tokenizer and
+    the model card in each model's directory, uploaded to `export/`, then the completion
+    marker last, at `export/` itself. `card(parameters, part) -> str` renders a model card
+    once the parameter count is known (`part` None for a one-model family)."""
+    family = job.model.family
     marker = storage.join(job.paths.export, EXPORT_MARKER)
     storage.remove_tree(job.paths.export)
     with tempfile.TemporaryDirectory(prefix="tpu-payload-export-") as tmp:
-        state = save_model(tmp)
-        tokenizer_lib.for_export(tokenizer, job).save_pretrained(tmp)
-        preferred = [name for name in TF_PREFERRED_FILES if Path(tmp, name).exists()]
-        if preferred:  # a bug: TF would take it before tf_model.h5 (module docstring)
-            raise RuntimeError(f"export would hold {preferred}: TensorFlow would load it")
-        Path(tmp, MODEL_CARD).write_text(card(parameter_count(state)), encoding="utf-8")
+        saved = save_model(tmp)
+        states: dict[str | None, dict[str, np.ndarray]] = (
+            dict(saved) if family in EXPORT_PARTS else {None: saved}
+        )
+        exported_tokenizer = tokenizer_lib.for_export(tokenizer, job)
+        for part, state in states.items():
+            target = Path(tmp, part) if part else Path(tmp)
+            exported_tokenizer.save_pretrained(str(target))
+            preferred = [name for name in TF_PREFERRED_FILES if Path(target, name).exists()]
+            if preferred:  # a bug: TF would take it before tf_model.h5 (module docstring)
+                raise RuntimeError(f"export would hold {preferred}: TensorFlow would load it")
+            text = card(parameter_count(state), part)
+            Path(target, MODEL_CARD).write_text(text, encoding="utf-8")
         storage.upload_tree(tmp, job.paths.export)
+    first = next(iter(states.values()))
     summary = {
         **summary,
-        "pytorch_class": PYTORCH_CLASSES[job.model.family],
-        "parameters": parameter_count(state),
+        "pytorch_class": PYTORCH_CLASSES[family],
+        "parameters": parameter_count(first),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if family in EXPORT_PARTS:
+        summary["parts"] = {
+            str(part): {
+                "directory": str(part),
+                "pytorch_class": pytorch_class(family, part),
+                "parameters": parameter_count(state),
+            }
+            for part, state in states.items()
+        }
     storage.write_text(marker, json.dumps(summary, indent=2) + "\n")
 
 

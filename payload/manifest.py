@@ -19,6 +19,7 @@ from typing import Any
 
 from payload import storage
 from payload.errors import DataError
+from payload.spec import OBJECTIVES
 
 MANIFEST_NAME = "manifest.json"
 # 3: encoding a pure function of the documents (held-out split by a hash of each document,
@@ -126,8 +127,11 @@ class Manifest:
                 f"reads versions {', '.join(map(str, READABLE_VERSIONS))}: re-run "
                 "`tpu-payload encode --force`"
             )
-        if self.objective not in ("mlm", "clm"):
-            raise DataError(f"manifest {where}: objective {self.objective!r} is not mlm or clm")
+        if self.objective not in OBJECTIVES:
+            raise DataError(
+                f"manifest {where}: objective {self.objective!r} is not one of "
+                f"{', '.join(OBJECTIVES)}"
+            )
         if self.token_dtype not in ("uint16", "uint32"):
             raise DataError(f"manifest {where}: token_dtype {self.token_dtype!r} is not supported")
         if unknown := set(self.special_ids) - set(SPECIAL_ROLES):

@@ -117,6 +117,46 @@ _LLAMA_SIZES: dict[str, dict[str, Any]] = {
     },
 }
 
+# ELECTRA (ElectraConfig names for the discriminator; `generator_hidden_size` is the
+# generator's width as a fraction of the discriminator's). Where the values come from:
+# - small / base: google-research/electra at 8a46635 (2021-03-31), whose configure_pretraining.py
+#   points to "Table 6 in the paper for the full hyperparameters": util/training_utils.py
+#   get_bert_config (small 256 wide, base 768, both 12 layers; heads = hidden / 64,
+#   intermediate = 4 x hidden), configure_pretraining.py (small: embedding_size 128 and
+#   generator_hidden_size 0.25; base: embedding_size 768 and generator_hidden_size 0.33333,
+#   max_seq_length 512) and run_pretraining.py get_generator_config (the generator keeps the
+#   layer count, heads = max(1, width / 64), intermediate = 4 x width). We did not read the
+#   paper's Table 6 itself; these are the repository's values, which cite it.
+# - tiny: our choice, for tests: embedding_size 32 < hidden 64 and a generator 16 wide, so
+#   both networks have the embedding projection (ElectraModel.embeddings_project).
+# max_position_embeddings 512 as ElectraConfig's default (BERT's).
+_ELECTRA_SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "embedding_size": 32,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 256,
+        "generator_hidden_size": 0.25,
+    },
+    "small": {
+        "embedding_size": 128,
+        "hidden_size": 256,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+        "generator_hidden_size": 0.25,
+    },
+    "base": {
+        "embedding_size": 768,
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+        "generator_hidden_size": 0.33333,
+    },
+}
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "bert": {size: {**v, "max_position_embeddings": 512} for size, v in _ENCODER_SIZES.items()},
     # TF RoBERTa numbers positions from padding_idx + 1 = 2: 512 tokens need 514 positions.
@@ -126,6 +166,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "gpt2": {size: {**v, "n_positions": 1024} for size, v in _GPT2_SIZES.items()},
     "llama": {size: {**_LLAMA_COMMON, **v} for size, v in _LLAMA_SIZES.items()},
+    "electra": {size: {**v, "max_position_embeddings": 512} for size, v in _ELECTRA_SIZES.items()},
 }
 
 # Config keys a job may override, per family. gpt2 also accepts the BERT-style names that
@@ -175,6 +216,7 @@ OVERRIDABLE_KEYS: dict[str, tuple[str, ...]] = {
     "roberta": _ENCODER_KEYS,
     "gpt2": _GPT2_KEYS + tuple(_GPT2_ALIASES),
     "llama": _LLAMA_KEYS,
+    "electra": ("embedding_size", *_ENCODER_KEYS, "generator_hidden_size"),
 }
 
 # TF RoBERTa hard-codes padding_idx = 1 for its position ids (modeling_tf_roberta.py).
@@ -231,22 +273,104 @@ def build_config(
     }
     if family == "llama":
         return _llama_config(settings, vocab_size=int(vocab_size), ids=ids)
+    if family == "electra":
+        _bert_ids(ids, special_ids)
+        return _electra_config(settings, vocab_size=int(vocab_size), ids=ids)
     if family == "gpt2":
         heads_key, width_key = "n_head", "n_embd"
         config_cls: type[PretrainedConfig] = GPT2Config
     else:
         heads_key, width_key = "num_attention_heads", "hidden_size"
         config_cls = BertConfig if family == "bert" else RobertaConfig
-        if family == "bert" and "cls" in special_ids and "bos" not in ids:
-            ids["bos_token_id"] = special_ids["cls"]
-        if family == "bert" and "sep" in special_ids and "eos" not in ids:
-            ids["eos_token_id"] = special_ids["sep"]
+        if family == "bert":
+            _bert_ids(ids, special_ids)
     width, heads = int(settings[width_key]), int(settings[heads_key])
     if heads <= 0 or width % heads:
         raise SpecError(
             f"model.config: {width_key}={width} must be a positive multiple of {heads_key}={heads}"
         )
     return config_cls(vocab_size=int(vocab_size), **settings, **ids)
+
+
+def _bert_ids(ids: dict[str, Any], special_ids: Mapping[str, int]) -> None:
+    """BERT-style vocabularies have no bos/eos: [CLS] and [SEP] stand for them."""
+    if "cls" in special_ids and "bos_token_id" not in ids:
+        ids["bos_token_id"] = special_ids["cls"]
+    if "sep" in special_ids and "eos_token_id" not in ids:
+        ids["eos_token_id"] = special_ids["sep"]
+
+
+# ELECTRA's recipe (google-research/electra configure_pretraining.py, run_pretraining.py):
+# total loss = gen_weight (1.0) x generator MLM loss + disc_weight (50.0) x discriminator
+# loss; samples drawn from softmax(logits / temperature) with Gumbel noise, temperature 1.0;
+# pretrain_helpers.mask: 85% of the chosen positions become [MASK], 15% stay (no random
+# token). The backends read them from here.
+ELECTRA_DISC_WEIGHT = 50.0
+ELECTRA_GEN_WEIGHT = 1.0
+ELECTRA_TEMPERATURE = 1.0
+ELECTRA_MASK_TOKEN_RATIO = 0.85
+ELECTRA_RANDOM_TOKEN_RATIO = 0.0
+# The generator's config key: run identity and checkpoints see it; the discriminator's
+# export leaves it out (export_config).
+GENERATOR_FRACTION_KEY = "generator_hidden_size"
+
+
+def _electra_config(
+    settings: Mapping[str, Any], *, vocab_size: int, ids: Mapping[str, Any]
+) -> PretrainedConfig:
+    """The discriminator's ElectraConfig, carrying the generator's width fraction
+    (`generator_hidden_size`); `generator_config` derives the generator's."""
+    from transformers import ElectraConfig  # noqa: PLC0415
+
+    settings = dict(settings)
+    fraction = float(settings.pop(GENERATOR_FRACTION_KEY))
+    width, heads = int(settings["hidden_size"]), int(settings["num_attention_heads"])
+    if heads <= 0 or width % heads:
+        raise SpecError(
+            f"model.config: hidden_size={width} must be a positive multiple of "
+            f"num_attention_heads={heads}"
+        )
+    config = ElectraConfig(vocab_size=vocab_size, hidden_act="gelu", **settings, **ids)
+    setattr(config, GENERATOR_FRACTION_KEY, fraction)
+    generator_config(config)  # its shape checks
+    return config
+
+
+def generator_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The generator's ElectraConfig from the discriminator's, as google-research/electra's
+    run_pretraining.py get_generator_config: width = round(hidden x generator_hidden_size),
+    the same number of layers, heads = max(1, width // 64), intermediate = 4 x width; the
+    embeddings (embedding_size wide) are the discriminator's."""
+    from transformers import ElectraConfig  # noqa: PLC0415
+
+    fraction = float(getattr(config, GENERATOR_FRACTION_KEY))
+    width = round(config.hidden_size * fraction)
+    heads = max(1, width // 64)
+    if width < 1 or width % heads:
+        raise SpecError(
+            f"model.config.{GENERATOR_FRACTION_KEY}: {fraction:g} x hidden_size "
+            f"{config.hidden_size} gives a generator {width} wide, which must be at least 1 and "
+            f"a multiple of its {heads} heads (width // 64)"
+        )
+    settings = export_config(config)
+    settings.update(hidden_size=width, num_attention_heads=heads, intermediate_size=4 * width)
+    return ElectraConfig(**settings)
+
+
+def discriminator_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The discriminator's ElectraConfig as exported (no generator fraction)."""
+    from transformers import ElectraConfig  # noqa: PLC0415
+
+    return ElectraConfig(**export_config(config))
+
+
+def export_config(config: PretrainedConfig) -> dict[str, Any]:
+    """An ElectraConfig's dict without the generator fraction (what transformers reads)."""
+    settings = config.to_dict()
+    settings.pop(GENERATOR_FRACTION_KEY, None)
+    for key in ("architectures", "transformers_version", "model_type"):
+        settings.pop(key, None)
+    return settings
 
 
 def _llama_config(
@@ -339,6 +463,9 @@ def parameter_count(family: str, config: PretrainedConfig) -> int:
     """
     if family == "llama":
         return _llama_parameters(config)
+    if family == "electra":
+        embeddings, discriminator, generator = electra_parameters(config)
+        return embeddings + discriminator + generator
     if family == "gpt2":
         h, v, p = config.n_embd, config.vocab_size, config.n_positions
         inner = config.n_inner or 4 * h
@@ -351,6 +478,35 @@ def parameter_count(family: str, config: PretrainedConfig) -> int:
     per_layer = 4 * (h * h + h) + 2 * h + (h * inner + inner) + (inner * h + h) + 2 * h
     head = (h * h + h) + 2 * h + v
     return embeddings + config.num_hidden_layers * per_layer + head
+
+
+def _encoder_layer_parameters(h: int, inner: int) -> int:
+    """One BERT/ELECTRA layer: 4 attention projections, 2 LayerNorms, the MLP."""
+    return 4 * (h * h + h) + 2 * h + (h * inner + inner) + (inner * h + h) + 2 * h
+
+
+def electra_parameters(config: PretrainedConfig) -> tuple[int, int, int]:
+    """(shared embeddings, discriminator, generator) parameters of ELECTRA, from shapes:
+    the embeddings (V + P + T) x E and their LayerNorm, shared by both networks; each
+    network's embeddings_project E x W + W when E != its width W, its layers, and its head:
+    the discriminator's dense H x H + H and dense_prediction H + 1; the generator's dense
+    G x E + E, LayerNorm 2E and output bias V (its output matrix is the word embeddings).
+    The discriminator's export has embeddings + discriminator, the generator's embeddings +
+    generator."""
+    e, v = config.embedding_size, config.vocab_size
+    p, t = config.max_position_embeddings, config.type_vocab_size
+    embeddings = (v + p + t) * e + 2 * e
+    gen = generator_config(config)
+
+    def encoder(c: PretrainedConfig) -> int:
+        w = c.hidden_size
+        project = e * w + w if e != w else 0
+        return project + c.num_hidden_layers * _encoder_layer_parameters(w, c.intermediate_size)
+
+    h = config.hidden_size
+    discriminator = encoder(config) + (h * h + h) + (h + 1)
+    generator = encoder(gen) + (gen.hidden_size * e + e) + 2 * e + v
+    return embeddings, discriminator, generator
 
 
 def _llama_parameters(config: PretrainedConfig) -> int:

@@ -90,6 +90,7 @@ def _architecture(family: str, config: Mapping[str, Any]) -> list[tuple[str, str
         ]
     else:
         keys = [
+            *([("embedding size", "embedding_size")] if family == "electra" else []),
             ("layers", "num_hidden_layers"),
             ("hidden size", "hidden_size"),
             ("attention heads", "num_attention_heads"),
@@ -117,18 +118,31 @@ def render(
     parameters: int,
     runtime: Mapping[str, Any],
     metrics: Mapping[str, Any],
+    part: str | None = None,
 ) -> str:
-    """The card as Markdown with a YAML header the Hub reads."""
+    """The card as Markdown with a YAML header the Hub reads. `part`: which of ELECTRA's
+    two exports (discriminator | generator) this card describes; None for other families."""
     objective = job.data.objective
     spec = job.train
     corpus = dict(manifest.corpus)
-    pipeline_tag = "fill-mask" if objective == "mlm" else "text-generation"
+    pipeline_tag: str | None = "fill-mask" if objective == "mlm" else "text-generation"
     auto = "AutoModelForMaskedLM" if objective == "mlm" else "AutoModelForCausalLM"
-    tf_auto = "TF" + auto
-    roles = job.special_roles
     accuracy_name = (
         "MLM accuracy (masked positions)" if objective == "mlm" else ("next-token accuracy")
     )
+    if objective == "rtd":
+        # AutoModelForPreTraining maps electra to ElectraForPreTraining (transformers 5's
+        # models/auto/modeling_auto.py MODEL_FOR_PRETRAINING_MAPPING_NAMES).
+        pipeline_tag = "fill-mask" if part == "generator" else None
+        auto = "AutoModelForMaskedLM" if part == "generator" else "AutoModelForPreTraining"
+        accuracy_name = "generator MLM accuracy (masked positions)"
+    tf_auto = "TF" + auto
+    roles = job.special_roles
+    trained_with = {
+        "mlm": "masked language modeling",
+        "clm": "causal language modeling",
+        "rtd": "replaced-token detection (ELECTRA: a small generator MLM and a discriminator)",
+    }[objective]
     schedule = (
         f"AdamW, peak {spec.learning_rate:g}, {spec.warmup_steps:,} warmup steps, "
         f"{spec.decay} decay to {spec.end_learning_rate_ratio:g} x peak, weight decay "
@@ -137,17 +151,18 @@ def render(
     lines = [
         "---",
         "library_name: transformers",
-        f"pipeline_tag: {pipeline_tag}",
+        *([f"pipeline_tag: {pipeline_tag}"] if pipeline_tag else []),
         "tags: [tpu-pretrain]",
         "---",
         "",
         f"# {job.name}",
         "",
         f"A {job.model.size} {job.model.family} model pre-trained from scratch with "
-        f"{'masked' if objective == 'mlm' else 'causal'} language modeling by tpu-pretrain. "
+        f"{trained_with} by tpu-pretrain. "
         "Every figure below was recorded by this run (data manifest, trainer metrics); "
         f'a figure marked "{NOT_RECORDED}" was not measured.',
         "",
+        *_electra_part(part),
         "## Model",
         "",
         "| | |",
@@ -220,6 +235,7 @@ def render(
         f"{_num(metrics.get('eval_perplexity'), '{:.2f}')} |",
         f"| {accuracy_name} | {_num(metrics.get('accuracy'), '{:.4f}')} | "
         f"{_num(metrics.get('eval_accuracy'), '{:.4f}')} |",
+        *(_rtd_results(metrics) if objective == "rtd" else []),
         "",
         (
             "The held-out set is fixed (same sequences and, for MLM, the same masks at every "
@@ -237,6 +253,17 @@ def render(
         f"from transformers import AutoTokenizer, {auto}",
         "tokenizer = AutoTokenizer.from_pretrained(path)",
         f"model = {auto}.from_pretrained(path)",
+        *(
+            [
+                "# to fine-tune: a classifier on the discriminator's encoder (new head)",
+                "from transformers import AutoModelForSequenceClassification",
+                "classifier = AutoModelForSequenceClassification.from_pretrained(",
+                "    path, num_labels=2",
+                ")",
+            ]
+            if part == "discriminator"
+            else []
+        ),
         *(
             [
                 'inputs = tokenizer("your prompt", return_tensors="pt")',
@@ -286,6 +313,37 @@ def render(
         "",
     ]
     return "\n".join(lines)
+
+
+def _electra_part(part: str | None) -> list[str]:
+    """What this directory is among ELECTRA's two exports."""
+    if part == "discriminator":
+        return [
+            "This is the **discriminator** (`ElectraForPreTraining`): the model to fine-tune "
+            "for downstream tasks. The generator that trained with it is in `../generator`.",
+            "",
+        ]
+    if part == "generator":
+        return [
+            "This is the **generator** (`ElectraForMaskedLM`, a masked LM narrower than the "
+            "discriminator; it works with the fill-mask pipeline). For downstream tasks "
+            "fine-tune the discriminator in `../discriminator`.",
+            "",
+        ]
+    return []
+
+
+def _rtd_results(metrics: Mapping[str, Any]) -> list[str]:
+    """The discriminator's rows (held out only: training logs the total loss)."""
+    rows = [
+        ("discriminator loss", "eval_discriminator_loss"),
+        ("discriminator accuracy (every real token)", "eval_discriminator_accuracy"),
+        ("replaced-token precision", "eval_replaced_precision"),
+        ("replaced-token recall", "eval_replaced_recall"),
+        ("replaced-token F1", "eval_replaced_f1"),
+        ("generator + 50 x discriminator loss", "eval_rtd_loss"),
+    ]
+    return [f"| {label} | | {_num(metrics.get(key), '{:.4f}')} |" for label, key in rows]
 
 
 def _tokens_seen(step: Any, global_batch: int, manifest: Manifest) -> str:

@@ -13,6 +13,8 @@ objective   kind         default special_tokens                             role
 ==========  ===========  ================================================  =============
 mlm         wordpiece    [PAD] [UNK] [CLS] [SEP] [MASK]                     BERT
 mlm         bpe/unigram  <s> <pad> </s> <unk> <mask>                        RoBERTa
+rtd         wordpiece    [PAD] [UNK] [CLS] [SEP] [MASK]                     BERT (ELECTRA)
+rtd         bpe/unigram  <s> <pad> </s> <unk> <mask>                        RoBERTa
 clm         any          <s> <pad> </s> <unk>                               bos/eos
 ==========  ===========  ================================================  =============
 """
@@ -30,16 +32,32 @@ from typing import Any
 from payload import storage
 from payload.errors import SpecError
 
-OBJECTIVES = ("mlm", "clm")
+# rtd: ELECTRA's replaced-token detection (a generator MLM + a discriminator; docs/payload.md).
+OBJECTIVES = ("mlm", "clm", "rtd")
+# Objectives whose data is packed and dynamically masked as for MLM (encode.py, data.py).
+MASKED_OBJECTIVES = ("mlm", "rtd")
 TOKENIZER_KINDS = ("wordpiece", "bpe", "unigram")
-FAMILIES = ("bert", "roberta", "gpt2", "llama")
+FAMILIES = ("bert", "roberta", "gpt2", "llama", "electra")
 SIZES = ("tiny", "mini", "small", "base")
 # Llama's presets are named by their size (payload/model.py, docs/models.md).
 LLAMA_SIZES = ("tiny", "125m", "350m", "1b", "3b")
-SIZES_FOR_FAMILY = {"bert": SIZES, "roberta": SIZES, "gpt2": SIZES, "llama": LLAMA_SIZES}
-FAMILIES_FOR_OBJECTIVE = {"mlm": ("bert", "roberta"), "clm": ("gpt2", "llama")}
-# Families only the JAX backend has: `train.backend: auto` picks jax for them.
-JAX_ONLY_FAMILIES = ("llama",)
+# ELECTRA's: the paper's small and base (payload/model.py says where each value comes from).
+ELECTRA_SIZES = ("tiny", "small", "base")
+SIZES_FOR_FAMILY = {
+    "bert": SIZES,
+    "roberta": SIZES,
+    "gpt2": SIZES,
+    "llama": LLAMA_SIZES,
+    "electra": ELECTRA_SIZES,
+}
+FAMILIES_FOR_OBJECTIVE = {
+    "mlm": ("bert", "roberta"),
+    "clm": ("gpt2", "llama"),
+    "rtd": ("electra",),
+}
+# Families and objectives only the JAX backend has: `train.backend: auto` picks jax for them.
+JAX_ONLY_FAMILIES = ("llama", "electra")
+JAX_ONLY_OBJECTIVES = ("rtd",)
 DECAYS = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "bf16", "fp32")
 # auto: jax for a family only the JAX backend has (JAX_ONLY_FAMILIES), else the VM unit's
@@ -125,7 +143,22 @@ LLAMA_CONFIG_KEYS = {
     "initializer_range": float,
     "tie_word_embeddings": bool,
 }
+# transformers' ElectraConfig names (the discriminator's), plus the generator's width as a
+# fraction of the discriminator's (`generator_hidden_size`, the name and meaning of
+# google-research/electra configure_pretraining.py), in (0, 1].
+ELECTRA_CONFIG_KEYS = {
+    "embedding_size": int,
+    "hidden_size": int,
+    "num_hidden_layers": int,
+    "num_attention_heads": int,
+    "intermediate_size": int,
+    "max_position_embeddings": int,
+    "hidden_dropout_prob": float,
+    "attention_probs_dropout_prob": float,
+    "generator_hidden_size": float,
+}
 CONFIG_KEYS = {
+    "electra": ELECTRA_CONFIG_KEYS,
     "bert": BERT_CONFIG_KEYS,
     "roberta": BERT_CONFIG_KEYS,
     "gpt2": GPT2_CONFIG_KEYS,
@@ -137,12 +170,14 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 def special_roles(objective: str, kind: str, family: str) -> dict[str, str]:
     """Role -> token of the default special-token style for this objective, kind and model.
 
-    BERT style only for a WordPiece BERT; RoBERTa numbers positions from its pad id, which
-    TF RoBERTa fixes at 1, so a RoBERTa gets the RoBERTa layout whatever the tokenizer kind.
+    BERT style only for a WordPiece BERT or ELECTRA (ELECTRA's own vocabulary is BERT's);
+    RoBERTa numbers positions from its pad id, which TF RoBERTa fixes at 1, so a RoBERTa gets
+    the RoBERTa layout whatever the tokenizer kind.
     """
     if objective == "clm":
         return dict(CLM_STYLE)
-    return dict(BERT_STYLE if kind == "wordpiece" and family == "bert" else ROBERTA_STYLE)
+    bert_like = kind == "wordpiece" and family in ("bert", "electra")
+    return dict(BERT_STYLE if bert_like else ROBERTA_STYLE)
 
 
 def default_special_tokens(objective: str, kind: str, family: str) -> tuple[str, ...]:
@@ -696,6 +731,8 @@ def _model(section: _Section, objective: str) -> ModelSpec:
                 config[name] = _int(1, 1 << 20)(key, value)
             elif name == "rope_theta":
                 config[name] = _float(0.0, 1e12, lo_open=True)(key, value)
+            elif name == "generator_hidden_size":
+                config[name] = _float(0.0, 1.0, lo_open=True)(key, value)
             elif name in ("rms_norm_eps", "initializer_range"):
                 config[name] = _float(0.0, 1.0, lo_open=True, hi_open=True)(key, value)
             else:
@@ -808,6 +845,11 @@ def tf_backend_refusal(job: JobSpec) -> str | None:
     or None. Checked here for `train.backend: tf` and by the TF backend itself, which `auto`
     can also pick (the VM's TPU_PAYLOAD_BACKEND)."""
     spec = job.train
+    if job.data.objective in JAX_ONLY_OBJECTIVES:
+        return (
+            f"data.objective: {job.data.objective} trains on the JAX backend only, not with "
+            "train.backend: tf; use train.backend: jax (or auto, which picks it)"
+        )
     if job.model.family in JAX_ONLY_FAMILIES:
         return (
             f"model.family: {job.model.family} trains on the JAX backend only, not with "

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from payload import corpus, storage
 from payload.errors import DataError, SpecError
-from payload.spec import JobSpec
+from payload.spec import MASKED_OBJECTIVES, JobSpec
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -230,7 +230,7 @@ def set_post_processor(tok: Tokenizer, job: JobSpec) -> None:
     ids = {t: tok.token_to_id(t) for t in (first, last)}
     if None in ids.values():
         raise RuntimeError(f"special tokens missing from the trained vocabulary: {ids}")
-    if job.tokenizer.kind == "wordpiece" and job.data.objective == "mlm":
+    if job.tokenizer.kind == "wordpiece" and job.data.objective in MASKED_OBJECTIVES:
         pair = f"{first} $A {last} $B:1 {last}:1"
     else:
         pair = f"{first} $A {last} {last} $B:1 {last}:1"

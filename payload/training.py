@@ -27,6 +27,7 @@ from payload import tokenizer as tokenizer_lib
 from payload.errors import DataError, UserError
 from payload.manifest import special_ids_of
 from payload.model import ROBERTA_PADDING_IDX
+from payload.spec import MASKED_OBJECTIVES
 from payload.status import StatusWriter
 from payload.tensorboard import Scalars
 
@@ -62,7 +63,7 @@ class TrainingInterrupted(SystemExit):
 
 def resolve_backend(job: JobSpec, environ: Mapping[str, str] = os.environ) -> str:
     """`tf` or `jax`: the job's `train.backend`; for `auto`, `jax` for a family only the JAX
-    backend has (spec.JAX_ONLY_FAMILIES: llama), else the VM unit's TPU_PAYLOAD_BACKEND,
+    backend has (spec.JAX_ONLY_FAMILIES: llama, electra), else the VM unit's TPU_PAYLOAD_BACKEND,
     else the TensorFlow backend (docs/backends.md says when that default changes)."""
     from payload.spec import JAX_ONLY_FAMILIES  # noqa: PLC0415
 
@@ -116,9 +117,10 @@ def check_data(job: JobSpec, manifest: Manifest) -> None:
         raise DataError(
             f"manifest special ids {special} fall outside vocab_size {manifest.vocab_size}"
         )
-    if job.data.objective == "mlm" and "mask" not in special:
+    if job.data.objective in MASKED_OBJECTIVES and "mask" not in special:
         raise DataError(
-            f"data in {where} has no mask token (special ids: {sorted(special)}); MLM needs one"
+            f"data in {where} has no mask token (special ids: {sorted(special)}); "
+            f"{job.data.objective} needs one"
         )
     if (
         job.model.family == "roberta"
@@ -428,20 +430,23 @@ def export_model(
     runtime: Mapping[str, Any],
     status: StatusWriter,
     stats: Mapping[str, Any],
+    part_configs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> None:
     """The export of either backend (export.write_export): the model files `save_model`
-    writes, the tokenizer, the model card with this run's recorded metrics, the marker."""
+    writes, the tokenizer, the model card with this run's recorded metrics, the marker.
+    `part_configs`: each part's model config, for a family of export.EXPORT_PARTS."""
     from payload import modelcard  # noqa: PLC0415
 
     recorded = recorded_metrics(status, stats)
     backend = "jax" if runtime.get("backend") == "jax" else "tf"
 
-    def card(parameters: int) -> str:
+    def card(parameters: int, part: str | None = None) -> str:
         return modelcard.render(
             job=job,
             manifest=manifest,
-            model_config=model_config,
-            pytorch_class=export_lib.PYTORCH_CLASSES[job.model.family],
+            model_config=(part_configs or {}).get(part or "", model_config),
+            pytorch_class=export_lib.pytorch_class(job.model.family, part),
+            part=part,
             tf_class=tf_class,
             parameters=parameters,
             runtime=runtime,

@@ -2,7 +2,8 @@
 logits of the JAX backend's model as training left it, rebuilt from the job's newest
 checkpoint (not from the export), on the given input.
 
-argv: job.yaml input_ids.npy attention_mask.npy logits_out.npy
+argv: job.yaml input_ids.npy attention_mask.npy logits_out.npy (ELECTRA: one file per
+network, logits_out.discriminator.npy and logits_out.generator.npy)
 """
 
 import sys
@@ -32,5 +33,10 @@ latest = store.steps()[-1]
 store.restore(latest, steps.TrainState.of(model, optimizer)).write_back(model, optimizer)
 store.close()
 inputs = {"input_ids": np.load(ids_path), "attention_mask": np.load(mask_path)}
-np.save(out_path, np.asarray(model(inputs, training=False), dtype=np.float32))
+outputs = model(inputs, training=False)
+if isinstance(outputs, dict):  # ELECTRA: <out>.discriminator.npy and <out>.generator.npy
+    for name, value in outputs.items():
+        np.save(out_path.replace(".npy", f".{name}.npy"), np.asarray(value, dtype=np.float32))
+else:
+    np.save(out_path, np.asarray(outputs, dtype=np.float32))
 print(latest)

@@ -23,13 +23,13 @@ from payload.backends.jax import models  # noqa: E402
 from payload.backends.jax.train import create_optimizer  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
-VOCAB = {"bert": 400, "roberta": 600, "gpt2": 600, "llama": 600}
+VOCAB = {"bert": 400, "roberta": 600, "gpt2": 600, "llama": 600, "electra": 400}
 SEQ = 32
 
 assert len(jax.devices()) == 8, jax.devices()
 plan = mesh_lib.plan("fsdp", parameters=0, devices=8, memory=None)
 mesh = mesh_lib.build_mesh(plan)
-for family in ("bert", "roberta", "gpt2", "llama"):
+for family in ("bert", "roberta", "gpt2", "llama", "electra"):
     special = {"pad": 1} if family == "roberta" else {}
     config = model_lib.build_config(
         family, "tiny", {}, vocab_size=VOCAB[family], special_ids=special

@@ -106,7 +106,7 @@ def test_variables_are_created_sharded_and_counted() -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert [r["family"] for r in reports] == ["bert", "roberta", "gpt2", "llama"]
+    assert [r["family"] for r in reports] == ["bert", "roberta", "gpt2", "llama", "electra"]
     for report in reports:
         # The plan's parameter count is the built model's, exactly.
         assert report["parameters"] == report["formula"], report["family"]
@@ -126,6 +126,11 @@ def test_variables_are_created_sharded_and_counted() -> None:
             assert by_path["llama/layers_0/down_proj/kernel"] == [None, "fsdp"]
             slots = [p for p in by_path if "embed_tokens_embeddings" in p]
             assert len(slots) == 2 and all(by_path[p] == [None, "fsdp"] for p in slots), slots
+        if report["family"] == "electra":  # its table: the shared embeddings' width
+            by_path = {v["path"]: v["spec"] for v in variables}
+            assert by_path["electra/word/embeddings"] == [None, "fsdp"], by_path
+            assert by_path["electra/type/embeddings"] == [None, "fsdp"], by_path
+            assert by_path["electra/discriminator_prediction/kernel"] == ["fsdp", None]
         per_device = sum(v["device_bytes"] for v in variables)
         total = sum(v["bytes"] for v in variables)
         assert per_device < total / 5, (report["family"], per_device, total)

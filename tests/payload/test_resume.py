@@ -2,7 +2,9 @@
 
 Every test runs on both training backends (`train.backend: tf` and `jax`): the same job,
 the same pause points (payload/training.py's Meter is shared), the same outcomes. The JAX
-backend trains in a child process (the real CLI): Keras 3 picks its backend at import."""
+backend trains in a child process (the real CLI): Keras 3 picks its backend at import.
+The resume and SIGTERM tests also run ELECTRA's objective (rtd, JAX only): its generator's
+samples are drawn from (train.seed, step), so a resumed run draws what the other drew."""
 
 from __future__ import annotations
 
@@ -33,6 +35,10 @@ from payload.status import StatusWriter
 
 CHECKPOINT_EVERY = 20
 BACKENDS = pytest.mark.parametrize("backend", ["tf", "jax"])
+# (backend, objective): the MLM cases of both backends and ELECTRA's rtd (JAX only).
+OBJECTIVES = pytest.mark.parametrize(
+    ("backend", "objective"), [("tf", "mlm"), ("jax", "mlm"), ("jax", "rtd")]
+)
 # Both backends log through payload.training.Meter: pause after its N-th log line.
 LOG_POINT = "after:payload.training:Meter.log:{}"
 
@@ -68,8 +74,18 @@ def _train(job_file: Path, backend: str) -> dict:
 
 
 def _exported_weights(job) -> dict[str, np.ndarray]:
-    """The export's PyTorch weights: the same file from either backend."""
-    return load_file(str(Path(job.paths.export, export_lib.PT_WEIGHTS)))
+    """The export's PyTorch weights: the same file from either backend (ELECTRA: both
+    parts', by part/name)."""
+    parts = export_lib.EXPORT_PARTS.get(job.model.family)
+    if parts is None:
+        return load_file(str(Path(job.paths.export, export_lib.PT_WEIGHTS)))
+    return {
+        f"{part}/{name}": value
+        for part in parts
+        for name, value in load_file(
+            str(Path(job.paths.export, part, export_lib.PT_WEIGHTS))
+        ).items()
+    }
 
 
 def _logged_steps(stderr: str) -> list[int]:
@@ -137,14 +153,14 @@ def test_cli_train_mismatch_is_one_line_exit_2(tmp_path: Path, backend: str) -> 
     assert _latest_step(job.paths.checkpoints, backend) is None
 
 
-@BACKENDS
-def test_resumed_run_equals_uninterrupted_run(tmp_path: Path, backend: str) -> None:
+@OBJECTIVES
+def test_resumed_run_equals_uninterrupted_run(tmp_path: Path, backend: str, objective: str) -> None:
     """Model, optimizer state, step counter and input position are all restored exactly."""
 
     corpus = write_corpus(tmp_path / "corpus.txt", lines=400)
     # No dropout and a schedule that does not depend on the total: runs are comparable.
     doc = job_document(
-        tmp_path, corpus, "mlm", steps=16, decay="constant", warmup_steps=0, backend=backend
+        tmp_path, corpus, objective, steps=16, decay="constant", warmup_steps=0, backend=backend
     )
     doc["train"].update(checkpoint_every=8, log_every=4, shuffle_buffer=50, eval_every=4)
     doc["data"].update(eval_fraction=0.1, eval_min_sequences=16)
@@ -191,13 +207,16 @@ def _eval_scalars(job) -> dict[int, dict[str, float]]:
     return out
 
 
-@BACKENDS
-def test_sigterm_checkpoints_the_current_step_and_exits_143(tmp_path: Path, backend: str) -> None:
+@OBJECTIVES
+def test_sigterm_checkpoints_the_current_step_and_exits_143(
+    tmp_path: Path, backend: str, objective: str
+) -> None:
     """A preempted VM's shutdown sends SIGTERM: nothing since the last chunk is lost."""
     corpus = write_corpus(tmp_path / "corpus.txt", lines=400)
     doc = job_document(
-        tmp_path, corpus, "mlm", steps=5000, checkpoint_every=1000, log_every=5, backend=backend
-    )
+        tmp_path, corpus, objective, steps=5000, checkpoint_every=1000, log_every=5,
+        backend=backend,
+    )  # fmt: skip
     job = write_job(tmp_path, doc)
     prepare_data(job)
     # SIGTERM while step 5's log line is being written. TF: the chunk ends there. JAX:

@@ -53,8 +53,8 @@ def write_corpus(path: Path, lines: int = 1500, seed: int = 0) -> Path:
 def job_document(
     root: Path, corpus: Path, objective: str = "mlm", family: str | None = None, **train: Any
 ) -> dict[str, Any]:
-    family = family or ("bert" if objective == "mlm" else "gpt2")
-    kind = "wordpiece" if family == "bert" else "bpe"
+    family = family or {"mlm": "bert", "rtd": "electra"}.get(objective, "gpt2")
+    kind = "wordpiece" if family in ("bert", "electra") else "bpe"
     return {
         "name": f"train-{family}",
         "output": str(root / "out"),

@@ -145,6 +145,14 @@ FAMILY_RULES: dict[str, tuple[tuple[str, int], ...]] = {
         (r"(o_proj|down_proj)[/_]kernel", 1),  # [in, H]
         (r"lm_head[/_]kernel", 0),  # [H, V], untied embeddings only
     ),
+    # ELECTRA (models.Electra): the shared embedding tables [V | P | 2, E] on their width E,
+    # as Llama's (the vocabulary, which the tokenizer sets, would otherwise decide, and the
+    # 2-row token-type table has no other axis to split); the discriminator's one-logit
+    # kernel [H, 1] on H. The encoders' kernels follow the generic rule.
+    "electra": (
+        (r"(word|position|type)[/_]embeddings", 1),
+        (r"discriminator_prediction[/_]kernel", 0),
+    ),
 }
 
 

@@ -25,6 +25,16 @@ modeling files (the classes the export names in config.json):
   key/value head h // (A / K), as repeat_kv), softmax in float32, o_proj; the SwiGLU MLP
   down_proj(silu(gate_proj(x)) * up_proj(x)); the final norm; lm_head tied to embed_tokens
   or its own matrix (tie_word_embeddings), no bias.
+- ELECTRA (modeling_electra.py, ElectraForPreTraining and ElectraForMaskedLM over one shared
+  ElectraEmbeddings): embeddings word + position + token type 0, embedding_size wide,
+  LayerNorm, dropout; per network `embeddings_project` (a Linear embedding_size -> width,
+  only when they differ) then BERT's blocks; the discriminator's head
+  ElectraDiscriminatorPredictions (dense, hidden_act, dense_prediction to one logit per
+  token); the generator's ElectraGeneratorPredictions (dense to embedding_size, GELU,
+  LayerNorm) then generator_lm_head tied to the word embeddings plus its own bias. As in
+  google-research/electra (model/modeling.py: both networks' embeddings live in the one
+  "electra/embeddings" scope), word, position and token-type embeddings and their LayerNorm
+  are ONE set of weights trained by both; each export holds a copy.
 Dense kernels are Keras' [in, out]; `hf_state_dict` maps every weight to the PyTorch name
 and shape (nn.Linear [out, in]; GPT-2's Conv1D keeps [in, out]). Masked positions get the
 dtype's most negative value, as transformers' eager attention does.
@@ -395,7 +405,141 @@ def _padding_bias(attention_mask: Any, dtype: Any) -> Any:
     return ops.where(keep, 0.0, _most_negative(dtype))
 
 
-Model = MaskedLM | CausalLM | LlamaCausalLM
+class Electra(keras.Model):
+    """ELECTRA's generator and discriminator over shared embeddings (`config`: the
+    discriminator's ElectraConfig with `generator_hidden_size`; model.generator_config).
+
+    `call` without `masked_lm_positions` runs both networks on the same input and returns
+    {"discriminator": [B, S] logits, "generator": [B, S, V] logits}: what the two exports'
+    ElectraForPreTraining and ElectraForMaskedLM compute. With `masked_lm_positions`,
+    `masked_lm_ids`, `masked_lm_weights` and `sample_key` (a jax.random key's uint32 data),
+    it is one replaced-token-detection pass (`replaced_token_detection`)."""
+
+    def __init__(self, config: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        from payload import model as model_lib  # noqa: PLC0415  (framework-free)
+
+        self.config, self.family = config, "electra"
+        self.generator_config = model_lib.generator_config(config)
+        gen = self.generator_config
+        width, eps = int(config.embedding_size), float(config.layer_norm_eps)
+        self.word_embeddings = layers.Embedding(
+            int(config.vocab_size), width, embeddings_initializer=_init(config), name="word"
+        )
+        self.position_embeddings = layers.Embedding(
+            int(config.max_position_embeddings),
+            width,
+            embeddings_initializer=_init(config),
+            name="position",
+        )
+        self.token_type_embeddings = layers.Embedding(
+            int(config.type_vocab_size), width, embeddings_initializer=_init(config), name="type"
+        )
+        self.embedding_norm = layers.LayerNormalization(epsilon=eps, name="embedding_norm")
+        self.dropout = layers.Dropout(float(config.hidden_dropout_prob))
+        hidden, gen_width = int(config.hidden_size), int(gen.hidden_size)
+        self.discriminator_project = (
+            _dense(hidden, config, "discriminator_project") if hidden != width else None
+        )
+        self.discriminator_blocks = [
+            EncoderBlock(config, name=f"discriminator_layer_{i}")
+            for i in range(config.num_hidden_layers)
+        ]
+        self.discriminator_dense = _dense(hidden, config, "discriminator_dense")
+        self.discriminator_prediction = _dense(1, config, "discriminator_prediction")
+        self.discriminator_activation = ACTIVATIONS[config.hidden_act]
+        self.generator_project = (
+            _dense(gen_width, config, "generator_project") if gen_width != width else None
+        )
+        self.generator_blocks = [
+            EncoderBlock(gen, name=f"generator_layer_{i}") for i in range(gen.num_hidden_layers)
+        ]
+        self.generator_dense = _dense(width, config, "generator_dense")
+        self.generator_norm = layers.LayerNormalization(epsilon=eps, name="generator_norm")
+        self.temperature = float(model_lib.ELECTRA_TEMPERATURE)
+
+    def build(self, input_shape: Any) -> None:
+        self.generator_bias = self.add_weight(
+            shape=(int(self.config.vocab_size),), initializer="zeros", name="generator_bias"
+        )
+        super().build(input_shape)
+
+    def _encode(self, input_ids: Any, attention_mask: Any, network: str, training: bool) -> Any:
+        length = ops.shape(input_ids)[1]
+        x = self.word_embeddings(input_ids)
+        x = x + self.position_embeddings(ops.expand_dims(ops.arange(length), 0))
+        x = x + self.token_type_embeddings(ops.zeros_like(input_ids))
+        x = self.dropout(self.embedding_norm(x), training=training)
+        project = getattr(self, f"{network}_project")
+        if project is not None:
+            x = project(x)
+        bias = _padding_bias(attention_mask, x.dtype)
+        for block in getattr(self, f"{network}_blocks"):
+            x = block(x, bias, training=training)
+        return x
+
+    def discriminator_logits(self, input_ids: Any, attention_mask: Any, training: bool) -> Any:
+        """[B, S]: ElectraForPreTraining's logits (> 0: replaced)."""
+        x = self._encode(input_ids, attention_mask, "discriminator", training)
+        x = self.discriminator_activation(self.discriminator_dense(x))
+        return self.discriminator_prediction(x)[..., 0]
+
+    def generator_head(self, hidden: Any) -> Any:
+        """ElectraGeneratorPredictions + the tied generator_lm_head: logits over the vocabulary."""
+        x = self.generator_norm(_gelu_exact(self.generator_dense(hidden)))
+        table = ops.cast(self.word_embeddings.embeddings, x.dtype)
+        return ops.matmul(x, ops.transpose(table)) + ops.cast(self.generator_bias, x.dtype)
+
+    def replaced_token_detection(self, inputs: dict[str, Any], training: bool) -> dict[str, Any]:
+        """One RTD pass (google-research/electra run_pretraining.py PretrainingModel): the
+        generator reads the masked input and predicts the masked positions; a token sampled
+        from softmax(logits / temperature) by the Gumbel-max trick (argmax of logits /
+        temperature + Gumbel noise, pretrain_helpers.sample_from_softmax) replaces the
+        original at EVERY chosen position (masked or kept); the discriminator reads that
+        input and a token counts as replaced when the sample differs from the original.
+        Returns the generator's logits at the positions [B, P, V], the discriminator's
+        logits [B, S] and the replaced labels [B, S] (float32)."""
+        import jax  # noqa: PLC0415  (this module is the JAX backend's)
+
+        input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+        positions = inputs["masked_lm_positions"]
+        originals = inputs["masked_lm_ids"]
+        used = inputs["masked_lm_weights"] > 0
+        hidden = self._encode(input_ids, attention_mask, "generator", training)
+        hidden = ops.take_along_axis(hidden, ops.expand_dims(positions, -1), axis=1)
+        generator_logits = self.generator_head(hidden)
+        key = jax.random.wrap_key_data(inputs["sample_key"])
+        logits32 = ops.cast(generator_logits, "float32") / self.temperature
+        noise = jax.random.gumbel(key, logits32.shape, "float32")
+        sampled = ops.cast(ops.argmax(jax.lax.stop_gradient(logits32) + noise, axis=-1), "int32")
+        # The sample goes where the masked input has its [MASK] (or kept token): an addition
+        # of (sample - current) at each used slot; positions of used slots are distinct and
+        # unused slots (position 0) add 0.
+        rows = ops.broadcast_to(ops.arange(ops.shape(positions)[0])[:, None], positions.shape)
+        current = ops.take_along_axis(input_ids, positions, axis=1)
+        delta = ops.where(used, sampled - current, 0)
+        corrupted = input_ids.at[rows, positions].add(delta)
+        replaced = ops.cast(ops.logical_and(used, ops.not_equal(sampled, originals)), "float32")
+        labels = ops.zeros(ops.shape(input_ids), "float32").at[rows, positions].add(replaced)
+        return {
+            "generator": generator_logits,
+            "discriminator": self.discriminator_logits(corrupted, attention_mask, training),
+            "replaced": labels,
+            "sampled": sampled,
+        }
+
+    def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
+        if "masked_lm_positions" in inputs:
+            return self.replaced_token_detection(inputs, training)
+        input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+        hidden = self._encode(input_ids, attention_mask, "generator", training)
+        return {
+            "discriminator": self.discriminator_logits(input_ids, attention_mask, training),
+            "generator": self.generator_head(hidden),
+        }
+
+
+Model = MaskedLM | CausalLM | LlamaCausalLM | Electra
 
 
 def create_model(family: str, config: Any, seq_length: int, *, remat: str = "none") -> Model:
@@ -406,6 +550,8 @@ def create_model(family: str, config: Any, seq_length: int, *, remat: str = "non
     model: Model
     if family == "llama":
         model = LlamaCausalLM(config, remat=remat, name=family)
+    elif family == "electra":
+        model = Electra(config, name=family)
     elif family == "gpt2":
         model = CausalLM(config, name=family)
     else:
@@ -457,6 +603,55 @@ def _llama_state(model: LlamaCausalLM, value: Values) -> dict[str, np.ndarray]:
     return state
 
 
+def _encoder_layers(
+    state: dict[str, np.ndarray], prefix: str, blocks: list[EncoderBlock], value: Values
+) -> None:
+    """BertEncoder / ElectraEncoder layers under `prefix`."""
+    for i, block in enumerate(blocks):
+        p = f"{prefix}.layer.{i}"
+        for part in ("query", "key", "value"):
+            _linear(state, f"{p}.attention.self.{part}", getattr(block.attention, part), value)
+        _linear(state, f"{p}.attention.output.dense", block.attention_output, value)
+        _norm(state, f"{p}.attention.output.LayerNorm", block.attention_norm, value)
+        _linear(state, f"{p}.intermediate.dense", block.intermediate, value)
+        _linear(state, f"{p}.output.dense", block.output_dense, value)
+        _norm(state, f"{p}.output.LayerNorm", block.output_norm, value)
+
+
+# The two exports of ELECTRA, by subdirectory of export/ (export.EXPORT_PARTS).
+ELECTRA_PARTS = ("discriminator", "generator")
+
+
+def electra_state_dicts(model: Electra, value: Values) -> dict[str, dict[str, np.ndarray]]:
+    """{"discriminator": ElectraForPreTraining's state, "generator": ElectraForMaskedLM's}:
+    each with the shared embeddings under electra.embeddings, its own embeddings_project
+    (when the widths differ) and encoder, and its head; the generator's generator_lm_head
+    weight is the word embeddings (tied on load, export.TIED_KEYS), its bias is stored."""
+    shared: dict[str, np.ndarray] = {}
+    e = "electra.embeddings"
+    shared[f"{e}.word_embeddings.weight"] = value(model.word_embeddings.embeddings)
+    shared[f"{e}.position_embeddings.weight"] = value(model.position_embeddings.embeddings)
+    shared[f"{e}.token_type_embeddings.weight"] = value(model.token_type_embeddings.embeddings)
+    _norm(shared, f"{e}.LayerNorm", model.embedding_norm, value)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for network in ELECTRA_PARTS:
+        state = dict(shared)
+        project = getattr(model, f"{network}_project")
+        if project is not None:
+            _linear(state, "electra.embeddings_project", project, value)
+        _encoder_layers(state, "electra.encoder", getattr(model, f"{network}_blocks"), value)
+        if network == "discriminator":
+            head = "discriminator_predictions"
+            _linear(state, f"{head}.dense", model.discriminator_dense, value)
+            _linear(state, f"{head}.dense_prediction", model.discriminator_prediction, value)
+        else:
+            _linear(state, "generator_predictions.dense", model.generator_dense, value)
+            _norm(state, "generator_predictions.LayerNorm", model.generator_norm, value)
+            state["generator_lm_head.bias"] = value(model.generator_bias)
+        out[network] = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
+    return out
+
+
 def hf_state_dict(
     model: Model, values: Mapping[str, np.ndarray] | None = None
 ) -> dict[str, np.ndarray]:
@@ -471,6 +666,8 @@ def hf_state_dict(
         return np.asarray(variable)
 
     state: dict[str, np.ndarray] = {}
+    if isinstance(model, Electra):
+        raise TypeError("ELECTRA has two exports: electra_state_dicts")
     if isinstance(model, LlamaCausalLM):
         state = _llama_state(model, value)
     elif isinstance(model, CausalLM):
@@ -497,15 +694,7 @@ def hf_state_dict(
         state[f"{e}.position_embeddings.weight"] = value(model.position_embeddings.embeddings)
         state[f"{e}.token_type_embeddings.weight"] = value(model.token_type_embeddings.embeddings)
         _norm(state, f"{e}.LayerNorm", model.embedding_norm, value)
-        for i, block in enumerate(model.blocks):
-            p = f"{base}.encoder.layer.{i}"
-            for part in ("query", "key", "value"):
-                _linear(state, f"{p}.attention.self.{part}", getattr(block.attention, part), value)
-            _linear(state, f"{p}.attention.output.dense", block.attention_output, value)
-            _norm(state, f"{p}.attention.output.LayerNorm", block.attention_norm, value)
-            _linear(state, f"{p}.intermediate.dense", block.intermediate, value)
-            _linear(state, f"{p}.output.dense", block.output_dense, value)
-            _norm(state, f"{p}.output.LayerNorm", block.output_norm, value)
+        _encoder_layers(state, f"{base}.encoder", model.blocks, value)
         if model.family == "bert":
             _linear(state, "cls.predictions.transform.dense", model.head_dense, value)
             _norm(state, "cls.predictions.transform.LayerNorm", model.head_norm, value)
@@ -527,8 +716,43 @@ def save_pretrained(
 
     from payload import export as export_lib  # noqa: PLC0415
 
+    if isinstance(model, Electra):
+        raise TypeError("ELECTRA has two exports: save_electra")
     model.config.save_pretrained(directory)
     state = hf_state_dict(model, values)
     save_file(state, f"{directory}/{export_lib.PT_WEIGHTS}", metadata={"format": "pt"})
     export_lib.set_pytorch_config(directory, model.family)
     return state
+
+
+def save_electra(
+    model: Electra, directory: str, values: Mapping[str, np.ndarray] | None = None
+) -> dict[str, dict[str, np.ndarray]]:
+    """ELECTRA's two Hugging Face layouts, `<directory>/discriminator` (ElectraForPreTraining,
+    the discriminator's ElectraConfig) and `<directory>/generator` (ElectraForMaskedLM, the
+    generator's: model.generator_config), each as save_pretrained writes the other families;
+    returns the state of each by part."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from safetensors.numpy import save_file  # noqa: PLC0415
+
+    from payload import export as export_lib  # noqa: PLC0415
+    from payload import model as model_lib  # noqa: PLC0415
+
+    def value(variable: Any) -> np.ndarray:
+        if values is not None:
+            return np.asarray(values[variable.path])
+        return np.asarray(variable)
+
+    states = electra_state_dicts(model, value)
+    configs = {
+        "discriminator": model_lib.discriminator_config(model.config),
+        "generator": model.generator_config,
+    }
+    for part, state in states.items():
+        target = str(Path(directory, part))
+        Path(target).mkdir(parents=True, exist_ok=True)
+        configs[part].save_pretrained(target)
+        save_file(state, f"{target}/{export_lib.PT_WEIGHTS}", metadata={"format": "pt"})
+        export_lib.set_pytorch_config(target, model.family, part=part)
+    return states

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import keras
 
+from payload import model as model_lib
+
 
 @dataclass
 class TrainState:
@@ -64,6 +66,76 @@ def loss_terms(logits: Any, labels: Any, weights: Any) -> tuple[Any, Any, Any]:
     return (per_token * weights).sum(), weights.sum(), (correct * weights).sum()
 
 
+# ELECTRA (data.objective rtd): the recipe's weights (payload/model.py, from
+# google-research/electra configure_pretraining.py).
+DISC_WEIGHT = model_lib.ELECTRA_DISC_WEIGHT
+GEN_WEIGHT = model_lib.ELECTRA_GEN_WEIGHT
+# The sums of one RTD pass, in this order (rtd_terms): the generator's MLM loss, masked
+# positions and correct predictions; the discriminator's loss, real tokens and correct
+# decisions; replaced tokens predicted replaced (tp), original tokens predicted replaced
+# (fp), replaced tokens predicted original (fn).
+RTD_TERMS = (
+    "generator_loss",
+    "masked",
+    "generator_correct",
+    "discriminator_loss",
+    "tokens",
+    "discriminator_correct",
+    "tp",
+    "fp",
+    "fn",
+)
+# Streams of jax.random keys for the generator's samples: training folds in the step (and
+# the micro-batch), evaluation a fixed seed and the batch index.
+SAMPLE_STREAM = 0x5EED
+
+
+def sample_key(seed: Any, *counters: Any) -> Any:
+    """The uint32 key data the ELECTRA model samples with (models.Electra `sample_key`)."""
+    key = jax.random.fold_in(jax.random.key(seed), SAMPLE_STREAM)
+    for counter in counters:
+        key = jax.random.fold_in(key, counter)
+    return jax.random.key_data(key)
+
+
+def rtd_terms(outputs: Mapping[str, Any], batch: Mapping[str, Any]) -> Any:
+    """[len(RTD_TERMS)] float32 sums of one RTD pass (models.Electra outputs): the generator's
+    cross entropy at the masked positions, and the discriminator's sigmoid cross entropy
+    over every real token (attention_mask; google-research/electra run_pretraining.py
+    _get_discriminator_output weighs by input_mask), a logit > 0 meaning replaced."""
+    generator_loss, masked, generator_correct = loss_terms(
+        outputs["generator"], batch["masked_lm_ids"], batch["masked_lm_weights"]
+    )
+    logits = jnp.asarray(outputs["discriminator"], jnp.float32)
+    labels = outputs["replaced"]
+    weights = batch["attention_mask"].astype(jnp.float32)
+    # sigmoid cross entropy, the stable form of tf.nn.sigmoid_cross_entropy_with_logits
+    per_token = jnp.maximum(logits, 0.0) - logits * labels + jnp.log1p(jnp.exp(-jnp.abs(logits)))
+    predicted = (logits > 0).astype(jnp.float32)
+    return jnp.stack(
+        [
+            generator_loss,
+            masked,
+            generator_correct,
+            (per_token * weights).sum(),
+            weights.sum(),
+            ((predicted == labels).astype(jnp.float32) * weights).sum(),
+            (predicted * labels * weights).sum(),
+            (predicted * (1.0 - labels) * weights).sum(),
+            ((1.0 - predicted) * labels * weights).sum(),
+        ]
+    )
+
+
+def rtd_inputs(batch: Mapping[str, Any], key_data: Any) -> dict[str, Any]:
+    """models.Electra's inputs for one RTD pass of a masked batch."""
+    names = ("input_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids")
+    inputs = {name: batch[name] for name in names}
+    inputs["masked_lm_weights"] = batch["masked_lm_weights"]
+    inputs["sample_key"] = key_data
+    return inputs
+
+
 def model_inputs(objective: str, batch: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
     """(model inputs, labels, weights) of a batch of payload.data's pipeline."""
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
@@ -73,6 +145,78 @@ def model_inputs(objective: str, batch: Mapping[str, Any]) -> tuple[dict[str, An
     return inputs, batch["labels"], batch["label_weights"]
 
 
+def make_rtd_gradients(
+    model: keras.Model, *, seed: int, accum_steps: int, micro_batches: Callable[[Any], Any]
+) -> Callable[[TrainState, Mapping[str, Any]], tuple[Any, Any, Any, Any]]:
+    """make_train_chunk's gradients for objective rtd (ELECTRA)."""
+
+    def rtd_loss_fn(
+        trainable: list[Any],
+        non_trainable: list[Any],
+        batch: Mapping[str, Any],
+        key_data: Any,
+        denominators: Any,
+    ):
+        """The ELECTRA loss's share of `batch`: GEN_WEIGHT x the generator's loss sum over
+        the WHOLE batch's masked positions + DISC_WEIGHT x the discriminator's loss sum over
+        the whole batch's real tokens (`denominators`), so micro-batch shares add up to the
+        batch's loss."""
+        outputs, non_trainable = model.stateless_call(
+            trainable, non_trainable, rtd_inputs(batch, key_data), training=True
+        )
+        terms = rtd_terms(outputs, batch)
+        loss = GEN_WEIGHT * terms[0] / denominators[0] + DISC_WEIGHT * terms[3] / denominators[1]
+        return loss, (non_trainable, terms)
+
+    rtd_loss_and_grads = jax.value_and_grad(rtd_loss_fn, has_aux=True)
+
+    def rtd_gradients(state: TrainState, batch: Mapping[str, Any]):
+        """(loss, the generator's accuracy, non-trainable state, gradients) of ELECTRA's
+        loss on the batch; the generator samples with a key of (train.seed, the step, the
+        micro-batch): a resumed run draws what the uninterrupted run drew."""
+        step = state.optimizer[0]  # iterations
+        denominators = jnp.stack(
+            [
+                jnp.maximum(batch["masked_lm_weights"].astype(jnp.float32).sum(), 1.0),
+                jnp.maximum(batch["attention_mask"].astype(jnp.float32).sum(), 1.0),
+            ]
+        )
+        if accum_steps == 1:
+            (loss, (non_trainable, terms)), grads = rtd_loss_and_grads(
+                state.trainable,
+                state.non_trainable,
+                batch,
+                sample_key(seed, step),
+                denominators,
+            )
+        else:
+
+            def body(carry: tuple[Any, ...], indexed: tuple[Any, Mapping[str, Any]]):
+                non_trainable, grads, loss, terms = carry
+                index, micro = indexed
+                (part, (non_trainable, part_terms)), part_grads = rtd_loss_and_grads(
+                    state.trainable, non_trainable, micro, sample_key(seed, step, index),
+                    denominators,
+                )  # fmt: skip
+                grads = jax.tree.map(jnp.add, grads, part_grads)
+                return (non_trainable, grads, loss + part, terms + part_terms), None
+
+            zeros = jax.tree.map(jnp.zeros_like, state.trainable)
+            start = (
+                state.non_trainable,
+                zeros,
+                jnp.zeros([], jnp.float32),
+                jnp.zeros([len(RTD_TERMS)], jnp.float32),
+            )
+            (non_trainable, grads, loss, terms), _ = jax.lax.scan(
+                body, start, (jnp.arange(accum_steps), micro_batches(batch))
+            )
+        accuracy = terms[2] / jnp.maximum(terms[1], 1.0)
+        return loss, accuracy, non_trainable, grads
+
+    return rtd_gradients
+
+
 def make_train_chunk(
     model: keras.Model,
     optimizer: keras.optimizers.Optimizer,
@@ -80,6 +224,7 @@ def make_train_chunk(
     *,
     state_sharding: Any = None,
     accum_steps: int = 1,
+    seed: int = 0,
 ) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
     """A compiled function (state, batches with a leading [K] axis[, n]) -> (state, metrics
     [K]): the first n optimizer steps of the K batches in one call (n defaults to K; metrics
@@ -97,7 +242,11 @@ def make_train_chunk(
     are added up and divided by the whole batch's token count, so loss and gradients are
     the big batch's (not a mean of micro-batch means, which would weigh a token by its
     micro-batch's size), and the optimizer steps once per batch. Activations are held for
-    one micro-batch at a time."""
+    one micro-batch at a time.
+
+    `objective` rtd (ELECTRA): the loss is GEN_WEIGHT x the generator's MLM loss +
+    DISC_WEIGHT x the discriminator's loss (rtd_gradients); the reported accuracy is the
+    generator's at the masked positions; `seed` (train.seed) seeds the generator's samples."""
 
     def sums_fn(trainable: list[Any], non_trainable: list[Any], batch: Mapping[str, Any]):
         inputs, labels, weights = model_inputs(objective, batch)
@@ -143,8 +292,13 @@ def make_train_chunk(
         grads = jax.tree.map(lambda g: g / denominator, grads)
         return loss_sum / denominator, correct / denominator, non_trainable, grads
 
+    rtd_gradients = make_rtd_gradients(
+        model, seed=seed, accum_steps=accum_steps, micro_batches=micro_batches
+    )
+
     def one_step(state: TrainState, batch: Mapping[str, Any]):
-        loss, accuracy, non_trainable, grads = gradients(state, batch)
+        compute = rtd_gradients if objective == "rtd" else gradients
+        loss, accuracy, non_trainable, grads = compute(state, batch)
         norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in grads))
         trainable, optimizer_vars = optimizer.stateless_apply(
             state.optimizer, grads, state.trainable

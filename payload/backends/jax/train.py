@@ -370,20 +370,30 @@ class Evaluator:
         objective = job.data.objective
 
         @jax.jit
-        def sums(trainable: Any, non_trainable: Any, batch: dict[str, Any]) -> Any:
+        def sums(trainable: Any, non_trainable: Any, batch: dict[str, Any], index: Any) -> Any:
+            if objective == "rtd":
+                # The generator's samples of batch `index` are the same at every evaluation.
+                key = steps.sample_key(evaluate_lib.EVAL_MASK_SEED, index)
+                outputs, _ = model.stateless_call(
+                    trainable, non_trainable, steps.rtd_inputs(batch, key), training=False
+                )
+                return steps.rtd_terms(outputs, batch)
             inputs, labels, weights = steps.model_inputs(objective, batch)
             logits, _ = model.stateless_call(trainable, non_trainable, inputs, training=False)
             return jnp.stack(steps.loss_terms(logits, labels, weights))
 
         self._sums = sums
+        self.terms = len(steps.RTD_TERMS) if objective == "rtd" else 3
         self.writer = Scalars(storage.join(job.paths.logs, "eval"), enabled=rt.is_chief)
 
     def evaluate(self, step: int, state: steps.TrainState) -> dict[str, float]:
         started = time.perf_counter()
-        totals = jnp.zeros([3], jnp.float32)
-        for batch in self.host_batches:
+        totals = jnp.zeros([self.terms], jnp.float32)
+        for index, batch in enumerate(self.host_batches):
             arrays = self.pipelines.to_devices(batch, chunk=False)
-            totals = totals + self._sums(state.trainable, state.non_trainable, arrays)
+            totals = totals + self._sums(
+                state.trainable, state.non_trainable, arrays, np.int32(index)
+            )
         seconds = time.perf_counter() - started  # the first call includes compiling
         return evaluate_lib.report(
             self.job,
@@ -667,6 +677,7 @@ class _TrainLoop:
             job.data.objective,
             state_sharding=mesh_lib.shardings_of(steps.TrainState.of(model, optimizer)),
             accum_steps=job.train.grad_accum_steps,
+            seed=job.train.seed,
         )
         self.last_checkpoint: str | None = None
         self.store = checkpoints.Checkpoints(
@@ -819,8 +830,18 @@ def export(
     """PyTorch weights (the Hugging Face layout), tokenizer and model card to `export/`.
     `weights` (by variable path; default: the model's variables) are the trained values."""
 
+    part_configs = None
+    if isinstance(model, models.Electra):
+        part_configs = {
+            "discriminator": model_lib.export_config(model.config),
+            "generator": model.generator_config.to_dict(),
+        }
+
     def save_model(directory: str) -> Any:
-        state = models.save_pretrained(model, directory, weights)
+        if isinstance(model, models.Electra):
+            state: Any = models.save_electra(model, directory, weights)
+        else:
+            state = models.save_pretrained(model, directory, weights)
         _export_gate()
         return state
 
@@ -833,6 +854,7 @@ def export(
         runtime=rt.describe(),
         status=status,
         stats=stats,
+        part_configs=part_configs,
     )
 
 

@@ -167,6 +167,9 @@ class DataflowAccess(pulumi.ComponentResource):
             log_config={"metadata": "INCLUDE_ALL_METADATA"},
             opts=child,
         )
+        # Inputs as pulumi-gcp 10.2 documents them (artifactregistry/repository.py): format
+        # DOCKER, mode STANDARD_REPOSITORY (its default, written out: not a remote or virtual
+        # repository that would pull from elsewhere), docker_config.immutable_tags.
         self.image_repository = gcp.artifactregistry.Repository(
             f"{name}-images",
             project=args.project,

@@ -332,6 +332,9 @@ def test_the_offline_plan_shows_the_dataflow_resources_and_options():
     assert 'role="roles/dataflow.developer"' in row("dataflow-launcher")
     assert 'role="roles/iam.serviceAccountUser"' in row("dataflow-launcher-acts-as-worker")
     assert 'sourceTags=["dataflow"] targetTags=["dataflow"]' in row("dataflow-allow-workers")
+    assert 'repositoryId="tp-v3-euw4-dataflow"' in row("dataflow-images")
+    assert 'format="DOCKER"' in row("dataflow-images")
+    assert 'role="roles/artifactregistry.reader"' in row("dataflow-image-reader")
     [options] = [line for line in lines if line.startswith("  dataflowOptions: ")]
     shown = json.loads(options.removeprefix("  dataflowOptions: "))
     assert shown["subnetwork"] == "regions/europe-west4/subnetworks/tp-v3-euw4-vpc-europe-west4"

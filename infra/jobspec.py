@@ -104,7 +104,9 @@ def _in_bucket(bucket: str, path: str) -> str:
 # --- Dataflow (encoding at scale; docs/deploy-gcp.md#dataflow-encoding-at-scale) -----------
 # The payload owns `data.runner` / `data.beam` and validates them (its allowlist of Beam
 # options); infra fills in the options that name the stack's resources when the job runs on
-# Dataflow, so a template never carries a project, an account or a bucket of its own.
+# Dataflow, so a template never carries a project, an account or a bucket of its own, nor an
+# image of its own: `sdk_container_image` names the image built from the very payload archive
+# the stack uploads (its digest is the tag), so a template may not override it either.
 DATAFLOW_RUNNER = "DataflowRunner"
 DATAFLOW_OPTION_KEYS = (
     "project",
@@ -114,18 +116,21 @@ DATAFLOW_OPTION_KEYS = (
     "temp_location",
     "staging_location",
     "no_use_public_ips",
+    "sdk_container_image",
 )
 
 
 @dataclass(frozen=True)
 class DataflowTarget:
     """What a Dataflow job of the stack runs in: the stack's project and region, its worker
-    service account and the TPU region's subnet (Private Google Access on, no public IPs)."""
+    service account, the TPU region's subnet (Private Google Access on, no public IPs) and
+    the workers' container image in the stack's Artifact Registry repository."""
 
     project: str
     region: str
     service_account_email: str
     subnet_name: str
+    sdk_container_image: str
 
 
 def _beam(template: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -150,14 +155,16 @@ def _check_beam_options(template: Mapping[str, Any]) -> None:
         if key in options:
             raise JobTemplateError(
                 f"data.beam.options.{key}: set by infra from the stack (its project, region, "
-                "Dataflow worker account, subnet and bucket); remove it"
+                "Dataflow worker account, subnet, bucket and worker image); remove it"
             )
 
 
 def dataflow_options(target: DataflowTarget, bucket: str) -> dict[str, Any]:
     """The Beam pipeline options that put a Dataflow job into the stack: workers run as the
     stack's worker account, in the TPU region's subnet, without public IPs (they reach Cloud
-    Storage through Private Google Access), staging and temp files in the stack's bucket.
+    Storage and Artifact Registry through Private Google Access), staging and temp files in
+    the stack's bucket, the workers' image from the stack's repository (the payload requires
+    it with DataflowRunner: payload/spec.py BEAM_DATAFLOW_REQUIRED).
     `subnetwork` is the short form Google documents for a subnet of the job's own project
     ("regions/REGION/subnetworks/SUBNETWORK", dataflow/docs/guides/specifying-networks)."""
     return {
@@ -168,6 +175,7 @@ def dataflow_options(target: DataflowTarget, bucket: str) -> dict[str, Any]:
         "temp_location": f"gs://{bucket}/dataflow/tmp",
         "staging_location": f"gs://{bucket}/dataflow/staging",
         "no_use_public_ips": True,
+        "sdk_container_image": target.sdk_container_image,
     }
 
 

@@ -30,6 +30,19 @@ KEY_SETTINGS: dict[str, tuple[str, ...]] = {
     "gcp:projects/iAMMember:IAMMember": ("role", "member"),
     "gcp:projects/iAMCustomRole:IAMCustomRole": ("roleId", "permissions"),
     "gcp:serviceaccount/iAMMember:IAMMember": ("serviceAccountId", "role", "member"),
+    "gcp:artifactregistry/repository:Repository": (
+        "repositoryId",
+        "location",
+        "format",
+        "mode",
+        "dockerConfig",
+    ),
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": (
+        "repository",
+        "location",
+        "role",
+        "member",
+    ),
     "gcp:storage/bucket:Bucket": (
         "name",
         "location",

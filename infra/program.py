@@ -156,7 +156,9 @@ def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
     )
     archive = render.build_payload_archive()
     job_spec = jobspec.render_job_spec(
-        jobspec.load_template(cfg.job_file), cfg.bucket.name, _dataflow_target(cfg)
+        jobspec.load_template(cfg.job_file),
+        cfg.bucket.name,
+        _dataflow_target(cfg, archive.sha256),
     )
     delivery = PayloadDelivery(
         "payload",
@@ -203,12 +205,15 @@ def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
 
 # --- Dataflow (tpu-pretrain:dataflow; infra/components/dataflow.py) ---------------------------
 def _apis(cfg: StackConfig) -> tuple[str, ...]:
-    return (*REQUIRED_APIS, dataflow.DATAFLOW_API) if cfg.dataflow else REQUIRED_APIS
+    if not cfg.dataflow:
+        return REQUIRED_APIS
+    return (*REQUIRED_APIS, dataflow.DATAFLOW_API, dataflow.IMAGE_REGISTRY_API)
 
 
-def _dataflow_target(cfg: StackConfig) -> jobspec.DataflowTarget | None:
-    """Where the stack's Dataflow jobs run: its region (the bucket's), its worker account and
-    the region's subnet. None without tpu-pretrain:dataflow."""
+def _dataflow_target(cfg: StackConfig, payload_sha256: str) -> jobspec.DataflowTarget | None:
+    """Where the stack's Dataflow jobs run: its region (the bucket's), its worker account,
+    the region's subnet and the workers' image, tagged with the digest of the payload archive
+    the stack uploads. None without tpu-pretrain:dataflow."""
     if not cfg.dataflow:
         return None
     region = cfg.accelerator.region
@@ -217,6 +222,7 @@ def _dataflow_target(cfg: StackConfig) -> jobspec.DataflowTarget | None:
         region=region,
         service_account_email=dataflow.worker_email(cfg.prefix, cfg.project),
         subnet_name=subnet_name(cfg.network.name, region),
+        sdk_container_image=dataflow.image_uri(region, cfg.project, cfg.prefix, payload_sha256),
     )
 
 
@@ -239,6 +245,8 @@ def _dataflow_access(
             launcher_member=launcher.member,
             network=network.vpc.id,
             network_name=cfg.network.name,
+            region=cfg.accelerator.region,
+            labels=cfg.labels,
         ),
         opts=opts,
     )
@@ -464,7 +472,7 @@ def _export(
         pulumi.export("gpuQuota", gpu_quota(cfg))
     else:
         pulumi.export("tpuRecovery", tpu_recovery_commands(cfg, vm.vm.urn))
-    target = _dataflow_target(cfg)
+    target = _dataflow_target(cfg, base.workload.payload_sha256)
     if target is not None:
         # What a launch from your own machine passes (the job spec carries the same when the
         # job encodes on Dataflow); the launcher needs the controller's two Dataflow grants.

@@ -36,6 +36,10 @@ TPU_JAX_REQUIREMENTS_FILE = "requirements/tpu-vm-jax.txt"
 GPU_JAX_REQUIREMENTS_FILE = "requirements/gpu-vm-jax.txt"
 # The payload's CPU test environment: the JAX the JAX backend is tested with.
 PAYLOAD_DEV_FILE = "requirements/payload-dev.txt"
+# The Beam environment and the Dataflow workers' image built on it (docs/deploy-gcp.md,
+# "Dataflow"): in the archive, so the image is built from the very source the stack uploads.
+BEAM_REQUIREMENTS_FILE = "requirements/beam.txt"
+BEAM_DOCKERFILE = "requirements/beam.Dockerfile"
 ARCHIVE_FILES = (
     "pyproject.toml",
     "README.md",
@@ -44,6 +48,8 @@ ARCHIVE_FILES = (
     GPU_REQUIREMENTS_FILE,
     TPU_JAX_REQUIREMENTS_FILE,
     GPU_JAX_REQUIREMENTS_FILE,
+    BEAM_REQUIREMENTS_FILE,
+    BEAM_DOCKERFILE,
 )
 ARCHIVE_DIRS = ("payload",)
 ARCHIVE_PREFIX = "tpu-pretrain-payload"

@@ -60,7 +60,8 @@ WIF_POOL_PRINCIPAL_SET = (
 class Grant:
     """One allowed IAM grant: `role` on a resource of one of `types`, to a principal that
     fully matches `member`. For service-account IAM types, `target` must fully match the
-    account the grant is on (`serviceAccountId`, "projects/<p>/serviceAccounts/<email>"),
+    account the grant is on (`serviceAccountId`, "projects/<p>/serviceAccounts/<email>"), or
+    the resource the property `target_key` names (an Artifact Registry repository's id),
     and with `same_stack` member and target belong to one stack ("tp-<stack>").
     `condition` (a substring) makes an IAM condition mandatory, e.g. the limit on which
     roles a delegated IAM writer may grant. Custom roles are written "custom:<roleId>"."""
@@ -72,6 +73,8 @@ class Grant:
     who: str  # the principals `member` matches, in words (violation messages)
     target: str | None = None
     same_stack: bool = False
+    # The property that names the resource the grant is on (`target` is matched against it).
+    target_key: str = "serviceAccountId"
     condition: str | None = None
 
 
@@ -92,6 +95,8 @@ SA_IAM_MEMBER = "gcp:serviceaccount/iAMMember:IAMMember"
 BUCKET_IAM_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 SECRET_IAM_MEMBER = "gcp:secretmanager/secretIamMember:SecretIamMember"  # noqa: S105 (a type)
 CRYPTO_KEY_IAM_MEMBER = "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember"
+REPOSITORY = "gcp:artifactregistry/repository:Repository"
+REPOSITORY_IAM_MEMBER = "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"
 CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
 
 _COMMON_TYPES = {
@@ -145,6 +150,9 @@ MAIN_TYPES = {
     SA_IAM_MEMBER: "allowed-iam-grants",
     BUCKET_IAM_MEMBER: "allowed-iam-grants",
     SECRET_IAM_MEMBER: "allowed-iam-grants",
+    REPOSITORY: "the Dataflow workers' image repository (tpu-pretrain:dataflow); who may read "
+    "it: allowed-iam-grants, no-public-principals, grants-on-own-resources",
+    REPOSITORY_IAM_MEMBER: "allowed-iam-grants, grants-on-own-resources",
     "random:index/randomBytes:RandomBytes": "local random bytes (WireGuard key), no cloud call",
     "time:index/sleep:Sleep": "local wait (IAM propagation), no cloud call",
 }
@@ -152,6 +160,7 @@ MAIN_TYPES = {
 MAIN_APIS = frozenset(
     {
         "cloudresourcemanager.googleapis.com",
+        "artifactregistry.googleapis.com",  # tpu-pretrain:dataflow only (the workers' image)
         "compute.googleapis.com",
         "dataflow.googleapis.com",  # tpu-pretrain:dataflow only
         "iam.googleapis.com",
@@ -274,6 +283,20 @@ MAIN_GRANTS = (
         target=rf"projects/{_PROJECT_ID}/serviceAccounts/{_DATAFLOW_WORKER}",
         same_stack=True,
     ),
+    # The workers pull their image from the stack's own repository (repository id
+    # "tp-<stack>-dataflow", infra/components/dataflow.py); no other member, no other role (no
+    # writer: the user pushes the image with a grant the stack does not make), never on the
+    # project.
+    Grant(
+        (REPOSITORY_IAM_MEMBER,),
+        "roles/artifactregistry.reader",
+        rf"serviceAccount:{_DATAFLOW_WORKER}",
+        "Dataflow workers pull their container image",
+        "the stack's Dataflow worker account, on the same stack's tp-<stack>-dataflow repository",
+        target=r"(tp-[a-z0-9-]+)-dataflow",
+        same_stack=True,
+        target_key="repository",
+    ),
     Grant(
         (SECRET_IAM_MEMBER,),
         "roles/secretmanager.secretAccessor",
@@ -323,6 +346,7 @@ STACK_ACCOUNT_USER_ROLE_ID = "tpuPretrainStackAccountUser"
 STACK_INSTANCE_ROLE_ID = "tpuPretrainStackInstances"
 STACK_BUCKET_ROLE_ID = "tpuPretrainStackBuckets"
 STACK_SECRET_ROLE_ID = "tpuPretrainStackSecrets"  # noqa: S105 (a role id)
+STACK_REPOSITORY_ROLE_ID = "tpuPretrainStackRepositories"
 
 # The deploy account's unconditional permissions: what the main program's resource types
 # need (infra/bootstrap/gitops_bootstrap.py PERMISSIONS_BY_TYPE; tests/policy/
@@ -332,6 +356,7 @@ STACK_SECRET_ROLE_ID = "tpuPretrainStackSecrets"  # noqa: S105 (a role id)
 # (tpu.nodes.update: every change replaces it), no token or key creation, no role editing.
 DEPLOYER_PERMISSIONS = frozenset(
     {
+        "artifactregistry.repositories.create",
         "compute.addresses.create",
         "compute.addresses.delete",
         "compute.addresses.get",
@@ -437,6 +462,15 @@ STACK_SECRET_PERMISSIONS = frozenset(
         "secretmanager.versions.get",
     }
 )
+STACK_REPOSITORY_PERMISSIONS = frozenset(
+    {
+        "artifactregistry.repositories.delete",
+        "artifactregistry.repositories.get",
+        "artifactregistry.repositories.getIamPolicy",
+        "artifactregistry.repositories.setIamPolicy",
+        "artifactregistry.repositories.update",
+    }
+)
 PROJECT_IAM_WRITER_PERMISSIONS = frozenset(
     {"resourcemanager.projects.getIamPolicy", "resourcemanager.projects.setIamPolicy"}
 )
@@ -518,6 +552,14 @@ BOOTSTRAP_GRANTS = (
         condition="resource.name",
     ),
     Grant(
+        (PROJECT_IAM_MEMBER,),
+        f"custom:{STACK_REPOSITORY_ROLE_ID}",
+        _DEPLOY,
+        "the stacks' own Dataflow image repositories only",
+        "the CI deploy account",
+        condition="resource.name",
+    ),
+    Grant(
         (SA_IAM_MEMBER,),
         "roles/iam.workloadIdentityUser",
         WIF_POOL_PRINCIPAL_SET,
@@ -569,6 +611,7 @@ BOOTSTRAP = Profile(
         STACK_INSTANCE_ROLE_ID: STACK_INSTANCE_PERMISSIONS,
         STACK_BUCKET_ROLE_ID: STACK_BUCKET_PERMISSIONS,
         STACK_SECRET_ROLE_ID: STACK_SECRET_PERMISSIONS,
+        STACK_REPOSITORY_ROLE_ID: STACK_REPOSITORY_PERMISSIONS,
         RECOVERY_ROLE_ID: RECOVERY_PERMISSIONS,
         GPU_RECOVERY_ROLE_ID: GPU_RECOVERY_PERMISSIONS,
     },

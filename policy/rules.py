@@ -390,6 +390,7 @@ def _grant_problem(
         if not member_match:
             continue
         if grant.target is not None:
+            target = str(_get(props, grant.target_key) or "")
             target_match = re.fullmatch(grant.target, target)
             if not target_match:
                 continue
@@ -1035,6 +1036,11 @@ def _validate_own_targets(args: StackValidationArgs, report_violation: ReportVio
         for r in args.resources
         if r.resource_type == ACCOUNT
     }
+    repositories = {
+        (str(_get(r.props, "repositoryId")), _get(r.props, "location"))
+        for r in args.resources
+        if r.resource_type == allowlist.REPOSITORY
+    }
     for resource in args.resources:
         type_, props = resource.resource_type, resource.props
         lowered = type_.lower()
@@ -1052,6 +1058,14 @@ def _validate_own_targets(args: StackValidationArgs, report_violation: ReportVio
             if secret not in secrets:
                 report_violation(
                     f"{MSG_FOREIGN_TARGET}: secret {secret!r} is not a secret of this stack",
+                    resource.urn,
+                )
+        elif lowered.startswith("gcp:artifactregistry/repositoryiam"):
+            repository = str(_get(props, "repository") or "").rsplit("/", 1)[-1]
+            if (repository, _get(props, "location")) not in repositories:
+                report_violation(
+                    f"{MSG_FOREIGN_TARGET}: Artifact Registry repository {repository!r} in "
+                    f"{_get(props, 'location')!r} is not a repository of this stack",
                     resource.urn,
                 )
         elif lowered.startswith("gcp:serviceaccount/iam"):
@@ -1287,8 +1301,9 @@ def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
         ),
         StackValidationPolicy(
             name="grants-on-own-resources",
-            description="Bucket, secret and service-account grants are on resources the "
-            "same stack creates (never on the state bucket or another stack's account).",
+            description="Bucket, secret, service-account and image-repository grants are on "
+            "resources the same stack creates (never on the state bucket or another stack's "
+            "account).",
             validate=_validate_own_targets,
             enforcement_level=EnforcementLevel.MANDATORY,
         ),

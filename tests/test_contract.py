@@ -72,3 +72,56 @@ def test_infra_resolves_auto_to_jax_for_the_payloads_jax_only_families():
         document["model"] = {"family": family}
         assert jobspec.model_family(document) == family
     assert jobspec.model_family({"model": {}}) is None
+
+
+def _dataflow_target() -> jobspec.DataflowTarget:
+    return jobspec.DataflowTarget(
+        project="tpu-pretrain-test",
+        region="europe-west4",
+        service_account_email="tp-x-dataflow@tpu-pretrain-test.iam.gserviceaccount.com",
+        subnet_name="tp-x-vpc-europe-west4",
+        sdk_container_image="europe-west4-docker.pkg.dev/tpu-pretrain-test/tp-x-dataflow/"
+        "encode:0123456789abcdef",
+    )
+
+
+def _dataflow_template(stack_file: Path) -> dict:
+    config = yaml.safe_load(stack_file.read_text())["config"]
+    template = jobspec.load_template(ROOT / config["tpu-pretrain:job"])
+    template.setdefault("data", {}).update(
+        runner="beam", beam={"runner": "DataflowRunner", "options": {"max_num_workers": 8}}
+    )
+    return template
+
+
+@pytest.mark.parametrize("stack_file", STACKS, ids=[p.name for p in STACKS])
+def test_every_stack_dataflow_job_spec_is_valid_for_the_payload(stack_file):
+    """tpu-pretrain:dataflow: the Beam options infra renders for a job on DataflowRunner
+    (infra.jobspec.dataflow_options, the worker image included) pass the payload's allowlist
+    and its required options, and arrive unchanged."""
+    target = _dataflow_target()
+    rendered = jobspec.render_job_spec(_dataflow_template(stack_file), BUCKET, target)
+    document = json.loads(jobspec.to_json(rendered))
+    job = spec.parse_job(document, source=jobspec.job_uri(BUCKET, document["name"]))
+    assert (job.data.runner, job.data.beam.runner) == ("beam", "DataflowRunner")
+    assert dict(job.data.beam.options) == {
+        **jobspec.dataflow_options(target, BUCKET),
+        "max_num_workers": 8,
+    }
+    assert job.data.beam.options["sdk_container_image"] == target.sdk_container_image
+
+
+def test_infra_renders_every_option_the_payload_requires_for_dataflow():
+    """Every option the payload requires with DataflowRunner is one infra renders (and a
+    template may not set); so a rendered spec missing one is refused by the payload."""
+    rendered_keys = set(jobspec.dataflow_options(_dataflow_target(), BUCKET))
+    assert set(spec.BEAM_DATAFLOW_REQUIRED) <= rendered_keys
+    assert rendered_keys == set(jobspec.DATAFLOW_OPTION_KEYS)
+    assert rendered_keys <= set(spec.BEAM_OPTIONS)
+    # The payload refuses the same spec with any one of them left out.
+    rendered = jobspec.render_job_spec(_dataflow_template(STACKS[0]), BUCKET, _dataflow_target())
+    for key in spec.BEAM_DATAFLOW_REQUIRED:
+        document = json.loads(jobspec.to_json(rendered))
+        del document["data"]["beam"]["options"][key]
+        with pytest.raises(SpecError, match=rf"DataflowRunner needs {key}"):
+            spec.parse_job(document, source=jobspec.job_uri(BUCKET, document["name"]))

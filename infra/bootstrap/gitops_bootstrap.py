@@ -46,6 +46,8 @@ STACK_ACCOUNT_USER_ROLE_ID = "tpuPretrainStackAccountUser"  # actAs on the stack
 STACK_INSTANCE_ROLE_ID = "tpuPretrainStackInstances"  # the stacks' own VMs only
 STACK_BUCKET_ROLE_ID = "tpuPretrainStackBuckets"  # the stacks' own buckets and objects only
 STACK_SECRET_ROLE_ID = "tpuPretrainStackSecrets"  # noqa: S105 (a role id, not a secret)
+# The Dataflow workers' image repositories of stacks with tpu-pretrain:dataflow only.
+STACK_REPOSITORY_ROLE_ID = "tpuPretrainStackRepositories"
 # The main program binds this role by name (infra/components/recovery.py RECOVERY_ROLE_ID).
 RECOVERY_ROLE_ID = "tpuPretrainTpuRecovery"
 # ... and this one for GPU stacks (infra/components/recovery.py GPU_RECOVERY_ROLE_ID).
@@ -258,6 +260,19 @@ PERMISSIONS_BY_TYPE: dict[str, tuple[str, ...]] = {
         "secretmanager.secrets.getIamPolicy",
         "secretmanager.secrets.setIamPolicy",
     ),
+    # tpu-pretrain:dataflow: the workers' image repository and its read grant
+    # (infra/components/dataflow.py; Artifact Registry's access-control page lists these
+    # permissions for repositories).
+    "gcp:artifactregistry/repository:Repository": (
+        "artifactregistry.repositories.create",
+        "artifactregistry.repositories.delete",
+        "artifactregistry.repositories.get",
+        "artifactregistry.repositories.update",
+    ),
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": (
+        "artifactregistry.repositories.getIamPolicy",
+        "artifactregistry.repositories.setIamPolicy",
+    ),
     # Local providers: no Google API call.
     "random:index/randomBytes:RandomBytes": (),
     "time:index/sleep:Sleep": (),
@@ -309,12 +324,24 @@ STACK_SECRET_PERMISSIONS = tuple(
     for p in PERMISSIONS_BY_TYPE[t]
     if p != "secretmanager.secrets.create"
 )  # fmt: skip
+# A repository's settings and IAM policy: only the stacks' own Dataflow image repositories
+# ("projects/<p>/locations/<l>/repositories/tp-<stack>-dataflow"; whether Artifact Registry
+# evaluates conditions on that resource name is only shown on GCP:
+# docs/verified-offline-vs-gcp.md). Creating is checked on the project: in the deployer role.
+STACK_REPOSITORY_PERMISSIONS = tuple(
+    p
+    for t in ("gcp:artifactregistry/repository:Repository",
+              "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")
+    for p in PERMISSIONS_BY_TYPE[t]
+    if p != "artifactregistry.repositories.create"
+)  # fmt: skip
 CONDITIONAL_PERMISSIONS = (
     frozenset(STACK_ACCOUNT_USER_PERMISSIONS)
     | frozenset(PROJECT_IAM_WRITER_PERMISSIONS)
     | frozenset(STACK_INSTANCE_PERMISSIONS)
     | frozenset(STACK_BUCKET_PERMISSIONS)
     | frozenset(STACK_SECRET_PERMISSIONS)
+    | frozenset(STACK_REPOSITORY_PERMISSIONS)
 )
 
 # The deployer role: every permission of the table that is not conditional, sorted.
@@ -386,6 +413,15 @@ def stack_secret_condition() -> str:
     return (
         f"resource.name.matches('^projects/[^/]+/secrets/{STACK_ACCOUNT_PREFIX}[a-z0-9-]+"
         "(/versions/[^/]+)?$')"
+    )
+
+
+def stack_repository_condition() -> str:
+    """The stacks' Dataflow image repositories (infra/components/dataflow.py repository_id:
+    "tp-<stack>-dataflow")."""
+    return (
+        "resource.name.matches('^projects/[^/]+/locations/[^/]+/repositories/"
+        f"{STACK_ACCOUNT_PREFIX}[a-z0-9-]+-dataflow$')"
     )
 
 
@@ -818,6 +854,17 @@ def define(cfg: BootstrapConfig) -> None:
                 "title": "stack-secrets-only",
                 "description": "Secrets named tp-<stack>-... and their versions only.",
                 "expression": stack_secret_condition(),
+            },
+        ),
+        (
+            "stack-repository-role",
+            STACK_REPOSITORY_ROLE_ID,
+            "tpu-pretrain stack image repositories",
+            STACK_REPOSITORY_PERMISSIONS,
+            {
+                "title": "stack-repositories-only",
+                "description": "Artifact Registry repositories named tp-<stack>-dataflow only.",
+                "expression": stack_repository_condition(),
             },
         ),
     )

@@ -21,7 +21,18 @@ permissions" and "Access control with IAM" pages, dataflow/docs/concepts/...):
   firewall rules" for Dataflow: an ingress rule between VMs with the network tag `dataflow`,
   which Dataflow puts on its workers); they have no public IPs (job option
   no_use_public_ips, infra.jobspec.dataflow_options) and reach Cloud Storage and Google APIs
-  through the subnet's Private Google Access (infra/components/network.py).
+  through the subnet's Private Google Access (infra/components/network.py);
+- the workers' container image (the payload requires `sdk_container_image` with
+  DataflowRunner: its own code is not on PyPI and workers without public IPs install nothing,
+  docs/encoding-at-scale.md): an Artifact Registry Docker repository of the stack in its
+  region, which only the worker account may read (roles/artifactregistry.reader on that
+  repository: Artifact Registry's "Integrate with Compute Engine" page names the reader role
+  for a VM's account that pulls images, and a repository-level grant for one repository;
+  that Dataflow workers pull as the worker account is what only a real job shows). No account of the
+  stack may write it: the user builds and pushes the image (docs/deploy-gcp.md), with a
+  writer grant on this one repository that the stack does not make; a writer grant to the
+  controller would let whatever runs there replace the code every worker runs as the
+  worker account, and the controller has no Docker to build with.
 """
 
 from __future__ import annotations
@@ -44,6 +55,10 @@ WORKER_BUCKET_ROLE = "roles/storage.objectUser"
 # worker-to-worker traffic (12345 streaming, 12346 batch shuffle without Dataflow Shuffle).
 WORKER_TAG = "dataflow"
 WORKER_PORTS = "12345-12346"
+IMAGE_REGISTRY_API = "artifactregistry.googleapis.com"
+IMAGE_READER_ROLE = "roles/artifactregistry.reader"
+# The image's name in the repository; its tag is the payload archive's digest (below).
+IMAGE_NAME = "encode"
 
 
 def worker_account_id(prefix: str) -> str:
@@ -56,6 +71,27 @@ def worker_email(prefix: str, project: str) -> str:
     return f"{worker_account_id(prefix)}@{project}.iam.gserviceaccount.com"
 
 
+def repository_id(prefix: str) -> str:
+    return f"{prefix}-dataflow"
+
+
+def image_tag(payload_sha256: str) -> str:
+    """The image's tag: the first 16 hex digits of the payload archive's sha256, the same as
+    in the archive's name (infra.render.PayloadArchive, tpu-pretrain-payload-<that>.tar.gz),
+    so a job names exactly the image built from the source it runs."""
+    return payload_sha256[:16]
+
+
+def image_uri(region: str, project: str, prefix: str, payload_sha256: str) -> str:
+    """Artifact Registry's Docker image path (LOCATION-docker.pkg.dev/PROJECT/REPOSITORY/
+    IMAGE:TAG, Artifact Registry's "Push and pull images" page): known before the
+    repository exists, so the job spec can name it (infra.jobspec.DataflowTarget)."""
+    return (
+        f"{region}-docker.pkg.dev/{project}/{repository_id(prefix)}/{IMAGE_NAME}:"
+        f"{image_tag(payload_sha256)}"
+    )
+
+
 @dataclass(frozen=True)
 class DataflowAccessArgs:
     project: str
@@ -65,11 +101,14 @@ class DataflowAccessArgs:
     launcher_member: pulumi.Input[str]  # the controller's account (serviceAccount:...)
     network: pulumi.Input[str]  # the stack's VPC (id)
     network_name: str
+    region: str  # the stack's region (the bucket's): the image repository's location
+    labels: dict[str, str]
 
 
 class DataflowAccess(pulumi.ComponentResource):
-    """The worker account with its two grants, the launcher's two grants and the firewall
-    rule between workers. The Dataflow API itself is in ProjectApis (program.py)."""
+    """The worker account with its two grants, the launcher's two grants, the firewall rule
+    between workers, and the workers' image repository with its one read grant. The Dataflow
+    and Artifact Registry APIs themselves are in ProjectApis (program.py)."""
 
     def __init__(
         self, name: str, args: DataflowAccessArgs, opts: pulumi.ResourceOptions | None = None
@@ -128,5 +167,35 @@ class DataflowAccess(pulumi.ComponentResource):
             log_config={"metadata": "INCLUDE_ALL_METADATA"},
             opts=child,
         )
+        # Inputs as pulumi-gcp 10.2 documents them (artifactregistry/repository.py): format
+        # DOCKER, mode STANDARD_REPOSITORY (its default, written out: not a remote or virtual
+        # repository that would pull from elsewhere), docker_config.immutable_tags.
+        self.image_repository = gcp.artifactregistry.Repository(
+            f"{name}-images",
+            project=args.project,
+            location=args.region,
+            repository_id=repository_id(args.prefix),
+            format="DOCKER",
+            mode="STANDARD_REPOSITORY",
+            description=f"tpu-pretrain {args.stack}: the Dataflow workers' container image",
+            # A tag, once pushed, always names the same image: the tag is the payload's
+            # digest, so a job can never run an image rebuilt from other source under it.
+            docker_config={"immutable_tags": True},
+            labels=args.labels,
+            opts=child,
+        )
+        # No cleanup policy: a job spec of an earlier payload version names its own image,
+        # and deleting it would break a re-run of that job; old images are deleted by hand.
+        self.image_reader = gcp.artifactregistry.RepositoryIamMember(
+            f"{name}-image-reader",
+            project=args.project,
+            location=self.image_repository.location,
+            repository=self.image_repository.repository_id,
+            role=IMAGE_READER_ROLE,
+            member=self.worker.member,
+            opts=child,
+        )
         self.worker_email = self.worker.email
-        self.register_outputs({"workerEmail": self.worker_email})
+        self.register_outputs(
+            {"workerEmail": self.worker_email, "imageRepository": self.image_repository.name}
+        )

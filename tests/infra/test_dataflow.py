@@ -5,14 +5,16 @@ infra.jobspec.dataflow_options)."""
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
 from harness import config_error, of_type, one, run_offline
 
-from infra import jobspec
+from infra import jobspec, render
 
 ON = {"tpu-pretrain:dataflow": True}
 PROJECT = "tpu-pretrain-test"  # infra.offline.DEFAULT_TEST_PROJECT
@@ -24,6 +26,8 @@ BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 FIREWALL = "gcp:compute/firewall:Firewall"
 SUBNET = "gcp:compute/subnetwork:Subnetwork"
 JOB_OBJECT = "gcp:storage/bucketObject:BucketObject"
+REPOSITORY = "gcp:artifactregistry/repository:Repository"
+REPOSITORY_MEMBER = "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -62,6 +66,8 @@ def test_dataflow_is_off_by_default(stack):
     run = run_offline(stack)
     services = {r.inputs["service"] for r in of_type(run.resources, SERVICE)}
     assert "dataflow.googleapis.com" not in services
+    assert "artifactregistry.googleapis.com" not in services
+    assert not of_type(run.resources, REPOSITORY) and not of_type(run.resources, REPOSITORY_MEMBER)
     assert not [r for r in run.resources if r.name.startswith("dataflow")]
     assert not [r for r in of_type(run.resources, ACCOUNT) if "dataflow" in r.inputs["accountId"]]
     roles = {r.inputs["role"] for r in of_type(run.resources, PROJECT_MEMBER)}
@@ -80,6 +86,12 @@ def test_dataflow_on_creates_exactly_what_the_workers_and_the_launcher_need():
     assert _named(run, "apis-dataflow").inputs == {
         "project": PROJECT,
         "service": "dataflow.googleapis.com",
+        "disableOnDestroy": False,
+        "disableDependentServices": False,
+    }
+    assert _named(run, "apis-artifactregistry").inputs == {
+        "project": PROJECT,
+        "service": "artifactregistry.googleapis.com",
         "disableOnDestroy": False,
         "disableDependentServices": False,
     }
@@ -124,11 +136,39 @@ def test_dataflow_on_creates_exactly_what_the_workers_and_the_launcher_need():
         "targetTags": ["dataflow"],
         "logConfig": {"metadata": "INCLUDE_ALL_METADATA"},
     }
+    # The workers' image repository, in the stack's region, tags immutable; read by the worker
+    # account only, on this repository (no project-level Artifact Registry role, no writer).
+    assert _named(run, "dataflow-images").inputs == {
+        "project": PROJECT,
+        "location": "europe-west4",
+        "repositoryId": f"{prefix}-dataflow",
+        "format": "DOCKER",
+        "mode": "STANDARD_REPOSITORY",
+        "description": "tpu-pretrain v3-euw4: the Dataflow workers' container image",
+        "dockerConfig": {"immutableTags": True},
+        "labels": {"app": "tpu-pretrain", "stack": "v3-euw4", "job": "bert-small-mlm"},
+    }
+    assert [r.inputs for r in of_type(run.resources, REPOSITORY_MEMBER)] == [
+        {
+            "project": PROJECT,
+            "location": "europe-west4",
+            "repository": f"{prefix}-dataflow",
+            "role": "roles/artifactregistry.reader",
+            "member": f"serviceAccount:{worker}",
+        }
+    ]
+    assert not [
+        r
+        for r in of_type(run.resources, PROJECT_MEMBER)
+        if r.inputs["role"].startswith("roles/artifactregistry.")
+    ]
     # Nothing else: the component's children are exactly these (plus the account's settle).
     children = sorted(r.name for r in run.resources if r.name.startswith("dataflow"))
     assert children == [
         "dataflow",
         "dataflow-allow-workers",
+        "dataflow-image-reader",
+        "dataflow-images",
         "dataflow-launcher",
         "dataflow-launcher-acts-as-worker",
         "dataflow-worker",
@@ -142,14 +182,24 @@ def test_dataflow_on_creates_exactly_what_the_workers_and_the_launcher_need():
 def test_grants_naming_the_worker_account_wait_for_it_to_settle_and_the_controller_waits():
     run = run_offline("v3-euw4", ON)
     settle = _named(run, "dataflow-worker-identity-settle")
-    for name in ("dataflow-worker", "dataflow-worker-objects", "dataflow-launcher-acts-as-worker"):
+    for name in (
+        "dataflow-worker",
+        "dataflow-worker-objects",
+        "dataflow-launcher-acts-as-worker",
+        "dataflow-image-reader",
+    ):
         assert settle.urn in _named(run, name).options["dependencies"], name
     controller = one(
         [r for r in run.resources if r.name == "controller-vm"], "gcp:compute/instance:Instance"
     )
     # Depending on the component is depending on its children: the controller may launch a
     # Dataflow job on its first boot, once the grants exist.
-    for name in ("dataflow-launcher", "dataflow-launcher-acts-as-worker", "dataflow-worker"):
+    for name in (
+        "dataflow-launcher",
+        "dataflow-launcher-acts-as-worker",
+        "dataflow-worker",
+        "dataflow-image-reader",
+    ):
         assert _named(run, name).urn in controller.options["dependencies"], name
 
 
@@ -164,7 +214,29 @@ def test_the_stack_exports_the_options_a_launch_from_your_machine_passes():
         "temp_location": f"{bucket}/dataflow/tmp",
         "staging_location": f"{bucket}/dataflow/staging",
         "no_use_public_ips": True,
+        "sdk_container_image": "europe-west4-docker.pkg.dev/tpu-pretrain-test/"
+        f"tp-v3-euw4-dataflow/encode:{render.build_payload_archive().sha256[:16]}",
     }
+
+
+def test_the_image_tag_is_the_digest_of_the_uploaded_payload_archive():
+    """The job names exactly the image built from the archive the stack uploads: its tag is
+    the digest in the archive's name, and the archive holds what the image is built from."""
+    run = run_offline("v3-euw4", ON)
+    image = run.exports["dataflowOptions"]["sdk_container_image"]
+    payload_uri = run.exports["payloadUri"]
+    digest = payload_uri.rsplit("tpu-pretrain-payload-", 1)[1].removesuffix(".tar.gz")
+    assert image.endswith(f"/encode:{digest}")
+    archive = render.build_payload_archive()
+    assert payload_uri.endswith(f"/{archive.name}")
+    with tarfile.open(fileobj=io.BytesIO(archive.data)) as tar:
+        names = set(tar.getnames())
+    assert {"requirements/beam.txt", "requirements/beam.Dockerfile", "pyproject.toml"} <= names
+    # The Dockerfile the docs show is the file the image is built from.
+    doc = (ROOT / "docs/encoding-at-scale.md").read_text()
+    dockerfile = (ROOT / "requirements/beam.Dockerfile").read_text()
+    body = "\n".join(line for line in dockerfile.splitlines() if not line.startswith("#"))
+    assert f"```dockerfile\n{body.strip()}\n```" in doc.replace("\n  ", "\n")
 
 
 @pytest.mark.parametrize(
@@ -260,6 +332,9 @@ def test_the_offline_plan_shows_the_dataflow_resources_and_options():
     assert 'role="roles/dataflow.developer"' in row("dataflow-launcher")
     assert 'role="roles/iam.serviceAccountUser"' in row("dataflow-launcher-acts-as-worker")
     assert 'sourceTags=["dataflow"] targetTags=["dataflow"]' in row("dataflow-allow-workers")
+    assert 'repositoryId="tp-v3-euw4-dataflow"' in row("dataflow-images")
+    assert 'format="DOCKER"' in row("dataflow-images")
+    assert 'role="roles/artifactregistry.reader"' in row("dataflow-image-reader")
     [options] = [line for line in lines if line.startswith("  dataflowOptions: ")]
     shown = json.loads(options.removeprefix("  dataflowOptions: "))
     assert shown["subnetwork"] == "regions/europe-west4/subnetworks/tp-v3-euw4-vpc-europe-west4"

@@ -256,6 +256,7 @@ def test_deploy_account_roles(run: Run) -> None:
         "projects/tpu-pretrain-example/roles/tpuPretrainStackInstances",
         "projects/tpu-pretrain-example/roles/tpuPretrainStackBuckets",
         "projects/tpu-pretrain-example/roles/tpuPretrainStackSecrets",
+        "projects/tpu-pretrain-example/roles/tpuPretrainStackRepositories",
     }
     deployer = run.named("deployer-role").inputs["permissions"]
     assert len(deployer) == len(set(deployer))
@@ -277,6 +278,12 @@ def test_deploy_account_roles(run: Run) -> None:
     assert not {p for p in deployer if p.startswith("compute.instances.")}
     assert run.named("deploy-stack-instances").inputs["condition"]["expression"] == (
         "resource.name.matches('^projects/[^/]+/zones/[^/]+/instances/tp-[a-z0-9-]+$')"
+    )
+    # A repository's settings and IAM policy: only the stacks' Dataflow image repositories.
+    assert not {p for p in deployer if p.startswith("artifactregistry.") and "create" not in p}
+    assert run.named("deploy-stack-repositorys").inputs["condition"]["expression"] == (
+        "resource.name.matches('^projects/[^/]+/locations/[^/]+/repositories/"
+        "tp-[a-z0-9-]+-dataflow$')"
     )
     stack_accounts = run.named("deploy-stack-accounts").inputs["condition"]["expression"]
     assert stack_accounts == (
@@ -309,6 +316,7 @@ REVIEWED_PROJECT_WIDE = {
         "compute.networks.create", "compute.routers.create", "compute.subnetworks.create",
         "iam.serviceAccounts.create", "secretmanager.secrets.create", "storage.buckets.create",
         "tpu.nodes.create", "serviceusage.services.enable",
+        "artifactregistry.repositories.create",
     ),
     "using shared plumbing in what it creates (an image, a subnet, an address)": (
         "compute.addresses.use", "compute.images.useReadOnly", "compute.routers.use",

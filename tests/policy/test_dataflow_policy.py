@@ -27,9 +27,13 @@ def test_a_stack_with_dataflow_passes(stack: str) -> None:
     stack_resources = resources(stack, ON)
     names = {name for _, name, _, _ in stack_resources}
     # The pack really sees the Dataflow resources (or zero violations means nothing).
-    assert {"dataflow-worker", "dataflow-launcher-acts-as-worker", "dataflow-allow-workers"} <= (
-        names
-    )
+    assert {
+        "dataflow-worker",
+        "dataflow-launcher-acts-as-worker",
+        "dataflow-allow-workers",
+        "dataflow-images",
+        "dataflow-image-reader",
+    } <= names
     assert run_pack(stack_resources) == []
 
 
@@ -72,6 +76,17 @@ WIDENED = {
             f"tp-other-dataflow@{PROJECT}.iam.gserviceaccount.com"
         ),
     ),
+    "image-reader-to-all-users": ("dataflow-image-reader", _set(member="allUsers")),
+    "image-reader-to-the-controller": ("dataflow-image-reader", _set(member=CONTROLLER)),
+    "image-reader-to-a-user": ("dataflow-image-reader", _set(member="user:someone@example.com")),
+    "image-reader-becomes-writer": (
+        "dataflow-image-reader",
+        _set(role="roles/artifactregistry.writer"),
+    ),
+    "image-reader-on-another-stacks-repository": (
+        "dataflow-image-reader",
+        _set(repository="tp-other-dataflow"),
+    ),
     "act-as-worker-becomes-token-creator": (
         "dataflow-launcher-acts-as-worker",
         _set(role="roles/iam.serviceAccountTokenCreator"),
@@ -92,6 +107,7 @@ def test_a_widened_dataflow_grant_is_refused(
     assert "allowed-iam-grants" in policies, violations
     assert policies <= {
         "allowed-iam-grants",
+        "no-public-principals",
         "no-basic-or-admin-roles-for-service-accounts",
         "grants-on-own-resources",
     }
@@ -111,6 +127,42 @@ def test_act_as_granted_on_the_project_is_refused() -> None:
     violations = run_pack([*resources(STACK, ON), extra])
     assert [v.policy for v in violations] == ["allowed-iam-grants"]
     assert "roles/iam.serviceAccountUser" in violations[0].message
+
+
+@pytest.mark.parametrize("role", ["roles/artifactregistry.reader", "roles/artifactregistry.writer"])
+def test_artifact_registry_roles_on_the_project_are_refused(role: str) -> None:
+    """The image is read on the stack's repository only: on the project the worker account
+    would read every repository of the project."""
+    extra = _extra(
+        "gcp:projects/iAMMember:IAMMember",
+        {"project": PROJECT, "role": role, "member": f"serviceAccount:{WORKER}"},
+    )
+    violations = run_pack([*resources(STACK, ON), extra])
+    assert [v.policy for v in violations] == ["allowed-iam-grants"]
+
+
+def test_a_writer_grant_on_the_repository_is_refused() -> None:
+    """The stack grants nobody write on its repository (the user pushes with a grant of
+    their own, docs/deploy-gcp.md): a writer grant, to the worker or anyone, is refused."""
+    for member in (f"serviceAccount:{WORKER}", CONTROLLER, "user:someone@example.com"):
+        extra = _extra(
+            "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember",
+            {
+                "project": PROJECT,
+                "location": "europe-west4",
+                "repository": f"tp-{STACK}-dataflow",
+                "role": "roles/artifactregistry.writer",
+                "member": member,
+            },
+        )
+        violations = run_pack([*resources(STACK, ON), extra])
+        assert [v.policy for v in violations] == ["allowed-iam-grants"], member
+
+
+def test_a_reader_grant_on_a_repository_the_stack_does_not_create_is_refused() -> None:
+    """The same stack-named repository in another region is not the stack's."""
+    violations, urn = _edited("dataflow-image-reader", _set(location="us-central1"))
+    assert [(v.policy, v.urn) for v in violations] == [("grants-on-own-resources", urn)]
 
 
 def test_the_worker_account_gets_no_other_project_role() -> None:

@@ -57,6 +57,9 @@ def llama_job(directory: Path, backend: str | None = None) -> str:
     template["name"] = "llama-tiny-clm"
     template["model"] = {"family": "llama", "size": "tiny"}
     template["train"].pop("backend", None)
+    # 256 sequences of 256 tokens would not fit the T4 stack's one 16 GB GPU: infra runs the
+    # payload's plan and refuses the stack (tests/infra/test_jobfit.py); 32 fit.
+    template["train"]["global_batch_size"] = 32
     if backend is not None:
         template["train"]["backend"] = backend
     path = directory / f"llama-{backend or 'auto'}.yaml"

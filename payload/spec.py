@@ -148,13 +148,7 @@ LLAMA_CONFIG_KEYS = {
 # google-research/electra configure_pretraining.py), in (0, 1].
 ELECTRA_CONFIG_KEYS = {
     "embedding_size": int,
-    "hidden_size": int,
-    "num_hidden_layers": int,
-    "num_attention_heads": int,
-    "intermediate_size": int,
-    "max_position_embeddings": int,
-    "hidden_dropout_prob": float,
-    "attention_probs_dropout_prob": float,
+    **BERT_CONFIG_KEYS,
     "generator_hidden_size": float,
 }
 CONFIG_KEYS = {

@@ -71,6 +71,25 @@ def _dense(units: int, config: Any, name: str) -> layers.Dense:
     return layers.Dense(units, kernel_initializer=_init(config), name=name)
 
 
+def _bert_embeddings(config: Any, width: int) -> tuple[Any, Any, Any]:
+    """BERT's word, position and token-type tables (layer names word, position, type: the
+    checkpoint and export key on them), shared by the BERT/RoBERTa encoder and ELECTRA."""
+    return (
+        layers.Embedding(
+            int(config.vocab_size), width, embeddings_initializer=_init(config), name="word"
+        ),
+        layers.Embedding(
+            int(config.max_position_embeddings),
+            width,
+            embeddings_initializer=_init(config),
+            name="position",
+        ),
+        layers.Embedding(
+            int(config.type_vocab_size), width, embeddings_initializer=_init(config), name="type"
+        ),
+    )
+
+
 class SelfAttention(layers.Layer):
     """Multi-head attention with biases; `causal` adds GPT-2's lower-triangular mask."""
 
@@ -133,17 +152,8 @@ class MaskedLM(keras.Model):
         super().__init__(**kwargs)
         self.config, self.family = config, family
         width, eps = int(config.hidden_size), float(config.layer_norm_eps)
-        self.word_embeddings = layers.Embedding(
-            int(config.vocab_size), width, embeddings_initializer=_init(config), name="word"
-        )
-        self.position_embeddings = layers.Embedding(
-            int(config.max_position_embeddings),
-            width,
-            embeddings_initializer=_init(config),
-            name="position",
-        )
-        self.token_type_embeddings = layers.Embedding(
-            int(config.type_vocab_size), width, embeddings_initializer=_init(config), name="type"
+        self.word_embeddings, self.position_embeddings, self.token_type_embeddings = (
+            _bert_embeddings(config, width)
         )
         self.embedding_norm = layers.LayerNormalization(epsilon=eps, name="embedding_norm")
         self.dropout = layers.Dropout(float(config.hidden_dropout_prob))
@@ -423,17 +433,8 @@ class Electra(keras.Model):
         self.generator_config = model_lib.generator_config(config)
         gen = self.generator_config
         width, eps = int(config.embedding_size), float(config.layer_norm_eps)
-        self.word_embeddings = layers.Embedding(
-            int(config.vocab_size), width, embeddings_initializer=_init(config), name="word"
-        )
-        self.position_embeddings = layers.Embedding(
-            int(config.max_position_embeddings),
-            width,
-            embeddings_initializer=_init(config),
-            name="position",
-        )
-        self.token_type_embeddings = layers.Embedding(
-            int(config.type_vocab_size), width, embeddings_initializer=_init(config), name="type"
+        self.word_embeddings, self.position_embeddings, self.token_type_embeddings = (
+            _bert_embeddings(config, width)
         )
         self.embedding_norm = layers.LayerNormalization(epsilon=eps, name="embedding_norm")
         self.dropout = layers.Dropout(float(config.hidden_dropout_prob))

@@ -53,6 +53,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_jax_loop import cli as _payload_cli  # tpu-payload in a child, errors fatal
+
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "examples" / "corpus"
 SEQ, BATCH, VOCAB = 128, 32, 2000
@@ -197,19 +199,8 @@ def training_flops_per_step(family: str, config, tokens: int, slots: int) -> int
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO)}
-    env.pop("XLA_FLAGS", None)
-    result = subprocess.run(
-        [sys.executable, "-m", "payload", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-        cwd=REPO,
-    )
-    if result.returncode != 0:
-        sys.exit(f"tpu-payload {' '.join(args)} failed:\n{result.stderr[-3000:]}")
-    return result
+    """`tpu-payload ARGS` with this repository's payload (bench_jax_loop.cli)."""
+    return _payload_cli(REPO, *args)
 
 
 def job_document(root: Path, objective: str, steps: int) -> dict:

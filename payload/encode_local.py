@@ -38,11 +38,11 @@ from payload.encode_outputs import (
     STAGE,
     SourceUse,
     Totals,
-    _metrics,
     build_manifest,
     complete_status,
     shard_names,
     source_status,
+    status_metrics,
     write_stage_and_manifest,
 )
 from payload.encode_rules import (
@@ -356,7 +356,7 @@ def _encode_to(
         status.update(
             stage=STAGE,
             progress=read_bytes / max(total, 1),
-            **_metrics(
+            **status_metrics(
                 records=assembler.train.total_records,
                 eval_records=assembler.held_out.total_records,
                 tokens=assembler.tokens,

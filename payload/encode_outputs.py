@@ -169,7 +169,7 @@ def complete_status(
             f"{manifest.total_records} sequences, {len(manifest.shards)} shards "
             f"(held out: {manifest.eval_records} sequences) in {job.paths.data}"
         ),
-        **_metrics(
+        **status_metrics(
             records=manifest.total_records,
             shards=len(manifest.shards),
             eval_records=manifest.eval_records,
@@ -180,6 +180,6 @@ def complete_status(
     )
 
 
-def _metrics(**figures: Any) -> dict[str, Any]:
+def status_metrics(**figures: Any) -> dict[str, Any]:
     """status.json metrics as one mapping (figures computed under names of their own)."""
     return figures

@@ -1,10 +1,12 @@
 """The encode stage as an Apache Beam pipeline (``data.runner: beam``): same output as local.
 
-The pipeline runs the functions of ``payload/encode.py`` (``GroupTokenizer``,
-``within_budget``, ``held_out_fraction``, ``pack_group``, ``records.frame_records``,
-``build_manifest``) and writes the same shards and the same manifest, byte for byte, as the
-local encoder (``tests/payload/test_encode_beam.py`` checks 1, 2 and 4 workers). What the
-local encoder gets from reading in order, the pipeline gets from small side inputs:
+The pipeline runs the rules of ``payload/encode_rules.py`` (``GroupTokenizer``,
+``within_budget``, ``held_out_fraction``, ``pack_group``), ``records.frame_records`` and
+the outputs of ``payload/encode_outputs.py`` (``shard_names``, ``build_manifest``), and
+writes the same shards and the same manifest, byte for byte, as the local encoder
+(``payload/encode_local.py``; ``tests/payload/test_encode_beam.py`` checks 1, 2 and 4
+workers); it imports neither the stage's door nor the local runner. What the local encoder
+gets from reading in order, the pipeline gets from small side inputs:
 
 1. read: one element per corpus file (source, file number, path) -> its groups
    (``corpus.iter_groups`` on that file alone) and its reading statistics;
@@ -19,7 +21,7 @@ local encoder gets from reading in order, the pipeline gets from small side inpu
    shard's final name (a whole file per write: a local temp file renamed, or one object
    upload); their names, records, bytes and sha256 go to a summary file;
 7. the launching process reads the summary and writes ``stage.json`` and then
-   ``manifest.json`` (create-only) itself, with ``encode.build_manifest``.
+   ``manifest.json`` (create-only) itself, with ``encode_outputs.build_manifest``.
 
 The manifest is the commit point: until it exists the data is unfinished (the trainer waits
 for it), and a re-run removes what an unfinished run left (as the local runner does) and
@@ -49,7 +51,8 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.transforms.combiners import ToList
 
 from payload import corpus, records, storage
-from payload import encode as enc
+from payload import encode_outputs as outputs
+from payload import encode_rules as rules
 from payload import manifest as mf
 from payload.errors import CorpusError, DataError, UserError
 from payload.spec import JobSpec
@@ -133,12 +136,12 @@ class _ReadFile:
 
 
 class _Tokenize(beam.DoFn):
-    def __init__(self, tokenizer_path: str, tokenizer_sha: str, plan: enc.Plan):
+    def __init__(self, tokenizer_path: str, tokenizer_sha: str, plan: rules.Plan):
         super().__init__()
         self.tokenizer_path = tokenizer_path
         self.tokenizer_sha = tokenizer_sha
         self.plan = plan
-        self.tokenize: enc.GroupTokenizer | None = None
+        self.tokenize: rules.GroupTokenizer | None = None
 
     def setup(self) -> None:
         import hashlib  # noqa: PLC0415
@@ -148,9 +151,11 @@ class _Tokenize(beam.DoFn):
         raw = tokenizer_json(self.tokenizer_path)
         if hashlib.sha256(raw).hexdigest() != self.tokenizer_sha:
             raise DataError(f"{self.tokenizer_path} changed while the pipeline ran")
-        self.tokenize = enc.GroupTokenizer(raw.decode("utf-8"), self.plan)
+        self.tokenize = rules.GroupTokenizer(raw.decode("utf-8"), self.plan)
 
-    def process(self, element: tuple[enc.GroupKey, corpus.Group]) -> Iterator[enc.TokenizedGroup]:
+    def process(
+        self, element: tuple[rules.GroupKey, corpus.Group]
+    ) -> Iterator[rules.TokenizedGroup]:
         if self.tokenize is None:  # Beam calls setup() first; a runner that did not: do it now
             self.setup()
         key, group = element
@@ -158,8 +163,8 @@ class _Tokenize(beam.DoFn):
 
 
 def _budget_positions(
-    sizes: list[tuple[enc.GroupKey, int]], budgets: list[int | None], keys: list[int]
-) -> dict[enc.GroupKey, int]:
+    sizes: list[tuple[rules.GroupKey, int]], budgets: list[int | None], keys: list[int]
+) -> dict[rules.GroupKey, int]:
     """Each group's tokens of its budget before it, in the global order."""
     spent: dict[int, int] = {}
     out = {}
@@ -171,16 +176,16 @@ def _budget_positions(
 
 
 def _apply_budget(
-    group: enc.TokenizedGroup,
-    positions: dict[enc.GroupKey, int] | None,
+    group: rules.TokenizedGroup,
+    positions: dict[rules.GroupKey, int] | None,
     budgets: list[int | None],
 ) -> Iterator[Any]:
     keep = group.documents
     if positions is not None:
-        keep = enc.within_budget(group, positions[group.key], budgets[group.source])
+        keep = rules.within_budget(group, positions[group.key], budgets[group.source])
     exhausted = keep < group.documents
     if keep:
-        used = enc.truncated(group, keep)
+        used = rules.truncated(group, keep)
         yield used
         yield beam.pvalue.TaggedOutput(
             "use", (group.source, (used.tokens, used.documents, exhausted, group.long_words))
@@ -189,10 +194,10 @@ def _apply_budget(
         yield beam.pvalue.TaggedOutput("use", (group.source, (0, 0, True, 0)))
 
 
-def _layout(counts: list[tuple[enc.GroupKey, int, int]], plan: enc.Plan) -> dict[str, Any]:
+def _layout(counts: list[tuple[rules.GroupKey, int, int]], plan: rules.Plan) -> dict[str, Any]:
     """Each group's first training and held-out row in the global order, and the totals."""
     train = held = 0
-    first: dict[enc.GroupKey, tuple[int, int]] = {}
+    first: dict[rules.GroupKey, tuple[int, int]] = {}
     for key, n_train, n_held in sorted(counts):
         first[key] = (train, held)
         train += n_train
@@ -203,13 +208,13 @@ def _layout(counts: list[tuple[enc.GroupKey, int, int]], plan: enc.Plan) -> dict
         "train": train,
         "eval": kept,
         "overflow": held - kept,
-        "shards": enc.shard_count(train, plan.records_per_shard),
-        "eval_shards": enc.shard_count(kept, plan.records_per_shard),
+        "shards": outputs.shard_count(train, plan.records_per_shard),
+        "eval_shards": outputs.shard_count(kept, plan.records_per_shard),
     }
 
 
 def _pieces(
-    packed: enc.PackedGroup, layout: dict[str, Any], plan: enc.Plan
+    packed: rules.PackedGroup, layout: dict[str, Any], plan: rules.Plan
 ) -> Iterator[tuple[tuple[str, int], tuple[int, bytes]]]:
     """(("shard"|"eval", shard number), (row in shard, framed records)) of one group."""
     train_first, eval_first = layout["first"][packed.key]
@@ -232,14 +237,14 @@ def _write_shard(
     item: tuple[tuple[str, int], Iterable[tuple[int, bytes]]],
     data_dir: str,
     layout: dict[str, Any],
-    plan: enc.Plan,
+    plan: rules.Plan,
 ) -> dict[str, Any]:
     import hashlib  # noqa: PLC0415
 
     (prefix, number), pieces = item
     data = b"".join(framed for _, framed in sorted(pieces, key=lambda p: p[0]))
     count = layout["shards"] if prefix == "shard" else layout["eval_shards"]
-    name = enc.shard_names(prefix, count)[number]
+    name = outputs.shard_names(prefix, count)[number]
     storage.write_bytes(storage.join(data_dir, name), data)
     total = layout["train"] if prefix == "shard" else layout["eval"]
     records_in = min(plan.records_per_shard, total - number * plan.records_per_shard)
@@ -263,7 +268,7 @@ def _summary(
     fraction: float,
     layout: dict[str, Any],
     path: str,
-    plan: enc.Plan,
+    plan: rules.Plan,
 ) -> None:
     """Everything the manifest needs, in one small JSON file the launcher reads."""
     totals = corpus.CorpusStats()
@@ -296,14 +301,14 @@ def _summary(
 def build(
     pipeline: Any,
     job: JobSpec,
-    prepared: enc.Prepared,
+    prepared: rules.Prepared,
     files: list[tuple[int, int, str]],
     summary_path: str,
 ) -> None:
     """The encode pipeline on ``pipeline`` (see the module docstring for its steps)."""
     plan = prepared.plan
-    budgets = enc.source_budgets(job)
-    keys = [enc.budget_key(job, i) for i in range(len(budgets))]
+    budgets = rules.source_budgets(job)
+    keys = [rules.budget_key(job, i) for i in range(len(budgets))]
     data_dir = job.paths.data
     read = (
         pipeline
@@ -334,10 +339,10 @@ def build(
         used.use
         | "used tokens" >> beam.Map(lambda u: u[1][0])
         | "total" >> beam.CombineGlobally(sum)
-        | "fraction" >> beam.Map(lambda n: enc.held_out_fraction(plan, n))
+        | "fraction" >> beam.Map(lambda n: rules.held_out_fraction(plan, n))
     )
     packed = used.groups | "pack" >> beam.Map(
-        enc.pack_group, beam.pvalue.AsSingleton(fraction), plan
+        rules.pack_group, beam.pvalue.AsSingleton(fraction), plan
     )
     layout = beam.pvalue.AsSingleton(
         packed
@@ -378,20 +383,20 @@ def build(
 
 def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
     """Run the pipeline, then write stage.json and the manifest (local runner's output)."""
-    if enc.is_complete(job):
+    if outputs.is_complete(job):
         manifest = mf.load_manifest(job.paths.data)
-        enc.check_current(job, manifest)
+        outputs.check_current(job, manifest)
         return manifest
     from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
 
-    prepared = enc.prepare(job)
+    prepared = rules.prepare(job)
     sources = corpus.resolve_sources(job.corpus)
     files = [(s, 0, path) for s, paths in enumerate(sources) for path in paths]
     files = [(s, number, path) for number, (s, _, path) in enumerate(files)]
     data_dir = job.paths.data
     runner = job.data.beam.runner
     status.update(
-        stage=enc.STAGE,
+        stage=outputs.STAGE,
         progress=0.0,
         message=f"encoding {len(files)} files on Apache Beam ({runner})",
     )
@@ -405,11 +410,11 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
         summary = json.loads(storage.read_text(summary_path))
         storage.remove(summary_path)
         manifest = _manifest(job, prepared, summary, [path for _, _, path in files])
-        enc.write_stage_and_manifest(job, manifest)
+        outputs.write_stage_and_manifest(job, manifest)
     except BaseException:
         storage.remove_tree(data_dir)  # nothing half-written: no shards without a manifest
         raise
-    enc.complete_status(status, manifest, job, beam_runner=runner)
+    outputs.complete_status(status, manifest, job, beam_runner=runner)
     return manifest
 
 
@@ -455,21 +460,21 @@ def _report(result: Any, status: StatusWriter) -> None:
         figures[name] = figures.get(name, 0) + int(counter.committed or counter.attempted or 0)
     if figures:
         metrics: dict[str, Any] = dict(figures)
-        status.update(stage=enc.STAGE, **metrics)
+        status.update(stage=outputs.STAGE, **metrics)
 
 
 def _manifest(
-    job: JobSpec, prepared: enc.Prepared, summary: dict[str, Any], files: list[str]
+    job: JobSpec, prepared: rules.Prepared, summary: dict[str, Any], files: list[str]
 ) -> mf.Manifest:
     stats = corpus.CorpusStats(**summary["stats"])
     corpus.require_text(stats, job.corpus)
-    budgets = enc.source_budgets(job)
+    budgets = rules.source_budgets(job)
     uses = []
     for i, budget in enumerate(budgets):
         tokens, documents, exhausted = summary["sources"].get(str(i), [0, 0, False])
-        uses.append(enc.SourceUse(budget, tokens, documents, exhausted))
+        uses.append(outputs.SourceUse(budget, tokens, documents, exhausted))
     # One shared budget: every source it covers is exhausted with it (as the local runner).
-    keys = [enc.budget_key(job, i) for i in range(len(budgets))]
+    keys = [rules.budget_key(job, i) for i in range(len(budgets))]
     for i, use in enumerate(uses):
         use.exhausted = any(u.exhausted for j, u in enumerate(uses) if keys[j] == keys[i])
     shards = [
@@ -486,7 +491,7 @@ def _manifest(
             f"data.seq_length={job.data.seq_length} (sequences are packed within groups "
             f"of about {corpus.GROUP_BYTES >> 20} MiB of text)"
         )
-    totals = enc.Totals(
+    totals = outputs.Totals(
         stats=stats,
         sources=uses,
         fraction=float(summary["fraction"]),
@@ -494,7 +499,7 @@ def _manifest(
         eval_documents=summary["eval_documents"],
         eval_dropped_tokens=summary["eval_dropped_tokens"],
     )
-    return enc.build_manifest(job, prepared, train, held, totals, files=files)
+    return outputs.build_manifest(job, prepared, train, held, totals, files=files)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,17 @@ import pytest
 import yaml
 from train_helpers import assert_user_error, job_document, run_cli, write_corpus
 
-from payload import cli, corpus, encode, pipeline, records, storage, tokenizer
+from payload import (
+    cli,
+    corpus,
+    encode,
+    encode_local,
+    encode_rules,
+    pipeline,
+    records,
+    storage,
+    tokenizer,
+)
 from payload.errors import DiskFullError
 from payload.spec import JobSpec, load_job
 from payload.status import StatusWriter
@@ -79,15 +89,15 @@ def test_estimate_is_close_to_the_encoded_size(tmp_path: Path) -> None:
     job = make_job(tmp_path, tmp_path / "out", lines=20_000)  # ~0.8 MB
     sources = corpus.resolve_sources(job.corpus)
     total = Path(sources[0][0]).stat().st_size
-    estimate = encode.estimate_output_bytes(job, encode.prepare(job), sources, total)
+    estimate = encode_local.estimate_output_bytes(job, encode_rules.prepare(job), sources, total)
     manifest = encode.encode(job, StatusWriter(job.paths.status, job.name))
     real = sum(s.bytes for s in (*manifest.shards, *manifest.eval_shards))
     assert manifest.token_dtype == records.token_dtype_for(300)  # uint16
     assert abs(estimate - real) / real < 0.10, (estimate, real)
-    row = job.data.seq_length * 2 + encode.RECORD_FRAMING
+    row = job.data.seq_length * 2 + encode_local.RECORD_FRAMING
     assert real == (manifest.total_records + manifest.eval_records) * row
     one_token = np.zeros((1, 1), dtype=np.uint16)
-    assert len(records.frame_records(one_token, "uint16")) - 2 == encode.RECORD_FRAMING
+    assert len(records.frame_records(one_token, "uint16")) - 2 == encode_local.RECORD_FRAMING
 
 
 # --------------------------------------------------------------------------- a real small disk
@@ -117,7 +127,7 @@ def test_disk_full_during_encode_is_one_line_and_leaves_nothing(
 ) -> None:
     job = make_job(tmp_path, small_fs / "out", lines=25_000)
     # The estimate is wrong (too low) here: the check before the stage passes, the disk fills.
-    monkeypatch.setattr(encode, "estimate_output_bytes", lambda *args: 100_000)
+    monkeypatch.setattr(encode_local, "estimate_output_bytes", lambda *args: 100_000)
     capsys.readouterr()
     assert cli.main(["encode", "--job", str(tmp_path / "job.yaml")]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
@@ -193,7 +203,7 @@ def test_encode_space_check_for_gcs_output_looks_at_the_temp_dir(
     sources = corpus.resolve_sources(job.corpus)
     total = Path(sources[0][0]).stat().st_size
     with pytest.raises(DiskFullError, match=r": not enough free space .*\(or point TMPDIR"):
-        encode._check_space(on_gcs, encode.prepare(job), sources, total)  # type: ignore[arg-type]
+        encode_local._check_space(on_gcs, encode_rules.prepare(job), sources, total)  # type: ignore[arg-type]
     assert asked == [tempfile.gettempdir()]
 
 
@@ -201,14 +211,14 @@ def test_disk_full_mid_encode_with_an_injected_enospc(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = make_job(tmp_path, tmp_path / "out", lines=4000)
-    write = encode._ShardSet.add
+    write = encode_local._ShardSet.add
 
-    def add_then_fill(self: encode._ShardSet, rows: Any) -> None:
+    def add_then_fill(self: encode_local._ShardSet, rows: Any) -> None:
         write(self, rows)  # a real, partial shard in the staging directory
         assert self._path is not None and self._path.exists()
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(encode._ShardSet, "add", add_then_fill)
+    monkeypatch.setattr(encode_local._ShardSet, "add", add_then_fill)
     status = StatusWriter(job.paths.status, job.name)
     with pytest.raises(DiskFullError) as caught:
         pipeline.run_stage(job, "encode", status)
@@ -224,10 +234,10 @@ def test_an_error_that_is_not_a_full_disk_keeps_its_traceback(
 ) -> None:
     job = make_job(tmp_path, tmp_path / "out", lines=2000)
 
-    def broken(self: encode._ShardSet, rows: Any) -> None:
+    def broken(self: encode_local._ShardSet, rows: Any) -> None:
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    monkeypatch.setattr(encode._ShardSet, "add", broken)
+    monkeypatch.setattr(encode_local._ShardSet, "add", broken)
     with pytest.raises(OSError) as caught:
         pipeline.run_stage(job, "encode", StatusWriter(job.paths.status, job.name))
     assert not isinstance(caught.value, DiskFullError) and caught.value.errno == errno.EIO

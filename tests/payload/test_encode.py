@@ -60,7 +60,7 @@ def prepared(job: spec.JobSpec) -> spec.JobSpec:
     return job
 
 
-HELD_OUT_KEY = b"tpu-pretrain/held-out/v1"  # encode.HELD_OUT_SALT, written out again here
+HELD_OUT_KEY = b"tpu-pretrain/held-out/v1"  # encode_rules.HELD_OUT_SALT, written out again here
 
 
 def file_documents(path: str) -> list[str]:
@@ -291,8 +291,9 @@ def test_encode_without_tokenizer(tmp_path, corpus_files) -> None:
 
 def test_worker_modules_do_not_import_tensorflow() -> None:
     code = (
-        "import sys, payload.encode, payload.corpus, payload.tokenizer, payload.records;"
+        "import sys, payload.encode, payload.encode_local, payload.corpus, payload.tokenizer,"
+        " payload.records;"
         "assert 'tensorflow' not in sys.modules, 'tensorflow imported';"
-        "assert payload.encode.mp.get_context('spawn')"
+        "assert payload.encode_local.mp.get_context('spawn')"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

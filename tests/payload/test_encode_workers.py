@@ -30,7 +30,7 @@ DEADLINE_S = 120.0  # generous: only a leak takes this long
 BLOCKED_ENCODE = textwrap.dedent(
     """
     import sys, threading
-    from payload import corpus, encode
+    from payload import corpus, encode, encode_local
     from payload.spec import load_job
     from payload.status import StatusWriter
 
@@ -40,7 +40,7 @@ BLOCKED_ENCODE = textwrap.dedent(
         print("consuming", flush=True)
         threading.Event().wait()  # until SIGKILL
 
-    encode._Assembler.add = stop_here
+    encode_local._Assembler.add = stop_here
     job = load_job(sys.argv[1])
     encode.encode(job, StatusWriter(job.paths.status, job.name))
     """
@@ -129,7 +129,10 @@ def test_sigkill_of_encode_leaves_no_worker_behind(tmp_path: Path) -> None:
 def test_a_worker_whose_parent_is_already_gone_exits(parent: str, survives: bool) -> None:
     """The race before prctl: a worker re-parented before its initializer ran ends itself
     (here: told a parent that is not its own, as after a re-parenting)."""
-    code = f"import os\nfrom payload import encode\nencode._die_with_parent({parent})\nprint('ran')"
+    code = (
+        "import os\nfrom payload import encode_local\n"
+        f"encode_local._die_with_parent({parent})\nprint('ran')"
+    )
     result = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -515,7 +515,7 @@ def test_ctrl_c_while_the_process_exits_changes_nothing(tmp_path: Path, command:
     ("command", "point", "expected_exit"),
     [
         ("tokenizer", "after:payload.tokenizer:_save:1", 0),
-        ("encode", "after:payload.encode:_publish:1", 0),
+        ("encode", "after:payload.encode_local:_publish:1", 0),
         ("run", "after:payload.tokenizer:_save:1", 130),
     ],
 )

@@ -38,7 +38,7 @@ import json
 import re
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +56,7 @@ TOKENIZER_FILE = "tokenizer.json"
 STAGE_FILE = "stage.json"
 HF_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 STAGE = "tokenizer"
+CONTINUING_PREFIX = "##"  # wordpiece's continuation tokens
 # What the model of a causal LM export takes (GPT2TokenizerFast.model_input_names).
 GPT2_INPUT_NAMES = ("input_ids", "attention_mask")
 # Oniguruma (the tokenizers regex engine, Ruby syntax) has no (?s); [\s\S] matches anything.
@@ -63,8 +64,14 @@ _WORD_PIECE = "[\\s\\S]{{1,{limit}}}"
 _WORD_PIECE_LIMIT = re.compile(r"^\[\\s\\S\]\{1,(\d+)\}$")
 
 
-def build_tokenizer(job: JobSpec) -> tuple[Tokenizer, Any]:
-    """An untrained tokenizer and its trainer for ``job.tokenizer``."""
+def build_tokenizer(
+    job: JobSpec, *, continuation: Sequence[str] = (), vocab_size: int | None = None
+) -> tuple[Tokenizer, Any]:
+    """An untrained tokenizer and its trainer for ``job.tokenizer``.
+
+    ``continuation`` (wordpiece): the ``##c`` tokens to number before training (see
+    :func:`_continuation_tokens`); ``vocab_size``: the trainer's, instead of the job's.
+    """
     from tokenizers import (  # noqa: PLC0415
         Regex,
         Tokenizer,
@@ -76,6 +83,7 @@ def build_tokenizer(job: JobSpec) -> tuple[Tokenizer, Any]:
     )
 
     spec = job.tokenizer
+    size = spec.vocab_size if vocab_size is None else vocab_size
     unk = job.special_roles["unk"]
     steps = [normalizers.NFKC()]
     if spec.lowercase:
@@ -86,12 +94,12 @@ def build_tokenizer(job: JobSpec) -> tuple[Tokenizer, Any]:
             models.WordPiece(unk_token=unk, max_input_chars_per_word=spec.max_word_length)
         )
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.decoder = decoders.WordPiece(prefix="##")
+        tok.decoder = decoders.WordPiece(prefix=CONTINUING_PREFIX)
         trainer = trainers.WordPieceTrainer(
-            vocab_size=spec.vocab_size,
+            vocab_size=size,
             min_frequency=spec.min_frequency,
-            special_tokens=specials,
-            continuing_subword_prefix="##",
+            special_tokens=specials + list(continuation),
+            continuing_subword_prefix=CONTINUING_PREFIX,
             show_progress=False,
         )
     elif spec.kind == "bpe":
@@ -99,7 +107,7 @@ def build_tokenizer(job: JobSpec) -> tuple[Tokenizer, Any]:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=spec.vocab_size,
+            vocab_size=size,
             min_frequency=spec.min_frequency,
             special_tokens=specials,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -110,7 +118,7 @@ def build_tokenizer(job: JobSpec) -> tuple[Tokenizer, Any]:
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
         tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
         trainer = trainers.UnigramTrainer(
-            vocab_size=spec.vocab_size,
+            vocab_size=size,
             special_tokens=specials,
             unk_token=unk,
             show_progress=False,
@@ -323,36 +331,48 @@ def _progress(total: int, desc: str) -> Any:
 
 
 def train_tokenizer(job: JobSpec, status: StatusWriter) -> str:
-    """Train, check and save the tokenizer; returns its directory. Skips if already complete."""
+    """Train, check and save the tokenizer; returns its directory. Skips if already complete.
+
+    The result is a function of the job (corpus and settings), whatever the machine and its
+    core count: see :func:`_continuation_tokens` (wordpiece, which reads the corpus twice)
+    and :func:`_canonical_unigram` for what `tokenizers` would otherwise leave to chance.
+    """
     out_dir = job.paths.tokenizer
     if is_complete(job):
         return out_dir
     sources = corpus.resolve_sources(job.corpus)
     files = list(dict.fromkeys(f for found in sources for f in found))
     total = corpus.total_bytes(files)
+    passes = 2 if job.tokenizer.kind == "wordpiece" else 1
     stats = corpus.CorpusStats()
     status.update(
         stage=STAGE,
         progress=0.0,
         message=f"training a {job.tokenizer.kind} tokenizer on {len(files)} files",
     )
-    tok, trainer = build_tokenizer(job)
-    with _progress(total, f"tokenizer: reading {len(files)} files") as bar:
+    with _progress(total * passes, f"tokenizer: reading {len(files)} files") as bar:
         done = 0
 
         def on_bytes(n: int) -> None:
             nonlocal done
             done += n
             bar.update(n)
-            status.update(stage=STAGE, progress=0.9 * done / max(total, 1))
+            status.update(stage=STAGE, progress=0.9 * done / max(total * passes, 1))
 
-        batches = (
-            group.documents
-            for group in corpus.iter_groups(job.corpus, stats, on_bytes=on_bytes, sources=sources)
-        )
+        def read(counts: corpus.CorpusStats) -> Iterator[list[str]]:
+            groups = corpus.iter_groups(job.corpus, counts, on_bytes=on_bytes, sources=sources)
+            return (group.documents for group in groups)
+
+        continuation: list[str] = []
+        if job.tokenizer.kind == "wordpiece":
+            scout, scout_trainer = build_tokenizer(job, vocab_size=0)  # no merges
+            scout.train_from_iterator(read(corpus.CorpusStats()), scout_trainer)
+            continuation = _continuation_tokens(scout, job)
+        tok, trainer = build_tokenizer(job, continuation=continuation)
         counter = WordLimit(tok)  # before training, which holds the tokenizer
-        tok.train_from_iterator(_counting_long_words(batches, counter, stats), trainer)
+        tok.train_from_iterator(_counting_long_words(read(stats), counter, stats), trainer)
     corpus.require_text(stats, job.corpus)
+    tok = canonical(tok, job, continuation)
     vocab_size = tok.get_vocab_size()
     if vocab_size > job.tokenizer.vocab_size:
         raise SpecError(
@@ -361,15 +381,108 @@ def train_tokenizer(job: JobSpec, status: StatusWriter) -> str:
             f"{vocab_size}; set tokenizer.vocab_size to at least {vocab_size}"
         )
     set_post_processor(tok, job)
-    _save(tok, job, stats, out_dir)
+    digest = _save(tok, job, stats, out_dir)
     status.update(
         stage=STAGE,
         state="complete",
         message=f"vocabulary of {vocab_size} tokens in {out_dir}",
         vocab_size=vocab_size,
+        tokenizer_sha256=digest,
         **stats.as_dict(),
     )
     return out_dir
+
+
+# Why a trained vocabulary could depend on the run, in tokenizers 0.22.1 (the locked version;
+# source read at huggingface/tokenizers tag v0.22.1). Every trainer keeps the corpus's words
+# in an ahash AHashMap, whose hasher is seeded at random in each process (ahash's default
+# `runtime-rng` feature, Cargo.toml of ahash; the Python wheel takes the defaults), so what
+# follows the map's iteration order changes from run to run:
+# * wordpiece (tokenizers/src/models/bpe/trainer.rs, `BpeTrainer::tokenize_words`, which the
+#   WordPiece trainer runs): the `##c` token of every character seen inside a word is
+#   numbered as the loop over that map first meets it, and the merge queue breaks ties in
+#   count by those ids (`impl Ord for Merge`), so ties pick other merges and the vocabulary
+#   itself changes (huggingface/tokenizers#1794; the upstream fix, PR #2066, is unreleased).
+#   Byte-level bpe has no `##` tokens (every character is in the sorted initial alphabet).
+# * unigram (tokenizers/src/models/unigram/trainer.rs): `UnigramTrainer::finalize` gives the
+#   characters the EM model lacks the scores min_score + 0.0001 k in the order of an
+#   AHashSet, and sorts by score keeping that order among equal scores; and the E step and
+#   pruning sum floats over the sentences in the map's order, in chunks of
+#   len / rayon::current_num_threads(), so the scores' last bits differ with the run and
+#   with the machine's core count.
+# No setting or environment variable reaches either (RAYON_NUM_THREADS fixes the chunks but
+# not the order), so the stage feeds the WordPiece trainer every `##c` token up front, in
+# code-point order, and writes Unigram scores in a canonical form.
+# What is left, read in the same source and never seen here: the BPE merge queue (a d-ary
+# heap) can hold two entries of one pair with equal counts (an old one re-queued with the
+# current count next to a newer one with other word positions), and which pops first
+# follows the heap's layout, hence the hash order of earlier pushes; and a Unigram prune
+# between pieces whose losses differ by float noise, or a score within ~1e-15 of a rounding
+# boundary, could still differ. Only a fix inside `tokenizers` removes those;
+# tests/payload/test_reproducible.py holds the bundled corpus to byte-identical output.
+# Unigram scores are kept to this many decimals: the float noise is ~1e-15, and
+# sentencepiece itself stores a score as a 32-bit float (`optional float score` in
+# sentencepiece_model.proto: about 1e-6 at the scores a vocabulary has).
+UNIGRAM_SCORE_DECIMALS = 6
+_UNIGRAM_PENALTY = 0.0001  # finalize's min_score_penalty_delta (unigram/trainer.rs)
+
+
+def _continuation_tokens(scout: Tokenizer, job: JobSpec) -> list[str]:
+    """The ``##c`` tokens a WordPiece trainer creates on this corpus, in code-point order.
+
+    ``scout`` was trained with ``vocab_size=0``: all it holds is what the trainer adds
+    before merging (special tokens, the alphabet, and one ``##c`` for every character seen
+    after the first of a word). Given to the real trainer as extra special tokens, they are
+    numbered in this order before it reads any word, so no id depends on the word map's
+    order; :func:`canonical` then takes them off the special tokens again.
+    """
+    specials = set(job.tokenizer.special_tokens)
+    return sorted(
+        token
+        for token in scout.get_vocab(with_added_tokens=False)
+        if token.startswith(CONTINUING_PREFIX)
+        and len(token) == len(CONTINUING_PREFIX) + 1
+        and token not in specials
+    )
+
+
+def canonical(tok: Tokenizer, job: JobSpec, continuation: Sequence[str] = ()) -> Tokenizer:
+    """The trained tokenizer in the form that depends only on the job (see above)."""
+    from tokenizers import Tokenizer  # noqa: PLC0415
+
+    data = json.loads(tok.to_str())
+    if continuation:  # wordpiece: the ##c tokens stay in the vocabulary, not as specials
+        drop = set(continuation)
+        data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] not in drop]
+    if data["model"]["type"] == "Unigram":
+        data["model"]["vocab"] = _canonical_unigram(
+            data["model"]["vocab"], len(job.tokenizer.special_tokens)
+        )
+    return Tokenizer.from_str(json.dumps(data, ensure_ascii=False))
+
+
+def _canonical_unigram(vocab: list[list[Any]], n_special: int) -> list[list[Any]]:
+    """Unigram ``[piece, score]`` pairs as a function of the corpus (see above).
+
+    The special tokens stay first, in their order. The characters ``finalize`` scored
+    ``m, m + 0.0001, m + 0.0002, ...`` (``m`` the lowest score) in hash order get those
+    scores in code-point order; every score is rounded to ``UNIGRAM_SCORE_DECIMALS``; the
+    pieces are sorted by score, high to low, equal scores by piece.
+    """
+    head, body = vocab[:n_special], [(str(p), float(s)) for p, s in vocab[n_special:]]
+    if body:
+        lowest = min(score for _, score in body)
+        ladder, penalty = set(), 0.0
+        for _ in body:  # the same float steps as finalize, so equal scores are bitwise equal
+            ladder.add(lowest + penalty)
+            penalty += _UNIGRAM_PENALTY
+        chars = [i for i, (p, s) in enumerate(body) if len(p) == 1 and s in ladder]
+        scores = sorted(body[i][1] for i in chars)
+        for i, score in zip(sorted(chars, key=lambda i: body[i][0]), scores, strict=True):
+            body[i] = (body[i][0], score)
+    body = [(p, round(s, UNIGRAM_SCORE_DECIMALS) + 0.0) for p, s in body]  # + 0.0: no -0.0
+    body.sort(key=lambda pair: (-pair[1], pair[0]))
+    return [list(pair) for pair in head] + [[p, s] for p, s in body]
 
 
 def _counting_long_words(
@@ -380,16 +493,21 @@ def _counting_long_words(
         yield batch
 
 
-def _save(tok: Tokenizer, job: JobSpec, stats: corpus.CorpusStats, out_dir: str) -> None:
-    """Write the HF files, then tokenizer.json last (create-only) as the completion marker."""
+def _save(tok: Tokenizer, job: JobSpec, stats: corpus.CorpusStats, out_dir: str) -> str:
+    """Write the HF files, then tokenizer.json last (create-only) as the completion marker.
+
+    Returns the sha256 of tokenizer.json: what the data manifest records and the encoder and
+    trainer check (:func:`tokenizer_sha256`).
+    """
     with tempfile.TemporaryDirectory(prefix="tokenizer-") as tmp:
         _hf_wrapper(tok, job).save_pretrained(tmp)
+        digest = hashlib.sha256(Path(tmp, TOKENIZER_FILE).read_bytes()).hexdigest()
         stage = {
             "stage": STAGE,
             "job": job.to_dict(),
             "corpus": stats.as_dict(),
             "vocab_size": tok.get_vocab_size(),
-            "tokenizer_sha256": hashlib.sha256(Path(tmp, TOKENIZER_FILE).read_bytes()).hexdigest(),
+            "tokenizer_sha256": digest,
         }
         Path(tmp, STAGE_FILE).write_text(json.dumps(stage, indent=2, ensure_ascii=False) + "\n")
         storage.remove_tree(out_dir)  # leftovers of an interrupted run (no tokenizer.json)
@@ -406,3 +524,4 @@ def _save(tok: Tokenizer, job: JobSpec, stats: corpus.CorpusStats, out_dir: str)
                 f"{out_dir} already holds a finished tokenizer (written concurrently?); "
                 "use --force to retrain"
             ) from None
+    return digest

@@ -14,7 +14,7 @@ What is compared (docs/performance.md has the figures):
   save_pretrained and loaded by `LlamaForCausalLM.from_pretrained` on the PyTorch side: both
   start from the same weights.
 - The step: ours is the JAX backend's compiled train chunk (steps.make_train_chunk, 8 steps
-  per call as on CPU, train.STEPS_PER_CALL) with its AdamW (train.create_optimizer: warm-up and
+  per call as on CPU, runtime.STEPS_PER_CALL) with its AdamW (schedule.create_optimizer: warm-up and
   linear decay, weight decay except the RMSNorm scales, global-norm clipping 1.0). PyTorch's is a
   plain loop: forward, the same token-weighted cross entropy, backward,
   clip_grad_norm_, torch.optim.AdamW with the same hyper-parameters and learning rate per step,
@@ -157,7 +157,7 @@ class TorchSide:
         return (per_token * weights.reshape(-1)).sum(), weights.sum()
 
     def lr_at(self, step: int) -> float:
-        """train.WarmupDecay with linear decay to 0."""
+        """schedule.WarmupDecay with linear decay to 0."""
         peak, warmup, steps = self.hp["learning_rate"], self.hp["warmup_steps"], self.hp["steps"]
         if warmup > 0 and step < warmup:
             return peak * min((step + 1) / warmup, 1.0)
@@ -335,7 +335,7 @@ class JaxSide:
         import keras
 
         from payload import model as model_lib
-        from payload.backends.jax import models, steps, train
+        from payload.backends.jax import hf_weights, models, schedule, steps
 
         self.jax, self.jnp, self.steps = jax, jnp, steps
         self.data = data
@@ -346,9 +346,9 @@ class JaxSide:
         self.parameters = model_lib.parameter_count("llama", self.config)
         keras.utils.set_random_seed(spec.seed)
         self.model = models.create_model("llama", self.config, SEQ)
-        optimizer = train.create_optimizer(spec)
+        optimizer = schedule.create_optimizer(spec)
         optimizer.build(self.model.trainable_variables)
-        models.save_pretrained(self.model, str(workdir / "init"))  # PyTorch starts from these
+        hf_weights.save_pretrained(self.model, str(workdir / "init"))  # PyTorch starts from these
         (workdir / "hparams.json").write_text(json.dumps({
             "learning_rate": spec.learning_rate, "warmup_steps": spec.warmup_steps,
             "steps": spec.steps, "weight_decay": spec.weight_decay, "beta1": spec.adam_beta1,

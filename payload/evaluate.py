@@ -8,7 +8,7 @@ predicted tokens, perplexity = exp(loss), and accuracy at the masked positions (
 the next token (CLM).
 
 This module is framework-free (the set, the batch size, the report); each backend computes
-the sums (payload/backends/tf/evaluate.py, payload/backends/jax/train.py `Evaluator`).
+the sums (payload/backends/tf/evaluate.py, payload/backends/jax/evaluate.py `Evaluator`).
 
 ELECTRA (rtd) reports its two networks: the generator's MLM loss, perplexity and accuracy
 at the masked positions (eval_loss / eval_perplexity / eval_accuracy are the generator's,

@@ -180,7 +180,7 @@ def write_export(
     summary: dict[str, Any],
 ) -> None:
     """The model files (`save_model(directory)` writes them and returns the PyTorch state:
-    `save_tf_model` on the TF backend, backends/jax/models.save_pretrained on JAX; for a
+    `save_tf_model` on the TF backend, backends/jax/hf_weights.save_pretrained on JAX; for a
     family of EXPORT_PARTS, one subdirectory per part and {part: state}), the tokenizer and
     the model card in each model's directory, uploaded to `export/`, then the completion
     marker last, at `export/` itself. `card(parameters, part) -> str` renders a model card

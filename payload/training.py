@@ -205,7 +205,7 @@ def diverged(loss: float, step: int, n: int, spec: TrainSpec, last_checkpoint: s
 def learning_rate_at(spec: TrainSpec, step: float) -> float:
     """The rate of optimizer step `step` (0-based): linear warm-up from (step + 1) / warmup,
     then linear / cosine decay to end_ratio x peak at train.steps, or constant. The formula
-    of schedule.WarmupDecay (TF) and backends/jax/train.WarmupDecay (Keras 3), in Python."""
+    of schedule.WarmupDecay (TF) and backends/jax/schedule.WarmupDecay (Keras 3), in Python."""
     peak, warmup = float(spec.learning_rate), float(max(spec.warmup_steps, 0))
     span = float(max(spec.steps - spec.warmup_steps, 1))
     progress = min(max((step - warmup) / span, 0.0), 1.0)

@@ -267,9 +267,9 @@ def test_without_a_gpu_the_trainer_units_environment_stops_with_gpu_not_found(ja
     JAX_PLATFORMS=cuda jax itself would end in a bare AssertionError."""
     probe = (
         "from payload import hosts\n"
-        "from payload.backends.jax import train\n"
+        "from payload.backends.jax import runtime\n"
         "hosts.expect_gpu(hosts.GpuHost('T4', 1, 'mixed_float16', 'dlvm-cu128'))\n"
-        "train.runtime('auto')\n"
+        "runtime.runtime('auto')\n"
     )
     done = _python(jax_venv, probe, tmp_path)
     assert done.returncode != 0

@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 from payload import manifest as manifest_lib  # noqa: E402
 from payload import model as model_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
+from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.backends.jax import steps  # noqa: E402
 from payload.backends.jax import train as trainer  # noqa: E402
 from payload.spec import load_job  # noqa: E402
@@ -24,7 +25,7 @@ from payload.spec import load_job  # noqa: E402
 job_file, ids_path, mask_path, out_path = sys.argv[1:5]
 job = load_job(job_file)
 manifest = manifest_lib.load_manifest(job.paths.data)
-rt = trainer.runtime(job.train.precision)
+rt = runtime_lib.runtime(job.train.precision)
 config = model_lib.config_for(job, manifest)
 model, optimizer = trainer._build(job, config, manifest, rt)
 layout = checkpoints.Layout.of(model, optimizer)

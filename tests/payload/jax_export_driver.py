@@ -17,7 +17,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from payload import model as model_lib  # noqa: E402
-from payload.backends.jax import models  # noqa: E402
+from payload.backends.jax import hf_weights, models  # noqa: E402
 
 family, size, vocab, seq, out_dir, ids_path, mask_path, logits_path = sys.argv[1:9]
 special = {"pad": 1, "bos": 0, "eos": 2} if family != "bert" else {"pad": 0, "cls": 2, "sep": 3}
@@ -33,7 +33,7 @@ for weight in model.weights:
         rng.normal(0.0, 0.05, weight.shape).astype("float32")
         + (1.0 if weight.path.endswith("gamma") else 0.0)
     )
-models.save_pretrained(model, out_dir)
+hf_weights.save_pretrained(model, out_dir)
 ids, mask = np.load(ids_path), np.load(mask_path)
 logits = model({"input_ids": ids, "attention_mask": mask}, training=False)
 np.save(logits_path, np.asarray(logits, dtype="float32"))

@@ -20,7 +20,7 @@ import keras  # noqa: E402
 from payload import model as model_lib  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import models, steps  # noqa: E402
-from payload.backends.jax.train import create_optimizer  # noqa: E402
+from payload.backends.jax.schedule import create_optimizer  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
 

@@ -42,7 +42,7 @@ from payload.spec import JobSpec
 
 pytestmark = pytest.mark.slow
 SIGTERM_EXIT = 128 + signal.SIGTERM
-# The JAX backend runs 8 steps per call on a CPU (backends/jax/train.py STEPS_PER_CALL).
+# The JAX backend runs 8 steps per call on a CPU (backends/jax/runtime.py STEPS_PER_CALL).
 STEPS_PER_CALL = 8
 
 

@@ -5,8 +5,8 @@ backend (payload/backends/tf/train.py; the shared parts are payload/training.py)
  1. load the manifest, check it against the job and the tokenizer, verify the shard files
     this process reads (checksums on a fresh start, sizes on a resume); every process
     checks, and a user error on one is the same one-line error on all (distributed.py);
- 2. the devices JAX sees (`runtime()`): one data-parallel mesh over every device of every
-    process; the precision (bfloat16 on TPU); the model (models.py) and AdamW (Keras 3);
+ 2. the devices JAX sees (runtime.py): one data-parallel mesh over every device of every
+    process; the precision (bfloat16 on TPU); the model (models.py) and AdamW (schedule.py);
  3. restore the newest checkpoint (checkpoint.py: Orbax, onto this run's shardings; run.json
     must match, on every process) and start the input pipeline at that step's batch;
  4. train in chunks of up to `steps_per_execution` optimizer steps per compiled call
@@ -16,27 +16,26 @@ backend (payload/backends/tf/train.py; the shared parts are payload/training.py)
     previous one and reads, masks and transfers the following chunk's batches. After each
     chunk the processes agree whether a signal stops the run (all save that step, all exit
     128 + the signal);
- 5. a final checkpoint, the held-out evaluation, then the export on process 0: the Hugging
-    Face layout PyTorch users load with the plain `from_pretrained` (models.save_pretrained),
-    the tokenizer and the model card, the completion marker last; the other processes wait
-    for it (bounded) rather than exit into JAX's shutdown barrier.
+ 5. a final checkpoint, the held-out evaluation (evaluate.py), then the export on process 0:
+    the Hugging Face layout PyTorch users load with the plain `from_pretrained`
+    (hf_weights.py), the tokenizer and the model card, the completion marker last; the other
+    processes wait for it (bounded) rather than exit into JAX's shutdown barrier.
 
 Data parallelism: the state is replicated, every batch is split over the mesh's `data`
 axis, and XLA's SPMD partitioner inserts the gradient all-reduce: the loss is the mean over
 the predicted tokens of the GLOBAL batch, as on the TF backend. Each process (a host of a
 slice) reads its own shard files (`data.make_dataset` with that process's input pipeline
-id) and contributes its rows of each global batch; every process writes its shards of each
-checkpoint (Orbax), only process 0 writes run.json, TensorBoard, status.json and the export.
+id; batches.py) and contributes its rows of each global batch; every process writes its
+shards of each checkpoint (Orbax), only process 0 writes run.json, TensorBoard, status.json
+and the export.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from payload.backends.jax import use_jax
@@ -44,384 +43,52 @@ from payload.backends.jax import use_jax
 use_jax()
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402  (tf.data only: the input pipeline)
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from payload import data as data_lib  # noqa: E402
 from payload import evaluate as evaluate_lib  # noqa: E402
-from payload import hosts, storage, training  # noqa: E402
 from payload import identity as run_identity_lib  # noqa: E402
 from payload import manifest as manifest_lib  # noqa: E402
 from payload import model as model_lib  # noqa: E402
+from payload import storage, training  # noqa: E402
+from payload.backends.jax import batches as batches_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
-from payload.backends.jax import distributed, models, steps  # noqa: E402
+from payload.backends.jax import distributed, hf_weights, models, steps  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
+from payload.backends.jax import runtime as runtime_lib  # noqa: E402
+from payload.backends.jax.batches import Pipelines  # noqa: E402
+from payload.backends.jax.evaluate import Evaluator  # noqa: E402
+from payload.backends.jax.runtime import Runtime  # noqa: E402
+from payload.backends.jax.schedule import create_optimizer  # noqa: E402
 from payload.errors import SpecError  # noqa: E402
 from payload.status import StatusWriter  # noqa: E402
-from payload.tensorboard import Scalars  # noqa: E402
 
 if TYPE_CHECKING:
     from payload.manifest import Manifest
-    from payload.spec import JobSpec, TrainSpec
+    from payload.spec import JobSpec
 
-BACKEND = "jax"
+BACKEND = runtime_lib.BACKEND
 EXPORT_MARKER = training.EXPORT_MARKER
 is_complete = training.is_complete
-# Weight decay is not applied to LayerNorm scales/offsets or biases (the TF backend's rule,
-# schedule.NO_DECAY_NAMES); Keras 3 matches these against each variable's own name.
-NO_DECAY_NAMES = ("gamma", "beta", "bias")
-# Optimizer steps per compiled call: on a TPU a host round trip costs more than a small
-# step (the TF backend's steps_per_execution); on CPU/GPU 8 (bench/bench_jax_steps.py).
-STEPS_PER_CALL = {"tpu": 64, "gpu": 8, "cpu": 8}
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """The devices of this run as JAX sees them, and the rules that follow."""
-
-    accelerator: str  # tpu | gpu | cpu
-    policy: str  # Keras dtype policy: float32 | mixed_bfloat16
-    steps_per_execution: int
-    mesh: Mesh
-    mesh_plan: mesh_lib.MeshPlan
-    process_index: int
-    process_count: int
-
-    @property
-    def num_replicas(self) -> int:
-        return int(self.mesh.devices.size)
-
-    @property
-    def is_chief(self) -> bool:
-        return self.process_index == 0
-
-    def describe(self) -> dict[str, Any]:
-        local = jax.local_devices()
-        return {
-            "backend": BACKEND,
-            "accelerator": self.accelerator,
-            "replicas": self.num_replicas,
-            "hosts": self.process_count,
-            "policy": self.policy,
-            "jit_compile": True,
-            "steps_per_execution": self.steps_per_execution,
-            "devices": f"{len(local)} x {local[0].device_kind}" if local else "none",
-            "mesh": self.mesh_plan.describe(),
-            "sharding_reason": self.mesh_plan.reason,
-            "jax": jax.__version__,
-        }
-
-
-def _platform(device: Any) -> str:
-    return "gpu" if device.platform in ("gpu", "cuda", "rocm") else str(device.platform)
-
-
-def runtime(precision: str, sharding: str = "auto", parameters: int = 0) -> Runtime:
-    """Detect the devices; on a declared TPU/GPU VM (payload/hosts.py) a host without them
-    is a one-line error, not a CPU run. The mesh follows `train.sharding` for a model of
-    `parameters` (mesh.plan)."""
-    devices = _devices()
-    gpu = hosts.expected_gpu()
-    kind = _platform(devices[0])
-    bf16_gpu = gpu is not None and gpu.policy == "mixed_bfloat16"
-    auto_bf16 = kind == "tpu" or (kind == "gpu" and bf16_gpu)
-    bf16 = precision == "bf16" or (precision == "auto" and auto_bf16)
-    mesh_plan = mesh_lib.plan(
-        sharding,
-        parameters=parameters,
-        devices=len(devices),
-        memory=mesh_lib.device_memory(devices[0]),
-    )
-    return Runtime(
-        accelerator=kind,
-        policy="mixed_bfloat16" if bf16 else "float32",
-        steps_per_execution=STEPS_PER_CALL[kind],
-        mesh=mesh_lib.build_mesh(mesh_plan, devices),
-        mesh_plan=mesh_plan,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    )
-
-
-def _devices() -> list[Any]:
-    """Every device of every process; on a declared TPU/GPU VM without them, one line."""
-    tpu, gpu = hosts.expected_tpu(), hosts.expected_gpu()
-    try:
-        devices = jax.devices()
-    except RuntimeError as exc:  # JAX_PLATFORMS=tpu (the TPU VM's unit) and no TPU
-        if tpu is None:
-            raise
-        detail = " ".join(str(exc).split())[:300]
-        raise hosts.tpu_not_found(
-            tpu, f"JAX {jax.__version__} could not initialise it ({detail})"
-        ) from None
-    kind = _platform(devices[0])
-    seen = ", ".join(sorted({f"{d.platform} ({d.device_kind})" for d in devices}))
-    if tpu is not None and kind != "tpu":
-        raise hosts.tpu_not_found(
-            tpu, f"JAX {jax.__version__} sees only {seen} (JAX_PLATFORMS={_env('JAX_PLATFORMS')})"
-        )
-    if gpu is not None and kind != "gpu":
-        raise hosts.GpuNotFoundError(
-            f"GPU not found: this VM should have {gpu.count} × {gpu.gpu} (image {gpu.image}) "
-            f"but JAX {jax.__version__} sees only {seen}; not training on the host CPU (check "
-            "nvidia-smi and `journalctl -t tpu-pretrain` on the VM)"
-        )
-    return list(devices)
-
-
-def _env(name: str) -> str:
-    return os.environ.get(name, "") or "unset"
-
-
-def check_global_batch(global_batch_size: int, rt: Runtime, grad_accum_steps: int = 1) -> None:
-    """Every micro-batch (the global batch / train.grad_accum_steps) splits evenly over the
-    devices."""
-    if global_batch_size % rt.num_replicas:
-        raise SpecError(
-            f"train.global_batch_size: {global_batch_size} is not divisible by the "
-            f"{rt.num_replicas} devices JAX sees ({rt.describe()['devices']} per host, "
-            f"{rt.process_count} host(s)); use a multiple of {rt.num_replicas}"
-        )
-    need = rt.num_replicas * grad_accum_steps
-    if global_batch_size % need:
-        raise SpecError(
-            f"train.global_batch_size: {global_batch_size} does not split into "
-            f"train.grad_accum_steps: {grad_accum_steps} micro-batches over the "
-            f"{rt.num_replicas} devices JAX sees; use a multiple of {need}"
-        )
-
-
-class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
-    """training.learning_rate_at in keras.ops (traced inside the compiled step)."""
-
-    def __init__(self, spec: TrainSpec):
-        self.peak = float(spec.learning_rate)
-        self.warmup = float(max(spec.warmup_steps, 0))
-        self.span = float(max(spec.steps - spec.warmup_steps, 1))
-        self.decay = spec.decay
-        self.end = float(spec.end_learning_rate_ratio)
-
-    def __call__(self, step: Any) -> Any:
-        step = jnp.asarray(step, jnp.float32)
-        progress = jnp.clip((step - self.warmup) / self.span, 0.0, 1.0)
-        if self.decay == "linear":
-            factor = 1.0 - (1.0 - self.end) * progress
-        elif self.decay == "cosine":
-            factor = self.end + (1.0 - self.end) * 0.5 * (1.0 + jnp.cos(math.pi * progress))
-        else:
-            factor = jnp.ones_like(progress)
-        decayed = self.peak * factor
-        if self.warmup > 0:
-            warm = self.peak * jnp.minimum((step + 1.0) / self.warmup, 1.0)
-            return jnp.where(step < self.warmup, warm, decayed)
-        return decayed
-
-    def get_config(self) -> dict[str, Any]:
-        return {"peak": self.peak, "warmup": self.warmup, "span": self.span}
-
-
-def create_optimizer(spec: TrainSpec) -> keras.optimizers.AdamW:
-    """AdamW with the TF backend's hyper-parameters, schedule, decay exclusions and global
-    norm clipping (train.clip_norm; 0 disables it)."""
-    optimizer = keras.optimizers.AdamW(
-        learning_rate=WarmupDecay(spec),
-        weight_decay=spec.weight_decay,
-        beta_1=spec.adam_beta1,
-        beta_2=spec.adam_beta2,
-        epsilon=spec.adam_epsilon,
-        global_clipnorm=float(spec.clip_norm) if spec.clip_norm > 0 else None,
-        name="adamw",
-    )
-    optimizer.exclude_from_weight_decay(var_names=list(NO_DECAY_NAMES))
-    return optimizer
-
-
-class _Pipelines:
-    """This process's input: its input pipelines' shares of every global batch.
-
-    An input pipeline (data.make_dataset with its InputContext id) reads its own shard
-    files. Normally there is one per process (host), as on the TF backend; `count` > the
-    process count gives each process several, whose host batches are concatenated in
-    pipeline order (a single process then reads exactly what `count` processes would:
-    tests/payload/test_jax_multihost.py compares the two)."""
-
-    def __init__(self, rt: Runtime, count: int | None = None):
-        self.rt = rt
-        self.count = count or rt.process_count
-        if self.count % rt.process_count:
-            raise ValueError(f"{self.count} input pipelines for {rt.process_count} processes")
-        per = self.count // rt.process_count
-        self.mine = range(rt.process_index * per, (rt.process_index + 1) * per)
-        self.batch_sharding = mesh_lib.batch_sharding(rt.mesh, chunk=False)
-        self.chunk_sharding = mesh_lib.batch_sharding(rt.mesh, chunk=True)
-
-    def pipeline_batch(self, global_batch: int) -> int:
-        return global_batch // self.count
-
-    def datasets(self, job: JobSpec, manifest: Manifest, global_batch: int, **kwargs: Any):
-        """One numpy iterator per pipeline of this process (data.make_dataset's batches)."""
-        return [
-            data_lib.make_dataset(
-                job,
-                manifest,
-                batch_size=self.pipeline_batch(global_batch),
-                input_context=tf.distribute.InputContext(
-                    num_input_pipelines=self.count,
-                    input_pipeline_id=i,
-                    num_replicas_in_sync=self.rt.num_replicas,
-                ),
-                **kwargs,
-            ).as_numpy_iterator()
-            for i in self.mine
-        ]
-
-    def plans(
-        self, job: JobSpec, manifest: Manifest, global_batch: int, *, split: str = "train"
-    ) -> list[data_lib.PipelinePlan]:
-        """What every input pipeline (of every process) reads of `split`, by pipeline id."""
-        paths = manifest_lib.shard_paths(job.paths.data, manifest, split=split)
-        shards = manifest.eval_shards if split == "eval" else manifest.shards
-        return [
-            data_lib.plan_pipeline(
-                paths,
-                [s.records for s in shards],
-                batch_size=self.pipeline_batch(global_batch),
-                num_pipelines=self.count,
-                pipeline_id=i,
-            )
-            for i in range(self.count)
-        ]
-
-    def files(self, job: JobSpec, manifest: Manifest, global_batch: int) -> list[str]:
-        """The training shard files this process reads (for the log)."""
-        plans = self.plans(job, manifest, global_batch)
-        return [storage.basename(path) for i in self.mine for path in plans[i].files]
-
-    @staticmethod
-    def next_host_batch(iterators: list[Any]) -> dict[str, np.ndarray]:
-        parts = [next(it) for it in iterators]
-        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-    def to_devices(self, arrays: dict[str, np.ndarray], *, chunk: bool) -> dict[str, Any]:
-        """Host rows -> one global array per feature, split over the mesh (asynchronous)."""
-        sharding = self.chunk_sharding if chunk else self.batch_sharding
-        axis = 1 if chunk else 0
-        out = {}
-        for name, local in arrays.items():
-            shape = list(local.shape)
-            shape[axis] *= self.rt.process_count
-            out[name] = jax.make_array_from_process_local_data(sharding, local, tuple(shape))
-        return out
-
-
-def _stack(batches: list[dict[str, np.ndarray]], length: int) -> dict[str, np.ndarray]:
-    """The batches on a leading axis of `length` (one compiled chunk shape); the slots past
-    the real batches are zeros that the chunk does not run (steps.make_train_chunk's n)."""
-    out = {}
-    for key in batches[0]:
-        stacked = np.stack([b[key] for b in batches])
-        if len(batches) < length:
-            pad = np.zeros((length - len(batches), *stacked.shape[1:]), stacked.dtype)
-            stacked = np.concatenate([stacked, pad])
-        out[key] = stacked
-    return out
-
-
-class Evaluator:
-    """evaluate.py's held-out evaluation on this backend: the same fixed set and masks
-    (evaluate.EVAL_MASK_SEED), the same sums and metrics, status and TensorBoard."""
-
-    def __init__(
-        self,
-        job: JobSpec,
-        manifest: Manifest,
-        rt: Runtime,
-        *,
-        model: Any,
-        pipelines: _Pipelines,
-        status: StatusWriter,
-    ):
-        self.job, self.status, self.pipelines = job, status, pipelines
-        replicas = rt.num_replicas
-        self.global_batch = evaluate_lib.checked_eval_batch(job, manifest, replicas)
-        # Every pipeline must give the same number of batches: the smallest share decides.
-        self.batches = min(
-            plan.batches_per_epoch
-            for plan in pipelines.plans(job, manifest, self.global_batch, split="eval")
-        )
-        self.sequences = self.batches * self.global_batch
-        iterators = pipelines.datasets(
-            job,
-            manifest,
-            self.global_batch,
-            seed=evaluate_lib.EVAL_MASK_SEED,
-            training=False,
-            repeat=False,
-            split="eval",
-        )
-        # Read, masked and kept on the host once: the same batches at every evaluation.
-        self.host_batches = [pipelines.next_host_batch(iterators) for _ in range(self.batches)]
-        objective = job.data.objective
-
-        @jax.jit
-        def sums(trainable: Any, non_trainable: Any, batch: dict[str, Any], index: Any) -> Any:
-            if objective == "rtd":
-                # The generator's samples of batch `index` are the same at every evaluation.
-                key = steps.sample_key(evaluate_lib.EVAL_MASK_SEED, index)
-                outputs, _ = model.stateless_call(
-                    trainable, non_trainable, steps.rtd_inputs(batch, key), training=False
-                )
-                return steps.rtd_terms(outputs, batch)
-            inputs, labels, weights = steps.model_inputs(objective, batch)
-            logits, _ = model.stateless_call(trainable, non_trainable, inputs, training=False)
-            return jnp.stack(steps.loss_terms(logits, labels, weights))
-
-        self._sums = sums
-        self.terms = len(steps.RTD_TERMS) if objective == "rtd" else 3
-        self.writer = Scalars(storage.join(job.paths.logs, "eval"), enabled=rt.is_chief)
-
-    def evaluate(self, step: int, state: steps.TrainState) -> dict[str, float]:
-        started = time.perf_counter()
-        totals = jnp.zeros([self.terms], jnp.float32)
-        for index, batch in enumerate(self.host_batches):
-            arrays = self.pipelines.to_devices(batch, chunk=False)
-            totals = totals + self._sums(
-                state.trainable, state.non_trainable, arrays, np.int32(index)
-            )
-        seconds = time.perf_counter() - started  # the first call includes compiling
-        return evaluate_lib.report(
-            self.job,
-            self.status,
-            self.writer,
-            step,
-            np.asarray(totals),
-            sequences=self.sequences,
-            seconds=seconds,
-        )
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 def train(
     job: JobSpec, status: StatusWriter, *, input_pipelines: int | None = None
 ) -> dict[str, Any]:
     """Train (or resume) and export on the JAX backend; on a slice every host runs this same
-    program. `input_pipelines`: see _Pipelines (default: one per process)."""
+    program. `input_pipelines`: see batches.Pipelines (default: one per process)."""
     status = _join(status)
     status.update(stage="train", message="verifying data")
     spec = job.train
     manifest = _loaded_manifest(job)
     config = model_lib.config_for(job, manifest)
     parameters = model_lib.parameter_count(job.model.family, config)
-    rt = runtime(spec.precision, spec.sharding, parameters)
-    pipelines = _Pipelines(rt, input_pipelines)
+    rt = runtime_lib.runtime(spec.precision, spec.sharding, parameters)
+    pipelines = Pipelines(rt, input_pipelines)
     _checked_data(job, manifest, pipelines)
     described = rt.describe()
     training.log(f"train: {json.dumps(described)}")
@@ -483,7 +150,7 @@ def _join(status: StatusWriter) -> StatusWriter:
     """Join the slice's other processes (if any) and check this one's place: the status
     this process writes (only process 0 writes status.json)."""
     distributed.initialize_from_env()
-    _devices()  # a missing TPU is one line before anything else
+    runtime_lib.checked_devices()  # a missing TPU is one line before anything else
     process, processes = jax.process_index(), jax.process_count()
     worker = os.environ.get(training.WORKER_ENV, "")
     if worker and int(worker) != process:
@@ -542,7 +209,7 @@ def _loaded_manifest(job: JobSpec) -> Manifest:
     return loaded[0]
 
 
-def _checked_data(job: JobSpec, manifest: Manifest, pipelines: _Pipelines) -> None:
+def _checked_data(job: JobSpec, manifest: Manifest, pipelines: Pipelines) -> None:
     """The manifest checked against the job and the tokenizer, the global batch against
     the devices, and the shard files this process reads. Every process checks; a user error
     on any is the same one-line error on all (distributed.agree_on_checks): no host is left
@@ -550,13 +217,15 @@ def _checked_data(job: JobSpec, manifest: Manifest, pipelines: _Pipelines) -> No
 
     def check() -> None:
         training.check_data(job, manifest)
-        check_global_batch(job.train.global_batch_size, pipelines.rt, job.train.grad_accum_steps)
+        runtime_lib.check_global_batch(
+            job.train.global_batch_size, pipelines.rt, job.train.grad_accum_steps
+        )
         _verify_own_shards(job, manifest, pipelines)
 
     distributed.agree_on_checks("data checks", check)
 
 
-def _verify_own_shards(job: JobSpec, manifest: Manifest, pipelines: _Pipelines) -> None:
+def _verify_own_shards(job: JobSpec, manifest: Manifest, pipelines: Pipelines) -> None:
     """The shard files this process's input pipelines read (training and held-out), against
     the manifest, which was verified when it was written: checksums on a fresh start, sizes
     only on a resume (a run's files were checksummed when it started; on a preemptible slice
@@ -664,7 +333,7 @@ class _TrainLoop:
         model: Any,
         optimizer: Any,
         layout: checkpoints.Layout,
-        pipelines: _Pipelines,
+        pipelines: Pipelines,
         evaluator: Evaluator | None,
     ):
         self.job, self.manifest, self.rt = job, manifest, rt
@@ -712,7 +381,9 @@ class _TrainLoop:
     def _load(self, batches: list[Any], n: int) -> dict[str, Any]:
         """The next n batches, stacked to one chunk's shape, on their way to the devices."""
         host = [self.pipelines.next_host_batch(batches) for _ in range(n)]
-        return self.pipelines.to_devices(_stack(host, self.rt.steps_per_execution), chunk=True)
+        return self.pipelines.to_devices(
+            batches_lib.stack(host, self.rt.steps_per_execution), chunk=True
+        )
 
     def _report(self, meter: training.Meter, start: int, n: int, metrics: dict[str, Any]) -> None:
         """A finished chunk's log lines, TensorBoard and status (waits for that chunk); a
@@ -839,9 +510,9 @@ def export(
 
     def save_model(directory: str) -> Any:
         if isinstance(model, models.Electra):
-            state: Any = models.save_electra(model, directory, weights)
+            state: Any = hf_weights.save_electra(model, directory, weights)
         else:
-            state = models.save_pretrained(model, directory, weights)
+            state = hf_weights.save_pretrained(model, directory, weights)
         _export_gate()
         return state
 

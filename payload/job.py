@@ -63,10 +63,8 @@ BACKENDS = ("auto", "tf", "jax")
 # Activation rematerialisation (JAX backend): none, or `block` = jax.checkpoint around each
 # decoder block, keeping only the block's input for the backward pass (docs/models.md).
 REMATS = ("none", "block")
-REMAT_FAMILIES = ("llama",)
-# How the JAX backend lays the training state over the devices (payload/backends/jax/mesh.py):
-# auto: data parallelism while the state fits a chip, else FSDP. The TF backend: data only.
-SHARDINGS = ("auto", "data", "fsdp")
+# train.sharding's values (SHARDINGS) and the families train.remat applies to
+# (REMAT_FAMILIES): payload/sharding.py, with the rest of the sharding rules.
 ON_BAD_INPUT = ("skip", "fail")
 # The JSON field / Parquet column that holds a record's text (corpus.text_field).
 DEFAULT_TEXT_FIELD = "text"

@@ -40,10 +40,8 @@ from payload.job import (
     OBJECTIVES,
     ON_BAD_INPUT,
     PRECISIONS,
-    REMAT_FAMILIES,
     REMATS,
     ROBERTA_STYLE,
-    SHARDINGS,
     SIZES,
     SIZES_FOR_FAMILY,
     TOKENIZER_KINDS,
@@ -59,8 +57,10 @@ from payload.job import (
     default_special_tokens,
     special_roles,
 )
+from payload.sharding import REMAT_FAMILIES, SHARDINGS
 
-# What a job is comes from payload/job.py; importing it from here keeps working.
+# What a job is comes from payload/job.py (and payload/sharding.py); importing it from here
+# keeps working.
 __all__ = [
     "BACKENDS",
     "BEAM_DATAFLOW_REQUIRED",

@@ -682,8 +682,8 @@ def _vpn(values: Mapping[str, object], tpu_region: str, what: str = "TPU") -> Vp
     )
 
 
-# The payload's default train.global_batch_size (payload/spec.py); infra reads the template
-# only as far as it must (the payload validates the whole spec when it starts).
+# The payload's default train.global_batch_size (payload/job.py TrainSpec); infra reads the
+# template only as far as it must (the payload validates the whole spec when it starts).
 DEFAULT_GLOBAL_BATCH = 32
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from payload import storage
 from payload.errors import DataError
-from payload.spec import OBJECTIVES
+from payload.job import OBJECTIVES
 
 MANIFEST_NAME = "manifest.json"
 # 3: encoding a pure function of the documents (held-out split by a hash of each document,

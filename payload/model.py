@@ -16,7 +16,7 @@ from payload.manifest import special_ids_of
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-    from payload.spec import JobSpec
+    from payload.job import JobSpec
 
 # Size presets. bert and roberta share the encoder shapes of the BERT miniatures
 # (Turc et al. 2019: tiny = L2/H128, mini = L4/H256, small = L4/H512) and BERT-base.

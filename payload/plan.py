@@ -20,7 +20,7 @@ The training state, as the JAX backend lays it out (payload/backends/jax/mesh.py
   embedding / LM head) whole in the compute dtype plus its fp32 gradient ("gathered"; our
   assumption of a compiler that gathers one layer at a time);
 - `train.sharding: auto` is data parallelism while the state takes at most half of a chip's
-  memory (mesh.DATA_PARALLEL_STATE_SHARE), else FSDP, exactly as mesh.plan decides it.
+  memory (sharding.DATA_PARALLEL_STATE_SHARE), else FSDP, exactly as mesh.plan decides it.
 
 Activations (per chip, for the per-chip micro-batch b = global batch / chips /
 train.grad_accum_steps and sequence length S), in the compute dtype: bf16 (a = 2 bytes) on
@@ -67,13 +67,16 @@ from typing import Any
 
 from payload.errors import SpecError, UserError
 
-# The JAX backend's rule (payload/backends/jax/mesh.py STATE_BYTES_PER_PARAMETER,
-# DATA_PARALLEL_STATE_SHARE); tests/payload/test_plan.py checks that the two agree.
-WEIGHT_BYTES = 4
-GRADIENT_BYTES = 4
-SLOT_BYTES = 8  # AdamW: momentum and velocity, fp32
-STATE_BYTES_PER_PARAMETER = WEIGHT_BYTES + GRADIENT_BYTES + SLOT_BYTES
-DATA_PARALLEL_STATE_SHARE = 0.5
+# The JAX backend's rules, from the one copy both read (payload/sharding.py).
+from payload.sharding import (
+    DATA_PARALLEL_STATE_SHARE,
+    GRADIENT_BYTES,
+    REMAT_FAMILIES,
+    SLOT_BYTES,
+    STATE_BYTES_PER_PARAMETER,
+    WEIGHT_BYTES,
+)
+
 # A layout fits when state + activations take at most this share of a chip's memory: the
 # rest is for XLA's temporaries, the program and fragmentation (our margin, not a measured
 # constant).
@@ -82,10 +85,8 @@ FIT_SHARE = 0.9
 # one slice (MaxText publishes ~50-60% for 8B and larger; small models reach less), not a
 # measurement.
 DEFAULT_MFU = 0.35
+# (sharding, remat) layouts; a family outside sharding.REMAT_FAMILIES gets the remat: none ones.
 LAYOUTS = (("data", "none"), ("data", "block"), ("fsdp", "none"), ("fsdp", "block"))
-# train.remat applies to these families' decoder blocks only (payload/spec.py REMAT_FAMILIES):
-# the other families' plans have no remat layouts.
-REMAT_FAMILIES = ("llama",)
 
 
 class AcceleratorError(UserError):
@@ -206,7 +207,7 @@ def model_shape(family: str, size: str, overrides: Mapping[str, Any], vocab: int
                 "the heads"
             )
         d = h // a
-        # Every matrix is split on its hidden-size axis (mesh.FAMILY_RULES["llama"]): listed
+        # Every matrix is split on its hidden-size axis (sharding.FAMILY_RULES["llama"]): listed
         # as (H, other).
         per_layer = [(h, a * d), (h, k * d), (h, k * d), (h, a * d), (h, i), (h, i), (h, i)]
         mats = [(h, vocab)] + per_layer * layers

@@ -18,7 +18,7 @@ import os
 from typing import IO, Any
 
 from payload.errors import CorpusError
-from payload.spec import HF_DATASET_RE, HF_SCHEME
+from payload.job import HF_DATASET_RE, HF_SCHEME
 
 _GLOB_CHARS = "*?["
 

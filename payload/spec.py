@@ -1,84 +1,128 @@
-"""The job spec: one YAML/JSON document, read and validated once into frozen dataclasses.
+"""The job spec: one YAML/JSON document, read and validated once into a ``JobSpec``.
+
+What a job is (the frozen dataclasses, the closed vocabularies, the special-token styles)
+lives in payload/job.py; this module reads a document into it and re-exports those names,
+so ``from payload.spec import JobSpec`` keeps working.
 
 Unknown keys and bad values raise :class:`SpecError` naming the dotted key, the value and
 what is allowed. Relative local paths (corpus, output) resolve against the directory of
 the spec file, so ``examples/tiny.yaml`` can say ``output: ../runs/tiny``.
-
-Special tokens. Each (objective, tokenizer kind) has a style whose role tokens must all be
-present in ``tokenizer.special_tokens`` (extra tokens are allowed; the list order is the id
-order, so the defaults get ids 0..n-1):
-
-==========  ===========  ================================================  =============
-objective   kind         default special_tokens                             roles
-==========  ===========  ================================================  =============
-mlm         wordpiece    [PAD] [UNK] [CLS] [SEP] [MASK]                     BERT
-mlm         bpe/unigram  <s> <pad> </s> <unk> <mask>                        RoBERTa
-rtd         wordpiece    [PAD] [UNK] [CLS] [SEP] [MASK]                     BERT (ELECTRA)
-rtd         bpe/unigram  <s> <pad> </s> <unk> <mask>                        RoBERTa
-clm         any          <s> <pad> </s> <unk>                               bos/eos
-==========  ===========  ================================================  =============
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
 from payload import storage
 from payload.errors import SpecError
-
-# rtd: ELECTRA's replaced-token detection (a generator MLM + a discriminator; docs/payload.md).
-OBJECTIVES = ("mlm", "clm", "rtd")
-# Objectives whose data is packed and dynamically masked as for MLM (encode.py, data.py).
-MASKED_OBJECTIVES = ("mlm", "rtd")
-TOKENIZER_KINDS = ("wordpiece", "bpe", "unigram")
-FAMILIES = ("bert", "roberta", "gpt2", "llama", "electra")
-SIZES = ("tiny", "mini", "small", "base")
-# Llama's presets are named by their size (payload/model.py, docs/models.md).
-LLAMA_SIZES = ("tiny", "125m", "350m", "1b", "3b")
-# ELECTRA's: the paper's small and base (payload/model.py says where each value comes from).
-ELECTRA_SIZES = ("tiny", "small", "base")
-SIZES_FOR_FAMILY = {
-    "bert": SIZES,
-    "roberta": SIZES,
-    "gpt2": SIZES,
-    "llama": LLAMA_SIZES,
-    "electra": ELECTRA_SIZES,
-}
-FAMILIES_FOR_OBJECTIVE = {
-    "mlm": ("bert", "roberta"),
-    "clm": ("gpt2", "llama"),
-    "rtd": ("electra",),
-}
-# Families and objectives only the JAX backend has: `train.backend: auto` picks jax for them.
-JAX_ONLY_FAMILIES = ("llama", "electra")
-JAX_ONLY_OBJECTIVES = ("rtd",)
-DECAYS = ("linear", "cosine", "constant")
-PRECISIONS = ("auto", "bf16", "fp32")
-# auto: jax for a family only the JAX backend has (JAX_ONLY_FAMILIES), else the VM unit's
-# TPU_PAYLOAD_BACKEND, else tf (payload/training.py resolve_backend).
-BACKENDS = ("auto", "tf", "jax")
-# Activation rematerialisation (JAX backend): none, or `block` = jax.checkpoint around each
-# decoder block, keeping only the block's input for the backward pass (docs/models.md).
-REMATS = ("none", "block")
-REMAT_FAMILIES = ("llama",)
-# How the JAX backend lays the training state over the devices (payload/backends/jax/mesh.py):
-# auto: data parallelism while the state fits a chip, else FSDP. The TF backend: data only.
-SHARDINGS = ("auto", "data", "fsdp")
-ON_BAD_INPUT = ("skip", "fail")
-# The JSON field / Parquet column that holds a record's text (corpus.text_field).
-DEFAULT_TEXT_FIELD = "text"
-# A Hub dataset path: hf://datasets/<owner>/<name>@<revision>/<path or glob>; the revision
-# must be a full commit id so that a corpus read twice is the same corpus (payload/corpus.py).
-HF_SCHEME = "hf://"
-HF_DATASET_RE = re.compile(
-    r"^hf://datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)@(?P<revision>[^/]+)(?P<rest>/.*)?$"
+from payload.job import (
+    BACKENDS,
+    BEAM_RUNNERS,
+    BERT_STYLE,
+    CLM_STYLE,
+    DECAYS,
+    DEFAULT_MAX_WORD_LENGTH,
+    DEFAULT_TEXT_FIELD,
+    ELECTRA_SIZES,
+    ENCODE_RUNNERS,
+    FAMILIES,
+    FAMILIES_FOR_OBJECTIVE,
+    HF_DATASET_RE,
+    HF_SCHEME,
+    JAX_ONLY_FAMILIES,
+    JAX_ONLY_OBJECTIVES,
+    LLAMA_SIZES,
+    MASKED_OBJECTIVES,
+    OBJECTIVES,
+    ON_BAD_INPUT,
+    PRECISIONS,
+    REMATS,
+    ROBERTA_STYLE,
+    SIZES,
+    SIZES_FOR_FAMILY,
+    TOKENIZER_KINDS,
+    BeamSpec,
+    CorpusSource,
+    CorpusSpec,
+    DataSpec,
+    JobPaths,
+    JobSpec,
+    ModelSpec,
+    TokenizerSpec,
+    TrainSpec,
+    default_special_tokens,
+    special_roles,
 )
+from payload.sharding import REMAT_FAMILIES, SHARDINGS
+
+# What a job is comes from payload/job.py (and payload/sharding.py); importing it from here
+# keeps working.
+__all__ = [
+    "BACKENDS",
+    "BEAM_DATAFLOW_REQUIRED",
+    "BEAM_GCS_OPTIONS",
+    "BEAM_OPTIONS",
+    "BEAM_RUNNERS",
+    "BERT_CONFIG_KEYS",
+    "BERT_STYLE",
+    "CLM_STYLE",
+    "CONFIG_KEYS",
+    "DECAYS",
+    "DEFAULT_MAX_WORD_LENGTH",
+    "DEFAULT_TEXT_FIELD",
+    "ELECTRA_CONFIG_KEYS",
+    "ELECTRA_SIZES",
+    "ENCODE_RUNNERS",
+    "FAMILIES",
+    "FAMILIES_FOR_OBJECTIVE",
+    "GPT2_CONFIG_KEYS",
+    "HF_COMMIT_RE",
+    "HF_DATASET_RE",
+    "HF_SCHEME",
+    "JAX_ONLY_FAMILIES",
+    "JAX_ONLY_OBJECTIVES",
+    "LLAMA_CONFIG_KEYS",
+    "LLAMA_SIZES",
+    "MASKED_OBJECTIVES",
+    "MAX_CORPUS_SOURCES",
+    "MAX_EVAL_FRACTION",
+    "MAX_SEQ_LENGTH",
+    "MAX_VOCAB",
+    "MAX_WORD_LENGTH",
+    "MIN_EXTRA_VOCAB",
+    "MIN_SEQ_LENGTH",
+    "MIN_WORD_LENGTH",
+    "OBJECTIVES",
+    "ON_BAD_INPUT",
+    "PRECISIONS",
+    "REMATS",
+    "REMAT_FAMILIES",
+    "ROBERTA_STYLE",
+    "SHARDINGS",
+    "SIZES",
+    "SIZES_FOR_FAMILY",
+    "TOKENIZER_KINDS",
+    "BeamSpec",
+    "CorpusSource",
+    "CorpusSpec",
+    "DataSpec",
+    "JobPaths",
+    "JobSpec",
+    "ModelSpec",
+    "TokenizerSpec",
+    "TrainSpec",
+    "default_special_tokens",
+    "load_job",
+    "parse_job",
+    "special_roles",
+    "tf_backend_refusal",
+]
+
+# The revision of a Hub dataset path (payload/job.py HF_DATASET_RE): a full commit id.
 HF_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 MAX_CORPUS_SOURCES = 1024
 
@@ -88,28 +132,12 @@ MAX_CORPUS_SOURCES = 1024
 MIN_EXTRA_VOCAB = {"wordpiece": 100, "unigram": 100, "bpe": 256}
 MAX_VOCAB = 1 << 20
 MIN_SEQ_LENGTH = 8
-# Words (what the tokenizer's pre-tokenizer yields) longer than this are cut into pieces of
-# at most this many characters, in training and encoding alike: the trainers' cost grows
-# with the square of a word's length, so one whitespace-free line of a few hundred KB
-# (base64, minified code) would stall the stage. 100 is transformers' WordPiece default
-# (max_input_chars_per_word); google-research/bert uses 200.
-DEFAULT_MAX_WORD_LENGTH = 100
+# Bounds of tokenizer.max_word_length (payload/job.py DEFAULT_MAX_WORD_LENGTH says why words
+# are cut).
 MIN_WORD_LENGTH = 8
 MAX_WORD_LENGTH = 1 << 16
 MAX_EVAL_FRACTION = 0.5  # the held-out split never takes more than half of the corpus
 MAX_SEQ_LENGTH = 1 << 16
-
-BERT_STYLE = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
-ROBERTA_STYLE = {
-    "cls": "<s>",
-    "pad": "<pad>",
-    "sep": "</s>",
-    "unk": "<unk>",
-    "mask": "<mask>",
-    "bos": "<s>",
-    "eos": "</s>",
-}
-CLM_STYLE = {"bos": "<s>", "pad": "<pad>", "eos": "</s>", "unk": "<unk>"}
 
 BERT_CONFIG_KEYS = {
     "hidden_size": int,
@@ -161,71 +189,6 @@ CONFIG_KEYS = {
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
-def special_roles(objective: str, kind: str, family: str) -> dict[str, str]:
-    """Role -> token of the default special-token style for this objective, kind and model.
-
-    BERT style only for a WordPiece BERT or ELECTRA (ELECTRA's own vocabulary is BERT's);
-    RoBERTa numbers positions from its pad id, which TF RoBERTa fixes at 1, so a RoBERTa gets
-    the RoBERTa layout whatever the tokenizer kind.
-    """
-    if objective == "clm":
-        return dict(CLM_STYLE)
-    bert_like = kind == "wordpiece" and family in ("bert", "electra")
-    return dict(BERT_STYLE if bert_like else ROBERTA_STYLE)
-
-
-def default_special_tokens(objective: str, kind: str, family: str) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(special_roles(objective, kind, family).values()))
-
-
-@dataclass(frozen=True, kw_only=True)
-class CorpusSource:
-    """One member of a corpus: its paths, the field its records keep their text in, and its
-    share of ``data.max_tokens`` (``weight / sum of weights``; None without weights)."""
-
-    paths: tuple[str, ...]
-    text_field: str = DEFAULT_TEXT_FIELD
-    weight: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class CorpusSpec:
-    """``paths`` (one source) or ``sources`` (a mixture), never both: see ``sources_of``."""
-
-    paths: tuple[str, ...] = ()
-    on_bad_input: str = "skip"
-    text_field: str = DEFAULT_TEXT_FIELD
-    sources: tuple[CorpusSource, ...] = ()
-
-    @property
-    def members(self) -> tuple[CorpusSource, ...]:
-        """The corpus as a list of sources: ``corpus.paths`` is one source of weight None."""
-        if self.sources:
-            return self.sources
-        return (CorpusSource(paths=self.paths, text_field=self.text_field),)
-
-    @property
-    def all_paths(self) -> tuple[str, ...]:
-        return tuple(p for source in self.members for p in source.paths)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TokenizerSpec:
-    kind: str
-    vocab_size: int
-    lowercase: bool = False
-    min_frequency: int = 2
-    special_tokens: tuple[str, ...] = ()
-    max_word_length: int = DEFAULT_MAX_WORD_LENGTH
-
-
-# How the encode stage runs (payload/encode.py; payload/encode_beam.py; docs/payload.md):
-# `local`: worker processes on this machine; `beam`: an Apache Beam pipeline with the same
-# functions and the same output, on a local Beam runner or on Dataflow.
-ENCODE_RUNNERS = ("local", "beam")
-# Beam runners we accept (Beam's names): DirectRunner runs here (payload/encode_beam.py: its
-# FnApiRunner, never Prism, which downloads a binary at first use), DataflowRunner on GCP.
-BEAM_RUNNERS = ("DirectRunner", "DataflowRunner")
 # Pipeline options passed through to Dataflow (data.beam.options), by Beam's own names
 # (apache_beam/options/pipeline_options.py of apache-beam 2.77.0: GoogleCloudOptions,
 # WorkerOptions, SetupOptions; checked in that file) and the type each takes. Closed: an
@@ -252,140 +215,6 @@ BEAM_GCS_OPTIONS = ("temp_location", "staging_location")
 # sdk_container_image: the workers' environment with tokenizers and the payload itself (the
 # payload is not on PyPI, so a job without the image cannot run: docs/encoding-at-scale.md).
 BEAM_DATAFLOW_REQUIRED = ("project", "region", "temp_location", "sdk_container_image")
-
-
-@dataclass(frozen=True, kw_only=True)
-class BeamSpec:
-    runner: str = "DirectRunner"
-    workers: int | None = None  # parallelism of a local Beam runner (None: one per CPU core)
-    options: Mapping[str, str | int | bool] = field(default_factory=lambda: MappingProxyType({}))
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataSpec:
-    objective: str
-    seq_length: int = 128
-    records_per_shard: int = 10000
-    mask_probability: float = 0.15
-    workers: int | None = None
-    # Held-out split, chosen per document from a hash of its text (see encode.py): a share
-    # of the corpus (raised toward eval_min_sequences on a small corpus), capped at
-    # eval_max_sequences; 0 turns it off.
-    eval_fraction: float = 0.01
-    eval_min_sequences: int = 32
-    eval_max_sequences: int = 2000
-    # Token budget: encoding stops when it is reached (split over corpus.sources by weight;
-    # the rule: payload/encode.py).
-    max_tokens: int | None = None
-    runner: str = "local"  # local | beam (payload/encode_beam.py)
-    beam: BeamSpec = field(default_factory=BeamSpec)
-
-    @property
-    def max_predictions(self) -> int:
-        """Static number of masked slots per MLM sequence.
-
-        ``ceil(seq_length * mask_probability)`` rounded up to a multiple of 8 (TPU-friendly
-        shapes), capped at ``seq_length``: 24 for 128 tokens at 15%.
-        """
-        raw = math.ceil(self.seq_length * self.mask_probability)
-        return min(self.seq_length, max(8, math.ceil(raw / 8) * 8))
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelSpec:
-    family: str
-    size: str = "tiny"
-    config: Mapping[str, int | float | str | bool] = field(
-        default_factory=lambda: MappingProxyType({})
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainSpec:
-    steps: int
-    global_batch_size: int = 32
-    learning_rate: float = 5e-4
-    warmup_steps: int = 0
-    decay: str = "linear"
-    end_learning_rate_ratio: float = 0.0
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-6
-    clip_norm: float = 1.0  # 0 disables global-norm clipping
-    precision: str = "auto"
-    backend: str = "auto"  # tf (TensorFlow + tf_keras) | jax (Keras 3 on JAX): docs/backends.md
-    sharding: str = "auto"  # auto | data | fsdp (JAX backend): docs/backends.md "The mesh"
-    remat: str = "none"  # none | block (JAX backend): docs/models.md
-    # Micro-batches per optimizer step (JAX backend): the global batch is split into this many
-    # parts whose gradients are summed before the one update (docs/models.md).
-    grad_accum_steps: int = 1
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 3
-    log_every: int = 10
-    eval_every: int = 500  # 0: evaluate on the held-out split only at the end
-    shuffle_buffer: int = 10000
-    seed: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobPaths:
-    root: str
-    tokenizer: str
-    data: str
-    checkpoints: str
-    logs: str
-    export: str
-    status: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobSpec:
-    name: str
-    output: str
-    corpus: CorpusSpec
-    tokenizer: TokenizerSpec
-    data: DataSpec
-    model: ModelSpec
-    train: TrainSpec
-    source: str
-
-    @property
-    def paths(self) -> JobPaths:
-        root = self.output
-        return JobPaths(
-            root=root,
-            tokenizer=storage.join(root, "tokenizer"),
-            data=storage.join(root, "data"),
-            checkpoints=storage.join(root, "checkpoints"),
-            logs=storage.join(root, "logs"),
-            export=storage.join(root, "export"),
-            status=storage.join(root, "status.json"),
-        )
-
-    @property
-    def special_roles(self) -> dict[str, str]:
-        """Role (pad, unk, cls, sep, mask, bos, eos) -> token for this job."""
-        return special_roles(self.data.objective, self.tokenizer.kind, self.model.family)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The resolved spec (defaults filled in, paths absolute) as plain JSON data."""
-
-        def plain(value: Any) -> Any:
-            if isinstance(value, Mapping):
-                return {k: plain(v) for k, v in value.items()}
-            if isinstance(value, tuple | list):
-                return [plain(v) for v in value]
-            if hasattr(value, "__dataclass_fields__"):
-                return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
-            return value
-
-        out = plain(self)
-        out["data"]["max_predictions"] = self.data.max_predictions
-        return out
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 # --------------------------------------------------------------------------- validation

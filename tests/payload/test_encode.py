@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from payload import corpus, encode, records, spec, storage, tokenizer
+from payload import corpus, encode, readers, records, spec, storage, tokenizer
 from payload import manifest as mf
 from payload.errors import CorpusError, DataError
 from payload.status import StatusWriter
@@ -200,7 +200,7 @@ def test_output_is_independent_of_workers_and_reading(tmp_path, corpus_files, mo
     )
     two = make_job(tmp_path / "two", corpus_files, data__workers=2)
     storage.upload_tree(one.paths.tokenizer, two.paths.tokenizer)
-    monkeypatch.setattr(corpus, "CHUNK_BYTES", 4_096)  # the text reader's read size
+    monkeypatch.setattr(readers, "CHUNK_BYTES", 4_096)  # the text reader's read size
     second = encode.encode(two, status_for(two))
     assert second.shards == first.shards
     assert mf.as_dict(second) == mf.as_dict(first)
@@ -218,7 +218,7 @@ def test_long_document_stays_whole(tmp_path, monkeypatch) -> None:
         + "\n\nshort tail document\n"
     )
     job = prepared(make_job(tmp_path, [str(long_doc)]))
-    monkeypatch.setattr(corpus, "CHUNK_BYTES", 8_192)
+    monkeypatch.setattr(readers, "CHUNK_BYTES", 8_192)
     monkeypatch.setattr(corpus, "GROUP_BYTES", 10_000)  # the long document is a group alone
     manifest = encode.encode(job, status_for(job))
     np.testing.assert_array_equal(

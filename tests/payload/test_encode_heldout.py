@@ -18,7 +18,7 @@ from test_encode import (
     status_for,
 )
 
-from payload import corpus, encode, records, storage
+from payload import corpus, encode, readers, records, storage
 from payload import manifest as mf
 from payload.errors import DataError, SpecError
 
@@ -132,7 +132,7 @@ def test_split_is_deterministic_across_workers_and_reading(
     first = encode.encode(one, status_for(one))
     two = make_job(tmp_path / "two", corpus_files, data__workers=2, **settings)
     storage.upload_tree(one.paths.tokenizer, two.paths.tokenizer)
-    monkeypatch.setattr(corpus, "CHUNK_BYTES", 4_096)
+    monkeypatch.setattr(readers, "CHUNK_BYTES", 4_096)
     second = encode.encode(two, status_for(two))
     assert second.eval_shards == first.eval_shards and second.shards == first.shards
     assert first.eval_records > 0

@@ -63,8 +63,6 @@ def test_unknown_accelerator_is_one_line(name: str) -> None:
 def test_the_plan_and_the_trainer_use_the_same_rule() -> None:
     from payload.backends.jax import mesh
 
-    assert plan.STATE_BYTES_PER_PARAMETER == mesh.STATE_BYTES_PER_PARAMETER
-    assert plan.DATA_PARALLEL_STATE_SHARE == mesh.DATA_PARALLEL_STATE_SHARE
     for size in ("125m", "1b", "3b"):
         n = plan.model_shape("llama", size, {}, 32000).parameters
         for chips in (1, 8):
@@ -216,9 +214,6 @@ def test_a_job_template_without_output_is_planned() -> None:
 
 
 def test_remat_is_offered_only_where_it_exists() -> None:
-    from payload.spec import REMAT_FAMILIES
-
-    assert plan.REMAT_FAMILIES == REMAT_FAMILIES
     document = {
         "name": "g",
         "output": "/tmp/unused",

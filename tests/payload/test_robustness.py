@@ -452,8 +452,8 @@ def _no_staging_left(out: Path) -> bool:
 # Where each stage waits while the test interrupts it: before a later block of the corpus
 # is read. The encoder has by then handed two 1 MiB chunks to its two workers.
 MID_STAGE = {
-    "tokenizer": "before:payload.corpus:_read:2",
-    "encode": "before:payload.corpus:_read:3",
+    "tokenizer": "before:payload.readers:_read:2",
+    "encode": "before:payload.readers:_read:3",
 }
 
 

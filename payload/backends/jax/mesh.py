@@ -13,9 +13,10 @@ built by `jax.make_mesh` (which orders TPU devices by their physical topology):
 "recommended sharding strategy for small-scale training", `ici_fsdp_parallelism: -1`), and
 `auto` = `data` while the state fits a chip with room for activations, else `fsdp`.
 
-The rule of a weight (`partition_spec`) is data, not code scattered through the trainer:
-- a family's table (FAMILY_RULES) names, by the variable's path, the axis of each weight
-  that is split over `fsdp`, and takes precedence;
+The rule of a weight (`partition_spec`) is data, not code scattered through the trainer (the
+tables and constants live in payload/sharding.py, framework-free, which the plan reads too):
+- a family's table (sharding.FAMILY_RULES) names, by the variable's path, the axis of each
+  weight that is split over `fsdp`, and takes precedence;
 - otherwise (the families without a table: BERT, RoBERTa, GPT-2, and a table's axis that
   the `fsdp` size does not divide) the generic rule: an array of rank >= 2 is split along
   its largest dimension that the axis size divides (the first such on ties);
@@ -41,7 +42,6 @@ output, so no chip holds a replicated copy first.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,15 +52,14 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from payload.errors import SpecError
-
-AXES = ("data", "fsdp")
-BATCH = ("data", "fsdp")  # the batch dimension is split over both axes
-SETTINGS = ("auto", "data", "fsdp")
-# fp32 weights + fp32 gradients + AdamW's two fp32 slots (docs/backends.md "The mesh").
-STATE_BYTES_PER_PARAMETER = 16
-# `auto` keeps data parallelism while the replicated state takes at most this share of a
-# chip's memory; the rest is for activations, the compiled program and XLA's buffers.
-DATA_PARALLEL_STATE_SHARE = 0.5
+from payload.sharding import (
+    AXES,
+    BATCH,
+    DATA_PARALLEL_STATE_SHARE,
+    SHARDINGS,
+    STATE_BYTES_PER_PARAMETER,
+    family_axis,
+)
 
 
 @dataclass(frozen=True)
@@ -99,8 +98,8 @@ def device_memory(device: Any) -> int | None:
 def plan(setting: str, *, parameters: int, devices: int, memory: int | None) -> MeshPlan:
     """The mesh for `train.sharding: setting`, a model of `parameters` and `devices` chips
     of `memory` bytes each (None: unknown, as on CPU)."""
-    if setting not in SETTINGS:
-        raise SpecError(f"train.sharding: {setting!r} is not one of {', '.join(SETTINGS)}")
+    if setting not in SHARDINGS:
+        raise SpecError(f"train.sharding: {setting!r} is not one of {', '.join(SHARDINGS)}")
     need = state_bytes(parameters)
     gib = (
         f"{need / 2**30:.2f} GiB of state "
@@ -132,36 +131,6 @@ def build_mesh(mesh_plan: MeshPlan, devices: Sequence[Any] | None = None) -> Mes
         axis_types=(jax.sharding.AxisType.Auto,) * 2,
         devices=devices,
     )
-
-
-# family -> ((a regular expression searched in the variable's path, the axis split over
-# fsdp), ...): the first match decides. `[/_]` matches a weight's path (llama/layers_0/
-# self_attn/q_proj/kernel) and its optimizer slots' (adamw/llama_layers_0_self_attn_q_proj_
-# kernel_momentum). Variables no entry names (the RMSNorm scales) follow the generic rule.
-FAMILY_RULES: dict[str, tuple[tuple[str, int], ...]] = {
-    "llama": (
-        (r"embed_tokens[/_]embeddings", 1),  # [V, H]
-        (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)[/_]kernel", 0),  # [H, out]
-        (r"(o_proj|down_proj)[/_]kernel", 1),  # [in, H]
-        (r"lm_head[/_]kernel", 0),  # [H, V], untied embeddings only
-    ),
-    # ELECTRA (models.Electra): the shared embedding tables [V | P | 2, E] on their width E,
-    # as Llama's (the vocabulary, which the tokenizer sets, would otherwise decide, and the
-    # 2-row token-type table has no other axis to split); the discriminator's one-logit
-    # kernel [H, 1] on H. The encoders' kernels follow the generic rule.
-    "electra": (
-        (r"(word|position|type)[/_]embeddings", 1),
-        (r"discriminator_prediction[/_]kernel", 0),
-    ),
-}
-
-
-def family_axis(family: str | None, path: str) -> int | None:
-    """The axis the family's table splits for the variable at `path`, or None."""
-    for pattern, axis in FAMILY_RULES.get(family or "", ()):
-        if re.search(pattern, path):
-            return axis
-    return None
 
 
 def partition_spec(

@@ -31,7 +31,7 @@ from payload import storage
 
 # rtd: ELECTRA's replaced-token detection (a generator MLM + a discriminator; docs/payload.md).
 OBJECTIVES = ("mlm", "clm", "rtd")
-# Objectives whose data is packed and dynamically masked as for MLM (encode.py, data.py).
+# Objectives whose data is packed and dynamically masked as for MLM (encode_rules.py, data.py).
 MASKED_OBJECTIVES = ("mlm", "rtd")
 TOKENIZER_KINDS = ("wordpiece", "bpe", "unigram")
 FAMILIES = ("bert", "roberta", "gpt2", "llama", "electra")
@@ -176,14 +176,14 @@ class DataSpec:
     records_per_shard: int = 10000
     mask_probability: float = 0.15
     workers: int | None = None
-    # Held-out split, chosen per document from a hash of its text (see encode.py): a share
+    # Held-out split, chosen per document from a hash of its text (see encode_rules.py): a share
     # of the corpus (raised toward eval_min_sequences on a small corpus), capped at
     # eval_max_sequences; 0 turns it off.
     eval_fraction: float = 0.01
     eval_min_sequences: int = 32
     eval_max_sequences: int = 2000
     # Token budget: encoding stops when it is reached (split over corpus.sources by weight;
-    # the rule: payload/encode.py).
+    # the rule: payload/encode_rules.py).
     max_tokens: int | None = None
     runner: str = "local"  # local | beam (payload/encode_beam.py)
     beam: BeamSpec = field(default_factory=BeamSpec)

@@ -139,7 +139,7 @@ def test_the_deploy_account_can_deploy_every_resource(stack, overrides, bootstra
         if resource.type_.startswith("tpu-pretrain:"):
             continue
         assert resource.type_ in NEEDS, (
-            f"{resource.type_}: add it to PERMISSIONS_BY_TYPE (infra/bootstrap/gitops_bootstrap"
+            f"{resource.type_}: add it to PERMISSIONS_BY_TYPE (infra/bootstrap/deploy_permissions"
             ".py) and to the policy pack's allowlist"
         )
         needs = set(NEEDS[resource.type_])

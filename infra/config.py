@@ -21,6 +21,7 @@ from pulumi.runtime import config as runtime_config
 
 from infra import jobfit, jobspec
 from infra.catalog import MIN_PYTHON, Catalog, Generation, Image, load_catalog
+from infra.dataflow_regions import dataflow_regions
 from infra.errors import ConfigError
 from infra.gpu_catalog import GpuCatalog, GpuChoiceError, load_gpu_catalog
 from infra.project_config import cli_text
@@ -825,7 +826,7 @@ def parse_config(
         raise ConfigError(f"{_k('job')}: {job_file_value!r}: {error}") from None
     _check_job_replicas(job_file_value, template, accelerator, catalog)
     backend = resolve_backend(job_file_value, template, accelerator, catalog)
-    dataflow = _dataflow(values, job_file_value, template)
+    dataflow = _dataflow(values, job_file_value, template, accelerator.region)
     job_plan = _check_job_fits(job_file_value, template, accelerator, bucket.name, backend)
 
     return StackConfig(
@@ -845,7 +846,9 @@ def parse_config(
     )
 
 
-def _dataflow(values: Mapping[str, object], job_file: str, template: Mapping[str, object]) -> bool:
+def _dataflow(
+    values: Mapping[str, object], job_file: str, template: Mapping[str, object], region: str
+) -> bool:
     """tpu-pretrain:dataflow, off by default: Dataflow is billed outside a TPU grant and its
     grants (a launcher role on the controller) are a stack's explicit choice. A job that
     encodes on Dataflow needs it on; with it on, a job may still encode locally (the stack
@@ -857,6 +860,12 @@ def _dataflow(values: Mapping[str, object], job_file: str, template: Mapping[str
             f"{_k('dataflow')}: the job {job_file!r} encodes on Dataflow (data.beam.runner "
             f"{jobspec.DATAFLOW_RUNNER}); set {_k('dataflow')} to true, or use a local Beam "
             "runner (docs/deploy-gcp.md#dataflow-encoding-at-scale)"
+        )
+    if enabled and region not in dataflow_regions():
+        raise ConfigError(
+            f"{_k('dataflow')}: Dataflow has no regional endpoint in {region} (the stack's "
+            "region; infra/dataflow_regions.yaml, from Google's Dataflow locations page): "
+            "use a stack in a Dataflow region, or encode with a local Beam runner"
         )
     return enabled
 

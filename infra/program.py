@@ -245,8 +245,6 @@ def _dataflow_access(
             launcher_member=launcher.member,
             network=network.vpc.id,
             network_name=cfg.network.name,
-            region=cfg.accelerator.region,
-            labels=cfg.labels,
         ),
         opts=opts,
     )
@@ -475,11 +473,23 @@ def _export(
     target = _dataflow_target(cfg, base.workload.payload_sha256)
     if target is not None:
         # What a launch from your own machine passes (the job spec carries the same when the
-        # job encodes on Dataflow); the launcher needs the controller's two Dataflow grants.
+        # job encodes on Dataflow); the launcher needs the controller's Dataflow grants.
         pulumi.export("dataflowOptions", jobspec.dataflow_options(target, cfg.bucket.name))
+        # The stack does not build the workers' image (infra/components/dataflow.py): say so.
+        pulumi.log.warn(dataflow_image_note(cfg.stack, target.sdk_container_image))
     pulumi.export("vpnEndpoint", hop.endpoint)
     pulumi.export("vpnServerPublicKey", hop.server_public_key)
     pulumi.export("vpnClientConfig", hop.client_config)
+
+
+def dataflow_image_note(stack: str, image: str) -> str:
+    """One line at preview and up: the image a Dataflow job of this payload runs, which the
+    stack neither builds nor can see."""
+    return (
+        f"Dataflow: jobs of this payload run the image {image}, which the stack does not build; "
+        f"if it is missing, create its repository and build and push it as docs/deploy-gcp.md "
+        f'says ("The workers\' image", stack {stack})'
+    )
 
 
 def tpu_recovery_commands(

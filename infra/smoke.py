@@ -54,6 +54,12 @@ CORPUS_DIR = REPO_ROOT / "examples" / "corpus"
 REPORT_DIR = REPO_ROOT / "build" / "smoke"
 NAMESPACE = "tpu-pretrain"
 OK, MISMATCH, FAILED, UNKNOWN = "ok", "MISMATCH", "FAILED", "unknown"
+# The GitOps bootstrap's deploy account and the role it holds on each stack account
+# (infra/bootstrap/gitops_bootstrap.py DEPLOY_ACCOUNT_ID, STACK_ACCOUNT_USER_ROLE_ID; the main
+# program never imports the bootstrap).
+DEPLOY_ACCOUNT_ID = "tpu-pretrain-deploy"
+STACK_ACCOUNT_ROLE_ID = "tpuPretrainStackAccountUser"
+BOOTSTRAP_FIX = "re-run the bootstrap's `pulumi up` (infra/bootstrap, docs/gitops.md)"
 # What gcloud says when the API a command calls is off in the project (read as unknown: the
 # preflight cannot tell, and `pulumi up` enables the program's APIs).
 API_OFF = ("has not been used", "is disabled", "SERVICE_DISABLED")
@@ -257,9 +263,66 @@ class Smoke:
             self._recovery_role(
                 project, RECOVERY_ROLE_ID if isinstance(accel, TpuConfig) else GPU_RECOVERY_ROLE_ID
             )
+        self._gitops_iam(cfg)
         failed = [r for r in self.report.rows if r.verdict == FAILED]
         if failed:
             raise SmokeStopError(f"preflight: {failed[0].check}: {failed[0].seen}")
+
+    def _gitops_iam(self, cfg: StackConfig) -> None:
+        """In a GitOps project (the bootstrap's deploy account holds roles there), what only
+        IAM can tell: that it accepted the bootstrap's conditions (it refuses an undeclared
+        function when the binding is written; an older bootstrap wrote matches(), which
+        Google does not document for resource.name), and that the deploy account holds actAs
+        on each of this stack's accounts through a grant on that account's own policy."""
+        project = cfg.project
+        deploy = f"serviceAccount:{DEPLOY_ACCOUNT_ID}@{project}.iam.gserviceaccount.com"
+        result = self.gcloud("projects", "get-iam-policy", project, "--format=json")
+        try:
+            bindings = list(json.loads(result.stdout or "{}").get("bindings", []))
+        except (ValueError, AttributeError, TypeError):
+            bindings = []
+        check = "GitOps: the bootstrap's IAM conditions"
+        if result.returncode != 0:
+            self.report.add(check, "accepted by IAM", _last_line(result) or "not readable", UNKNOWN)
+            return
+        mine = [b for b in bindings if deploy in b.get("members", [])]
+        if not mine:
+            self.report.add(check, "accepted by IAM", "no deploy account: not GitOps", UNKNOWN)
+            return
+        expressions = [str((b.get("condition") or {}).get("expression", "")) for b in mine]
+        self._row_ok(
+            check,
+            "accepted by IAM, documented functions only",
+            not any("matches(" in e for e in expressions),
+            f"a condition uses matches(): {BOOTSTRAP_FIX}",
+            seen_ok=f"{sum(map(bool, expressions))} conditional bindings",
+        )
+        suffixes = ["workload", "controller", "vpn-hop", *(["dataflow"] if cfg.dataflow else [])]
+        for suffix in suffixes:
+            email = f"{cfg.prefix}-{suffix}@{project}.iam.gserviceaccount.com"
+            policy = self.gcloud(
+                "iam", "service-accounts", "get-iam-policy", email, "--project", project,
+                "--format=json",
+            )  # fmt: skip
+            check = f"GitOps: deploy account's actAs on {cfg.prefix}-{suffix}"
+            fix = f"missing: add stacks/Pulumi.{cfg.stack}.yaml, then {BOOTSTRAP_FIX}"
+            if policy.returncode != 0:
+                error = _last_line(policy)
+                missing = "NOT_FOUND" in error or "not found" in error.lower()
+                self.report.add(
+                    check, "granted", fix if missing else error, FAILED if missing else UNKNOWN
+                )
+                continue
+            try:
+                account_bindings = list(json.loads(policy.stdout or "{}").get("bindings", []))
+            except (ValueError, AttributeError, TypeError):
+                account_bindings = []
+            granted = any(
+                str(b.get("role", "")).endswith(f"/roles/{STACK_ACCOUNT_ROLE_ID}")
+                and deploy in b.get("members", [])
+                for b in account_bindings
+            )
+            self._row_ok(check, "granted", granted, fix)
 
     def _gpu_preflight(self, cfg: StackConfig, gpu: GpuConfig) -> None:
         machine = self.gcloud(

@@ -150,9 +150,6 @@ MAIN_TYPES = {
     SA_IAM_MEMBER: "allowed-iam-grants",
     BUCKET_IAM_MEMBER: "allowed-iam-grants",
     SECRET_IAM_MEMBER: "allowed-iam-grants",
-    REPOSITORY: "the Dataflow workers' image repository (tpu-pretrain:dataflow); who may read "
-    "it: allowed-iam-grants, no-public-principals, grants-on-own-resources",
-    REPOSITORY_IAM_MEMBER: "allowed-iam-grants, grants-on-own-resources",
     "random:index/randomBytes:RandomBytes": "local random bytes (WireGuard key), no cloud call",
     "time:index/sleep:Sleep": "local wait (IAM propagation), no cloud call",
 }
@@ -196,6 +193,10 @@ RECOVERY_PERMISSIONS = frozenset(
 # GPU_RECOVERY_ROLE_ID), granted with a condition naming the one GPU VM.
 GPU_RECOVERY_ROLE_ID = "tpuPretrainGpuRecovery"
 GPU_RECOVERY_PERMISSIONS = frozenset({"compute.instances.get", "compute.instances.start"})
+# The Dataflow launcher's project-level reads (infra/components/dataflow.py
+# LAUNCHER_EXTRA_ROLE_ID; what Dataflow Admin adds to Developer, less object permissions).
+DATAFLOW_LAUNCHER_ROLE_ID = "tpuPretrainDataflowLauncher"
+DATAFLOW_LAUNCHER_PERMISSIONS = frozenset({"compute.machineTypes.get", "storage.buckets.get"})
 
 _ANY_STACK_ACCOUNT = stack_account(*VM_ACCOUNT_ROLES)
 _DATAFLOW_WORKER = stack_account("dataflow")
@@ -274,6 +275,15 @@ MAIN_GRANTS = (
         "the controller launches and watches the stack's Dataflow jobs",
         "the stack's controller account tp-<stack>-controller",
     ),
+    # What Dataflow Admin (Google's minimal role for creating and managing jobs) adds to
+    # Developer at project level, read-only: the bootstrap's tpuPretrainDataflowLauncher.
+    Grant(
+        (PROJECT_IAM_MEMBER,),
+        f"custom:{DATAFLOW_LAUNCHER_ROLE_ID}",
+        rf"serviceAccount:{stack_account('controller')}",
+        "the controller's Dataflow launch reads machine types and the staging bucket",
+        "the stack's controller account tp-<stack>-controller",
+    ),
     Grant(
         (SA_IAM_MEMBER,),
         "roles/iam.serviceAccountUser",
@@ -282,20 +292,6 @@ MAIN_GRANTS = (
         "the stack's controller account, on the same stack's tp-<stack>-dataflow account",
         target=rf"projects/{_PROJECT_ID}/serviceAccounts/{_DATAFLOW_WORKER}",
         same_stack=True,
-    ),
-    # The workers pull their image from the stack's own repository (repository id
-    # "tp-<stack>-dataflow", infra/components/dataflow.py); no other member, no other role (no
-    # writer: the user pushes the image with a grant the stack does not make), never on the
-    # project.
-    Grant(
-        (REPOSITORY_IAM_MEMBER,),
-        "roles/artifactregistry.reader",
-        rf"serviceAccount:{_DATAFLOW_WORKER}",
-        "Dataflow workers pull their container image",
-        "the stack's Dataflow worker account, on the same stack's tp-<stack>-dataflow repository",
-        target=r"(tp-[a-z0-9-]+)-dataflow",
-        same_stack=True,
-        target_key="repository",
     ),
     Grant(
         (SECRET_IAM_MEMBER,),
@@ -320,7 +316,8 @@ BOOTSTRAP_TYPES = {
     "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider": (
         "wif-provider-attribute-condition"
     ),
-    "gcp:serviceaccount/account:Account": "the CI preview and deploy accounts",
+    "gcp:serviceaccount/account:Account": "the CI preview and deploy accounts, and the stacks' "
+    "accounts (so the deploy account can be granted actAs on each)",
     CUSTOM_ROLE: "custom-role-permissions",
     PROJECT_IAM_MEMBER: "allowed-iam-grants",
     SA_IAM_MEMBER: "allowed-iam-grants",
@@ -346,7 +343,6 @@ STACK_ACCOUNT_USER_ROLE_ID = "tpuPretrainStackAccountUser"
 STACK_INSTANCE_ROLE_ID = "tpuPretrainStackInstances"
 STACK_BUCKET_ROLE_ID = "tpuPretrainStackBuckets"
 STACK_SECRET_ROLE_ID = "tpuPretrainStackSecrets"  # noqa: S105 (a role id)
-STACK_REPOSITORY_ROLE_ID = "tpuPretrainStackRepositories"
 
 # The deploy account's unconditional permissions: what the main program's resource types
 # need (infra/bootstrap/gitops_bootstrap.py PERMISSIONS_BY_TYPE; tests/policy/
@@ -356,7 +352,6 @@ STACK_REPOSITORY_ROLE_ID = "tpuPretrainStackRepositories"
 # (tpu.nodes.update: every change replaces it), no token or key creation, no role editing.
 DEPLOYER_PERMISSIONS = frozenset(
     {
-        "artifactregistry.repositories.create",
         "compute.addresses.create",
         "compute.addresses.delete",
         "compute.addresses.get",
@@ -462,15 +457,6 @@ STACK_SECRET_PERMISSIONS = frozenset(
         "secretmanager.versions.get",
     }
 )
-STACK_REPOSITORY_PERMISSIONS = frozenset(
-    {
-        "artifactregistry.repositories.delete",
-        "artifactregistry.repositories.get",
-        "artifactregistry.repositories.getIamPolicy",
-        "artifactregistry.repositories.setIamPolicy",
-        "artifactregistry.repositories.update",
-    }
-)
 PROJECT_IAM_WRITER_PERMISSIONS = frozenset(
     {"resourcemanager.projects.getIamPolicy", "resourcemanager.projects.setIamPolicy"}
 )
@@ -519,13 +505,15 @@ BOOTSTRAP_GRANTS = (
         "the CI deploy account",
         condition="iam.googleapis.com/modifiedGrantsByRole",
     ),
+    # actAs and the IAM policy of one stack account, granted on that account's own policy
+    # (IAM conditions cannot name service accounts), on the stacks' accounts only.
     Grant(
-        (PROJECT_IAM_MEMBER,),
+        (SA_IAM_MEMBER,),
         f"custom:{STACK_ACCOUNT_USER_ROLE_ID}",
         _DEPLOY,
-        "actAs and IAM writes on the stacks' own service accounts only",
-        "the CI deploy account",
-        condition="resource.name",
+        "actAs and IAM writes on one stack account, granted on that account",
+        "the CI deploy account, on a stack's own tp-<stack>-<role> account",
+        target=rf"projects/{_PROJECT_ID}/serviceAccounts/{stack_account(*STACK_ACCOUNT_ROLES)}",
     ),
     Grant(
         (PROJECT_IAM_MEMBER,),
@@ -548,14 +536,6 @@ BOOTSTRAP_GRANTS = (
         f"custom:{STACK_SECRET_ROLE_ID}",
         _DEPLOY,
         "the stacks' own secrets only",
-        "the CI deploy account",
-        condition="resource.name",
-    ),
-    Grant(
-        (PROJECT_IAM_MEMBER,),
-        f"custom:{STACK_REPOSITORY_ROLE_ID}",
-        _DEPLOY,
-        "the stacks' own Dataflow image repositories only",
         "the CI deploy account",
         condition="resource.name",
     ),
@@ -611,9 +591,9 @@ BOOTSTRAP = Profile(
         STACK_INSTANCE_ROLE_ID: STACK_INSTANCE_PERMISSIONS,
         STACK_BUCKET_ROLE_ID: STACK_BUCKET_PERMISSIONS,
         STACK_SECRET_ROLE_ID: STACK_SECRET_PERMISSIONS,
-        STACK_REPOSITORY_ROLE_ID: STACK_REPOSITORY_PERMISSIONS,
         RECOVERY_ROLE_ID: RECOVERY_PERMISSIONS,
         GPU_RECOVERY_ROLE_ID: GPU_RECOVERY_PERMISSIONS,
+        DATAFLOW_LAUNCHER_ROLE_ID: DATAFLOW_LAUNCHER_PERMISSIONS,
     },
 )
 

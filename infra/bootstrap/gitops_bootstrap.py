@@ -27,9 +27,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import pulumi
 import pulumi_gcp as gcp
+from deploy_permissions import PERMISSIONS_BY_TYPE
+from iam_conditions import (
+    STACK_BUCKET_SUFFIX,
+    STACK_PREFIX,
+    modified_grants_only,
+    stack_bucket_condition,
+    stack_instance_condition,
+    stack_secret_condition,
+    state_lock_condition,
+)
 
 PROJECT_NAME = "tpu-pretrain-bootstrap"
 GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
@@ -46,12 +57,13 @@ STACK_ACCOUNT_USER_ROLE_ID = "tpuPretrainStackAccountUser"  # actAs on the stack
 STACK_INSTANCE_ROLE_ID = "tpuPretrainStackInstances"  # the stacks' own VMs only
 STACK_BUCKET_ROLE_ID = "tpuPretrainStackBuckets"  # the stacks' own buckets and objects only
 STACK_SECRET_ROLE_ID = "tpuPretrainStackSecrets"  # noqa: S105 (a role id, not a secret)
-# The Dataflow workers' image repositories of stacks with tpu-pretrain:dataflow only.
-STACK_REPOSITORY_ROLE_ID = "tpuPretrainStackRepositories"
 # The main program binds this role by name (infra/components/recovery.py RECOVERY_ROLE_ID).
 RECOVERY_ROLE_ID = "tpuPretrainTpuRecovery"
 # ... and this one for GPU stacks (infra/components/recovery.py GPU_RECOVERY_ROLE_ID).
 GPU_RECOVERY_ROLE_ID = "tpuPretrainGpuRecovery"
+# ... and this one, with roles/dataflow.developer, for the launcher of stacks with
+# tpu-pretrain:dataflow (infra/components/dataflow.py LAUNCHER_EXTRA_ROLE_ID).
+DATAFLOW_LAUNCHER_ROLE_ID = "tpuPretrainDataflowLauncher"
 DEPLOY_REF = "refs/heads/main"
 # A custom attribute "<token subject>@<git ref>": the deploy binding names one value of it,
 # so a job must run in the deploy environment AND on DEPLOY_REF.
@@ -82,6 +94,14 @@ GPU_RECOVERY_PERMISSIONS = (
     "compute.instances.get",
     "compute.instances.start",
 )
+# What Dataflow Admin, "minimal role for creating and managing dataflow jobs" (Google's
+# Dataflow roles page, iam/docs/roles-permissions/dataflow), holds beyond Dataflow Developer
+# at project level, less its object permissions on every bucket (the launcher has those on
+# the stack's bucket): both read-only.
+DATAFLOW_LAUNCHER_PERMISSIONS = (
+    "compute.machineTypes.get",
+    "storage.buckets.get",
+)
 
 # APIs the bootstrap itself and keyless CI authentication need; left enabled on destroy.
 APIS = (
@@ -106,177 +126,6 @@ PREVIEW_PROJECT_ROLES = (
     # (storage.buckets.list; "view buckets and their metadata" in Google's role list).
     "roles/storage.bucketViewer",
 )
-
-# Resource type of the main program -> permissions the deploy account needs for it over its
-# life (create, read, update, delete, waiting on the operation). Sources: the Cloud REST
-# references' "IAM Permissions" of each method and the Terraform provider's per-resource
-# permission maps (JamesWoolfenden/pike src/mapping/google/resource/*). The deploy account's
-# permissions are DERIVED from this table, nothing is added by hand:
-# tests/policy/test_deployability.py runs every stack under Pulumi's mocks and fails when the
-# program creates a type missing here, or when a permission of a created type is not held.
-PERMISSIONS_BY_TYPE: dict[str, tuple[str, ...]] = {
-    "gcp:projects/service:Service": (
-        "serviceusage.services.enable",
-        "serviceusage.services.get",
-        "serviceusage.services.list",
-        "serviceusage.operations.get",
-        "resourcemanager.projects.get",
-    ),
-    "gcp:compute/network:Network": (
-        "compute.networks.create",
-        "compute.networks.delete",
-        "compute.networks.get",
-        "compute.networks.update",
-        "compute.globalOperations.get",
-    ),
-    "gcp:compute/subnetwork:Subnetwork": (
-        "compute.subnetworks.create",
-        "compute.subnetworks.delete",
-        "compute.subnetworks.get",
-        "compute.subnetworks.update",
-        "compute.subnetworks.setPrivateIpGoogleAccess",
-        "compute.regionOperations.get",
-    ),
-    "gcp:compute/router:Router": (
-        "compute.routers.create",
-        "compute.routers.delete",
-        "compute.routers.get",
-        "compute.routers.update",
-        "compute.regionOperations.get",
-    ),
-    "gcp:compute/routerNat:RouterNat": (
-        "compute.routers.get",
-        "compute.routers.update",
-        "compute.routers.use",
-        "compute.subnetworks.use",  # the NAT names the TPU subnet
-        "compute.regionOperations.get",
-    ),
-    "gcp:compute/firewall:Firewall": (
-        "compute.firewalls.create",
-        "compute.firewalls.delete",
-        "compute.firewalls.get",
-        "compute.firewalls.update",
-        "compute.networks.updatePolicy",
-        "compute.globalOperations.get",
-    ),
-    "gcp:compute/address:Address": (
-        "compute.addresses.create",
-        "compute.addresses.delete",
-        "compute.addresses.get",
-        "compute.addresses.setLabels",
-        "compute.regionOperations.get",
-    ),
-    "gcp:compute/instance:Instance": (
-        "compute.instances.create",
-        "compute.instances.delete",
-        "compute.instances.get",
-        "compute.instances.start",
-        "compute.instances.stop",  # allow_stopping_for_update
-        "compute.instances.setMetadata",
-        "compute.instances.setLabels",
-        "compute.instances.setTags",
-        "compute.instances.setMachineType",
-        # A GPU VM (infra/components/gpu.py): a changed scheduling (spot/on-demand) and a
-        # changed N1 GPU type or count (guest_accelerators), applied while it is stopped.
-        "compute.instances.setScheduling",
-        "compute.instances.setMachineResources",
-        "compute.instances.setServiceAccount",
-        "compute.instances.updateShieldedInstanceConfig",
-        "compute.instances.setShieldedInstanceIntegrityPolicy",
-        "compute.instances.addAccessConfig",
-        "compute.instances.deleteAccessConfig",
-        "compute.disks.create",
-        "compute.disks.get",
-        "compute.images.get",
-        "compute.images.getFromFamily",
-        "compute.images.useReadOnly",
-        "compute.subnetworks.use",
-        "compute.subnetworks.useExternalIp",  # the VPN hop only (policy pack)
-        "compute.addresses.use",  # the VPN hop's static address
-        "compute.zoneOperations.get",
-        "compute.projects.get",
-        "compute.zones.get",
-        "compute.machineTypes.get",
-        "iam.serviceAccounts.actAs",  # attaching the stack's own account (conditional role)
-    ),
-    # No tpu.nodes.update: a node's metadata (its startup script) would run as its account
-    # at the next boot, and Cloud TPU is not among the services whose resource names an IAM
-    # condition can test. Every change replaces the node instead (infra/components/tpu.py).
-    "gcp:tpu/v2Vm:V2Vm": (
-        "tpu.nodes.create",
-        "tpu.nodes.delete",
-        "tpu.nodes.get",
-        "tpu.operations.get",
-        "tpu.acceleratortypes.list",
-        "tpu.runtimeversions.list",
-        "iam.serviceAccounts.actAs",  # attaching the stack's own account (conditional role)
-    ),
-    "gcp:storage/bucket:Bucket": (
-        "storage.buckets.create",
-        "storage.buckets.delete",
-        "storage.buckets.get",
-        "storage.buckets.list",  # the program looks for a bucket kept by an earlier destroy
-        "storage.buckets.update",
-    ),
-    "gcp:storage/bucketIAMMember:BucketIAMMember": (
-        "storage.buckets.getIamPolicy",
-        "storage.buckets.setIamPolicy",
-    ),
-    "gcp:storage/bucketObject:BucketObject": (
-        "storage.objects.create",
-        "storage.objects.delete",
-        "storage.objects.get",
-        "storage.objects.list",
-    ),
-    "gcp:serviceaccount/account:Account": (
-        "iam.serviceAccounts.create",
-        "iam.serviceAccounts.delete",
-        "iam.serviceAccounts.get",
-        "iam.serviceAccounts.update",
-    ),
-    "gcp:serviceaccount/iAMMember:IAMMember": (
-        "iam.serviceAccounts.getIamPolicy",  # conditional role: the stack's accounts only
-        "iam.serviceAccounts.setIamPolicy",
-    ),
-    "gcp:projects/iAMMember:IAMMember": (
-        "resourcemanager.projects.getIamPolicy",  # conditional role: listed roles only
-        "resourcemanager.projects.setIamPolicy",
-    ),
-    "gcp:secretmanager/secret:Secret": (
-        "secretmanager.secrets.create",
-        "secretmanager.secrets.delete",
-        "secretmanager.secrets.get",
-        "secretmanager.secrets.update",
-    ),
-    "gcp:secretmanager/secretVersion:SecretVersion": (
-        "secretmanager.versions.add",
-        "secretmanager.versions.get",
-        "secretmanager.versions.access",  # the provider reads the version it wrote
-        "secretmanager.versions.enable",
-        "secretmanager.versions.disable",
-        "secretmanager.versions.destroy",
-    ),
-    "gcp:secretmanager/secretIamMember:SecretIamMember": (
-        "secretmanager.secrets.getIamPolicy",
-        "secretmanager.secrets.setIamPolicy",
-    ),
-    # tpu-pretrain:dataflow: the workers' image repository and its read grant
-    # (infra/components/dataflow.py; Artifact Registry's access-control page lists these
-    # permissions for repositories).
-    "gcp:artifactregistry/repository:Repository": (
-        "artifactregistry.repositories.create",
-        "artifactregistry.repositories.delete",
-        "artifactregistry.repositories.get",
-        "artifactregistry.repositories.update",
-    ),
-    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": (
-        "artifactregistry.repositories.getIamPolicy",
-        "artifactregistry.repositories.setIamPolicy",
-    ),
-    # Local providers: no Google API call.
-    "random:index/randomBytes:RandomBytes": (),
-    "time:index/sleep:Sleep": (),
-}
 
 # Permissions that would let the deploy account escalate if held project-wide. They are
 # held only through the two conditional roles below, never through the deployer role.
@@ -324,24 +173,12 @@ STACK_SECRET_PERMISSIONS = tuple(
     for p in PERMISSIONS_BY_TYPE[t]
     if p != "secretmanager.secrets.create"
 )  # fmt: skip
-# A repository's settings and IAM policy: only the stacks' own Dataflow image repositories
-# ("projects/<p>/locations/<l>/repositories/tp-<stack>-dataflow"; whether Artifact Registry
-# evaluates conditions on that resource name is only shown on GCP:
-# docs/verified-offline-vs-gcp.md). Creating is checked on the project: in the deployer role.
-STACK_REPOSITORY_PERMISSIONS = tuple(
-    p
-    for t in ("gcp:artifactregistry/repository:Repository",
-              "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")
-    for p in PERMISSIONS_BY_TYPE[t]
-    if p != "artifactregistry.repositories.create"
-)  # fmt: skip
 CONDITIONAL_PERMISSIONS = (
     frozenset(STACK_ACCOUNT_USER_PERMISSIONS)
     | frozenset(PROJECT_IAM_WRITER_PERMISSIONS)
     | frozenset(STACK_INSTANCE_PERMISSIONS)
     | frozenset(STACK_BUCKET_PERMISSIONS)
     | frozenset(STACK_SECRET_PERMISSIONS)
-    | frozenset(STACK_REPOSITORY_PERMISSIONS)
 )
 
 # The deployer role: every permission of the table that is not conditional, sorted.
@@ -368,11 +205,30 @@ GRANTABLE_ACCOUNT_ROLES = ("roles/iam.serviceAccountUser",)
 # name of a stack starts with "tp-<stack>"; SERVICE_ACCOUNT_SUFFIXES), all in the stacks'
 # project. tests/policy/test_deployability.py checks these against infra/config.py and the
 # captured accounts of every stack.
-STACK_ACCOUNT_PREFIX = "tp-"
+STACK_ACCOUNT_PREFIX = STACK_PREFIX
 STACK_ACCOUNT_SUFFIXES = ("workload", "controller", "vpn-hop", "dataflow")
-# A stack's bucket name ends so (infra/config.py STACK_BUCKET_SUFFIX refuses any other), and
-# the state bucket's may not: the deploy account's bucket powers stop at the stacks' buckets.
-STACK_BUCKET_SUFFIX = "-tpu-pretrain"
+# The repository's stack files: one stack per stacks/Pulumi.<stack>.yaml.
+STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
+_ACCOUNT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")  # IAM: 6-30 characters
+
+
+def stack_account_id(stack: str, suffix: str) -> str:
+    return f"{STACK_ACCOUNT_PREFIX}{stack}-{suffix}"
+
+
+def stack_names(directory: Path = STACKS_DIR) -> tuple[str, ...]:
+    """The stacks of the repository, each checked: its accounts' ids must be valid."""
+    names = tuple(sorted(p.name[len("Pulumi.") : -len(".yaml")]
+                         for p in directory.glob("Pulumi.*.yaml")))  # fmt: skip
+    for stack in names:
+        for suffix in STACK_ACCOUNT_SUFFIXES:
+            if not _ACCOUNT_ID.match(stack_account_id(stack, suffix)):
+                raise BootstrapConfigError(
+                    f"stacks/Pulumi.{stack}.yaml: its account id "
+                    f"{stack_account_id(stack, suffix)!r} is not 6-30 lowercase letters, digits "
+                    "or '-': rename the stack"
+                )
+    return names
 
 
 def recovery_role_name(project: str) -> str:
@@ -383,56 +239,17 @@ def gpu_recovery_role_name(project: str) -> str:
     return f"projects/{project}/roles/{GPU_RECOVERY_ROLE_ID}"
 
 
+def dataflow_launcher_role_name(project: str) -> str:
+    return f"projects/{project}/roles/{DATAFLOW_LAUNCHER_ROLE_ID}"
+
+
 def grantable_roles(project: str) -> tuple[str, ...]:
     """Every role the deploy account may grant or revoke on the project."""
-    return (*GRANTABLE_PROJECT_ROLES, recovery_role_name(project), gpu_recovery_role_name(project))
-
-
-def stack_instance_condition() -> str:
-    """The stacks' VMs: every GCP name of a stack starts with "tp-<stack>" (infra/config.py).
-    A VM of the project with another name (or a name the condition cannot test) is out of
-    reach: its metadata, account, tags and power state."""
     return (
-        "resource.name.matches('^projects/[^/]+/zones/[^/]+/instances/"
-        f"{STACK_ACCOUNT_PREFIX}[a-z0-9-]+$')"
-    )
-
-
-def stack_bucket_condition() -> str:
-    """The stacks' buckets and their objects ("projects/_/buckets/<name>-tpu-pretrain" and
-    ".../objects/<object>"); never the state bucket (validate_config)."""
-    return (
-        "resource.name.matches('^projects/_/buckets/[a-z0-9][a-z0-9_.-]*"
-        f"{STACK_BUCKET_SUFFIX}(/objects/.+)?$')"
-    )
-
-
-def stack_secret_condition() -> str:
-    """The stacks' secrets and their versions: every secret id of a stack starts with
-    "tp-<stack>" (infra/components/vpn.py, "<prefix>-vpn-hop-wireguard-server-key")."""
-    return (
-        f"resource.name.matches('^projects/[^/]+/secrets/{STACK_ACCOUNT_PREFIX}[a-z0-9-]+"
-        "(/versions/[^/]+)?$')"
-    )
-
-
-def stack_repository_condition() -> str:
-    """The stacks' Dataflow image repositories (infra/components/dataflow.py repository_id:
-    "tp-<stack>-dataflow")."""
-    return (
-        "resource.name.matches('^projects/[^/]+/locations/[^/]+/repositories/"
-        f"{STACK_ACCOUNT_PREFIX}[a-z0-9-]+-dataflow$')"
-    )
-
-
-def stack_account_name_pattern(project: str) -> str:
-    """RE2 pattern of a stack account's IAM resource name
-    ("projects/<project or ->/serviceAccounts/<email>"); no backslash, so it can sit in a
-    CEL string literal as it is."""
-    suffixes = "|".join(STACK_ACCOUNT_SUFFIXES)
-    domain = f"{project}.iam.gserviceaccount.com".replace(".", "[.]")
-    return (
-        f"^projects/[^/]+/serviceAccounts/{STACK_ACCOUNT_PREFIX}[a-z0-9-]+-({suffixes})@{domain}$"
+        *GRANTABLE_PROJECT_ROLES,
+        recovery_role_name(project),
+        gpu_recovery_role_name(project),
+        dataflow_launcher_role_name(project),
     )
 
 
@@ -449,6 +266,9 @@ class BootstrapConfig:
     github_owner_id: str  # numeric id of the owner (user or organization), likewise
     state_bucket: str
     deploy_environment: str
+    # The stacks whose service accounts the bootstrap creates and lets the deploy account act
+    # as: every stacks/Pulumi.<stack>.yaml of the repository (stack_names()).
+    stacks: tuple[str, ...] = ()
 
 
 _REPOSITORY = re.compile(r"^[A-Za-z0-9-]{1,39}/[A-Za-z0-9._-]{1,100}$")
@@ -523,6 +343,7 @@ def validate_config(
         github_owner_id=owner_id,
         state_bucket=bucket,
         deploy_environment=environment,
+        stacks=stack_names(),
     )
 
 
@@ -557,44 +378,11 @@ def deploy_principal_value(cfg: BootstrapConfig) -> str:
     return f"repo:{cfg.github_repository}:environment:{cfg.deploy_environment}@{DEPLOY_REF}"
 
 
-def _modified_grants_only(roles: tuple[str, ...]) -> str:
-    listed = ", ".join(f"'{role}'" for role in roles)
-    return f"api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', []).hasOnly([{listed}])"
-
-
 def iam_granter_condition(project: str) -> str:
     """Project IAM writes may add or remove bindings of grantable_roles() only. Google
     documents the attribute for the allow policies of projects, folders and organizations
     ("Set limits on granting roles", iam/docs/setting-limits-on-granting-roles)."""
-    return _modified_grants_only(grantable_roles(project))
-
-
-def stack_account_condition(project: str) -> str:
-    """actAs and IAM-policy reads/writes on the stacks' own accounts only, and on those only
-    grants of GRANTABLE_ACCOUNT_ROLES.
-
-    What is verified and what is not (Google's IAM docs; checked only offline):
-    - The account part is a condition on `resource.name`. Google's "Resource attributes for
-      IAM Conditions" page lists the services whose resource names a condition can test;
-      whether iam.googleapis.com service accounts (actAs, setIamPolicy) are among them was
-      not confirmed from that page here. A name the condition cannot test does not match
-      the pattern, so the binding then grants nothing (a 403 on the first deploy that
-      attaches an account), it never grants more.
-    - The role part uses `iam.googleapis.com/modifiedGrantsByRole`, which Google documents
-      for projects, folders and organizations only. If IAM does not set the attribute for a
-      service account's policy, `api.getAttribute(..., [])` is the empty list and the
-      `hasOnly` part is true: on the stacks' own accounts the deploy account could then
-      grant any role, but on no other account (the name part still applies). The policy
-      pack refuses such a grant in every stack before it reaches IAM.
-    Only a real project can tell which of these holds."""
-    return (
-        f"resource.name.matches('{stack_account_name_pattern(project)}')"
-        f" && {_modified_grants_only(GRANTABLE_ACCOUNT_ROLES)}"
-    )
-
-
-def state_lock_condition(bucket: str) -> str:
-    return f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/.pulumi/locks/")'
+    return modified_grants_only(grantable_roles(project))
 
 
 def define(cfg: BootstrapConfig) -> None:
@@ -826,7 +614,7 @@ def define(cfg: BootstrapConfig) -> None:
         condition={
             "title": "stack-instances-only",
             "description": "VMs named tp-<stack>-... only.",
-            "expression": stack_instance_condition(),
+            "expression": stack_instance_condition(project),
         },
     )
     # Custom roles bound to the deploy account only under a condition on resource names.
@@ -856,17 +644,6 @@ def define(cfg: BootstrapConfig) -> None:
                 "expression": stack_secret_condition(),
             },
         ),
-        (
-            "stack-repository-role",
-            STACK_REPOSITORY_ROLE_ID,
-            "tpu-pretrain stack image repositories",
-            STACK_REPOSITORY_PERMISSIONS,
-            {
-                "title": "stack-repositories-only",
-                "description": "Artifact Registry repositories named tp-<stack>-dataflow only.",
-                "expression": stack_repository_condition(),
-            },
-        ),
     )
     for role_name, role_id, title, permissions, condition in scoped_roles:
         custom_role = gcp.projects.IAMCustomRole(
@@ -886,31 +663,42 @@ def define(cfg: BootstrapConfig) -> None:
             member=deploy_member,
             condition=condition,
         )
-    # No project-wide actAs: the deploy account acts as (and edits the IAM policy of) the
-    # stacks' own accounts "tp-<stack>-<role>" only, never the default compute account,
-    # the App Engine default account or the CI accounts of this bootstrap.
+    # No project-wide actAs, and no condition on accounts (IAM service accounts are not on
+    # Google's "Resource attributes for IAM Conditions" page: a condition on their names never
+    # grants). The deploy account holds actAs and the IAM policy of each stack's own accounts
+    # through a grant on that account's own allow policy, made here by the project Owner who
+    # runs the bootstrap: the only identity that can grant on an account without holding
+    # setIamPolicy on every account of the project. So the bootstrap creates the stacks'
+    # accounts (every stack file in stacks/), before their first deploy; the main program
+    # adopts them (infra/components/identity.py create_ignore_already_exists).
     stack_account_role = gcp.projects.IAMCustomRole(
         "stack-account-user-role",
         project=project,
         role_id=STACK_ACCOUNT_USER_ROLE_ID,
         title="tpu-pretrain stack account user",
-        description="actAs and IAM policy of the stacks' own service accounts (conditional).",
+        description="actAs and IAM policy of one stack account (granted on that account).",
         permissions=list(STACK_ACCOUNT_USER_PERMISSIONS),
         stage="GA",
         opts=after_apis,
     )
-    gcp.projects.IAMMember(
-        "deploy-stack-accounts",
-        project=project,
-        role=stack_account_role.name,
-        member=deploy_member,
-        condition={
-            "title": "stack-accounts-only",
-            "description": "The stacks' own accounts (tp-<stack>-<role>); grants "
-            "roles/iam.serviceAccountUser only.",
-            "expression": stack_account_condition(project),
-        },
-    )
+    for stack in cfg.stacks:
+        for suffix in STACK_ACCOUNT_SUFFIXES:
+            account_id = stack_account_id(stack, suffix)
+            account = gcp.serviceaccount.Account(
+                f"stack-{stack}-{suffix}",
+                project=project,
+                account_id=account_id,
+                display_name=f"tpu-pretrain {stack}: {suffix}",
+                # An account a stack created before this bootstrap knew it is adopted.
+                create_ignore_already_exists=True,
+                opts=after_apis,
+            )
+            gcp.serviceaccount.IAMMember(
+                f"deploy-on-{stack}-{suffix}",
+                service_account_id=account.name,
+                role=stack_account_role.name,
+                member=deploy_member,
+            )
     # Created here, not by the stacks: the deploy account may grant it (above) but holds no
     # iam.roles.* permission, so it cannot widen a role it is allowed to grant.
     gcp.projects.IAMCustomRole(
@@ -930,6 +718,16 @@ def define(cfg: BootstrapConfig) -> None:
         title="tpu-pretrain GPU recovery",
         description="Describe and start a stack's stopped spot GPU VM (the watchdog).",
         permissions=list(GPU_RECOVERY_PERMISSIONS),
+        stage="GA",
+        opts=after_apis,
+    )
+    gcp.projects.IAMCustomRole(
+        "dataflow-launcher-role",
+        project=project,
+        role_id=DATAFLOW_LAUNCHER_ROLE_ID,
+        title="tpu-pretrain Dataflow launcher",
+        description="What Dataflow Admin adds to Developer at project level, read-only.",
+        permissions=list(DATAFLOW_LAUNCHER_PERMISSIONS),
         stage="GA",
         opts=after_apis,
     )

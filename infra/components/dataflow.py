@@ -8,13 +8,15 @@ permissions" and "Access control with IAM" pages, dataflow/docs/concepts/...):
   service account to execute work units for a Dataflow pipeline" that "should typically only
   be assigned to such an account" (dataflow.workItems.lease/update/sendMessage), and object
   read/write on the stack's bucket only (corpus in, shards out, staging and temp files);
-- the launcher (the controller's account) may create and manage jobs (roles/dataflow.developer:
-  dataflow.* and resourcemanager.projects.get/list). Google calls Dataflow Admin the minimal
-  set for running jobs; it adds compute.machineTypes.get, storage.buckets.get and object
-  create/get/list on every bucket of the project: the controller has the objects of the
-  stack's bucket already (storage.objectAdmin), and whether a launch needs the other two is
-  what only a real job shows (docs/verified-offline-vs-gcp.md). It may act as the worker
-  account, a grant
+- the launcher (the controller's account) may create and manage jobs. Google's Dataflow
+  roles page (iam/docs/roles-permissions/dataflow) calls Dataflow Admin (roles/dataflow.admin)
+  the "minimal role for creating and managing dataflow jobs": it is Dataflow Developer
+  (roles/dataflow.developer) plus compute.machineTypes.get, storage.buckets.get and
+  storage.objects.create/get/list. The launcher gets Developer and the bootstrap's custom
+  role tpuPretrainDataflowLauncher with the two project-level reads (LAUNCHER_EXTRA_PERMISSIONS);
+  the objects it needs are those of the stack's bucket, which it holds there already
+  (storage.objectAdmin), so Admin's object permissions on every bucket of the project (the
+  Pulumi state bucket among them) are not granted. It may act as the worker account, a grant
   on that one account (never roles/iam.serviceAccountUser on the project, which would be
   actAs on every account of the project);
 - workers talk to each other on TCP 12345-12346 (Google's "Configure internet access and
@@ -24,15 +26,16 @@ permissions" and "Access control with IAM" pages, dataflow/docs/concepts/...):
   through the subnet's Private Google Access (infra/components/network.py);
 - the workers' container image (the payload requires `sdk_container_image` with
   DataflowRunner: its own code is not on PyPI and workers without public IPs install nothing,
-  docs/encoding-at-scale.md): an Artifact Registry Docker repository of the stack in its
-  region, which only the worker account may read (roles/artifactregistry.reader on that
-  repository: Artifact Registry's "Integrate with Compute Engine" page names the reader role
-  for a VM's account that pulls images, and a repository-level grant for one repository;
-  that Dataflow workers pull as the worker account is what only a real job shows). No account of the
-  stack may write it: the user builds and pushes the image (docs/deploy-gcp.md), with a
-  writer grant on this one repository that the stack does not make; a writer grant to the
-  controller would let whatever runs there replace the code every worker runs as the
-  worker account, and the controller has no Docker to build with.
+  docs/encoding-at-scale.md) lives in an Artifact Registry Docker repository
+  "tp-<stack>-dataflow" in the stack's region. The stack neither creates it nor grants on it:
+  Artifact Registry is not among the services whose resource names an IAM condition can test
+  (Google's "Resource attributes for IAM Conditions"), so the deploy account could only manage
+  a repository and its IAM policy with permissions on every repository of the project. The
+  person who builds and pushes the image (docs/deploy-gcp.md, "The workers' image") creates
+  the repository (tags immutable) and grants the worker account roles/artifactregistry.reader
+  on it, a repository-level grant (Artifact Registry's "Integrate with Compute Engine" page
+  names the reader role for a VM's account that pulls images); the preview says so in one
+  line (infra/program.py).
 """
 
 from __future__ import annotations
@@ -47,6 +50,11 @@ from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
 DATAFLOW_API = "dataflow.googleapis.com"
 WORKER_ROLE = "roles/dataflow.worker"
 LAUNCHER_ROLE = "roles/dataflow.developer"
+# What Dataflow Admin adds to Developer at project level, read-only (Google's Dataflow roles
+# page); a custom role the GitOps bootstrap creates (infra/bootstrap/gitops_bootstrap.py
+# DATAFLOW_LAUNCHER_ROLE_ID, or the one-time gcloud command in docs/deploy-gcp.md).
+LAUNCHER_EXTRA_ROLE_ID = "tpuPretrainDataflowLauncher"
+LAUNCHER_EXTRA_PERMISSIONS = ("compute.machineTypes.get", "storage.buckets.get")
 ACT_AS_ROLE = "roles/iam.serviceAccountUser"
 # Objects only (get, list, create, delete, update), no IAM: Beam writes files under a temp
 # name and renames them (copy + delete), so create without delete is not enough.
@@ -56,7 +64,13 @@ WORKER_BUCKET_ROLE = "roles/storage.objectUser"
 WORKER_TAG = "dataflow"
 WORKER_PORTS = "12345-12346"
 IMAGE_REGISTRY_API = "artifactregistry.googleapis.com"
-IMAGE_READER_ROLE = "roles/artifactregistry.reader"
+IMAGE_READER_ROLE = "roles/artifactregistry.reader"  # granted by the image's builder
+
+
+def launcher_extra_role_name(project: str) -> str:
+    return f"projects/{project}/roles/{LAUNCHER_EXTRA_ROLE_ID}"
+
+
 # The image's name in the repository; its tag is the payload archive's digest (below).
 IMAGE_NAME = "encode"
 
@@ -101,14 +115,12 @@ class DataflowAccessArgs:
     launcher_member: pulumi.Input[str]  # the controller's account (serviceAccount:...)
     network: pulumi.Input[str]  # the stack's VPC (id)
     network_name: str
-    region: str  # the stack's region (the bucket's): the image repository's location
-    labels: dict[str, str]
 
 
 class DataflowAccess(pulumi.ComponentResource):
-    """The worker account with its two grants, the launcher's two grants, the firewall rule
-    between workers, and the workers' image repository with its one read grant. The Dataflow
-    and Artifact Registry APIs themselves are in ProjectApis (program.py)."""
+    """The worker account with its two grants, the launcher's three grants and the firewall
+    rule between workers. The Dataflow and Artifact Registry APIs themselves are in
+    ProjectApis (program.py); the image repository is not the stack's (module docstring)."""
 
     def __init__(
         self, name: str, args: DataflowAccessArgs, opts: pulumi.ResourceOptions | None = None
@@ -148,6 +160,13 @@ class DataflowAccess(pulumi.ComponentResource):
             member=args.launcher_member,
             opts=child,
         )
+        self.launcher_reads = gcp.projects.IAMMember(
+            f"{name}-launcher-reads",
+            project=args.project,
+            role=launcher_extra_role_name(args.project),
+            member=args.launcher_member,
+            opts=child,
+        )
         self.launcher_acts_as_worker = gcp.serviceaccount.IAMMember(
             f"{name}-launcher-acts-as-worker",
             service_account_id=self.worker.resource_name,
@@ -167,35 +186,5 @@ class DataflowAccess(pulumi.ComponentResource):
             log_config={"metadata": "INCLUDE_ALL_METADATA"},
             opts=child,
         )
-        # Inputs as pulumi-gcp 10.2 documents them (artifactregistry/repository.py): format
-        # DOCKER, mode STANDARD_REPOSITORY (its default, written out: not a remote or virtual
-        # repository that would pull from elsewhere), docker_config.immutable_tags.
-        self.image_repository = gcp.artifactregistry.Repository(
-            f"{name}-images",
-            project=args.project,
-            location=args.region,
-            repository_id=repository_id(args.prefix),
-            format="DOCKER",
-            mode="STANDARD_REPOSITORY",
-            description=f"tpu-pretrain {args.stack}: the Dataflow workers' container image",
-            # A tag, once pushed, always names the same image: the tag is the payload's
-            # digest, so a job can never run an image rebuilt from other source under it.
-            docker_config={"immutable_tags": True},
-            labels=args.labels,
-            opts=child,
-        )
-        # No cleanup policy: a job spec of an earlier payload version names its own image,
-        # and deleting it would break a re-run of that job; old images are deleted by hand.
-        self.image_reader = gcp.artifactregistry.RepositoryIamMember(
-            f"{name}-image-reader",
-            project=args.project,
-            location=self.image_repository.location,
-            repository=self.image_repository.repository_id,
-            role=IMAGE_READER_ROLE,
-            member=self.worker.member,
-            opts=child,
-        )
         self.worker_email = self.worker.email
-        self.register_outputs(
-            {"workerEmail": self.worker_email, "imageRepository": self.image_repository.name}
-        )
+        self.register_outputs({"workerEmail": self.worker_email})

@@ -44,6 +44,10 @@ class ServiceIdentity(pulumi.ComponentResource):
             project=args.project,
             account_id=args.account_id,
             display_name=args.display_name,
+            # In a GitOps project the bootstrap creates every stack's accounts first and grants
+            # the deploy account actAs on each one's own allow policy (infra/bootstrap,
+            # docs/gitops.md): the account is adopted, not created a second time.
+            create_ignore_already_exists=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.email = self.account.email

@@ -99,6 +99,7 @@ def test_dataflow_on_creates_exactly_what_the_workers_and_the_launcher_need():
         "project": PROJECT,
         "accountId": f"{prefix}-dataflow",
         "displayName": "tpu-pretrain v3-euw4: Dataflow workers",
+        "createIgnoreAlreadyExists": True,
     }
     # The worker account: roles/dataflow.worker on the project and nothing else there (no
     # log/metric writer roles of its own), objects of the stack's bucket.
@@ -114,11 +115,18 @@ def test_dataflow_on_creates_exactly_what_the_workers_and_the_launcher_need():
     assert [r.inputs for r in worker_bucket_roles] == [
         {"bucket": bucket, "role": "roles/storage.objectUser", "member": f"serviceAccount:{worker}"}
     ]
-    # The launcher (the controller's account): Dataflow Developer, and actAs on the worker
-    # account only.
+    # The launcher (the controller's account): what Google's "minimal role for creating and
+    # managing dataflow jobs" (Dataflow Admin) holds: Developer, plus the bootstrap's role with
+    # Admin's two project-level reads (its object permissions: on the stack's bucket only,
+    # objectAdmin, which the controller holds), and actAs on the worker account only.
     assert _named(run, "dataflow-launcher").inputs == {
         "project": PROJECT,
         "role": "roles/dataflow.developer",
+        "member": launcher,
+    }
+    assert _named(run, "dataflow-launcher-reads").inputs == {
+        "project": PROJECT,
+        "role": f"projects/{PROJECT}/roles/tpuPretrainDataflowLauncher",
         "member": launcher,
     }
     assert _named(run, "dataflow-launcher-acts-as-worker").inputs == {
@@ -136,27 +144,9 @@ def test_dataflow_on_creates_exactly_what_the_workers_and_the_launcher_need():
         "targetTags": ["dataflow"],
         "logConfig": {"metadata": "INCLUDE_ALL_METADATA"},
     }
-    # The workers' image repository, in the stack's region, tags immutable; read by the worker
-    # account only, on this repository (no project-level Artifact Registry role, no writer).
-    assert _named(run, "dataflow-images").inputs == {
-        "project": PROJECT,
-        "location": "europe-west4",
-        "repositoryId": f"{prefix}-dataflow",
-        "format": "DOCKER",
-        "mode": "STANDARD_REPOSITORY",
-        "description": "tpu-pretrain v3-euw4: the Dataflow workers' container image",
-        "dockerConfig": {"immutableTags": True},
-        "labels": {"app": "tpu-pretrain", "stack": "v3-euw4", "job": "bert-small-mlm"},
-    }
-    assert [r.inputs for r in of_type(run.resources, REPOSITORY_MEMBER)] == [
-        {
-            "project": PROJECT,
-            "location": "europe-west4",
-            "repository": f"{prefix}-dataflow",
-            "role": "roles/artifactregistry.reader",
-            "member": f"serviceAccount:{worker}",
-        }
-    ]
+    # No image repository and no grant on one: Artifact Registry names cannot be conditioned,
+    # so the deploy account gets no power over repositories; the image's builder makes it.
+    assert not of_type(run.resources, REPOSITORY) and not of_type(run.resources, REPOSITORY_MEMBER)
     assert not [
         r
         for r in of_type(run.resources, PROJECT_MEMBER)
@@ -167,10 +157,9 @@ def test_dataflow_on_creates_exactly_what_the_workers_and_the_launcher_need():
     assert children == [
         "dataflow",
         "dataflow-allow-workers",
-        "dataflow-image-reader",
-        "dataflow-images",
         "dataflow-launcher",
         "dataflow-launcher-acts-as-worker",
+        "dataflow-launcher-reads",
         "dataflow-worker",
         "dataflow-worker-identity",
         "dataflow-worker-identity-sa",
@@ -186,7 +175,6 @@ def test_grants_naming_the_worker_account_wait_for_it_to_settle_and_the_controll
         "dataflow-worker",
         "dataflow-worker-objects",
         "dataflow-launcher-acts-as-worker",
-        "dataflow-image-reader",
     ):
         assert settle.urn in _named(run, name).options["dependencies"], name
     controller = one(
@@ -197,8 +185,8 @@ def test_grants_naming_the_worker_account_wait_for_it_to_settle_and_the_controll
     for name in (
         "dataflow-launcher",
         "dataflow-launcher-acts-as-worker",
+        "dataflow-launcher-reads",
         "dataflow-worker",
-        "dataflow-image-reader",
     ):
         assert _named(run, name).urn in controller.options["dependencies"], name
 
@@ -332,10 +320,40 @@ def test_the_offline_plan_shows_the_dataflow_resources_and_options():
     assert 'role="roles/dataflow.developer"' in row("dataflow-launcher")
     assert 'role="roles/iam.serviceAccountUser"' in row("dataflow-launcher-acts-as-worker")
     assert 'sourceTags=["dataflow"] targetTags=["dataflow"]' in row("dataflow-allow-workers")
-    assert 'repositoryId="tp-v3-euw4-dataflow"' in row("dataflow-images")
-    assert 'format="DOCKER"' in row("dataflow-images")
-    assert 'role="roles/artifactregistry.reader"' in row("dataflow-image-reader")
+    assert 'roles/tpuPretrainDataflowLauncher"' in row("dataflow-launcher-reads")
     [options] = [line for line in lines if line.startswith("  dataflowOptions: ")]
     shown = json.loads(options.removeprefix("  dataflowOptions: "))
     assert shown["subnetwork"] == "regions/europe-west4/subnetworks/tp-v3-euw4-vpc-europe-west4"
     assert shown == run_offline("v3-euw4", ON).exports["dataflowOptions"]
+
+
+@pytest.mark.parametrize("stack", ["v4-usc2", "v4-32-usc2"])
+def test_dataflow_in_a_region_without_a_dataflow_endpoint_is_refused(stack):
+    """us-central2 (the TPU v4 stacks) is not on Google's Dataflow locations page."""
+    message = config_error(stack, ON)
+    assert message == (
+        "tpu-pretrain:dataflow: Dataflow has no regional endpoint in us-central2 (the stack's "
+        "region; infra/dataflow_regions.yaml, from Google's Dataflow locations page): use a "
+        "stack in a Dataflow region, or encode with a local Beam runner"
+    )
+
+
+def test_every_other_stack_region_has_dataflow():
+    from infra.dataflow_regions import dataflow_regions, dataflow_source
+
+    assert dataflow_source() == "https://docs.cloud.google.com/dataflow/docs/resources/locations"
+    for region in ("us-central1", "us-east1", "europe-west4"):
+        assert region in dataflow_regions()
+    assert "us-central2" not in dataflow_regions()
+    for stack in ("v3-euw4", "t4-usc1", "l4x2-use1", "a100x4-usc1"):
+        assert "dataflowOptions" in run_offline(stack, ON).exports, stack
+
+
+def test_the_preview_says_in_one_line_that_the_stack_does_not_build_the_image():
+    from infra.program import dataflow_image_note
+
+    run = run_offline("v3-euw4", ON)
+    image = run.exports["dataflowOptions"]["sdk_container_image"]
+    note = dataflow_image_note("v3-euw4", image)
+    assert "\n" not in note
+    assert image in note and "docs/deploy-gcp.md" in note and "build and push" in note

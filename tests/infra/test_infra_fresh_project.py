@@ -217,3 +217,20 @@ def test_every_iam_grant_naming_a_new_service_account_waits_for_its_settle(stack
         "tpu-pretrain:index:GpuAutoRecovery" in types
     )
     assert naming == len(grants) == 2 * len(accounts) + 3 + watchdog, [g.name for g in grants]
+
+
+@pytest.mark.parametrize("stack", ["v6e-euw4", "t4-usc1"])
+def test_every_stack_account_is_adopted_so_the_bootstraps_act_as_grant_holds(stack):
+    """In a GitOps project the bootstrap creates each stack's accounts and grants the deploy
+    account actAs on each one's own allow policy (IAM conditions cannot name accounts); the
+    program adopts an existing account instead of failing on it, and never grants actAs to
+    anyone but its own controller (the grants on its accounts are the program's, none to the
+    deploy account)."""
+    run = run_offline(stack, {"tpu-pretrain:tpuAutoRecover": True} if stack[0] == "v" else None)
+    accounts = of_type(run.resources, "gcp:serviceaccount/account:Account")
+    assert accounts
+    assert all(a.inputs["createIgnoreAlreadyExists"] is True for a in accounts)
+    grants = of_type(run.resources, "gcp:serviceaccount/iAMMember:IAMMember")
+    assert all(
+        g.inputs["member"].startswith(f"serviceAccount:tp-{stack}-controller@") for g in grants
+    )

@@ -86,6 +86,12 @@ elif words[:3] == ["iam", "roles", "describe"]:
         fail(f"NOT_FOUND: The role named projects/p/roles/{words[3]} was not found.")
     print(json.dumps({"name": f"projects/p/roles/{words[3]}",
                       "deleted": words[3] in scenario.get("deleted_roles", [])}))
+elif words[:2] == ["projects", "get-iam-policy"]:
+    print(json.dumps({"bindings": scenario.get("project_bindings", [])}))
+elif words[:3] == ["iam", "service-accounts", "get-iam-policy"]:
+    if words[3].split("@")[0] in scenario.get("missing_accounts", []):
+        fail(f"NOT_FOUND: Service account projects/-/serviceAccounts/{words[3]} does not exist.")
+    print(json.dumps({"bindings": scenario.get("account_bindings", [])}))
 elif words[:3] == ["compute", "project-info", "describe"]:
     print(json.dumps({"quotas": scenario.get("project_quotas", [])}))
 elif words[:3] == ["compute", "machine-types", "describe"]:
@@ -672,3 +678,81 @@ def test_the_export_loader_loads_a_real_export_and_refuses_random_weights(tmp_pa
     nothing = load("nothing")
     assert nothing.returncode == 1
     assert nothing.stderr.strip().endswith("nothing: no config.json (not an export directory)")
+
+
+DEPLOY = "serviceAccount:tpu-pretrain-deploy@tpu-pretrain-test.iam.gserviceaccount.com"
+GRANT = {
+    "role": "projects/tpu-pretrain-test/roles/tpuPretrainStackAccountUser",
+    "members": [DEPLOY],
+}
+
+
+def _gitops(expression: str) -> list[dict]:
+    return [
+        {"role": "projects/tpu-pretrain-test/roles/tpuPretrainDeployer", "members": [DEPLOY]},
+        {
+            "role": "projects/tpu-pretrain-test/roles/tpuPretrainStackBuckets",
+            "members": [DEPLOY],
+            "condition": {"title": "stack-buckets-only", "expression": expression},
+        },
+    ]
+
+
+GOOD = "resource.type == 'storage.googleapis.com/Bucket' && resource.name.endsWith('-x')"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "check", "seen"),
+    [
+        (
+            {"project_bindings": _gitops("resource.name.matches('^projects/_/buckets/a$')"),
+             "account_bindings": [GRANT]},
+            "GitOps: the bootstrap's IAM conditions",
+            "a condition uses matches(): re-run the bootstrap's `pulumi up`",
+        ),
+        (
+            {"project_bindings": _gitops(GOOD), "account_bindings": []},
+            "GitOps: deploy account's actAs on tp-v6e-euw4-workload",
+            "missing: add stacks/Pulumi.v6e-euw4.yaml, then re-run the bootstrap's `pulumi up`",
+        ),
+        (
+            {"project_bindings": _gitops(GOOD), "account_bindings": [GRANT],
+             "missing_accounts": ["tp-v6e-euw4-vpn-hop"]},
+            "GitOps: deploy account's actAs on tp-v6e-euw4-vpn-hop",
+            "missing: add stacks/Pulumi.v6e-euw4.yaml",
+        ),
+    ],
+)  # fmt: skip
+def test_a_gitops_project_without_the_bootstraps_iam_stops_with_the_fix(
+    world, scenario, check, seen
+):
+    w = world(**scenario)
+    code, runner = w.smoke()
+    assert code == 2
+    assert w.verbs("pulumi") == []
+    failed = [r for r in runner.report.rows if r.verdict == "FAILED"]
+    assert failed[0].check == check and failed[0].seen.startswith(seen), failed
+
+
+def test_a_gitops_project_with_the_bootstraps_iam_passes_the_preflight(world):
+    w = world(project_bindings=_gitops(GOOD), account_bindings=[GRANT])
+    w.boot("controller")
+    w.boot("tpu", {"STUB_PYTHON_VERSION": "3.10"})
+    w.write("bootstrap/tpu.json", {"state": "started"})
+    w.finish_training()
+    code, runner = w.smoke()
+    assert code == 0, w.out.getvalue()
+    rows = {r.check: (r.seen, r.verdict) for r in runner.report.rows}
+    assert rows["GitOps: the bootstrap's IAM conditions"] == ("1 conditional bindings", "ok")
+    for suffix in ("workload", "controller", "vpn-hop"):
+        assert rows[f"GitOps: deploy account's actAs on tp-v6e-euw4-{suffix}"] == ("yes", "ok")
+
+
+def test_a_project_without_the_deploy_account_is_not_gitops(world):
+    w = world()
+    _, runner = w.smoke()
+    rows = {r.check: (r.seen, r.verdict) for r in runner.report.rows}
+    assert rows["GitOps: the bootstrap's IAM conditions"] == (
+        "no deploy account: not GitOps",
+        "unknown",
+    )

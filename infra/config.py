@@ -503,6 +503,15 @@ def _runtime(
             f"{_k('runtimeVersion')}: {runtime!r} is not a base image for TPU "
             f"{generation.name} ({accelerator_type}); use one of: {allowed}"
         )
+    shape = catalog.slice_of(accelerator_type)
+    if shape is not None and shape.image and runtime != shape.image:
+        # A slice boots the image its evidence boots (catalog.yaml slices `image:`), as a
+        # single host boots one of its generation's images: another image of the generation
+        # has no evidence of JAX running on that multi-host type.
+        raise ConfigError(
+            f"{_k('runtimeVersion')}: {runtime!r} is not the image the {accelerator_type} slice's "
+            f"evidence boots; use {shape.image} (infra/catalog.yaml slices, docs/pod-slices.md)"
+        )
     image = catalog.images[runtime]
     if not image.python_ok:
         floor = ".".join(map(str, MIN_PYTHON))

@@ -251,6 +251,7 @@ class GpuConfig:
     driver_repo: str  # NVIDIA's apt keyring package the startup script installs ("" : none)
     driver_packages: tuple[str, ...]  # the driver packages it installs (() : preinstalled)
     boot_disk: str  # the boot disk type the machine type takes (gpu_catalog.yaml)
+    nic_type: str  # the vNIC the machine family needs: GVNIC on A3/A4 ("" : the default)
     python_version: str  # the image's python3
     shielded_boot: bool  # secure boot (vTPM and integrity monitoring are always on)
     precision: str  # Keras mixed-precision policy for this GPU
@@ -564,6 +565,7 @@ def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuC
         driver_repo=choice.image.driver_repo,
         driver_packages=choice.image.driver_packages,
         boot_disk=choice.boot_disk,
+        nic_type=choice.nic_type,
         python_version=choice.image.python,
         shielded_boot=catalog.shielded_boot,
         precision=choice.gpu.precision,

@@ -268,6 +268,7 @@ def _host(cfg: StackConfig) -> render.TpuHost | render.GpuHost:
             driver_repo=gpu.driver_repo,
             driver_packages=gpu.driver_packages,
             secure_boot=gpu.shielded_boot,
+            nic_type=gpu.nic_type,
             requirements=render.gpu_requirements_for(cfg.backend),
             backend=cfg.backend,
         )
@@ -341,6 +342,7 @@ def _gpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
             spot=gpu.spot,
             image=gpu.image,
             boot_disk=gpu.boot_disk,
+            nic_type=gpu.nic_type,
             shielded_boot=gpu.shielded_boot,
             subnetwork=base.network.tpu_subnet.id,
             service_account_email=base.workload_identity.email,

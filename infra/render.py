@@ -233,6 +233,17 @@ class GpuHost:
     requirements: str = GPU_REQUIREMENTS_FILE
     secure_boot: bool = False  # shielded_instance_config.enable_secure_boot, set either way
     backend: str = "tf"
+    nic_type: str = ""  # the network interface's nic_type (GVNIC on A3/A4; "": the default)
+
+    @property
+    def driver_branch(self) -> str:
+        """The NVIDIA branch the startup script installs (nvidia-open-570: "570"); "" when
+        the image brings its driver."""
+        for package in self.driver_packages:
+            match = re.search(r"-(\d+)$", package)
+            if match:
+                return match.group(1)
+        return ""
 
     @property
     def env_python_version(self) -> str:
@@ -288,6 +299,11 @@ class WireGuardServer:
         return f"{ipaddress.IPv4Network(self.client_cidr).network_address + 2}/32"
 
 
+# The Linux driver of Google's gVNIC (Google's "Using Google Virtual NIC" page: the gve
+# driver; in the kernel as drivers/net/ethernet/google/gve): the host fact of a VM whose
+# interface is nic_type GVNIC.
+GVNIC_DRIVER = "gve"
+
 # The controller VM's shielded settings (infra/components/controller.py SHIELDED_VM): secure
 # boot on; its host check expects it.
 CONTROLLER_SECURE_BOOT = True
@@ -301,9 +317,15 @@ def host_expectations(
     libtpu: str = "",
     gpus: int | None = None,
     secure_boot: bool | None = None,
+    nvidia_modules: str = "",
+    nvidia_branch: str = "",
+    nic_driver: str = "",
 ) -> dict[str, str]:
     """What templates/facts.sh compares the VM with: "" is no expectation."""
     return {
+        "EXPECT_NVIDIA_MODULES": nvidia_modules,
+        "EXPECT_NVIDIA_BRANCH": nvidia_branch,
+        "EXPECT_NIC_DRIVER": nic_driver,
         "EXPECT_PYTHON": python,
         "EXPECT_ACCELERATOR": accelerator,
         "EXPECT_MACHINE": machine,
@@ -423,6 +445,11 @@ def render_gpu_script(workload: Workload) -> str:
             machine=host.machine_type,
             gpus=host.count,
             secure_boot=host.secure_boot,
+            # Which driver must load: the flavour and branch the catalog installs (an image
+            # that brings its own driver: no expectation); gVNIC shows as Google's gve driver.
+            nvidia_modules=host.kernel_modules if host.driver_packages else "",
+            nvidia_branch=host.driver_branch,
+            nic_driver=GVNIC_DRIVER if host.nic_type == "GVNIC" else "",
         )
     )
     return _script("gpu", values, "tpu-install.sh", "tpu.sh", "facts.sh", "gpu.sh")

@@ -32,6 +32,7 @@ class GpuVmArgs:
     service_account_email: pulumi.Input[str]
     startup_script: str
     labels: dict[str, str]
+    nic_type: str = ""  # GVNIC where the family needs it (gpu_catalog.yaml); "": the default
 
 
 def gpu_scheduling(spot: bool) -> gcp.compute.InstanceSchedulingArgsDict:
@@ -79,7 +80,13 @@ class GpuVm(pulumi.ComponentResource):
                 }
             },
             # No access_configs: no external IP (packages come through the NAT).
-            network_interfaces=[{"subnetwork": args.subnetwork}],
+            # nic_type only where the machine family needs it (A3/A4: GVNIC); unset, Compute
+            # Engine's default (VIRTIO_NET) on the others.
+            network_interfaces=[
+                {"subnetwork": args.subnetwork, "nic_type": args.nic_type}
+                if args.nic_type
+                else {"subnetwork": args.subnetwork}
+            ],
             service_account={"email": args.service_account_email, "scopes": [CLOUD_PLATFORM]},
             scheduling=gpu_scheduling(args.spot),
             shielded_instance_config={

@@ -243,3 +243,20 @@ def test_an_a4_vm_boots_ubuntu_and_installs_the_open_modules():
     script = vm.inputs["metadata"]["startup-script"]
     assert "readonly DRIVER_PACKAGES='nvidia-open-570 nvidia-utils-570'\n" in script
     assert "readonly DRIVER_MODULES=open\n" in script
+
+
+@pytest.mark.parametrize(
+    ("machine_type", "nic"),
+    [("a3-highgpu-8g", "GVNIC"), ("a4-highgpu-8g", "GVNIC"), ("a2-highgpu-4g", None)],
+)
+def test_a3_and_a4_vms_get_the_gvnic_interface_their_family_needs(machine_type, nic):
+    """A3 and A4 need gVNIC (infra/gpu_catalog.yaml families `nic`, with its source); the
+    other families keep Compute Engine's default interface (no nic_type at all)."""
+    overrides = {
+        "tpu-pretrain:gpuMachineType": machine_type,
+        "tpu-pretrain:gpuZone": "us-central1-b",
+        "tpu-pretrain:scheduling": "spot",
+    }
+    (vm,) = [r for r in run_offline("a100x4-usc1", overrides).resources if r.name == "gpu-vm"]
+    (interface,) = vm.inputs["networkInterfaces"]
+    assert interface.get("nicType") == nic

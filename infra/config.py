@@ -316,6 +316,12 @@ class StackConfig:
         return {"app": "tpu-pretrain", "stack": self.stack, "job": self.job_name}
 
     @property
+    def vm_labels(self) -> dict[str, str]:
+        """The VMs' labels: no job (a VM runs whatever job the pointer names, and a TPU VM's
+        labels are replaced, not updated: components/tpu.py IN_PLACE_FIELDS)."""
+        return {k: v for k, v in self.labels.items() if k != "job"}
+
+    @property
     def tpu(self) -> TpuConfig:
         if not isinstance(self.accelerator, TpuConfig):
             raise TypeError(f"stack {self.stack} trains on a GPU VM, not a TPU")

@@ -59,9 +59,9 @@ class GpuVm(pulumi.ComponentResource):
     """A Compute Engine VM with NVIDIA GPUs (gcp.compute.Instance) that trains like the TPU
     VM: the same startup-script pieces, the bucket, a dedicated service account, no external
     IP, the trainer's network tag. Same outputs as TpuVm: `vm` (name, zone), `internal_ip`,
-    `worker_ips`. A changed startup script updates metadata without running it (re-run it,
-    or reboot); machine type and GPU changes stop the VM to update it
-    (allow_stopping_for_update)."""
+    `worker_ips`. Its startup script is the loader (the same for every job and payload: the
+    bucket's job pointer names the rest); machine type and GPU changes stop the VM to update
+    it (allow_stopping_for_update)."""
 
     def __init__(self, name: str, args: GpuVmArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-pretrain:index:GpuVm", name, None, opts)

@@ -252,6 +252,7 @@ class GpuConfig:
     driver_repo: str  # NVIDIA's apt keyring package the startup script installs ("" : none)
     driver_packages: tuple[str, ...]  # the driver packages it installs (() : preinstalled)
     boot_disk: str  # the boot disk type the machine type takes (gpu_catalog.yaml)
+    nic_type: str  # the vNIC the machine family needs: GVNIC on A3/A4 ("" : the default)
     python_version: str  # the image's python3
     shielded_boot: bool  # secure boot (vTPM and integrity monitoring are always on)
     precision: str  # Keras mixed-precision policy for this GPU
@@ -314,6 +315,12 @@ class StackConfig:
     @property
     def labels(self) -> dict[str, str]:
         return {"app": "tpu-pretrain", "stack": self.stack, "job": self.job_name}
+
+    @property
+    def vm_labels(self) -> dict[str, str]:
+        """The VMs' labels: no job (a VM runs whatever job the pointer names, and a TPU VM's
+        labels are replaced, not updated: components/tpu.py IN_PLACE_FIELDS)."""
+        return {k: v for k, v in self.labels.items() if k != "job"}
 
     @property
     def tpu(self) -> TpuConfig:
@@ -504,6 +511,15 @@ def _runtime(
             f"{_k('runtimeVersion')}: {runtime!r} is not a base image for TPU "
             f"{generation.name} ({accelerator_type}); use one of: {allowed}"
         )
+    shape = catalog.slice_of(accelerator_type)
+    if shape is not None and shape.image and runtime != shape.image:
+        # A slice boots the image its evidence boots (catalog.yaml slices `image:`), as a
+        # single host boots one of its generation's images: another image of the generation
+        # has no evidence of JAX running on that multi-host type.
+        raise ConfigError(
+            f"{_k('runtimeVersion')}: {runtime!r} is not the image the {accelerator_type} slice's "
+            f"evidence boots; use {shape.image} (infra/catalog.yaml slices, docs/pod-slices.md)"
+        )
     image = catalog.images[runtime]
     if not image.python_ok:
         floor = ".".join(map(str, MIN_PYTHON))
@@ -556,6 +572,7 @@ def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuC
         driver_repo=choice.image.driver_repo,
         driver_packages=choice.image.driver_packages,
         boot_disk=choice.boot_disk,
+        nic_type=choice.nic_type,
         python_version=choice.image.python,
         shielded_boot=catalog.shielded_boot,
         precision=choice.gpu.precision,

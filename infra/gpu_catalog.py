@@ -30,6 +30,9 @@ N1_MEMORY_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
 N1_MIN_VCPUS = {"standard": 1, "highmem": 2, "highcpu": 2}
 # The boot disk of a GPU VM unless its family says otherwise (gpu_catalog.yaml boot_disk).
 DEFAULT_BOOT_DISK = "pd-balanced"
+# Compute Engine's vNIC types a family may require (networkInterfaces[].nicType; pulumi-gcp
+# 10.2 Instance network_interfaces nic_type); "" leaves Compute Engine's default.
+NIC_TYPES = ("GVNIC", "VIRTIO_NET")
 _N1_RE = re.compile(r"^n1-(standard|highmem|highcpu)-(\d+)$")
 
 
@@ -86,6 +89,7 @@ class Family:
     spot_only_types: tuple[str, ...] = ()
     boot_disk: str = DEFAULT_BOOT_DISK  # the only boot disk type some families take
     dlvm_boot: bool = True  # False: the family cannot boot Deep Learning VM images (G2)
+    nic_type: str = ""  # the vNIC the family needs (NIC_TYPES); "": Compute Engine's default
 
     def spot_only_for(self, machine_type: str) -> bool:
         return self.spot_only or machine_type in self.spot_only_types
@@ -104,6 +108,7 @@ class GpuChoice:
     spot: bool
     image: GpuImage
     boot_disk: str = DEFAULT_BOOT_DISK
+    nic_type: str = ""  # the family's vNIC (gpu_catalog.yaml families `nic`)
 
     @property
     def summary(self) -> str:
@@ -198,6 +203,7 @@ class GpuCatalog:
             spot=provisioning == "spot",
             image=boot,
             boot_disk=family.boot_disk if family is not None else DEFAULT_BOOT_DISK,
+            nic_type=family.nic_type if family is not None else "",
         )
 
     def usable_images(self, family: Family | None, gpu: Gpu) -> list[str]:
@@ -360,6 +366,16 @@ def _load_images(raw: Mapping[str, Any], path: Path) -> dict[str, GpuImage]:
     return images
 
 
+def _nic(path: Path, family: str, entry: Mapping[str, Any]) -> str:
+    """A family's `nic`: one of NIC_TYPES, with the source that requires it."""
+    nic = str(entry.get("nic") or "")
+    if nic and nic not in NIC_TYPES:
+        raise ValueError(f"{path}: {family}: nic {nic!r} is not one of {', '.join(NIC_TYPES)}")
+    if nic and not " ".join(str(entry.get("nic_source") or "").split()):
+        raise ValueError(f"{path}: {family}: nic {nic} has no nic_source")
+    return nic
+
+
 def _check_gpus(gpus: Mapping[str, Gpu], images: Mapping[str, GpuImage], path: Path) -> None:
     for gpu in gpus.values():
         if gpu.precision not in ("mixed_bfloat16", "mixed_float16", "float32"):
@@ -402,6 +418,7 @@ def load_gpu_catalog(path: Path = GPU_CATALOG_PATH) -> GpuCatalog:
             spot_only_types=tuple(entry.get("spot_only_types") or ()),
             boot_disk=str(entry.get("boot_disk") or DEFAULT_BOOT_DISK),
             dlvm_boot=bool(entry.get("dlvm_boot", True)),
+            nic_type=_nic(path, name, entry),
         )
         for name, entry in raw["families"].items()
     }

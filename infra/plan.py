@@ -15,7 +15,7 @@ import re
 import sys
 from typing import Any
 
-from infra import offline
+from infra import offline, render
 from infra.errors import ConfigError
 
 # Per resource type, the inputs worth a glance (engine names).
@@ -117,8 +117,15 @@ def format_plan(run: offline.OfflineRun) -> str:
         lines.append(f"  {key}: {value}")
     for resource in sorted(run.resources, key=lambda r: r.name):
         script = (resource.inputs.get("metadata") or {}).get("startup-script")
+        title = f"startup script of {resource.name} ({resource.type_})"
+        if resource.inputs.get("contentType") == "text/x-shellscript":
+            # What a VM's loader runs (components/delivery.py StartupDelivery).
+            script = resource.inputs.get("content")
+            title = (
+                f"gs://{resource.inputs['bucket']}/{resource.inputs['name']} (run by the loader)"
+            )
         if script:
-            lines += ["", f"==== startup script of {resource.name} ({resource.type_}) ====", script]
+            lines += ["", f"==== {title} ====", script]
             # The controller carries its watchdog base64-encoded; show it readable too.
             match = re.search(
                 r"^readonly WATCH_SCRIPT_B64=([A-Za-z0-9+/=]+)$", script, re.MULTILINE
@@ -128,9 +135,10 @@ def format_plan(run: offline.OfflineRun) -> str:
                 lines += ["", f"==== watchdog installed by {resource.name} ====", watchdog]
     for resource in run.resources:
         if resource.inputs.get("contentType") == "application/json":
+            what = "job pointer" if resource.inputs["name"] == render.POINTER_OBJECT else "job spec"
             lines += [
                 "",
-                f"==== job spec gs://{resource.inputs['bucket']}/{resource.inputs['name']} ====",
+                f"==== {what} gs://{resource.inputs['bucket']}/{resource.inputs['name']} ====",
             ]
             lines.append(resource.inputs["content"].rstrip("\n"))
     return "\n".join(lines) + "\n"

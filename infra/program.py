@@ -8,7 +8,7 @@ the stack outputs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -19,7 +19,12 @@ from infra.components import dataflow
 from infra.components.apis import REQUIRED_APIS, ProjectApis, ProjectApisArgs
 from infra.components.bucket import TrainingBucket, TrainingBucketArgs, kept_bucket_exists
 from infra.components.controller import ControllerVm, ControllerVmArgs, WatchLease
-from infra.components.delivery import PayloadDelivery, PayloadDeliveryArgs
+from infra.components.delivery import (
+    PayloadDelivery,
+    PayloadDeliveryArgs,
+    StartupDelivery,
+    StartupDeliveryArgs,
+)
 from infra.components.gpu import GpuVm, GpuVmArgs
 from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
 from infra.components.network import (
@@ -92,8 +97,12 @@ class Accelerator:
 
 def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
     base = _foundation(cfg, build_dir)
+    watch = _watch(cfg, base)
+    base = replace(base, ready=[*base.ready, _startup(cfg, base, watch)])
     accelerator = (
-        _gpu_vm(cfg, base) if isinstance(cfg.accelerator, GpuConfig) else _tpu_vm(cfg, base)
+        _gpu_vm(cfg, base, watch)
+        if isinstance(cfg.accelerator, GpuConfig)
+        else _tpu_vm(cfg, base, watch)
     )
     controller = _controller(cfg, base, accelerator)
     hop = _hop(cfg, base)
@@ -266,6 +275,7 @@ def _host(cfg: StackConfig) -> render.TpuHost | render.GpuHost:
             driver_repo=gpu.driver_repo,
             driver_packages=gpu.driver_packages,
             secure_boot=gpu.shielded_boot,
+            nic_type=gpu.nic_type,
             requirements=render.gpu_requirements_for(cfg.backend),
             backend=cfg.backend,
         )
@@ -281,8 +291,10 @@ def _host(cfg: StackConfig) -> render.TpuHost | render.GpuHost:
     )
 
 
-def _tpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
-    tpu_args = TpuVmArgs(
+def _tpu_args(cfg: StackConfig, base: Foundation) -> TpuVmArgs:
+    """The TPU VM's V2Vm arguments: its startup script is the loader, the same for every job
+    and payload, so only a change of shape (type, zone, image, network, ...) replaces it."""
+    return TpuVmArgs(
         project=cfg.project,
         name=cfg.tpu.name,
         zone=cfg.tpu.zone,
@@ -295,11 +307,73 @@ def _tpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
         network=base.network.vpc.id,
         subnetwork=base.network.tpu_subnet.id,
         service_account_email=base.workload_identity.email,
-        startup_script=render.render_tpu_script(base.workload),
-        labels=cfg.labels | {"accelerator": cfg.tpu.label},
+        startup_script=render.render_loader("tpu", cfg.bucket.name),
+        labels=cfg.vm_labels | {"accelerator": cfg.tpu.label},
     )
-    tpu = TpuVm("tpu", tpu_args, opts=pulumi.ResourceOptions(depends_on=base.ready))
+
+
+def _watch(
+    cfg: StackConfig, base: Foundation
+) -> pulumi.Output[render.TpuWatch] | render.GpuWatch | None:
+    """The controller's watchdog of the accelerator (None when auto-recovery is off)."""
+    if isinstance(cfg.accelerator, GpuConfig):
+        gpu = cfg.gpu
+        if not gpu.auto_recover:
+            return None
+        return render.GpuWatch(project=cfg.project, name=gpu.name, zone=gpu.zone)
     if not cfg.tpu.auto_recover:
+        return None
+    tpu_args = _tpu_args(cfg, base)
+    return pulumi.Output.all(
+        tpu_args.network, tpu_args.subnetwork, tpu_args.service_account_email
+    ).apply(
+        lambda v: _tpu_watch(
+            tpu_args,
+            *v,
+            release_when_done=cfg.tpu.release_when_done,
+            hosts=cfg.tpu.hosts,
+        )
+    )
+
+
+def _startup(
+    cfg: StackConfig,
+    base: Foundation,
+    watch: pulumi.Output[render.TpuWatch] | render.GpuWatch | None,
+) -> StartupDelivery:
+    """The rendered startup scripts of the accelerator VM and the controller, and the job
+    pointer the VMs' loaders read (components/delivery.py StartupDelivery)."""
+    workload = base.workload
+    if isinstance(cfg.accelerator, GpuConfig):
+        scripts: dict[str, pulumi.Input[str]] = {"gpu": render.render_gpu_script(workload)}
+    else:
+        scripts = {"tpu": render.render_tpu_script(workload)}
+    if watch is None:
+        scripts["controller"] = render.render_controller_script(workload)
+    else:
+        scripts["controller"] = pulumi.Output.from_input(watch).apply(
+            lambda resolved: render.render_controller_script(workload, resolved)
+        )
+    return StartupDelivery(
+        "startup",
+        StartupDeliveryArgs(
+            bucket=base.bucket.name,
+            scripts=scripts,
+            pointer=lambda rendered: render.render_pointer(workload, rendered),
+        ),
+        # The pointer names the payload archive and the job spec: they exist first.
+        opts=pulumi.ResourceOptions(depends_on=[base.delivery, base.bucket]),
+    )
+
+
+def _tpu_vm(
+    cfg: StackConfig,
+    base: Foundation,
+    watch: pulumi.Output[render.TpuWatch] | render.GpuWatch | None,
+) -> Accelerator:
+    tpu_args = _tpu_args(cfg, base)
+    tpu = TpuVm("tpu", tpu_args, opts=pulumi.ResourceOptions(depends_on=base.ready))
+    if watch is None:
         return Accelerator(component=tpu, watch=None)
     recovery = TpuAutoRecovery(
         "tpu-recovery",
@@ -310,21 +384,14 @@ def _tpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
         ),
         opts=pulumi.ResourceOptions(depends_on=[base.apis]),
     )
-
-    watch = pulumi.Output.all(
-        tpu_args.network, tpu_args.subnetwork, tpu_args.service_account_email
-    ).apply(
-        lambda v: _tpu_watch(
-            tpu_args,
-            *v,
-            release_when_done=cfg.tpu.release_when_done,
-            hosts=cfg.tpu.hosts,
-        )
-    )
     return Accelerator(component=tpu, watch=watch, recovery=recovery)
 
 
-def _gpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
+def _gpu_vm(
+    cfg: StackConfig,
+    base: Foundation,
+    watch: pulumi.Output[render.TpuWatch] | render.GpuWatch | None,
+) -> Accelerator:
     gpu = cfg.gpu
     vm = GpuVm(
         "gpu",
@@ -339,15 +406,16 @@ def _gpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
             spot=gpu.spot,
             image=gpu.image,
             boot_disk=gpu.boot_disk,
+            nic_type=gpu.nic_type,
             shielded_boot=gpu.shielded_boot,
             subnetwork=base.network.tpu_subnet.id,
             service_account_email=base.workload_identity.email,
-            startup_script=render.render_gpu_script(base.workload),
-            labels=cfg.labels | {"accelerator": gpu.label},
+            startup_script=render.render_loader("gpu", cfg.bucket.name),
+            labels=cfg.vm_labels | {"accelerator": gpu.label},
         ),
         opts=pulumi.ResourceOptions(depends_on=base.ready),
     )
-    if not gpu.auto_recover:
+    if watch is None:
         return Accelerator(component=vm, watch=None)
     recovery = GpuAutoRecovery(
         "gpu-recovery",
@@ -359,8 +427,6 @@ def _gpu_vm(cfg: StackConfig, base: Foundation) -> Accelerator:
         ),
         opts=pulumi.ResourceOptions(depends_on=[base.apis]),
     )
-
-    watch = render.GpuWatch(project=cfg.project, name=gpu.name, zone=gpu.zone)
     return Accelerator(component=vm, watch=watch, recovery=recovery)
 
 
@@ -372,14 +438,8 @@ def _controller(cfg: StackConfig, base: Foundation, accelerator: Accelerator) ->
         controller_ready.append(accelerator.component)  # type: ignore[arg-type]
         if accelerator.recovery is not None:  # the watchdog's grants, before it runs
             controller_ready.append(accelerator.recovery)
-        watch: pulumi.Output[render.TpuWatch | render.GpuWatch] = pulumi.Output.from_input(
-            accelerator.watch
-        )
-        controller_script: pulumi.Input[str] = watch.apply(
-            lambda resolved: render.render_controller_script(base.workload, resolved)
-        )
-    else:
-        controller_script = render.render_controller_script(base.workload)
+    # The loader; its script (with the watchdog) is in the bucket (_startup).
+    controller_script = render.render_loader("controller", cfg.bucket.name)
     return ControllerVm(
         "controller",
         ControllerVmArgs(
@@ -390,7 +450,7 @@ def _controller(cfg: StackConfig, base: Foundation, accelerator: Accelerator) ->
             subnetwork=base.network.tpu_subnet.id,
             service_account_email=base.controller_identity.email,
             startup_script=controller_script,
-            labels=cfg.labels,
+            labels=cfg.vm_labels,
             watch_lease=(
                 WatchLease(
                     bucket=base.bucket.name,
@@ -421,7 +481,7 @@ def _hop(cfg: StackConfig, base: Foundation) -> VpnHop:
             client_public_key=cfg.vpn.client_public_key,
             service_account_email=base.hop_identity.email,
             service_account_member=base.hop_identity.member,
-            labels=cfg.labels,
+            labels=cfg.vm_labels,
         ),
         # Its VM boots once its account has settled (ServiceIdentity.settled).
         opts=pulumi.ResourceOptions(depends_on=[base.apis, base.hop_identity]),
@@ -455,9 +515,9 @@ def _export(
     )
     ssh = ssh_commands(cfg)
     pulumi.export("sshCommands", ssh)
-    # `pulumi up` updates a changed startup script (new payload, new job) of the controller
-    # and a GPU VM in place without running it; run it now instead of waiting for a reboot
-    # (a TPU VM is replaced on any change and boots the new script; re-running is harmless).
+    # A new payload or job changes no VM: `pulumi up` rewrites the job pointer
+    # (jobs/current.json) and each VM's loader runs what it names at the VM's next start;
+    # run it now instead of waiting (docs/deploy-gcp.md; re-running is harmless).
     rerun = "--command 'sudo google_metadata_script_runner startup'"
     # A slice's hosts all run the startup script: re-run it on every worker.
     vm_rerun = ssh.get("tpuAllWorkers", ssh[kind])

@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import io
 import ipaddress
+import json
 import re
 import shlex
 import tarfile
@@ -233,6 +234,17 @@ class GpuHost:
     requirements: str = GPU_REQUIREMENTS_FILE
     secure_boot: bool = False  # shielded_instance_config.enable_secure_boot, set either way
     backend: str = "tf"
+    nic_type: str = ""  # the network interface's nic_type (GVNIC on A3/A4; "": the default)
+
+    @property
+    def driver_branch(self) -> str:
+        """The NVIDIA branch the startup script installs (nvidia-open-570: "570"); "" when
+        the image brings its driver."""
+        for package in self.driver_packages:
+            match = re.search(r"-(\d+)$", package)
+            if match:
+                return match.group(1)
+        return ""
 
     @property
     def env_python_version(self) -> str:
@@ -288,6 +300,11 @@ class WireGuardServer:
         return f"{ipaddress.IPv4Network(self.client_cidr).network_address + 2}/32"
 
 
+# The Linux driver of Google's gVNIC (Google's "Using Google Virtual NIC" page: the gve
+# driver; in the kernel as drivers/net/ethernet/google/gve): the host fact of a VM whose
+# interface is nic_type GVNIC.
+GVNIC_DRIVER = "gve"
+
 # The controller VM's shielded settings (infra/components/controller.py SHIELDED_VM): secure
 # boot on; its host check expects it.
 CONTROLLER_SECURE_BOOT = True
@@ -301,9 +318,15 @@ def host_expectations(
     libtpu: str = "",
     gpus: int | None = None,
     secure_boot: bool | None = None,
+    nvidia_modules: str = "",
+    nvidia_branch: str = "",
+    nic_driver: str = "",
 ) -> dict[str, str]:
     """What templates/facts.sh compares the VM with: "" is no expectation."""
     return {
+        "EXPECT_NVIDIA_MODULES": nvidia_modules,
+        "EXPECT_NVIDIA_BRANCH": nvidia_branch,
+        "EXPECT_NIC_DRIVER": nic_driver,
         "EXPECT_PYTHON": python,
         "EXPECT_ACCELERATOR": accelerator,
         "EXPECT_MACHINE": machine,
@@ -423,6 +446,11 @@ def render_gpu_script(workload: Workload) -> str:
             machine=host.machine_type,
             gpus=host.count,
             secure_boot=host.secure_boot,
+            # Which driver must load: the flavour and branch the catalog installs (an image
+            # that brings its own driver: no expectation); gVNIC shows as Google's gve driver.
+            nvidia_modules=host.kernel_modules if host.driver_packages else "",
+            nvidia_branch=host.driver_branch,
+            nic_driver=GVNIC_DRIVER if host.nic_type == "GVNIC" else "",
         )
     )
     return _script("gpu", values, "tpu-install.sh", "tpu.sh", "facts.sh", "gpu.sh")
@@ -625,6 +653,66 @@ def render_controller_script(workload: Workload, watch: TpuWatch | GpuWatch | No
         | host_expectations(secure_boot=CONTROLLER_SECURE_BOOT)
     )
     return _script("controller", values, "tpu-install.sh", "facts.sh", "controller.sh")
+
+
+# --- the stable loader and the job pointer (templates/loader.sh) ------------------------
+# A TPU VM's only mutable inputs are description, dataDisks, labels, metadata and tags, and
+# this program replaces the node on those too (components/tpu.py IN_PLACE_FIELDS): a startup
+# script with the payload's digest in it would replace the TPU VM on every payload or job
+# commit. So every VM's metadata holds the loader, which names only its bucket and role; the
+# rendered scripts are bucket objects named by their digest, and the pointer names them.
+POINTER_OBJECT = "jobs/current.json"
+STARTUP_OBJECT_PREFIX = "startup"
+LOADER_ROLES = ("tpu", "gpu", "controller")  # the roles whose VMs boot the loader
+_POINTER_VALUE = re.compile(r"[A-Za-z0-9._/:=+-]+")  # what loader.sh's sed reads back
+
+
+def pointer_uri(bucket: str) -> str:
+    return f"gs://{bucket}/{POINTER_OBJECT}"
+
+
+def startup_object_name(role: str, script: str) -> str:
+    """startup/<role>-<sha256[:16]>.sh: a changed script is a new object."""
+    return f"{STARTUP_OBJECT_PREFIX}/{role}-{hashlib.sha256(script.encode()).hexdigest()[:16]}.sh"
+
+
+def render_loader(role: str, bucket: str) -> str:
+    """The startup script in a VM's metadata: the same bytes for every job and payload."""
+    if role not in LOADER_ROLES:
+        raise ValueError(f"no loader for role {role!r}")
+    header = [
+        "#!/bin/bash",
+        f"# tpu-pretrain {role} startup loader, rendered by infra/render.py; runs on every boot",
+        "# and is safe to run again by hand: sudo google_metadata_script_runner startup",
+        "set -Eeuo pipefail",
+        f"readonly ROLE={shlex.quote(role)}",
+        f"readonly BUCKET_URI={shlex.quote(f'gs://{bucket}')}",
+        f"readonly POINTER_URI={shlex.quote(pointer_uri(bucket))}",
+    ]
+    body = (TEMPLATES / "loader.sh").read_text(encoding="utf-8")
+    return "\n".join(header) + "\n\n" + body
+
+
+def render_pointer(workload: Workload, scripts: Mapping[str, str]) -> str:
+    """jobs/current.json: the job, the payload archive and each role's rendered startup
+    script, with their sha256. Flat, one "key": "value" per line (loader.sh reads it with
+    sed), every value checked against what the loader accepts."""
+    fields = {
+        "job": workload.job_name,
+        "job_uri": jobspec.job_uri(workload.bucket, workload.job_name),
+        "run_root": jobspec.run_root(workload.bucket, workload.job_name),
+        "payload_object": workload.payload_object,
+        "payload_sha256": workload.payload_sha256,
+    }
+    for role, script in sorted(scripts.items()):
+        if role not in LOADER_ROLES:
+            raise ValueError(f"no loader for role {role!r}")
+        fields[f"script_{role}"] = startup_object_name(role, script)
+        fields[f"script_{role}_sha256"] = hashlib.sha256(script.encode()).hexdigest()
+    for key, value in fields.items():
+        if not _POINTER_VALUE.fullmatch(value):
+            raise ValueError(f"{POINTER_OBJECT}: {key} {value!r} has characters the loader refuses")
+    return json.dumps(fields, indent=2, sort_keys=True) + "\n"
 
 
 def render_vpn_hop_script(server: WireGuardServer, *, client_public_key: str) -> str:

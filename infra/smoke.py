@@ -67,6 +67,17 @@ API_OFF = ("has not been used", "is disabled", "SERVICE_DISABLED")
 # that failed, or a preempted TPU VM waiting for capacity in its queued resource (no bound
 # on how long; the smoke run would only wait out its timeout).
 WATCH_STOPS = ("queued", "waiting-capacity")
+# The one-line fix printed beside a host fact that does not hold (templates/facts.sh): only a
+# real VM shows which NVIDIA module loads and which NIC driver the image binds.
+FACT_FIXES = {
+    "nvidia_modules": "the driver of infra/gpu_catalog.yaml did not load: read `journalctl -t "
+    "tpu-pretrain` and `dkms status` on the GPU VM (the running kernel's headers and "
+    "held kernel: gpu.sh install_driver), or boot the catalog's image",
+    "nvidia_branch": "another NVIDIA branch loaded: `apt-mark showhold` and `dkms status` on "
+    "the GPU VM; fix the image's or the catalog's driver_packages (infra/gpu_catalog.yaml)",
+    "nic_driver": "the NIC is not gVNIC: the image must support GVNIC (its guestOsFeatures) "
+    "and the VM's network interface must be nic_type GVNIC (infra/gpu_catalog.yaml families)",
+}
 GLOBAL_QUOTAS = frozenset({"GPUS_ALL_REGIONS"})  # in `project-info describe`, not per region
 
 
@@ -551,7 +562,10 @@ class Smoke:
                 verdict = (
                     UNKNOWN if seen in ("", "unknown") else OK if seen == want_text else MISMATCH
                 )
-                self.report.add(f"{who}: {key}", want_text, seen or "not readable", verdict)
+                shown = seen or "not readable"
+                if verdict != OK and key in FACT_FIXES:
+                    shown = f"{shown}; fix: {FACT_FIXES[key]}"
+                self.report.add(f"{who}: {key}", want_text, shown, verdict)
             for extra in ("gcloud", "image", "tpu_runtime_unit", "install_seconds"):
                 self.report.add(f"{who}: {extra}", "(recorded)", str(facts.get(extra, "")), OK)
         runtime = status.get("runtime") or {}

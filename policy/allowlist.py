@@ -121,6 +121,7 @@ MAIN_TYPES = {
             "PayloadDelivery",
             "ProjectApis",
             "ServiceIdentity",
+            "StartupDelivery",
             "TpuAutoRecovery",
             "TpuVm",
             "TrainingBucket",

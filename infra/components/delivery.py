@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pulumi
 import pulumi_gcp as gcp
+
+from infra import render
 
 
 @dataclass(frozen=True)
@@ -47,3 +51,55 @@ class PayloadDelivery(pulumi.ComponentResource):
         )
         self.job_uri = pulumi.Output.concat("gs://", self.job_spec.bucket, "/", self.job_spec.name)
         self.register_outputs({"payloadUri": self.payload_uri, "jobUri": self.job_uri})
+
+
+@dataclass(frozen=True)
+class StartupDeliveryArgs:
+    bucket: pulumi.Input[str]
+    # role -> its rendered startup script (render_tpu_script, render_gpu_script,
+    # render_controller_script); the controller's is an Output (its watchdog's network ids).
+    scripts: Mapping[str, pulumi.Input[str]]
+    pointer: Callable[[Mapping[str, str]], str]  # scripts -> jobs/current.json (render_pointer)
+
+
+class StartupDelivery(pulumi.ComponentResource):
+    """Each role's rendered startup script as a bucket object named by its digest
+    (startup/<role>-<sha>.sh), and the job pointer jobs/current.json that names them, the
+    payload archive and the job (infra/render.py render_pointer). The VMs' metadata holds only
+    the loader (templates/loader.sh), which reads the pointer on every boot: a new payload or
+    job rewrites these objects and no VM input."""
+
+    def __init__(
+        self, name: str, args: StartupDeliveryArgs, opts: pulumi.ResourceOptions | None = None
+    ):
+        super().__init__("tpu-pretrain:index:StartupDelivery", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        roles = sorted(args.scripts)
+        scripts = [pulumi.Output.from_input(args.scripts[role]) for role in roles]
+        self.scripts = [
+            gcp.storage.BucketObject(
+                f"{name}-{role}-script",
+                bucket=args.bucket,
+                name=script.apply(functools.partial(render.startup_object_name, role)),
+                content=script,
+                content_type="text/x-shellscript",
+                opts=child,
+            )
+            for role, script in zip(roles, scripts, strict=True)
+        ]
+        content = pulumi.Output.all(*scripts).apply(
+            lambda texts: args.pointer(dict(zip(roles, texts, strict=True)))
+        )
+        # Written after the scripts it names, so a VM never reads a pointer to a missing one.
+        self.pointer = gcp.storage.BucketObject(
+            f"{name}-pointer",
+            bucket=args.bucket,
+            name=render.POINTER_OBJECT,
+            content=content,
+            content_type="application/json",
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.scripts)),
+        )
+        self.pointer_uri = pulumi.Output.concat(
+            "gs://", self.pointer.bucket, "/", self.pointer.name
+        )
+        self.register_outputs({"pointerUri": self.pointer_uri})

@@ -32,6 +32,7 @@ class GpuVmArgs:
     service_account_email: pulumi.Input[str]
     startup_script: str
     labels: dict[str, str]
+    nic_type: str = ""  # GVNIC where the family needs it (gpu_catalog.yaml); "": the default
 
 
 def gpu_scheduling(spot: bool) -> gcp.compute.InstanceSchedulingArgsDict:
@@ -58,9 +59,9 @@ class GpuVm(pulumi.ComponentResource):
     """A Compute Engine VM with NVIDIA GPUs (gcp.compute.Instance) that trains like the TPU
     VM: the same startup-script pieces, the bucket, a dedicated service account, no external
     IP, the trainer's network tag. Same outputs as TpuVm: `vm` (name, zone), `internal_ip`,
-    `worker_ips`. A changed startup script updates metadata without running it (re-run it,
-    or reboot); machine type and GPU changes stop the VM to update it
-    (allow_stopping_for_update)."""
+    `worker_ips`. Its startup script is the loader (the same for every job and payload: the
+    bucket's job pointer names the rest); machine type and GPU changes stop the VM to update
+    it (allow_stopping_for_update)."""
 
     def __init__(self, name: str, args: GpuVmArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-pretrain:index:GpuVm", name, None, opts)
@@ -79,7 +80,13 @@ class GpuVm(pulumi.ComponentResource):
                 }
             },
             # No access_configs: no external IP (packages come through the NAT).
-            network_interfaces=[{"subnetwork": args.subnetwork}],
+            # nic_type only where the machine family needs it (A3/A4: GVNIC); unset, Compute
+            # Engine's default (VIRTIO_NET) on the others.
+            network_interfaces=[
+                {"subnetwork": args.subnetwork, "nic_type": args.nic_type}
+                if args.nic_type
+                else {"subnetwork": args.subnetwork}
+            ],
             service_account={"email": args.service_account_email, "scopes": [CLOUD_PLATFORM]},
             scheduling=gpu_scheduling(args.spot),
             shielded_instance_config={

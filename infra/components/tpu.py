@@ -59,8 +59,9 @@ IN_PLACE_FIELDS = ("description", "labels", "metadata", "tags", "dataDisks")
 class TpuVm(pulumi.ComponentResource):
     """The TPU VM (gcp.tpu.V2Vm). Every change replaces it (IN_PLACE_FIELDS: no in-place
     update, so the deploy account needs no tpu.nodes.update), deleting the old node first
-    (the name is fixed); the new node boots the new startup script and training resumes from
-    the bucket's checkpoints.
+    (the name is fixed), and training resumes from the bucket's checkpoints. Its startup
+    script is the loader (render.render_loader), the same for every job and payload: a new
+    job or payload rewrites the bucket's job pointer, not this node (docs/deploy-gcp.md).
     With tpuAutoRecover, the controller's watchdog (templates/tpu-watch.sh) recreates a
     preempted VM under the same name with these same settings."""
 

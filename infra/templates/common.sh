@@ -170,7 +170,13 @@ install_payload_once() {
   local venv="$1" src="$2" work
   ensure_python_venv
   work="$(mktemp -d)"
-  retry_gcloud gcs cp "${PAYLOAD_URI}" "${work}/payload.tar.gz"
+  # The loader (templates/loader.sh) hands over the archive it downloaded and checked
+  # against the job pointer; by hand (or without it) the archive comes from the bucket.
+  if [ -n "${TPU_PRETRAIN_PAYLOAD_ARCHIVE:-}" ] && [ -f "${TPU_PRETRAIN_PAYLOAD_ARCHIVE}" ]; then
+    cp "${TPU_PRETRAIN_PAYLOAD_ARCHIVE}" "${work}/payload.tar.gz"
+  else
+    retry_gcloud gcs cp "${PAYLOAD_URI}" "${work}/payload.tar.gz"
+  fi
   echo "${PAYLOAD_SHA256}  ${work}/payload.tar.gz" | sha256sum --check --quiet -
   rm -rf "${venv}" "${src}"
   mkdir -p "${src}"

@@ -53,6 +53,35 @@ tpu_runtime_unit() {
   grep -m 1 '^ExecStart=' <<<"${unit}" || echo "present (no ExecStart)"
 }
 
+# The loaded NVIDIA kernel module, from its own banner (/proc/driver/nvidia/version: "NVRM
+# version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.20 ..." for the open flavour,
+# "NVIDIA UNIX x86_64 Kernel Module  570..." for the proprietary one). Prints
+# "<flavour> <version>", or nothing without a loaded module (a TPU VM, a driver that failed).
+nvidia_module() {
+  local banner version flavour=proprietary
+  banner="$(head -n 1 "${SANDBOX_ROOT}/proc/driver/nvidia/version" 2>/dev/null || true)"
+  [ -n "${banner}" ] || return 0
+  version="$(grep -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' <<<"${banner}" | head -n 1 || true)"
+  if grep -q 'Open Kernel Module' <<<"${banner}"; then
+    flavour=open
+  fi
+  echo "${flavour} ${version:-unknown}"
+}
+
+# The driver of the first network interface backed by a device (gve: Google's gVNIC driver,
+# virtio_net: VirtIO), from sysfs; "unknown" without one.
+nic_driver() {
+  local dev driver
+  for dev in "${SANDBOX_ROOT}"/sys/class/net/*; do
+    if [ -e "${dev}/device/driver" ]; then
+      driver="$(readlink "${dev}/device/driver")"
+      echo "${driver##*/}"
+      return 0
+    fi
+  done
+  echo unknown
+}
+
 # expect WHAT EXPECTED ACTUAL [WHERE]: a mismatch line when both are known and differ.
 expect() {
   local what="$1" expected="$2" actual="$3" where="${4:-}"
@@ -68,6 +97,7 @@ expect() {
 record_facts() {
   local install_seconds="$1" python gcloud_version="" gsutil_version="" image os="" line
   local secure libtpu="" accelerator machine endpoints tpu_env="" runtime_unit
+  local kernel nvidia nvidia_modules="" nvidia_driver="" nvidia_branch="" nic
   local name="${STATUS_NAME:-${ROLE}}" file extra="" pair mismatches=""
   shift
   python="$(tpu_python_version 2>/dev/null || echo unknown)"
@@ -88,6 +118,14 @@ record_facts() {
     tpu_env="$(head -c 4000 "${SANDBOX_ROOT}/home/tpu-runtime/tpu-env")"
   fi
   runtime_unit="$(tpu_runtime_unit)"
+  kernel="$(uname -r 2>/dev/null || echo unknown)"
+  nvidia="$(nvidia_module)"
+  if [ -n "${nvidia}" ]; then
+    nvidia_modules="${nvidia%% *}"
+    nvidia_driver="${nvidia#* }"
+    nvidia_branch="${nvidia_driver%%.*}"
+  fi
+  nic="$(nic_driver)"
   if [ -n "${EXPECT_LIBTPU}" ] && [ -x "${APP_DIR}/venv/bin/python" ]; then
     libtpu="$("${APP_DIR}/venv/bin/python" -c 'import importlib.metadata as m; print(m.version("libtpu"))' 2>/dev/null | tail -n 1 || true)"
   fi
@@ -98,6 +136,9 @@ record_facts() {
   expect "machine type" "${EXPECT_MACHINE}" "${machine}"
   expect "libtpu" "${EXPECT_LIBTPU}" "${libtpu}"
   expect "GPUs" "${EXPECT_GPUS}" "${GPUS_LISTED:-}" "${EXPECT_MACHINE:+ on ${EXPECT_MACHINE}}"
+  expect "NVIDIA kernel modules" "${EXPECT_NVIDIA_MODULES}" "${nvidia_modules:-none loaded}"
+  expect "NVIDIA driver branch" "${EXPECT_NVIDIA_BRANCH}" "${nvidia_branch:-none loaded}"
+  expect "NIC driver" "${EXPECT_NIC_DRIVER}" "${nic}"
   if [ -n "${EXPECT_SECURE_BOOT}" ]; then
     expect "secure boot" "$([ "${EXPECT_SECURE_BOOT}" = true ] && echo enabled || echo disabled)" "${secure}"
   fi
@@ -120,12 +161,18 @@ record_facts() {
       "$(json_str "${secure}")" "$(json_str "${accelerator}")" "$(json_str "${machine}")"
     printf ', "worker_network_endpoints": %s, "tpu_env": %s, "tpu_runtime_unit": %s' \
       "$(json_str "${endpoints}")" "$(json_str "${tpu_env}")" "$(json_str "${runtime_unit}")"
+    printf ', "kernel": %s, "nvidia_modules": %s, "nvidia_driver": %s, "nvidia_branch": %s, "nic_driver": %s' \
+      "$(json_str "${kernel}")" "$(json_str "${nvidia_modules}")" "$(json_str "${nvidia_driver}")" \
+      "$(json_str "${nvidia_branch}")" "$(json_str "${nic}")"
     printf ', "libtpu": %s, "gpus": %s, "install_seconds": %s%s}' \
       "$(json_str "${libtpu}")" "$(json_str "${GPUS_LISTED:-}")" "${install_seconds}" "${extra}"
-    printf ', "expected": {"python": %s, "accelerator_type": %s, "machine_type": %s, "libtpu": %s, "gpus": %s, "secure_boot": %s}' \
+    printf ', "expected": {"python": %s, "accelerator_type": %s, "machine_type": %s, "libtpu": %s, "gpus": %s, "secure_boot": %s' \
       "$(json_str "${EXPECT_PYTHON}")" "$(json_str "${EXPECT_ACCELERATOR}")" \
       "$(json_str "${EXPECT_MACHINE}")" "$(json_str "${EXPECT_LIBTPU}")" \
       "$(json_str "${EXPECT_GPUS}")" "$(json_str "${EXPECT_SECURE_BOOT}")"
+    printf ', "nvidia_modules": %s, "nvidia_branch": %s, "nic_driver": %s}' \
+      "$(json_str "${EXPECT_NVIDIA_MODULES}")" "$(json_str "${EXPECT_NVIDIA_BRANCH}")" \
+      "$(json_str "${EXPECT_NIC_DRIVER}")"
     printf ', "mismatches": [%s]}\n' "${mismatches}"
   } >"${file}"
   mkdir -p "$(dirname "${HOST_FACTS}")"

@@ -27,8 +27,18 @@ gpu_driver_works() {
 # upgrades do not move the driver under the trainer. Every later boot finds it working and
 # installs nothing. When the new modules do not load in this boot, the VM reboots once and
 # this script runs again (only a real VM shows whether that is needed).
+# The modules are built by DKMS against the headers of the running kernel, installed in the
+# same apt transaction: NVIDIA's installation guide ("Pre-installation Actions": the headers
+# and development packages of the running kernel must be installed; the deb packages
+# otherwise pull the newest headers, "which may or may not match the version of the kernel
+# your system is using"). The running kernel is then held (hold_kernel), so an unattended
+# upgrade cannot boot a kernel the module was not built for.
+# Not used: Ubuntu's prebuilt, Canonical-signed linux-modules-nvidia-<branch>-server[-open]-
+# <kernel> (packages.ubuntu.com lists them per kernel flavour, -gcp included): they pair with
+# Ubuntu's own -server userspace, not with the packages of NVIDIA's repository that Google's
+# A4 blueprint installs (infra/gpu_catalog.yaml images).
 install_driver() {
-  local keyring reboot_marker="${APP_DIR}/driver-rebooted"
+  local keyring reboot_marker="${APP_DIR}/driver-rebooted" kernel headers
   local -a packages
   [ -n "${DRIVER_PACKAGES}" ] || return 0
   if gpu_driver_works; then
@@ -36,15 +46,18 @@ install_driver() {
     return 0
   fi
   read -r -a packages <<<"${DRIVER_PACKAGES}"
-  if ! dpkg -s "${packages[@]}" >/dev/null 2>&1; then
-    write_status starting "installing the NVIDIA driver (${DRIVER_MODULES} kernel modules: ${DRIVER_PACKAGES})"
+  kernel="$(uname -r)"
+  headers="linux-headers-${kernel}"
+  if ! dpkg -s "${headers}" "${packages[@]}" >/dev/null 2>&1; then
+    write_status starting "installing the NVIDIA driver (${DRIVER_MODULES} kernel modules: ${DRIVER_PACKAGES}) for kernel ${kernel}"
     keyring="$(mktemp)"
     curl -fsSL --retry "${RETRY_ATTEMPTS}" --retry-delay 15 --retry-connrefused \
       -o "${keyring}" "${DRIVER_REPO}"
     dpkg -i "${keyring}"
     rm -f "${keyring}"
-    apt_install "${packages[@]}"
+    apt_install "${headers}" "${packages[@]}"
     apt-mark hold "${packages[@]}"
+    hold_kernel "${kernel}"
   fi
   modprobe nvidia 2>/dev/null || true
   if gpu_driver_works; then
@@ -59,6 +72,25 @@ install_driver() {
     exit 0
   fi
   log "the NVIDIA driver does not load after a reboot (${DRIVER_PACKAGES})"
+}
+
+# Hold the running kernel: its image, headers and modules, and the flavour's metapackages
+# that would pull a newer ABI (linux-gcp, linux-image-gcp, linux-headers-gcp on Ubuntu's GCE
+# images), as far as they are installed. `apt-mark unhold` of the same names releases it.
+hold_kernel() {
+  local kernel="$1" flavour package
+  local -a held=()
+  flavour="${kernel##*-}"
+  for package in "linux-image-${kernel}" "linux-headers-${kernel}" "linux-modules-${kernel}" \
+    "linux-${flavour}" "linux-image-${flavour}" "linux-headers-${flavour}"; do
+    if dpkg -s "${package}" >/dev/null 2>&1; then
+      held+=("${package}")
+    fi
+  done
+  if [ "${#held[@]}" -gt 0 ]; then
+    apt-mark hold "${held[@]}"
+    log "kernel ${kernel} held for the NVIDIA module: ${held[*]}"
+  fi
 }
 
 # The driver must list the GPUs the machine type carries before anything is installed.

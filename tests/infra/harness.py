@@ -105,3 +105,19 @@ def one(resources: list[Captured], type_: str) -> Captured:
     found = of_type(resources, type_)
     assert len(found) == 1, f"expected one {type_}, found {[r.name for r in found]}"
     return found[0]
+
+
+# The VM a role's loader runs on (infra/render.py LOADER_ROLES).
+_ROLE_OF_VM = {"tpu-vm": "tpu", "gpu-vm": "gpu", "controller-vm": "controller"}
+
+
+def startup_script(run: Any, vm_name: str) -> str:
+    """The startup script a VM runs: its metadata's own (the VPN hop), or, behind the loader
+    in its metadata, the rendered script the job pointer names for its role (the bucket
+    object startup/<role>-<sha>.sh of infra/components/delivery.py StartupDelivery)."""
+    role = _ROLE_OF_VM.get(vm_name)
+    if role is None:
+        (vm,) = [r for r in run.resources if r.name == vm_name]
+        return str(vm.inputs["metadata"]["startup-script"])
+    (obj,) = [r for r in run.resources if r.name == f"startup-{role}-script"]
+    return str(obj.inputs["content"])

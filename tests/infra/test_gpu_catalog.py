@@ -626,3 +626,22 @@ def test_machine_zones_must_lie_within_the_gpus_zones(tmp_path):
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ValueError, match=r"a2-megagpu-16g: \['us-east1-d'\] do not offer"):
         load_gpu_catalog(path)
+
+
+def test_the_catalog_records_the_nic_each_family_needs_with_its_source(tmp_path):
+    catalog = load_gpu_catalog()
+    assert {name: f.nic_type for name, f in catalog.families.items()} == {
+        "a2": "", "g2": "", "a3": "GVNIC", "a4": "GVNIC",
+    }  # fmt: skip
+    assert catalog.validate("a3-highgpu-8g", None, None, "us-central1-b", "spot").nic_type == (
+        "GVNIC"
+    )
+    text = GPU_CATALOG_PATH.read_text()
+    for broken, message in (
+        (text.replace("    nic: GVNIC\n", "    nic: gvnic\n", 1), "nic 'gvnic' is not one of"),
+        (text.replace("    nic_source: >-\n", "    nic_source_: >-\n", 1), "has no nic_source"),
+    ):
+        path = tmp_path / "gpu_catalog.yaml"
+        path.write_text(broken)
+        with pytest.raises(ValueError, match=message):
+            load_gpu_catalog(path)

@@ -82,6 +82,8 @@ case " $* " in
 esac
 """
 DRIVER_PACKAGES = ["nvidia-open-570", "nvidia-utils-570"]
+KERNEL = "6.8.0-1015-gcp"  # what the stub uname says the running kernel is
+UNAME = f'if [ "$*" = -r ]; then echo {KERNEL}; else echo Linux; fi\n'
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +105,7 @@ def box(sandbox: Sandbox) -> Sandbox:  # noqa: F811
         ("dpkg", DPKG),
         ("apt-mark", recorder),
         ("modprobe", recorder),
+        ("uname", UNAME),
     ):
         stub = sandbox.bin / name
         stub.write_text("#!/bin/bash\nset -u\n" + body)
@@ -235,6 +238,10 @@ def test_no_driver_at_all_is_exit_2(dlvm_run, box):
 def test_the_driver_is_installed_once_from_nvidias_repository(gpu_run, box):
     bucket, _ = _publish_payload(gpu_run, box)
     (box.bin / "nvidia-smi").unlink()
+    # The image's kernel and its flavour's metapackage are installed; linux-modules is not.
+    (box.state / "dpkg").mkdir(parents=True, exist_ok=True)
+    for package in (f"linux-image-{KERNEL}", "linux-image-gcp", "linux-gcp"):
+        (box.state / "dpkg" / package).touch()
     script = _script(gpu_run, "gpu-vm")
     first = box.run(script, SMI_GPUS="2")
     assert first.returncode == 0, first.stderr
@@ -246,8 +253,17 @@ def test_the_driver_is_installed_once_from_nvidias_repository(gpu_run, box):
         "cuda-keyring_1.1-1_all.deb"
     )
     assert any(c.startswith("dpkg -i ") for c in calls)
-    assert f"apt-get -o DPkg::Lock::Timeout=600 -q install -y {' '.join(DRIVER_PACKAGES)}" in calls
+    # The running kernel's headers in the same transaction (DKMS builds for that kernel,
+    # not for apt's newest headers), then the driver and the running kernel held.
+    assert (
+        f"apt-get -o DPkg::Lock::Timeout=600 -q install -y linux-headers-{KERNEL} "
+        f"{' '.join(DRIVER_PACKAGES)}"
+    ) in calls
     assert f"apt-mark hold {' '.join(DRIVER_PACKAGES)}" in calls
+    assert (
+        f"apt-mark hold linux-image-{KERNEL} linux-headers-{KERNEL} linux-gcp linux-image-gcp"
+    ) in calls
+    assert f"kernel {KERNEL} held for the NVIDIA module" in first.stderr
     assert "modprobe nvidia" in calls
     # The driver before the GPU check, the GPU check before the payload install.
     first_pip = next(i for i, c in enumerate(calls) if c.startswith("pip "))

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 from gcloud_flags import problems
-from harness import gpu_stack_names, of_type, one, run_offline, tpu_stack_names
+from harness import (
+    gpu_stack_names,
+    of_type,
+    one,
+    run_offline,
+    startup_script,
+    tpu_stack_names,
+)
 
 from infra import render
 from infra.components.tpu import CLOUD_PLATFORM
@@ -114,7 +121,7 @@ def test_gpu_vm_inputs(run):
 
 def test_gpu_startup_script_is_the_gpu_variant(run):
     _, machine_type, _, _, gpus, precision = EXPECTED[run.stack]
-    script = gpu_vm(run).inputs["metadata"]["startup-script"]
+    script = startup_script(run, "gpu-vm")
     assert script.startswith("#!/bin/bash\n# tpu-pretrain gpu startup script")
     assert "readonly VM_REQUIREMENTS=requirements/gpu-vm.txt" in script
     assert f"readonly GPU_COUNT={gpus}" in script
@@ -128,7 +135,7 @@ def test_gpu_startup_script_is_the_gpu_variant(run):
 
 def test_the_driver_install_follows_the_image(run):
     image, modules, packages = IMAGES[run.stack]
-    script = gpu_vm(run).inputs["metadata"]["startup-script"]
+    script = startup_script(run, "gpu-vm")
     family = image.rsplit("/", 1)[-1]
     assert f"readonly RUNTIME_VERSION={family}\n" in script
     assert f"readonly DRIVER_MODULES={modules}\n" in script
@@ -153,7 +160,7 @@ def test_one_accelerator_and_the_shared_components(run):
     controller = next(r for r in run.resources if r.name == "controller-vm")
     assert controller.inputs["zone"] == EXPECTED[run.stack][0]
     # The controller's wheelhouse is built for the GPU overlay and the image's Python.
-    script = controller.inputs["metadata"]["startup-script"]
+    script = startup_script(run, "controller-vm")
     assert "readonly VM_REQUIREMENTS=requirements/gpu-vm.txt" in script
     assert "readonly TPU_PYTHON_VERSION=3.10" in script
 
@@ -238,8 +245,26 @@ def test_an_a4_vm_boots_ubuntu_and_installs_the_open_modules():
         "tpu-pretrain:gpuZone": "us-central1-b",
         "tpu-pretrain:scheduling": "spot",
     }
-    (vm,) = [r for r in run_offline("a100x4-usc1", overrides).resources if r.name == "gpu-vm"]
+    run = run_offline("a100x4-usc1", overrides)
+    (vm,) = [r for r in run.resources if r.name == "gpu-vm"]
     assert vm.inputs["bootDisk"]["initializeParams"]["image"] == UBUNTU
-    script = vm.inputs["metadata"]["startup-script"]
+    script = startup_script(run, "gpu-vm")
     assert "readonly DRIVER_PACKAGES='nvidia-open-570 nvidia-utils-570'\n" in script
     assert "readonly DRIVER_MODULES=open\n" in script
+
+
+@pytest.mark.parametrize(
+    ("machine_type", "nic"),
+    [("a3-highgpu-8g", "GVNIC"), ("a4-highgpu-8g", "GVNIC"), ("a2-highgpu-4g", None)],
+)
+def test_a3_and_a4_vms_get_the_gvnic_interface_their_family_needs(machine_type, nic):
+    """A3 and A4 need gVNIC (infra/gpu_catalog.yaml families `nic`, with its source); the
+    other families keep Compute Engine's default interface (no nic_type at all)."""
+    overrides = {
+        "tpu-pretrain:gpuMachineType": machine_type,
+        "tpu-pretrain:gpuZone": "us-central1-b",
+        "tpu-pretrain:scheduling": "spot",
+    }
+    (vm,) = [r for r in run_offline("a100x4-usc1", overrides).resources if r.name == "gpu-vm"]
+    (interface,) = vm.inputs["networkInterfaces"]
+    assert interface.get("nicType") == nic

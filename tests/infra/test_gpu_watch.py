@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 from gcloud_flags import problems
-from harness import of_type, run_offline
+from harness import of_type, run_offline, startup_script
 from test_infra_resources import _depends_on, by_name
 from test_infra_scripts import (  # the sandbox and its helpers, shared with the TPU tests
     Sandbox,
@@ -65,7 +65,7 @@ def test_the_watchdog_and_its_grant_follow_gpu_auto_recover(stack, overrides, on
     vm = by_name(run, "gpu-vm")
     zone, name = vm.inputs["zone"], vm.inputs["name"]
     controller = by_name(run, "controller-vm")
-    script = controller.inputs["metadata"]["startup-script"]
+    script = startup_script(run, "controller-vm")
     assert f"readonly AUTO_RECOVER={'true' if on else 'false'}\n" in script
     assert (f"readonly WATCH_KIND={'gpu' if on else chr(39) * 2}\n") in script
     recovery = run.exports["gpuRecovery"]["watchdog"]

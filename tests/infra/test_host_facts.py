@@ -32,9 +32,16 @@ for ((i = 0; i < ${SMI_GPUS:-1}; i++)); do echo "GPU $i: NVIDIA L4 (UUID: GPU-0$
 FACT_KEYS = {
     "python", "gcloud", "gsutil", "image", "os", "secure_boot", "accelerator_type",
     "machine_type", "worker_network_endpoints", "tpu_env", "tpu_runtime_unit", "libtpu",
-    "gpus", "install_seconds",
+    "gpus", "install_seconds", "kernel", "nvidia_modules", "nvidia_driver", "nvidia_branch",
+    "nic_driver",
 }  # fmt: skip
-EXPECTED_KEYS = {"python", "accelerator_type", "machine_type", "libtpu", "gpus", "secure_boot"}
+EXPECTED_KEYS = {
+    "python", "accelerator_type", "machine_type", "libtpu", "gpus", "secure_boot",
+    "nvidia_modules", "nvidia_branch", "nic_driver",
+}  # fmt: skip
+# /proc/driver/nvidia/version's first line for each flavour (the open one names itself).
+OPEN_570 = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.20  Release Build"
+PROPRIETARY_550 = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.163.01  Tue Apr 8 2025"
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +75,22 @@ def _expected_libtpu(script: str) -> str:
     return re.search(r"^readonly EXPECT_LIBTPU=(\S+)$", script, re.MULTILINE).group(1)
 
 
+def _nvidia(box: Sandbox, banner: str) -> None:
+    path = box.root / "proc/driver/nvidia/version"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(banner + "\nGCC version:  gcc version 12.3.0\n")
+
+
+def _nic(box: Sandbox, driver: str) -> None:
+    """sysfs of one NIC: /sys/class/net/ens4/device/driver -> .../drivers/<driver>."""
+    target = box.root / "sys/bus/pci/drivers" / driver
+    target.mkdir(parents=True, exist_ok=True)
+    device = box.root / "sys/class/net/ens4/device"
+    device.mkdir(parents=True, exist_ok=True)
+    (device / "driver").symlink_to(target)
+    (box.root / "sys/class/net/lo").mkdir(parents=True, exist_ok=True)  # no device: skipped
+
+
 def _bootstrap(box: Sandbox, bucket: str, job: str, name: str) -> dict:
     return json.loads((box.gcs / bucket / f"runs/{job}/bootstrap/{name}.json").read_text())
 
@@ -96,6 +119,9 @@ def test_a_tpu_vm_that_matches_the_catalog(tpu_run, sandbox):  # noqa: F811
         "libtpu": libtpu,
         "gpus": "",
         "secure_boot": "true",
+        "nvidia_modules": "",
+        "nvidia_branch": "",
+        "nic_driver": "",
     }
     assert doc["mismatches"] == []
     # The trainer reads the same document (TPU_PRETRAIN_HOST_FACTS of its unit).
@@ -173,6 +199,7 @@ def test_a_gpu_vm_checks_its_machine_type_and_gpu_count(sandbox):  # noqa: F811
     smi.chmod(0o755)
     _metadata(sandbox, machine_type="projects/123/zones/us-east1-d/machineTypes/g2-standard-24")
     _secure_boot(sandbox, on=False)
+    _nvidia(sandbox, OPEN_570)
     script = _script(run, "gpu-vm")
     result = sandbox.run(script, SMI_GPUS="1")
     assert result.returncode == 0, result.stderr
@@ -181,10 +208,46 @@ def test_a_gpu_vm_checks_its_machine_type_and_gpu_count(sandbox):  # noqa: F811
     assert doc["expected"]["gpus"] == "2" and doc["expected"]["secure_boot"] == "false"
     assert doc["mismatches"] == ["catalog says GPUs 2 on g2-standard-24; this VM has 1"]
 
+    # Which driver and kernel loaded: the catalog's flavour and branch (nvidia-open-570).
+    facts = doc["facts"]
+    assert (facts["nvidia_modules"], facts["nvidia_driver"], facts["nvidia_branch"]) == (
+        "open", "570.133.20", "570",
+    )  # fmt: skip
+    assert facts["kernel"] and facts["nic_driver"] == "unknown"
+    assert (doc["expected"]["nvidia_modules"], doc["expected"]["nvidia_branch"]) == ("open", "570")
+    assert doc["expected"]["nic_driver"] == ""  # G2 keeps the default NIC
+
     shutil.rmtree(sandbox.root / "opt/tpu-pretrain/gpu-watch", ignore_errors=True)
     again = sandbox.run(script, SMI_GPUS="2")
     assert again.returncode == 0, again.stderr
     assert _facts(sandbox, bucket, "bert-small-mlm-gpu", "gpu")["mismatches"] == []
+
+
+def test_a_gpu_vm_says_which_driver_and_nic_loaded_against_the_catalog(sandbox):  # noqa: F811
+    """An A3 VM (gVNIC, NVIDIA's open 570 modules installed at boot) that booted the
+    proprietary 550 module on a VirtIO NIC: three lines, each naming what loaded."""
+    overrides = {
+        "tpu-pretrain:gpuMachineType": "a3-highgpu-8g",
+        "tpu-pretrain:gpuZone": "us-central1-b",
+        "tpu-pretrain:scheduling": "spot",
+    }
+    run = run_offline("a100x4-usc1", overrides)
+    bucket, _ = _publish_payload(run, sandbox)
+    smi = sandbox.bin / "nvidia-smi"
+    smi.write_text(NVIDIA_SMI)
+    smi.chmod(0o755)
+    _nvidia(sandbox, PROPRIETARY_550)
+    _nic(sandbox, "virtio_net")
+    result = sandbox.run(_script(run, "gpu-vm"), SMI_GPUS="8")
+    assert result.returncode == 0, result.stderr
+    doc = _facts(sandbox, bucket, "gpt2-small-clm", "gpu")
+    assert doc["facts"]["nic_driver"] == "virtio_net"
+    assert doc["expected"]["nic_driver"] == "gve"
+    assert doc["mismatches"] == [
+        "catalog says NVIDIA kernel modules open; this VM has proprietary",
+        "catalog says NVIDIA driver branch 570; this VM has 550",
+        "catalog says NIC driver gve; this VM has virtio_net",
+    ]
 
 
 def test_the_controller_expects_secure_boot(tpu_run, sandbox):  # noqa: F811

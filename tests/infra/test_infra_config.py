@@ -59,6 +59,14 @@ CASES = [
         "(v5litepod-8); use one of: v2-alpha-tpuv5-lite",
     ),
     (
+        # A slice boots the image its evidence boots (catalog.yaml slices `image:`), though
+        # the generation boots others on a single host.
+        "v4-32-usc2",
+        {K + "runtimeVersion": "v2-alpha-tpuv5"},
+        "tpu-pretrain:runtimeVersion: 'v2-alpha-tpuv5' is not the image the v4-32 slice's "
+        "evidence boots; use tpu-ubuntu2204-base (infra/catalog.yaml slices, docs/pod-slices.md)",
+    ),
+    (
         "v4-usc2",
         {K + "runtimeVersion": "tpu-vm-base"},
         "tpu-pretrain:runtimeVersion: 'tpu-vm-base' ships Python 3.8; the payload needs "

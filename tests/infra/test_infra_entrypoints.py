@@ -55,15 +55,18 @@ def test_plan_prints_resources_scripts_and_job_spec_but_no_secrets():
     out = result.stdout
     run = run_offline("v6e-euw4")
     custom = [r for r in run.resources if not r.type_.startswith("tpu-pretrain:")]
-    # 11 components: the spot stack adds TpuAutoRecovery (preemption watchdog).
-    assert f"Stack v6e-euw4: {len(custom)} resources in 11 components" in out
+    # 12 components: the spot stack adds TpuAutoRecovery (preemption watchdog).
+    assert f"Stack v6e-euw4: {len(custom)} resources in 12 components" in out
     for resource in custom:
         assert f"{resource.type_} " in out and f" {resource.name} " in out
     assert 'acceleratorType="v6e-8"' in out
     assert 'schedulingConfig={"preemptible":false,"spot":true}' in out
-    # TPU, controller and hop startup scripts, and the watchdog the controller installs.
-    assert out.count("#!/bin/bash") == 4
-    assert "==== watchdog installed by controller-vm ====" in out
+    # The TPU VM's and the controller's loaders, the scripts they run (bucket objects), the
+    # hop's startup script, and the watchdog the controller installs.
+    assert out.count("#!/bin/bash") == 6
+    assert out.count("startup loader, rendered by infra/render.py") == 2
+    assert "==== watchdog installed by startup-controller-script ====" in out
+    assert "==== job pointer gs://tpu-pretrain-test-v6e-euw4-tpu-pretrain/jobs/current.json" in out
     assert "compute tpus tpu-vm create" in out
     assert (
         "==== job spec gs://tpu-pretrain-test-v6e-euw4-tpu-pretrain/jobs/gpt2-small-clm.json" in out

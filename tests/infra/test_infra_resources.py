@@ -13,7 +13,7 @@ from pathlib import Path
 import pulumi
 import pytest
 import yaml
-from harness import of_type, one, run_offline, tpu_stack_names
+from harness import of_type, one, run_offline, startup_script, tpu_stack_names
 
 from infra import jobspec, render, wgkeys
 from infra.components.recovery import RECOVERY_ROLE_ID
@@ -290,6 +290,7 @@ def test_components_own_every_resource(run):
         "ServiceIdentity",
         "TrainingBucket",
         "PayloadDelivery",
+        "StartupDelivery",
         "ControllerVm",
         "TpuVm",
         "VpnHop",
@@ -367,8 +368,8 @@ def test_payload_archive_is_content_addressed_and_uploaded(run):
     data = Path(source.path).read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     assert digest.startswith(match.group(1))
-    for vm in (one(run.resources, V2VM), by_name(run, "controller-vm")):
-        script = vm.inputs["metadata"]["startup-script"]
+    for vm in ("tpu-vm", "controller-vm"):
+        script = startup_script(run, vm)
         assert f"readonly PAYLOAD_SHA256={digest}\n" in script
         assert f"/{name}\n" in script
 
@@ -501,7 +502,7 @@ def test_tpu_auto_recover_can_be_set_either_way(stack, value, on):
     run = run_offline(stack, {"tpu-pretrain:tpuAutoRecover": value})
     assert of_type(run.resources, CUSTOM_ROLE) == []
     assert len(of_type(run.resources, SA_IAM_MEMBER)) == int(on)
-    script = by_name(run, "controller-vm").inputs["metadata"]["startup-script"]
+    script = startup_script(run, "controller-vm")
     assert f"readonly AUTO_RECOVER={'true' if on else 'false'}\n" in script
     assert ("readonly WATCH_SCRIPT_B64=''\n" in script) is not on
     assert run.exports["tpuRecovery"]["watchdog"].startswith("on:" if on else "off")
@@ -544,7 +545,7 @@ def test_destroy_order_leaves_no_tpu_behind(run):
     bucket = run.exports["bucketUrl"].removeprefix("gs://")
     assert lease.inputs["bucket"] == bucket
     # The watchdog looks for exactly this object.
-    script = controller.inputs["metadata"]["startup-script"]
+    script = startup_script(run, "controller-vm")
     encoded = re.search(r"^readonly WATCH_SCRIPT_B64=(\S+)$", script, re.MULTILINE)
     watchdog = base64.b64decode(encoded.group(1)).decode()
     assert f"readonly LEASE_URI=gs://{bucket}/{lease.inputs['name']}\n" in watchdog

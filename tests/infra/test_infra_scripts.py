@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from gcloud_flags import problems
-from harness import gpu_stack_names, run_offline, stack_names
+from harness import gpu_stack_names, run_offline, stack_names, startup_script
 
 from infra import wgkeys
 
@@ -490,8 +490,8 @@ def stack_run(tmp_path_factory):
 
 
 def _script(run, name: str) -> str:
-    (resource,) = [r for r in run.resources if r.name == name]
-    return resource.inputs["metadata"]["startup-script"]
+    """What VM `name` runs at boot behind its loader (harness.startup_script)."""
+    return startup_script(run, name)
 
 
 def _publish_payload(run, box: Sandbox) -> tuple[str, str]:
@@ -2107,7 +2107,9 @@ def test_a_preempted_slice_is_recreated_as_one_node(slice_run, sandbox):
     _, path = flags["--metadata-from-file"].split("=", 1)
     startup = Path(path).read_text()
     assert startup == watch.vm.inputs["metadata"]["startup-script"]
-    assert "readonly TPU_HOSTS=4\n" in startup  # the one script every new host runs
+    # Every new host runs the loader, which runs the one slice script the pointer names.
+    assert "readonly ROLE=tpu\n" in startup
+    assert "readonly TPU_HOSTS=4\n" in _script(watch.run, "tpu-vm")
     assert watch.status["message"].startswith(
         f"queued {watch.qr} for tp-v4-32-usc2-tpu (the whole 4-host v4-32 slice, one node)"
     )

@@ -364,6 +364,34 @@ def test_a_host_that_does_not_match_the_catalog_fails_the_verdict(world):
     assert "destroy --yes" in w.verbs("pulumi")  # destroyed all the same
 
 
+def test_a_driver_or_nic_that_only_a_real_vm_shows_prints_its_fix_in_one_line(world):
+    """Which NVIDIA module and NIC driver a GPU VM booted (templates/facts.sh) is known only
+    on a real VM: a mismatch is a verdict row that names its fix."""
+    w = world()
+    w.boot("tpu")
+    w.write(
+        "bootstrap/facts-gpu.json",
+        {
+            "name": "gpu",
+            "facts": {"nvidia_modules": "proprietary", "nvidia_branch": "570",
+                      "nic_driver": "virtio_net"},
+            "expected": {"nvidia_modules": "open", "nvidia_branch": "570", "nic_driver": "gve"},
+        },
+    )  # fmt: skip
+    w.finish_training()
+    code, runner = w.smoke()
+    assert code == 1
+    rows = w.rows(runner)
+    assert rows["gpu: nvidia_branch"] == ("570", "570", "ok")
+    assert rows["gpu: nvidia_modules"] == (
+        "open", f"proprietary; fix: {smoke.FACT_FIXES['nvidia_modules']}", "MISMATCH",
+    )  # fmt: skip
+    assert rows["gpu: nic_driver"] == (
+        "gve", f"virtio_net; fix: {smoke.FACT_FIXES['nic_driver']}", "MISMATCH",
+    )  # fmt: skip
+    assert all("\n" not in fix for fix in smoke.FACT_FIXES.values())
+
+
 @pytest.mark.parametrize(
     ("scenario", "check", "seen"),
     [

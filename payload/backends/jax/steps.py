@@ -134,7 +134,8 @@ def lm_loss_terms(
     head, non_trainable = model.stateless_call(
         trainable, non_trainable, inputs, training=training, head_inputs=True
     )
-    return chunked_loss_terms(*head, labels, weights), non_trainable
+    terms = chunked_loss_terms(head.features, head.kernel, head.bias, labels, weights)
+    return terms, non_trainable
 
 
 # ELECTRA (data.objective rtd): the recipe's weights (payload/model.py, from

@@ -18,8 +18,8 @@ less than none) and be within a stated factor of the measurement:
   all-gathers every weight at once and keeps the whole gradients before their
   reduce-scatter: the small model's temporaries grow by 119 MB from data parallelism to
   FSDP, about twice its 61 MB of fp32 weights, while the plan counts one layer (or the
-  embedding) whole at a time, as a compiler that gathers layer by layer would. Whether a TPU's compiled program agrees more closely is verifiable only on a TPU
-  (docs/models.md).
+  embedding) whole at a time, as a compiler that gathers layer by layer would. Whether a
+  TPU's compiled program agrees more closely is verifiable only on a TPU (docs/models.md).
 """
 
 from __future__ import annotations

@@ -300,6 +300,26 @@ def _bert_ids(ids: dict[str, Any], special_ids: Mapping[str, int]) -> None:
         ids["eos_token_id"] = special_ids["sep"]
 
 
+# The JAX backend's loss (backends/jax/steps.py chunked_loss_terms) computes the logits a
+# chunk of tokens at a time; the plan (payload/plan.py) counts one chunk. A chunk's float32
+# logits stay under LOSS_CHUNK_BYTES: large enough that its matmul (>= ~500 tokens x hidden x
+# vocabulary at the presets' vocabularies) keeps an accelerator's matrix units busy and the
+# scan takes few steps (8-32 for a sequence of 2,048 at batch 4-8), small enough that the
+# three logits-sized buffers of a chunk's backward pass (the float32 logits, their softmax
+# and its gradient) take under 1 GiB, a few percent of the smallest chip's 16 GiB (v5e).
+# Our choice, not a measured optimum (MaxText's num_vocab_tiling is a tile count the user
+# sets, src/maxtext/configs/base.yml).
+LOSS_CHUNK_BYTES = 256 * 2**20
+
+
+def loss_chunk_length(rows: int, length: int, vocab: int, budget: int = LOSS_CHUNK_BYTES) -> int:
+    """Positions per chunk of the chunked loss over [rows, length] tokens (rows: what one
+    device holds): the largest divisor of `length` whose rows x positions x vocab float32
+    logits stay under `budget` (at least 1: a chunk is never smaller than one position)."""
+    most = max(1, budget // (4 * vocab * max(rows, 1)))
+    return max(d for d in range(1, length + 1) if length % d == 0 and d <= most)
+
+
 # ELECTRA's recipe (google-research/electra configure_pretraining.py, run_pretraining.py):
 # total loss = gen_weight (1.0) x generator MLM loss + disc_weight (50.0) x discriminator
 # loss; samples drawn from softmax(logits / temperature) with Gumbel noise, temperature 1.0;

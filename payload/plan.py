@@ -31,12 +31,21 @@ key/value heads, D head size):
                           attention output, the residual, the MLP's gate, up, act(gate) and
                           product, the down projection
   + 8H                    the two RMSNorms' float32 copies of their input
-  + (4 + a) x A x S       the attention scores (float32 for the softmax) and probabilities:
-                          the backend materialises them (no flash attention)
+  + 4 x A                 with a fused attention kernel (cuDNN flash attention on NVIDIA
+                          GPUs of compute capability 8.0 or newer computing in bf16/fp16,
+                          splash attention on TPUs): its float32 softmax statistics (one
+                          log-sum-exp per query and head); the [S, S] scores never exist
+  or (4 + a) x A x S      with the reference attention (CPU, older or fp32 GPUs,
+                          train.attention: reference): the scores (float32 for the softmax)
+                          and probabilities, materialised and kept
 With train.remat: block (jax.checkpoint around each block, nothing saveable) a layer keeps
 only its input (a x H per token) and one layer's activations above exist at a time, while
-its backward pass recomputes them. The LM head adds (a + 8) x V per predicted token (the
-logits, their float32 log-softmax and its gradient; for MLM only the masked positions).
+its backward pass recomputes them. The LM head: the loss computes the logits a chunk of
+positions at a time under jax.checkpoint (backends/jax/steps.py chunked_loss_terms; the
+chunk: payload/model.py loss_chunk_length, float32 logits under LOSS_CHUNK_BYTES per chip),
+so a sequence keeps 2a x H per predicted token (the head's input and its chunked copy;
+for MLM only the masked positions), and the chip holds one chunk's (a + 8) x V per token
+(the logits, their float32 softmax and its gradient) once, whatever the batch.
 Other families use the same per-layer figure with K = A. A job fits when the state plus the
 activations take at most FIT_SHARE of a chip's memory (the rest: XLA's buffers and the
 compiled program). tests/payload/test_plan_memory.py compares these figures with XLA's
@@ -87,6 +96,11 @@ FIT_SHARE = 0.9
 DEFAULT_MFU = 0.35
 # (sharding, remat) layouts; a family outside sharding.REMAT_FAMILIES gets the remat: none ones.
 LAYOUTS = (("data", "none"), ("data", "block"), ("fsdp", "none"), ("fsdp", "block"))
+# NVIDIA GPUs without cuDNN's fused attention: its SDPA operation requires SM80 (Ampere) or
+# newer and fp16/bf16 (docs.nvidia.com/deeplearning/cudnn/frontend/latest/operations/
+# Attention.html, support matrix); V100 is SM70, T4 SM75. GPUs that compute in fp32
+# (activation_bytes 4) have no fused kernel either.
+NO_FUSED_ATTENTION_GPUS = ("nvidia-tesla-v100", "nvidia-tesla-t4")
 
 
 class AcceleratorError(UserError):
@@ -263,20 +277,47 @@ def flops_per_token(shape: Shape, seq_length: int) -> float:
     return 3.0 * (weights + attention)
 
 
+def fused_attention(acc: Accelerator, setting: str = "auto") -> bool:
+    """Whether the job's attention runs a fused kernel on `acc` (module docstring):
+    `setting` is train.attention (auto | fused | reference)."""
+    if setting == "reference" or acc.kind == "cpu":
+        return False
+    if acc.kind == "gpu":
+        return acc.activation_bytes == 2 and acc.generation not in NO_FUSED_ATTENTION_GPUS
+    return True
+
+
 def activation_bytes_per_sequence(
-    shape: Shape, seq_length: int, predictions: int, remat: str, dtype_bytes: int
+    shape: Shape,
+    seq_length: int,
+    predictions: int,
+    remat: str,
+    dtype_bytes: int,
+    *,
+    fused: bool = False,
 ) -> int:
-    """Activation bytes one sequence needs at the peak of its backward pass (docstring)."""
+    """Activation bytes one sequence needs at the peak of its backward pass (docstring),
+    without the loss's one chunk of logits (loss_chunk_bytes)."""
     a, h, s = dtype_bytes, shape.hidden, seq_length
+    scores = 4 * shape.heads if fused else (4 + a) * shape.heads * s
     per_token_layer = (
-        a * (7 * h + 3 * shape.kv_heads * shape.head_size + 4 * shape.intermediate)
-        + 8 * h
-        + (4 + a) * shape.heads * s
+        a * (7 * h + 3 * shape.kv_heads * shape.head_size + 4 * shape.intermediate) + 8 * h + scores
     )
     layer = per_token_layer * s
     kept = shape.layers * layer if remat == "none" else shape.layers * a * h * s + layer
-    head = (a + 8) * shape.vocab * predictions
+    head = 2 * a * h * predictions
     return kept + head
+
+
+def loss_chunk_bytes(shape: Shape, per_chip_batch: int, predictions: int, dtype_bytes: int) -> int:
+    """The chip's one chunk of the chunked loss: its logits, their float32 softmax and its
+    gradient (module docstring)."""
+    from payload import model  # noqa: PLC0415  (pure)
+
+    if per_chip_batch <= 0:
+        return 0
+    positions = model.loss_chunk_length(per_chip_batch, predictions, shape.vocab)
+    return (dtype_bytes + 8) * shape.vocab * per_chip_batch * positions
 
 
 # ------------------------------------------------------------------------------- the plan
@@ -355,6 +396,7 @@ def _layout(
     per_chip_batch: int,
     accumulate: bool,
     budget: int,
+    fused: bool,
 ) -> Layout:
     fsdp = acc.chips if sharding == "fsdp" else 1
     split, whole = sharded_parameters(shape, fsdp)
@@ -367,9 +409,10 @@ def _layout(
     gathered = largest_unit * (acc.activation_bytes + GRADIENT_BYTES) if fsdp > 1 else 0
     state = held * (WEIGHT_BYTES + SLOT_BYTES) + gradients + gathered
     sequence = activation_bytes_per_sequence(
-        shape, seq_length, predictions, remat, acc.activation_bytes
+        shape, seq_length, predictions, remat, acc.activation_bytes, fused=fused
     )
-    largest = max(0, (budget - state) // sequence) if sequence else 0
+    chunk = loss_chunk_bytes(shape, per_chip_batch, predictions, acc.activation_bytes)
+    largest = max(0, (budget - state - chunk) // sequence) if sequence else 0
     return Layout(
         sharding=sharding,
         remat=remat,
@@ -377,7 +420,7 @@ def _layout(
         slots=held * SLOT_BYTES,
         gradients=gradients,
         gathered=gathered,
-        activations=sequence * per_chip_batch,
+        activations=sequence * per_chip_batch + chunk,
         per_chip_batch=per_chip_batch,
         max_per_chip_batch=int(largest),
     )
@@ -402,6 +445,8 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
         )
     micro = train.global_batch_size // split
     budget = int(FIT_SHARE * acc.memory_bytes)
+    # train.attention arrives with the fused attention kernels (issue 33); until then "auto".
+    fused = fused_attention(acc, getattr(train, "attention", "auto"))
     layouts = tuple(
         _layout(
             shape,
@@ -413,6 +458,7 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
             per_chip_batch=micro,
             accumulate=train.grad_accum_steps > 1,
             budget=budget,
+            fused=fused,
         )
         for sharding, remat in LAYOUTS
         if remat == "none" or job.model.family in REMAT_FAMILIES
@@ -547,6 +593,7 @@ def plan_job_fits(job: Any, acc: Accelerator) -> bool:
         per_chip_batch=max(1, train.global_batch_size // (acc.chips * train.grad_accum_steps)),
         accumulate=train.grad_accum_steps > 1,
         budget=budget,
+        fused=fused_attention(acc, getattr(train, "attention", "auto")),
     )
     return layout.total <= budget
 

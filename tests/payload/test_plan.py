@@ -103,8 +103,14 @@ def test_figures_of_llama_1b_on_v5e_8() -> None:
     # Data parallelism: 16 bytes per parameter on every chip.
     data = p.layout("data", "none")
     assert data.weights + data.slots + data.gradients == 16 * n and data.gathered == 0
-    # Remat keeps one bf16 hidden state per layer and token, plus one layer's activations.
-    assert layout.activations < data.activations / 8
+    # Remat keeps one bf16 hidden state per layer and token, plus one layer's activations
+    # (a TPU: fused attention, so 4 bytes of softmax statistics per head, no [S, S] scores),
+    # plus the head's input and its chunked copy; the loss holds one chunk of logits per chip
+    # (4 sequences x 512 positions: 256 MiB / (4 bytes x 32,000 x 4) -> 524 -> 512).
+    one_layer = (2 * (7 * 2048 + 3 * 512 + 4 * 8192) + 8 * 2048 + 4 * 32) * 2048
+    per_sequence = 16 * 2 * 2048 * 2048 + one_layer + 2 * 2 * 2048 * 2048
+    chunk = (2 + 8) * 32000 * 4 * 512
+    assert layout.activations == 4 * per_sequence + chunk
     assert layout.per_chip_batch == 4
     # 1000 steps x 32 x 2048 tokens at 35% of 8 x 197 TFLOP/s.
     tokens = 1000 * 32 * 2048
@@ -118,7 +124,27 @@ def test_gradient_accumulation_adds_an_accumulator() -> None:
     two = plan.plan_job(job("125m", grad_accum_steps=2), acc).layout("data", "none")
     assert two.gradients == 2 * one.gradients
     assert two.per_chip_batch == one.per_chip_batch // 2
-    assert two.activations == one.activations // 2
+    # Half the sequences; the loss's one chunk of logits per chip is the same 2,048 tokens
+    # (16 x 128 positions, 8 x 256).
+    shape = plan.model_shape("llama", "125m", {}, 32000)
+    chunk = plan.loss_chunk_bytes(shape, 16, 2048, 2)
+    assert chunk == plan.loss_chunk_bytes(shape, 8, 2048, 2) == 10 * 32000 * 2048
+    assert two.activations - chunk == (one.activations - chunk) // 2
+
+
+def test_fused_attention_drops_the_scores() -> None:
+    """A fused kernel (TPU splash, cuDNN on an Ampere+ bf16 GPU) keeps 4 bytes of softmax
+    statistics per head and token; the reference (CPU, V100/T4, fp32 GPUs, or
+    train.attention: reference) keeps the [S, S] scores and probabilities."""
+    for name in ("v6e-8", "nvidia-tesla-a100", "nvidia-h100-80gb", "nvidia-l4"):
+        assert plan.fused_attention(plan.accelerator(name))
+        assert not plan.fused_attention(plan.accelerator(name), "reference")
+    for name in ("nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100"):
+        assert not plan.fused_attention(plan.accelerator(name))
+    shape = plan.model_shape("llama", "125m", {}, 32000)
+    reference = plan.activation_bytes_per_sequence(shape, 2048, 2048, "none", 2)
+    kernel = plan.activation_bytes_per_sequence(shape, 2048, 2048, "none", 2, fused=True)
+    assert reference - kernel == 30 * 2048 * ((4 + 2) * 9 * 2048 - 4 * 9)
 
 
 def test_auto_follows_the_half_memory_rule() -> None:

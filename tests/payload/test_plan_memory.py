@@ -10,14 +10,16 @@ MLP) with num_hidden_layers 4 and a 2,048-token vocabulary so that it compiles i
 here. The plan must see the same differences (FSDP holds less than data parallelism, remat
 less than none) and be within a stated factor of the measurement:
 
-- data parallelism: within DATA_FACTOR (measured here, 2026-11-26: 1.11 tiny, 1.02 small);
-- FSDP: the measurement is up to FSDP_FACTOR x the plan (measured: 2.98 tiny, 2.22 small,
-  2.91 small with remat). XLA's CPU compiler all-gathers every weight at once and keeps the
-  whole gradients before their reduce-scatter: the small model's temporaries grow by 119 MB
-  from data parallelism to FSDP, about twice its 61 MB of fp32 weights, while the plan counts
-  one layer (or the embedding) whole at a time, as a compiler that gathers layer by layer
-  would. Whether a TPU's compiled program agrees more closely is verifiable only on a TPU
-  (docs/models.md).
+- data parallelism: within DATA_FACTOR (measured here, 2026-11-27, with the chunked loss:
+  1.03 tiny, 1.02 small; 2026-11-26, before it: 1.11, 1.02);
+- FSDP: the measurement is up to FSDP_FACTOR x the plan (measured 2026-11-27: 3.45 tiny,
+  2.32 small, 3.07 small with remat; before the chunked loss 2.98, 2.22, 2.91: the plan's
+  head term shrank more than the compiled program's temporaries). XLA's CPU compiler
+  all-gathers every weight at once and keeps the whole gradients before their
+  reduce-scatter: the small model's temporaries grow by 119 MB from data parallelism to
+  FSDP, about twice its 61 MB of fp32 weights, while the plan counts one layer (or the
+  embedding) whole at a time, as a compiler that gathers layer by layer would. Whether a
+  TPU's compiled program agrees more closely is verifiable only on a TPU (docs/models.md).
 """
 
 from __future__ import annotations

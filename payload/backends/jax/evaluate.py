@@ -71,8 +71,16 @@ class Evaluator:
                 )
                 return steps.rtd_terms(outputs, batch)
             inputs, labels, weights = steps.model_inputs(objective, batch)
-            logits, _ = model.stateless_call(trainable, non_trainable, inputs, training=False)
-            return jnp.stack(steps.loss_terms(logits, labels, weights))
+            terms, _ = steps.lm_loss_terms(
+                model,
+                trainable,
+                non_trainable,
+                inputs,
+                labels=labels,
+                weights=weights,
+                training=False,
+            )
+            return terms
 
         self._sums = sums
         self.terms = len(steps.RTD_TERMS) if objective == "rtd" else 3

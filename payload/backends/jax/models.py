@@ -43,7 +43,7 @@ get the dtype's most negative value, as transformers' eager attention does.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import ml_dtypes
@@ -60,6 +60,16 @@ def _gelu_tanh(x: Any) -> Any:
 
 
 ACTIVATIONS = {"gelu": _gelu_exact, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh}
+
+
+class HeadInputs(NamedTuple):
+    """What a language model's vocabulary projection reads, for a loss that computes the
+    logits itself a chunk of tokens at a time (steps.chunked_loss_terms): logits = features
+    @ kernel (+ bias). What `call(..., head_inputs=True)` returns instead of the logits."""
+
+    features: Any  # [B, S, H] (MLM: [B, P, H] at the masked positions), compute dtype
+    kernel: Any  # [H, V], compute dtype (tied: the word embeddings transposed)
+    bias: Any | None  # [V] or None
 
 
 def _init(config: Any) -> keras.initializers.Initializer:
@@ -187,20 +197,28 @@ class MaskedLM(keras.Model):
             x = block(x, bias, training=training)
         return x
 
-    def head(self, hidden: Any) -> Any:
+    def head_inputs(self, hidden: Any) -> HeadInputs:
+        """The head's transform (dense, activation, LayerNorm), the tied decoder and its bias."""
         x = self.head_norm(self.activation(self.head_dense(hidden)))
         table = ops.cast(self.word_embeddings.embeddings, x.dtype)
-        return ops.matmul(x, ops.transpose(table)) + ops.cast(self.head_bias, x.dtype)
+        return HeadInputs(x, ops.transpose(table), ops.cast(self.head_bias, x.dtype))
 
-    def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
+    def head(self, hidden: Any) -> Any:
+        x, kernel, bias = self.head_inputs(hidden)
+        return ops.matmul(x, kernel) + bias
+
+    def call(
+        self, inputs: dict[str, Any], training: bool = False, head_inputs: bool = False
+    ) -> Any:
         """Logits [B, S, V]; with `masked_lm_positions` [B, P] in the inputs, the head runs at
-        those positions only and the logits are [B, P, V] (the training loss's shape)."""
+        those positions only and the logits are [B, P, V] (the training loss's shape).
+        `head_inputs`: the HeadInputs of those logits instead of the logits."""
         hidden = self.hidden(inputs["input_ids"], inputs["attention_mask"], training)
         if "masked_lm_positions" in inputs:
             hidden = ops.take_along_axis(
                 hidden, ops.expand_dims(inputs["masked_lm_positions"], -1), axis=1
             )
-        return self.head(hidden)
+        return self.head_inputs(hidden) if head_inputs else self.head(hidden)
 
 
 class DecoderBlock(layers.Layer):
@@ -245,7 +263,10 @@ class CausalLM(keras.Model):
         self.blocks = [DecoderBlock(config, name=f"h_{i}") for i in range(config.n_layer)]
         self.ln_f = layers.LayerNormalization(epsilon=float(config.layer_norm_epsilon), name="ln_f")
 
-    def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
+    def call(
+        self, inputs: dict[str, Any], training: bool = False, head_inputs: bool = False
+    ) -> Any:
+        """Logits [B, S, V], or with `head_inputs` their HeadInputs."""
         input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
         length = ops.shape(input_ids)[1]
         x = self.wte(input_ids) + self.wpe(ops.expand_dims(ops.arange(length), 0))
@@ -256,7 +277,8 @@ class CausalLM(keras.Model):
         for block in self.blocks:
             x = block(x, bias, training=training)
         x = self.ln_f(x)
-        return ops.matmul(x, ops.transpose(ops.cast(self.wte.embeddings, x.dtype)))
+        kernel = ops.transpose(ops.cast(self.wte.embeddings, x.dtype))
+        return HeadInputs(x, kernel, None) if head_inputs else ops.matmul(x, kernel)
 
 
 class RMSNorm(layers.Layer):
@@ -280,6 +302,16 @@ class RMSNorm(layers.Layer):
 def _rotate_half(x: Any) -> Any:
     half = ops.shape(x)[-1] // 2
     return ops.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def rope_theta(config: Any) -> float:
+    """RoPE's base: LlamaConfig.rope_theta in transformers 4; transformers 5's LlamaConfig
+    keeps it in `rope_parameters["rope_theta"]` instead (a GPU machine's preinstalled
+    transformers may be either)."""
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        theta = config.rope_parameters["rope_theta"]
+    return float(theta)
 
 
 def rotary_tables(length: int, head_size: int, theta: float, dtype: Any) -> tuple[Any, Any]:
@@ -371,7 +403,7 @@ class LlamaCausalLM(keras.Model):
             None if self.tied else _linear_no_bias(int(config.vocab_size), config, "lm_head")
         )
         self.head_size = width // int(config.num_attention_heads)
-        self.theta = float(config.rope_theta)
+        self.theta = rope_theta(config)
 
     def _run_block(self, block: LlamaBlock, x: Any, bias: Any, cos: Any, sin: Any) -> Any:
         if self.remat == "none":
@@ -381,7 +413,10 @@ class LlamaCausalLM(keras.Model):
         policy = getattr(jax.checkpoint_policies, REMAT_POLICIES[self.remat])
         return jax.checkpoint(lambda h: block(h, bias, cos, sin), policy=policy)(x)
 
-    def call(self, inputs: dict[str, Any], training: bool = False) -> Any:
+    def call(
+        self, inputs: dict[str, Any], training: bool = False, head_inputs: bool = False
+    ) -> Any:
+        """Logits [B, S, V], or with `head_inputs` their HeadInputs."""
         input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
         length = ops.shape(input_ids)[1]
         x = self.embed_tokens(input_ids)
@@ -394,9 +429,13 @@ class LlamaCausalLM(keras.Model):
         for block in self.blocks:
             x = self._run_block(block, x, bias, cos, sin)
         x = self.norm(x)
-        if self.lm_head is not None:
-            return self.lm_head(x)
-        return ops.matmul(x, ops.transpose(ops.cast(self.embed_tokens.embeddings, x.dtype)))
+        if self.lm_head is None:
+            kernel = ops.transpose(ops.cast(self.embed_tokens.embeddings, x.dtype))
+        elif head_inputs:
+            kernel = ops.cast(self.lm_head.kernel, x.dtype)
+        else:
+            return self.lm_head(x)  # (the symbolic call that builds the model builds it)
+        return HeadInputs(x, kernel, None) if head_inputs else ops.matmul(x, kernel)
 
 
 def _linear_no_bias(units: int, config: Any, name: str) -> layers.Dense:

@@ -66,6 +66,78 @@ def loss_terms(logits: Any, labels: Any, weights: Any) -> tuple[Any, Any, Any]:
     return (per_token * weights).sum(), weights.sum(), (correct * weights).sum()
 
 
+def chunked_loss_terms(
+    features: Any,
+    kernel: Any,
+    bias: Any,
+    labels: Any,
+    weights: Any,
+    *,
+    budget: int = model_lib.LOSS_CHUNK_BYTES,
+) -> Any:
+    """loss_terms of the logits features @ kernel (+ bias), as [3] float32 sums, without the
+    logits of the whole batch: the positions are cut into chunks (payload/model.py
+    loss_chunk_length: a chunk's float32 logits under `budget` bytes per device) and a
+    `lax.scan` computes one chunk's logits (float32 accumulation), their logsumexp, the
+    label's logit and the argmax at a time. Each chunk is under `jax.checkpoint`: the
+    backward pass keeps only the features and recomputes a chunk's logits, so at most one
+    chunk's logits exist at once (MaxText's vocabulary tiling, src/maxtext/utils/
+    vocabulary_tiling.py, cuts the batch x sequence axis into tiles the same way; Levanter's
+    fused cross entropy, src/levanter/models/loss.py, blocks the vocabulary instead).
+
+    features [B, S, H], kernel [H, V], bias [V] or None, labels [B, S], weights [B, S]. The
+    chunks run along S, every chunk holding all B rows: the rows stay split over the
+    devices as the batch is (mesh.batch_sharding), so a chunk needs no resharding."""
+    rows, length = labels.shape
+    per_device = max(1, rows // jax.device_count())  # the trainer splits B over every device
+    size = model_lib.loss_chunk_length(per_device, length, kernel.shape[-1], budget)
+    count = length // size
+
+    @jax.checkpoint
+    def terms(x: Any, y: Any, w: Any) -> Any:
+        logits = jnp.einsum("bsh,hv->bsv", x, kernel, preferred_element_type=jnp.float32)
+        if bias is not None:
+            logits = logits + bias.astype(jnp.float32)
+        target = jnp.take_along_axis(logits, y[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        per_token = jax.nn.logsumexp(logits, axis=-1) - target
+        correct = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)
+        w = w.astype(jnp.float32)
+        return jnp.stack([(per_token * w).sum(), w.sum(), (correct * w).sum()])
+
+    if count == 1:
+        return terms(features, labels, weights)
+
+    def split(x: Any) -> Any:  # [B, S, ...] -> [count, B, size, ...]
+        return jnp.swapaxes(x.reshape(rows, count, size, *x.shape[2:]), 0, 1)
+
+    def body(totals: Any, chunk: tuple[Any, Any, Any]) -> tuple[Any, None]:
+        return totals + terms(*chunk), None
+
+    totals, _ = jax.lax.scan(
+        body, jnp.zeros([3], jnp.float32), (split(features), split(labels), split(weights))
+    )
+    return totals
+
+
+def lm_loss_terms(
+    model: keras.Model,
+    trainable: list[Any],
+    non_trainable: list[Any],
+    inputs: Mapping[str, Any],
+    *,
+    labels: Any,
+    weights: Any,
+    training: bool,
+) -> tuple[Any, list[Any]]:
+    """([3] float32 sums of loss_terms, the new non-trainable state) of a language model
+    (models.MaskedLM, CausalLM, LlamaCausalLM) on a batch, by chunked_loss_terms."""
+    head, non_trainable = model.stateless_call(
+        trainable, non_trainable, inputs, training=training, head_inputs=True
+    )
+    terms = chunked_loss_terms(head.features, head.kernel, head.bias, labels, weights)
+    return terms, non_trainable
+
+
 # ELECTRA (data.objective rtd): the recipe's weights (payload/model.py, from
 # google-research/electra configure_pretraining.py).
 DISC_WEIGHT = model_lib.ELECTRA_DISC_WEIGHT
@@ -228,7 +300,8 @@ def make_train_chunk(
 ) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
     """A compiled function (state, batches with a leading [K] axis[, n]) -> (state, metrics
     [K]): the first n optimizer steps of the K batches in one call (n defaults to K; metrics
-    past n are 0). The loss is the mean over the batch's predicted tokens.
+    past n are 0). The loss is the mean over the batch's predicted tokens, computed a chunk
+    of tokens at a time (chunked_loss_terms: the whole batch's logits never exist).
 
     `n` is traced, not static: a chunk cut short by a log/checkpoint/eval boundary runs the
     same compiled program with the batches' tail unused, instead of compiling another one
@@ -250,11 +323,10 @@ def make_train_chunk(
 
     def sums_fn(trainable: list[Any], non_trainable: list[Any], batch: Mapping[str, Any]):
         inputs, labels, weights = model_inputs(objective, batch)
-        logits, non_trainable = model.stateless_call(
-            trainable, non_trainable, inputs, training=True
+        terms, non_trainable = lm_loss_terms(
+            model, trainable, non_trainable, inputs, labels=labels, weights=weights, training=True
         )
-        loss_sum, weight_sum, correct = loss_terms(logits, labels, weights)
-        return loss_sum, (non_trainable, weight_sum, correct)
+        return terms[0], (non_trainable, terms[1], terms[2])
 
     sums_and_grads = jax.value_and_grad(sums_fn, has_aux=True)
 

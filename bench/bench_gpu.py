@@ -1,0 +1,742 @@
+"""Ours vs a plain transformers PyTorch loop on one GPU, in one command (issue 33, item 5).
+
+    python bench/bench_gpu.py                       # 125m, 1b, bert on the GPU (< 5 min)
+    python bench/bench_gpu.py --tiny                # tiny shapes, eager PyTorch (CPU, ~1 min)
+    python bench/bench_gpu.py --models 125m --shards RUN/data   # batches from a job's shards
+    python bench/bench_gpu.py --precision-check     # our bf16 vs fp32 loss over 200 steps
+
+What runs where: this process only prepares batches (numpy) and reports; each side runs in
+a child process of its own (`--side jax|torch`), one after the other, so that JAX and
+PyTorch never share the GPU's memory and each side's peak memory is its own.
+
+- Ours: payload/backends/jax/models.py's model (Llama, BERT) under Keras `mixed_bfloat16`,
+  the trainer's compiled chunk (steps.make_train_chunk: 8 steps per call, the chunked
+  loss), Keras AdamW with global-norm clipping 1.0 and the trainer's weight-decay
+  exclusions (train.create_optimizer's settings; the schedule here is a linear warm-up
+  then constant, on both sides).
+- PyTorch: transformers' LlamaForCausalLM / BertForMaskedLM from the same config and the
+  same initial weights (ours, through hf_weights.hf_state_dict), fp32 weights under bf16
+  autocast, `attn_implementation="sdpa"`, `torch.compile(model)` (`--torch-eager`: without),
+  torch.optim.AdamW(fused=True on CUDA), clip_grad_norm_ 1.0, the same token-weighted cross
+  entropy. Keras' Adam adds epsilon to sqrt(v) before the bias correction, PyTorch after: the
+  loop sets PyTorch's epsilon to eps / sqrt(1 - beta2^t) (bench_llama_torch.py explains it).
+- Batches: `--shards DATA_DIR` (a job's encoded data directory, clm models only) reads the
+  training and held-out shards with payload/records.py (that needs google-crc32c);
+  otherwise token batches drawn with a fixed seed from a first-order Markov chain over the
+  vocabulary (8 likely successors per token: learnable, so the held-out loss moves), BERT's
+  with 15% of positions masked. Both sides train on the same batches in the same order and
+  are evaluated on the same held-out batches.
+- Figures: tokens/s over the timed steps (after a compile/warm-up call that trains
+  nothing); MFU = tokens/s x MaxText's FLOPs per token (payload/plan.py flops_per_token)
+  over (a) the measured peak (the best of 5 bf16 8192^3 matmuls, each framework its own;
+  the higher is used) and (b) the datasheet's dense bf16 peak (H100 SXM and H200: 989.5
+  TFLOP/s); peak memory (JAX: the device's peak_bytes_in_use; PyTorch:
+  max_memory_allocated; on CPU, where neither exists, XLA's memory analysis of the
+  compiled chunk and the PyTorch process's peak RSS, labelled so); the held-out loss after
+  the timed steps.
+
+Runs on a GPU machine's preinstalled stack without TensorFlow (jax[cuda], torch,
+transformers 4 or 5, plus keras, namex and optree): nothing this script or its children
+import pulls in TensorFlow (tests/payload/test_bench_gpu.py checks it). Nothing is asserted
+but --precision-check's 1% (reported, exit 0 either way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS_PER_CALL = 8
+# Dense bf16 TFLOP/s from NVIDIA's datasheets (H100 SXM5 and H200 SXM: 989.5 without
+# sparsity; the datasheets print 1,979 with sparsity), by a word of the device's name.
+DATASHEET_TFLOPS = {"H100": 989.5, "H200": 989.5}
+# name -> the job's model and batch: family, preset, vocabulary (the preset models': SmolLM2's
+# 49,152, Llama 3.2's 128,256, BERT's 30,522), sequence, batch, masked slots (MLM).
+MODELS: dict[str, dict[str, Any]] = {
+    "125m": {"family": "llama", "size": "125m", "vocab": 49152, "seq": 2048, "batch": 8},
+    "1b": {"family": "llama", "size": "1b", "vocab": 128256, "seq": 2048, "batch": 4},
+    "bert": {
+        "family": "bert",
+        "size": "base",
+        "vocab": 30522,
+        "seq": 512,
+        "batch": 32,
+        "predictions": 80,
+    },
+}
+TINY: dict[str, dict[str, Any]] = {
+    "125m": {"family": "llama", "size": "tiny", "vocab": 512, "seq": 128, "batch": 4},
+    "bert": {
+        "family": "bert",
+        "size": "tiny",
+        "vocab": 512,
+        "seq": 128,
+        "batch": 8,
+        "predictions": 20,
+    },
+}
+SPECIAL = {"llama": {"pad": 1, "bos": 0, "eos": 2}, "bert": {"pad": 0, "cls": 2, "sep": 3}}
+MASK_ID = 4
+HPARAMS = {
+    "learning_rate": 3e-4,
+    "warmup": 20,
+    "weight_decay": 0.1,
+    "beta1": 0.9,
+    "beta2": 0.95,
+    "epsilon": 1e-8,
+    "clip_norm": 1.0,
+}
+NO_DECAY_NAMES = ("gamma", "beta", "bias")  # backends/jax/train.py NO_DECAY_NAMES
+
+
+def lr_at(step: int) -> float:
+    """Linear warm-up over HPARAMS["warmup"] steps, then constant (both sides)."""
+    return HPARAMS["learning_rate"] * min(1.0, (step + 1) / HPARAMS["warmup"])
+
+
+# ---- batches (this process: numpy only) ---------------------------------------------------
+
+
+def markov_tokens(rng: np.random.Generator, rows: int, seq: int, vocab: int) -> np.ndarray:
+    """[rows, seq] tokens of a fixed first-order Markov chain (seed 0): each token is
+    followed by one of 8 successors, the first half of the time by the first."""
+    table = np.random.default_rng(0).integers(5, vocab, size=(vocab, 8))
+    out = np.empty((rows, seq), np.int64)
+    out[:, 0] = rng.integers(5, vocab, size=rows)
+    for i in range(1, seq):
+        pick = np.where(rng.random(rows) < 0.5, 0, rng.integers(1, 8, size=rows))
+        out[:, i] = table[out[:, i - 1], pick]
+    return out
+
+
+def causal_batch(ids: np.ndarray, pad_id: int | None) -> dict[str, np.ndarray]:
+    """payload/masking.py causal_labels in numpy (bench_llama_torch.py's)."""
+    labels = np.concatenate([ids[..., 1:], np.zeros_like(ids[..., :1])], axis=-1)
+    weights = np.ones(ids.shape, np.float32)
+    weights[..., -1] = 0.0
+    mask = np.ones_like(ids)
+    if pad_id is not None:
+        mask = (ids != pad_id).astype(ids.dtype)
+        weights *= (labels != pad_id) & (ids != pad_id)
+    return {
+        "input_ids": ids.astype(np.int32),
+        "attention_mask": mask.astype(np.int32),
+        "labels": labels.astype(np.int32),
+        "label_weights": weights,
+    }
+
+
+def masked_batch(rng: np.random.Generator, ids: np.ndarray, slots: int) -> dict[str, np.ndarray]:
+    """BERT's MLM inputs: 15% of the positions (at most `slots`, never 0) become [MASK]."""
+    rows, seq = ids.shape
+    count = min(slots, max(1, round(0.15 * seq)))
+    positions = np.zeros((rows, slots), np.int32)
+    weights = np.zeros((rows, slots), np.float32)
+    for r in range(rows):
+        positions[r, :count] = np.sort(rng.choice(np.arange(1, seq), count, replace=False))
+    weights[:, :count] = 1.0
+    labels = np.take_along_axis(ids, positions, axis=1) * (weights > 0)
+    masked = ids.copy()
+    np.put_along_axis(masked, positions[:, :count], MASK_ID, axis=1)
+    return {
+        "input_ids": masked.astype(np.int32),
+        "attention_mask": np.ones_like(masked, np.int32),
+        "masked_lm_positions": positions,
+        "masked_lm_ids": labels.astype(np.int32),
+        "masked_lm_weights": weights,
+    }
+
+
+def read_split(data_dir: str, split: str) -> tuple[np.ndarray, int | None]:
+    """Every record of a split's shards (payload/records.py's pure reader) and the pad id."""
+    from payload import records
+    from payload.manifest import load_manifest, shard_paths, special_ids_of
+
+    manifest = load_manifest(data_dir)
+    rows = []
+    for path in shard_paths(data_dir, manifest, split=split):
+        with Path(path).open("rb") as file:
+            rows += [
+                records.decode_record(r, manifest.token_dtype) for r in records.iter_records(file)
+            ]
+    return np.stack(rows).astype(np.int64), special_ids_of(manifest).get("pad")
+
+
+def make_batches(spec: dict[str, Any], steps: int, eval_batches: int, shards: str | None) -> dict:
+    """{"train": {name: [steps, B, ...]}, "eval": {name: [E, B, ...]}}."""
+    rows, seq = spec["batch"], spec["seq"]
+    rng = np.random.default_rng(1)
+    if shards:
+        train_ids, pad = read_split(shards, "train")
+        eval_ids, _ = read_split(shards, "eval")
+        if train_ids.shape[1] != seq:
+            raise SystemExit(f"--shards: records of {train_ids.shape[1]} tokens, not {seq}")
+        order = np.concatenate(
+            [rng.permutation(len(train_ids)) for _ in range(-(-steps * rows // len(train_ids)))]
+        )
+        train = train_ids[order[: steps * rows]]
+        held = eval_ids[: eval_batches * rows]
+        eval_batches = len(held) // rows
+        held = held[: eval_batches * rows]
+    else:
+        pad = None
+        train = markov_tokens(rng, steps * rows, seq, spec["vocab"])
+        held = markov_tokens(np.random.default_rng(2), eval_batches * rows, seq, spec["vocab"])
+
+    def batches(ids: np.ndarray, count: int) -> dict[str, np.ndarray]:
+        if spec["family"] == "bert":
+            out = masked_batch(rng, ids, spec["predictions"])
+        else:
+            out = causal_batch(ids, pad)
+        return {k: v.reshape(count, rows, *v.shape[1:]) for k, v in out.items()}
+
+    return {"train": batches(train, steps), "eval": batches(held, eval_batches)}
+
+
+def flops_per_token(spec: dict[str, Any]) -> float:
+    from payload import plan
+
+    shape = plan.model_shape(spec["family"], spec["size"], spec.get("config", {}), spec["vocab"])
+    return plan.flops_per_token(shape, spec["seq"])
+
+
+# ---- the sides (child processes) ----------------------------------------------------------
+
+
+def _timed(fn: Any) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def datasheet(name: str) -> float | None:
+    return next((t * 1e12 for k, t in DATASHEET_TFLOPS.items() if k in name), None)
+
+
+def load_batches(work: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(training batches [steps, B, ...], held-out batches [E, B, ...]) of batches.npz."""
+    data = np.load(work / "batches.npz")
+    train = {k[6:]: data[k] for k in data.files if k.startswith("train_")}
+    held = {k[5:]: data[k] for k in data.files if k.startswith("eval_")}
+    return train, held
+
+
+def jax_model(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> tuple[Any, Any]:
+    """Ours: the model (its initial weights written for PyTorch) and Keras AdamW."""
+    import keras
+
+    from payload import model as model_lib
+    from payload.backends.jax import hf_weights, models
+
+    family = spec["family"]
+    keras.config.set_dtype_policy("mixed_bfloat16" if args.precision == "bf16" else "float32")
+    keras.utils.set_random_seed(0)
+    config = model_lib.build_config(
+        family,
+        spec["size"],
+        spec.get("config", {}),
+        vocab_size=spec["vocab"],
+        special_ids=SPECIAL[family],
+    )
+    model = models.create_model(family, config, spec["seq"])
+    if args.write_init:
+        from safetensors.numpy import save_file
+
+        save_file(hf_weights.hf_state_dict(model), str(work / "init.safetensors"))
+        (work / "config.json").write_text(config.to_json_string())
+
+    class Warmup(keras.optimizers.schedules.LearningRateSchedule):
+        def __call__(self, step: Any) -> Any:
+            warm = (keras.ops.cast(step, "float32") + 1.0) / HPARAMS["warmup"]
+            return HPARAMS["learning_rate"] * keras.ops.minimum(1.0, warm)
+
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=Warmup(),
+        weight_decay=HPARAMS["weight_decay"],
+        beta_1=HPARAMS["beta1"],
+        beta_2=HPARAMS["beta2"],
+        epsilon=HPARAMS["epsilon"],
+        global_clipnorm=HPARAMS["clip_norm"],
+    )
+    optimizer.exclude_from_weight_decay(var_names=list(NO_DECAY_NAMES))
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def jax_memory(chunk: Any, state: Any, train: dict[str, np.ndarray]) -> tuple[int, str]:
+    """The device's peak bytes in use, or (CPU) XLA's memory analysis of the chunk."""
+    import jax
+    import jax.numpy as jnp
+
+    memory = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in memory:
+        return int(memory["peak_bytes_in_use"]), "device peak"
+    batches = {k: jnp.asarray(v[:STEPS_PER_CALL]) for k, v in train.items()}
+    analysis = chunk.lower(state, batches, jnp.int32(0)).compile().memory_analysis()
+    total = (
+        analysis.argument_size_in_bytes
+        + analysis.temp_size_in_bytes
+        + analysis.output_size_in_bytes
+        - analysis.alias_size_in_bytes
+    )
+    return int(total), "XLA memory analysis"
+
+
+def jax_matmul_flops(size: int) -> float:
+    """The best of 5 bf16 size^3 matmuls (float32 accumulation), FLOP/s."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (size, size), jnp.bfloat16)
+    matmul = jax.jit(lambda x: jnp.dot(x, x, preferred_element_type=jnp.float32))
+    jax.block_until_ready(matmul(a))
+    return 2 * size**3 / min(_timed(lambda: jax.block_until_ready(matmul(a))) for _ in range(5))
+
+
+def jax_side(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Ours: models.py + the compiled chunk (chunked loss) + Keras AdamW."""
+    from payload.backends.jax import use_jax
+
+    use_jax()
+    import jax
+    import jax.numpy as jnp
+
+    from payload.backends.jax import steps
+
+    model, optimizer = jax_model(work, spec, args)
+    objective = "mlm" if spec["family"] == "bert" else "clm"
+    chunk = steps.make_train_chunk(model, optimizer, objective)
+    state = steps.TrainState.of(model, optimizer)
+    train, held = load_batches(work)
+    total = next(iter(train.values())).shape[0]
+
+    def call(state: Any, start: int, n: int) -> tuple[Any, Any]:
+        batches = {k: jnp.asarray(v[start : start + STEPS_PER_CALL]) for k, v in train.items()}
+        state, metrics = chunk(state, batches, jnp.int32(n))
+        return state, metrics["loss"]
+
+    started = time.perf_counter()
+    _, losses = call(state, 0, 0)  # compiles; trains nothing
+    jax.block_until_ready(losses)
+    compile_s = time.perf_counter() - started
+    device = jax.devices()[0]
+    per_call = []
+    started = time.perf_counter()
+    for start in range(0, total, STEPS_PER_CALL):
+        state, losses = call(state, start, STEPS_PER_CALL)
+        per_call.append(losses)
+    per_call = [np.asarray(x) for x in per_call]  # waits for the last call
+    seconds = time.perf_counter() - started
+    peak_memory, memory_kind = jax_memory(chunk, state, train)
+
+    @jax.jit
+    def sums(trainable: Any, non_trainable: Any, batch: dict[str, Any]) -> Any:
+        inputs, labels, weights = steps.model_inputs(objective, batch)
+        terms, _ = steps.lm_loss_terms(
+            model,
+            trainable,
+            non_trainable,
+            inputs,
+            labels=labels,
+            weights=weights,
+            training=False,
+        )
+        return terms
+
+    totals = np.zeros(3)
+    for i in range(next(iter(held.values())).shape[0]):
+        batch = {k: v[i] for k, v in held.items()}
+        totals += np.asarray(sums(state.trainable, state.non_trainable, batch), np.float64)
+    return {
+        "side": "jax",
+        "device": device.device_kind,
+        "platform": device.platform,
+        "parameters": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
+        "compile_s": compile_s,
+        "seconds": seconds,
+        "steps": total,
+        "losses": [float(x) for chunk_losses in per_call for x in chunk_losses],
+        "held_out": float(totals[0] / max(totals[1], 1.0)),
+        "peak_memory": int(peak_memory),
+        "memory_kind": memory_kind,
+        "matmul_flops": jax_matmul_flops(args.matmul),
+        "datasheet_flops": datasheet(device.device_kind),
+    }
+
+
+def torch_model(work: Path, family: str, device: Any) -> tuple[Any, Any]:
+    """LlamaForCausalLM / BertForMaskedLM from ours' config and initial weights (sdpa),
+    and torch.optim.AdamW (fused on CUDA) without decay on norms and biases."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    config_class = transformers.LlamaConfig if family == "llama" else transformers.BertConfig
+    config = config_class.from_dict(json.loads((work / "config.json").read_text()))
+    config._attn_implementation = "sdpa"
+    model_class = (
+        transformers.LlamaForCausalLM if family == "llama" else transformers.BertForMaskedLM
+    )
+    model = model_class(config)
+    missing, unexpected = model.load_state_dict(load_file(work / "init.safetensors"), strict=False)
+    tied = {"lm_head.weight", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"weights: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    model.to(device).train()
+    named = list(model.named_parameters())
+    decays = [p for n, p in named if not any(k in n for k in ("norm", "bias", "LayerNorm"))]
+    keeps = [p for n, p in named if any(k in n for k in ("norm", "bias", "LayerNorm"))]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decays, "weight_decay": HPARAMS["weight_decay"]},
+            {"params": keeps, "weight_decay": 0.0},
+        ],
+        lr=HPARAMS["learning_rate"],
+        betas=(HPARAMS["beta1"], HPARAMS["beta2"]),
+        eps=HPARAMS["epsilon"],
+        fused=device.type == "cuda",
+    )
+    return model, optimizer
+
+
+def torch_matmul_flops(size: int, device: Any, sync: Any) -> float:
+    import torch
+
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    torch.matmul(a, a)
+    sync()
+    return 2 * size**3 / min(_timed(lambda: (torch.matmul(a, a), sync())) for _ in range(5))
+
+
+def torch_loss_sums(forward: Any, batch: dict[str, Any], family: str, precision: str) -> Any:
+    """(sum of weighted token cross entropies, sum of weights) of one batch: the logits under
+    bf16 autocast (or float32), the cross entropy on their float32 copy."""
+    import torch
+
+    device = batch["input_ids"].device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        logits = forward(
+            input_ids=batch["input_ids"].long(), attention_mask=batch["attention_mask"].long()
+        ).logits
+    if family == "bert":
+        positions = batch["masked_lm_positions"].long()
+        logits = torch.take_along_dim(logits, positions[..., None], dim=1)
+        labels, weights = batch["masked_lm_ids"].long(), batch["masked_lm_weights"]
+    else:
+        labels, weights = batch["labels"].long(), batch["label_weights"]
+    per_token = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none"
+    )
+    return (per_token * weights.reshape(-1)).sum(), weights.sum()
+
+
+def torch_peak_memory() -> tuple[int, str]:
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated()), "max_memory_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS"
+
+
+def torch_side(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """A plain transformers loop: torch.compile, bf16 autocast, the same loss and batches."""
+    import torch
+    import transformers
+
+    family = spec["family"]
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    model, optimizer = torch_model(work, family, device)
+    forward = model if args.torch_eager else torch.compile(model)
+    train, held = load_batches(work)
+
+    def tensors(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in batch.items()}
+
+    def loss_sums(batch: dict[str, Any]) -> tuple[Any, Any]:
+        return torch_loss_sums(forward, batch, family, args.precision)
+
+    def step(index: int, batch: dict[str, Any]) -> Any:
+        total, count = loss_sums(batch)
+        loss = total / torch.clamp(count, min=1.0)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), HPARAMS["clip_norm"])
+        correction = math.sqrt(1.0 - HPARAMS["beta2"] ** (index + 1))
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(index)
+            group["eps"] = HPARAMS["epsilon"] / correction
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    total_steps = next(iter(train.values())).shape[0]
+    started = time.perf_counter()
+    first = tensors({k: v[0] for k, v in train.items()})
+    total, count = loss_sums(first)  # compiles (torch.compile) or warms up: no update
+    (total / count).backward()
+    optimizer.zero_grad(set_to_none=True)
+    sync()
+    compile_s = time.perf_counter() - started
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    losses = []
+    started = time.perf_counter()
+    for i in range(total_steps):
+        losses.append(step(i, tensors({k: v[i] for k, v in train.items()})))
+    sync()
+    seconds = time.perf_counter() - started
+    sums = [0.0, 0.0]
+    with torch.no_grad():
+        for i in range(next(iter(held.values())).shape[0]):
+            t, c = loss_sums(tensors({k: v[i] for k, v in held.items()}))
+            sums = [sums[0] + float(t), sums[1] + float(c)]
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    peak, kind = torch_peak_memory()
+    return {
+        "side": "torch.compile" if not args.torch_eager else "torch eager",
+        "device": name,
+        "compile_s": compile_s,
+        "seconds": seconds,
+        "steps": total_steps,
+        "losses": [float(x) for x in losses],
+        "held_out": sums[0] / max(sums[1], 1.0),
+        "peak_memory": int(peak),
+        "memory_kind": kind,
+        "matmul_flops": torch_matmul_flops(args.matmul, device, sync),
+        "datasheet_flops": datasheet(name),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+
+
+def run_child(
+    work: Path, side: str, spec: dict[str, Any], args: argparse.Namespace, **extra: Any
+) -> dict[str, Any]:
+    """One side in its own process; its one JSON line."""
+    settings = {**vars(args), **extra}
+    (work / f"{side}.args.json").write_text(json.dumps({"spec": spec, "args": settings}))
+    env = {
+        **os.environ,
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        [sys.executable, __file__, "--child", side, "--work", str(work)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        check=False,
+        timeout=args.child_timeout,
+    )
+    if result.returncode:
+        raise SystemExit(f"the {side} side failed (exit {result.returncode}); its log is above")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def child_main(side: str, work: Path) -> None:
+    saved = json.loads((work / f"{side}.args.json").read_text())
+    args = argparse.Namespace(**saved["args"])
+    run = jax_side if side == "jax" else torch_side
+    print(json.dumps(run(work, saved["spec"], args)), flush=True)
+
+
+# ---- the report ---------------------------------------------------------------------------
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def compare(name: str, spec: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    data = make_batches(spec, args.steps, args.eval_batches, args.shards)
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+        work = Path(tmp)
+        np.savez(
+            work / "batches.npz",
+            **{f"train_{k}": v for k, v in data["train"].items()},
+            **{f"eval_{k}": v for k, v in data["eval"].items()},
+        )
+        rows = [run_child(work, "jax", spec, args, write_init=True)]
+        if not args.ours_only:
+            rows.append(run_child(work, "torch", spec, args))
+    per_token = flops_per_token(spec)
+    tokens = spec["batch"] * spec["seq"]
+    peak = max(r["matmul_flops"] for r in rows)
+    print(
+        f"\n{name}: {spec['family']} {spec['size']}, {rows[0]['parameters']:,} parameters, "
+        f"vocab {spec['vocab']}, batch {spec['batch']} x {spec['seq']}, {args.steps} timed "
+        f"steps, {args.precision}; {' / '.join(r['device'] for r in rows)}; "
+        f"{per_token / 1e9:.3f} GFLOP/token (MaxText); measured bf16 {args.matmul}^3 matmul "
+        f"peak: "
+        + ", ".join(f"{r['side']} {r['matmul_flops'] / 1e12:.3g}" for r in rows)
+        + " TFLOP/s"
+    )
+    print(
+        f"{'side':<15}{'compile s':>10}{'tokens/s':>12}{'MFU meas.':>10}{'MFU sheet':>10}"
+        f"{'peak memory':>14}  {'held-out':>9}  first -> last loss"
+    )
+    for row in rows:
+        rate = tokens * row["steps"] / row["seconds"]
+        row.update(name=name, tokens_per_s=rate, mfu_measured=rate * per_token / peak)
+        sheet = row["datasheet_flops"]
+        row["mfu_datasheet"] = rate * per_token / sheet if sheet else None
+        print(
+            f"{row['side']:<15}{row['compile_s']:>10.1f}{rate:>12.0f}"
+            f"{row['mfu_measured']:>10.1%}"
+            + (f"{row['mfu_datasheet']:>10.1%}" if sheet else f"{'-':>10}")
+            + f"{_gib(row['peak_memory']):>14}  {row['held_out']:>9.4f}  "
+            f"{row['losses'][0]:.4f} -> {row['losses'][-1]:.4f}  ({row['memory_kind']})"
+        )
+    for other in rows[1:]:
+        ratio = rows[0]["tokens_per_s"] / other["tokens_per_s"]
+        memory = rows[0]["peak_memory"] / other["peak_memory"]
+        print(f"ours / {other['side']}: {ratio:.2f}x tokens/s, {memory:.2f}x peak memory")
+    return rows
+
+
+def precision_check(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Our model's loss curve in bf16 (mixed_bfloat16) vs float32 on the same batches."""
+    spec = dict((TINY if args.tiny else MODELS)["125m"], **_overrides(args))
+    data = make_batches(spec, args.steps, args.eval_batches, args.shards)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+        work = Path(tmp)
+        np.savez(
+            work / "batches.npz",
+            **{f"train_{k}": v for k, v in data["train"].items()},
+            **{f"eval_{k}": v for k, v in data["eval"].items()},
+        )
+        for precision in ("bf16", "fp32"):
+            rows.append(run_child(work, "jax", spec, args, precision=precision, write_init=False))
+    bf16, fp32 = (np.asarray(r["losses"]) for r in rows)
+    gap = np.abs(bf16 - fp32) / fp32
+    window = min(10, len(bf16))
+    means = [np.mean(x[: len(x) // window * window].reshape(-1, window), 1) for x in (bf16, fp32)]
+    window_gap = np.abs(means[0] - means[1]) / means[1]
+    print(
+        f"\nprecision check: {spec['family']} {spec['size']} {spec.get('config', {})}, batch "
+        f"{spec['batch']} x {spec['seq']}, {len(bf16)} steps, same batches and initial "
+        f"weights (seed 0); {rows[0]['device']}"
+    )
+    print(
+        f"loss first -> last: bf16 {bf16[0]:.4f} -> {bf16[-1]:.4f}, fp32 {fp32[0]:.4f} -> "
+        f"{fp32[-1]:.4f}; held-out bf16 {rows[0]['held_out']:.4f}, fp32 "
+        f"{rows[1]['held_out']:.4f}"
+    )
+    print(
+        f"|bf16 - fp32| / fp32 per step: largest {gap.max():.2%} (step {gap.argmax() + 1}), "
+        f"mean {gap.mean():.2%}; over {window}-step means: largest {window_gap.max():.2%} -> "
+        + ("within 1%" if window_gap.max() <= 0.01 else "NOT within 1%")
+    )
+    return rows
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("seq", "batch"):
+        if getattr(args, key):
+            out[key] = getattr(args, key)
+    if args.layers:
+        out["config"] = {"num_hidden_layers": args.layers}
+    return out
+
+
+def _arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="125m,1b,bert", help="of " + ",".join(MODELS))
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="timed steps, a multiple of 8 (default 32; --precision-check 200; --tiny 8)",
+    )
+    parser.add_argument("--eval-batches", type=int, default=4)
+    parser.add_argument("--shards", help="a job's encoded data directory (clm models)")
+    parser.add_argument("--tiny", action="store_true", help="tiny presets and shapes (CPU)")
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument(
+        "--precision-check",
+        action="store_true",
+        help="our 125m in bf16 vs fp32 over --steps (200) on the same batches",
+    )
+    parser.add_argument("--seq", type=int, help="override the sequence length")
+    parser.add_argument("--batch", type=int, help="override the batch")
+    parser.add_argument("--layers", type=int, help="override num_hidden_layers")
+    parser.add_argument("--torch-eager", action="store_true", help="no torch.compile")
+    parser.add_argument(
+        "--torch-compile", action="store_true", help="torch.compile with --tiny too"
+    )
+    parser.add_argument(
+        "--ours-only", action="store_true", help="our side only (no PyTorch needed)"
+    )
+    parser.add_argument("--matmul", type=int, help="the peak matmul's size (8192; --tiny 1024)")
+    parser.add_argument("--child-timeout", type=int, default=1800)
+    parser.add_argument("--json", help="also write every row here")
+    parser.add_argument("--child", choices=("jax", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return args
+    default_steps = 200 if args.precision_check else (8 if args.tiny else 32)
+    args.steps = args.steps or default_steps
+    args.matmul = args.matmul or (1024 if args.tiny else 8192)
+    # On a CPU inductor compiles for minutes (6 min for the tiny Llama on 2 loaded cores):
+    # --tiny proves the script with eager PyTorch unless asked.
+    args.torch_eager = args.torch_eager or (args.tiny and not args.torch_compile)
+    if args.steps % STEPS_PER_CALL:
+        parser.error(f"--steps must be a multiple of {STEPS_PER_CALL}")
+    table = TINY if args.tiny else MODELS
+    unknown = [m for m in args.models.split(",") if m not in MODELS]
+    if unknown:
+        parser.error(f"--models: unknown {unknown}; known: {', '.join(MODELS)}")
+    args.model_names = [m for m in args.models.split(",") if m in table]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _arguments(argv)
+    if args.child:
+        child_main(args.child, args.work)
+        return
+    started = time.perf_counter()
+    if args.precision_check:
+        rows = precision_check(args)
+    else:
+        table = TINY if args.tiny else MODELS
+        rows = []
+        for name in args.model_names:
+            spec = dict(table[name], **_overrides(args))
+            if args.shards and spec["family"] != "llama":
+                print(f"{name}: --shards serves clm models; generated batches", file=sys.stderr)
+                rows += compare(name, spec, argparse.Namespace(**{**vars(args), "shards": None}))
+            else:
+                rows += compare(name, spec, args)
+    print(
+        f"\nwall time {time.perf_counter() - started:.0f} s; "
+        f"{statistics.median([r['compile_s'] for r in rows]):.0f} s median compile"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""bench/bench_gpu.py runs where TensorFlow is not installed (a GPU machine's preinstalled
+JAX + PyTorch stack): our side of the benchmark, on a tiny Llama for 8 steps, with
+`import tensorflow` made to fail in the bench and in its child processes (a sitecustomize
+that sets sys.modules["tensorflow"] = None, on PYTHONPATH, which the children inherit).
+The PyTorch side needs torch and transformers 5, which this environment lacks: it is proven
+by `--tiny` in a throwaway environment (docs/performance.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_our_side_runs_without_tensorflow(tmp_path: Path) -> None:
+    blocker = tmp_path / "site"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['tensorflow'] = None  # import tensorflow fails\n"
+    )
+    rows = tmp_path / "rows.json"
+    path = os.pathsep.join([str(blocker), str(ROOT)])
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench/bench_gpu.py"), "--tiny", "--models", "125m",
+         "--ours-only", "--steps", "8", "--eval-batches", "1", "--matmul", "256",
+         "--json", str(rows)],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = json.loads(rows.read_text())
+    assert row["side"] == "jax" and row["platform"] == "cpu" and row["steps"] == 8
+    assert row["tokens_per_s"] > 0 and row["peak_memory"] > 0
+    assert len(row["losses"]) == 8 and row["held_out"] > 0
+    # The sitecustomize was in force: the same interpreter cannot import tensorflow.
+    check = subprocess.run(
+        [sys.executable, "-c", "import tensorflow"],
+        capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": path},
+    )  # fmt: skip
+    assert check.returncode != 0 and "tensorflow" in check.stderr

@@ -67,6 +67,10 @@ BACKENDS = ("auto", "tf", "jax")
 # decoder block, keeping only the block's input for the backward pass (docs/models.md).
 REMATS = ("none", "block")
 REMAT_FAMILIES = ("llama",)
+# Attention on the JAX backend (payload/backends/jax/attention.py): auto = the platform's
+# fused kernel where it is exact for the job (cuDNN on NVIDIA GPUs, splash on TPUs), else
+# XLA's reference; fused = the kernel or a one-line error; reference = XLA's einsums.
+ATTENTIONS = ("auto", "fused", "reference")
 # How the JAX backend lays the training state over the devices (payload/backends/jax/mesh.py):
 # auto: data parallelism while the state fits a chip, else FSDP. The TF backend: data only.
 SHARDINGS = ("auto", "data", "fsdp")
@@ -317,6 +321,7 @@ class TrainSpec:
     backend: str = "auto"  # tf (TensorFlow + tf_keras) | jax (Keras 3 on JAX): docs/backends.md
     sharding: str = "auto"  # auto | data | fsdp (JAX backend): docs/backends.md "The mesh"
     remat: str = "none"  # none | block (JAX backend): docs/models.md
+    attention: str = "auto"  # auto | fused | reference (JAX backend): ATTENTIONS
     # Micro-batches per optimizer step (JAX backend): the global batch is split into this many
     # parts whose gradients are summed before the one update (docs/models.md).
     grad_accum_steps: int = 1
@@ -756,6 +761,7 @@ def _train(section: _Section) -> TrainSpec:
         backend=section.take("backend", _choice(BACKENDS), "auto"),
         sharding=section.take("sharding", _choice(SHARDINGS), "auto"),
         remat=section.take("remat", _choice(REMATS), "none"),
+        attention=section.take("attention", _choice(ATTENTIONS), "auto"),
         grad_accum_steps=section.take("grad_accum_steps", _int(1, 1 << 16), 1),
         checkpoint_every=section.take("checkpoint_every", _int(1, 1 << 40), 100),
         keep_checkpoints=section.take("keep_checkpoints", _int(1, 1000), 3),
@@ -855,16 +861,17 @@ def tf_backend_refusal(job: JobSpec) -> str | None:
             "JAX backend does, not train.backend: tf; use train.backend: jax, or "
             "train.sharding: data (or auto)"
         )
-    if spec.remat != "none":
-        return (
-            f"train.remat: {spec.remat} is a JAX backend setting, not one of "
-            "train.backend: tf; use train.backend: jax, or train.remat: none"
-        )
-    if spec.grad_accum_steps != 1:
-        return (
-            f"train.grad_accum_steps: {spec.grad_accum_steps} is a JAX backend setting, "
-            "not one of train.backend: tf; use train.backend: jax, or train.grad_accum_steps: 1"
-        )
+    # Settings only the JAX backend has, with the value the TF backend computes anyway.
+    for name, value, tf_value in (
+        ("remat", spec.remat, "none"),
+        ("attention", spec.attention, "auto"),
+        ("grad_accum_steps", spec.grad_accum_steps, 1),
+    ):
+        if value != tf_value and not (name == "attention" and value == "reference"):
+            return (
+                f"train.{name}: {value} is a JAX backend setting, not one of "
+                f"train.backend: tf; use train.backend: jax, or train.{name}: {tf_value}"
+            )
     return None
 
 

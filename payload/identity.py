@@ -18,7 +18,7 @@ from payload.errors import DataError
 
 RUN_IDENTITY = "run.json"
 # Written into run.json but not part of the identity a resume must match (check_identity).
-RECORDED = ("mesh",)
+RECORDED = ("mesh", "attention")
 # TF's ckpt-N.index, the JAX backend's Orbax step directories N/ (and its earlier ckpt-N.npz).
 _ANY_CHECKPOINT = re.compile(r"^(ckpt-\d+\.(index|npz)|\d+)$")
 

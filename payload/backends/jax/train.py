@@ -31,6 +31,7 @@ checkpoint (Orbax), only process 0 writes run.json, TensorBoard, status.json and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -58,6 +59,7 @@ from payload import hosts, storage, training  # noqa: E402
 from payload import identity as run_identity_lib  # noqa: E402
 from payload import manifest as manifest_lib  # noqa: E402
 from payload import model as model_lib  # noqa: E402
+from payload.backends.jax import attention as attention_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import distributed, models, steps  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
@@ -91,6 +93,8 @@ class Runtime:
     mesh_plan: mesh_lib.MeshPlan
     process_index: int
     process_count: int
+    # The attention kernel of the model (attention.choose, once the model's config is known).
+    attention: attention_lib.Attention | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -114,6 +118,7 @@ class Runtime:
             "mesh": self.mesh_plan.describe(),
             "sharding_reason": self.mesh_plan.reason,
             "jax": jax.__version__,
+            **({"attention": self.attention.describe()} if self.attention else {}),
         }
 
 
@@ -421,6 +426,7 @@ def train(
     config = model_lib.config_for(job, manifest)
     parameters = model_lib.parameter_count(job.model.family, config)
     rt = runtime(spec.precision, spec.sharding, parameters)
+    rt = dataclasses.replace(rt, attention=_attention(job, config, manifest, rt))
     pipelines = _Pipelines(rt, input_pipelines)
     _checked_data(job, manifest, pipelines)
     described = rt.describe()
@@ -587,10 +593,26 @@ def _check_run(
         directory,
         identity,
         has_checkpoint=bool(found),
-        record={"mesh": rt.mesh_plan.describe()},
+        record={
+            "mesh": rt.mesh_plan.describe(),
+            **({"attention": rt.attention.describe()} if rt.attention else {}),
+        },
         read_only=not rt.is_chief,
     )
     checkpoints.require_space(directory, layout, keep=spec.keep_checkpoints, kept=len(found))
+
+
+def _attention(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> Any:
+    """train.attention for this model on this platform (attention.choose)."""
+    return attention_lib.choose(
+        job.train.attention,
+        platform=rt.accelerator,
+        family=job.model.family,
+        config=config,
+        seq_length=int(manifest.seq_length),
+        compute_dtype="bfloat16" if rt.policy == "mixed_bfloat16" else "float32",
+        mesh=rt.mesh,
+    )
 
 
 def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[Any, Any]:
@@ -607,7 +629,13 @@ def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[
     keras.utils.set_random_seed(spec.seed)
     try:
         with mesh_lib.sharded_distribution(rt.mesh, family).scope():
-            model = models.create_model(family, config, manifest.seq_length, remat=spec.remat)
+            model = models.create_model(
+                family,
+                config,
+                manifest.seq_length,
+                remat=spec.remat,
+                attention=rt.attention or attention_lib.REFERENCE,
+            )
             optimizer = create_optimizer(spec)
             optimizer.build(model.trainable_variables)
     finally:

@@ -38,6 +38,8 @@ def identity(
         "global_batch_size": int(job.train.global_batch_size),
         "seed": int(job.train.seed),
         "model_config": {k: v for k, v in sorted(model_config.items()) if k not in ignored},
+        # Only when on: run.json of runs from before the setting stays valid.
+        **({"document_mask": True} if getattr(job.data, "document_mask", False) else {}),
     }
 
 

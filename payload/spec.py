@@ -283,6 +283,9 @@ class DataSpec:
     max_tokens: int | None = None
     runner: str = "local"  # local | beam (payload/encode_beam.py)
     beam: BeamSpec = field(default_factory=BeamSpec)
+    # clm on the JAX backend: a token attends to its own packed document only (each document
+    # starts with BOS; payload/backends/jax/models.py document_ids).
+    document_mask: bool = False
 
     @property
     def max_predictions(self) -> int:
@@ -653,7 +656,13 @@ def _data(section: _Section) -> DataSpec:
         max_tokens=section.take("max_tokens", _int(1, 1 << 62), None),
         runner=section.take("runner", _choice(ENCODE_RUNNERS), "local"),
         beam=section.take("beam", lambda key, v: _beam(_Section(v, key)), BeamSpec()),
+        document_mask=section.take("document_mask", _bool, False),
     )
+    if spec.document_mask and spec.objective != "clm":
+        raise SpecError(
+            f"{section.key('document_mask')}: masks packed documents from each other in "
+            f"data.objective: clm; {spec.objective} sequences attend to every token"
+        )
     if spec.eval_max_sequences < spec.eval_min_sequences:
         raise SpecError(
             f"{section.key('eval_max_sequences')}: {spec.eval_max_sequences} is below "
@@ -863,14 +872,17 @@ def tf_backend_refusal(job: JobSpec) -> str | None:
         )
     # Settings only the JAX backend has, with the value the TF backend computes anyway.
     for name, value, tf_value in (
-        ("remat", spec.remat, "none"),
-        ("attention", spec.attention, "auto"),
-        ("grad_accum_steps", spec.grad_accum_steps, 1),
+        ("train.remat", spec.remat, "none"),
+        ("train.attention", spec.attention, "auto"),
+        ("train.grad_accum_steps", spec.grad_accum_steps, 1),
+        ("data.document_mask", job.data.document_mask, False),
     ):
-        if value != tf_value and not (name == "attention" and value == "reference"):
+        if value != tf_value and not (name == "train.attention" and value == "reference"):
+            shown = str(value).lower() if isinstance(value, bool) else value
             return (
-                f"train.{name}: {value} is a JAX backend setting, not one of "
-                f"train.backend: tf; use train.backend: jax, or train.{name}: {tf_value}"
+                f"{name}: {shown} is a JAX backend setting, not one of "
+                f"train.backend: tf; use train.backend: jax, or {name}: "
+                f"{str(tf_value).lower() if isinstance(tf_value, bool) else tf_value}"
             )
     return None
 

@@ -7,7 +7,8 @@ argv[1]:
 - `models` (Keras 3 on JAX): a tiny Llama (grouped-query attention) and a tiny BERT built
   twice with the same weights, once with splash attention in interpret mode and once with
   the reference, on rows with different padding: logits at the tokens and the gradients of
-  every weight.
+  every weight;
+- `documents` (Keras 3 on JAX): data.document_mask on a tiny Llama.
 """
 
 import json
@@ -117,13 +118,45 @@ def models() -> dict:
         # arithmetic (a key bias shifts every score of a query alike; softmax ignores it),
         # and their rounding noise relative to themselves would mean nothing.
         scale = max(float(np.max(np.abs(a))) for a in grads_r)
-        report[f"{family}_grad_gap"] = max(
-            float(np.max(np.abs(a - b))) for a, b in zip(grads_r, grads_s, strict=True)
-        ) / scale
+        report[f"{family}_grad_gap"] = (
+            max(float(np.max(np.abs(a - b))) for a, b in zip(grads_r, grads_s, strict=True)) / scale
+        )
         weights = [v.value for v in fused.trainable_variables]
         jaxpr = str(jax.make_jaxpr(lambda t, m=fused: loss(t, m)[0])(weights))
         report[f"{family}_kernel_used"] = "pallas_call" in jaxpr
     return report
 
 
-print(json.dumps(sharded() if MODE == "sharded" else models()))
+def documents() -> dict:
+    """A tiny Llama with data.document_mask: the logits of a document packed after another
+    = its logits alone (RoPE: relative positions only); without the mask they differ."""
+    from payload.backends import jax as jax_backend
+
+    jax_backend.use_jax()
+    import keras
+
+    from payload import model as model_lib
+    from payload.backends.jax import models
+
+    special = {"bos": 0, "pad": 1, "eos": 2}
+    config = model_lib.build_config("llama", "tiny", {}, vocab_size=300, special_ids=special)
+    rng = np.random.default_rng(5)
+    first = [0, *rng.integers(3, 300, size=12).tolist(), 2]
+    second = [0, *rng.integers(3, 300, size=16).tolist(), 2]
+    length = 32
+    packed = np.array([first + second], dtype="int32")
+    alone = np.array([second + [1] * (length - len(second))], dtype="int32")
+    report: dict = {}
+    for masked in (True, False):
+        keras.utils.set_random_seed(3)
+        model = models.create_model("llama", config, length, document_mask=masked)
+        a = np.asarray(model({"input_ids": packed, "attention_mask": np.ones_like(packed)}))
+        b = np.asarray(model({"input_ids": alone, "attention_mask": (alone != 1).astype("int32")}))
+        gap = float(np.max(np.abs(a[0, len(first) :] - b[0, : len(second)])))
+        report[f"gap_{'masked' if masked else 'unmasked'}"] = gap
+        report["scale"] = float(np.max(np.abs(b[0, : len(second)])))
+    return report
+
+
+RUNS = {"sharded": sharded, "models": models, "documents": documents}
+print(json.dumps(RUNS[MODE]()))

@@ -179,6 +179,35 @@ def test_models_with_splash_give_the_reference_logits_and_gradients() -> None:
         assert report[f"{family}_grad_gap"] <= 1e-5, report
 
 
+def test_documents_attend_to_themselves_only() -> None:
+    """Document ids (data.document_mask): one row packs a 50-token document and a 78-token
+    one; the second's outputs = the reference over it alone, and splash gives the reference's
+    outputs and gradients with the same ids."""
+    q, k, v, _, weight = _inputs("float32")
+    ids = jnp.where(jnp.arange(T) < 50, 1, 2)[None, :].repeat(B, 0).astype(jnp.int32)
+    packed = attention.reference(q, k, v, causal=True, mask=ids)
+    alone = attention.reference(q[:, 50:], k[:, 50:], v[:, 50:], causal=True)
+    np.testing.assert_allclose(np.asarray(packed[:, 50:]), np.asarray(alone), atol=1e-6)
+    crossing = attention.reference(q, k, v, causal=True)  # what the mask changes
+    assert float(jnp.max(jnp.abs(crossing[:, 50:] - packed[:, 50:]))) > 1e-2
+    got = _value_and_grads(
+        lambda q, k, v: attention.splash(q, k, v, causal=True, mask=ids, interpret=True),
+        q, k, v, weight,
+    )  # fmt: skip
+    want = _value_and_grads(
+        lambda q, k, v: attention.reference(q, k, v, causal=True, mask=ids), q, k, v, weight
+    )
+    gaps = _relative_gaps(got, want, jnp.ones((B, T), jnp.int32))
+    print(f"splash vs reference, documents: out, dq, dk, dv {gaps}")
+    assert max(gaps) <= TOLERANCE["float32"], gaps
+
+
+def test_a_packed_llama_document_is_computed_as_if_alone() -> None:
+    report = _driver("documents")
+    assert report["gap_masked"] <= 1e-5 * report["scale"], report
+    assert report["gap_unmasked"] > 1e-2 * report["scale"], report  # the mask matters
+
+
 # ---------------------------------------------------------------- the runtime's choice
 
 
@@ -187,7 +216,8 @@ def _config(family: str, **overrides: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    "case",  # setting, platform, family, config overrides, seq_length, compute dtype, expected
+    "case",  # setting, platform, family, config overrides (or "documents": data.document_mask),
+    # seq_length, compute dtype, expected
     [
         ("auto", "gpu", "llama", {}, 2048, "bfloat16", "cudnn"),
         ("auto", "tpu", "llama", {}, 2048, "bfloat16", "splash"),
@@ -198,17 +228,21 @@ def _config(family: str, **overrides: Any) -> Any:
         ("auto", "tpu", "bert", {"attention_probs_dropout_prob": 0.0}, 512, "bfloat16", "splash"),
         ("fused", "gpu", "gpt2", {"attn_pdrop": 0.0}, 1024, "bfloat16", "cudnn"),
         ("reference", "tpu", "llama", {}, 2048, "bfloat16", "reference"),
+        ("auto", "gpu", "llama", "documents", 2048, "bfloat16", "reference"),
+        ("auto", "tpu", "llama", "documents", 2048, "bfloat16", "splash"),
     ],
 )
-def test_choose(case: tuple[str, str, str, dict, int, str, str]) -> None:
+def test_choose(case: tuple[str, str, str, Any, int, str, str]) -> None:
     setting, platform, family, overrides, seq, dtype, expected = case
+    documents = overrides == "documents"  # data.document_mask: true
     chosen = attention.choose(
         setting,
         platform=platform,
         family=family,
-        config=_config(family, **overrides),
+        config=_config(family, **({} if documents else overrides)),
         seq_length=seq,
         compute_dtype=dtype,
+        document_mask=documents,
     )
     assert chosen.implementation == expected, chosen
     if setting == "auto" and expected == "reference":
@@ -240,13 +274,13 @@ def test_fused_without_a_kernel_is_one_line(
     assert text.endswith("use train.attention: auto or reference"), text
 
 
-def _job(family: str, **train: object) -> dict:
+def _job(family: str, data: dict | None = None, **train: object) -> dict:
     return {
         "name": "attention",
         "output": "/tmp/unused-attention-out",
         "corpus": {"paths": ["/tmp/unused.txt"]},
         "tokenizer": {"kind": "bpe", "vocab_size": 600},
-        "data": {"objective": "clm", "seq_length": 128},
+        "data": {"objective": "clm", "seq_length": 128, **(data or {})},
         "model": {"family": family},
         "train": {"steps": 2, "global_batch_size": 8, **train},
     }
@@ -256,6 +290,9 @@ def test_spec_takes_train_attention() -> None:
     assert parse_job(_job("llama"), source="/tmp/job.yaml").train.attention == "auto"
     job = parse_job(_job("llama", attention="reference"), source="/tmp/job.yaml")
     assert job.train.attention == "reference"
+    assert not job.data.document_mask
+    job = parse_job(_job("llama", {"document_mask": True}), source="/tmp/job.yaml")
+    assert job.data.document_mask
 
 
 @pytest.mark.parametrize(
@@ -264,11 +301,19 @@ def test_spec_takes_train_attention() -> None:
         ({"attention": "flash"},
          "train.attention: 'flash' is not allowed (allowed: auto, fused, reference)"),
         ({"attention": "fused", "backend": "tf"},
-         "train.attention: fused (cuDNN / splash kernels) is a JAX backend setting, not one of "
-         "train.backend: tf"),
+         "train.attention: fused is a JAX backend setting, not one of train.backend: tf; "
+         "use train.backend: jax, or train.attention: auto"),
+        ({"backend": "tf", "data": {"document_mask": True}},
+         "data.document_mask: true is a JAX backend setting, not one of train.backend: tf; "
+         "use train.backend: jax, or data.document_mask: false"),
+        ({"data": {"document_mask": "yes"}}, "data.document_mask: expected true or false"),
+        ({"data": {"objective": "mlm", "document_mask": True}},
+         "data.document_mask: masks packed documents from each other in data.objective: clm"),
     ],
 )  # fmt: skip
 def test_spec_refuses_in_one_line(train: dict, message: str) -> None:
+    data = train.pop("data", None)
+    family = "bert" if data and data.get("objective") == "mlm" else "gpt2"
     with pytest.raises(SpecError) as caught:
-        parse_job(_job("gpt2", **train), source="/tmp/job.yaml")
+        parse_job(_job(family, data, **train), source="/tmp/job.yaml")
     assert message in str(caught.value) and "\n" not in str(caught.value), caught.value

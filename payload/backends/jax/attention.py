@@ -4,7 +4,9 @@ One call for all families: `Attention.__call__(query, key, value, causal=..., ma
 jax.nn.dot_product_attention's layout, query [B, T, N, H], key and value [B, S, K, H], N a
 multiple of K (grouped-query attention: query head n reads key/value head n // (N / K), as
 transformers' repeat_kv, without repeating K/V), `mask` [B, S] the attention mask (1: token,
-0: padding; every example its own), `causal` for the decoders (Llama, GPT-2).
+0: padding; every example its own) or, with `data.document_mask`, each token's document
+number in its packed row (> 0; a token reads only keys of its own document), `causal` for
+the decoders (Llama, GPT-2).
 
 Implementations (`train.attention`: auto | fused | reference; `choose`):
 - `reference`: XLA's einsums, on every platform. The scores QK^T are accumulated and kept in
@@ -105,12 +107,18 @@ REFERENCE = Attention()
 
 
 def _visible(mask: Any, causal: bool, length_q: int, length_k: int) -> Any:
-    """[B or 1, 1, 1, T, S] bool: which keys a query reads (None: all)."""
+    """[B or 1, 1, 1, T, S] bool: which keys a query reads (None: all). A token reads the
+    tokens of its own document (mask: 1 everywhere but padding without document numbers);
+    a padding position reads every token, as in transformers' eager attention."""
     visible = None
     if causal:
         visible = jnp.tril(jnp.ones((length_q, length_k), dtype=bool))[None, None, None]
     if mask is not None:
-        keys = jnp.asarray(mask).astype(bool)[:, None, None, None, :]
+        ids = jnp.asarray(mask).astype(jnp.int32)
+        query_ids = ids[:, None, None, :, None]
+        key_ids = ids[:, None, None, None, :]
+        same = jnp.logical_or(query_ids == key_ids, query_ids == 0)
+        keys = jnp.logical_and(key_ids != 0, same)
         visible = keys if visible is None else jnp.logical_and(visible, keys)
     return visible
 
@@ -151,7 +159,7 @@ def cudnn(query: Any, key: Any, value: Any, *, causal: bool, mask: Any = None) -
     lengths turn on cuDNN's PADDING(_CAUSAL) mask, `is_causal` its CAUSAL one; bf16/fp16 only)."""
     lengths = None
     if mask is not None:
-        lengths = jnp.sum(jnp.asarray(mask).astype(jnp.int32), axis=1).astype(jnp.int32)
+        lengths = jnp.sum(jnp.asarray(mask) != 0, axis=1).astype(jnp.int32)
     return jax.nn.dot_product_attention(
         query,
         key,
@@ -217,9 +225,9 @@ def splash(
     flash_attention_kernel: `qk = lax.dot_general(q, k, ...)`; its reference
     `_attention_reference_default` likewise): the query is scaled by 1 / sqrt(H) first, as
     MaxText folds that factor into the query (layers/attentions.py, "depth_scaling"). The
-    segment ids are the attention mask (1: token, 0: padding): a token reads tokens only, a
-    padding position padding only, so no row is empty (the kernel's SegmentIds docstring
-    asks for that)."""
+    segment ids are the mask (0: padding, else the token's document): a token reads its own
+    document only, a padding position padding only, so no row is empty (the kernel's
+    SegmentIds docstring asks for that)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415
         splash_attention_kernel as kernel_lib,
     )
@@ -283,10 +291,12 @@ def choose(
     config: Any,
     seq_length: int,
     compute_dtype: str,
+    document_mask: bool = False,
     mesh: Mesh | None = None,
 ) -> Attention:
     """The implementation for `train.attention: setting` on `platform` (gpu | tpu | cpu) for
-    a `family` model of `config` over `seq_length` tokens computing in `compute_dtype`."""
+    a `family` model of `config` over `seq_length` tokens computing in `compute_dtype`,
+    with documents masked from each other (`data.document_mask`) or not."""
     if setting not in SETTINGS:
         raise SpecError(f"train.attention: {setting!r} is not one of {', '.join(SETTINGS)}")
     if setting == "reference":
@@ -303,6 +313,10 @@ def choose(
             f"the model's attention dropout {dropout:g} needs the attention probabilities, "
             f"which {kernel} never holds (set it to 0 in model.config for the kernel)"
         )
+    elif kernel == "cudnn" and document_mask:
+        # jax.nn.dot_product_attention's cuDNN case passes lengths, no segment ids; the
+        # packed layout (q_offsets) of the cuDNN call below it is not wired here.
+        obstacle = "cuDNN flash attention here takes padding lengths, not data.document_mask"
     elif kernel == "cudnn" and compute_dtype not in CUDNN_DTYPES:
         obstacle = (
             f"cuDNN flash attention takes bfloat16/float16 only, this run computes in "

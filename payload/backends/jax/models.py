@@ -272,10 +272,12 @@ class CausalLM(keras.Model):
         self,
         config: Any,
         attention: attention_lib.Attention = attention_lib.REFERENCE,
+        document_mask: bool = False,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.config, self.family = config, "gpt2"
+        self.document_mask = document_mask
         width = int(config.n_embd)
         self.wte = layers.Embedding(
             int(config.vocab_size), width, embeddings_initializer=_init(config), name="wte"
@@ -294,6 +296,8 @@ class CausalLM(keras.Model):
         length = ops.shape(input_ids)[1]
         x = self.wte(input_ids) + self.wpe(ops.expand_dims(ops.arange(length), 0))
         x = self.dropout(x, training=training)
+        if self.document_mask:
+            attention_mask = document_ids(input_ids, attention_mask, self.config.bos_token_id)
         for block in self.blocks:
             x = block(x, attention_mask, training=training)
         x = self.ln_f(x)
@@ -409,10 +413,12 @@ class LlamaCausalLM(keras.Model):
         config: Any,
         remat: str = "none",
         attention: attention_lib.Attention = attention_lib.REFERENCE,
+        document_mask: bool = False,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.config, self.family = config, "llama"
+        self.document_mask = document_mask
         self.remat = remat
         width = int(config.hidden_size)
         self.embed_tokens = layers.Embedding(
@@ -443,12 +449,24 @@ class LlamaCausalLM(keras.Model):
         length = ops.shape(input_ids)[1]
         x = self.embed_tokens(input_ids)
         cos, sin = rotary_tables(length, self.head_size, self.theta, x.dtype)
+        if self.document_mask:
+            attention_mask = document_ids(input_ids, attention_mask, self.config.bos_token_id)
         for block in self.blocks:
             x = self._run_block(block, x, attention_mask, cos, sin)
         x = self.norm(x)
         if self.lm_head is not None:
             return self.lm_head(x)
         return ops.matmul(x, ops.transpose(ops.cast(self.embed_tokens.embeddings, x.dtype)))
+
+
+def document_ids(input_ids: Any, attention_mask: Any, bos_id: int) -> Any:
+    """[B, S] int32: each token's document in its packed row (`data.document_mask`), counted
+    from 1 and up by one at every BOS (each CLM document is `<s> d </s>`, encode.py; tokens
+    before a row's first BOS are the end of a document begun in the previous window); 0 at
+    padding. Positions are not restarted: RoPE's scores depend on relative positions only."""
+    starts = ops.cast(ops.equal(input_ids, int(bos_id)), "int32")
+    tokens = ops.cast(ops.not_equal(attention_mask, 0), "int32")
+    return (ops.cumsum(starts, axis=1) + 1) * tokens
 
 
 def _linear_no_bias(units: int, config: Any, name: str) -> layers.Dense:
@@ -595,19 +613,24 @@ def create_model(
     *,
     remat: str = "none",
     attention: attention_lib.Attention = attention_lib.REFERENCE,
+    document_mask: bool = False,
 ) -> Model:
     """A built model (weights created) for `seq_length`-token inputs; `remat` (train.remat)
     applies to the Llama family's blocks (spec.py refuses it for the other families);
-    `attention` computes every attention layer (attention.choose: train.attention)."""
+    `attention` computes every attention layer (attention.choose: train.attention);
+    `document_mask` (data.document_mask, the causal families): a token attends to its own
+    packed document only (document_ids)."""
     # Named by the family: the variables' paths (checkpoints.Layout) do not depend on how
     # many models this process built before.
     model: Model
     if family == "llama":
-        model = LlamaCausalLM(config, remat=remat, attention=attention, name=family)
+        model = LlamaCausalLM(
+            config, remat=remat, attention=attention, document_mask=document_mask, name=family
+        )
     elif family == "electra":
         model = Electra(config, attention, name=family)
     elif family == "gpt2":
-        model = CausalLM(config, attention, name=family)
+        model = CausalLM(config, attention, document_mask=document_mask, name=family)
     else:
         model = MaskedLM(config, family, attention, name=family)
     # A symbolic call builds every weight without computing anything: on a slice the

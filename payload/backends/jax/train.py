@@ -611,6 +611,7 @@ def _attention(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> An
         config=config,
         seq_length=int(manifest.seq_length),
         compute_dtype="bfloat16" if rt.policy == "mixed_bfloat16" else "float32",
+        document_mask=job.data.document_mask,
         mesh=rt.mesh,
     )
 
@@ -635,6 +636,7 @@ def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[
                 manifest.seq_length,
                 remat=spec.remat,
                 attention=rt.attention or attention_lib.REFERENCE,
+                document_mask=job.data.document_mask,
             )
             optimizer = create_optimizer(spec)
             optimizer.build(model.trainable_variables)

@@ -18,7 +18,7 @@ from payload.errors import DataError
 
 RUN_IDENTITY = "run.json"
 # Written into run.json but not part of the identity a resume must match (check_identity).
-RECORDED = ("mesh",)
+RECORDED = ("mesh", "attention")
 # TF's ckpt-N.index, the JAX backend's Orbax step directories N/ (and its earlier ckpt-N.npz).
 _ANY_CHECKPOINT = re.compile(r"^(ckpt-\d+\.(index|npz)|\d+)$")
 
@@ -38,6 +38,8 @@ def identity(
         "global_batch_size": int(job.train.global_batch_size),
         "seed": int(job.train.seed),
         "model_config": {k: v for k, v in sorted(model_config.items()) if k not in ignored},
+        # Only when on: run.json of runs from before the setting stays valid.
+        **({"document_mask": True} if getattr(job.data, "document_mask", False) else {}),
     }
 
 

@@ -63,6 +63,10 @@ BACKENDS = ("auto", "tf", "jax")
 # Activation rematerialisation (JAX backend): none, or `block` = jax.checkpoint around each
 # decoder block, keeping only the block's input for the backward pass (docs/models.md).
 REMATS = ("none", "block")
+# Attention on the JAX backend (payload/backends/jax/attention.py): auto = the platform's
+# fused kernel where it is exact for the job (cuDNN on NVIDIA GPUs, splash on TPUs), else
+# XLA's reference; fused = the kernel or a one-line error; reference = XLA's einsums.
+ATTENTIONS = ("auto", "fused", "reference")
 # train.sharding's values (SHARDINGS) and the families train.remat applies to
 # (REMAT_FAMILIES): payload/sharding.py, with the rest of the sharding rules.
 ON_BAD_INPUT = ("skip", "fail")
@@ -187,6 +191,9 @@ class DataSpec:
     max_tokens: int | None = None
     runner: str = "local"  # local | beam (payload/encode_beam.py)
     beam: BeamSpec = field(default_factory=BeamSpec)
+    # clm on the JAX backend: a token attends to its own packed document only (each document
+    # starts with BOS; payload/backends/jax/models.py document_ids).
+    document_mask: bool = False
 
     @property
     def max_predictions(self) -> int:
@@ -225,6 +232,7 @@ class TrainSpec:
     backend: str = "auto"  # tf (TensorFlow + tf_keras) | jax (Keras 3 on JAX): docs/backends.md
     sharding: str = "auto"  # auto | data | fsdp (JAX backend): docs/backends.md "The mesh"
     remat: str = "none"  # none | block (JAX backend): docs/models.md
+    attention: str = "auto"  # auto | fused | reference (JAX backend): ATTENTIONS
     # Micro-batches per optimizer step (JAX backend): the global batch is split into this many
     # parts whose gradients are summed before the one update (docs/models.md).
     grad_accum_steps: int = 1

@@ -222,6 +222,11 @@ def render(
         f"| hardware | {runtime.get('accelerator', NOT_RECORDED)}, "
         f"{_num(runtime.get('replicas'))} replica(s) |",
         f"| precision | {runtime.get('policy', NOT_RECORDED)} (weights exported in float32) |",
+        *(
+            [f"| attention | {_attention(runtime['attention'])} |"]
+            if runtime.get("attention")
+            else []
+        ),
         f"| seed | {spec.seed} |",
         "",
         "## Results",
@@ -352,6 +357,13 @@ def _tokens_seen(step: Any, global_batch: int, manifest: Manifest) -> str:
     if not isinstance(step, int):
         return NOT_RECORDED
     return f"{step * global_batch * manifest.seq_length:,} (steps x global batch x sequence length)"
+
+
+def _attention(attention: Mapping[str, Any]) -> str:
+    """The JAX backend's attention implementation (backends/jax/attention.py) and why."""
+    names = {"cudnn": "cuDNN flash attention", "splash": "Pallas splash attention (TPU)"}
+    name = names.get(attention.get("implementation", ""), "XLA reference (einsum)")
+    return f"{name}: {attention.get('reason', NOT_RECORDED)}"
 
 
 def _backend(runtime: Mapping[str, Any]) -> str:

@@ -277,10 +277,30 @@ def flops_per_token(shape: Shape, seq_length: int) -> float:
     return 3.0 * (weights + attention)
 
 
-def fused_attention(acc: Accelerator, setting: str = "auto") -> bool:
+# The config key of each family's attention dropout and its default (payload/model.py's
+# presets): neither fused kernel applies dropout to the attention probabilities, so the
+# runtime keeps the reference for a model that has any (backends/jax/attention.py choose).
+ATTENTION_DROPOUT = {
+    "bert": ("attention_probs_dropout_prob", 0.1),
+    "roberta": ("attention_probs_dropout_prob", 0.1),
+    "electra": ("attention_probs_dropout_prob", 0.1),
+    "gpt2": ("attn_pdrop", 0.1),
+}
+
+
+def fused_attention(
+    acc: Accelerator,
+    setting: str = "auto",
+    family: str = "llama",
+    overrides: Mapping[str, Any] | None = None,
+) -> bool:
     """Whether the job's attention runs a fused kernel on `acc` (module docstring):
-    `setting` is train.attention (auto | fused | reference)."""
+    `setting` is train.attention (auto | fused | reference); a `family` model whose config
+    (`overrides` on the preset) keeps attention dropout runs the reference."""
     if setting == "reference" or acc.kind == "cpu":
+        return False
+    key, default = ATTENTION_DROPOUT.get(family, ("", 0.0))
+    if key and float((overrides or {}).get(key, default)) > 0:
         return False
     if acc.kind == "gpu":
         return acc.activation_bytes == 2 and acc.generation not in NO_FUSED_ATTENTION_GPUS
@@ -445,8 +465,7 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
         )
     micro = train.global_batch_size // split
     budget = int(FIT_SHARE * acc.memory_bytes)
-    # train.attention arrives with the fused attention kernels (issue 33); until then "auto".
-    fused = fused_attention(acc, getattr(train, "attention", "auto"))
+    fused = fused_attention(acc, train.attention, job.model.family, job.model.config)
     layouts = tuple(
         _layout(
             shape,
@@ -593,7 +612,7 @@ def plan_job_fits(job: Any, acc: Accelerator) -> bool:
         per_chip_batch=max(1, train.global_batch_size // (acc.chips * train.grad_accum_steps)),
         accumulate=train.grad_accum_steps > 1,
         budget=budget,
-        fused=fused_attention(acc, getattr(train, "attention", "auto")),
+        fused=fused_attention(acc, train.attention, job.model.family, job.model.config),
     )
     return layout.total <= budget
 

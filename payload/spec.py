@@ -20,6 +20,7 @@ from typing import Any
 from payload import storage
 from payload.errors import SpecError
 from payload.job import (
+    ATTENTIONS,
     BACKENDS,
     BEAM_RUNNERS,
     BERT_STYLE,
@@ -62,6 +63,7 @@ from payload.sharding import REMAT_FAMILIES, SHARDINGS
 # What a job is comes from payload/job.py (and payload/sharding.py); importing it from here
 # keeps working.
 __all__ = [
+    "ATTENTIONS",
     "BACKENDS",
     "BEAM_DATAFLOW_REQUIRED",
     "BEAM_GCS_OPTIONS",
@@ -477,7 +479,13 @@ def _data(section: _Section) -> DataSpec:
         max_tokens=section.take("max_tokens", _int(1, 1 << 62), None),
         runner=section.take("runner", _choice(ENCODE_RUNNERS), "local"),
         beam=section.take("beam", lambda key, v: _beam(_Section(v, key)), BeamSpec()),
+        document_mask=section.take("document_mask", _bool, False),
     )
+    if spec.document_mask and spec.objective != "clm":
+        raise SpecError(
+            f"{section.key('document_mask')}: masks packed documents from each other in "
+            f"data.objective: clm; {spec.objective} sequences attend to every token"
+        )
     if spec.eval_max_sequences < spec.eval_min_sequences:
         raise SpecError(
             f"{section.key('eval_max_sequences')}: {spec.eval_max_sequences} is below "
@@ -585,6 +593,7 @@ def _train(section: _Section) -> TrainSpec:
         backend=section.take("backend", _choice(BACKENDS), "auto"),
         sharding=section.take("sharding", _choice(SHARDINGS), "auto"),
         remat=section.take("remat", _choice(REMATS), "none"),
+        attention=section.take("attention", _choice(ATTENTIONS), "auto"),
         grad_accum_steps=section.take("grad_accum_steps", _int(1, 1 << 16), 1),
         checkpoint_every=section.take("checkpoint_every", _int(1, 1 << 40), 100),
         keep_checkpoints=section.take("keep_checkpoints", _int(1, 1000), 3),
@@ -684,16 +693,20 @@ def tf_backend_refusal(job: JobSpec) -> str | None:
             "JAX backend does, not train.backend: tf; use train.backend: jax, or "
             "train.sharding: data (or auto)"
         )
-    if spec.remat != "none":
-        return (
-            f"train.remat: {spec.remat} is a JAX backend setting, not one of "
-            "train.backend: tf; use train.backend: jax, or train.remat: none"
-        )
-    if spec.grad_accum_steps != 1:
-        return (
-            f"train.grad_accum_steps: {spec.grad_accum_steps} is a JAX backend setting, "
-            "not one of train.backend: tf; use train.backend: jax, or train.grad_accum_steps: 1"
-        )
+    # Settings only the JAX backend has, with the value the TF backend computes anyway.
+    for name, value, tf_value in (
+        ("train.remat", spec.remat, "none"),
+        ("train.attention", spec.attention, "auto"),
+        ("train.grad_accum_steps", spec.grad_accum_steps, 1),
+        ("data.document_mask", job.data.document_mask, False),
+    ):
+        if value != tf_value and not (name == "train.attention" and value == "reference"):
+            shown = str(value).lower() if isinstance(value, bool) else value
+            return (
+                f"{name}: {shown} is a JAX backend setting, not one of "
+                f"train.backend: tf; use train.backend: jax, or {name}: "
+                f"{str(tf_value).lower() if isinstance(tf_value, bool) else tf_value}"
+            )
     return None
 
 

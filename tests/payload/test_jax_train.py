@@ -82,6 +82,13 @@ def test_jax_backend_pipeline_exports_what_transformers5_loads(family: str, tmp_
     assert marker["pytorch_class"] == export_lib.PYTORCH_CLASSES[family]
     card = Path(job.paths.export, export_lib.MODEL_CARD).read_text()
     assert "| backend | Keras 3 on JAX" in card
+    # The attention the runtime chose (on CPU XLA's reference), recorded three times.
+    assert runtime["attention"] == {
+        "implementation": "reference",
+        "reason": "auto: cpu has no fused attention kernel (cuDNN on NVIDIA GPUs, splash on TPUs)",
+    }, runtime
+    assert run_identity["attention"] == runtime["attention"], run_identity
+    assert "| attention | XLA reference (einsum): auto: cpu has no fused attention" in card
     assert "tf_model.h5" not in card.replace("no `tf_model.h5`", "")
     exported = sorted(p.name for p in Path(job.paths.export).iterdir())
     assert export_lib.PT_WEIGHTS in exported and "tokenizer.json" in exported, exported

@@ -36,19 +36,20 @@ modeling files (the classes the export names in config.json):
   "electra/embeddings" scope), word, position and token-type embeddings and their LayerNorm
   are ONE set of weights trained by both; each export holds a copy.
 Dense kernels are Keras' [in, out]; `hf_state_dict` (hf_weights.py) maps every weight to the
-PyTorch name and shape (nn.Linear [out, in]; GPT-2's Conv1D keeps [in, out]). Masked positions
-get the dtype's most negative value, as transformers' eager attention does.
+PyTorch name and shape (nn.Linear [out, in]; GPT-2's Conv1D keeps [in, out]). Attention is
+attention.py's (the kernel the runtime chose, or the reference, whose masked scores get
+float32's most negative value as transformers' eager attention gives them its dtype's).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import keras
-import ml_dtypes
 import numpy as np
 from keras import layers, ops
+
+from payload.backends.jax import attention as attention_lib
 
 
 def _gelu_exact(x: Any) -> Any:
@@ -100,11 +101,23 @@ def _bert_embeddings(config: Any, width: int) -> tuple[Any, Any, Any]:
 
 
 class SelfAttention(layers.Layer):
-    """Multi-head attention with biases; `causal` adds GPT-2's lower-triangular mask."""
+    """Multi-head attention with biases; `causal`: GPT-2's lower-triangular mask. The
+    attention itself is `attention` (attention.py: the kernel the runtime chose)."""
 
-    def __init__(self, width: int, heads: int, dropout: float, config: Any, **kwargs: Any):
+    def __init__(
+        self,
+        width: int,
+        heads: int,
+        dropout: float,
+        config: Any,
+        *,
+        causal: bool = False,
+        attention: attention_lib.Attention = attention_lib.REFERENCE,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         self.width, self.heads, self.head_size = width, heads, width // heads
+        self.causal, self.attend = causal, attention
         self.query = _dense(width, config, "query")
         self.key = _dense(width, config, "key")
         self.value = _dense(width, config, "value")
@@ -112,22 +125,27 @@ class SelfAttention(layers.Layer):
 
     def _split(self, x: Any) -> Any:
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
-        x = ops.reshape(x, (batch, length, self.heads, self.head_size))
-        return ops.transpose(x, (0, 2, 1, 3))
+        return ops.reshape(x, (batch, length, self.heads, self.head_size))  # [B, S, N, H]
 
-    def call(self, x: Any, bias: Any, training: bool = False) -> Any:
+    def call(self, x: Any, mask: Any, training: bool = False) -> Any:
+        """`mask` [B, S]: the attention mask (1: token, 0: padding)."""
         q, k, v = (self._split(f(x)) for f in (self.query, self.key, self.value))
-        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) / math.sqrt(self.head_size)
-        probs = ops.softmax(scores + bias, axis=-1)
-        probs = self.dropout(probs, training=training)
-        out = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
+        drop = None
+        if training and self.dropout.rate > 0:
+            drop = lambda probs: self.dropout(probs, training=True)  # noqa: E731
+        out = self.attend(q, k, v, causal=self.causal, mask=mask, probs_dropout=drop)
         return ops.reshape(out, (ops.shape(x)[0], ops.shape(x)[1], self.width))
 
 
 class EncoderBlock(layers.Layer):
     """One post-LayerNorm BERT/RoBERTa layer."""
 
-    def __init__(self, config: Any, **kwargs: Any):
+    def __init__(
+        self,
+        config: Any,
+        attention: attention_lib.Attention = attention_lib.REFERENCE,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         eps, drop = float(config.layer_norm_eps), float(config.hidden_dropout_prob)
         width = int(config.hidden_size)
@@ -136,6 +154,7 @@ class EncoderBlock(layers.Layer):
             int(config.num_attention_heads),
             float(config.attention_probs_dropout_prob),
             config,
+            attention=attention,
             name="attention",
         )
         self.attention_output = _dense(width, config, "attention_output")
@@ -146,8 +165,8 @@ class EncoderBlock(layers.Layer):
         self.dropout = layers.Dropout(drop)
         self.activation = ACTIVATIONS[config.hidden_act]
 
-    def call(self, x: Any, bias: Any, training: bool = False) -> Any:
-        attended = self.attention_output(self.attention(x, bias, training=training))
+    def call(self, x: Any, mask: Any, training: bool = False) -> Any:
+        attended = self.attention_output(self.attention(x, mask, training=training))
         x = self.attention_norm(x + self.dropout(attended, training=training))
         inner = self.output_dense(self.activation(self.intermediate(x)))
         return self.output_norm(x + self.dropout(inner, training=training))
@@ -157,7 +176,13 @@ class MaskedLM(keras.Model):
     """BertForMaskedLM / RobertaForMaskedLM. `call` returns logits [B, S, V]; `hidden` and
     `head` let training apply the head at the masked positions only."""
 
-    def __init__(self, config: Any, family: str, **kwargs: Any):
+    def __init__(
+        self,
+        config: Any,
+        family: str,
+        attention: attention_lib.Attention = attention_lib.REFERENCE,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         self.config, self.family = config, family
         width, eps = int(config.hidden_size), float(config.layer_norm_eps)
@@ -167,7 +192,8 @@ class MaskedLM(keras.Model):
         self.embedding_norm = layers.LayerNormalization(epsilon=eps, name="embedding_norm")
         self.dropout = layers.Dropout(float(config.hidden_dropout_prob))
         self.blocks = [
-            EncoderBlock(config, name=f"layer_{i}") for i in range(config.num_hidden_layers)
+            EncoderBlock(config, attention, name=f"layer_{i}")
+            for i in range(config.num_hidden_layers)
         ]
         self.head_dense = _dense(width, config, "head_dense")
         self.head_norm = layers.LayerNormalization(epsilon=eps, name="head_norm")
@@ -192,9 +218,8 @@ class MaskedLM(keras.Model):
         x = self.word_embeddings(input_ids) + self.position_embeddings(self._positions(input_ids))
         x = x + self.token_type_embeddings(ops.zeros_like(input_ids))
         x = self.dropout(self.embedding_norm(x), training=training)
-        bias = _padding_bias(attention_mask, x.dtype)
         for block in self.blocks:
-            x = block(x, bias, training=training)
+            x = block(x, attention_mask, training=training)
         return x
 
     def head_inputs(self, hidden: Any) -> HeadInputs:
@@ -224,13 +249,24 @@ class MaskedLM(keras.Model):
 class DecoderBlock(layers.Layer):
     """One pre-LayerNorm GPT-2 block."""
 
-    def __init__(self, config: Any, **kwargs: Any):
+    def __init__(
+        self,
+        config: Any,
+        attention: attention_lib.Attention = attention_lib.REFERENCE,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         width, eps = int(config.n_embd), float(config.layer_norm_epsilon)
         inner = int(config.n_inner) if config.n_inner else 4 * width
         self.ln_1 = layers.LayerNormalization(epsilon=eps, name="ln_1")
         self.attention = SelfAttention(
-            width, int(config.n_head), float(config.attn_pdrop), config, name="attn"
+            width,
+            int(config.n_head),
+            float(config.attn_pdrop),
+            config,
+            causal=True,
+            attention=attention,
+            name="attn",
         )
         self.c_proj = _dense(width, config, "c_proj")
         self.ln_2 = layers.LayerNormalization(epsilon=eps, name="ln_2")
@@ -239,8 +275,8 @@ class DecoderBlock(layers.Layer):
         self.dropout = layers.Dropout(float(config.resid_pdrop))
         self.activation = ACTIVATIONS[config.activation_function]
 
-    def call(self, x: Any, bias: Any, training: bool = False) -> Any:
-        attended = self.c_proj(self.attention(self.ln_1(x), bias, training=training))
+    def call(self, x: Any, mask: Any, training: bool = False) -> Any:
+        attended = self.c_proj(self.attention(self.ln_1(x), mask, training=training))
         x = x + self.dropout(attended, training=training)
         inner = self.mlp_proj(self.activation(self.c_fc(self.ln_2(x))))
         return x + self.dropout(inner, training=training)
@@ -249,9 +285,16 @@ class DecoderBlock(layers.Layer):
 class CausalLM(keras.Model):
     """GPT2LMHeadModel: logits [B, S, V] from the tied token embeddings."""
 
-    def __init__(self, config: Any, **kwargs: Any):
+    def __init__(
+        self,
+        config: Any,
+        attention: attention_lib.Attention = attention_lib.REFERENCE,
+        document_mask: bool = False,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         self.config, self.family = config, "gpt2"
+        self.document_mask = document_mask
         width = int(config.n_embd)
         self.wte = layers.Embedding(
             int(config.vocab_size), width, embeddings_initializer=_init(config), name="wte"
@@ -260,7 +303,9 @@ class CausalLM(keras.Model):
             int(config.n_positions), width, embeddings_initializer=_init(config), name="wpe"
         )
         self.dropout = layers.Dropout(float(config.embd_pdrop))
-        self.blocks = [DecoderBlock(config, name=f"h_{i}") for i in range(config.n_layer)]
+        self.blocks = [
+            DecoderBlock(config, attention, name=f"h_{i}") for i in range(config.n_layer)
+        ]
         self.ln_f = layers.LayerNormalization(epsilon=float(config.layer_norm_epsilon), name="ln_f")
 
     def call(
@@ -271,11 +316,10 @@ class CausalLM(keras.Model):
         length = ops.shape(input_ids)[1]
         x = self.wte(input_ids) + self.wpe(ops.expand_dims(ops.arange(length), 0))
         x = self.dropout(x, training=training)
-        causal = ops.tril(ops.ones((length, length), dtype="bool"))
-        bias = ops.where(causal, 0.0, _most_negative(x.dtype))[None, None]
-        bias = bias + _padding_bias(attention_mask, x.dtype)
+        if self.document_mask:
+            attention_mask = document_ids(input_ids, attention_mask, self.config.bos_token_id)
         for block in self.blocks:
-            x = block(x, bias, training=training)
+            x = block(x, attention_mask, training=training)
         x = self.ln_f(x)
         kernel = ops.transpose(ops.cast(self.wte.embeddings, x.dtype))
         return HeadInputs(x, kernel, None) if head_inputs else ops.matmul(x, kernel)
@@ -326,10 +370,17 @@ def rotary_tables(length: int, head_size: int, theta: float, dtype: Any) -> tupl
 
 class LlamaAttention(layers.Layer):
     """LlamaAttention: q/k/v/o projections without biases, RoPE on q and k, grouped-query
-    attention (K key/value heads shared by groups of A / K query heads)."""
+    attention (K key/value heads shared by groups of A / K query heads), computed by
+    `attention` (attention.py: the kernel the runtime chose)."""
 
-    def __init__(self, config: Any, **kwargs: Any):
+    def __init__(
+        self,
+        config: Any,
+        attention: attention_lib.Attention = attention_lib.REFERENCE,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
+        self.attend = attention
         width = int(config.hidden_size)
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
@@ -339,38 +390,40 @@ class LlamaAttention(layers.Layer):
         self.v_proj = _linear_no_bias(self.kv_heads * self.head_size, config, "v_proj")
         self.o_proj = _linear_no_bias(width, config, "o_proj")
 
-    def call(self, x: Any, bias: Any, cos: Any, sin: Any) -> Any:
-        batch, length = ops.shape(x)[0], ops.shape(x)[1]
-        groups, size = self.heads // self.kv_heads, self.head_size
-        q = ops.reshape(self.q_proj(x), (batch, length, self.kv_heads, groups, size))
+    def call(self, x: Any, mask: Any, cos: Any, sin: Any) -> Any:
+        batch, length, size = ops.shape(x)[0], ops.shape(x)[1], self.head_size
+        # [B, S, heads, D]; query head h reads key/value head h // (heads / kv_heads)
+        # (repeat_kv), which every implementation does without repeating K/V.
+        q = ops.reshape(self.q_proj(x), (batch, length, self.heads, size))
         k = ops.reshape(self.k_proj(x), (batch, length, self.kv_heads, size))
         v = ops.reshape(self.v_proj(x), (batch, length, self.kv_heads, size))
-        q = q * cos[None, :, None, None] + _rotate_half(q) * sin[None, :, None, None]
+        q = q * cos[None, :, None] + _rotate_half(q) * sin[None, :, None]
         k = k * cos[None, :, None] + _rotate_half(k) * sin[None, :, None]
-        # [B, K, G, S, T]: query head k * G + g attends with key/value head k (repeat_kv).
-        scores = ops.einsum("bskgd,btkd->bkgst", q, k) * (size**-0.5)
-        scores = scores + bias[:, :, None]  # bias [B, 1, S, T] -> [B, 1, 1, S, T]
-        probs = ops.cast(ops.softmax(ops.cast(scores, "float32"), axis=-1), x.dtype)
-        out = ops.einsum("bkgst,btkd->bskgd", probs, v)
+        out = self.attend(q, k, v, causal=True, mask=mask)
         return self.o_proj(ops.reshape(out, (batch, length, self.heads * size)))
 
 
 class LlamaBlock(layers.Layer):
     """LlamaDecoderLayer: x + attn(norm(x)), then h + mlp(norm(h)) with the SwiGLU MLP."""
 
-    def __init__(self, config: Any, **kwargs: Any):
+    def __init__(
+        self,
+        config: Any,
+        attention: attention_lib.Attention = attention_lib.REFERENCE,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         eps, width = float(config.rms_norm_eps), int(config.hidden_size)
         inner = int(config.intermediate_size)
         self.input_layernorm = RMSNorm(eps, name="input_layernorm")
-        self.self_attn = LlamaAttention(config, name="self_attn")
+        self.self_attn = LlamaAttention(config, attention, name="self_attn")
         self.post_attention_layernorm = RMSNorm(eps, name="post_attention_layernorm")
         self.gate_proj = _linear_no_bias(inner, config, "gate_proj")
         self.up_proj = _linear_no_bias(inner, config, "up_proj")
         self.down_proj = _linear_no_bias(width, config, "down_proj")
 
-    def call(self, x: Any, bias: Any, cos: Any, sin: Any) -> Any:
-        x = x + self.self_attn(self.input_layernorm(x), bias, cos, sin)
+    def call(self, x: Any, mask: Any, cos: Any, sin: Any) -> Any:
+        x = x + self.self_attn(self.input_layernorm(x), mask, cos, sin)
         h = self.post_attention_layernorm(x)
         return x + self.down_proj(ops.silu(self.gate_proj(h)) * self.up_proj(h))
 
@@ -386,16 +439,25 @@ class LlamaCausalLM(keras.Model):
     """LlamaForCausalLM: logits [B, S, V]. `remat` (train.remat) wraps each block's call in
     jax.checkpoint; the weights and what they compute are the same either way."""
 
-    def __init__(self, config: Any, remat: str = "none", **kwargs: Any):
+    def __init__(
+        self,
+        config: Any,
+        remat: str = "none",
+        attention: attention_lib.Attention = attention_lib.REFERENCE,
+        document_mask: bool = False,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         self.config, self.family = config, "llama"
+        self.document_mask = document_mask
         self.remat = remat
         width = int(config.hidden_size)
         self.embed_tokens = layers.Embedding(
             int(config.vocab_size), width, embeddings_initializer=_init(config), name="embed_tokens"
         )
         self.blocks = [
-            LlamaBlock(config, name=f"layers_{i}") for i in range(config.num_hidden_layers)
+            LlamaBlock(config, attention, name=f"layers_{i}")
+            for i in range(config.num_hidden_layers)
         ]
         self.norm = RMSNorm(float(config.rms_norm_eps), name="norm")
         self.tied = bool(config.tie_word_embeddings)
@@ -405,13 +467,13 @@ class LlamaCausalLM(keras.Model):
         self.head_size = width // int(config.num_attention_heads)
         self.theta = rope_theta(config)
 
-    def _run_block(self, block: LlamaBlock, x: Any, bias: Any, cos: Any, sin: Any) -> Any:
+    def _run_block(self, block: LlamaBlock, x: Any, mask: Any, cos: Any, sin: Any) -> Any:
         if self.remat == "none":
-            return block(x, bias, cos, sin)
+            return block(x, mask, cos, sin)
         import jax  # noqa: PLC0415  (this module is the JAX backend's)
 
         policy = getattr(jax.checkpoint_policies, REMAT_POLICIES[self.remat])
-        return jax.checkpoint(lambda h: block(h, bias, cos, sin), policy=policy)(x)
+        return jax.checkpoint(lambda h: block(h, mask, cos, sin), policy=policy)(x)
 
     def call(
         self, inputs: dict[str, Any], training: bool = False, head_inputs: bool = False
@@ -421,13 +483,10 @@ class LlamaCausalLM(keras.Model):
         length = ops.shape(input_ids)[1]
         x = self.embed_tokens(input_ids)
         cos, sin = rotary_tables(length, self.head_size, self.theta, x.dtype)
-        # One mask, one most negative value (never -inf from adding two of them): a query
-        # whose every key is masked (a row of padding only) gets a finite softmax, not NaN.
-        causal = ops.tril(ops.ones((length, length), dtype="bool"))[None, None]
-        visible = ops.logical_and(causal, ops.cast(attention_mask, "bool")[:, None, None, :])
-        bias = ops.cast(ops.where(visible, 0.0, _most_negative(x.dtype)), x.dtype)
+        if self.document_mask:
+            attention_mask = document_ids(input_ids, attention_mask, self.config.bos_token_id)
         for block in self.blocks:
-            x = self._run_block(block, x, bias, cos, sin)
+            x = self._run_block(block, x, attention_mask, cos, sin)
         x = self.norm(x)
         if self.lm_head is None:
             kernel = ops.transpose(ops.cast(self.embed_tokens.embeddings, x.dtype))
@@ -438,19 +497,18 @@ class LlamaCausalLM(keras.Model):
         return HeadInputs(x, kernel, None) if head_inputs else ops.matmul(x, kernel)
 
 
+def document_ids(input_ids: Any, attention_mask: Any, bos_id: int) -> Any:
+    """[B, S] int32: each token's document in its packed row (`data.document_mask`), counted
+    from 1 and up by one at every BOS (each CLM document is `<s> d </s>`, encode.py; tokens
+    before a row's first BOS are the end of a document begun in the previous window); 0 at
+    padding. Positions are not restarted: RoPE's scores depend on relative positions only."""
+    starts = ops.cast(ops.equal(input_ids, int(bos_id)), "int32")
+    tokens = ops.cast(ops.not_equal(attention_mask, 0), "int32")
+    return (ops.cumsum(starts, axis=1) + 1) * tokens
+
+
 def _linear_no_bias(units: int, config: Any, name: str) -> layers.Dense:
     return layers.Dense(units, use_bias=False, kernel_initializer=_init(config), name=name)
-
-
-def _most_negative(dtype: Any) -> float:
-    # ml_dtypes' finfo knows bfloat16 (numpy's does not) as well as numpy's own types.
-    return float(ml_dtypes.finfo(keras.backend.standardize_dtype(dtype)).min)
-
-
-def _padding_bias(attention_mask: Any, dtype: Any) -> Any:
-    """[B, 1, 1, S]: 0 where the key is a token, the most negative value where it is padding."""
-    keep = ops.cast(attention_mask, "bool")[:, None, None, :]
-    return ops.where(keep, 0.0, _most_negative(dtype))
 
 
 class Electra(keras.Model):
@@ -463,7 +521,12 @@ class Electra(keras.Model):
     `masked_lm_ids`, `masked_lm_weights` and `sample_key` (a jax.random key's uint32 data),
     it is one replaced-token-detection pass (`replaced_token_detection`)."""
 
-    def __init__(self, config: Any, **kwargs: Any):
+    def __init__(
+        self,
+        config: Any,
+        attention: attention_lib.Attention = attention_lib.REFERENCE,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         from payload import model as model_lib  # noqa: PLC0415  (framework-free)
 
@@ -481,7 +544,7 @@ class Electra(keras.Model):
             _dense(hidden, config, "discriminator_project") if hidden != width else None
         )
         self.discriminator_blocks = [
-            EncoderBlock(config, name=f"discriminator_layer_{i}")
+            EncoderBlock(config, attention, name=f"discriminator_layer_{i}")
             for i in range(config.num_hidden_layers)
         ]
         self.discriminator_dense = _dense(hidden, config, "discriminator_dense")
@@ -491,7 +554,8 @@ class Electra(keras.Model):
             _dense(gen_width, config, "generator_project") if gen_width != width else None
         )
         self.generator_blocks = [
-            EncoderBlock(gen, name=f"generator_layer_{i}") for i in range(gen.num_hidden_layers)
+            EncoderBlock(gen, attention, name=f"generator_layer_{i}")
+            for i in range(gen.num_hidden_layers)
         ]
         self.generator_dense = _dense(width, config, "generator_dense")
         self.generator_norm = layers.LayerNormalization(epsilon=eps, name="generator_norm")
@@ -512,9 +576,8 @@ class Electra(keras.Model):
         project = getattr(self, f"{network}_project")
         if project is not None:
             x = project(x)
-        bias = _padding_bias(attention_mask, x.dtype)
         for block in getattr(self, f"{network}_blocks"):
-            x = block(x, bias, training=training)
+            x = block(x, attention_mask, training=training)
         return x
 
     def discriminator_logits(self, input_ids: Any, attention_mask: Any, training: bool) -> Any:
@@ -581,20 +644,33 @@ class Electra(keras.Model):
 Model = MaskedLM | CausalLM | LlamaCausalLM | Electra
 
 
-def create_model(family: str, config: Any, seq_length: int, *, remat: str = "none") -> Model:
+def create_model(
+    family: str,
+    config: Any,
+    seq_length: int,
+    *,
+    remat: str = "none",
+    attention: attention_lib.Attention = attention_lib.REFERENCE,
+    document_mask: bool = False,
+) -> Model:
     """A built model (weights created) for `seq_length`-token inputs; `remat` (train.remat)
-    applies to the Llama family's blocks (spec.py refuses it for the other families)."""
+    applies to the Llama family's blocks (spec.py refuses it for the other families);
+    `attention` computes every attention layer (attention.choose: train.attention);
+    `document_mask` (data.document_mask, the causal families): a token attends to its own
+    packed document only (document_ids)."""
     # Named by the family: the variables' paths (checkpoints.Layout) do not depend on how
     # many models this process built before.
     model: Model
     if family == "llama":
-        model = LlamaCausalLM(config, remat=remat, name=family)
+        model = LlamaCausalLM(
+            config, remat=remat, attention=attention, document_mask=document_mask, name=family
+        )
     elif family == "electra":
-        model = Electra(config, name=family)
+        model = Electra(config, attention, name=family)
     elif family == "gpt2":
-        model = CausalLM(config, name=family)
+        model = CausalLM(config, attention, document_mask=document_mask, name=family)
     else:
-        model = MaskedLM(config, family, name=family)
+        model = MaskedLM(config, family, attention, name=family)
     # A symbolic call builds every weight without computing anything: on a slice the
     # weights are global arrays, and an eager forward pass would be hundreds of small
     # computations every process must run in step (one of them hung two CPU processes here).

@@ -16,6 +16,7 @@ import jax
 from jax.sharding import Mesh
 
 from payload import hosts
+from payload.backends.jax import attention as attention_lib
 from payload.backends.jax import mesh as mesh_lib
 from payload.errors import SpecError
 
@@ -36,6 +37,8 @@ class Runtime:
     mesh_plan: mesh_lib.MeshPlan
     process_index: int
     process_count: int
+    # The attention kernel of the model (attention.choose, once the model's config is known).
+    attention: attention_lib.Attention | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -59,6 +62,7 @@ class Runtime:
             "mesh": self.mesh_plan.describe(),
             "sharding_reason": self.mesh_plan.reason,
             "jax": jax.__version__,
+            **({"attention": self.attention.describe()} if self.attention else {}),
         }
 
 

@@ -32,6 +32,7 @@ and the export.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -55,6 +56,7 @@ from payload import identity as run_identity_lib  # noqa: E402
 from payload import manifest as manifest_lib  # noqa: E402
 from payload import model as model_lib  # noqa: E402
 from payload import storage, training  # noqa: E402
+from payload.backends.jax import attention as attention_lib  # noqa: E402
 from payload.backends.jax import batches as batches_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import distributed, hf_weights, models, steps  # noqa: E402
@@ -88,6 +90,7 @@ def train(
     config = model_lib.config_for(job, manifest)
     parameters = model_lib.parameter_count(job.model.family, config)
     rt = runtime_lib.runtime(spec.precision, spec.sharding, parameters)
+    rt = dataclasses.replace(rt, attention=_attention(job, config, manifest, rt))
     pipelines = Pipelines(rt, input_pipelines)
     _checked_data(job, manifest, pipelines)
     described = rt.describe()
@@ -256,10 +259,27 @@ def _check_run(
         directory,
         identity,
         has_checkpoint=bool(found),
-        record={"mesh": rt.mesh_plan.describe()},
+        record={
+            "mesh": rt.mesh_plan.describe(),
+            **({"attention": rt.attention.describe()} if rt.attention else {}),
+        },
         read_only=not rt.is_chief,
     )
     checkpoints.require_space(directory, layout, keep=spec.keep_checkpoints, kept=len(found))
+
+
+def _attention(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> Any:
+    """train.attention for this model on this platform (attention.choose)."""
+    return attention_lib.choose(
+        job.train.attention,
+        platform=rt.accelerator,
+        family=job.model.family,
+        config=config,
+        seq_length=int(manifest.seq_length),
+        compute_dtype="bfloat16" if rt.policy == "mixed_bfloat16" else "float32",
+        document_mask=job.data.document_mask,
+        mesh=rt.mesh,
+    )
 
 
 def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[Any, Any]:
@@ -276,7 +296,14 @@ def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[
     keras.utils.set_random_seed(spec.seed)
     try:
         with mesh_lib.sharded_distribution(rt.mesh, family).scope():
-            model = models.create_model(family, config, manifest.seq_length, remat=spec.remat)
+            model = models.create_model(
+                family,
+                config,
+                manifest.seq_length,
+                remat=spec.remat,
+                attention=rt.attention or attention_lib.REFERENCE,
+                document_mask=job.data.document_mask,
+            )
             optimizer = create_optimizer(spec)
             optimizer.build(model.trainable_variables)
     finally:

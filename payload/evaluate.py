@@ -46,6 +46,16 @@ def eval_batch_size(eval_records: int, global_batch_size: int, replicas: int) ->
     return eval_records // replicas * replicas
 
 
+def micro_batch_count(rows_per_device: int, train_rows_per_device: int) -> int:
+    """The fewest micro-batches an evaluation batch of `rows_per_device` rows per device
+    splits into evenly, none larger than a training micro-batch's rows per device."""
+    need = -(-rows_per_device // max(train_rows_per_device, 1))
+    for count in range(need, rows_per_device + 1):
+        if rows_per_device % count == 0:
+            return count
+    return max(rows_per_device, 1)
+
+
 def checked_eval_batch(job: JobSpec, manifest: Manifest, replicas: int) -> int:
     """eval_batch_size, or DataError when the held-out split cannot give every replica a row."""
     batch = eval_batch_size(manifest.eval_records, job.train.global_batch_size, replicas)

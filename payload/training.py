@@ -258,6 +258,30 @@ class StopRequest:
             signal.signal(signum, handler)
 
 
+def stop_at_once_on_sigterm() -> None:
+    """From now until a training loop's StopRequest takes over (and again after it): SIGTERM
+    stops this process at once, exit 143 with one line, as an unhandled SIGTERM would but
+    reported. Called right after `jax.distributed.initialize()`, whose preemption service
+    replaces SIGTERM's action with one that only sets a flag (openxla/xla
+    xla/tsl/distributed_runtime/preemption/preemption_notifier.cc, SigtermNotifier), so that
+    a SIGTERM during the start-up (checksums, the model build, a restore, reading the
+    held-out set) is not ignored until systemd's SIGKILL 90 s later. Python's `signal.signal`
+    replaces the C++ handler. Nothing is half-written: every output is written whole and
+    moved into place (storage.py), checkpoints are written only inside the loop."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        message = (
+            f"stopped by signal {signum} outside the training loop (no checkpoint written "
+            "now): rerun to continue from the last checkpoint"
+        )
+        log(f"train: {message}")
+        raise TrainingInterrupted(signum, message)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def interrupted(signum: int, step: int, path: str, status: StatusWriter) -> TrainingInterrupted:
     """Report a stop by signal after the checkpoint `path` of `step` was saved."""
     message = f"stopped by signal {signum} at step {step}; checkpoint {path} saved: rerun to resume"

@@ -15,7 +15,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from payload import model as model_lib  # noqa: E402
-from payload.backends.jax import models, steps  # noqa: E402
+from payload.backends.jax import evaluate, models, steps  # noqa: E402
 
 VOCAB, SEQ, BATCH = 96, 16, 8
 
@@ -103,4 +103,19 @@ parts = [loss_and_grads(model, {k: v[part::2] for k, v in data.items()})[0][1] f
 report["mean_of_means_grad_gap"] = max(
     float(jnp.abs((a + b) / 2 - c).max()) for a, b, c in zip(*parts, plain_grads, strict=True)
 )
+
+# The held-out sums of the batch in one pass and in 4 micro-batches (evaluate.make_eval_sums,
+# a lax.scan of B / 4 rows at a time): the same sums.
+model = build("none")
+trainable = [v.value for v in model.trainable_variables]
+whole = evaluate.make_eval_sums(model, "clm", 1)
+micro = evaluate.make_eval_sums(model, "clm", 4)
+zero = jnp.zeros([3], jnp.float32)
+sums_whole = np.asarray(whole(trainable, [], data, np.int32(0), zero))
+sums_micro = np.asarray(micro(trainable, [], data, np.int32(0), zero))
+report["eval_sums"] = sums_whole.tolist()
+report["eval_micro_gap"] = float(np.abs(sums_whole - sums_micro).max())
+micro_jaxpr = str(jax.make_jaxpr(micro)(trainable, [], data, np.int32(0), zero))
+micro_rows = f"{BATCH // 4},{SEQ}]"
+report["eval_micro_scans"] = "scan" in micro_jaxpr and micro_rows in micro_jaxpr.replace(" ", "")
 print(json.dumps(report))

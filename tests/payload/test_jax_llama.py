@@ -230,6 +230,9 @@ def test_remat_and_gradient_accumulation_change_nothing_computed() -> None:
         assert report[f"{name}_loss_gap"] <= 1e-5 and report[f"{name}_norm_gap"] <= 1e-5, report
         assert report[f"{name}_moved"] > 1e-3, report  # the step changed the weights
     assert report["mean_of_means_grad_gap"] > 1e-3, report  # what a wrong average would miss
+    # Evaluation in micro-batches (train.grad_accum_steps' size) sums what one pass sums.
+    assert report["eval_sums"][1] > 0 and report["eval_micro_gap"] <= 1e-3, report
+    assert report["eval_micro_scans"], report
 
 
 # ---------------------------------------------------------------- through the real CLI

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 
-from payload import errors
+from payload import errors, training
 from payload.errors import UserError
 
 ENV = "TPU_PAYLOAD_JAX_DISTRIBUTED"
@@ -59,17 +61,36 @@ def initialize_from_env(environ: Mapping[str, str] = os.environ) -> bool:
 
 # How the processes of a slice agree (docs/backends.md, "how hosts agree on stopping"):
 # through the coordination service `jax.distributed.initialize()` started (process 0 hosts
-# it): its key-value store and its barriers (`DistributedRuntimeClient.key_value_set`,
-# `key_value_dir_get`, `wait_at_barrier(barrier_id, timeout_in_ms)`, jax 0.10's
-# jax/_src/distributed.py `global_state.client`; orbax's multihost `sync_global_processes`
-# uses the same barrier). These are host-to-coordinator RPCs: nothing is queued on the
-# devices, so agreeing never waits for a running chunk. With one process nothing is called.
-# A barrier name may be used once per run (the coordination service is new at every start).
+# it): its key-value store (`DistributedRuntimeClient.key_value_set`, `key_value_dir_get`,
+# jax 0.10's jax/_src/distributed.py `global_state.client`). These are host-to-coordinator
+# RPCs: nothing is queued on the devices, so agreeing never waits for a running chunk. With
+# one process nothing is called. A name may be used once per run (the coordination service
+# is new at every start).
+#
+# Every wait is a poll of the store, not the service's barrier (`wait_at_barrier`): between
+# polls a process looks for an abort that another process published (`abort_others`: a
+# user error or a stop signal there), so a slice that one host leaves ends on every host
+# within a poll, with the same one line, instead of the others waiting out the barrier's
+# timeout and then failing with a traceback (and systemd restarting them, again and again).
 PREFIX = "tpu-pretrain"
 # Processes reach a chunk's agreement at most a checkpoint write or an evaluation apart.
 AGREE_TIMEOUT_S = 3600
 # The chief's export (gathering, writing, uploading the weights) while the others wait.
 EXPORT_TIMEOUT_S = 4 * 3600
+# How long a process that aborts waits for every other process to have read its abort
+# (each reads it at its next agreement: at most a chunk, bounded in seconds, away).
+ABORT_ACK_TIMEOUT_S = 60.0
+# The poll interval grows from the first to the last: a chunk's agreement, where every
+# process arrives within milliseconds, costs a few ms; a long wait costs 10 RPCs a second.
+POLL_FIRST_S, POLL_LAST_S = 0.002, 0.1
+ABORT = f"{PREFIX}/abort"
+ABORT_SEEN = f"{PREFIX}/abort-seen"
+# An abort's kind: the name of a UserError class of payload.errors, or SIGNAL_KIND.
+SIGNAL_KIND = "signal"
+
+
+class PeerAbortError(Exception):
+    """Marks an exception raised because another process aborted (nothing to re-publish)."""
 
 
 def _client():
@@ -81,23 +102,77 @@ def _client():
     return client
 
 
+def _entries(client: Any, directory: str) -> dict[int, str]:
+    return {int(key.rsplit("/", 1)[1]): value for key, value in client.key_value_dir_get(directory)}
+
+
+def _raise_if_aborted(client: Any) -> None:
+    """Raise, on this process, the abort another process published (the lowest index's)."""
+    me = jax.process_index()
+    others = {i: v for i, v in _entries(client, f"{ABORT}/").items() if i != me}
+    if not others:
+        return
+    index = min(others)
+    kind, _, message = others[index].partition("\n")
+    client.key_value_set(f"{ABORT_SEEN}/{me}", str(index), allow_overwrite=True)
+    if kind == SIGNAL_KIND:
+        signum, _, text = message.partition("\n")
+        training.log(f"train: process {index} of the slice {text}")
+        raise _PeerInterrupted(int(signum), f"process {index} of the slice {text}")
+    error_class = getattr(errors, kind, UserError)
+    if not (isinstance(error_class, type) and issubclass(error_class, UserError)):
+        error_class = UserError
+    exc = error_class(message)
+    exc.__cause__ = PeerAbortError(f"process {index}")
+    raise exc
+
+
+class _PeerInterrupted(training.TrainingInterrupted):
+    """Another process of the slice was stopped by a signal before training could agree on a
+    checkpoint: this one stops too, like the signal (exit 128 + signum)."""
+
+
+def _wait_for_all(client: Any, directory: str, timeout_s: float) -> dict[int, str]:
+    """Every process's entry under `directory`, polling (and watching for aborts) until all
+    are there; bounded by `timeout_s`."""
+    count = jax.process_count()
+    deadline = time.monotonic() + timeout_s
+    pause = POLL_FIRST_S
+    while True:
+        entries = _entries(client, directory)
+        if len(entries) >= count:
+            return entries
+        _raise_if_aborted(client)
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(count)) - set(entries))
+            raise RuntimeError(
+                f"{directory}: processes {missing} did not arrive within {timeout_s:.0f} s"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, POLL_LAST_S)
+
+
 def barrier(name: str, timeout_s: float = AGREE_TIMEOUT_S) -> None:
     """Every process waits here until all have arrived (bounded); nothing with one process."""
-    if jax.process_count() > 1:
-        _client().wait_at_barrier(f"{PREFIX}/{name}", int(timeout_s * 1000))
+    gather_strings(name, "", timeout_s=timeout_s)
 
 
 def gather_strings(name: str, mine: str, timeout_s: float = AGREE_TIMEOUT_S) -> list[str]:
-    """Every process's `mine`, by process index: each publishes its own, all meet at a
-    barrier, then all read the same complete set."""
+    """Every process's `mine`, by process index: each publishes its own, then all read the
+    same complete set (a process that aborts meanwhile ends the wait on every other)."""
     if jax.process_count() == 1:
         return [mine]
     client = _client()
     client.key_value_set(f"{PREFIX}/{name}/{jax.process_index()}", mine)
-    client.wait_at_barrier(f"{PREFIX}/{name}", int(timeout_s * 1000))
-    entries = client.key_value_dir_get(f"{PREFIX}/{name}/")
-    by_process = {int(key.rsplit("/", 1)[1]): value for key, value in entries}
+    by_process = _wait_for_all(client, f"{PREFIX}/{name}/", timeout_s)
     return [by_process[i] for i in range(jax.process_count())]
+
+
+def agree_on_minimum(name: str, mine: int | None) -> int | None:
+    """The smallest of every process's `mine` (None where a process has none; None if no
+    process has one): e.g. the device memory every host plans with."""
+    values = [int(v) for v in gather_strings(name, "" if mine is None else str(mine)) if v]
+    return min(values) if values else None
 
 
 def agree_on_signal(step: int, signum: int | None) -> int | None:
@@ -135,6 +210,44 @@ def agree_on_checks(name: str, check: Callable[[], None]) -> None:
         if kind == "bug":
             raise UserError(f"process {index} of the slice failed its {name} (see its log)")
         raise getattr(errors, kind, UserError)(message)
+
+
+def abort_others(exc: BaseException) -> None:
+    """This process is leaving with `exc` (a user error, or a stop signal outside the
+    training loop's agreement): publish it, so every other process raises the same one line
+    at its next agreement (`_raise_if_aborted`) instead of waiting for this one, then wait
+    (bounded) until each has read it or left itself: the coordination service lives in
+    process 0, and the others must read the abort before it is gone. Nothing with one
+    process, or for an exception that came from another process's abort."""
+    if jax.process_count() == 1 or _from_peer(exc):
+        return
+    if isinstance(exc, training.TrainingInterrupted):
+        entry = f"{SIGNAL_KIND}\n{int(exc.code or 0) - 128}\n{exc.message}"
+    elif isinstance(exc, UserError):
+        entry = f"{type(exc).__name__}\n{exc}"
+    else:
+        return
+    try:
+        client = _client()
+        me = jax.process_index()
+        client.key_value_set(f"{ABORT}/{me}", entry, allow_overwrite=True)
+        deadline = time.monotonic() + ABORT_ACK_TIMEOUT_S
+        others = set(range(jax.process_count())) - {me}
+        while time.monotonic() < deadline:
+            done = set(_entries(client, f"{ABORT_SEEN}/")) | set(_entries(client, f"{ABORT}/"))
+            if others <= done:
+                return
+            time.sleep(POLL_LAST_S)
+        training.log(
+            f"train: processes {sorted(others - done)} did not read this process's abort "
+            f"within {ABORT_ACK_TIMEOUT_S:.0f} s"
+        )
+    except Exception as failure:  # the service may be gone already: the exit goes on
+        training.log(f"train: could not tell the other processes ({failure})")
+
+
+def _from_peer(exc: BaseException) -> bool:
+    return isinstance(exc, _PeerInterrupted) or isinstance(exc.__cause__, PeerAbortError)
 
 
 def after_chief(name: str, is_chief: bool, work: Callable[[], None], *, timeout_s: float) -> None:

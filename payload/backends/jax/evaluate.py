@@ -1,6 +1,7 @@
 """The JAX backend's held-out evaluation (payload/evaluate.py: the set, the batch and the
 report): the same fixed set and masks as the TF backend (payload/backends/tf/evaluate.py),
-read once and kept on the host, summed by one compiled forward pass per batch.
+read once and kept on the host, summed by one compiled forward pass per batch, in
+micro-batches no larger than training's (train.grad_accum_steps), the sums kept on the devices.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from payload import evaluate as evaluate_lib
 from payload import storage
@@ -60,39 +63,26 @@ class Evaluator:
         # Read, masked and kept on the host once: the same batches at every evaluation.
         self.host_batches = [pipelines.next_host_batch(iterators) for _ in range(self.batches)]
         objective = job.data.objective
+        # Split like training: a device never holds more rows at once than it trains on
+        # (train.grad_accum_steps' micro-batch), so an evaluation fits wherever a step does.
+        train_rows = job.train.global_batch_size // (replicas * job.train.grad_accum_steps)
+        self.micro_batches = evaluate_lib.micro_batch_count(
+            self.global_batch // replicas, train_rows
+        )
+        count = self.micro_batches
 
-        @jax.jit
-        def sums(trainable: Any, non_trainable: Any, batch: dict[str, Any], index: Any) -> Any:
-            if objective == "rtd":
-                # The generator's samples of batch `index` are the same at every evaluation.
-                key = steps.sample_key(evaluate_lib.EVAL_MASK_SEED, index)
-                outputs, _ = model.stateless_call(
-                    trainable, non_trainable, steps.rtd_inputs(batch, key), training=False
-                )
-                return steps.rtd_terms(outputs, batch)
-            inputs, labels, weights = steps.model_inputs(objective, batch)
-            terms, _ = steps.lm_loss_terms(
-                model,
-                trainable,
-                non_trainable,
-                inputs,
-                labels=labels,
-                weights=weights,
-                training=False,
-            )
-            return terms
-
-        self._sums = sums
+        self._sums = make_eval_sums(model, objective, count)
         self.terms = len(steps.RTD_TERMS) if objective == "rtd" else 3
         self.writer = Scalars(storage.join(job.paths.logs, "eval"), enabled=rt.is_chief)
+        self._replicated = NamedSharding(rt.mesh, P())
 
     def evaluate(self, step: int, state: steps.TrainState) -> dict[str, float]:
         started = time.perf_counter()
-        totals = jnp.zeros([self.terms], jnp.float32)
+        totals = jax.device_put(np.zeros([self.terms], np.float32), self._replicated)
         for index, batch in enumerate(self.host_batches):
             arrays = self.pipelines.to_devices(batch, chunk=False)
-            totals = totals + self._sums(
-                state.trainable, state.non_trainable, arrays, np.int32(index)
+            totals = self._sums(
+                state.trainable, state.non_trainable, arrays, np.int32(index), totals
             )
         seconds = time.perf_counter() - started  # the first call includes compiling
         return evaluate_lib.report(
@@ -100,10 +90,60 @@ class Evaluator:
             self.status,
             self.writer,
             step,
-            np.asarray(totals),
+            np.asarray(jax.device_get(totals)),
             sequences=self.sequences,
             seconds=seconds,
         )
 
     def close(self) -> None:
         self.writer.close()
+
+
+def make_eval_sums(model: Any, objective: str, count: int) -> Any:
+    """A compiled (trainable, non_trainable, batch, index, totals) -> totals + the held-out
+    sums of batch `index`, one micro-batch of `count` at a time (a `lax.scan`: activations of
+    one micro-batch at a time); the totals stay on the devices between batches."""
+
+    def terms_of(trainable: Any, non_trainable: Any, batch: Any, key: Any) -> Any:
+        if objective == "rtd":
+            outputs, _ = model.stateless_call(
+                trainable, non_trainable, steps.rtd_inputs(batch, key), training=False
+            )
+            return steps.rtd_terms(outputs, batch)
+        inputs, labels, weights = steps.model_inputs(objective, batch)
+        terms, _ = steps.lm_loss_terms(
+            model, trainable, non_trainable, inputs, labels=labels, weights=weights, training=False
+        )
+        return terms
+
+    def sums(
+        trainable: Any, non_trainable: Any, batch: dict[str, Any], index: Any, totals: Any
+    ) -> Any:
+        # The generator's samples of batch `index` (and micro-batch i) are the same at every
+        # evaluation.
+        if count == 1:
+            key = steps.sample_key(evaluate_lib.EVAL_MASK_SEED, index)
+            return totals + terms_of(trainable, non_trainable, batch, key)
+
+        def body(carry: Any, indexed: tuple[Any, Any]) -> tuple[Any, None]:
+            i, micro = indexed
+            key = steps.sample_key(evaluate_lib.EVAL_MASK_SEED, index, i)
+            return carry + terms_of(trainable, non_trainable, micro, key), None
+
+        totals, _ = jax.lax.scan(
+            body, totals, (jnp.arange(count), split_micro_batches(batch, count))
+        )
+        return totals
+
+    return jax.jit(sums)
+
+
+def split_micro_batches(batch: dict[str, Any], count: int) -> dict[str, Any]:
+    """[B, ...] -> [count, B / count, ...]; rows i, i + count, i + 2 count, ... form
+    micro-batch i, so every device keeps its own rows (steps.make_train_chunk's rule)."""
+
+    def split(x: Any) -> Any:
+        parts = x.reshape(x.shape[0] // count, count, *x.shape[1:])
+        return jnp.swapaxes(parts, 0, 1)
+
+    return {name: split(x) for name, x in batch.items()}

@@ -8,6 +8,8 @@ error, not a CPU run.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +19,7 @@ from jax.sharding import Mesh
 
 from payload import hosts
 from payload.backends.jax import attention as attention_lib
+from payload.backends.jax import distributed
 from payload.backends.jax import mesh as mesh_lib
 from payload.errors import SpecError
 
@@ -24,6 +27,18 @@ BACKEND = "jax"
 # Optimizer steps per compiled call: on a TPU a host round trip costs more than a small
 # step (the TF backend's steps_per_execution); on CPU/GPU 8 (bench/bench_jax_steps.py).
 STEPS_PER_CALL = {"tpu": 64, "gpu": 8, "cpu": 8}
+# A chunk also ends once it holds this many seconds of measured steps: a stop signal is
+# acted on at the end of the chunk after the one running when it arrived (the next is
+# dispatched before the host agrees on stopping), and Compute Engine's preemption notice
+# leaves about 30 s for that and the checkpoint (docs/preemption.md). None on the CPU: the
+# tests' chunks must not depend on the machine's speed (CHUNK_SECONDS_ENV sets one there).
+CHUNK_SECONDS: dict[str, float | None] = {"tpu": 5.0, "gpu": 5.0, "cpu": None}
+CHUNK_SECONDS_ENV = "TPU_PAYLOAD_CHUNK_SECONDS"
+# A test hook, nothing else: the bytes of memory this process's devices report. CPU devices
+# report none (memory_stats() is None), so the tests give each process of a two-process
+# "slice" its own figure to show that every process plans the same mesh
+# (tests/payload/test_jax_slice.py).
+MEMORY_ENV = "TPU_PAYLOAD_TEST_DEVICE_MEMORY"
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,7 @@ class Runtime:
     accelerator: str  # tpu | gpu | cpu
     policy: str  # Keras dtype policy: float32 | mixed_bfloat16
     steps_per_execution: int
+    chunk_seconds: float | None
     mesh: Mesh
     mesh_plan: mesh_lib.MeshPlan
     process_index: int
@@ -58,6 +74,7 @@ class Runtime:
             "policy": self.policy,
             "jit_compile": True,
             "steps_per_execution": self.steps_per_execution,
+            "chunk_seconds": self.chunk_seconds,
             "devices": f"{len(local)} x {local[0].device_kind}" if local else "none",
             "mesh": self.mesh_plan.describe(),
             "sharding_reason": self.mesh_plan.reason,
@@ -80,21 +97,63 @@ def runtime(precision: str, sharding: str = "auto", parameters: int = 0) -> Runt
     bf16_gpu = gpu is not None and gpu.policy == "mixed_bfloat16"
     auto_bf16 = kind == "tpu" or (kind == "gpu" and bf16_gpu)
     bf16 = precision == "bf16" or (precision == "auto" and auto_bf16)
-    mesh_plan = mesh_lib.plan(
-        sharding,
-        parameters=parameters,
-        devices=len(devices),
-        memory=mesh_lib.device_memory(devices[0]),
-    )
+    memory, memory_source = planning_memory()
+    mesh_plan = mesh_lib.plan(sharding, parameters=parameters, devices=len(devices), memory=memory)
+    if memory_source:
+        mesh_plan = dataclasses.replace(mesh_plan, reason=f"{mesh_plan.reason} ({memory_source})")
+    check_same_mesh(mesh_plan)
     return Runtime(
         accelerator=kind,
         policy="mixed_bfloat16" if bf16 else "float32",
         steps_per_execution=STEPS_PER_CALL[kind],
+        chunk_seconds=_chunk_seconds(kind),
         mesh=mesh_lib.build_mesh(mesh_plan, devices),
         mesh_plan=mesh_plan,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
+
+
+def planning_memory() -> tuple[int | None, str]:
+    """(the device memory every process plans the mesh with, where it comes from): this
+    process's own first device (`jax.local_devices()`: `memory_stats()` works only on an
+    addressable device, and global device 0 belongs to process 0 alone), the smallest over
+    every process of the slice, so that every host plans the same mesh and compiles the same
+    program."""
+    local = jax.local_devices()
+    injected = os.environ.get(MEMORY_ENV, "")
+    mine = int(injected) if injected else mesh_lib.device_memory(local[0]) if local else None
+    if jax.process_count() == 1:
+        return mine, ""
+    agreed = distributed.agree_on_minimum("device-memory", mine)
+    return agreed, f"the smallest of {jax.process_count()} processes' device memory"
+
+
+def check_same_mesh(mesh_plan: mesh_lib.MeshPlan) -> None:
+    """Every process plans the same mesh, or every process stops with the same one line (a
+    host that plans another mesh compiles another program, and the first collective hangs:
+    e.g. a host running another payload version)."""
+    mine = json.dumps(mesh_plan.describe(), sort_keys=True)
+    plans = distributed.gather_strings("mesh-plan", mine)
+    if len(set(plans)) > 1:
+        listed = "; ".join(f"process {i}: {p}" for i, p in enumerate(plans))
+        raise SpecError(
+            f"the processes of this slice planned different meshes ({listed}); every host "
+            "must run the same payload and job"
+        )
+
+
+def _chunk_seconds(kind: str) -> float | None:
+    raw = os.environ.get(CHUNK_SECONDS_ENV, "")
+    if not raw:
+        return CHUNK_SECONDS[kind]
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise SpecError(f"{CHUNK_SECONDS_ENV}: {raw!r} must be a positive number of seconds")
+    return value
 
 
 def checked_devices() -> list[Any]:

@@ -59,14 +59,14 @@ from payload import storage, training  # noqa: E402
 from payload.backends.jax import attention as attention_lib  # noqa: E402
 from payload.backends.jax import batches as batches_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
-from payload.backends.jax import distributed, hf_weights, models, steps  # noqa: E402
+from payload.backends.jax import compile_cache, distributed, hf_weights, models, steps  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.backends.jax.batches import Pipelines  # noqa: E402
 from payload.backends.jax.evaluate import Evaluator  # noqa: E402
 from payload.backends.jax.runtime import Runtime  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
-from payload.errors import SpecError  # noqa: E402
+from payload.errors import SpecError, UserError  # noqa: E402
 from payload.status import StatusWriter  # noqa: E402
 
 if TYPE_CHECKING:
@@ -75,6 +75,10 @@ if TYPE_CHECKING:
 
 BACKEND = runtime_lib.BACKEND
 EXPORT_MARKER = training.EXPORT_MARKER
+# JAX's persistent compilation cache, in the job's output (gs:// on a VM): a restart after a
+# preemption loads the train and evaluation programs instead of compiling them again
+# (compile_cache.py). `--force` keeps it: the programs of the same job are still valid.
+COMPILATION_CACHE = "compilation-cache"
 is_complete = training.is_complete
 
 
@@ -82,8 +86,29 @@ def train(
     job: JobSpec, status: StatusWriter, *, input_pipelines: int | None = None
 ) -> dict[str, Any]:
     """Train (or resume) and export on the JAX backend; on a slice every host runs this same
-    program. `input_pipelines`: see batches.Pipelines (default: one per process)."""
-    status = _join(status)
+    program. `input_pipelines`: see batches.Pipelines (default: one per process).
+
+    From the moment this process joins the slice, SIGTERM stops it at once outside the
+    training loop (training.stop_at_once_on_sigterm; JAX's preemption service would swallow
+    it), and a user error or a stop on any one process ends every process with the same one
+    line (distributed.abort_others): no host is left waiting, restarting and failing again."""
+    distributed.initialize_from_env()
+    training.stop_at_once_on_sigterm()
+    try:
+        status = _join(status)
+        cache = compile_cache.enable(storage.join(job.output, COMPILATION_CACHE))
+        return _train(job, status, input_pipelines, cache)
+    except (UserError, training.TrainingInterrupted) as exc:
+        distributed.abort_others(exc)
+        raise
+
+
+def _train(
+    job: JobSpec,
+    status: StatusWriter,
+    input_pipelines: int | None,
+    cache: tuple[str, compile_cache.CacheCounts],
+) -> dict[str, Any]:
     status.update(stage="train", message="verifying data")
     spec = job.train
     manifest = _loaded_manifest(job)
@@ -142,6 +167,12 @@ def train(
         if evaluator is not None:
             evaluator.close()
 
+    directory, counts = cache
+    training.log(
+        f"train: compilation cache {directory}: {counts.describe()['loaded']} programs loaded, "
+        f"{counts.describe()['compiled']} compiled (JAX's persistent cache; "
+        f"{counts.describe()['saved_s']} s of compiling saved)"
+    )
     # Every process: the weights the export writes, gathered one at a time (with sharded
     # state a gather is a collective every process joins before the chief writes).
     weights = _gathered_weights(model, state)
@@ -152,7 +183,6 @@ def train(
 def _join(status: StatusWriter) -> StatusWriter:
     """Join the slice's other processes (if any) and check this one's place: the status
     this process writes (only process 0 writes status.json)."""
-    distributed.initialize_from_env()
     runtime_lib.checked_devices()  # a missing TPU is one line before anything else
     process, processes = jax.process_index(), jax.process_count()
     worker = os.environ.get(training.WORKER_ENV, "")
@@ -350,6 +380,33 @@ def _restore_target(live: Any, rt: Runtime) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(live.shape, live.dtype, sharding=sharding)
 
 
+class ChunkTimer:
+    """How many steps the next chunk may hold so that it lasts about `chunk_seconds` (None:
+    no bound in seconds): the latest chunk's measured seconds per step, taken between the
+    ends of two consecutive chunks (the devices run chunks back to back). The first chunk
+    (compiling) and a chunk after a pause (checkpoint, evaluation) set only the clock."""
+
+    def __init__(self, chunk_seconds: float | None):
+        self.chunk_seconds = chunk_seconds
+        self.step_seconds: float | None = None
+        self._last: float | None = None
+
+    def chunk_done(self, n: int) -> None:
+        now = time.perf_counter()
+        if self._last is not None and n > 0:
+            self.step_seconds = (now - self._last) / n
+        self._last = now
+
+    def pause(self) -> None:
+        self._last = None
+
+    def steps_per_chunk(self, steps_per_execution: int) -> int:
+        if self.chunk_seconds is None or not self.step_seconds:
+            return steps_per_execution
+        fit = int(self.chunk_seconds // self.step_seconds)
+        return max(1, min(steps_per_execution, fit))
+
+
 class _TrainLoop:
     def __init__(
         self,
@@ -424,6 +481,15 @@ class _TrainLoop:
         norms = np.asarray(host["grad_norm"])[:n].tolist()
         meter.record_steps(start, losses.tolist(), accuracies, norms, log_every=self.spec.log_every)
 
+    def _stopped(
+        self, signum: int, step: int, status: StatusWriter
+    ) -> training.TrainingInterrupted:
+        """Preemption/shutdown: this step's checkpoint is being written; once it is, on every
+        process, exit like the signal."""
+        self.store.wait()
+        distributed.barrier(f"stopped/{step}")
+        return training.interrupted(signum, step, self.last_checkpoint or "(process 0's)", status)
+
     def run(
         self, state: steps.TrainState, status: StatusWriter, start_step: int
     ) -> tuple[steps.TrainState, dict[str, Any]]:
@@ -444,12 +510,14 @@ class _TrainLoop:
         eval_every = spec.eval_every if self.evaluator is not None else 0
         batches = self.batches(start_step)
 
+        timer = ChunkTimer(self.rt.chunk_seconds)
+
         def chunk_after(step: int) -> int:
             # log_every 0: log boundaries do not cut chunks (Meter.record_steps).
             return training.chunk_length(
                 step,
                 spec.steps,
-                self.rt.steps_per_execution,
+                timer.steps_per_chunk(self.rt.steps_per_execution),
                 0,
                 spec.checkpoint_every,
                 eval_every=eval_every,
@@ -462,6 +530,7 @@ class _TrainLoop:
 
         def report(start: int, n: int, metrics: dict[str, Any]) -> None:
             self._report(meter, start, n, metrics)
+            timer.chunk_done(n)
             bar.update(n)
             bar.set_postfix(loss=f"{meter.loss:.4f}")
 
@@ -493,16 +562,11 @@ class _TrainLoop:
                 if checkpoint_now or signum is not None:
                     self.save(state, step)
                 if signum is not None:
-                    # Preemption/shutdown: keep this step's work, then exit like the signal,
-                    # every process once the checkpoint is written.
-                    self.store.wait()
-                    distributed.barrier(f"stopped/{step}")
-                    raise training.interrupted(
-                        signum, step, self.last_checkpoint or "(process 0's)", status
-                    )
+                    raise self._stopped(signum, step, status)
                 if evaluate_now and self.evaluator is not None:
                     self.evaluator.evaluate(step, state)
                     meter.exclude_pause()
+                timer.pause()  # a checkpoint or an evaluation is not step time
         finally:
             stop.restore()
             bar.close()

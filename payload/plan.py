@@ -457,7 +457,7 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
     predictions = data.max_predictions if data.objective == "mlm" else data.seq_length
     split = acc.chips * train.grad_accum_steps
     if train.global_batch_size % split:
-        # What the JAX trainer refuses (backends/jax/train.py check_global_batch).
+        # What the JAX trainer refuses (backends/jax/runtime.py check_global_batch).
         raise SpecError(
             f"train.global_batch_size: {train.global_batch_size} does not split into "
             f"train.grad_accum_steps: {train.grad_accum_steps} micro-batches over the "
@@ -699,6 +699,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="plan the job once per model.size preset of this comma-separated list, on each "
         "of a comma-separated --accelerator list, and print one Markdown table (the docs')",
     )
+    parser.add_argument(
+        "--stop-cost",
+        action="store_true",
+        help="with --sizes: print what a stop by SIGTERM costs instead (docs/preemption.md)",
+    )
 
 
 def _load(path: str) -> Any:
@@ -737,7 +742,12 @@ def _table(args: argparse.Namespace) -> int:
     for size in args.sizes.split(","):
         sized = replace(job, model=replace(job.model, size=size))
         plans += [plan_job(sized, acc, mfu=args.mfu) for acc in accelerators]
-    sys.stdout.write(markdown(plans))
+    if getattr(args, "stop_cost", False):
+        from payload import stop_cost  # noqa: PLC0415
+
+        sys.stdout.write(stop_cost.markdown(plans))
+    else:
+        sys.stdout.write(markdown(plans))
     return 0
 
 

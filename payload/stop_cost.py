@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# runtime.CHUNK_SECONDS on TPUs and GPUs (kept equal by tests/payload/test_jax_slice.py).
+# runtime.CHUNK_SECONDS on TPUs and GPUs (kept equal by tests/payload/test_plan.py).
 CHUNK_SECONDS = 5.0
 # runtime.STEPS_PER_CALL: the most steps a chunk holds.
 STEPS_PER_CALL = {"tpu": 64, "gpu": 8}

@@ -255,3 +255,42 @@ def test_remat_is_offered_only_where_it_exists() -> None:
     would = p.refusal.split("would fit: ")[1]
     assert "remat" not in would and "train.sharding" not in would  # one GPU: no FSDP either
     assert "train.grad_accum_steps" in would
+
+
+def test_docs_stop_cost_table_is_the_commands_output() -> None:
+    """docs/preemption.md's stop-cost table is what the command prints today."""
+    result = run_cli(
+        "--job",
+        "examples/llama-plan.yaml",
+        "--accelerator",
+        "v5litepod-8,v5litepod-16,v4-32,v6e-8,nvidia-h100-80gbx8",
+        "--sizes",
+        "125m,350m,1b,3b",
+        "--stop-cost",
+    )
+    assert result.returncode == 0, result.stderr
+    docs = (ROOT / "docs" / "preemption.md").read_text()
+    begin, end = "<!-- stop-cost:begin -->\n", "<!-- stop-cost:end -->"
+    assert docs[docs.index(begin) + len(begin) : docs.index(end)] == result.stdout
+    assert "| 3b | v5litepod-8 | 1 |" in result.stdout and "no: back to the last" in result.stdout
+
+
+def test_stop_cost_uses_the_trainers_chunk_rules() -> None:
+    """stop_cost.py restates two rules of backends/jax/runtime.py (which imports JAX, and the
+    plan must not): the same values."""
+    import ast
+
+    from payload import stop_cost
+
+    tree = ast.parse((ROOT / "payload" / "backends" / "jax" / "runtime.py").read_text())
+    values = {
+        target.id: ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for target in ([node.target] if isinstance(node, ast.AnnAssign) else node.targets)
+        if isinstance(target, ast.Name) and target.id in ("CHUNK_SECONDS", "STEPS_PER_CALL")
+    }
+    assert values["CHUNK_SECONDS"]["tpu"] == values["CHUNK_SECONDS"]["gpu"]
+    assert values["CHUNK_SECONDS"]["tpu"] == stop_cost.CHUNK_SECONDS
+    for kind, steps in stop_cost.STEPS_PER_CALL.items():
+        assert values["STEPS_PER_CALL"][kind] == steps

@@ -651,6 +651,11 @@ def format_plan(plan: Plan) -> str:
         "",
         f"micro-batch per chip {plan.layouts[0].per_chip_batch} sequence(s); model FLOPs per "
         f"token {plan.flops_per_token / 1e9:.2f} GFLOP (MaxText's 6N + attention)",
+        # backends/jax/evaluate.py: the held-out batches run in micro-batches of at most the
+        # training micro-batch's rows per chip, forward only (no gradients, no kept
+        # activations for a backward pass): within the training step's memory.
+        f"evaluation: at most {plan.layouts[0].per_chip_batch} sequence(s) per chip at once, "
+        "forward only (within the training step's memory)",
         f"{plan.steps:,} steps x {plan.global_batch_size} x {plan.seq_length} tokens = "
         f"{plan.steps * plan.global_batch_size * plan.seq_length / 1e9:.2f}B tokens: "
         f"{plan.hours:.1f} hours at {plan.mfu:.0%} MFU",

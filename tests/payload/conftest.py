@@ -26,7 +26,10 @@ EMULATOR_START_TIMEOUT_S = 120.0  # a hang guard: the server answers within a se
 # files to its workers in collection order (pytest-xdist --dist loadfile), and long files
 # started last leave one core idle at the end. Order only; every test still runs.
 LONGEST_FIRST = (
+    "test_jax_attention.py",
+    "test_jax_slice.py",
     "test_plan_memory.py",
+    "test_reproducible.py",
     "test_jax_hosts.py",
     "test_resume.py",
     "test_jax_sharding.py",

@@ -219,7 +219,12 @@ def abort_others(exc: BaseException) -> None:
     (bounded) until each has read it or left itself: the coordination service lives in
     process 0, and the others must read the abort before it is gone. Nothing with one
     process, or for an exception that came from another process's abort."""
-    if jax.process_count() == 1 or _from_peer(exc):
+    # jax.distributed's own state, not jax.process_count(): that initialises the backend,
+    # which may be what failed (a TPU VM whose JAX finds no TPU).
+    from jax._src import distributed as jax_distributed  # noqa: PLC0415
+
+    state = jax_distributed.global_state
+    if state.client is None or state.num_processes <= 1 or _from_peer(exc):
         return
     if isinstance(exc, training.TrainingInterrupted):
         entry = f"{SIGNAL_KIND}\n{int(exc.code or 0) - 128}\n{exc.message}"
@@ -228,11 +233,11 @@ def abort_others(exc: BaseException) -> None:
     else:
         return
     try:
-        client = _client()
-        me = jax.process_index()
+        client = state.client
+        me = state.process_id
         client.key_value_set(f"{ABORT}/{me}", entry, allow_overwrite=True)
         deadline = time.monotonic() + ABORT_ACK_TIMEOUT_S
-        others = set(range(jax.process_count())) - {me}
+        others = set(range(state.num_processes)) - {me}
         while time.monotonic() < deadline:
             done = set(_entries(client, f"{ABORT_SEEN}/")) | set(_entries(client, f"{ABORT}/"))
             if others <= done:

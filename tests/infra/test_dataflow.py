@@ -41,6 +41,7 @@ def _job_spec(run) -> dict:
         r
         for r in of_type(run.resources, JOB_OBJECT)
         if r.inputs.get("contentType") == "application/json"
+        and r.inputs["name"] != render.POINTER_OBJECT  # the job pointer (StartupDelivery)
     ]
     return json.loads(job.inputs["content"])
 

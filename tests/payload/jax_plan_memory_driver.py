@@ -18,6 +18,7 @@ import jax  # noqa: E402
 import keras  # noqa: E402
 
 from payload import model as model_lib  # noqa: E402
+from payload.backends.jax import attention as attention_lib  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import models, steps  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
@@ -32,7 +33,12 @@ def measure(case: dict) -> dict:
     )
     keras.config.set_dtype_policy("float32")  # what the trainer runs on CPU
     with mesh_lib.sharded_distribution(mesh, "llama").scope():
-        model = models.create_model("llama", config, case["seq"], remat=case["remat"])
+        # The trainer's model: its attention carries the mesh, to which every block
+        # boundary holds the activations' rows (mesh.keep_rows).
+        attention = attention_lib.Attention("reference", "plan memory", mesh)
+        model = models.create_model(
+            "llama", config, case["seq"], remat=case["remat"], attention=attention
+        )
         optimizer = create_optimizer(TrainSpec(steps=10))
         optimizer.build(model.trainable_variables)
     state = steps.TrainState.of(model, optimizer)

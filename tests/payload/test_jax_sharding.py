@@ -37,6 +37,7 @@ from payload import export as export_lib
 from payload.backends.jax import mesh as mesh_lib
 
 DRIVER = Path(__file__).with_name("jax_sharding_driver.py")
+COLLECTIVES_DRIVER = Path(__file__).with_name("jax_collectives_driver.py")
 EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 TOLERANCE = 1e-5
 GIB = 2**30
@@ -95,9 +96,10 @@ def test_plan_picks_the_mesh() -> None:
     assert mesh_lib.state_bytes(large) / GIB == pytest.approx(14.9, abs=0.05)
 
 
-def test_variables_are_created_sharded_and_counted() -> None:
+def _driver_reports(driver: Path) -> list[dict]:
+    """The JSON lines a driver prints, run on 8 virtual CPU devices in a fresh process."""
     result = subprocess.run(
-        [sys.executable, str(DRIVER)],
+        [sys.executable, str(driver)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -105,7 +107,11 @@ def test_variables_are_created_sharded_and_counted() -> None:
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **EIGHT},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+def test_variables_are_created_sharded_and_counted() -> None:
+    reports = _driver_reports(DRIVER)
     assert [r["family"] for r in reports] == ["bert", "roberta", "gpt2", "llama", "electra"]
     for report in reports:
         # The plan's parameter count is the built model's, exactly.
@@ -134,6 +140,40 @@ def test_variables_are_created_sharded_and_counted() -> None:
         per_device = sum(v["device_bytes"] for v in variables)
         total = sum(v["bytes"] for v in variables)
         assert per_device < total / 5, (report["family"], per_device, total)
+
+
+def test_fsdp_gathers_weights_not_activations() -> None:
+    """FSDP as it is meant (MaxText's activation_batch rule): the compiled training chunk
+    gathers weights and reduces gradients, while activations keep their rows on their
+    devices (mesh.keep_rows at every block boundary and on the head's logits). Without those
+    constraints XLA followed the hidden-split weights and all-gathered and all-reduced the
+    whole batch's activations in every layer (27 such collectives for this 2-layer Llama on
+    1 x 8; every MLM step gathered the masked positions' features)."""
+    reports = _driver_reports(COLLECTIVES_DRIVER)
+    assert [(r["family"], r["mesh"]) for r in reports] == [
+        ("llama", [1, 8]), ("llama", [2, 4]), ("bert", [1, 8])
+    ]  # fmt: skip
+    for report in reports:
+        weights = {tuple(shape) for shape in report["weights"]}
+        ops = report["collectives"]
+        case = (report["family"], report["mesh"])
+        # The weights are gathered: every float all-gather yields a whole weight matrix.
+        floats = [(op, tuple(a[1])) for op, arrays in ops for a in arrays if a[0][0] in "fb"]
+        gathers = [shape for op, shape in floats if op == "all-gather"]
+        matrices = {s for s in weights if len(s) == 2}
+        assert sum(s in matrices for s in gathers) >= len(matrices), (case, gathers)
+        # No activation crosses devices: a float array of rank >= 3 led by the batch's rows
+        # (all of them, or a data shard's), bar one: Llama's embedding lookup on a data x
+        # fsdp mesh (the table is split on its hidden axis, so its rows are computed split
+        # that way before the first constraint).
+        rows = {report["batch"], report["batch"] // report["mesh"][0]}
+        moved = [(op, shape) for op, shape in floats if len(shape) >= 3 and shape[0] in rows]
+        allowed = 1 if case == ("llama", [2, 4]) else 0
+        assert len(moved) <= allowed, (case, moved)
+        # The collectives overall: nothing but gathers and reductions, plus the embedding's
+        # reshard (all-to-all) into the batch layout.
+        assert {op for op, _ in ops} <= {"all-gather", "all-reduce", "reduce-scatter", "all-to-all"}
+        assert sum(op == "all-to-all" for op, _ in ops) <= 2, case
 
 
 def _job(tmp_path: Path, sharding: str) -> tuple[Path, dict]:

@@ -42,6 +42,7 @@ output, so no chip holds a replicated copy first.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -208,6 +209,48 @@ def sharded_distribution(mesh: Mesh, family: str | None = None) -> Any:
             return dataset  # each process feeds its own shard files (payload/data.py)
 
     return Sharded()
+
+
+def keep_rows(x: Any, mesh: Mesh | None) -> Any:
+    """`x` [B, ...] (an activation) constrained to the batch's layout: its rows split over both
+    axes, every other dimension whole. Applied at every block boundary (models.py): without it
+    XLA's partitioner follows the FSDP-split weights and shards activations along the hidden
+    size, then all-gathers and all-reduces whole-batch activations in every layer (the
+    collectives `collectives` lists; tests/payload/test_jax_sharding.py reads them from the
+    compiled step) where FSDP means gathering weights only. MaxText constrains its
+    activations the same way (`activation_batch` -> data, fsdp). A no-op off a mesh, on one
+    device, and for a batch the axes do not divide (Keras' symbolic build with one row)."""
+    if mesh is None or mesh.size == 1 or not getattr(x, "ndim", 0):
+        return x
+    if int(x.shape[0]) % mesh.size:
+        return x
+    spec = P(BATCH, *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+# The collectives of a compiled program's HLO text, by op and result shapes: `all-gather`,
+# `all-reduce`, `reduce-scatter`, `all-to-all`, `collective-permute` (and their async -start
+# forms). The HLO of `compiled.as_text()`: `%name = f32[16,64]{1,0} all-gather(...)`, a tuple
+# `(f32[..], ..)` for a combined op.
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+_COLLECTIVE = re.compile(r" = (.*?) (" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_ARRAY = re.compile(r"([a-z]\w*)\[([\d,]*)\]")
+
+
+def collectives(hlo_text: str) -> list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]]:
+    """[(op, ((dtype, shape), ...)), ...]: every collective instruction of `hlo_text` with the
+    arrays it produces, in program order (what a compiled step communicates)."""
+    found = []
+    for line in hlo_text.splitlines():
+        match = _COLLECTIVE.search(line)
+        if match is None:
+            continue
+        arrays = tuple(
+            (dtype, tuple(int(d) for d in dims.split(",") if d))
+            for dtype, dims in _ARRAY.findall(match.group(1))
+        )
+        found.append((match.group(2), arrays))
+    return found
 
 
 def per_device_state_bytes(shapes: Sequence[Sequence[int]], mesh_plan: MeshPlan) -> int:

@@ -50,6 +50,7 @@ import numpy as np
 from keras import layers, ops
 
 from payload.backends.jax import attention as attention_lib
+from payload.backends.jax import mesh as mesh_lib
 
 
 def _gelu_exact(x: Any) -> Any:
@@ -172,6 +173,16 @@ class EncoderBlock(layers.Layer):
         return self.output_norm(x + self.dropout(inner, training=training))
 
 
+def through(blocks: list[Any], x: Any, mesh: Any, run: Any) -> Any:
+    """`x` through `blocks` in order (`run(block, x)` -> x), its rows kept on the batch axes
+    at every block boundary (mesh.keep_rows: on an FSDP mesh only the weights are gathered,
+    never the activations)."""
+    x = mesh_lib.keep_rows(x, mesh)
+    for block in blocks:
+        x = mesh_lib.keep_rows(run(block, x), mesh)
+    return x
+
+
 class MaskedLM(keras.Model):
     """BertForMaskedLM / RobertaForMaskedLM. `call` returns logits [B, S, V]; `hidden` and
     `head` let training apply the head at the masked positions only."""
@@ -199,6 +210,7 @@ class MaskedLM(keras.Model):
         self.head_norm = layers.LayerNormalization(epsilon=eps, name="head_norm")
         self.activation = ACTIVATIONS[config.hidden_act]
         self.pad_id = int(config.pad_token_id) if config.pad_token_id is not None else 1
+        self.mesh = attention.mesh
 
     def build(self, input_shape: Any) -> None:
         self.head_bias = self.add_weight(
@@ -218,9 +230,9 @@ class MaskedLM(keras.Model):
         x = self.word_embeddings(input_ids) + self.position_embeddings(self._positions(input_ids))
         x = x + self.token_type_embeddings(ops.zeros_like(input_ids))
         x = self.dropout(self.embedding_norm(x), training=training)
-        for block in self.blocks:
-            x = block(x, attention_mask, training=training)
-        return x
+        return through(
+            self.blocks, x, self.mesh, lambda b, h: b(h, attention_mask, training=training)
+        )
 
     def head_inputs(self, hidden: Any) -> HeadInputs:
         """The head's transform (dense, activation, LayerNorm), the tied decoder and its bias."""
@@ -240,9 +252,8 @@ class MaskedLM(keras.Model):
         `head_inputs`: the HeadInputs of those logits instead of the logits."""
         hidden = self.hidden(inputs["input_ids"], inputs["attention_mask"], training)
         if "masked_lm_positions" in inputs:
-            hidden = ops.take_along_axis(
-                hidden, ops.expand_dims(inputs["masked_lm_positions"], -1), axis=1
-            )
+            positions = ops.expand_dims(inputs["masked_lm_positions"], -1)
+            hidden = mesh_lib.keep_rows(ops.take_along_axis(hidden, positions, axis=1), self.mesh)
         return self.head_inputs(hidden) if head_inputs else self.head(hidden)
 
 
@@ -307,6 +318,7 @@ class CausalLM(keras.Model):
             DecoderBlock(config, attention, name=f"h_{i}") for i in range(config.n_layer)
         ]
         self.ln_f = layers.LayerNormalization(epsilon=float(config.layer_norm_epsilon), name="ln_f")
+        self.mesh = attention.mesh
 
     def call(
         self, inputs: dict[str, Any], training: bool = False, head_inputs: bool = False
@@ -318,8 +330,7 @@ class CausalLM(keras.Model):
         x = self.dropout(x, training=training)
         if self.document_mask:
             attention_mask = document_ids(input_ids, attention_mask, self.config.bos_token_id)
-        for block in self.blocks:
-            x = block(x, attention_mask, training=training)
+        x = through(self.blocks, x, self.mesh, lambda b, h: b(h, attention_mask, training=training))
         x = self.ln_f(x)
         kernel = ops.transpose(ops.cast(self.wte.embeddings, x.dtype))
         return HeadInputs(x, kernel, None) if head_inputs else ops.matmul(x, kernel)
@@ -466,6 +477,7 @@ class LlamaCausalLM(keras.Model):
         )
         self.head_size = width // int(config.num_attention_heads)
         self.theta = rope_theta(config)
+        self.mesh = attention.mesh
 
     def _run_block(self, block: LlamaBlock, x: Any, mask: Any, cos: Any, sin: Any) -> Any:
         if self.remat == "none":
@@ -485,8 +497,8 @@ class LlamaCausalLM(keras.Model):
         cos, sin = rotary_tables(length, self.head_size, self.theta, x.dtype)
         if self.document_mask:
             attention_mask = document_ids(input_ids, attention_mask, self.config.bos_token_id)
-        for block in self.blocks:
-            x = self._run_block(block, x, attention_mask, cos, sin)
+        run = self._run_block
+        x = through(self.blocks, x, self.mesh, lambda b, h: run(b, h, attention_mask, cos, sin))
         x = self.norm(x)
         if self.lm_head is None:
             kernel = ops.transpose(ops.cast(self.embed_tokens.embeddings, x.dtype))
@@ -560,6 +572,7 @@ class Electra(keras.Model):
         self.generator_dense = _dense(width, config, "generator_dense")
         self.generator_norm = layers.LayerNormalization(epsilon=eps, name="generator_norm")
         self.temperature = float(model_lib.ELECTRA_TEMPERATURE)
+        self.mesh = attention.mesh
 
     def build(self, input_shape: Any) -> None:
         self.generator_bias = self.add_weight(
@@ -576,9 +589,8 @@ class Electra(keras.Model):
         project = getattr(self, f"{network}_project")
         if project is not None:
             x = project(x)
-        for block in getattr(self, f"{network}_blocks"):
-            x = block(x, attention_mask, training=training)
-        return x
+        blocks = getattr(self, f"{network}_blocks")
+        return through(blocks, x, self.mesh, lambda b, h: b(h, attention_mask, training=training))
 
     def discriminator_logits(self, input_ids: Any, attention_mask: Any, training: bool) -> Any:
         """[B, S]: ElectraForPreTraining's logits (> 0: replaced)."""
@@ -609,6 +621,7 @@ class Electra(keras.Model):
         used = inputs["masked_lm_weights"] > 0
         hidden = self._encode(input_ids, attention_mask, "generator", training)
         hidden = ops.take_along_axis(hidden, ops.expand_dims(positions, -1), axis=1)
+        hidden = mesh_lib.keep_rows(hidden, self.mesh)
         generator_logits = self.generator_head(hidden)
         key = jax.random.wrap_key_data(inputs["sample_key"])
         logits32 = ops.cast(generator_logits, "float32") / self.temperature

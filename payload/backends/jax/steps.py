@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import keras
 
 from payload import model as model_lib
+from payload.backends.jax import mesh as mesh_lib
 
 
 @dataclass
@@ -74,6 +75,7 @@ def chunked_loss_terms(
     weights: Any,
     *,
     budget: int = model_lib.LOSS_CHUNK_BYTES,
+    mesh: Any = None,
 ) -> Any:
     """loss_terms of the logits features @ kernel (+ bias), as [3] float32 sums, without the
     logits of the whole batch: the positions are cut into chunks (payload/model.py
@@ -87,7 +89,9 @@ def chunked_loss_terms(
 
     features [B, S, H], kernel [H, V], bias [V] or None, labels [B, S], weights [B, S]. The
     chunks run along S, every chunk holding all B rows: the rows stay split over the
-    devices as the batch is (mesh.batch_sharding), so a chunk needs no resharding."""
+    devices as the batch is (mesh.batch_sharding), so a chunk needs no resharding. On
+    `mesh`, a chunk's logits are held to those rows (mesh.keep_rows): the head's kernel is
+    gathered (FSDP), not the features of the whole batch."""
     rows, length = labels.shape
     per_device = max(1, rows // jax.device_count())  # the trainer splits B over every device
     size = model_lib.loss_chunk_length(per_device, length, kernel.shape[-1], budget)
@@ -96,6 +100,7 @@ def chunked_loss_terms(
     @jax.checkpoint
     def terms(x: Any, y: Any, w: Any) -> Any:
         logits = jnp.einsum("bsh,hv->bsv", x, kernel, preferred_element_type=jnp.float32)
+        logits = mesh_lib.keep_rows(logits, mesh)
         if bias is not None:
             logits = logits + bias.astype(jnp.float32)
         target = jnp.take_along_axis(logits, y[..., None].astype(jnp.int32), axis=-1)[..., 0]
@@ -134,7 +139,8 @@ def lm_loss_terms(
     head, non_trainable = model.stateless_call(
         trainable, non_trainable, inputs, training=training, head_inputs=True
     )
-    terms = chunked_loss_terms(head.features, head.kernel, head.bias, labels, weights)
+    mesh = getattr(model, "mesh", None)
+    terms = chunked_loss_terms(head.features, head.kernel, head.bias, labels, weights, mesh=mesh)
     return terms, non_trainable
 
 

@@ -148,6 +148,7 @@ bench: venv venv-beam venv-pt
 	$(PY) bench/bench_eval.py
 	$(PY) bench/bench_jax_steps.py --size tiny
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) bench/bench_sharding.py
+	$(PY) bench/bench_scan_blocks.py
 	$(PY) bench/bench_checkpoint.py
 	$(PY) bench/bench_backends.py
 	$(PY) bench/bench_llama_torch.py $(BENCH_ARGS)

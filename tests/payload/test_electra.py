@@ -7,8 +7,9 @@ exports transformers 5 (.venv-pt) loads with the plain `from_pretrained`: the
 discriminator's and the generator's logits within 1e-4 of the model as training left it
 (rebuilt from the newest checkpoint: jax_checkpoint_logits.py), the fill-mask pipeline on
 the generator, and a sequence classifier built from the discriminator whose loss falls in
-a short fine-tuning run. FSDP and data parallelism on 8 virtual devices train alike.
-Resume and SIGTERM: test_resume.py covers rtd.
+a short fine-tuning run. FSDP and data parallelism on 8 virtual devices train alike:
+test_jax_sharding.py (the trainer's compiled chunk on both meshes). Resume and SIGTERM:
+test_resume.py covers rtd.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from safetensors.numpy import load_file
 from test_export import TOLERANCE, _require_pt_python, _run_pt
 from test_jax_train import checkpoint_logits
 from train_helpers import (
-    copy_prepared,
     job_document,
-    prepare_data,
     run_cli,
     write_corpus,
     write_job,
@@ -38,7 +37,6 @@ from payload.errors import SpecError
 from payload.spec import parse_job, tf_backend_refusal
 
 PT_ELECTRA = Path(__file__).parent / "pt" / "electra_with_transformers5.py"
-EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 PARTS = {"discriminator": "ElectraForPreTraining", "generator": "ElectraForMaskedLM"}
 
 
@@ -268,43 +266,3 @@ def test_the_tf_backend_refuses_rtd_in_one_line(tmp_path: Path) -> None:
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in result.stderr
     assert "data.objective: rtd trains on the JAX backend only" in errors[0]
-
-
-@pytest.mark.slow
-def test_fsdp_and_data_parallel_train_electra_alike(tmp_path: Path) -> None:
-    (tmp_path / "fsdp").mkdir()
-    doc = _doc(
-        tmp_path / "fsdp", steps=6, warmup_steps=2, checkpoint_every=3, log_every=3,
-        eval_every=0, sharding="fsdp",
-    )  # fmt: skip
-    fsdp = write_job(tmp_path / "fsdp", doc)
-    prepare_data(fsdp)
-    data = copy_prepared(
-        fsdp, tmp_path / "data", {**doc, "train": {**doc["train"], "sharding": "data"}}
-    )
-    losses, weights = {}, {}
-    for name, job in (("fsdp", fsdp), ("data", data)):
-        result = run_cli(
-            "train", "--job", str(Path(job.paths.root).parent / "job.yaml"), env=EIGHT, timeout=600
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        status = json.loads(Path(job.paths.status).read_text())
-        assert status["runtime"]["mesh"]["sharding"] == name, status["runtime"]
-        losses[name] = [
-            float(line.split("loss ")[1].split()[0])
-            for line in result.stderr.splitlines()
-            if line.startswith("step ")
-        ]
-        weights[name] = {
-            f"{part}/{key}": value
-            for part in PARTS
-            for key, value in load_file(
-                str(Path(job.paths.export, part, export_lib.PT_WEIGHTS))
-            ).items()
-        }
-    assert len(losses["fsdp"]) == 2
-    assert np.allclose(losses["fsdp"], losses["data"], atol=1e-4), losses
-    a, b = weights["fsdp"], weights["data"]
-    assert sorted(a) == sorted(b)
-    worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
-    assert worst <= 1e-5, worst

@@ -142,14 +142,20 @@ def test_variables_are_created_sharded_and_counted() -> None:
         assert per_device < total / 5, (report["family"], per_device, total)
 
 
-def test_fsdp_gathers_weights_not_activations() -> None:
+@pytest.fixture(scope="module")
+def compiled_steps() -> list[dict]:
+    """jax_collectives_driver.py's reports (one process for the module's two tests)."""
+    return _driver_reports(COLLECTIVES_DRIVER)
+
+
+def test_fsdp_gathers_weights_not_activations(compiled_steps: list[dict]) -> None:
     """FSDP as it is meant (MaxText's activation_batch rule): the compiled training chunk
     gathers weights and reduces gradients, while activations keep their rows on their
     devices (mesh.keep_rows at every block boundary and on the head's logits). Without those
     constraints XLA followed the hidden-split weights and all-gathered and all-reduced the
     whole batch's activations in every layer (27 such collectives for this 2-layer Llama on
     1 x 8; every MLM step gathered the masked positions' features)."""
-    reports = _driver_reports(COLLECTIVES_DRIVER)
+    reports = [r for r in compiled_steps if r["kind"] == "collectives"]
     assert [(r["family"], r["mesh"]) for r in reports] == [
         ("llama", [1, 8]), ("llama", [2, 4]), ("bert", [1, 8])
     ]  # fmt: skip
@@ -174,6 +180,22 @@ def test_fsdp_gathers_weights_not_activations() -> None:
         # reshard (all-to-all) into the batch layout.
         assert {op for op, _ in ops} <= {"all-gather", "all-reduce", "reduce-scatter", "all-to-all"}
         assert sum(op == "all-to-all" for op, _ in ops) <= 2, case
+
+
+def test_fsdp_and_data_parallel_steps_alike(compiled_steps: list[dict]) -> None:
+    """The trainer's compiled chunk, two optimizer steps of the same batches from the same
+    initial weights: on the FSDP mesh (Llama: its family table, train.remat block and 2
+    accumulated micro-batches; ELECTRA: its table, generator samples and discriminator) and
+    on the data-parallel mesh, the same losses and trained weights. (BERT through the real
+    CLI: test_fsdp_and_data_parallel_train_alike.)"""
+    reports = {r["family"]: r for r in compiled_steps if r["kind"] == "equivalence"}
+    assert sorted(reports) == ["electra", "llama"]
+    assert reports["llama"]["fsdp"] == {"remat": "block", "accum_steps": 2}
+    for family, report in reports.items():
+        fsdp, data = report["losses"]
+        assert len(fsdp) == 2 and np.allclose(fsdp, data, atol=TOLERANCE), (family, report)
+        assert report["weight_gap"] <= TOLERANCE, (family, report)
+        assert report["moved"] > 10 * TOLERANCE, (family, report)  # they trained
 
 
 def _job(tmp_path: Path, sharding: str) -> tuple[Path, dict]:

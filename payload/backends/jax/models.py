@@ -39,6 +39,8 @@ Dense kernels are Keras' [in, out]; `hf_state_dict` (hf_weights.py) maps every w
 PyTorch name and shape (nn.Linear [out, in]; GPT-2's Conv1D keeps [in, out]). Attention is
 attention.py's (the kernel the runtime chose, or the reference, whose masked scores get
 float32's most negative value as transformers' eager attention gives them its dtype's).
+On the run's mesh (the attention's), every block boundary holds the activations to the
+batch's rows (`through`, mesh.keep_rows): FSDP gathers weights, not activations.
 """
 
 from __future__ import annotations

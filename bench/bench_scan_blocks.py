@@ -62,7 +62,7 @@ def block_and_shapes(size: str, seq: int, batch: int) -> tuple[Any, int, list[An
     return block, int(config.num_hidden_layers), weights, x
 
 
-def loss_fn(block: Any, layers: int, mode: str, remat: str) -> Any:
+def loss_fn(block: Any, mode: str, remat: str) -> Any:
     cos, sin = block.rope
 
     def one(weights: list[Any], h: Any) -> Any:
@@ -93,7 +93,7 @@ def measure(size: str, seq: int, batch: int, mode: str, remat: str) -> dict[str,
         params: Any = [list(weights) for _ in range(layers)]
     else:
         params = [jax.ShapeDtypeStruct((layers, *w.shape), w.dtype) for w in weights]
-    fn = jax.jit(loss_fn(block, layers, mode, remat))
+    fn = jax.jit(loss_fn(block, mode, remat))
     start = time.perf_counter()
     compiled = fn.lower(params, x).compile()
     seconds = time.perf_counter() - start

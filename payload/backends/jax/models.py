@@ -185,6 +185,12 @@ def through(blocks: list[Any], x: Any, mesh: Any, run: Any) -> Any:
     return x
 
 
+def at_positions(hidden: Any, positions: Any, mesh: Any) -> Any:
+    """hidden [B, S, H] at `positions` [B, P]: [B, P, H], its rows kept on the batch axes."""
+    picked = ops.take_along_axis(hidden, ops.expand_dims(positions, -1), axis=1)
+    return mesh_lib.keep_rows(picked, mesh)
+
+
 class MaskedLM(keras.Model):
     """BertForMaskedLM / RobertaForMaskedLM. `call` returns logits [B, S, V]; `hidden` and
     `head` let training apply the head at the masked positions only."""
@@ -254,8 +260,7 @@ class MaskedLM(keras.Model):
         `head_inputs`: the HeadInputs of those logits instead of the logits."""
         hidden = self.hidden(inputs["input_ids"], inputs["attention_mask"], training)
         if "masked_lm_positions" in inputs:
-            positions = ops.expand_dims(inputs["masked_lm_positions"], -1)
-            hidden = mesh_lib.keep_rows(ops.take_along_axis(hidden, positions, axis=1), self.mesh)
+            hidden = at_positions(hidden, inputs["masked_lm_positions"], self.mesh)
         return self.head_inputs(hidden) if head_inputs else self.head(hidden)
 
 
@@ -622,8 +627,7 @@ class Electra(keras.Model):
         originals = inputs["masked_lm_ids"]
         used = inputs["masked_lm_weights"] > 0
         hidden = self._encode(input_ids, attention_mask, "generator", training)
-        hidden = ops.take_along_axis(hidden, ops.expand_dims(positions, -1), axis=1)
-        hidden = mesh_lib.keep_rows(hidden, self.mesh)
+        hidden = at_positions(hidden, positions, self.mesh)
         generator_logits = self.generator_head(hidden)
         key = jax.random.wrap_key_data(inputs["sample_key"])
         logits32 = ops.cast(generator_logits, "float32") / self.temperature

@@ -1,6 +1,8 @@
 """The devices of a run on the Keras 3 / JAX backend, and the rules that follow from them:
-the accelerator, the precision (bfloat16 on TPU), the optimizer steps per compiled call and
-the device mesh (mesh.py). The TF backend's twin is payload/backends/tf/strategy.py.
+the accelerator and its chip (payload/kernels.py: what attention kernel it has), the
+precision (`train.precision: auto` is mixed bfloat16 where the chip computes bfloat16
+natively: TPUs and NVIDIA GPUs of compute capability 8.0+), the optimizer steps per compiled
+call and the device mesh (mesh.py). The TF backend's twin is payload/backends/tf/strategy.py.
 
 On a declared TPU/GPU VM (payload/hosts.py) a host without its accelerator is a one-line
 error, not a CPU run.
@@ -17,7 +19,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from payload import hosts
+from payload import hosts, kernels
 from payload.backends.jax import attention as attention_lib
 from payload.backends.jax import distributed
 from payload.backends.jax import mesh as mesh_lib
@@ -55,6 +57,8 @@ class Runtime:
     process_count: int
     # The attention kernel of the model (attention.choose, once the model's config is known).
     attention: attention_lib.Attention | None = None
+    # What the kernels table (payload/kernels.py) reads of the accelerator.
+    chip: kernels.Chip = kernels.CPU
 
     @property
     def num_replicas(self) -> int:
@@ -76,6 +80,7 @@ class Runtime:
             "steps_per_execution": self.steps_per_execution,
             "chunk_seconds": self.chunk_seconds,
             "devices": f"{len(local)} x {local[0].device_kind}" if local else "none",
+            "chip": self.chip.describe(),
             "mesh": self.mesh_plan.describe(),
             "sharding_reason": self.mesh_plan.reason,
             "jax": jax.__version__,
@@ -87,16 +92,35 @@ def _platform(device: Any) -> str:
     return "gpu" if device.platform in ("gpu", "cuda", "rocm") else str(device.platform)
 
 
+def chip_of(device: Any) -> kernels.Chip:
+    """The chip of a JAX device (kernels.device_chip): a GPU's vendor from its client's
+    platform_version ("cuda ..." / "rocm ..."), an NVIDIA GPU's compute_capability."""
+    client = getattr(device, "client", None)
+    return kernels.device_chip(
+        str(device.platform),
+        str(getattr(client, "platform_version", "") or ""),
+        str(device.device_kind),
+        getattr(device, "compute_capability", None),
+    )
+
+
+def policy_for(precision: str, chip: kernels.Chip, gpu: hosts.GpuHost | None = None) -> str:
+    """The Keras policy of `train.precision` on `chip`: mixed bfloat16 for bf16, and for
+    auto where the chip computes bfloat16 natively (or a managed GPU VM's catalog says so);
+    float32 otherwise."""
+    bf16 = kernels.compute_dtype(precision, chip) == "bfloat16"
+    if precision == "auto" and gpu is not None and gpu.policy == "mixed_bfloat16":
+        bf16 = True
+    return "mixed_bfloat16" if bf16 else "float32"
+
+
 def runtime(precision: str, sharding: str = "auto", parameters: int = 0) -> Runtime:
     """Detect the devices; on a declared TPU/GPU VM (payload/hosts.py) a host without them
     is a one-line error, not a CPU run. The mesh follows `train.sharding` for a model of
     `parameters` (mesh.plan)."""
     devices = checked_devices()
-    gpu = hosts.expected_gpu()
     kind = _platform(devices[0])
-    bf16_gpu = gpu is not None and gpu.policy == "mixed_bfloat16"
-    auto_bf16 = kind == "tpu" or (kind == "gpu" and bf16_gpu)
-    bf16 = precision == "bf16" or (precision == "auto" and auto_bf16)
+    chip = chip_of(devices[0])
     memory, memory_source = planning_memory()
     mesh_plan = mesh_lib.plan(sharding, parameters=parameters, devices=len(devices), memory=memory)
     if memory_source:
@@ -104,13 +128,14 @@ def runtime(precision: str, sharding: str = "auto", parameters: int = 0) -> Runt
     check_same_mesh(mesh_plan)
     return Runtime(
         accelerator=kind,
-        policy="mixed_bfloat16" if bf16 else "float32",
+        policy=policy_for(precision, chip, hosts.expected_gpu()),
         steps_per_execution=STEPS_PER_CALL[kind],
         chunk_seconds=_chunk_seconds(kind),
         mesh=mesh_lib.build_mesh(mesh_plan, devices),
         mesh_plan=mesh_plan,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
+        chip=chip,
     )
 
 

@@ -120,6 +120,8 @@ def _train(
     _checked_data(job, manifest, pipelines)
     described = rt.describe()
     training.log(f"train: {json.dumps(described)}")
+    if rt.attention is not None and rt.attention.warning:
+        training.log(f"warning: {rt.attention.warning}")  # also in status.json's runtime
     status.note_runtime(described)  # the devices JAX sees, beside the host checks
 
     model, optimizer = _build(job, config, manifest, rt)
@@ -302,7 +304,7 @@ def _attention(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> An
     """train.attention for this model on this platform (attention.choose)."""
     return attention_lib.choose(
         job.train.attention,
-        platform=rt.accelerator,
+        chip=rt.chip,
         family=job.model.family,
         config=config,
         seq_length=int(manifest.seq_length),

@@ -10,10 +10,15 @@ a child process of its own (`--side jax|torch`), one after the other, so that JA
 PyTorch never share the GPU's memory and each side's peak memory is its own.
 
 - Ours: payload/backends/jax/models.py's model (Llama, BERT) under Keras `mixed_bfloat16`,
-  the trainer's compiled chunk (steps.make_train_chunk: 8 steps per call, the chunked
-  loss), Keras AdamW with global-norm clipping 1.0 and the trainer's weight-decay
-  exclusions (train.create_optimizer's settings; the schedule here is a linear warm-up
-  then constant, on both sides).
+  with the attention the trainer's `train.attention: auto` picks on this device
+  (attention.choose on runtime.chip_of: cuDNN flash attention on an NVIDIA GPU of compute
+  capability 8.0+, the reference on a CPU), the trainer's compiled chunk
+  (steps.make_train_chunk: 8 steps per call, the chunked loss), Keras AdamW with global-norm
+  clipping 1.0 and the trainer's weight-decay exclusions (train.create_optimizer's settings;
+  the schedule here is a linear warm-up then constant, on both sides). Each row says which
+  attention ran and why, and what the compiled chunk holds (hlo_facts: its cuDNN attention
+  custom calls, expected layers x (forward + backward), and any [.., S, S] buffer: the
+  reference's float32 scores; a kernel has none).
 - PyTorch: transformers' LlamaForCausalLM / BertForMaskedLM from the same config and the
   same initial weights (ours, through hf_weights.hf_state_dict), fp32 weights under bf16
   autocast, `attn_implementation="sdpa"`, `torch.compile(model)` (`--torch-eager`: without),
@@ -47,6 +52,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -67,6 +73,8 @@ DATASHEET_TFLOPS = {"H100": 989.5, "H200": 989.5}
 MODELS: dict[str, dict[str, Any]] = {
     "125m": {"family": "llama", "size": "125m", "vocab": 49152, "seq": 2048, "batch": 8},
     "1b": {"family": "llama", "size": "1b", "vocab": 128256, "seq": 2048, "batch": 4},
+    # The issue's "3b on one 141 GB GPU" (an H200): 16 B/parameter of state is 51 GB.
+    "3b": {"family": "llama", "size": "3b", "vocab": 128256, "seq": 2048, "batch": 4},
     "bert": {
         "family": "bert",
         "size": "base",
@@ -233,12 +241,15 @@ def load_batches(work: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarra
     return train, held
 
 
-def jax_model(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> tuple[Any, Any]:
-    """Ours: the model (its initial weights written for PyTorch) and Keras AdamW."""
+def jax_model(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """Ours: the model (its initial weights written for PyTorch) with the attention
+    `train.attention: auto` picks on this device, Keras AdamW, and that attention."""
+    import jax
     import keras
 
     from payload import model as model_lib
-    from payload.backends.jax import hf_weights, models
+    from payload.backends.jax import attention as attention_lib
+    from payload.backends.jax import hf_weights, models, runtime
 
     family = spec["family"]
     keras.config.set_dtype_policy("mixed_bfloat16" if args.precision == "bf16" else "float32")
@@ -250,7 +261,15 @@ def jax_model(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> tup
         vocab_size=spec["vocab"],
         special_ids=SPECIAL[family],
     )
-    model = models.create_model(family, config, spec["seq"])
+    attention = attention_lib.choose(
+        "auto",
+        chip=runtime.chip_of(jax.devices()[0]),
+        family=family,
+        config=config,
+        seq_length=spec["seq"],
+        compute_dtype="bfloat16" if args.precision == "bf16" else "float32",
+    )
+    model = models.create_model(family, config, spec["seq"], attention=attention)
     if args.write_init:
         from safetensors.numpy import save_file
 
@@ -272,19 +291,41 @@ def jax_model(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> tup
     )
     optimizer.exclude_from_weight_decay(var_names=list(NO_DECAY_NAMES))
     optimizer.build(model.trainable_variables)
-    return model, optimizer
+    return model, optimizer, attention
 
 
-def jax_memory(chunk: Any, state: Any, train: dict[str, np.ndarray]) -> tuple[int, str]:
+def hlo_facts(text: str, seq: int) -> dict[str, Any]:
+    """What a compiled program's HLO text holds: its cuDNN attention custom calls by target
+    (`__cudnn$fmha...`: jax 0.10.2 fused_attention_stablehlo.py _custom_name_maps; the
+    forward and the backward call of each layer) and the shapes of its arrays whose last
+    two dimensions are the sequence (the reference attention's [.., S, S] scores and
+    probabilities; `square_f32`: those in float32)."""
+    targets: dict[str, int] = {}
+    for name in re.findall(r'custom_call_target="(__cudnn\$fmha\w*)"', text):
+        targets[name] = targets.get(name, 0) + 1
+    square = sorted(
+        {
+            f"{dtype}[{dims}]"
+            for dtype, dims in re.findall(r"\b(\w+)\[([\d,]+)\]", text)
+            if dims.endswith(f",{seq},{seq}") and dims.count(",") >= 2
+        }
+    )
+    return {
+        "cudnn_calls": sum(targets.values()),
+        "cudnn_targets": targets,
+        "square": square,
+        "square_f32": [shape for shape in square if shape.startswith("f32[")],
+    }
+
+
+def jax_memory(compiled: Any) -> tuple[int, str]:
     """The device's peak bytes in use, or (CPU) XLA's memory analysis of the chunk."""
     import jax
-    import jax.numpy as jnp
 
     memory = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in memory:
         return int(memory["peak_bytes_in_use"]), "device peak"
-    batches = {k: jnp.asarray(v[:STEPS_PER_CALL]) for k, v in train.items()}
-    analysis = chunk.lower(state, batches, jnp.int32(0)).compile().memory_analysis()
+    analysis = compiled.memory_analysis()
     total = (
         analysis.argument_size_in_bytes
         + analysis.temp_size_in_bytes
@@ -315,20 +356,24 @@ def jax_side(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> dict
 
     from payload.backends.jax import steps
 
-    model, optimizer = jax_model(work, spec, args)
+    model, optimizer, attention = jax_model(work, spec, args)
     objective = "mlm" if spec["family"] == "bert" else "clm"
     chunk = steps.make_train_chunk(model, optimizer, objective)
     state = steps.TrainState.of(model, optimizer)
     train, held = load_batches(work)
     total = next(iter(train.values())).shape[0]
 
-    def call(state: Any, start: int, n: int) -> tuple[Any, Any]:
-        batches = {k: jnp.asarray(v[start : start + STEPS_PER_CALL]) for k, v in train.items()}
-        state, metrics = chunk(state, batches, jnp.int32(n))
-        return state, metrics["loss"]
+    def batches_at(start: int) -> dict[str, Any]:
+        return {k: jnp.asarray(v[start : start + STEPS_PER_CALL]) for k, v in train.items()}
 
     started = time.perf_counter()
-    _, losses = call(state, 0, 0)  # compiles; trains nothing
+    compiled = chunk.lower(state, batches_at(0), jnp.int32(0)).compile()
+
+    def call(state: Any, start: int, n: int) -> tuple[Any, Any]:
+        state, metrics = compiled(state, batches_at(start), jnp.int32(n))
+        return state, metrics["loss"]
+
+    _, losses = call(state, 0, 0)  # trains nothing
     jax.block_until_ready(losses)
     compile_s = time.perf_counter() - started
     device = jax.devices()[0]
@@ -339,7 +384,7 @@ def jax_side(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> dict
         per_call.append(losses)
     per_call = [np.asarray(x) for x in per_call]  # waits for the last call
     seconds = time.perf_counter() - started
-    peak_memory, memory_kind = jax_memory(chunk, state, train)
+    peak_memory, memory_kind = jax_memory(compiled)
 
     @jax.jit
     def sums(trainable: Any, non_trainable: Any, batch: dict[str, Any]) -> Any:
@@ -373,6 +418,10 @@ def jax_side(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> dict
         "memory_kind": memory_kind,
         "matmul_flops": jax_matmul_flops(args.matmul),
         "datasheet_flops": datasheet(device.device_kind),
+        "attention": attention.describe(),
+        "layers": len(getattr(model, "blocks", [])),
+        "hlo": hlo_facts(compiled.as_text(), spec["seq"]),
+        "versions": {"jax": jax.__version__},
     }
 
 
@@ -607,6 +656,15 @@ def compare(name: str, spec: dict[str, Any], args: argparse.Namespace) -> list[d
             + f"{_gib(row['peak_memory']):>14}  {row['held_out']:>9.4f}  "
             f"{row['losses'][0]:.4f} -> {row['losses'][-1]:.4f}  ({row['memory_kind']})"
         )
+    ours = rows[0]
+    facts = ours["hlo"]
+    print(
+        f"ours: attention {ours['attention']['implementation']} ({ours['attention']['reason']}); "
+        f"compiled chunk: {facts['cudnn_calls']} cuDNN attention calls "
+        f"({', '.join(f'{k} x{v}' for k, v in facts['cudnn_targets'].items()) or 'none'}; "
+        f"{ours['layers']} layers x forward + backward = {2 * ours['layers']}), "
+        f"float32 [.., S, S] buffers: {', '.join(facts['square_f32']) or 'none'}"
+    )
     for other in rows[1:]:
         ratio = rows[0]["tokens_per_s"] / other["tokens_per_s"]
         memory = rows[0]["peak_memory"] / other["peak_memory"]

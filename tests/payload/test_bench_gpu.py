@@ -37,9 +37,39 @@ def test_our_side_runs_without_tensorflow(tmp_path: Path) -> None:
     assert row["side"] == "jax" and row["platform"] == "cpu" and row["steps"] == 8
     assert row["tokens_per_s"] > 0 and row["peak_memory"] > 0
     assert len(row["losses"]) == 8 and row["held_out"] > 0
+    # The row says which attention ran (auto on a CPU: the reference) and what the compiled
+    # chunk holds: no cuDNN call, the reference's float32 [B, K, G, S, S] scores.
+    assert row["attention"]["implementation"] == "reference", row["attention"]
+    assert row["attention"]["reason"].startswith("auto: cpu has no fused attention kernel")
+    assert row["hlo"]["cudnn_calls"] == 0 and row["layers"] == 2, row
+    assert any(s.endswith(",128,128]") for s in row["hlo"]["square_f32"]), row["hlo"]
     # The sitecustomize was in force: the same interpreter cannot import tensorflow.
     check = subprocess.run(
         [sys.executable, "-c", "import tensorflow"],
         capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": path},
     )  # fmt: skip
     assert check.returncode != 0 and "tensorflow" in check.stderr
+
+
+def test_hlo_facts_counts_cudnn_calls_and_square_buffers() -> None:
+    """bench_gpu.hlo_facts on HLO text as XLA prints it: the cuDNN attention custom calls by
+    target, and the arrays whose last two dimensions are the sequence."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import bench_gpu
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    text = "\n".join([
+        '%a = (bf16[4,2048,32,64]{3,2,1,0}, f32[4,32,2048]{2,1,0}, u8[0]{0}) custom-call('
+        '...), custom_call_target="__cudnn$fmhaSoftmax"',
+        '%b = (bf16[4,2048,32,64]{3,2,1,0}, u8[0]{0}) custom-call(...), '
+        'custom_call_target="__cudnn$fmhaSoftmaxBackward"',
+        '%c = f32[4,8,4,2048,2048]{4,3,2,1,0} dot(...)',
+        '%d = bf16[4,1,2048,2048]{3,2,1,0} select(...)',
+        '%e = f32[2048]{0} parameter(3)',
+    ])  # fmt: skip
+    facts = bench_gpu.hlo_facts(text, 2048)
+    assert facts["cudnn_calls"] == 2
+    assert facts["cudnn_targets"] == {"__cudnn$fmhaSoftmax": 1, "__cudnn$fmhaSoftmaxBackward": 1}
+    assert facts["square"] == ["bf16[4,1,2048,2048]", "f32[4,8,4,2048,2048]"]
+    assert facts["square_f32"] == ["f32[4,8,4,2048,2048]"]

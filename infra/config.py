@@ -169,6 +169,14 @@ KEYS: tuple[Key, ...] = (
         "account and launch rights for the controller (default: off).",
         False,
     ),
+    Key(
+        "accountsFromBootstrap",
+        "boolean",
+        "GitOps: the bootstrap (infra/bootstrap) owns this stack's service accounts and the "
+        "grants on them; the stack adopts them, keeps them on destroy and writes none of "
+        "their IAM policies (default: the stack creates and deletes its own).",
+        False,
+    ),
 )
 KEYS_BY_NAME = {key.name: key for key in KEYS}
 # Settings that belong to one kind of accelerator; a stack of the other kind refuses them.
@@ -309,6 +317,9 @@ class StackConfig:
     backend: str = "tf"
     # tpu-pretrain:dataflow: the stack provides Dataflow (infra/components/dataflow.py).
     dataflow: bool = False
+    # tpu-pretrain:accountsFromBootstrap: the GitOps bootstrap created the stack's accounts and
+    # every grant on their own allow policies (docs/gitops.md); the stack only adopts them.
+    accounts_from_bootstrap: bool = False
     # The payload's plan of the job on the accelerator, in a line (infra/jobfit.py).
     job_plan: str = ""
 
@@ -860,6 +871,7 @@ def parse_config(
         backend=backend,
         dataflow=dataflow,
         job_plan=job_plan,
+        accounts_from_bootstrap=_boolean(values, "accountsFromBootstrap"),
     )
 
 

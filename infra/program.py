@@ -26,7 +26,11 @@ from infra.components.delivery import (
     StartupDeliveryArgs,
 )
 from infra.components.gpu import GpuVm, GpuVmArgs
-from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
+from infra.components.identity import (
+    ServiceIdentity,
+    ServiceIdentityArgs,
+    account_display_name,
+)
 from infra.components.network import (
     TAG_TPU,
     TENSORBOARD_PORT,
@@ -129,22 +133,23 @@ def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
         opts=after_apis,
     )
     # The accelerator VM's account (training code) gets bucket objects and nothing else; the
-    # controller's account also runs the watchdog, so recovery rights live there.
-    what = cfg.accelerator.kind.upper()
+    # controller's account also runs the watchdog, so recovery rights live there. In a GitOps
+    # stack they are the bootstrap's, adopted (components/identity.py).
     identities = [
         ServiceIdentity(
             f"{role}-identity",
             ServiceIdentityArgs(
                 project=cfg.project,
                 account_id=f"{cfg.prefix}-{suffix}",
-                display_name=f"tpu-pretrain {cfg.stack}: {about}",
+                display_name=account_display_name(cfg.stack, suffix),
+                adopted=cfg.accounts_from_bootstrap,
             ),
             opts=after_apis,
         )
-        for role, suffix, about in (
-            ("workload", "workload", f"{what} VM"),
-            ("controller", "controller", f"controller and {what} watchdog"),
-            ("hop", "vpn-hop", "WireGuard hop"),
+        for role, suffix in (
+            ("workload", "workload"),
+            ("controller", "controller"),
+            ("hop", "vpn-hop"),
         )
     ]
     workload_identity, controller_identity, hop_identity = identities
@@ -254,6 +259,7 @@ def _dataflow_access(
             launcher_member=launcher.member,
             network=network.vpc.id,
             network_name=cfg.network.name,
+            accounts_from_bootstrap=cfg.accounts_from_bootstrap,
         ),
         opts=opts,
     )
@@ -381,6 +387,7 @@ def _tpu_vm(
             project=cfg.project,
             watchdog_member=base.controller_identity.member,
             tpu_service_account_name=base.workload_identity.resource_name,
+            act_as_from_bootstrap=cfg.accounts_from_bootstrap,
         ),
         opts=pulumi.ResourceOptions(depends_on=[base.apis]),
     )

@@ -59,7 +59,16 @@ OK, MISMATCH, FAILED, UNKNOWN = "ok", "MISMATCH", "FAILED", "unknown"
 # program never imports the bootstrap).
 DEPLOY_ACCOUNT_ID = "tpu-pretrain-deploy"
 STACK_ACCOUNT_ROLE_ID = "tpuPretrainStackAccountUser"
-BOOTSTRAP_FIX = "re-run the bootstrap's `pulumi up` (infra/bootstrap, docs/gitops.md)"
+SERVICE_ACCOUNT_USER = "roles/iam.serviceAccountUser"
+# --refresh: the bootstrap's state may still list an account or grant that is gone (deleted by
+# hand, or by a stack's destroy before stacks kept the bootstrap's accounts); a plain `up`
+# believes its state and re-creates nothing.
+BOOTSTRAP_FIX = "re-run the bootstrap's `pulumi up --refresh` (infra/bootstrap, docs/gitops.md)"
+ADOPT_FIX = (
+    "set tpu-pretrain:accountsFromBootstrap: true in stacks/Pulumi.{stack}.yaml: in a GitOps "
+    "project the stack adopts the bootstrap's accounts and keeps them on destroy "
+    "(docs/gitops.md)"
+)
 # What gcloud says when the API a command calls is off in the project (read as unknown: the
 # preflight cannot tell, and `pulumi up` enables the program's APIs).
 API_OFF = ("has not been used", "is disabled", "SERVICE_DISABLED")
@@ -283,8 +292,11 @@ class Smoke:
         """In a GitOps project (the bootstrap's deploy account holds roles there), what only
         IAM can tell: that it accepted the bootstrap's conditions (it refuses an undeclared
         function when the binding is written; an older bootstrap wrote matches(), which
-        Google does not document for resource.name), and that the deploy account holds actAs
-        on each of this stack's accounts through a grant on that account's own policy."""
+        Google does not document for resource.name), that the deploy account holds actAs
+        on each of this stack's accounts through a grant on that account's own policy, and
+        that the controller holds the actAs its watchdog and Dataflow launches need (the
+        bootstrap's grants too). And that the stack adopts those accounts: a stack that owns
+        them would delete them, and the bootstrap's grants with them, on destroy."""
         project = cfg.project
         deploy = f"serviceAccount:{DEPLOY_ACCOUNT_ID}@{project}.iam.gserviceaccount.com"
         result = self.gcloud("projects", "get-iam-policy", project, "--format=json")
@@ -308,6 +320,19 @@ class Smoke:
             f"a condition uses matches(): {BOOTSTRAP_FIX}",
             seen_ok=f"{sum(map(bool, expressions))} conditional bindings",
         )
+        self._row_ok(
+            "GitOps: the stack adopts the bootstrap's accounts",
+            "tpu-pretrain:accountsFromBootstrap: true",
+            cfg.accounts_from_bootstrap,
+            ADOPT_FIX.format(stack=cfg.stack),
+        )
+        controller = f"serviceAccount:{cfg.prefix}-controller@{project}.iam.gserviceaccount.com"
+        # Whom the controller must act as: the TPU VM's account (its watchdog recreates the
+        # VM) and the Dataflow workers' (it launches their jobs).
+        acts_as = {
+            "workload": isinstance(cfg.accelerator, TpuConfig) and cfg.accelerator.auto_recover,
+            "dataflow": cfg.dataflow,
+        }
         suffixes = ["workload", "controller", "vpn-hop", *(["dataflow"] if cfg.dataflow else [])]
         for suffix in suffixes:
             email = f"{cfg.prefix}-{suffix}@{project}.iam.gserviceaccount.com"
@@ -334,6 +359,16 @@ class Smoke:
                 for b in account_bindings
             )
             self._row_ok(check, "granted", granted, fix)
+            if acts_as.get(suffix):
+                self._row_ok(
+                    f"GitOps: controller's actAs on {cfg.prefix}-{suffix}",
+                    "granted",
+                    any(
+                        b.get("role") == SERVICE_ACCOUNT_USER and controller in b.get("members", [])
+                        for b in account_bindings
+                    ),
+                    f"missing: {BOOTSTRAP_FIX}",
+                )
 
     def _gpu_preflight(self, cfg: StackConfig, gpu: GpuConfig) -> None:
         machine = self.gcloud(

@@ -318,7 +318,8 @@ BOOTSTRAP_TYPES = {
         "wif-provider-attribute-condition"
     ),
     "gcp:serviceaccount/account:Account": "the CI preview and deploy accounts, and the stacks' "
-    "accounts (so the deploy account can be granted actAs on each)",
+    "accounts (so the grants on each are the bootstrap's: the deploy account's actAs, the "
+    "controller's)",
     CUSTOM_ROLE: "custom-role-permissions",
     PROJECT_IAM_MEMBER: "allowed-iam-grants",
     SA_IAM_MEMBER: "allowed-iam-grants",
@@ -350,7 +351,8 @@ STACK_SECRET_ROLE_ID = "tpuPretrainStackSecrets"  # noqa: S105 (a role id)
 # test_deployability.py checks that the two lists are the same). No IAM policy write on a
 # project or a service account, no actAs, no change to a VM, no bucket or object or secret
 # beyond creating and listing (those come with conditions), no change to a TPU VM
-# (tpu.nodes.update: every change replaces it), no token or key creation, no role editing.
+# (tpu.nodes.update: every change replaces it), no token or key creation, no role editing, no
+# deleting or renaming a service account (a GitOps stack adopts the bootstrap's and keeps them).
 DEPLOYER_PERMISSIONS = frozenset(
     {
         "compute.addresses.create",
@@ -391,9 +393,7 @@ DEPLOYER_PERMISSIONS = frozenset(
         "compute.zoneOperations.get",
         "compute.zones.get",
         "iam.serviceAccounts.create",
-        "iam.serviceAccounts.delete",
         "iam.serviceAccounts.get",
-        "iam.serviceAccounts.update",
         "resourcemanager.projects.get",
         "secretmanager.secrets.create",
         "serviceusage.operations.get",
@@ -461,13 +461,10 @@ STACK_SECRET_PERMISSIONS = frozenset(
 PROJECT_IAM_WRITER_PERMISSIONS = frozenset(
     {"resourcemanager.projects.getIamPolicy", "resourcemanager.projects.setIamPolicy"}
 )
-STACK_ACCOUNT_USER_PERMISSIONS = frozenset(
-    {
-        "iam.serviceAccounts.actAs",
-        "iam.serviceAccounts.getIamPolicy",
-        "iam.serviceAccounts.setIamPolicy",
-    }
-)
+# actAs only: never the IAM policy of a stack account (it could grant any role there, and IAM
+# documents no limit on the roles granted on an account's policy); the bootstrap makes every
+# grant on the stacks' accounts (infra/bootstrap/gitops_bootstrap.py CONTROLLER_ACTS_AS).
+STACK_ACCOUNT_USER_PERMISSIONS = frozenset({"iam.serviceAccounts.actAs"})
 
 _PREVIEW = rf"serviceAccount:{bootstrap_account('tpu-pretrain-preview')}"
 _DEPLOY = rf"serviceAccount:{bootstrap_account('tpu-pretrain-deploy')}"
@@ -506,15 +503,29 @@ BOOTSTRAP_GRANTS = (
         "the CI deploy account",
         condition="iam.googleapis.com/modifiedGrantsByRole",
     ),
-    # actAs and the IAM policy of one stack account, granted on that account's own policy
-    # (IAM conditions cannot name service accounts), on the stacks' accounts only.
+    # actAs on one stack account, granted on that account's own policy (IAM conditions
+    # cannot name service accounts), on the stacks' accounts only.
     Grant(
         (SA_IAM_MEMBER,),
         f"custom:{STACK_ACCOUNT_USER_ROLE_ID}",
         _DEPLOY,
-        "actAs and IAM writes on one stack account, granted on that account",
+        "actAs on one stack account, granted on that account",
         "the CI deploy account, on a stack's own tp-<stack>-<role> account",
         target=rf"projects/{_PROJECT_ID}/serviceAccounts/{stack_account(*STACK_ACCOUNT_ROLES)}",
+    ),
+    # The grants a stack created by a person makes on its own accounts (MAIN_GRANTS), made
+    # here for the GitOps stacks, which write no account's policy: the same role, member and
+    # target, within one stack.
+    Grant(
+        (SA_IAM_MEMBER,),
+        "roles/iam.serviceAccountUser",
+        rf"serviceAccount:{stack_account('controller')}",
+        "the TPU watchdog recreates the TPU VM as its account; the controller launches "
+        "Dataflow jobs as the workers' account",
+        "a stack's controller account, on the same stack's tp-<stack>-workload or "
+        "tp-<stack>-dataflow account",
+        target=rf"projects/{_PROJECT_ID}/serviceAccounts/{stack_account('workload', 'dataflow')}",
+        same_stack=True,
     ),
     Grant(
         (PROJECT_IAM_MEMBER,),

@@ -45,7 +45,11 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
+from infra.components.identity import (
+    ServiceIdentity,
+    ServiceIdentityArgs,
+    account_display_name,
+)
 
 DATAFLOW_API = "dataflow.googleapis.com"
 WORKER_ROLE = "roles/dataflow.worker"
@@ -115,6 +119,9 @@ class DataflowAccessArgs:
     launcher_member: pulumi.Input[str]  # the controller's account (serviceAccount:...)
     network: pulumi.Input[str]  # the stack's VPC (id)
     network_name: str
+    # tpu-pretrain:accountsFromBootstrap: the GitOps bootstrap owns the worker account and
+    # made the launcher's actAs on it; the stack adopts the account and grants nothing on it.
+    accounts_from_bootstrap: bool = False
 
 
 class DataflowAccess(pulumi.ComponentResource):
@@ -132,10 +139,11 @@ class DataflowAccess(pulumi.ComponentResource):
             ServiceIdentityArgs(
                 project=args.project,
                 account_id=worker_account_id(args.prefix),
-                display_name=f"tpu-pretrain {args.stack}: Dataflow workers",
+                display_name=account_display_name(args.stack, "dataflow"),
                 # roles/dataflow.worker is what Google documents for a worker account; no
                 # other project role.
                 reporting_roles=(),
+                adopted=args.accounts_from_bootstrap,
             ),
             opts=child,
         )
@@ -167,12 +175,16 @@ class DataflowAccess(pulumi.ComponentResource):
             member=args.launcher_member,
             opts=child,
         )
-        self.launcher_acts_as_worker = gcp.serviceaccount.IAMMember(
-            f"{name}-launcher-acts-as-worker",
-            service_account_id=self.worker.resource_name,
-            role=ACT_AS_ROLE,
-            member=args.launcher_member,
-            opts=child,
+        self.launcher_acts_as_worker = (
+            None
+            if args.accounts_from_bootstrap
+            else gcp.serviceaccount.IAMMember(
+                f"{name}-launcher-acts-as-worker",
+                service_account_id=self.worker.resource_name,
+                role=ACT_AS_ROLE,
+                member=args.launcher_member,
+                opts=child,
+            )
         )
         self.workers_rule = gcp.compute.Firewall(
             f"{name}-allow-workers",

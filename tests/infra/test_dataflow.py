@@ -99,7 +99,7 @@ def test_dataflow_on_creates_exactly_what_the_workers_and_the_launcher_need():
     assert _named(run, "dataflow-worker-identity-sa").inputs == {
         "project": PROJECT,
         "accountId": f"{prefix}-dataflow",
-        "displayName": "tpu-pretrain v3-euw4: Dataflow workers",
+        "displayName": "tpu-pretrain v3-euw4: dataflow",
         "createIgnoreAlreadyExists": True,
     }
     # The worker account: roles/dataflow.worker on the project and nothing else there (no

@@ -181,6 +181,8 @@ class World:
 
     def __init__(self, tmp_path: Path, box: Sandbox, monkeypatch, stack: str, **scenario):
         self.tmp, self.box, self.stack = tmp_path, box, stack
+        # Settings the user's stack file adds (the gcloud stub never sees them).
+        stack_config = scenario.pop("stack_config", {})
         self.state = tmp_path / "smoke-state"
         bin_dir = tmp_path / "smoke-bin"
         for directory in (self.state, bin_dir):
@@ -200,13 +202,14 @@ class World:
         source = smoke.STACKS_DIR / f"Pulumi.{stack}.yaml"
         document = yaml.safe_load(source.read_text())
         document["config"]["gcp:project"] = PROJECT
+        document["config"].update(stack_config)
         self.stack_file = self.stacks / f"Pulumi.{stack}.yaml"
         self.stack_file.write_text(yaml.safe_dump(document))
         # What `pulumi up` would create: the program itself, under Pulumi's mocks, with the
         # job the smoke run writes for this run (the same function, the same name).
         self.report_dir = tmp_path / "report"
         self.job = smoke.write_run_job(self.report_dir, RUN)
-        self.run = run_offline(stack, {"tpu-pretrain:job": str(self.job)})
+        self.run = run_offline(stack, {"tpu-pretrain:job": str(self.job), **stack_config})
         (self.state / "outputs.json").write_text(json.dumps(self.run.exports))
         self.bucket = self.run.exports["bucketUrl"].removeprefix("gs://")
         self.root = box.gcs / self.bucket / "runs" / RUN
@@ -713,6 +716,13 @@ GRANT = {
     "role": "projects/tpu-pretrain-test/roles/tpuPretrainStackAccountUser",
     "members": [DEPLOY],
 }
+# The bootstrap's other grant on the TPU VM's account: the controller's actAs (this spot
+# stack's watchdog recreates the VM as that account).
+CONTROLLER_GRANT = {
+    "role": "roles/iam.serviceAccountUser",
+    "members": ["serviceAccount:tp-v6e-euw4-controller@tpu-pretrain-test.iam.gserviceaccount.com"],
+}
+ADOPTS = {"tpu-pretrain:accountsFromBootstrap": True}
 
 
 def _gitops(expression: str) -> list[dict]:
@@ -734,22 +744,36 @@ GOOD = "resource.type == 'storage.googleapis.com/Bucket' && resource.name.endsWi
     [
         (
             {"project_bindings": _gitops("resource.name.matches('^projects/_/buckets/a$')"),
-             "account_bindings": [GRANT]},
+             "account_bindings": [GRANT, CONTROLLER_GRANT], "stack_config": ADOPTS},
             "GitOps: the bootstrap's IAM conditions",
-            "a condition uses matches(): re-run the bootstrap's `pulumi up`",
+            "a condition uses matches(): re-run the bootstrap's `pulumi up --refresh`",
         ),
         (
-            {"project_bindings": _gitops(GOOD), "account_bindings": []},
+            {"project_bindings": _gitops(GOOD), "account_bindings": [GRANT, CONTROLLER_GRANT]},
+            "GitOps: the stack adopts the bootstrap's accounts",
+            "set tpu-pretrain:accountsFromBootstrap: true in stacks/Pulumi.v6e-euw4.yaml",
+        ),
+        (
+            {"project_bindings": _gitops(GOOD), "account_bindings": [], "stack_config": ADOPTS},
             "GitOps: deploy account's actAs on tp-v6e-euw4-workload",
-            "missing: add stacks/Pulumi.v6e-euw4.yaml, then re-run the bootstrap's `pulumi up`",
+            "missing: add stacks/Pulumi.v6e-euw4.yaml, then re-run the bootstrap's "
+            "`pulumi up --refresh`",
         ),
         (
             {"project_bindings": _gitops(GOOD), "account_bindings": [GRANT],
-             "missing_accounts": ["tp-v6e-euw4-vpn-hop"]},
+             "stack_config": ADOPTS},
+            "GitOps: controller's actAs on tp-v6e-euw4-workload",
+            "missing: re-run the bootstrap's `pulumi up --refresh`",
+        ),
+        (
+            {"project_bindings": _gitops(GOOD), "account_bindings": [GRANT, CONTROLLER_GRANT],
+             "missing_accounts": ["tp-v6e-euw4-vpn-hop"], "stack_config": ADOPTS},
             "GitOps: deploy account's actAs on tp-v6e-euw4-vpn-hop",
             "missing: add stacks/Pulumi.v6e-euw4.yaml",
         ),
     ],
+    ids=["matches", "stack-owns-accounts", "no-deploy-grant", "no-controller-grant",
+         "no-account"],
 )  # fmt: skip
 def test_a_gitops_project_without_the_bootstraps_iam_stops_with_the_fix(
     world, scenario, check, seen
@@ -763,7 +787,10 @@ def test_a_gitops_project_without_the_bootstraps_iam_stops_with_the_fix(
 
 
 def test_a_gitops_project_with_the_bootstraps_iam_passes_the_preflight(world):
-    w = world(project_bindings=_gitops(GOOD), account_bindings=[GRANT])
+    w = world(
+        project_bindings=_gitops(GOOD), account_bindings=[GRANT, CONTROLLER_GRANT],
+        stack_config=ADOPTS,
+    )  # fmt: skip
     w.boot("controller")
     w.boot("tpu", {"STUB_PYTHON_VERSION": "3.10"})
     w.write("bootstrap/tpu.json", {"state": "started"})
@@ -774,6 +801,8 @@ def test_a_gitops_project_with_the_bootstraps_iam_passes_the_preflight(world):
     assert rows["GitOps: the bootstrap's IAM conditions"] == ("1 conditional bindings", "ok")
     for suffix in ("workload", "controller", "vpn-hop"):
         assert rows[f"GitOps: deploy account's actAs on tp-v6e-euw4-{suffix}"] == ("yes", "ok")
+    assert rows["GitOps: the stack adopts the bootstrap's accounts"] == ("yes", "ok")
+    assert rows["GitOps: controller's actAs on tp-v6e-euw4-workload"] == ("yes", "ok")
 
 
 def test_a_project_without_the_deploy_account_is_not_gitops(world):

@@ -433,8 +433,9 @@ class Smoke:
         )  # fmt: skip
         check = f"recovery role {role_id}"
         fix = (
-            "missing: create it once per project (`make bootstrap`, or the gcloud command in "
-            "docs/deploy-gcp.md), or set the stack's auto-recovery off"
+            "missing: create it once per project (the bootstrap's `pulumi up` in infra/bootstrap, "
+            "docs/gitops.md, or the gcloud command in docs/deploy-gcp.md), or set the stack's "
+            "auto-recovery off"
         )
         if result.returncode != 0:
             error = _last_line(result)

@@ -161,8 +161,8 @@ def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
             location=cfg.bucket.location,
             soft_delete_seconds=cfg.bucket.soft_delete_seconds,
             destroy_with_stack=cfg.bucket.destroy_with_stack,
-            object_admin=workload_identity.member,
-            controller_object_admin=controller_identity.member,
+            workload_member=workload_identity.member,
+            controller_member=controller_identity.member,
             labels=cfg.labels,
             adopt=kept_bucket_exists(cfg.project, cfg.bucket.name),
         ),
@@ -256,6 +256,7 @@ def _dataflow_access(
             prefix=cfg.prefix,
             stack=cfg.stack,
             bucket=bucket.name,
+            bucket_name=cfg.bucket.name,
             launcher_member=launcher.member,
             network=network.vpc.id,
             network_name=cfg.network.name,
@@ -579,7 +580,8 @@ def tpu_recovery_commands(
                 if cfg.tpu.preemptible
                 else f"it waits in the queued resource {render.queued_resource_name(cfg.tpu.name)}"
             )
-            + "; never once the job's export is complete); status "
+            + "; never once the job's export is complete; a VM whose boot failed, its "
+            "loader's guest attribute says, is deleted and not recreated); status "
             f"{jobspec.run_root(cfg.bucket.name, cfg.job_name)}/bootstrap/tpu-watch.json, "
             "logs: journalctl -u tpu-pretrain-tpu-watch.service on the controller"
         )
@@ -604,7 +606,8 @@ def gpu_recovery_commands(
         "watchdog": (
             f"on: the controller checks the GPU VM every {render.WATCH_INTERVAL} and starts it "
             "again when preemption stopped it (TERMINATED), until the job's export is "
-            f"complete; status {jobspec.run_root(cfg.bucket.name, cfg.job_name)}"
+            "complete; a VM whose boot failed (its loader's guest attribute) is stopped and "
+            f"not started again; status {jobspec.run_root(cfg.bucket.name, cfg.job_name)}"
             "/bootstrap/gpu-watch.json, logs: journalctl -u tpu-pretrain-gpu-watch.service on "
             "the controller"
             if gpu.auto_recover

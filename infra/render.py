@@ -577,6 +577,7 @@ class TpuWatch:
             "EXPORT_MARKER_URI": jobspec.export_marker_uri(workload.bucket, workload.job_name),
             "RELEASE_WHEN_DONE": "true" if self.release_when_done else "false",
             "TPU_HOSTS": str(self.hosts),
+            "BOOT_ATTRIBUTE": BOOT_ATTRIBUTE,
         }
 
     def script(self, workload: Workload) -> str:
@@ -619,6 +620,7 @@ class GpuWatch:
             "LEASE_URI": f"gs://{workload.bucket}/"
             + jobspec.watch_lease_object_name(workload.job_name),
             "EXPORT_MARKER_URI": jobspec.export_marker_uri(workload.bucket, workload.job_name),
+            "BOOT_ATTRIBUTE": BOOT_ATTRIBUTE,
         }
 
     def script(self, workload: Workload) -> str:
@@ -662,6 +664,19 @@ def render_controller_script(workload: Workload, watch: TpuWatch | GpuWatch | No
 # commit. So every VM's metadata holds the loader, which names only its bucket and role; the
 # rendered scripts are bucket objects named by their digest, and the pointer names them.
 POINTER_OBJECT = "jobs/current.json"
+# How long a VM's loader keeps reading the pointer and what it names before its boot counts
+# as failed (templates/loader.sh back_off: waits doubling from 5 s to 60 s that add up to at
+# least this). Google documents that a new grant "typically" takes about 2 minutes to
+# propagate and can take 7 minutes or longer (iam/docs/access-change-propagation); the VMs
+# wait for a grant's creation, not its propagation.
+LOADER_WAIT_SECONDS = 600
+# Where a VM's loader leaves its boot state, read without the bucket by the controller's
+# watchdog (templates/watch-common.sh boot_failure) and `make smoke`: a guest attribute
+# (namespace/key) of the VM, "loading", "ok" or "failed <epoch> <message>".
+BOOT_ATTRIBUTE = "tpu-pretrain/boot"
+# The metadata key that turns guest attributes on (Compute Engine's "Setting and querying
+# guest attributes"); every VM that boots the loader carries it.
+GUEST_ATTRIBUTES_METADATA = {"enable-guest-attributes": "TRUE"}
 STARTUP_OBJECT_PREFIX = "startup"
 LOADER_ROLES = ("tpu", "gpu", "controller")  # the roles whose VMs boot the loader
 _POINTER_VALUE = re.compile(r"[A-Za-z0-9._/:=+-]+")  # what loader.sh's sed reads back
@@ -688,6 +703,8 @@ def render_loader(role: str, bucket: str) -> str:
         f"readonly ROLE={shlex.quote(role)}",
         f"readonly BUCKET_URI={shlex.quote(f'gs://{bucket}')}",
         f"readonly POINTER_URI={shlex.quote(pointer_uri(bucket))}",
+        f"readonly BOOT_WAIT_SECONDS={LOADER_WAIT_SECONDS}",
+        f"readonly BOOT_ATTRIBUTE={BOOT_ATTRIBUTE}",
     ]
     body = (TEMPLATES / "loader.sh").read_text(encoding="utf-8")
     return "\n".join(header) + "\n\n" + body

@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from infra import jobspec
+from infra import jobspec, render
 from infra.components.recovery import GPU_RECOVERY_ROLE_ID, RECOVERY_ROLE_ID
 from infra.config import GpuConfig, StackConfig, TpuConfig, parse_config
 from infra.errors import ConfigError
@@ -508,7 +508,10 @@ class Smoke:
             if copied.returncode != 0:
                 raise SmokeStopError(f"corpus upload failed: {_last_line(copied)}")
             run_root = jobspec.run_root(bucket.removeprefix("gs://"), self.name)
-            status = self._wait(run_root, status_files(cfg))
+            try:
+                status = self._wait(run_root, status_files(cfg))
+            except SmokeStopError as stop:
+                raise SmokeStopError(f"{stop}{self._boot_failures(cfg)}") from None
             self._judge(run_root, status, outputs)
         except SmokeStopError as stop:
             self.report.add("run", "complete", str(stop), FAILED)
@@ -580,6 +583,32 @@ class Smoke:
                     f"no complete export after {self.timeout_s / 60:.0f} min (last: {line})"
                 )
             self.sleep(self.poll_s)
+
+    def _boot_failures(self, cfg: StackConfig) -> str:
+        """Why a VM never started its job, when its loader gave up (templates/loader.sh: the
+        VM's guest attribute render.BOOT_ATTRIBUTE, "failed <epoch> <message>"): read without
+        the bucket, for a stack without a watchdog or a controller that never booted."""
+        namespace, key = render.BOOT_ATTRIBUTE.split("/")
+        accel = cfg.accelerator
+        instances = ["compute", "instances", "get-guest-attributes"]
+        vms = [("controller", [*instances, f"{cfg.prefix}-controller"], "value(key,value)")]
+        if isinstance(accel, TpuConfig):
+            tpu = ["compute", "tpus", "tpu-vm", "get-guest-attributes", accel.name]
+            vms.append(("tpu", tpu, "value(worker_id,key,value)"))
+        else:
+            vms.append(("gpu", [*instances, accel.name], "value(key,value)"))
+        found = []
+        for who, command, fields in vms:
+            result = self.gcloud(
+                *command, "--zone", accel.zone, "--project", cfg.project,
+                f"--query-path={namespace}/", f"--format={fields}",
+            )  # fmt: skip
+            for line in result.stdout.splitlines() if result.returncode == 0 else []:
+                values = line.split("\t")
+                if len(values) >= 2 and values[-2] == key and values[-1].startswith("failed "):
+                    worker = f" worker {values[0]}" if len(values) == 3 else ""
+                    found.append(f"{who}{worker}: {values[-1].split(' ', 2)[-1]}")
+        return f"; boot failed on {'; '.join(found)}" if found else ""
 
     def _judge(self, run_root: str, status: dict[str, Any], outputs: dict[str, Any]) -> None:
         listed = self.gcloud("storage", "ls", f"{run_root}/bootstrap/facts-*.json")

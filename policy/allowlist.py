@@ -193,11 +193,46 @@ RECOVERY_PERMISSIONS = frozenset(
 # The GPU recovery role: the same, for stacks with gpuAutoRecover (recovery.py
 # GPU_RECOVERY_ROLE_ID), granted with a condition naming the one GPU VM.
 GPU_RECOVERY_ROLE_ID = "tpuPretrainGpuRecovery"
-GPU_RECOVERY_PERMISSIONS = frozenset({"compute.instances.get", "compute.instances.start"})
+GPU_RECOVERY_PERMISSIONS = frozenset(
+    {
+        "compute.instances.get",
+        "compute.instances.getGuestAttributes",  # the VM's boot state
+        "compute.instances.start",
+        "compute.instances.stop",  # a VM whose boot failed bills while idle
+    }
+)
 # The Dataflow launcher's project-level reads (infra/components/dataflow.py
 # LAUNCHER_EXTRA_ROLE_ID; what Dataflow Admin adds to Developer, less object permissions).
 DATAFLOW_LAUNCHER_ROLE_ID = "tpuPretrainDataflowLauncher"
 DATAFLOW_LAUNCHER_PERMISSIONS = frozenset({"compute.machineTypes.get", "storage.buckets.get"})
+# The Dataflow workers' role: roles/dataflow.worker less storage.objects.create and .get
+# (infra/components/dataflow.py WORKER_ROLE_ID; policy/executables.py refuses any project
+# role that writes objects).
+DATAFLOW_WORKER_ROLE_ID = "tpuPretrainDataflowWorker"
+DATAFLOW_WORKER_PERMISSIONS = frozenset(
+    {
+        "autoscaling.sites.readRecommendations",
+        "autoscaling.sites.writeMetrics",
+        "autoscaling.sites.writeState",
+        "compute.instanceGroupManagers.update",
+        "compute.instances.delete",
+        "compute.instances.setDiskAutoDelete",
+        "dataflow.jobs.get",
+        "dataflow.shuffle.read",
+        "dataflow.shuffle.write",
+        "dataflow.streamingWorkItems.ImportState",
+        "dataflow.streamingWorkItems.commitWork",
+        "dataflow.streamingWorkItems.getData",
+        "dataflow.streamingWorkItems.getWork",
+        "dataflow.streamingWorkItems.getWorkerMetadata",
+        "dataflow.workItems.lease",
+        "dataflow.workItems.sendMessage",
+        "dataflow.workItems.update",
+        "logging.logEntries.create",
+        "monitoring.timeSeries.create",
+        "storage.buckets.get",
+    }
+)
 
 _ANY_STACK_ACCOUNT = stack_account(*VM_ACCOUNT_ROLES)
 _DATAFLOW_WORKER = stack_account("dataflow")
@@ -243,12 +278,23 @@ MAIN_GRANTS = (
         target=rf"projects/{_PROJECT_ID}/serviceAccounts/{stack_account('workload')}",
         same_stack=True,
     ),
+    # The bucket: every object read; objects written under the IAM condition that keeps
+    # each identity off what another one runs (policy/executables.py checks the condition
+    # exactly; infra/executables.py writes it).
     Grant(
         (BUCKET_IAM_MEMBER,),
-        "roles/storage.objectAdmin",
-        rf"serviceAccount:{stack_account('controller', 'workload')}",
-        "the TPU VM and the controller read and write the training bucket",
-        "the stack's tp-<stack>-controller and tp-<stack>-workload accounts",
+        "roles/storage.objectViewer",
+        rf"serviceAccount:{stack_account('controller', 'workload', 'dataflow')}",
+        "the accelerator VM, the controller and the Dataflow workers read the training bucket",
+        "the stack's tp-<stack>-controller, -workload and -dataflow accounts",
+    ),
+    Grant(
+        (BUCKET_IAM_MEMBER,),
+        "roles/storage.objectUser",
+        rf"serviceAccount:{stack_account('controller', 'workload', 'dataflow')}",
+        "they write objects, never what another identity runs",
+        "the stack's tp-<stack>-controller, -workload and -dataflow accounts",
+        condition="resource.type == 'storage.googleapis.com/Object' && !resource.name",
     ),
     # tpu-pretrain:dataflow (infra/components/dataflow.py; Google's Dataflow security and
     # access-control pages): the worker role to the worker account only, objects of the
@@ -257,16 +303,9 @@ MAIN_GRANTS = (
     # project).
     Grant(
         (PROJECT_IAM_MEMBER,),
-        "roles/dataflow.worker",
+        f"custom:{DATAFLOW_WORKER_ROLE_ID}",
         rf"serviceAccount:{_DATAFLOW_WORKER}",
         "Dataflow workers lease and report work items of the stack's jobs",
-        "the stack's Dataflow worker account tp-<stack>-dataflow",
-    ),
-    Grant(
-        (BUCKET_IAM_MEMBER,),
-        "roles/storage.objectUser",
-        rf"serviceAccount:{_DATAFLOW_WORKER}",
-        "Dataflow workers read the corpus and write shards, staging and temp files",
         "the stack's Dataflow worker account tp-<stack>-dataflow",
     ),
     Grant(
@@ -606,6 +645,7 @@ BOOTSTRAP = Profile(
         RECOVERY_ROLE_ID: RECOVERY_PERMISSIONS,
         GPU_RECOVERY_ROLE_ID: GPU_RECOVERY_PERMISSIONS,
         DATAFLOW_LAUNCHER_ROLE_ID: DATAFLOW_LAUNCHER_PERMISSIONS,
+        DATAFLOW_WORKER_ROLE_ID: DATAFLOW_WORKER_PERMISSIONS,
     },
 )
 

@@ -41,9 +41,10 @@ from pulumi_policy import (
 )
 
 try:  # inside the repository (tests): the package "policy"
-    from . import allowlist
+    from . import allowlist, executables
 except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the working directory
     import allowlist  # type: ignore[no-redef]
+    import executables  # type: ignore[no-redef]
 
 PACK_NAME = "tpu-pretrain-guardrails"
 
@@ -1142,6 +1143,7 @@ def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
             "by role id, service-account grants by the account they are on.",
             _check_allowed_grants,
         ),
+        executables.build_policy(),
         _any_resource_policy(
             "custom-role-permissions",
             "A custom role exists only under an allowed role id and holds only the "
@@ -1363,6 +1365,7 @@ POLICY_MESSAGES = {
     "allowed-apis": MSG_UNKNOWN_API,
     "allowed-iam-grants": MSG_IAM_GRANT,
     "custom-role-permissions": MSG_CUSTOM_ROLE,
+    executables.NAME: executables.MSG,
     "providers-without-credentials": MSG_PROVIDER,
     "no-public-ingress": MSG_PUBLIC_INGRESS,
     "grants-on-own-resources": MSG_FOREIGN_TARGET,

@@ -69,6 +69,9 @@ GPU_RECOVERY_ROLE_ID = "tpuPretrainGpuRecovery"
 # ... and this one, with roles/dataflow.developer, for the launcher of stacks with
 # tpu-pretrain:dataflow (infra/components/dataflow.py LAUNCHER_EXTRA_ROLE_ID).
 DATAFLOW_LAUNCHER_ROLE_ID = "tpuPretrainDataflowLauncher"
+# ... and this one to the Dataflow workers of those stacks, instead of roles/dataflow.worker
+# (infra/components/dataflow.py WORKER_ROLE_ID).
+DATAFLOW_WORKER_ROLE_ID = "tpuPretrainDataflowWorker"
 DEPLOY_REF = "refs/heads/main"
 # A custom attribute "<token subject>@<git ref>": the deploy binding names one value of it,
 # so a job must run in the deploy environment AND on DEPLOY_REF.
@@ -92,12 +95,15 @@ RECOVERY_PERMISSIONS = (
     "tpu.queuedResources.list",
 )
 # What the controller's GPU watchdog (infra/templates/gpu-watch.sh) calls: `gcloud compute
-# instances describe` and `gcloud compute instances start --async` (no operation polling).
-# Names as in the Compute Engine REST reference (instances.get, instances.start). The
+# instances describe`, `start --async` (no operation polling), `get-guest-attributes` (the
+# VM's boot state) and `stop --async` (a VM whose boot failed bills while idle). Names as in
+# the Compute Engine REST reference (instances.get, .start, .getGuestAttributes, .stop). The
 # program grants this role on the project with an IAM condition naming the one GPU VM.
 GPU_RECOVERY_PERMISSIONS = (
     "compute.instances.get",
+    "compute.instances.getGuestAttributes",
     "compute.instances.start",
+    "compute.instances.stop",
 )
 # What Dataflow Admin, "minimal role for creating and managing dataflow jobs" (Google's
 # Dataflow roles page, iam/docs/roles-permissions/dataflow), holds beyond Dataflow Developer
@@ -105,6 +111,33 @@ GPU_RECOVERY_PERMISSIONS = (
 # the stack's bucket): both read-only.
 DATAFLOW_LAUNCHER_PERMISSIONS = (
     "compute.machineTypes.get",
+    "storage.buckets.get",
+)
+# roles/dataflow.worker as Google defines it, less storage.objects.create and .get: granted on
+# the project those reach every object of every bucket, what a VM of the stack runs included
+# (docs/guard-rails.md, "What a VM runs"); the workers' objects come from their grants on the
+# stack's bucket (infra/components/bucket.py object_grants). The list is the role's
+# includedPermissions (`gcloud iam roles describe roles/dataflow.worker`).
+DATAFLOW_WORKER_PERMISSIONS = (
+    "autoscaling.sites.readRecommendations",
+    "autoscaling.sites.writeMetrics",
+    "autoscaling.sites.writeState",
+    "compute.instanceGroupManagers.update",
+    "compute.instances.delete",
+    "compute.instances.setDiskAutoDelete",
+    "dataflow.jobs.get",
+    "dataflow.shuffle.read",
+    "dataflow.shuffle.write",
+    "dataflow.streamingWorkItems.ImportState",
+    "dataflow.streamingWorkItems.commitWork",
+    "dataflow.streamingWorkItems.getData",
+    "dataflow.streamingWorkItems.getWork",
+    "dataflow.streamingWorkItems.getWorkerMetadata",
+    "dataflow.workItems.lease",
+    "dataflow.workItems.sendMessage",
+    "dataflow.workItems.update",
+    "logging.logEntries.create",
+    "monitoring.timeSeries.create",
     "storage.buckets.get",
 )
 
@@ -198,10 +231,9 @@ DEPLOYER_PERMISSIONS = tuple(
 GRANTABLE_PROJECT_ROLES = (
     "roles/logging.logWriter",
     "roles/monitoring.metricWriter",
-    # Stacks with tpu-pretrain:dataflow (infra/components/dataflow.py): the worker role to the
-    # stack's Dataflow worker account, the launcher role to its controller (the policy pack
-    # refuses them to any other member).
-    "roles/dataflow.worker",
+    # Stacks with tpu-pretrain:dataflow (infra/components/dataflow.py): the launcher role to
+    # its controller (the policy pack refuses it to any other member); the workers get the
+    # custom role below (dataflow_worker_role_name), never roles/dataflow.worker.
     "roles/dataflow.developer",
 )
 # The grants on the stacks' accounts that a stack created by a person makes itself
@@ -276,6 +308,10 @@ def dataflow_launcher_role_name(project: str) -> str:
     return f"projects/{project}/roles/{DATAFLOW_LAUNCHER_ROLE_ID}"
 
 
+def dataflow_worker_role_name(project: str) -> str:
+    return f"projects/{project}/roles/{DATAFLOW_WORKER_ROLE_ID}"
+
+
 def grantable_roles(project: str) -> tuple[str, ...]:
     """Every role the deploy account may grant or revoke on the project."""
     return (
@@ -283,6 +319,7 @@ def grantable_roles(project: str) -> tuple[str, ...]:
         recovery_role_name(project),
         gpu_recovery_role_name(project),
         dataflow_launcher_role_name(project),
+        dataflow_worker_role_name(project),
     )
 
 
@@ -767,7 +804,7 @@ def define(cfg: BootstrapConfig) -> None:
         project=project,
         role_id=GPU_RECOVERY_ROLE_ID,
         title="tpu-pretrain GPU recovery",
-        description="Describe and start a stack's stopped spot GPU VM (the watchdog).",
+        description="Describe, start and stop a stack's spot GPU VM (the watchdog).",
         permissions=list(GPU_RECOVERY_PERMISSIONS),
         stage="GA",
         opts=after_apis,
@@ -779,6 +816,16 @@ def define(cfg: BootstrapConfig) -> None:
         title="tpu-pretrain Dataflow launcher",
         description="What Dataflow Admin adds to Developer at project level, read-only.",
         permissions=list(DATAFLOW_LAUNCHER_PERMISSIONS),
+        stage="GA",
+        opts=after_apis,
+    )
+    gcp.projects.IAMCustomRole(
+        "dataflow-worker-role",
+        project=project,
+        role_id=DATAFLOW_WORKER_ROLE_ID,
+        title="tpu-pretrain Dataflow worker",
+        description="roles/dataflow.worker without object writes and reads on every bucket.",
+        permissions=list(DATAFLOW_WORKER_PERMISSIONS),
         stage="GA",
         opts=after_apis,
     )

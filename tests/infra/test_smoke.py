@@ -114,6 +114,9 @@ elif words[:2] == ["storage", "cp"]:
         dest = local(target) / Path(source).name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(source, dest)
+elif "get-guest-attributes" in words:  # a VM's boot state: scenario guest_attributes[vm]
+    vm = words[words.index("get-guest-attributes") + 1]
+    print(scenario.get("guest_attributes", {}).get(vm, ""), end="")
 elif words[:2] == ["storage", "cat"]:
     path = local(words[2])
     if not path.is_file():
@@ -514,6 +517,14 @@ def test_a_job_that_stops_ends_the_wait_at_once(world):
             {"action": "start-failed", "message": "ZONE_RESOURCE_POOL_EXHAUSTED"},
             "gpu-watch: start-failed: ZONE_RESOURCE_POOL_EXHAUSTED",
         ),
+        # The watchdog deleted (stopped) a VM whose loader gave up (tests/infra/
+        # test_first_boot.py): the wait ends with its reason.
+        (
+            "v6e-euw4",
+            "bootstrap/tpu-watch.json",
+            {"action": "boot-failed", "message": "the boot of t failed (worker 0: no pointer)"},
+            "tpu-watch: boot-failed: the boot of t failed (worker 0: no pointer)",
+        ),
     ],
 )
 def test_a_worker_or_watchdog_failure_ends_the_wait_with_its_line(world, stack, status, doc, line):
@@ -554,6 +565,21 @@ def test_the_wait_is_bounded_and_keep_leaves_the_stack_up(world):
     assert w.rows(runner)["run"][1].startswith("no complete export after 5 min")
     assert "destroy --yes" not in w.verbs("pulumi")
     assert "KEEP=1: stack v6e-euw4 stays up" in w.out.getvalue()
+
+
+def test_a_timeout_names_a_vm_whose_boot_failed(world):
+    """Without a status in the bucket (the controller never booted, no watchdog), the VMs'
+    boot states say why (templates/loader.sh: a guest attribute each)."""
+    failed = "failed 1700000000 cannot read the job pointer gs://b/jobs/current.json after 615s"
+    attributes = {"tp-v6e-euw4-controller": f"boot\t{failed}\n", "tp-v6e-euw4-tpu": "0\tboot\tok\n"}
+    w = world(guest_attributes=attributes)
+    code, runner = w.smoke(timeout_s=120)
+    assert code == 1
+    assert w.rows(runner)["run"][1].endswith(
+        "; boot failed on controller: cannot read the job pointer gs://b/jobs/current.json after "
+        "615s"
+    )
+    _gcloud_commands_are_real(w)
 
 
 def test_a_broken_export_fails_the_verdict(world):

@@ -274,10 +274,11 @@ def test_deploy_account_roles(run: Run) -> None:
     assert granter == (
         "api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
         ".hasOnly(['roles/logging.logWriter', 'roles/monitoring.metricWriter', "
-        "'roles/dataflow.worker', 'roles/dataflow.developer', "
+        "'roles/dataflow.developer', "
         "'projects/tpu-pretrain-example/roles/tpuPretrainTpuRecovery', "
         "'projects/tpu-pretrain-example/roles/tpuPretrainGpuRecovery', "
-        "'projects/tpu-pretrain-example/roles/tpuPretrainDataflowLauncher'])"
+        "'projects/tpu-pretrain-example/roles/tpuPretrainDataflowLauncher', "
+        "'projects/tpu-pretrain-example/roles/tpuPretrainDataflowWorker'])"
     )
     # actAs and service-account IAM: never on the project, only on the stacks' own accounts.
     assert not {p for p in deployer if p.startswith("iam.serviceAccounts.") and "IamPolicy" in p}

@@ -43,6 +43,10 @@ GCLOUD_TPU_NEEDS = {
     ("tpu-vm", "list"): ("tpu.nodes.list",),
     ("tpu-vm", "create"): ("tpu.nodes.create", "tpu.operations.get"),
     ("tpu-vm", "delete"): ("tpu.nodes.delete", "tpu.operations.get"),
+    # The boot state (watch-common.sh boot_failure). Cloud TPU's permission list has no
+    # permission of its own for nodes.getGuestAttributes: read as tpu.nodes.get (not checked
+    # on GCP).
+    ("tpu-vm", "get-guest-attributes"): ("tpu.nodes.get",),
     ("queued-resources", "create"): ("tpu.queuedResources.create", "tpu.operations.get"),
     ("queued-resources", "describe"): ("tpu.queuedResources.get",),
     ("queued-resources", "list"): ("tpu.queuedResources.list",),
@@ -363,6 +367,8 @@ def test_the_recovery_role_covers_what_the_watchdog_runs(bootstrap_run) -> None:
 GCLOUD_INSTANCE_NEEDS = {
     "describe": ("compute.instances.get",),
     "start": ("compute.instances.start",),
+    "get-guest-attributes": ("compute.instances.getGuestAttributes",),
+    "stop": ("compute.instances.stop",),
 }
 
 
@@ -378,8 +384,10 @@ def test_the_gpu_recovery_role_is_exactly_what_the_gpu_watchdog_runs(bootstrap_r
         _condition_of(bootstrap_run, bootstrap.IAM_GRANTER_ROLE_ID)
     )
     script = (ROOT / "infra" / "templates" / "gpu-watch.sh").read_text()
-    verbs = set(re.findall(r"(?:gcloud_once|vm_state) compute instances ([a-z-]+)", script))
-    assert verbs == {"describe", "start"}
+    verbs = set(
+        re.findall(r"(?:gcloud_once|vm_state|boot_failure) compute instances ([a-z-]+)", script)
+    )
+    assert verbs == {"describe", "start", "get-guest-attributes", "stop"}
     needs = {p for verb in verbs for p in GCLOUD_INSTANCE_NEEDS[verb]}
     assert set(role["permissions"]) == needs
     assert "--async" in re.search(r"gcloud_once compute instances start .*", script).group(0)

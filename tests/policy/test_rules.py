@@ -3,6 +3,7 @@ each insecure variant is rejected by its rule with that rule's message."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from policy_harness import (
 )
 from pulumi_policy import EnforcementLevel, ResourceValidationPolicy, StackValidationPolicy
 
-from policy import rules
+from policy import executables, rules
 
 # Accounts shaped like the program's own ("tp-<stack>-<role>"): the grant allowlist names them.
 SA = "tp-test-workload@proj-test.iam.gserviceaccount.com"
@@ -136,7 +137,7 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "bucket-iam": (
         "gcp:storage/bucketIAMMember:BucketIAMMember",
-        {"bucket": "b", "role": "roles/storage.objectAdmin", "member": f"serviceAccount:{SA}"},
+        {"bucket": "b", "role": "roles/storage.objectViewer", "member": f"serviceAccount:{SA}"},
     ),
     "project-iam": (
         "gcp:projects/iAMMember:IAMMember",
@@ -220,6 +221,52 @@ def _variant(key: str, *changes: tuple[str, Any]) -> tuple[str, dict[str, Any]]:
 def _iam(resource_type: str, role: str, member: str, **extra: Any) -> tuple[str, dict[str, Any]]:
     return resource_type, {"role": role, "member": member, **extra}
 
+
+# Every way a stack account could write what a VM runs: on the bucket without the exact
+# condition (none, loosened, another role beside it, a binding or a whole policy), on a
+# managed folder, on the project, by ACL.
+_BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
+_WRITE_CONDITION = executables.expected_expression("b", "workload")
+EXECUTABLE_WRITES: list[tuple[str, tuple[str, dict[str, Any]]]] = [
+    ("object-admin", _iam(_BUCKET_MEMBER, "roles/storage.objectAdmin", f"serviceAccount:{SA}",
+                          bucket="b")),
+    ("object-user-unconditional", _iam(_BUCKET_MEMBER, "roles/storage.objectUser",
+                                       f"serviceAccount:{SA}", bucket="b")),
+    ("object-user-loosened", _iam(_BUCKET_MEMBER, "roles/storage.objectUser",
+                                  f"serviceAccount:{SA}", bucket="b", condition={
+                                      "title": "t", "expression": _WRITE_CONDITION.replace(
+                                          " && !resource.name.startsWith('projects/_/buckets/b/"
+                                          "objects/wheelhouse/')", "")})),
+    ("object-user-for-another-bucket", _iam(_BUCKET_MEMBER, "roles/storage.objectUser",
+                                            f"serviceAccount:{SA}", bucket="b2",
+                                            condition={"title": "t",
+                                                       "expression": _WRITE_CONDITION})),
+    ("object-creator", _iam(_BUCKET_MEMBER, "roles/storage.objectCreator",
+                            f"serviceAccount:{CONTROLLER_SA}", bucket="b")),
+    ("legacy-bucket-writer", _iam(_BUCKET_MEMBER, "roles/storage.legacyBucketWriter",
+                                  f"serviceAccount:{SA}", bucket="b")),
+    ("bucket-binding", ("gcp:storage/bucketIAMBinding:BucketIAMBinding",
+                        {"bucket": "b", "role": "roles/storage.objectUser",
+                         "members": [f"serviceAccount:{SA}"]})),
+    ("bucket-policy", ("gcp:storage/bucketIAMPolicy:BucketIAMPolicy",
+                       {"bucket": "b", "policyData": json.dumps({"bindings": [
+                           {"role": "roles/storage.objectAdmin",
+                            "members": [f"serviceAccount:{CONTROLLER_SA}"]}]})})),
+    ("hop-reads-the-bucket", _iam(_BUCKET_MEMBER, "roles/storage.objectUser",
+                                  f"serviceAccount:{HOP_SA}", bucket="b")),
+    ("managed-folder", _iam("gcp:storage/managedFolderIamMember:ManagedFolderIamMember",
+                            "roles/storage.objectUser", f"serviceAccount:{SA}", bucket="b",
+                            managedFolder="startup/")),
+    ("project-object-creator", _variant("project-iam", ("role", "roles/storage.objectCreator"))),
+    ("project-dataflow-worker", _variant("project-iam", ("role", "roles/dataflow.worker"))),
+    ("project-unknown-custom-role", _variant("project-iam",
+                                             ("role", "projects/proj/roles/writer"))),
+    ("bucket-acl", ("gcp:storage/bucketACL:BucketACL",
+                    {"bucket": "b", "roleEntities": [f"WRITER:user-{SA}"]})),
+    ("object-acl", ("gcp:storage/objectAccessControl:ObjectAccessControl",
+                    {"bucket": "b", "object": "jobs/current.json", "role": "OWNER",
+                     "entity": f"user-{CONTROLLER_SA}"})),
+]  # fmt: skip
 
 # (rule, case id, (type, props)): each must be rejected by that rule with its message.
 FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
@@ -365,6 +412,8 @@ FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
     ("no-auto-mode-network", "default", _variant("network", ("autoCreateSubnetworks", DELETE))),
     ("wif-provider-attribute-condition", "none",
      _variant("wif-provider", ("attributeCondition", DELETE))),
+    # What a VM runs (policy/executables.py): any way a stack account could write it.
+    *[("vm-accounts-write-no-executables", case, grant) for case, grant in EXECUTABLE_WRITES],
 ]  # fmt: skip
 
 

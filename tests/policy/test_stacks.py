@@ -24,6 +24,7 @@ from harness import Captured, gpu_stack_names, run_stack, stack_names
 STACKS = stack_names()
 GPU_STACKS = gpu_stack_names()
 Resource = tuple[str, str, dict[str, Any], str]
+BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 
 
 @cache
@@ -112,8 +113,24 @@ MUTATIONS: list[tuple[str, str, str, Callable[[dict], None]]] = [
     ("bucket-uniform-access", rules.BUCKET, "training", _set("uniformBucketLevelAccess", False)),
     ("bucket-public-access-prevention", rules.BUCKET, "training",
      _set("publicAccessPrevention", "inherited")),
-    ("no-public-principals", "gcp:storage/bucketIAMMember:BucketIAMMember", "admin-controller",
-     _set("member", "allUsers")),
+    ("no-public-principals", "gcp:storage/bucketIAMMember:BucketIAMMember",
+     "controller-objects-read", _set("member", "allUsers")),
+    # What a VM runs (policy/executables.py): the write grant's condition gone, loosened, or
+    # another role beside it; a project role that writes every bucket.
+    ("vm-accounts-write-no-executables", BUCKET_MEMBER, "workload-objects-write",
+     _drop("condition")),
+    ("vm-accounts-write-no-executables", BUCKET_MEMBER, "workload-objects-write",
+     _set("condition.expression", "resource.type == 'storage.googleapis.com/Object'")),
+    ("vm-accounts-write-no-executables", BUCKET_MEMBER, "controller-objects-write",
+     lambda props: props["condition"].update(
+         expression=props["condition"]["expression"].split(" && !")[0]
+         + " && !resource.name.startsWith('projects/_/buckets/x/objects/startup/')")),
+    ("vm-accounts-write-no-executables", BUCKET_MEMBER, "workload-objects-read",
+     _set("role", "roles/storage.objectAdmin")),
+    ("vm-accounts-write-no-executables", BUCKET_MEMBER, "controller-objects-read",
+     _set("role", "roles/storage.legacyBucketWriter")),
+    ("vm-accounts-write-no-executables", "gcp:projects/iAMMember:IAMMember",
+     "workload-identity-logging", _set("role", "roles/storage.objectCreator")),
     ("no-public-principals", "gcp:secretmanager/secretIamMember:SecretIamMember", "key-access",
      _set("member", "allAuthenticatedUsers")),
     ("no-default-compute-service-account", rules.TPU_VM, "tpu",
@@ -156,9 +173,20 @@ ALSO = {
     "no-public-principals": ("allowed-iam-grants",),
     "no-basic-or-admin-roles-for-service-accounts": ("allowed-iam-grants",),
 }
+# Most of them are not on the grant allowlist either (its condition check is a substring;
+# a dropped condition, another role); an admin role on the project is named by that rule too.
+MAY_ALSO_EXECUTABLES = (
+    "allowed-iam-grants",
+    "no-basic-or-admin-roles-for-service-accounts",
+)
 # A VM that runs as a named default account does not run as one of the stack's own either
 # (without an email it runs as the default one, which only the first rule can tell).
-MAY_ALSO = {"no-default-compute-service-account": ("vm-accounts-are-stack-accounts",)}
+MAY_ALSO = {
+    "no-default-compute-service-account": ("vm-accounts-are-stack-accounts",),
+    "vm-accounts-write-no-executables": MAY_ALSO_EXECUTABLES,
+    # roles/editor on the project writes every bucket: named by both rules.
+    "no-basic-or-admin-roles-for-service-accounts": ("vm-accounts-write-no-executables",),
+}
 
 
 @pytest.mark.parametrize(

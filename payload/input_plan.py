@@ -84,9 +84,7 @@ class Span:
     count: int
 
 
-def spans_of(
-    paths: list[str], shard_records: list[int], plan: PipelinePlan
-) -> tuple[Span, ...]:
+def spans_of(paths: list[str], shard_records: list[int], plan: PipelinePlan) -> tuple[Span, ...]:
     """The records `plan`'s pipeline reads: its whole files, or, when the records are split
     (`record_shard` (P, p)), record r of the concatenated files for every r = p mod P."""
     records = dict(zip(paths, shard_records, strict=True))

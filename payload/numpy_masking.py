@@ -87,10 +87,8 @@ class Masker:
         mask_token_ratio: float = 0.8,
         random_token_ratio: float = 0.1,
     ):
-        self.special = np.array(
-            sorted({int(i) for i in special_ids} | ({int(pad_id)} if pad_id is not None else set())),
-            np.int32,
-        )
+        special = {int(i) for i in special_ids} | ({int(pad_id)} if pad_id is not None else set())
+        self.special = np.array(sorted(special), np.int32)
         self.replacements = replacement_vocabulary(vocab_size, self.special.tolist())
         self.mask_id, self.pad_id = int(mask_id), pad_id
         self.slots = int(max_predictions)
@@ -137,7 +135,9 @@ class Masker:
         new_tokens = np.where(
             action < self.mask_token_ratio,
             self.mask_id,
-            np.where(action < self.mask_token_ratio + self.random_token_ratio, random_tokens, original),
+            np.where(
+                action < self.mask_token_ratio + self.random_token_ratio, random_tokens, original
+            ),
         )
         corrupted = ids.copy()
         batch_rows = np.broadcast_to(np.arange(rows)[:, None], positions.shape)

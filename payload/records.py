@@ -182,8 +182,8 @@ def decode_framed(
     if bad.size:
         (length,) = struct.unpack("<Q", frames[bad[0], :8].tobytes())
         raise DataError(
-            f"{where}: record {first + step * int(bad[0])} has a length header of {length} bytes (or a "
-            f"corrupt header CRC), not the {width} bytes of seq_length {seq_length}"
+            f"{where}: record {first + step * int(bad[0])} has a length header of {length} "
+            f"bytes (or a corrupt header CRC), not the {width} bytes of seq_length {seq_length}"
         )
     payload = frames[:, HEADER_BYTES : HEADER_BYTES + width]
     # One C call per record (google_crc32c); the mask and the comparison are vectorised.

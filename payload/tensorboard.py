@@ -34,8 +34,13 @@ _SERIAL = itertools.count()
 
 
 def _protos() -> Any:
-    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2  # noqa: PLC0415
-    from tensorboard.compat.proto import tensor_shape_pb2, types_pb2  # noqa: PLC0415
+    from tensorboard.compat.proto import (  # noqa: PLC0415  (only where events are written)
+        event_pb2,
+        summary_pb2,
+        tensor_pb2,
+        tensor_shape_pb2,
+        types_pb2,
+    )
 
     return event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 

@@ -1,7 +1,7 @@
 """The JAX backend's input: each process's input pipelines (input.make_batches: Grain, no
-TensorFlow) -> the global batches on the device mesh, one array per feature split over the mesh's batch axes
-(`jax.make_array_from_process_local_data`), and the chunks of several batches one compiled
-call trains on.
+TensorFlow) -> the global batches on the device mesh, one array per feature split over the
+mesh's batch axes (`jax.make_array_from_process_local_data`), and the chunks of several
+batches one compiled call trains on.
 """
 
 from __future__ import annotations

@@ -215,10 +215,14 @@ class Batches:
     def __init__(self, maker: BatchMaker, *, start_batch: int, repeat: bool):
         stop = _ENDLESS if repeat else maker.batches_per_epoch
         if start_batch >= stop:
-            raise ValueError(f"start_batch={start_batch} is past the end of a non-repeating dataset")
+            raise ValueError(
+                f"start_batch={start_batch} is past the end of a non-repeating dataset"
+            )
         self.maker = maker
         dataset = grain.MapDataset.range(int(start_batch), stop).map(maker)
-        options = grain.ReadOptions(num_threads=BATCH_THREADS, prefetch_buffer_size=PREFETCH_BATCHES)
+        options = grain.ReadOptions(
+            num_threads=BATCH_THREADS, prefetch_buffer_size=PREFETCH_BATCHES
+        )
         self._iterator = iter(dataset.to_iter_dataset(options))
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:

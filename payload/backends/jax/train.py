@@ -25,9 +25,9 @@ Data parallelism: the state is replicated, every batch is split over the mesh's 
 axis, and XLA's SPMD partitioner inserts the gradient all-reduce: the loss is the mean over
 the predicted tokens of the GLOBAL batch, as on the TF backend. Each process (a host of a
 slice) reads its own shard files (`input.make_batches` with that process's input pipeline
-id, Grain, no TensorFlow; batches.py) and contributes its rows of each global batch; every process writes its
-shards of each checkpoint (Orbax), only process 0 writes run.json, TensorBoard, status.json
-and the export.
+id: Grain, no TensorFlow; batches.py) and contributes its rows of each global batch; every
+process writes its shards of each checkpoint (Orbax), only process 0 writes run.json,
+TensorBoard, status.json and the export.
 """
 
 from __future__ import annotations

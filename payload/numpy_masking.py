@@ -15,9 +15,9 @@ token, the rest stay unchanged.
 
 Randomness is a pure function of (seed, step, row): every random number is a hash
 (SplitMix64's finalizer, Steele, Lea & Flood 2014) of the seed, the global step, the row of
-the global batch, the position and the stream, so a row's masks do not depend on which
-host built it, on the batch's split between hosts, or on whether the run was resumed. The
-bits are defined here, not by a library's generator, so no numpy release changes them.
+the global batch, the stream and the position (or slot), so a row's masks do not depend on
+which host built it, on the batch's split between hosts, or on whether the run was resumed.
+The bits are defined here, not by a library's generator, so no numpy release changes them.
 (masking.py draws from TensorFlow's Philox instead: the two backends mask differently.)
 """
 
@@ -30,17 +30,23 @@ import numpy as np
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
-# The streams of one (seed, step, row): which positions, what each chosen slot becomes,
-# which random token.
-SCORES, ACTION, TOKEN = 1, 2, 3
+_S30, _S27, _S31, _S32, _S11 = (np.uint64(n) for n in (30, 27, 31, 32, 11))
+_LOW32 = np.uint64(0xFFFFFFFF)
+# The streams of one (seed, step, row): which positions are chosen, what each chosen slot
+# becomes (and which random token).
+SCORES, SLOTS = 1, 2
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's output function: a bijective avalanche of uint64 values (wrapping)."""
-    z = (x + _GOLDEN).astype(np.uint64)
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
+    """SplitMix64's output function: a bijective avalanche of uint64 values (wrapping); a
+    new array, computed in place."""
+    z = np.add(x, _GOLDEN, dtype=np.uint64)
+    z ^= z >> _S30
+    z *= _MIX1
+    z ^= z >> _S27
+    z *= _MIX2
+    z ^= z >> _S31
+    return z
 
 
 def hash64(*keys: object) -> np.ndarray:
@@ -49,18 +55,25 @@ def hash64(*keys: object) -> np.ndarray:
     with np.errstate(over="ignore"):
         h = np.zeros((), np.uint64)
         for key in keys:
-            h = mix64(h ^ np.asarray(key).astype(np.int64).astype(np.uint64))
+            h = mix64(h ^ np.asarray(key, np.int64).view(np.uint64))
     return h
 
 
 def uniform(*keys: object) -> np.ndarray:
     """Uniform float64 in [0, 1) per element: the top 53 bits of `hash64(*keys)`."""
-    return (hash64(*keys) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    return (hash64(*keys) >> _S11).astype(np.float64) * (1.0 / (1 << 53))
 
 
 def permutation(n: int, *keys: object) -> np.ndarray:
     """A permutation of range(n) that is a pure function of `keys` (sorted by hash)."""
     return np.argsort(hash64(*keys, np.arange(n)), kind="stable")
+
+
+def _stream(rows: np.ndarray, width: int, stream: int) -> np.ndarray:
+    """[len(rows), width] hashes: row r's `rows[r]` (a per-row hash) with each column."""
+    with np.errstate(over="ignore"):
+        columns = hash64(stream, np.arange(width))
+        return mix64(rows[:, None] ^ columns[None, :])
 
 
 def replacement_vocabulary(vocab_size: int, special_ids: Iterable[int]) -> np.ndarray:
@@ -101,24 +114,26 @@ class Masker:
     ) -> dict[str, np.ndarray]:
         """Mask a batch [B, S]; row r of it is row `first_row + r` of the global batch of
         `step`."""
-        ids = np.asarray(input_ids, np.int32)
+        ids = np.asarray(input_ids).astype(np.int32)
         rows, seq_length = ids.shape
         p_slots = self.slots
-        row_keys = np.arange(first_row, first_row + rows, dtype=np.int64)[:, None]
-        candidate = ~np.isin(ids, self.special)
+        row_hash = hash64(seed, step, np.arange(first_row, first_row + rows))
+        special = self.special
+        if special.size and (special == np.arange(special[0], special[-1] + 1)).all():
+            candidate = (ids < special[0]) | (ids > special[-1])  # one block of ids (0..4)
+        else:
+            candidate = ~np.isin(ids, special)
         num_candidates = candidate.sum(axis=1)
         num_to_mask = np.round(num_candidates * self.mask_probability).astype(np.int64)
         num_to_mask = np.minimum(np.maximum(num_to_mask, 1), np.minimum(num_candidates, p_slots))
 
-        # Uniform scores for candidates, -1 for the rest: the top-P scores are a uniformly
-        # random subset of the candidates, in random order.
-        scores = uniform(seed, step, row_keys, np.arange(seq_length)[None, :], SCORES)
-        scores = np.where(candidate, scores, -1.0)
-        if p_slots < seq_length:
-            top = np.argpartition(-scores, p_slots - 1, axis=1)[:, :p_slots]
-        else:
-            top = np.broadcast_to(np.arange(seq_length), (rows, seq_length))
-        order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1, kind="stable")
+        # A random 64-bit score per candidate (odd, so > 0), 0 for the rest: the P largest
+        # are a uniformly random subset of the candidates, taken in descending order.
+        scores = _stream(row_hash, seq_length, SCORES) | np.uint64(1)
+        scores[~candidate] = 0
+        width = min(p_slots, seq_length)
+        top = np.argpartition(scores, seq_length - width, axis=1)[:, seq_length - width :]
+        order = np.argsort(np.take_along_axis(scores, top, axis=1), axis=1)[:, ::-1]
         positions = np.take_along_axis(top, order, axis=1)
         if p_slots > seq_length:  # more slots than positions: the rest are unused
             positions = np.pad(positions, ((0, 0), (0, p_slots - seq_length)))
@@ -127,11 +142,12 @@ class Masker:
         original = np.take_along_axis(ids, positions, axis=1)
         labels = np.where(used, original, 0).astype(np.int32)
 
-        # What each slot becomes is decided per slot ([B, P] numbers, not [B, S]).
-        slot_keys = np.arange(p_slots)[None, :]
-        action = uniform(seed, step, row_keys, slot_keys, ACTION)
-        pick = uniform(seed, step, row_keys, slot_keys, TOKEN)
-        random_tokens = self.replacements[(pick * self.replacements.size).astype(np.int64)]
+        # What each slot becomes, per slot ([B, P] numbers, not [B, S]): the high 32 bits of
+        # its hash decide mask / random / unchanged, the low 32 bits which random token.
+        slot_hash = _stream(row_hash, p_slots, SLOTS)
+        action = (slot_hash >> _S32).astype(np.float64) * (1.0 / (1 << 32))
+        pick = ((slot_hash & _LOW32) * np.uint64(self.replacements.size)) >> _S32
+        random_tokens = self.replacements[pick.astype(np.int64)]
         new_tokens = np.where(
             action < self.mask_token_ratio,
             self.mask_id,

@@ -119,7 +119,7 @@ class Masker:
         p_slots = self.slots
         row_hash = hash64(seed, step, np.arange(first_row, first_row + rows))
         special = self.special
-        if special.size and (special == np.arange(special[0], special[-1] + 1)).all():
+        if special.size and special[-1] - special[0] + 1 == special.size:
             candidate = (ids < special[0]) | (ids > special[-1])  # one block of ids (0..4)
         else:
             candidate = ~np.isin(ids, special)

@@ -22,7 +22,7 @@ reading anything, so that batch k of a run can be found without reading batches 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -133,12 +133,14 @@ class EpochOrder:
         ]
         self.blocks = np.array(blocks, np.int64).reshape(-1, 3)
         self.length = int(self.blocks[:, 2].sum())
+        # The epoch's block order, for the last epochs asked (windows of one epoch share it).
+        self._block_order = lru_cache(maxsize=2)(self._compute_block_order)
 
     @cached_property
     def _file_order_ends(self) -> np.ndarray:
         return np.cumsum(self.blocks[:, 2])
 
-    def _block_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    def _compute_block_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(block indices in the epoch's order, their cumulative end positions)."""
         if not self.shuffle:
             return np.arange(len(self.blocks)), self._file_order_ends

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 # whose devices take milliseconds per step, and they share the GIL with the trainer.
 BATCH_THREADS = 2
 PREFETCH_BATCHES = 16
-# Parallel ranged reads of one window's blocks (gs:// latency), and windows kept decoded.
+# Parallel ranged reads of one window's blocks (gs:// latency); windows kept decoded: at
+# least this many, and enough for every batch Grain prefetches.
 READ_THREADS = 8
 KEEP_WINDOWS = 4
 _ENDLESS = sys.maxsize
@@ -64,8 +65,9 @@ class Windows:
         seq_length: int,
         token_dtype: str,
         repeat: bool,
+        keep: int = KEEP_WINDOWS,
     ):
-        self.order, self.repeat = order, repeat
+        self.order, self.repeat, self.keep = order, repeat, max(KEEP_WINDOWS, keep)
         self.seq_length, self.token_dtype = int(seq_length), token_dtype
         self.stride = records.record_stride(seq_length, token_dtype)
         self.count = -(-order.length // order.window)
@@ -91,7 +93,7 @@ class Windows:
             return self._windows[key]
         future = self._loader.submit(self._load, epoch, w)
         self._windows[key] = future
-        while len(self._windows) > KEEP_WINDOWS:
+        while len(self._windows) > self.keep:
             self._windows.popitem(last=False)
         return future
 
@@ -159,7 +161,11 @@ class BatchMaker:
             pipeline_id=pipeline_id,
             shuffle=training,
         )
-        self.windows = Windows(order, seq_length=seq_length, token_dtype=token_dtype, repeat=repeat)
+        # The windows the prefetched batches span, the one read ahead and one to spare.
+        keep = -(-PREFETCH_BATCHES * plan.batch_size // order.window) + 3
+        self.windows = Windows(
+            order, seq_length=seq_length, token_dtype=token_dtype, repeat=repeat, keep=keep
+        )
         self.order = order
         special = special_ids_of(manifest)
         self.pad_id = special.get("pad")

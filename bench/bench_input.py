@@ -55,7 +55,7 @@ def write_shards(
         "corpus": {"paths": ["unused.txt"]},
         "tokenizer": {"kind": "bpe" if clm else "wordpiece", "vocab_size": VOCAB},
         "data": {"objective": objective, "seq_length": seq},
-        "model": {"family": "llama" if clm else "bert"},
+        "model": {"family": "llama", "size": "1b"} if clm else {"family": "bert"},
         "train": {"steps": 1},
     }
     job = parse_job(doc, source=str(root / "job.yaml"))

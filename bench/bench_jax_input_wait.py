@@ -86,7 +86,7 @@ def main() -> int:
         f"cores: step {step_s * 1e3:.1f} ms ({stats['steps_per_second']:.2f} steps/s); "
         f"input per step: pulling a prefetched batch {mean_pull * 1e3:.2f} ms "
         f"(max {max(rest) * 1e3:.1f} ms), handing it to the devices {mean_transfer * 1e3:.2f} ms "
-        f"= {(mean_pull + mean_transfer) / step_s:.1%} of a step; the first chunk's 8 batches "
+        f"= {(mean_pull + mean_transfer) / step_s:.2%} of a step; the first chunk's 8 batches "
         f"(nothing prefetched yet) {sum(first) * 1e3:.0f} ms"
     )
     print(f"load average: {os.getloadavg()[0]:.2f}")

@@ -42,8 +42,8 @@ $(TVENV)/.installed: requirements/payload.lock requirements/tpu-vm.txt infra/tem
 	bash -c 'set -euo pipefail; . infra/templates/tpu-install.sh; tpu_install_env "$$0" .' $(TVENV)
 	touch $@
 
-# The TPU VM's environment for the Keras 3 / JAX backend (jax[tpu] + libtpu + tensorflow-cpu
-# + the lock, no tf_keras: requirements/tpu-vm-jax.txt), built by the same shell function as
+# The TPU VM's environment for the Keras 3 / JAX backend (jax[tpu] + libtpu + Grain + gcsfs
+# + the lock, no TensorFlow: requirements/tpu-vm-jax.txt), built by the same shell function as
 # venv-tpu. Its Python is the overlay's `tpu-python` (3.11; on the TPU VM uv installs it):
 # PYTHON_TPU_JAX names that interpreter here. libtpu installs on any x86-64 Linux; JAX uses
 # the CPU with JAX_PLATFORMS=cpu (tests/infra/test_tpu_jax_env.py).
@@ -56,10 +56,10 @@ $(TJVENV)/.installed: requirements/payload.lock requirements/tpu-vm-jax.txt infr
 	touch $@
 
 # The GPU VM's environment for the same backend (jax[cuda12] + NVIDIA's CUDA wheels +
-# tensorflow-cpu + the lock: requirements/gpu-vm-jax.txt), built by the same shell function.
-# The CUDA wheels install on any x86-64 Linux without a GPU; JAX uses the CPU with
-# JAX_PLATFORMS=cpu (tests/infra/test_gpu_jax_env.py). About 3.2 GB to download, 5.5 GB
-# installed (docs/gpus.md).
+# Grain + gcsfs + the lock, no TensorFlow: requirements/gpu-vm-jax.txt), built by the same
+# shell function. The CUDA wheels install on any x86-64 Linux without a GPU; JAX uses the
+# CPU with JAX_PLATFORMS=cpu (tests/infra/test_gpu_jax_env.py). About 3.2 GB to download,
+# 6.6 GB installed (docs/gpus.md).
 PYTHON_GPU_JAX ?= python$(shell sed -n -E 's/^\# tpu-python: *([0-9.]+) *$$/\1/p' requirements/gpu-vm-jax.txt)
 venv-gpu-jax: $(GJVENV)/.installed
 $(GJVENV)/.installed: requirements/payload.lock requirements/gpu-vm-jax.txt infra/templates/tpu-install.sh

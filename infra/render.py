@@ -382,7 +382,7 @@ def render_tpu_script(workload: Workload) -> str:
         )
     libtpu = pins.libtpu
     if host.backend == "jax":
-        libtpu = _check_jax_pins(host.requirements, pins)
+        libtpu = _check_jax_pins(host.requirements)
     values = (
         workload.values
         | {
@@ -414,7 +414,7 @@ def render_gpu_script(workload: Workload) -> str:
         raise TypeError("render_gpu_script needs a GpuHost workload")
     pins = read_pins()
     if host.backend == "jax":
-        _check_jax_pins(host.requirements, pins, accelerator="gpu")
+        _check_jax_pins(host.requirements, accelerator="gpu")
     else:
         gpu_tf = _read_pinned_extra(REPO_ROOT / host.requirements).get("tensorflow")
         if gpu_tf != pins.tensorflow:
@@ -456,20 +456,27 @@ def render_gpu_script(workload: Workload) -> str:
     return _script("gpu", values, "tpu-install.sh", "tpu.sh", "facts.sh", "gpu.sh")
 
 
-def _check_jax_pins(requirements: str, pins: Pins, accelerator: str = "tpu") -> str:
-    """A JAX overlay against what the payload is tested with: tensorflow-cpu is the lock's
-    TensorFlow, jax/jaxlib are requirements/payload-dev.txt's (the CPU tests' JAX), and it
-    names its own Python and, for a TPU VM, libtpu, for a GPU VM the CUDA plugin and PJRT of
-    the same JAX. Returns its libtpu pin (the TPU host check's expectation; "" for a GPU)."""
+# TensorFlow's distributions: none belongs in a JAX overlay (the JAX backend imports no
+# TensorFlow: its input is Grain's, its gs:// gcsfs').
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-keras")
+# What a JAX overlay pins as requirements/payload-dev.txt does (the CPU tests' versions).
+JAX_TESTED_PINS = ("jax", "jaxlib", "orbax-checkpoint", "grain", "gcsfs")
+
+
+def _check_jax_pins(requirements: str, accelerator: str = "tpu") -> str:
+    """A JAX overlay against what the payload is tested with: no TensorFlow, jax/jaxlib,
+    Orbax, Grain and gcsfs as requirements/payload-dev.txt pins them (the CPU tests'), and
+    it names its own Python and, for a TPU VM, libtpu, for a GPU VM the CUDA plugin and PJRT
+    of the same JAX. Returns its libtpu pin (the TPU host check's expectation; "" for a
+    GPU). The lock's tensorflow and tf_keras are dropped on the VM (tpu-install.sh)."""
     overlay = _read_pinned_extra(REPO_ROOT / requirements)
     dev = _read_pinned(REPO_ROOT / PAYLOAD_DEV_FILE)
-    problems = []
-    if overlay.get("tensorflow-cpu") != pins.tensorflow:
-        problems.append(
-            f"tensorflow-cpu=={overlay.get('tensorflow-cpu')} (the lock tests "
-            f"tensorflow=={pins.tensorflow})"
-        )
-    for name in ("jax", "jaxlib"):
+    problems = [
+        f"{name}=={overlay[name]} (the JAX backend needs no TensorFlow)"
+        for name in TENSORFLOW_DISTRIBUTIONS
+        if name in overlay
+    ]
+    for name in JAX_TESTED_PINS:
         if overlay.get(name) != dev.get(name):
             problems.append(
                 f"{name}=={overlay.get(name)} ({PAYLOAD_DEV_FILE} tests {dev.get(name)})"

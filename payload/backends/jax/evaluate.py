@@ -62,6 +62,7 @@ class Evaluator:
         )
         # Read, masked and kept on the host once: the same batches at every evaluation.
         self.host_batches = [pipelines.next_host_batch(iterators) for _ in range(self.batches)]
+        pipelines.close(iterators)
         objective = job.data.objective
         # Split like training: a device never holds more rows at once than it trains on
         # (train.grad_accum_steps' micro-batch), so an evaluation fits wherever a step does.

@@ -24,10 +24,10 @@ backend (payload/backends/tf/train.py; the shared parts are payload/training.py)
 Data parallelism: the state is replicated, every batch is split over the mesh's `data`
 axis, and XLA's SPMD partitioner inserts the gradient all-reduce: the loss is the mean over
 the predicted tokens of the GLOBAL batch, as on the TF backend. Each process (a host of a
-slice) reads its own shard files (`data.make_dataset` with that process's input pipeline
-id; batches.py) and contributes its rows of each global batch; every process writes its
-shards of each checkpoint (Orbax), only process 0 writes run.json, TensorBoard, status.json
-and the export.
+slice) reads its own shard files (`input.make_batches` with that process's input pipeline
+id: Grain, no TensorFlow; batches.py) and contributes its rows of each global batch; every
+process writes its shards of each checkpoint (Orbax), only process 0 writes run.json,
+TensorBoard, status.json and the export.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ use_jax()
 import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402  (tf.data only: the input pipeline)
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from tqdm import tqdm  # noqa: E402
@@ -319,26 +318,37 @@ def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[
     spec = job.train
     family = job.model.family
     keras.config.set_dtype_policy(rt.policy)
-    # The initial weights and the dropout seeds. Keras also seeds TensorFlow's global RNG;
-    # that is cleared again, as on the TF backend: the input pipeline's randomness has
-    # explicit per-epoch seeds (data.py), and tf.data fails on tensor-valued seeds under a
-    # global seed.
-    keras.utils.set_random_seed(spec.seed)
-    try:
-        with mesh_lib.sharded_distribution(rt.mesh, family).scope():
-            model = models.create_model(
-                family,
-                config,
-                manifest.seq_length,
-                remat=spec.remat,
-                attention=rt.attention or attention_lib.REFERENCE,
-                document_mask=job.data.document_mask,
-            )
-            optimizer = create_optimizer(spec)
-            optimizer.build(model.trainable_variables)
-    finally:
-        tf.random.set_seed(None)
+    # The initial weights and the dropout seeds (the input's randomness has its own seeds:
+    # input.py).
+    seed_keras(spec.seed)
+    with mesh_lib.sharded_distribution(rt.mesh, family).scope():
+        model = models.create_model(
+            family,
+            config,
+            manifest.seq_length,
+            remat=spec.remat,
+            attention=rt.attention or attention_lib.REFERENCE,
+            document_mask=job.data.document_mask,
+        )
+        optimizer = create_optimizer(spec)
+        optimizer.build(model.trainable_variables)
     return model, optimizer
+
+
+def seed_keras(seed: int) -> None:
+    """`keras.utils.set_random_seed` (Python's, numpy's and Keras' global seeds) without the
+    TensorFlow import it makes whenever TensorFlow is installed (to seed tf.data, which this
+    backend does not use): Keras' lazy `tensorflow` module is told it is unavailable for
+    the call (keras 3.15 `utils/rng_utils.py`, `utils/module_utils.py`)."""
+    from keras.src.utils import module_utils  # noqa: PLC0415
+
+    lazy = module_utils.tensorflow
+    known = lazy._available
+    lazy._available = False
+    try:
+        keras.utils.set_random_seed(seed)
+    finally:
+        lazy._available = known
 
 
 def _restore_or_start(
@@ -568,6 +578,7 @@ class _TrainLoop:
                     meter.exclude_pause()
                 timer.pause()  # a checkpoint or an evaluation is not step time
         finally:
+            self.pipelines.close(batches)
             stop.restore()
             bar.close()
             meter.close()

@@ -80,7 +80,9 @@ from payload.errors import SpecError, UserError
 from payload.sharding import (
     DATA_PARALLEL_STATE_SHARE,
     GRADIENT_BYTES,
+    REMAT_ALIASES,
     REMAT_FAMILIES,
+    REMAT_SAVES,
     SLOT_BYTES,
     STATE_BYTES_PER_PARAMETER,
     WEIGHT_BYTES,
@@ -90,12 +92,19 @@ from payload.sharding import (
 # rest is for XLA's temporaries, the program and fragmentation (our margin, not a measured
 # constant).
 FIT_SHARE = 0.9
+# The compiled training step's own code on a TPU chip (memory_analysis()
+# generated_code_size_in_bytes of the TPU compiler's program, bench/bench_tpu_compile.py):
+# what the chip holds beside the state and the activations.
+GENERATED_CODE_BYTES = 16 * 2**20
 # The MFU the hours assume unless --mfu says otherwise: our assumption for 125M-3B models on
 # one slice (MaxText publishes ~50-60% for 8B and larger; small models reach less), not a
 # measurement.
 DEFAULT_MFU = 0.35
-# (sharding, remat) layouts; a family outside sharding.REMAT_FAMILIES gets the remat: none ones.
-LAYOUTS = (("data", "none"), ("data", "block"), ("fsdp", "none"), ("fsdp", "block"))
+# (sharding, remat) layouts the plan compares: each sharding with no remat, MaxText's
+# `minimal` and `full` (the job's own train.remat is added when it is another); a family
+# outside sharding.REMAT_FAMILIES gets the remat: none ones.
+REMAT_LAYOUTS = ("none", "minimal", "full")
+LAYOUTS = tuple((sharding, remat) for sharding in ("data", "fsdp") for remat in REMAT_LAYOUTS)
 # NVIDIA GPUs without cuDNN's fused attention: its SDPA operation requires SM80 (Ampere) or
 # newer and fp16/bf16 (docs.nvidia.com/deeplearning/cudnn/frontend/latest/operations/
 # Attention.html, support matrix); V100 is SM70, T4 SM75. GPUs that compute in fp32
@@ -277,6 +286,44 @@ def flops_per_token(shape: Shape, seq_length: int) -> float:
     return 3.0 * (weights + attention)
 
 
+def step_flops_per_token(
+    shape: Shape, seq_length: int, predictions: int, remat: str, *, fused: bool
+) -> float:
+    """The matmul FLOPs one token costs in the compiled training step, what the TPU executes
+    (not MaxText's model FLOPs, flops_per_token): the weights' matmuls forward and twice
+    backward (6 per weight per token), the LM head's at the predicted positions plus its
+    recomputation (the chunked loss recomputes each chunk's logits: 8 per head weight), the
+    attention's as the kernel computes them (units of one [S, S] matmul per head, halved
+    for a causal fused kernel, which skips the masked blocks, whole for the reference,
+    which masks a full square: forward QK^T and PV 2, backward 4 with the reference;
+    splash's dq kernel recomputes QK^T, dkv recomputes QK^T and dP: 9), and what
+    train.remat recomputes per layer: the
+    attention's forward, and every projection whose output the policy does not keep (the
+    down projection's never: nothing reads it). hlo.py counts the compiled program the same
+    way; bench/bench_tpu_compile.py compares the two."""
+    h, i, d, layers = shape.hidden, shape.intermediate, shape.head_size, shape.layers
+    a, k = shape.heads, shape.kv_heads
+    gated = shape.family == "llama"
+    qkv, out = 2 * h * (a + 2 * k) * d, 2 * h * a * d
+    mlp_in = 2 * h * i * (2 if gated else 1)
+    dense = layers * (qkv + out + mlp_in + 2 * h * i)
+    # A fused kernel skips the causal mask's blocks; the reference computes the whole square.
+    unit = 2.0 * seq_length * a * d / (2 if shape.causal and fused else 1)
+    head = 2.0 * h * shape.vocab * predictions / seq_length
+    total = 3 * dense + 4 * head + layers * unit * (9 if fused else 6)
+    saved = REMAT_SAVES[remat]
+    if saved is not None:
+        recompute = 2 * unit
+        if not {"query_proj", "key_proj", "value_proj"} <= set(saved):
+            recompute += qkv
+        if "out_proj" not in saved:
+            recompute += out
+        if not {"mlpwi_0", "mlpwi_1"} <= set(saved):
+            recompute += mlp_in
+        total += layers * recompute
+    return total
+
+
 # The config key of each family's attention dropout and its default (payload/model.py's
 # presets): neither fused kernel applies dropout to the attention probabilities, so the
 # runtime keeps the reference for a model that has any (backends/jax/attention.py choose).
@@ -307,6 +354,23 @@ def fused_attention(
     return True
 
 
+def saved_width(shape: Shape, remat: str) -> int:
+    """Values per token one decoder layer keeps for its backward pass under `remat`, beside
+    its input (which the scan over layers keeps whatever the policy): the widths of the
+    activations the policy names (sharding.REMAT_SAVES). The MLP's down projection (mlpwo)
+    is named by `minimal` but read by no backward computation, so nothing keeps it."""
+    widths = {
+        "query_proj": shape.heads * shape.head_size,
+        "key_proj": shape.kv_heads * shape.head_size,
+        "value_proj": shape.kv_heads * shape.head_size,
+        "out_proj": shape.hidden,
+        "mlpwi_0": shape.intermediate,
+        "mlpwi_1": shape.intermediate,
+        "mlpwo": 0,
+    }
+    return sum(widths[name] for name in REMAT_SAVES[remat] or ())
+
+
 def activation_bytes_per_sequence(
     shape: Shape,
     seq_length: int,
@@ -324,7 +388,10 @@ def activation_bytes_per_sequence(
         a * (7 * h + 3 * shape.kv_heads * shape.head_size + 4 * shape.intermediate) + 8 * h + scores
     )
     layer = per_token_layer * s
-    kept = shape.layers * layer if remat == "none" else shape.layers * a * h * s + layer
+    if REMAT_SAVES[remat] is None:
+        kept = shape.layers * layer
+    else:
+        kept = shape.layers * a * (h + saved_width(shape, remat)) * s + layer
     head = 2 * a * h * predictions
     return kept + head
 
@@ -356,10 +423,18 @@ class Layout:
     activations: int
     per_chip_batch: int
     max_per_chip_batch: int  # the largest micro-batch per chip that fits (0: none)
+    code: int = 0  # the compiled program itself (TPU: GENERATED_CODE_BYTES)
 
     @property
     def total(self) -> int:
-        return self.weights + self.slots + self.gradients + self.gathered + self.activations
+        return (
+            self.weights
+            + self.slots
+            + self.gradients
+            + self.gathered
+            + self.activations
+            + self.code
+        )
 
 
 @dataclass(frozen=True)
@@ -374,6 +449,7 @@ class Plan:
     grad_accum_steps: int
     steps: int
     flops_per_token: float
+    step_flops: float  # matmul FLOPs the compiled step executes (step_flops_per_token)
     mfu: float
     hours: float
     budget_bytes: int  # FIT_SHARE of a chip's memory
@@ -385,6 +461,7 @@ class Plan:
     refusal: str | None
 
     def layout(self, sharding: str, remat: str) -> Layout:
+        remat = REMAT_ALIASES.get(remat, remat)
         return next(x for x in self.layouts if (x.sharding, x.remat) == (sharding, remat))
 
     def to_dict(self) -> dict[str, Any]:
@@ -427,7 +504,8 @@ def _layout(
     # unit (a decoder layer, or the embedding / LM head) is whole on every chip at once.
     largest_unit = max([shape.layer_matrices, *(math.prod(m) for m in shape.matrices)])
     gathered = largest_unit * (acc.activation_bytes + GRADIENT_BYTES) if fsdp > 1 else 0
-    state = held * (WEIGHT_BYTES + SLOT_BYTES) + gradients + gathered
+    code = GENERATED_CODE_BYTES if acc.kind == "tpu" else 0
+    state = held * (WEIGHT_BYTES + SLOT_BYTES) + gradients + gathered + code
     sequence = activation_bytes_per_sequence(
         shape, seq_length, predictions, remat, acc.activation_bytes, fused=fused
     )
@@ -443,6 +521,7 @@ def _layout(
         activations=sequence * per_chip_batch + chunk,
         per_chip_batch=per_chip_batch,
         max_per_chip_batch=int(largest),
+        code=code,
     )
 
 
@@ -466,6 +545,10 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
     micro = train.global_batch_size // split
     budget = int(FIT_SHARE * acc.memory_bytes)
     fused = fused_attention(acc, train.attention, job.model.family, job.model.config)
+    remat = REMAT_ALIASES.get(train.remat, train.remat)
+    candidates = [*LAYOUTS]
+    if remat not in REMAT_LAYOUTS:
+        candidates += [(sharding, remat) for sharding in ("data", "fsdp")]
     layouts = tuple(
         _layout(
             shape,
@@ -479,13 +562,14 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
             budget=budget,
             fused=fused,
         )
-        for sharding, remat in LAYOUTS
+        for sharding, remat in candidates
         if remat == "none" or job.model.family in REMAT_FAMILIES
     )
     sharding, reason = resolve_sharding(
         train.sharding, shape.parameters, acc.chips, acc.memory_bytes
     )
     per_token = flops_per_token(shape, data.seq_length)
+    executed = step_flops_per_token(shape, data.seq_length, predictions, remat, fused=fused)
     tokens = train.steps * train.global_batch_size * data.seq_length
     hours = tokens * per_token / (acc.chips * acc.peak_flops * mfu) / 3600
     draft = Plan(
@@ -499,17 +583,18 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
         grad_accum_steps=train.grad_accum_steps,
         steps=train.steps,
         flops_per_token=per_token,
+        step_flops=executed * train.global_batch_size * data.seq_length,
         mfu=mfu,
         hours=hours,
         budget_bytes=budget,
         sharding=sharding,
         sharding_reason=reason,
-        remat=train.remat,
+        remat=remat,
         layouts=layouts,
         fits=True,
         refusal=None,
     )
-    chosen = draft.layout(sharding, train.remat)
+    chosen = draft.layout(sharding, remat)
     if chosen.total <= budget:
         return draft
     return _replace(draft, fits=False, refusal=_refusal(draft, chosen, job))
@@ -606,7 +691,7 @@ def plan_job_fits(job: Any, acc: Accelerator) -> bool:
         shape,
         acc,
         sharding,
-        train.remat,
+        REMAT_ALIASES.get(train.remat, train.remat),
         seq_length=data.seq_length,
         predictions=predictions,
         per_chip_batch=max(1, train.global_batch_size // (acc.chips * train.grad_accum_steps)),
@@ -626,6 +711,7 @@ def _gib(n: float) -> str:
 
 def format_plan(plan: Plan) -> str:
     acc = plan.accelerator
+    width = max(len(x.remat) for x in plan.layouts) + 2
     lines = [
         f"job {plan.job}: {plan.family} {plan.size}, {plan.parameters:,} parameters, "
         f"seq_length {plan.seq_length}, global batch {plan.global_batch_size}"
@@ -636,13 +722,13 @@ def format_plan(plan: Plan) -> str:
         f"train.remat {plan.remat}; fits when a chip holds at most {_gib(plan.budget_bytes)} "
         f"({FIT_SHARE:.0%})",
         "",
-        f"{'sharding':<9}{'remat':<7}{'weights':>10}{'slots':>10}{'grads':>10}"
+        f"{'sharding':<9}{'remat':<{width}}{'weights':>10}{'slots':>10}{'grads':>10}"
         f"{'gathered':>10}{'activ.':>10}{'total':>10}{'max batch/chip':>16}",
     ]
     for x in plan.layouts:
         mark = " <-" if (x.sharding, x.remat) == (plan.sharding, plan.remat) else ""
         lines.append(
-            f"{x.sharding:<9}{x.remat:<7}{_gib(x.weights):>10}{_gib(x.slots):>10}"
+            f"{x.sharding:<9}{x.remat:<{width}}{_gib(x.weights):>10}{_gib(x.slots):>10}"
             f"{_gib(x.gradients):>10}{_gib(x.gathered):>10}{_gib(x.activations):>10}"
             f"{_gib(x.total):>10}"
             f"{x.max_per_chip_batch:>16}{mark}"
@@ -650,7 +736,9 @@ def format_plan(plan: Plan) -> str:
     lines += [
         "",
         f"micro-batch per chip {plan.layouts[0].per_chip_batch} sequence(s); model FLOPs per "
-        f"token {plan.flops_per_token / 1e9:.2f} GFLOP (MaxText's 6N + attention)",
+        f"token {plan.flops_per_token / 1e9:.2f} GFLOP (MaxText's 6N + attention); the "
+        f"compiled step executes {plan.step_flops / 1e12:.2f} TFLOP of matmuls (train.remat "
+        f"{plan.remat}'s recomputation and the attention kernel's backward included)",
         # backends/jax/evaluate.py: the held-out batches run in micro-batches of at most the
         # training micro-batch's rows per chip, forward only (no gradients, no kept
         # activations for a backward pass): within the training step's memory.
@@ -669,12 +757,12 @@ def markdown(plans: Sequence[Plan]) -> str:
     per layout the bytes per chip of the job's micro-batch and the largest micro-batch per
     chip that fits; "no" marks a layout where the job's own micro-batch does not fit."""
     head = ["size", "parameters", "accelerator"]
-    head += [f"{s}{' + remat' if r == 'block' else ''}" for s, r in LAYOUTS]
+    head += [f"{s}{'' if r == 'none' else ' + ' + r}" for s, r in LAYOUTS]
     head += ["auto picks", "hours"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in plans:
         cells = [f"`{p.size}`", f"{p.parameters / 1e6:,.0f}M", f"`{p.accelerator.name}`"]
-        for x in p.layouts:
+        for x in p.layouts[: len(LAYOUTS)]:
             fits = "" if x.total <= p.budget_bytes else " (no)"
             cells.append(f"{x.total / 2**30:.1f} GiB{fits}, max {x.max_per_chip_batch}")
         cells += [p.sharding, f"{p.hours:,.1f}"]

@@ -61,6 +61,8 @@ REMAT_SAVES: dict[str, tuple[str, ...] | None] = {
     "full": (),
     "block": (),
 }  # fmt: skip
+# Earlier names of a policy: what the plan and the trainer treat them as.
+REMAT_ALIASES = {"block": "full"}
 
 # A family table's axis for a weight that stays whole on every device (a norm's scales
 # stacked over the layers [L, H], which the generic rule would split).

@@ -206,10 +206,10 @@ def test_llama_needs_clm() -> None:
 
 
 def test_remat_and_gradient_accumulation_change_nothing_computed() -> None:
-    """train.remat: block gives the loss and gradients of none (and its program holds a
-    checkpoint, the plain one none); train.grad_accum_steps: 2 gives one step of the whole
-    batch (SGD: the weights move by the gradient itself; AdamW as trained), on a batch whose
-    rows predict different numbers of tokens."""
+    """Every train.remat policy (minimal ... full, block) gives the loss and gradients of none
+    (and its program holds a checkpoint, the plain one none); train.grad_accum_steps: 2 gives
+    one step of the whole batch (SGD: the weights move by the gradient itself; AdamW as
+    trained), on a batch whose rows predict different numbers of tokens."""
     result = subprocess.run(
         [sys.executable, str(STEPS_DRIVER)],
         capture_output=True, text=True, timeout=600, check=False,

@@ -40,6 +40,8 @@ EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "TF_CPP_MIN_LO
 # The measured figure is within this factor of the plan's (module docstring).
 DATA_FACTOR = 1.5
 FSDP_FACTOR = 3.5
+# The compiled step's matmul flops vs the plan's (payload/plan.py step_flops_per_token).
+FLOPS_TOLERANCE = 0.05
 CPU8 = plan.Accelerator(
     name="cpu-8",
     kind="cpu",
@@ -62,6 +64,10 @@ CASES = [
 
 
 def planned(case: dict[str, Any]) -> plan.Layout:
+    return planned_plan(case).layout(case["sharding"], case["remat"])
+
+
+def planned_plan(case: dict[str, Any]) -> plan.Plan:
     document = {
         "name": "memory",
         "output": "/tmp/unused",
@@ -77,7 +83,7 @@ def planned(case: dict[str, Any]) -> plan.Layout:
         },
     }
     job = spec.parse_job(document, source="/tmp/memory.yaml")
-    return plan.plan_job(job, CPU8).layout(case["sharding"], case["remat"])
+    return plan.plan_job(job, CPU8)
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +116,18 @@ def test_compiled_memory_is_within_a_factor_of_the_plan(measured: list[dict[str,
         factor = DATA_FACTOR if case["sharding"] == "data" else FSDP_FACTOR
         assert 1 / DATA_FACTOR <= ratio <= factor, (case, row, layout, report)
     print("measured / planned per device:", "; ".join(report))
+
+
+def test_one_scanned_layer_body_and_the_plans_flops(measured: list[dict[str, int]]) -> None:
+    """The decoder's layers compile as one body under a while loop of L trips, forward and
+    backward (models.LlamaLayers' scan; unrolled layers have no such loop), and the matmul
+    flops of the compiled step, counted with the loops' trip counts (hlo.py), are the plan's
+    (step_flops_per_token: the reference attention here, remat's recomputation included)."""
+    for case, row in zip(CASES, measured, strict=True):
+        assert row["loops"].count(row["layers"]) >= 2, (case, row["loops"])
+        job_plan = planned_plan(case)
+        ratio = row["flops_per_device"] * CPU8.chips / job_plan.step_flops
+        assert abs(ratio - 1) <= FLOPS_TOLERANCE, (case, ratio)
 
 
 def test_the_plan_sees_what_the_compiler_sees(measured: list[dict[str, int]]) -> None:

@@ -69,6 +69,12 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--sharding", default="fsdp", choices=("data", "fsdp"))
     parser.add_argument("--attention", default="auto")
+    parser.add_argument(
+        "--loss-chunk-mib",
+        type=int,
+        help="an experiment: the chunked loss's float32 logits budget per device (default "
+        "payload/model.py LOSS_CHUNK_BYTES); the plan keeps its own",
+    )
     parser.add_argument("--hlo-dir", help="write each case's optimized HLO text here")
     parser.add_argument("--json", action="store_true", help="one JSON line per case")
     parser.add_argument(
@@ -201,6 +207,10 @@ def build(
 def measure(args: argparse.Namespace, remat: str) -> dict[str, Any]:
     """One case: `args.accelerator` and `args.size` name one accelerator and one preset."""
     job = plan_job(args, remat)  # first: a job the spec refuses fails before minutes of compiling
+    if args.loss_chunk_mib:
+        defaults = steps.chunked_loss_terms.__kwdefaults__
+        assert defaults is not None
+        defaults["budget"] = args.loss_chunk_mib * 2**20
     overrides = json.loads(args.config)
     chunk, arguments, built = build(
         accelerator=args.accelerator,

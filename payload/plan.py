@@ -38,13 +38,16 @@ key/value heads, D head size):
   or (4 + a) x A x S      with the reference attention (CPU, older or fp32 GPUs,
                           train.attention: reference): the scores (float32 for the softmax)
                           and probabilities, materialised and kept
-With train.remat: block (jax.checkpoint around each block, nothing saveable) a layer keeps
-only its input (a x H per token) and one layer's activations above exist at a time, while
-its backward pass recomputes them. The LM head: the loss computes the logits a chunk of
-positions at a time under jax.checkpoint (backends/jax/steps.py chunked_loss_terms; the
-chunk: payload/model.py loss_chunk_length, float32 logits under LOSS_CHUNK_BYTES per chip),
-so a sequence keeps 2a x H per predicted token (the head's input and its chunked copy;
-for MLM only the masked positions), and the chip holds one chunk's (a + 8) x V per token
+With a train.remat policy (jax.checkpoint around each layer of the scan over layers, saving
+only what the policy names: sharding.REMAT_SAVES) a layer keeps its input (a x H per token)
+plus the activations the policy names (saved_width: `full` none, `minimal` q, k, v, the
+attention's output projection and the MLP's gate and up), and one layer's activations above
+exist at a time while its backward pass recomputes the rest.
+The LM head: the loss computes the logits a chunk of positions at a time under
+jax.checkpoint (backends/jax/steps.py chunked_loss_terms; the chunk: payload/model.py
+loss_chunk_length, float32 logits under LOSS_CHUNK_BYTES per chip), so a sequence keeps
+2a x H per predicted token (the head's input and its chunked copy; for MLM only the masked
+positions), and the chip holds one chunk's (a + 8) x V per token
 (the logits, their float32 softmax and its gradient) once, whatever the batch.
 Other families use the same per-layer figure with K = A. A job fits when the state plus the
 activations take at most FIT_SHARE of a chip's memory (the rest: XLA's buffers and the
@@ -58,6 +61,10 @@ projection 2 x H x A x D, and the unembedding 2 x H x V once) plus 3 x the causa
 2 x S x A x D per layer (its 4 x S x A x D halved for the causal mask). That is 6N over the
 matmul weights (the embedding lookup counted once, as the LM head) plus the attention term.
 Hours = train.steps x global batch x seq_length x FLOPs per token / (chips x peak x MFU).
+What the compiled step executes is more (step_flops_per_token: the policy's recomputation,
+the loss's recomputed logits, the attention kernel's backward), which the TPU compiler's
+program confirms to the flop for 1B (hlo.py, bench/bench_tpu_compile.py).
+On a TPU the compiled program's own code (GENERATED_CODE_BYTES) is counted with the rest.
 """
 
 from __future__ import annotations
@@ -92,10 +99,12 @@ from payload.sharding import (
 # rest is for XLA's temporaries, the program and fragmentation (our margin, not a measured
 # constant).
 FIT_SHARE = 0.9
-# The compiled training step's own code on a TPU chip (memory_analysis()
-# generated_code_size_in_bytes of the TPU compiler's program, bench/bench_tpu_compile.py):
-# what the chip holds beside the state and the activations.
-GENERATED_CODE_BYTES = 16 * 2**20
+# The compiled training step's own code on a TPU chip, which the chip holds beside the state
+# and the activations: memory_analysis().generated_code_size_in_bytes of the TPU compiler's
+# program (bench/bench_tpu_compile.py, v5litepod-16, 2026-11-28): 39.3 MiB for 1B with
+# train.remat full, 36.4 MiB minimal; 4.2 MiB for `tiny`. One layer body whatever the
+# depth (the scan), so a figure for the presets, not a function of L.
+GENERATED_CODE_BYTES = 40 * 2**20
 # The MFU the hours assume unless --mfu says otherwise: our assumption for 125M-3B models on
 # one slice (MaxText publishes ~50-60% for 8B and larger; small models reach less), not a
 # measurement.

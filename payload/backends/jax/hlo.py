@@ -15,7 +15,8 @@ all. Here:
 - a fusion or call adds its computation's flops, a conditional its most expensive branch, a
   while loop its trip count x its body's: the trip count of a loop whose condition compares
   its counter with a constant (`compare(i, N), direction=LT`, how `lax.scan` and
-  `lax.fori_loop` with static bounds lower, counting from 0);
+  `lax.fori_loop` with static bounds lower, counting from 0, by the body's constant step),
+  or the `known_trip_count` XLA's CPU and GPU pipelines write on the loop;
 - a splash-attention kernel (`splash_mha_fwd` / `_dq` / `_dkv`, jax's Pallas TPU kernel)
   adds the matmuls it computes, from its query [B, N, T, D] and key [B, K, S, D] operands:
   the forward QK^T and PV (2 x 2BNTSD), dq recomputes QK^T and forms dP and dQ (3 x), dkv
@@ -39,6 +40,7 @@ _OPERAND = re.compile(r"%([\w.\-]+)")
 _DIMS = re.compile(r"(lhs_contracting_dims|rhs_contracting_dims)=\{([\d,]*)\}")
 _LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 _WINDOW = re.compile(r"window=\{([^}]*)\}")
+_KNOWN_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 # The operands' shapes of a custom call (each with its layout in braces).
 _CONSTRAINTS = re.compile(r"operand_layout_constraints=\{((?:[^{}]|\{[^{}]*\})*)\}")
 # jax.experimental.pallas.ops.tpu.splash_attention: each kernel's matmuls per query-key pair
@@ -176,6 +178,16 @@ def _step(computations: dict[str, Computation], body: str, index: int) -> int:
     return 1
 
 
+def loop_trips(computations: dict[str, Computation], inst: Instruction) -> int | None:
+    """The trip count of a while instruction: the compiler's own `known_trip_count` where it
+    writes one (XLA's CPU and GPU pipelines), else read off its condition and body."""
+    known = _KNOWN_TRIPS.search(inst.text)
+    if known:
+        return int(known.group(1))
+    called = dict(_called(inst))
+    return trip_count(computations, called.get("condition", ""), called.get("body", ""))
+
+
 def trip_count(computations: dict[str, Computation], condition: str, body: str = "") -> int | None:
     """The trip count of a while loop whose `condition` is `counter < N` for a constant N,
     the counter starting at 0 (how lax.scan, lax.fori_loop with static bounds and the TPU
@@ -302,8 +314,7 @@ class _Walker:
         called = _called(inst)
         if inst.opcode == "while":
             body = next((n for k, n in called if k == "body"), None)
-            condition = next((n for k, n in called if k == "condition"), "")
-            trips = trip_count(self.computations, condition, body or "")
+            trips = loop_trips(self.computations, inst)
             return [(self.walk(body), trips if trips is not None else 1)] if body else []
         if inst.opcode == "conditional":
             branches = [self.walk(n) for k, n in called if k == "branch"]
@@ -341,9 +352,8 @@ def analyse_program(text: str, *, causal: bool = True) -> Analysis:
             continue  # (the entry again, under its own name too)
         for inst in comp.instructions:
             if inst.opcode == "while":
-                called = dict(_called(inst))
-                body, condition = called.get("body", "?"), called.get("condition", "")
-                result.loops.append((body, trip_count(computations, condition, body)))
+                body = dict(_called(inst)).get("body", "?")
+                result.loops.append((body, loop_trips(computations, inst)))
             kind = _kernel_flops(inst, causal)[0] if inst.opcode == "custom-call" else None
             if kind is not None:
                 result.kernels[kind] = result.kernels.get(kind, 0) + 1

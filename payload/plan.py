@@ -428,7 +428,9 @@ class Layout:
     weights: int
     slots: int
     gradients: int
-    gathered: int  # FSDP: the whole weights and gradients of one layer at a time
+    # FSDP: one layer's whole weights and gradient at a time; mixed precision: the scanned
+    # layers' weights cast to the compute dtype
+    gathered: int
     activations: int
     per_chip_batch: int
     max_per_chip_batch: int  # the largest micro-batch per chip that fits (0: none)
@@ -508,11 +510,21 @@ def _layout(
     split, whole = sharded_parameters(shape, fsdp)
     held = whole + math.ceil(split / fsdp)
     gradients = held * GRADIENT_BYTES * (2 if accumulate else 1)
-    # Under FSDP a layer's weights are all-gathered (in the compute dtype) before it runs and
-    # its whole fp32 gradients exist before their reduce-scatter: at least the largest such
-    # unit (a decoder layer, or the embedding / LM head) is whole on every chip at once.
+    # Under FSDP a layer's weights are all-gathered in the compute dtype before it runs and
+    # its gradient is reduce-scattered in the compute dtype (the layers cast their float32
+    # weights before the gather; the TPU compiler fuses both collectives into the matmuls):
+    # at least the largest such unit (a decoder layer, or the embedding / LM head) is whole
+    # on every chip at once, weights and gradient.
     largest_unit = max([shape.layer_matrices, *(math.prod(m) for m in shape.matrices)])
-    gathered = largest_unit * (acc.activation_bytes + GRADIENT_BYTES) if fsdp > 1 else 0
+    gathered = largest_unit * 2 * acc.activation_bytes if fsdp > 1 else 0
+    # Under mixed precision the compiler casts the chip's share of the scanned decoder's
+    # stacked weights to the compute dtype once per step, outside the scan's loops (seen in
+    # the TPU compiler's program: bf16 [L, ...] stacks enter both loops).
+    if shape.family in REMAT_FAMILIES and acc.activation_bytes < WEIGHT_BYTES:
+        split_layers = _split(shape, (shape.hidden, 1), fsdp)
+        gathered += (
+            shape.layers * shape.layer_matrices // (fsdp if split_layers else 1)
+        ) * acc.activation_bytes
     code = GENERATED_CODE_BYTES if acc.kind == "tpu" else 0
     state = held * (WEIGHT_BYTES + SLOT_BYTES) + gradients + gathered + code
     sequence = activation_bytes_per_sequence(

@@ -206,7 +206,7 @@ def test_llama_needs_clm() -> None:
 
 
 def test_remat_and_gradient_accumulation_change_nothing_computed() -> None:
-    """Every train.remat policy (minimal ... full, block) gives the loss and gradients of none
+    """train.remat minimal, save_qkv_proj and block (= full) give the loss and gradients of none
     (and its program holds a checkpoint, the plain one none); train.grad_accum_steps: 2 gives
     one step of the whole batch (SGD: the weights move by the gradient itself; AdamW as
     trained), on a batch whose rows predict different numbers of tokens."""

@@ -39,7 +39,8 @@ import yaml
 
 from infra import jobspec, render
 from infra.components.recovery import GPU_RECOVERY_ROLE_ID, RECOVERY_ROLE_ID
-from infra.config import GpuConfig, StackConfig, TpuConfig, parse_config
+from infra.config import parse_config
+from infra.config_types import GpuConfig, StackConfig, TpuConfig
 from infra.errors import ConfigError
 from infra.offline import STACKS_DIR, stack_names
 from infra.project_config import cli_config

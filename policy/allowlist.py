@@ -1,15 +1,16 @@
 """What a stack may contain: the policy pack's closed world, as data.
 
-Everything not listed here is refused by the pack (policy/rules.py): a resource type, an
+Everything not listed here is refused by the pack (policy/closed_world.py): a resource type, an
 enabled API, an IAM grant (role x principal x resource) or a custom role permission. The
 lists are the ones the programs of this repository really create; tests/policy/
 test_allowlist.py captures every stack under Pulumi's mocks and fails when a program gains
 a type, API or grant that is not listed here, or when an entry here is no longer used.
 
 How to allow something new: change this file in a pull request, with a rule for the new
-type in policy/rules.py where it has settings that matter for security, and a test in
-tests/policy. There is no stack setting, config key or environment variable that widens
-these lists: the pack reads nothing but this file and the resources of the stack.
+type in the module of its rule family (policy/vms.py, policy/network.py, ...; policy/rules.py
+assembles them) where it has settings that matter for security, and a test in tests/policy.
+There is no stack setting, config key or environment variable that widens these lists: the
+pack reads nothing but this file and the resources of the stack.
 
 Two Pulumi projects are known, each with its own lists: the main program (`tpu-pretrain`,
 infra/) and the one-time GitOps bootstrap (`tpu-pretrain-bootstrap`, infra/bootstrap/),
@@ -81,7 +82,7 @@ class Grant:
 @dataclass(frozen=True)
 class Profile:
     project: str
-    # Resource type -> what governs it (the rules of policy/rules.py that apply to it).
+    # Resource type -> what governs it (the rules of the pack that apply to it).
     types: dict[str, str]
     # APIs the program may enable (gcp:projects/service:Service `service`).
     apis: frozenset[str]

@@ -89,7 +89,7 @@ trainer_host_env() {
 }
 
 # What the training backend needs in the unit (PAYLOAD_BACKEND, from the job's train.backend:
-# infra/config.py resolve_backend); TPU_PAYLOAD_BACKEND is the payload's default for
+# infra/config_job.py resolve_backend); TPU_PAYLOAD_BACKEND is the payload's default for
 # train.backend: auto. TensorFlow (tf): TF_USE_LEGACY_KERAS and WRAPT_DISABLE_EXTENSIONS as
 # Google's TF TPU CI sets them, FORCE_TF_AVAILABLE for transformers (tpu-main.sh). Keras 3 on
 # JAX (jax): KERAS_BACKEND=jax, as Keras 3 defaults to the TensorFlow backend
@@ -142,7 +142,7 @@ TimeoutStartSec=infinity
 WantedBy=multi-user.target"
 }
 
-# ---- a multi-host slice (TPU_HOSTS > 1; JAX only, infra/config.py resolve_backend): one
+# ---- a multi-host slice (TPU_HOSTS > 1; JAX only, infra/config_job.py resolve_backend): one
 # script for every host, which reads its worker index. Every host installs the same JAX
 # environment and runs the same trainer unit, one JAX process per host, as Google documents
 # JAX on slices (https://cloud.google.com/tpu/docs/jax-pods: the same program on every

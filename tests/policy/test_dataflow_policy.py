@@ -12,7 +12,7 @@ import pytest
 from policy_harness import Violation, run_pack, urn_for
 from test_stacks import Resource, resources
 
-from policy import rules
+from policy import network
 
 ON = {"tpu-pretrain:dataflow": True}
 STACK = "v3-euw4"
@@ -201,4 +201,4 @@ def test_the_workers_rule_opened_to_public_addresses_is_refused(source: str) -> 
     violations, urn = _edited("dataflow-allow-workers", _set(sourceRanges=[source]))
     assert {v.policy for v in violations} == {"no-public-ingress"}
     assert all(v.urn == urn for v in violations)
-    assert all(v.message.startswith(rules.MSG_PUBLIC_INGRESS) for v in violations)
+    assert all(v.message.startswith(network.MSG_PUBLIC_INGRESS) for v in violations)

@@ -312,15 +312,14 @@ class _RecordedStop:
         self.deferred = False  # inside a training loop: acted on at the loop's agreement
         self.urgent = False  # a second signal while deferred: stop at once
         self.acted = False  # the main thread raised it: nothing left for the guard to do
-        self.arrived = threading.Event()
         self.os_handler: int | None = None  # SIGTERM's handler in the kernel, once installed
 
     def record(self, signum: int, frame: object) -> None:
+        # Plain assignments only: no lock a nested signal could find held (the guard polls).
         if self.signum is None:
             self.signum = signum
         elif self.deferred:
             self.urgent = True
-        self.arrived.set()
 
     def at_once(self) -> bool:
         """A signal arrived that must stop the process now (not at a loop's agreement)."""

@@ -68,3 +68,28 @@ def test_chunks_before_and_after_a_step_is_timed() -> None:
     timer.chunk_done(20)
     assert timer.steps_per_chunk(64) == 1
     assert training.ChunkTimer(None).steps_per_chunk(8) == 8
+
+
+def test_sigterm_is_taken_back_from_a_handler_installed_in_c() -> None:
+    """training.take_sigterm_back sees a handler installed below Python (libtpu installs its
+    own with sigaction when the TPU backend starts; `signal.getsignal` still names Python's)
+    and installs the recording handler again; the handler only records a signal."""
+    import ctypes
+    import signal
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        training.stop_at_once_on_sigterm()
+        assert training.take_sigterm_back() is None  # nothing replaced it
+        libc = ctypes.CDLL(None)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(int(signal.SIGTERM), ctypes.c_void_p(1))  # SIG_IGN, behind Python's back
+        assert signal.getsignal(signal.SIGTERM) == training.STOP.record  # Python cannot tell
+        found = training.take_sigterm_back()
+        assert found is not None and "installed in C" in found, found
+        assert training.take_sigterm_back() is None
+        signal.raise_signal(signal.SIGTERM)  # recorded, not raised: the test goes on
+        assert training.STOP.signum == signal.SIGTERM and training.STOP.at_once()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        training.STOP.signum = None

@@ -37,6 +37,16 @@ STUBS = {
 verb="$1"; shift
 local_of() { echo "$FAKE_GCS/${1#gs://}"; }
 if [ "$verb" = ls ]; then
+  # A folder URI (trailing /) lists what it holds, folders with a trailing /.
+  if [[ "$1" == */ ]] && [ -d "$(local_of "$1")" ]; then
+    listed=0
+    for f in "$(local_of "$1")"*; do
+      [ -e "$f" ] || continue
+      listed=1
+      if [ -d "$f" ]; then echo "$1${f##*/}/"; else echo "$1${f##*/}"; fi
+    done
+    [ "$listed" = 0 ] || exit 0
+  fi
   # The URI may hold a * wildcard, as gcloud storage ls takes it.
   for f in $(local_of "$1"); do
     if [ -e "$f" ]; then echo "$1"; exit 0; fi
@@ -765,6 +775,50 @@ def test_the_trainer_end_is_written_to_the_bootstrap_status(
     assert status["state"] == state and words in status["message"]
     if exit_status == "2":
         assert f"gs://{bucket}/runs/gpt2-small-clm/status.json" in status["message"]
+
+
+def test_a_trainer_failing_again_without_progress_is_stopped_not_restarted(stack_run, sandbox):
+    """A trainer that fails 5 times in a row without a newer checkpoint in the bucket is
+    stopped with a status that says so (`systemctl stop` from ExecStopPost keeps systemd
+    from restarting it); a newer checkpoint counts afresh, a stop by a signal (preemption,
+    shutdown, another host's stop) is not counted, and the stop resets the count for a
+    restart by hand."""
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    assert sandbox.run(_script(stack_run, "tpu-vm")).returncode == 0
+    stop_call = "systemctl --no-block stop tpu-pretrain-train.service"
+
+    def failed(code: str = "1") -> dict:
+        result = _helper(
+            sandbox, "stopped", EXIT_STATUS=code, EXIT_CODE="exited", SERVICE_RESULT="exit-code"
+        )
+        assert result.returncode == 0, result.stderr
+        return _bootstrap_status(sandbox, bucket)
+
+    for attempt in (1, 2, 3):
+        status = failed()
+        assert status["state"] == "restarting", status
+        assert f"failure {attempt} of 5 in a row without a newer checkpoint, newest: none" in (
+            status["message"]
+        )
+    assert stop_call not in sandbox.calls
+    assert failed("143")["state"] == "restarting"  # a stop by signal: not counted
+    checkpoint = sandbox.gcs / bucket / "runs/gpt2-small-clm/checkpoints/10"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "_CHECKPOINT_METADATA").write_text("{}")
+    assert "failure 1 of 5" in failed()["message"]  # progress since the last failure
+    for _ in (2, 3, 4):
+        assert failed()["state"] == "restarting"
+    assert stop_call not in sandbox.calls
+    status = failed("ABRT")  # e.g. the JAX client aborting when another host died
+    assert status["state"] == "stopped", status
+    assert (
+        "trainer failed 5 times in a row without a newer checkpoint (newest: 10; last: "
+        "exit-code, exit ABRT); not restarted" in status["message"]
+    )
+    assert stop_call in sandbox.calls
+    assert "failure 1 of 5" in failed()["message"]  # counted afresh after a restart by hand
+    assert failed("0")["state"] == "finished"
+    assert "failure 1 of 5" in failed()["message"]
 
 
 def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):

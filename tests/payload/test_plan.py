@@ -281,7 +281,7 @@ def test_docs_stop_cost_table_is_the_commands_output() -> None:
 
 def test_stop_cost_uses_the_trainers_chunk_rules() -> None:
     """stop_cost.py restates two rules of backends/jax/runtime.py (which imports JAX, and the
-    plan must not): the same values."""
+    plan must not) and training.FIRST_CHUNK_STEPS: the same values."""
     import ast
 
     from payload import stop_cost
@@ -298,3 +298,6 @@ def test_stop_cost_uses_the_trainers_chunk_rules() -> None:
     assert values["CHUNK_SECONDS"]["tpu"] == stop_cost.CHUNK_SECONDS
     for kind, steps in stop_cost.STEPS_PER_CALL.items():
         assert values["STEPS_PER_CALL"][kind] == steps
+    from payload import training
+
+    assert stop_cost.FIRST_CHUNK_STEPS == training.FIRST_CHUNK_STEPS

@@ -7,6 +7,7 @@ micro-batches no larger than training's (train.grad_accum_steps), the sums kept 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -77,14 +78,34 @@ class Evaluator:
         self.writer = Scalars(storage.join(job.paths.logs, "eval"), enabled=rt.is_chief)
         self._replicated = NamedSharding(rt.mesh, P())
 
-    def evaluate(self, step: int, state: steps.TrainState) -> dict[str, float]:
+    def evaluate(
+        self,
+        step: int,
+        state: steps.TrainState,
+        *,
+        group: int = 0,
+        stop: Callable[[int], bool] | None = None,
+    ) -> dict[str, float] | None:
+        """The held-out metrics of `state` at `step`. With `stop` (the training loop's), the
+        batches go to the devices in groups of `group`, at most one group ahead of the
+        devices, and after each group `stop(batches done)` (a question every process of a
+        slice asks at the same batch) may end the evaluation: None then, nothing reported."""
         started = time.perf_counter()
         totals = jax.device_put(np.zeros([self.terms], np.float32), self._replicated)
+        previous = None  # the totals after the group before the last one dispatched
         for index, batch in enumerate(self.host_batches):
             arrays = self.pipelines.to_devices(batch, chunk=False)
             totals = self._sums(
                 state.trainable, state.non_trainable, arrays, np.int32(index), totals
             )
+            done = index + 1
+            if stop is None or group < 1 or done % group or done == len(self.host_batches):
+                continue
+            if previous is not None:
+                previous.block_until_ready()  # one group runs while the next is queued
+            previous = totals
+            if stop(done):
+                return None
         seconds = time.perf_counter() - started  # the first call includes compiling
         return evaluate_lib.report(
             self.job,

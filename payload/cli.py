@@ -179,14 +179,14 @@ def _compile(args: argparse.Namespace) -> int:
     from payload import quiet  # noqa: PLC0415
 
     try:
-        quiet.configure(args.verbose, os.environ)
+        verbose = quiet.configure(args.verbose, os.environ)
     except UserError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from payload.backends.jax import aot  # noqa: PLC0415  (imports JAX and Keras)
 
-    return aot.run(args.job, args.accelerator, as_json=args.json)
+    return aot.run(args.job, args.accelerator, as_json=args.json, verbose=verbose)
 
 
 def _ignore_sigint_until_exit() -> None:

@@ -22,6 +22,7 @@ compiler needs a GPU), without libtpu, or on bad input.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -114,8 +115,9 @@ def _type_count(acc: plan_lib.Accelerator, chips: int) -> int:
     return chips * int(plan_lib.catalog()["tpu"][acc.generation]["cores_per_chip"])
 
 
-def devices_of(topology: Topology) -> list[Any]:
-    """The topology's compile-only devices (libtpu; nothing is attached)."""
+def devices_of(topology: Topology, *, verbose: bool = False) -> list[Any]:
+    """The topology's compile-only devices (libtpu; nothing is attached). libtpu's notices
+    that it found no TPU here are dropped unless `verbose`."""
     from importlib.util import find_spec  # noqa: PLC0415
 
     if find_spec("libtpu") is None:
@@ -130,7 +132,10 @@ def devices_of(topology: Topology) -> list[Any]:
     # chips; a compile opens no chip, and must not fail (or block a trainer) because another
     # process on this machine loaded libtpu (libtpu's own switch, read when it loads).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    with quiet.framework_lines_dropped(also=_NO_TPU_NOTICE):
+    dropped = (
+        contextlib.nullcontext() if verbose else quiet.framework_lines_dropped(also=_NO_TPU_NOTICE)
+    )
+    with dropped:
         description = topologies.get_topology_desc(
             platform="tpu",
             topology_name=topology.name,
@@ -329,11 +334,11 @@ def _batch_bytes(specs: dict[str, Any], chips: int) -> int:
     return int(total) // chips
 
 
-def compile_job(job: JobSpec, accelerator: str) -> Report:
+def compile_job(job: JobSpec, accelerator: str, *, verbose: bool = False) -> Report:
     """Compile the job's programs for `accelerator` (module docstring)."""
     acc = plan_lib.accelerator(accelerator)
     topology = topology_of(acc)
-    devices = devices_of(topology)
+    devices = devices_of(topology, verbose=verbose)
     facts = facts_of(acc, topology, devices)
     data = data_facts(job)
     started = time.perf_counter()
@@ -475,12 +480,13 @@ def format_report(report: Report) -> str:
         matmuls = summary.flops_per_step if summary.step_loop else summary.flops_per_call
         if compiled.name == "training chunk":
             total = matmuls + report.kernel_flops_per_step
+            ratio = total / report.model_flops_per_step
             lines.append(
                 f"  FLOPs per step per chip: {_flops(total)} = matmuls {_flops(matmuls)} (HLO, "
                 f"with trip counts) + Pallas kernels {_flops(report.kernel_flops_per_step)} "
-                f"(the plan's attention term); the plan's model FLOPs "
-                f"{_flops(report.model_flops_per_step)} (x{total / report.model_flops_per_step:.2f}"
-                ": recomputation under remat and the chunked loss)"
+                f"(the plan's attention term); x{ratio:.2f} the plan's model FLOPs "
+                f"{_flops(report.model_flops_per_step)} (above: recomputed work; below: MLM's "
+                "head at the masked positions only)"
             )
         else:
             lines.append(f"  matmul FLOPs per held-out batch per chip: {_flops(matmuls)}")
@@ -489,7 +495,7 @@ def format_report(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(job_path: str, accelerator: str, *, as_json: bool) -> int:
+def run(job_path: str, accelerator: str, *, as_json: bool, verbose: bool = False) -> int:
     """`tpu-payload compile`: 0 compiled, 2 does not fit or bad input (one line)."""
     try:
         job = plan_lib.load_job(job_path)  # a job template plans too (output filled in)
@@ -498,7 +504,7 @@ def run(job_path: str, accelerator: str, *, as_json: bool) -> int:
                 "train.backend: tf: compile builds the JAX trainer's programs; the TF backend "
                 "compiles its own (set train.backend: jax or auto)"
             )
-        report = compile_job(job, accelerator)
+        report = compile_job(job, accelerator, verbose=verbose)
     except UserError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

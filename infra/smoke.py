@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from infra import jobspec, render
+from infra import jobfit, jobspec, render
 from infra.components.recovery import GPU_RECOVERY_ROLE_ID, RECOVERY_ROLE_ID
 from infra.config import parse_config
 from infra.config_types import GpuConfig, StackConfig, TpuConfig
@@ -157,8 +157,12 @@ class Smoke:
         out: Any = sys.stderr,
         stacks_dir: Path = STACKS_DIR,
         name: str | None = None,
+        compile_python: str | None = None,
     ) -> None:
         self.stacks_dir = stacks_dir
+        # Opt-in (`make smoke ... COMPILE=1`): the preflight also compiles the job for the
+        # stack's TPU type with this interpreter of the TPU environment (jobfit.compile_job).
+        self.compile_python = compile_python
         self.stack, self.keep = stack, keep
         self.timeout_s, self.poll_s = timeout_s, poll_s
         self.clock, self.sleep = clock, sleep
@@ -278,6 +282,8 @@ class Smoke:
                 "queued resource, the watchdog reports it",
                 UNKNOWN,
             )
+            if self.compile_python:
+                self._compiles(cfg, accel.accelerator_type)
         else:
             self._gpu_preflight(cfg, accel)
         if accel.auto_recover:
@@ -288,6 +294,20 @@ class Smoke:
         failed = [r for r in self.report.rows if r.verdict == FAILED]
         if failed:
             raise SmokeStopError(f"preflight: {failed[0].check}: {failed[0].seen}")
+
+    def _compiles(self, cfg: StackConfig, accelerator: str) -> None:
+        """The job's programs compile for the TPU type (tpu-payload compile, minutes): the
+        memory per chip and the kernels are the compiler's, before anything is rented."""
+        check = f"the job compiles for {accelerator} (tpu-payload compile)"
+        if cfg.backend != "jax":
+            self.report.add(check, "compiled", f"the {cfg.backend} backend: not compiled", UNKNOWN)
+            return
+        self.say(f"compiling {cfg.job_name} for {accelerator} (tpu-payload compile; minutes)")
+        spec = jobspec.render_job_spec(jobspec.load_template(cfg.job_file), cfg.bucket.name)
+        code, line = jobfit.compile_job(
+            jobspec.to_json(spec), accelerator, str(self.compile_python)
+        )
+        self._row_ok(check, "compiled", code == 0, line or f"exit status {code}")
 
     def _gitops_iam(self, cfg: StackConfig) -> None:
         """In a GitOps project (the bootstrap's deploy account holds roles there), what only
@@ -762,8 +782,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack", required=True)
     parser.add_argument("--keep", action="store_true", help="do not destroy the stack at the end")
     parser.add_argument("--timeout-min", type=float, default=90.0)
+    parser.add_argument(
+        "--compile",
+        metavar="PYTHON",
+        help="the preflight also compiles the job for the stack's TPU type with this "
+        f"interpreter of the TPU environment (e.g. {jobfit.TPU_PYTHON}; minutes)",
+    )
     args = parser.parse_args(argv)
-    return Smoke(args.stack, keep=args.keep, timeout_s=args.timeout_min * 60).execute()
+    return Smoke(
+        args.stack,
+        keep=args.keep,
+        timeout_s=args.timeout_min * 60,
+        compile_python=args.compile,
+    ).execute()
 
 
 if __name__ == "__main__":

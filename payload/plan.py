@@ -290,10 +290,17 @@ def flops_per_token(shape: Shape, seq_length: int) -> float:
     qkv = 2 * h * (shape.heads + 2 * shape.kv_heads) * d
     projection = 2 * h * shape.heads * d
     weights = layers * (mlp + qkv + projection) + 2 * h * shape.vocab
-    attention = 4.0 * seq_length * shape.heads * d * layers
+    return 3.0 * weights + attention_flops_per_token(shape, seq_length)
+
+
+def attention_flops_per_token(shape: Shape, seq_length: int) -> float:
+    """flops_per_token's attention term: 3 x the QK^T and PV matmuls over the sequence
+    (halved when causal). What a fused kernel computes (`tpu-payload compile` adds it for
+    the Pallas kernels, whose FLOPs the compiled HLO does not show)."""
+    attention = 4.0 * seq_length * shape.heads * shape.head_size * shape.layers
     if shape.causal:
         attention /= 2
-    return 3.0 * (weights + attention)
+    return 3.0 * attention
 
 
 # The config key of each family's attention dropout and its default (payload/model.py's
@@ -766,7 +773,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load(path: str) -> Any:
+def load_job(path: str) -> Any:
     """The job spec, validated as the stages validate it. A job template (stacks/jobs/*.yaml,
     whose `output` infra fills in) is planned too: the plan writes nothing. Where
     transformers is not installed (the Pulumi program's environment) the model-vs-data check
@@ -796,7 +803,7 @@ def _load(path: str) -> Any:
 def _table(args: argparse.Namespace) -> int:
     from dataclasses import replace  # noqa: PLC0415
 
-    job = _load(args.job)
+    job = load_job(args.job)
     accelerators = [accelerator(name) for name in args.accelerator.split(",")]
     plans = []
     for size in args.sizes.split(","):
@@ -817,7 +824,7 @@ def run(args: argparse.Namespace) -> int:
         if args.sizes:
             return _table(args)
         acc = accelerator(args.accelerator)
-        plan = plan_job(_load(args.job), acc, mfu=args.mfu)
+        plan = plan_job(load_job(args.job), acc, mfu=args.mfu)
     except UserError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

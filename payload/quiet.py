@@ -123,9 +123,10 @@ def _drop_no_framework_notice(record: logging.LogRecord) -> bool:
 
 
 @contextlib.contextmanager
-def framework_lines_dropped() -> Iterator[None]:
+def framework_lines_dropped(also: re.Pattern[str] | None = None) -> Iterator[None]:
     """Capture file descriptor 2 for the block; afterwards write back every line that is not
-    a framework log line (`FRAMEWORK_LINE`), also when the block raises."""
+    a framework log line (`FRAMEWORK_LINE`, or one `also` matches), also when the block
+    raises."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as captured:
@@ -140,7 +141,7 @@ def framework_lines_dropped() -> Iterator[None]:
             kept = [
                 line
                 for line in captured.read().decode("utf-8", "replace").splitlines(keepends=True)
-                if not FRAMEWORK_LINE.match(line)
+                if not FRAMEWORK_LINE.match(line) and not (also and also.search(line))
             ]
             if kept:
                 sys.stderr.write("".join(kept))

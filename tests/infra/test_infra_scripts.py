@@ -797,8 +797,9 @@ def test_a_trainer_failing_again_without_progress_is_stopped_not_restarted(stack
     for attempt in (1, 2, 3):
         status = failed()
         assert status["state"] == "restarting", status
-        assert f"failure {attempt} of 5 in a row without a newer checkpoint, newest: none" in (
-            status["message"]
+        assert (
+            f"failure {attempt} of 5 in a row without a newer checkpoint, newest: none"
+            in (status["message"])
         )
     assert stop_call not in sandbox.calls
     assert failed("143")["state"] == "restarting"  # a stop by signal: not counted

@@ -839,3 +839,42 @@ def test_a_project_without_the_deploy_account_is_not_gitops(world):
         "no deploy account: not GitOps",
         "unknown",
     )
+
+
+def _fake_tpu_python(directory: Path, code: int, line: str) -> Path:
+    """An interpreter standing in for the TPU environment's: records its argv, prints `line`
+    on stderr, exits `code` (the real compile is tests/payload/test_tpu_compile.py's)."""
+    python = directory / "tpu-python"
+    python.write_text(
+        "#!/bin/bash\n"
+        f'printf "%s\\n" "$@" > {directory}/compile-argv\n'
+        f'echo "error: {line}" >&2\nexit {code}\n'
+    )
+    python.chmod(0o755)
+    return python
+
+
+@pytest.mark.parametrize(("code", "verdict"), [(0, "ok"), (2, "FAILED")])
+def test_the_preflight_compiles_the_job_when_asked(world, code, verdict):
+    """`make smoke ... COMPILE=1`: a preflight row for `tpu-payload compile` of the smoke job
+    on the stack's TPU type; a job that does not fit stops before anything is created."""
+    w = world()
+    python = _fake_tpu_python(w.tmp, code, "smoke-run does not fit v6e-8: out of HBM")
+    if code == 0:
+        w.boot("controller")
+        w.boot("tpu", {"STUB_PYTHON_VERSION": "3.10"})
+        w.write("bootstrap/tpu.json", {"state": "started"})
+        w.finish_training()
+    result, runner = w.smoke(compile_python=str(python))
+    row = w.rows(runner)["the job compiles for v6e-8 (tpu-payload compile)"]
+    assert row[2] == verdict, row
+    argv = (w.tmp / "compile-argv").read_text().split()
+    assert argv[:4] == ["-m", "payload", "compile", "--job"] and argv[-2:] == [
+        "--accelerator",
+        "v6e-8",
+    ]
+    if code:
+        assert result == 2 and w.verbs("pulumi") == []
+        assert row[1] == "smoke-run does not fit v6e-8: out of HBM"
+    else:
+        assert result == 0, w.out.getvalue()

@@ -38,6 +38,7 @@ from payload.backends.jax import mesh as mesh_lib
 
 DRIVER = Path(__file__).with_name("jax_sharding_driver.py")
 COLLECTIVES_DRIVER = Path(__file__).with_name("jax_collectives_driver.py")
+PROGRAM_DRIVER = Path(__file__).with_name("jax_program_driver.py")
 EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 TOLERANCE = 1e-5
 GIB = 2**30
@@ -265,6 +266,26 @@ def test_fsdp_and_data_parallel_train_alike(tmp_path: Path) -> None:
     assert worst <= TOLERANCE, worst
     # ... and they trained: the weights moved from their initial values.
     assert max(float(np.abs(a[k]).max()) for k in a) > 0
+    # Each run compiled exactly what `tpu-payload compile`'s path (aot.build_for, with the
+    # device facts stated instead of read) compiles for its job on these 8 devices: the
+    # lowered programs' fingerprints (sha256 of their text) that the run logged.
+    jobs = [str(Path(job.paths.root).parent / "job.yaml") for job, _ in runs.values()]
+    built = subprocess.run(
+        [sys.executable, str(PROGRAM_DRIVER), *jobs],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **EIGHT},
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    compiled = [json.loads(line) for line in built.stdout.splitlines() if line.startswith("{")]
+    for (_, stderr), row in zip(runs.values(), compiled, strict=True):
+        (logged,) = [line for line in stderr.splitlines() if line.startswith("train: programs")]
+        prints = row["fingerprints"]
+        assert set(prints) == {"train_chunk", "eval_step"}, prints
+        assert logged.endswith(f"train_chunk {prints['train_chunk']}, eval_step "
+                               f"{prints['eval_step']}"), (logged, prints)  # fmt: skip
     # A resume on the other mesh shape is allowed: run.json's mesh is a record, not identity.
     shutil.rmtree(data.paths.export)
     longer = {

@@ -42,7 +42,10 @@ class Evaluator:
         model: Any,
         pipelines: Pipelines,
         status: StatusWriter,
+        sums: Any = None,
     ):
+        """`sums`: the compiled evaluation step (program.Programs.eval_sums, built for this
+        job's held-out batch); default: make_eval_sums, compiled at the first call."""
         self.job, self.status, self.pipelines = job, status, pipelines
         replicas = rt.num_replicas
         self.global_batch = evaluate_lib.checked_eval_batch(job, manifest, replicas)
@@ -67,13 +70,10 @@ class Evaluator:
         objective = job.data.objective
         # Split like training: a device never holds more rows at once than it trains on
         # (train.grad_accum_steps' micro-batch), so an evaluation fits wherever a step does.
-        train_rows = job.train.global_batch_size // (replicas * job.train.grad_accum_steps)
-        self.micro_batches = evaluate_lib.micro_batch_count(
-            self.global_batch // replicas, train_rows
-        )
+        self.micro_batches = micro_batches_of(job, self.global_batch, replicas)
         count = self.micro_batches
 
-        self._sums = make_eval_sums(model, objective, count)
+        self._sums = sums if sums is not None else make_eval_sums(model, objective, count)
         self.terms = len(steps.RTD_TERMS) if objective == "rtd" else 3
         self.writer = Scalars(storage.join(job.paths.logs, "eval"), enabled=rt.is_chief)
         self._replicated = NamedSharding(rt.mesh, P())
@@ -121,10 +121,19 @@ class Evaluator:
         self.writer.close()
 
 
-def make_eval_sums(model: Any, objective: str, count: int) -> Any:
+def micro_batches_of(job: JobSpec, eval_batch: int, replicas: int) -> int:
+    """How many micro-batches a held-out batch of `eval_batch` rows runs in over `replicas`
+    devices: a device never holds more rows at once than it trains on (train.
+    grad_accum_steps' micro-batch), so an evaluation fits wherever a step does."""
+    train_rows = job.train.global_batch_size // (replicas * job.train.grad_accum_steps)
+    return evaluate_lib.micro_batch_count(eval_batch // replicas, train_rows)
+
+
+def make_eval_sums(model: Any, objective: str, count: int, *, out_sharding: Any = None) -> Any:
     """A compiled (trainable, non_trainable, batch, index, totals) -> totals + the held-out
     sums of batch `index`, one micro-batch of `count` at a time (a `lax.scan`: activations of
-    one micro-batch at a time); the totals stay on the devices between batches."""
+    one micro-batch at a time); the totals stay on the devices between batches, in
+    `out_sharding` when given (the totals' input sharding: the next call takes them back)."""
 
     def terms_of(trainable: Any, non_trainable: Any, batch: Any, key: Any) -> Any:
         if objective == "rtd":
@@ -157,7 +166,9 @@ def make_eval_sums(model: Any, objective: str, count: int) -> Any:
         )
         return totals
 
-    return jax.jit(sums)
+    if out_sharding is None:
+        return jax.jit(sums)
+    return jax.jit(sums, out_shardings=out_sharding)
 
 
 def split_micro_batches(batch: dict[str, Any], count: int) -> dict[str, Any]:

@@ -93,7 +93,10 @@ def chunked_loss_terms(
     `mesh`, a chunk's logits are held to those rows (mesh.keep_rows): the head's kernel is
     gathered (FSDP), not the features of the whole batch."""
     rows, length = labels.shape
-    per_device = max(1, rows // jax.device_count())  # the trainer splits B over every device
+    # The trainer splits B over every device of the mesh (not the devices this process
+    # sees: a program compiled for another topology must size its chunks for that one).
+    devices = int(mesh.size) if mesh is not None else jax.device_count()
+    per_device = max(1, rows // devices)
     size = model_lib.loss_chunk_length(per_device, length, kernel.shape[-1], budget)
     count = length // size
 

@@ -32,7 +32,6 @@ TensorBoard, status.json and the export.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -60,6 +59,7 @@ from payload.backends.jax import batches as batches_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import compile_cache, distributed, hf_weights, models, steps  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
+from payload.backends.jax import program as program_lib  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.backends.jax.batches import Pipelines  # noqa: E402
 from payload.backends.jax.evaluate import Evaluator  # noqa: E402
@@ -125,7 +125,7 @@ def _train(
     config = model_lib.config_for(job, manifest)
     parameters = model_lib.parameter_count(job.model.family, config)
     rt = runtime_lib.runtime(spec.precision, spec.sharding, parameters)
-    rt = dataclasses.replace(rt, attention=_attention(job, config, manifest, rt))
+    rt = program_lib.with_attention(job, config, int(manifest.seq_length), rt)
     pipelines = Pipelines(rt, input_pipelines)
     _checked_data(job, manifest, pipelines)
     described = rt.describe()
@@ -149,12 +149,23 @@ def _train(
         f"{len(manifest.shards)} training shards: {', '.join(files)}"
     )
     training.stop_point()
-    state = steps.TrainState.of(model, optimizer)  # created sharded (mesh.sharded_distribution)
+    programs = _programs(job, manifest, config, rt)
+    # Created sharded (mesh.sharded_distribution) as the programs expect; a value Keras left
+    # uncommitted (on one device) goes where the programs take it.
+    state = jax.device_put(steps.TrainState.of(model, optimizer), programs.state_shardings)
     stats: dict[str, Any] = {"step": step}
     if restored is not None:
         stats["resumed_from"] = restored
     evaluator = (
-        Evaluator(job, manifest, rt, model=model, pipelines=pipelines, status=status)
+        Evaluator(
+            job,
+            manifest,
+            rt,
+            model=model,
+            pipelines=pipelines,
+            status=status,
+            sums=programs.eval_sums(),
+        )
         if manifest.eval_records
         else None
     )
@@ -169,6 +180,7 @@ def _train(
                 layout=layout,
                 pipelines=pipelines,
                 evaluator=evaluator,
+                programs=programs,
             )
             with loop:  # waits for the last checkpoint's write, also on SIGTERM or an error
                 state, results = loop.run(state, status, step)
@@ -312,18 +324,21 @@ def _check_run(
     checkpoints.require_space(directory, layout, keep=spec.keep_checkpoints, kept=len(found))
 
 
-def _attention(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> Any:
-    """train.attention for this model on this platform (attention.choose)."""
-    return attention_lib.choose(
-        job.train.attention,
-        platform=rt.accelerator,
-        family=job.model.family,
-        config=config,
-        seq_length=int(manifest.seq_length),
-        compute_dtype="bfloat16" if rt.policy == "mixed_bfloat16" else "float32",
-        document_mask=job.data.document_mask,
-        mesh=rt.mesh,
+def _programs(job: JobSpec, manifest: Manifest, config: Any, rt: Runtime) -> program_lib.Programs:
+    """The training chunk and evaluation step, lowered by the one builder (program.py) that
+    `tpu-payload compile` uses: this run compiles what `compile` compiles for the same job
+    and facts (their fingerprints, logged here, are what `compile --json` prints)."""
+    eval_batch = (
+        evaluate_lib.checked_eval_batch(job, manifest, rt.num_replicas)
+        if manifest.eval_records
+        else None
     )
+    programs = program_lib.build(
+        job, config, rt, seq_length=int(manifest.seq_length), eval_batch=eval_batch
+    )
+    prints = ", ".join(f"{name} {value}" for name, value in programs.fingerprints().items())
+    training.log(f"train: programs (program.py; sha256 of the lowered text): {prints}")
+    return programs
 
 
 def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[Any, Any]:
@@ -417,19 +432,15 @@ class _TrainLoop:
         layout: checkpoints.Layout,
         pipelines: Pipelines,
         evaluator: Evaluator | None,
+        programs: program_lib.Programs,
     ):
         self.job, self.manifest, self.rt = job, manifest, rt
         self.model, self.optimizer, self.layout = model, optimizer, layout
         self.pipelines, self.evaluator = pipelines, evaluator
         self.spec = job.train
-        self.train_chunk = steps.make_train_chunk(
-            model,
-            optimizer,
-            job.data.objective,
-            state_sharding=mesh_lib.shardings_of(steps.TrainState.of(model, optimizer)),
-            accum_steps=job.train.grad_accum_steps,
-            seed=job.train.seed,
-        )
+        # The compiled chunk (program.py): it takes exactly the state and batch shapes,
+        # dtypes and shardings it was built for, and donates the state.
+        self.train_chunk = programs.train_chunk()
         self.last_checkpoint: str | None = None
         self.store = checkpoints.Checkpoints(
             job.paths.checkpoints, layout, keep=job.train.keep_checkpoints

@@ -42,8 +42,8 @@ $(TVENV)/.installed: requirements/payload.lock requirements/tpu-vm.txt infra/tem
 	bash -c 'set -euo pipefail; . infra/templates/tpu-install.sh; tpu_install_env "$$0" .' $(TVENV)
 	touch $@
 
-# The TPU VM's environment for the Keras 3 / JAX backend (jax[tpu] + libtpu + tensorflow-cpu
-# + the lock, no tf_keras: requirements/tpu-vm-jax.txt), built by the same shell function as
+# The TPU VM's environment for the Keras 3 / JAX backend (jax[tpu] + libtpu + Grain + gcsfs
+# + the lock, no TensorFlow: requirements/tpu-vm-jax.txt), built by the same shell function as
 # venv-tpu. Its Python is the overlay's `tpu-python` (3.11; on the TPU VM uv installs it):
 # PYTHON_TPU_JAX names that interpreter here. libtpu installs on any x86-64 Linux; JAX uses
 # the CPU with JAX_PLATFORMS=cpu (tests/infra/test_tpu_jax_env.py).
@@ -56,10 +56,10 @@ $(TJVENV)/.installed: requirements/payload.lock requirements/tpu-vm-jax.txt infr
 	touch $@
 
 # The GPU VM's environment for the same backend (jax[cuda12] + NVIDIA's CUDA wheels +
-# tensorflow-cpu + the lock: requirements/gpu-vm-jax.txt), built by the same shell function.
-# The CUDA wheels install on any x86-64 Linux without a GPU; JAX uses the CPU with
-# JAX_PLATFORMS=cpu (tests/infra/test_gpu_jax_env.py). About 3.2 GB to download, 5.5 GB
-# installed (docs/gpus.md).
+# Grain + gcsfs + the lock, no TensorFlow: requirements/gpu-vm-jax.txt), built by the same
+# shell function. The CUDA wheels install on any x86-64 Linux without a GPU; JAX uses the
+# CPU with JAX_PLATFORMS=cpu (tests/infra/test_gpu_jax_env.py). About 3.2 GB to download,
+# 6.6 GB installed (docs/gpus.md).
 PYTHON_GPU_JAX ?= python$(shell sed -n -E 's/^\# tpu-python: *([0-9.]+) *$$/\1/p' requirements/gpu-vm-jax.txt)
 venv-gpu-jax: $(GJVENV)/.installed
 $(GJVENV)/.installed: requirements/payload.lock requirements/gpu-vm-jax.txt infra/templates/tpu-install.sh
@@ -107,8 +107,8 @@ test: lint test-payload test-infra
 TEST_WORKERS ?= auto
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-test-payload: venv venv-pt venv-beam
-	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python PAYLOAD_BEAM_PYTHON=$(BVENV)/bin/python $(PY) -m pytest $(PYTEST_PARALLEL) tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py
+test-payload: venv venv-pt venv-beam venv-tpu-jax
+	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python PAYLOAD_BEAM_PYTHON=$(BVENV)/bin/python PAYLOAD_TPU_PYTHON=$(TJVENV)/bin/python $(PY) -m pytest $(PYTEST_PARALLEL) tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py
 
 test-infra: venv-infra venv-tpu venv-tpu-jax venv-gpu-jax $(TOOLS)
 	$(IPY) -m pytest $(PYTEST_PARALLEL) tests/infra tests/policy
@@ -123,16 +123,18 @@ format: venv
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# Offline plan of a stack under Pulumi's mocks: no cloud account, no Pulumi CLI.
-plan: venv-infra
-	$(IPY) -m infra.plan --stack $(STACK)
+# Offline plan of a stack under Pulumi's mocks: no cloud account, no Pulumi CLI. COMPILE=1
+# also compiles the stack's job for its TPU type in the TPU environment (tpu-payload compile:
+# minutes; docs/models.md#what-the-compiler-proves-before-renting).
+plan: venv-infra $(if $(COMPILE),venv-tpu-jax)
+	$(IPY) -m infra.plan --stack $(STACK) $(if $(COMPILE),--compile $(TJVENV)/bin/python)
 
 # The first real run on GCP (docs/first-real-run.md): preflight, pulumi up with the tiny
 # smoke job, wait, verdict table, pulumi destroy (KEEP=1 keeps the stack). It creates real
 # resources, so STACK must be named on the command line: make smoke STACK=v6e-euw4
-smoke: venv-pt venv-infra
-	@test "$(origin STACK)" = "command line" || { echo "make smoke: name the stack: make smoke STACK=<stack> [KEEP=1]" >&2; exit 2; }
-	$(IPY) -m infra.smoke --stack $(STACK) $(if $(KEEP),--keep)
+smoke: venv-pt venv-infra $(if $(COMPILE),venv-tpu-jax)
+	@test "$(origin STACK)" = "command line" || { echo "make smoke: name the stack: make smoke STACK=<stack> [KEEP=1] [COMPILE=1]" >&2; exit 2; }
+	$(IPY) -m infra.smoke --stack $(STACK) $(if $(KEEP),--keep) $(if $(COMPILE),--compile $(TJVENV)/bin/python)
 
 # Performance figures (printed, not asserted): encode vs raw tokenizers, the encode stage on
 # Beam's local runner vs the local encoder (same bytes), bytes/token,

@@ -241,9 +241,9 @@ def load_batches(work: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarra
     return train, held
 
 
-def jax_model(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> tuple[Any, Any, Any]:
+def jax_model(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> tuple[Any, ...]:
     """Ours: the model (its initial weights written for PyTorch) with the attention
-    `train.attention: auto` picks on this device, Keras AdamW, and that attention."""
+    `train.attention: auto` picks on this device, Keras AdamW, that attention, the config."""
     import jax
     import keras
 
@@ -291,7 +291,7 @@ def jax_model(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> tup
     )
     optimizer.exclude_from_weight_decay(var_names=list(NO_DECAY_NAMES))
     optimizer.build(model.trainable_variables)
-    return model, optimizer, attention
+    return model, optimizer, attention, config
 
 
 def hlo_facts(text: str, seq: int) -> dict[str, Any]:
@@ -356,7 +356,7 @@ def jax_side(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> dict
 
     from payload.backends.jax import steps
 
-    model, optimizer, attention = jax_model(work, spec, args)
+    model, optimizer, attention, config = jax_model(work, spec, args)
     objective = "mlm" if spec["family"] == "bert" else "clm"
     chunk = steps.make_train_chunk(model, optimizer, objective)
     state = steps.TrainState.of(model, optimizer)
@@ -419,7 +419,7 @@ def jax_side(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> dict
         "matmul_flops": jax_matmul_flops(args.matmul),
         "datasheet_flops": datasheet(device.device_kind),
         "attention": attention.describe(),
-        "layers": len(getattr(model, "blocks", [])),
+        "layers": int(config.num_hidden_layers),
         "hlo": hlo_facts(compiled.as_text(), spec["seq"]),
         "versions": {"jax": jax.__version__},
     }

@@ -8,6 +8,11 @@ Pulumi program's environment has no TensorFlow, JAX or transformers;
 tests/infra/test_jobfit.py checks its import closure in this environment). The plan mirrors
 the JAX trainer's layout (payload/plan.py); its exit status 2 with one line on stderr is a
 job that cannot fit (or a spec the payload refuses), which becomes a one-line ConfigError.
+
+`compile_job` (opt-in: `make plan COMPILE=1`, `make smoke ... COMPILE=1`) goes further: the
+payload's `tpu-payload compile` of the same rendered spec for the stack's TPU type, run with
+the TPU environment's interpreter (its libtpu compiles for the type's topology here, in
+minutes; docs/models.md#what-the-compiler-proves-before-renting).
 """
 
 from __future__ import annotations
@@ -26,6 +31,11 @@ from infra.errors import ConfigError
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 120
 PLAN_COMMAND = (sys.executable, "-m", "payload.plan")
+# A large model's compile takes minutes on a laptop (a 1B Llama for v5e:4x4: ~6 min on a
+# loaded 2-core machine, docs/performance.md); this is a guard against a hang, not a limit.
+COMPILE_TIMEOUT_S = 3600
+# The TPU environment's interpreter, relative to the repository (`make venv-tpu-jax`).
+TPU_PYTHON = ".venv-tpu-jax/bin/python"
 
 
 @dataclass(frozen=True)
@@ -92,3 +102,37 @@ def _plan(key: str, spec_json: str, accelerator: str) -> JobFit:
             f"{key}: the payload's plan printed no plan this program reads ({error!r})"
         ) from None
     return JobFit(summary)
+
+
+def compile_job(spec_json: str, accelerator: str, python: str) -> tuple[int, str]:
+    """`python -m payload compile --job <spec> --accelerator <type>` with `python` (an
+    interpreter of the TPU environment) and this repository's payload: its report goes to
+    this process's stdout as it is printed; returns (its exit status, its last stderr line
+    without "error: ", or "" when it printed none). Exit 2 is the payload's own one-line
+    refusal: a job that does not fit (with the largest batch that compiles), a GPU type, no
+    libtpu."""
+    interpreter = Path(python) if Path(python).is_absolute() else REPO_ROOT / python
+    if not interpreter.exists():
+        return 2, f"{python}: no such interpreter (`make venv-tpu-jax` builds {TPU_PYTHON})"
+    with tempfile.TemporaryDirectory(prefix="tpu-pretrain-compile-") as tmp:
+        job = Path(tmp) / "job.json"
+        job.write_text(spec_json, encoding="utf-8")
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        command = [str(interpreter), "-m", "payload", "compile", "--job", str(job)]
+        try:
+            result = subprocess.run(
+                [*command, "--accelerator", accelerator],
+                stdout=None,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=COMPILE_TIMEOUT_S,
+                check=False,
+                cwd=REPO_ROOT,
+                env=env,
+            )
+        except subprocess.TimeoutExpired:
+            return 2, f"tpu-payload compile took over {COMPILE_TIMEOUT_S} s"
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    if result.returncode not in (0, 2):
+        sys.stderr.write(result.stderr)  # a bug's traceback, as the payload printed it
+    return result.returncode, lines[-1].removeprefix("error: ") if lines else ""

@@ -46,7 +46,7 @@ class Registered:
     outputs: dict[str, Any] = field(default_factory=dict)
     secret_inputs: frozenset[str] = frozenset()  # top-level inputs the engine got as secrets
     # Resource options as the engine got them: parent, protect, retainOnDelete,
-    # dependencies, replaceOnChanges, deleteBeforeReplace.
+    # dependencies, replaceOnChanges, ignoreChanges, deleteBeforeReplace, importId.
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -125,6 +125,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
             ),
             "dependencies": sorted(request.dependencies),
             "replaceOnChanges": list(request.replaceOnChanges),
+            "ignoreChanges": list(request.ignoreChanges),
             "deleteBeforeReplace": request.deleteBeforeReplace,
             "importId": request.importId or None,
         }

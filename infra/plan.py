@@ -1,10 +1,14 @@
 """Offline plan: what a stack would create, without a cloud account or the Pulumi CLI.
 
     python -m infra.plan --stack v6e-euw4 [--set tpu-pretrain:scheduling=spot ...]
+                         [--compile .venv-tpu-jax/bin/python]
 
 Runs the real program under Pulumi's mocks (infra.offline) and prints a table of every
 resource with its key settings, then the rendered startup scripts and job spec. Secret
-values (WireGuard keys, the client configuration) are never printed."""
+values (WireGuard keys, the client configuration) are never printed. `--compile PYTHON`
+(`make plan COMPILE=1`) then compiles the stack's job for its TPU type with the payload's
+`tpu-payload compile` in the TPU environment (infra/jobfit.py compile_job; minutes), and
+exits 2 with its one line when the job does not fit."""
 
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ import re
 import sys
 from typing import Any
 
-from infra import offline, render
+from infra import jobfit, jobspec, offline, render
+from infra.config import GpuConfig, parse_config
 from infra.errors import ConfigError
 
 # Per resource type, the inputs worth a glance (engine names).
@@ -164,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         "--stack", required=True, help="one of: " + ", ".join(offline.stack_names())
     )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--compile",
+        metavar="PYTHON",
+        help="also compile the stack's job for its TPU type with this interpreter of the TPU "
+        f"environment (e.g. {jobfit.TPU_PYTHON}; takes minutes)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.stack not in offline.stack_names():
@@ -171,11 +182,42 @@ def main(argv: list[str] | None = None) -> int:
                 f"--stack {args.stack!r}: no stacks/Pulumi.{args.stack}.yaml; stacks: "
                 + ", ".join(offline.stack_names())
             )
-        run = offline.run_offline(args.stack, _parse_set(args.set))
+        overrides = _parse_set(args.set)
+        run = offline.run_offline(args.stack, overrides)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     sys.stdout.write(format_plan(run))
+    if args.compile:
+        sys.stdout.flush()
+        return compile_stack_job(args.stack, overrides, args.compile)
+    return 0
+
+
+def compile_stack_job(stack: str, overrides: dict[str, object], python: str) -> int:
+    """`tpu-payload compile` of the stack's rendered job for its TPU type (jobfit.compile_job):
+    0 when it compiles (or there is nothing to compile here: a GPU stack, the TF backend), 2
+    with its one line when it does not."""
+    config = offline.stack_config(stack, overrides)
+    values = {k.split(":", 1)[1]: v for k, v in config.items() if k.startswith("tpu-pretrain:")}
+    cfg = parse_config(project=str(config.get("gcp:project")), stack=stack, values=values)
+    if isinstance(cfg.accelerator, GpuConfig):
+        print(f"compile: stack {stack} trains on GPUs: the GPU compiler needs a GPU (skipped)")
+        return 0
+    if cfg.backend != "jax":
+        print(
+            f"compile: stack {stack}'s job trains on the {cfg.backend} backend; compile builds "
+            "the JAX trainer's programs (skipped)"
+        )
+        return 0
+    spec = jobspec.render_job_spec(jobspec.load_template(cfg.job_file), cfg.bucket.name)
+    accelerator = cfg.accelerator.accelerator_type
+    print(f"compile: {cfg.job_name} for {accelerator} with {python} (tpu-payload compile)")
+    sys.stdout.flush()
+    code, line = jobfit.compile_job(jobspec.to_json(spec), accelerator, python)
+    if code != 0:
+        print(f"error: compile: {line or f'exit status {code}'}", file=sys.stderr)
+        return 2
     return 0
 
 

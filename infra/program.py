@@ -26,7 +26,11 @@ from infra.components.delivery import (
     StartupDeliveryArgs,
 )
 from infra.components.gpu import GpuVm, GpuVmArgs
-from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
+from infra.components.identity import (
+    ServiceIdentity,
+    ServiceIdentityArgs,
+    account_display_name,
+)
 from infra.components.network import (
     TAG_TPU,
     TENSORBOARD_PORT,
@@ -48,7 +52,7 @@ from infra.components.tpu import (
     TpuVmArgs,
 )
 from infra.components.vpn import VpnHop, VpnHopArgs
-from infra.config import GpuConfig, StackConfig
+from infra.config_types import GpuConfig, StackConfig
 
 BUILD_DIR = render.REPO_ROOT / "build" / "payload"
 HOP_MACHINE_TYPE = "e2-small"
@@ -129,22 +133,23 @@ def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
         opts=after_apis,
     )
     # The accelerator VM's account (training code) gets bucket objects and nothing else; the
-    # controller's account also runs the watchdog, so recovery rights live there.
-    what = cfg.accelerator.kind.upper()
+    # controller's account also runs the watchdog, so recovery rights live there. In a GitOps
+    # stack they are the bootstrap's, adopted (components/identity.py).
     identities = [
         ServiceIdentity(
             f"{role}-identity",
             ServiceIdentityArgs(
                 project=cfg.project,
                 account_id=f"{cfg.prefix}-{suffix}",
-                display_name=f"tpu-pretrain {cfg.stack}: {about}",
+                display_name=account_display_name(cfg.stack, suffix),
+                adopted=cfg.accounts_from_bootstrap,
             ),
             opts=after_apis,
         )
-        for role, suffix, about in (
-            ("workload", "workload", f"{what} VM"),
-            ("controller", "controller", f"controller and {what} watchdog"),
-            ("hop", "vpn-hop", "WireGuard hop"),
+        for role, suffix in (
+            ("workload", "workload"),
+            ("controller", "controller"),
+            ("hop", "vpn-hop"),
         )
     ]
     workload_identity, controller_identity, hop_identity = identities
@@ -156,8 +161,8 @@ def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
             location=cfg.bucket.location,
             soft_delete_seconds=cfg.bucket.soft_delete_seconds,
             destroy_with_stack=cfg.bucket.destroy_with_stack,
-            object_admin=workload_identity.member,
-            controller_object_admin=controller_identity.member,
+            workload_member=workload_identity.member,
+            controller_member=controller_identity.member,
             labels=cfg.labels,
             adopt=kept_bucket_exists(cfg.project, cfg.bucket.name),
         ),
@@ -251,9 +256,11 @@ def _dataflow_access(
             prefix=cfg.prefix,
             stack=cfg.stack,
             bucket=bucket.name,
+            bucket_name=cfg.bucket.name,
             launcher_member=launcher.member,
             network=network.vpc.id,
             network_name=cfg.network.name,
+            accounts_from_bootstrap=cfg.accounts_from_bootstrap,
         ),
         opts=opts,
     )
@@ -381,6 +388,7 @@ def _tpu_vm(
             project=cfg.project,
             watchdog_member=base.controller_identity.member,
             tpu_service_account_name=base.workload_identity.resource_name,
+            act_as_from_bootstrap=cfg.accounts_from_bootstrap,
         ),
         opts=pulumi.ResourceOptions(depends_on=[base.apis]),
     )
@@ -572,7 +580,8 @@ def tpu_recovery_commands(
                 if cfg.tpu.preemptible
                 else f"it waits in the queued resource {render.queued_resource_name(cfg.tpu.name)}"
             )
-            + "; never once the job's export is complete); status "
+            + "; never once the job's export is complete; a VM whose boot failed, its "
+            "loader's guest attribute says, is deleted and not recreated); status "
             f"{jobspec.run_root(cfg.bucket.name, cfg.job_name)}/bootstrap/tpu-watch.json, "
             "logs: journalctl -u tpu-pretrain-tpu-watch.service on the controller"
         )
@@ -597,7 +606,8 @@ def gpu_recovery_commands(
         "watchdog": (
             f"on: the controller checks the GPU VM every {render.WATCH_INTERVAL} and starts it "
             "again when preemption stopped it (TERMINATED), until the job's export is "
-            f"complete; status {jobspec.run_root(cfg.bucket.name, cfg.job_name)}"
+            "complete; a VM whose boot failed (its loader's guest attribute) is stopped and "
+            f"not started again; status {jobspec.run_root(cfg.bucket.name, cfg.job_name)}"
             "/bootstrap/gpu-watch.json, logs: journalctl -u tpu-pretrain-gpu-watch.service on "
             "the controller"
             if gpu.auto_recover

@@ -382,7 +382,7 @@ def render_tpu_script(workload: Workload) -> str:
         )
     libtpu = pins.libtpu
     if host.backend == "jax":
-        libtpu = _check_jax_pins(host.requirements, pins)
+        libtpu = _check_jax_pins(host.requirements)
     values = (
         workload.values
         | {
@@ -414,7 +414,7 @@ def render_gpu_script(workload: Workload) -> str:
         raise TypeError("render_gpu_script needs a GpuHost workload")
     pins = read_pins()
     if host.backend == "jax":
-        _check_jax_pins(host.requirements, pins, accelerator="gpu")
+        _check_jax_pins(host.requirements, accelerator="gpu")
     else:
         gpu_tf = _read_pinned_extra(REPO_ROOT / host.requirements).get("tensorflow")
         if gpu_tf != pins.tensorflow:
@@ -456,20 +456,27 @@ def render_gpu_script(workload: Workload) -> str:
     return _script("gpu", values, "tpu-install.sh", "tpu.sh", "facts.sh", "gpu.sh")
 
 
-def _check_jax_pins(requirements: str, pins: Pins, accelerator: str = "tpu") -> str:
-    """A JAX overlay against what the payload is tested with: tensorflow-cpu is the lock's
-    TensorFlow, jax/jaxlib are requirements/payload-dev.txt's (the CPU tests' JAX), and it
-    names its own Python and, for a TPU VM, libtpu, for a GPU VM the CUDA plugin and PJRT of
-    the same JAX. Returns its libtpu pin (the TPU host check's expectation; "" for a GPU)."""
+# TensorFlow's distributions: none belongs in a JAX overlay (the JAX backend imports no
+# TensorFlow: its input is Grain's, its gs:// gcsfs').
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-keras")
+# What a JAX overlay pins as requirements/payload-dev.txt does (the CPU tests' versions).
+JAX_TESTED_PINS = ("jax", "jaxlib", "orbax-checkpoint", "grain", "gcsfs")
+
+
+def _check_jax_pins(requirements: str, accelerator: str = "tpu") -> str:
+    """A JAX overlay against what the payload is tested with: no TensorFlow, jax/jaxlib,
+    Orbax, Grain and gcsfs as requirements/payload-dev.txt pins them (the CPU tests'), and
+    it names its own Python and, for a TPU VM, libtpu, for a GPU VM the CUDA plugin and PJRT
+    of the same JAX. Returns its libtpu pin (the TPU host check's expectation; "" for a
+    GPU). The lock's tensorflow and tf_keras are dropped on the VM (tpu-install.sh)."""
     overlay = _read_pinned_extra(REPO_ROOT / requirements)
     dev = _read_pinned(REPO_ROOT / PAYLOAD_DEV_FILE)
-    problems = []
-    if overlay.get("tensorflow-cpu") != pins.tensorflow:
-        problems.append(
-            f"tensorflow-cpu=={overlay.get('tensorflow-cpu')} (the lock tests "
-            f"tensorflow=={pins.tensorflow})"
-        )
-    for name in ("jax", "jaxlib"):
+    problems = [
+        f"{name}=={overlay[name]} (the JAX backend needs no TensorFlow)"
+        for name in TENSORFLOW_DISTRIBUTIONS
+        if name in overlay
+    ]
+    for name in JAX_TESTED_PINS:
         if overlay.get(name) != dev.get(name):
             problems.append(
                 f"{name}=={overlay.get(name)} ({PAYLOAD_DEV_FILE} tests {dev.get(name)})"
@@ -577,6 +584,7 @@ class TpuWatch:
             "EXPORT_MARKER_URI": jobspec.export_marker_uri(workload.bucket, workload.job_name),
             "RELEASE_WHEN_DONE": "true" if self.release_when_done else "false",
             "TPU_HOSTS": str(self.hosts),
+            "BOOT_ATTRIBUTE": BOOT_ATTRIBUTE,
         }
 
     def script(self, workload: Workload) -> str:
@@ -619,6 +627,7 @@ class GpuWatch:
             "LEASE_URI": f"gs://{workload.bucket}/"
             + jobspec.watch_lease_object_name(workload.job_name),
             "EXPORT_MARKER_URI": jobspec.export_marker_uri(workload.bucket, workload.job_name),
+            "BOOT_ATTRIBUTE": BOOT_ATTRIBUTE,
         }
 
     def script(self, workload: Workload) -> str:
@@ -662,6 +671,19 @@ def render_controller_script(workload: Workload, watch: TpuWatch | GpuWatch | No
 # commit. So every VM's metadata holds the loader, which names only its bucket and role; the
 # rendered scripts are bucket objects named by their digest, and the pointer names them.
 POINTER_OBJECT = "jobs/current.json"
+# How long a VM's loader keeps reading the pointer and what it names before its boot counts
+# as failed (templates/loader.sh back_off: waits doubling from 5 s to 60 s that add up to at
+# least this). Google documents that a new grant "typically" takes about 2 minutes to
+# propagate and can take 7 minutes or longer (iam/docs/access-change-propagation); the VMs
+# wait for a grant's creation, not its propagation.
+LOADER_WAIT_SECONDS = 600
+# Where a VM's loader leaves its boot state, read without the bucket by the controller's
+# watchdog (templates/watch-common.sh boot_failure) and `make smoke`: a guest attribute
+# (namespace/key) of the VM, "loading", "ok" or "failed <epoch> <message>".
+BOOT_ATTRIBUTE = "tpu-pretrain/boot"
+# The metadata key that turns guest attributes on (Compute Engine's "Setting and querying
+# guest attributes"); every VM that boots the loader carries it.
+GUEST_ATTRIBUTES_METADATA = {"enable-guest-attributes": "TRUE"}
 STARTUP_OBJECT_PREFIX = "startup"
 LOADER_ROLES = ("tpu", "gpu", "controller")  # the roles whose VMs boot the loader
 _POINTER_VALUE = re.compile(r"[A-Za-z0-9._/:=+-]+")  # what loader.sh's sed reads back
@@ -688,6 +710,8 @@ def render_loader(role: str, bucket: str) -> str:
         f"readonly ROLE={shlex.quote(role)}",
         f"readonly BUCKET_URI={shlex.quote(f'gs://{bucket}')}",
         f"readonly POINTER_URI={shlex.quote(pointer_uri(bucket))}",
+        f"readonly BOOT_WAIT_SECONDS={LOADER_WAIT_SECONDS}",
+        f"readonly BOOT_ATTRIBUTE={BOOT_ATTRIBUTE}",
     ]
     body = (TEMPLATES / "loader.sh").read_text(encoding="utf-8")
     return "\n".join(header) + "\n\n" + body

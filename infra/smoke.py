@@ -37,9 +37,10 @@ from typing import Any
 
 import yaml
 
-from infra import jobspec
+from infra import jobfit, jobspec, render
 from infra.components.recovery import GPU_RECOVERY_ROLE_ID, RECOVERY_ROLE_ID
-from infra.config import GpuConfig, StackConfig, TpuConfig, parse_config
+from infra.config import parse_config
+from infra.config_types import GpuConfig, StackConfig, TpuConfig
 from infra.errors import ConfigError
 from infra.offline import STACKS_DIR, stack_names
 from infra.project_config import cli_config
@@ -59,7 +60,16 @@ OK, MISMATCH, FAILED, UNKNOWN = "ok", "MISMATCH", "FAILED", "unknown"
 # program never imports the bootstrap).
 DEPLOY_ACCOUNT_ID = "tpu-pretrain-deploy"
 STACK_ACCOUNT_ROLE_ID = "tpuPretrainStackAccountUser"
-BOOTSTRAP_FIX = "re-run the bootstrap's `pulumi up` (infra/bootstrap, docs/gitops.md)"
+SERVICE_ACCOUNT_USER = "roles/iam.serviceAccountUser"
+# --refresh: the bootstrap's state may still list an account or grant that is gone (deleted by
+# hand, or by a stack's destroy before stacks kept the bootstrap's accounts); a plain `up`
+# believes its state and re-creates nothing.
+BOOTSTRAP_FIX = "re-run the bootstrap's `pulumi up --refresh` (infra/bootstrap, docs/gitops.md)"
+ADOPT_FIX = (
+    "set tpu-pretrain:accountsFromBootstrap: true in stacks/Pulumi.{stack}.yaml: in a GitOps "
+    "project the stack adopts the bootstrap's accounts and keeps them on destroy "
+    "(docs/gitops.md)"
+)
 # What gcloud says when the API a command calls is off in the project (read as unknown: the
 # preflight cannot tell, and `pulumi up` enables the program's APIs).
 API_OFF = ("has not been used", "is disabled", "SERVICE_DISABLED")
@@ -147,8 +157,12 @@ class Smoke:
         out: Any = sys.stderr,
         stacks_dir: Path = STACKS_DIR,
         name: str | None = None,
+        compile_python: str | None = None,
     ) -> None:
         self.stacks_dir = stacks_dir
+        # Opt-in (`make smoke ... COMPILE=1`): the preflight also compiles the job for the
+        # stack's TPU type with this interpreter of the TPU environment (jobfit.compile_job).
+        self.compile_python = compile_python
         self.stack, self.keep = stack, keep
         self.timeout_s, self.poll_s = timeout_s, poll_s
         self.clock, self.sleep = clock, sleep
@@ -268,6 +282,8 @@ class Smoke:
                 "queued resource, the watchdog reports it",
                 UNKNOWN,
             )
+            if self.compile_python:
+                self._compiles(cfg, accel.accelerator_type)
         else:
             self._gpu_preflight(cfg, accel)
         if accel.auto_recover:
@@ -279,12 +295,29 @@ class Smoke:
         if failed:
             raise SmokeStopError(f"preflight: {failed[0].check}: {failed[0].seen}")
 
+    def _compiles(self, cfg: StackConfig, accelerator: str) -> None:
+        """The job's programs compile for the TPU type (tpu-payload compile, minutes): the
+        memory per chip and the kernels are the compiler's, before anything is rented."""
+        check = f"the job compiles for {accelerator} (tpu-payload compile)"
+        if cfg.backend != "jax":
+            self.report.add(check, "compiled", f"the {cfg.backend} backend: not compiled", UNKNOWN)
+            return
+        self.say(f"compiling {cfg.job_name} for {accelerator} (tpu-payload compile; minutes)")
+        spec = jobspec.render_job_spec(jobspec.load_template(cfg.job_file), cfg.bucket.name)
+        code, line = jobfit.compile_job(
+            jobspec.to_json(spec), accelerator, str(self.compile_python)
+        )
+        self._row_ok(check, "compiled", code == 0, line or f"exit status {code}")
+
     def _gitops_iam(self, cfg: StackConfig) -> None:
         """In a GitOps project (the bootstrap's deploy account holds roles there), what only
         IAM can tell: that it accepted the bootstrap's conditions (it refuses an undeclared
         function when the binding is written; an older bootstrap wrote matches(), which
-        Google does not document for resource.name), and that the deploy account holds actAs
-        on each of this stack's accounts through a grant on that account's own policy."""
+        Google does not document for resource.name), that the deploy account holds actAs
+        on each of this stack's accounts through a grant on that account's own policy, and
+        that the controller holds the actAs its watchdog and Dataflow launches need (the
+        bootstrap's grants too). And that the stack adopts those accounts: a stack that owns
+        them would delete them, and the bootstrap's grants with them, on destroy."""
         project = cfg.project
         deploy = f"serviceAccount:{DEPLOY_ACCOUNT_ID}@{project}.iam.gserviceaccount.com"
         result = self.gcloud("projects", "get-iam-policy", project, "--format=json")
@@ -308,6 +341,19 @@ class Smoke:
             f"a condition uses matches(): {BOOTSTRAP_FIX}",
             seen_ok=f"{sum(map(bool, expressions))} conditional bindings",
         )
+        self._row_ok(
+            "GitOps: the stack adopts the bootstrap's accounts",
+            "tpu-pretrain:accountsFromBootstrap: true",
+            cfg.accounts_from_bootstrap,
+            ADOPT_FIX.format(stack=cfg.stack),
+        )
+        controller = f"serviceAccount:{cfg.prefix}-controller@{project}.iam.gserviceaccount.com"
+        # Whom the controller must act as: the TPU VM's account (its watchdog recreates the
+        # VM) and the Dataflow workers' (it launches their jobs).
+        acts_as = {
+            "workload": isinstance(cfg.accelerator, TpuConfig) and cfg.accelerator.auto_recover,
+            "dataflow": cfg.dataflow,
+        }
         suffixes = ["workload", "controller", "vpn-hop", *(["dataflow"] if cfg.dataflow else [])]
         for suffix in suffixes:
             email = f"{cfg.prefix}-{suffix}@{project}.iam.gserviceaccount.com"
@@ -334,6 +380,16 @@ class Smoke:
                 for b in account_bindings
             )
             self._row_ok(check, "granted", granted, fix)
+            if acts_as.get(suffix):
+                self._row_ok(
+                    f"GitOps: controller's actAs on {cfg.prefix}-{suffix}",
+                    "granted",
+                    any(
+                        b.get("role") == SERVICE_ACCOUNT_USER and controller in b.get("members", [])
+                        for b in account_bindings
+                    ),
+                    f"missing: {BOOTSTRAP_FIX}",
+                )
 
     def _gpu_preflight(self, cfg: StackConfig, gpu: GpuConfig) -> None:
         machine = self.gcloud(
@@ -398,8 +454,9 @@ class Smoke:
         )  # fmt: skip
         check = f"recovery role {role_id}"
         fix = (
-            "missing: create it once per project (`make bootstrap`, or the gcloud command in "
-            "docs/deploy-gcp.md), or set the stack's auto-recovery off"
+            "missing: create it once per project (the bootstrap's `pulumi up` in infra/bootstrap, "
+            "docs/gitops.md, or the gcloud command in docs/deploy-gcp.md), or set the stack's "
+            "auto-recovery off"
         )
         if result.returncode != 0:
             error = _last_line(result)
@@ -472,7 +529,10 @@ class Smoke:
             if copied.returncode != 0:
                 raise SmokeStopError(f"corpus upload failed: {_last_line(copied)}")
             run_root = jobspec.run_root(bucket.removeprefix("gs://"), self.name)
-            status = self._wait(run_root, status_files(cfg))
+            try:
+                status = self._wait(run_root, status_files(cfg))
+            except SmokeStopError as stop:
+                raise SmokeStopError(f"{stop}{self._boot_failures(cfg)}") from None
             self._judge(run_root, status, outputs)
         except SmokeStopError as stop:
             self.report.add("run", "complete", str(stop), FAILED)
@@ -544,6 +604,32 @@ class Smoke:
                     f"no complete export after {self.timeout_s / 60:.0f} min (last: {line})"
                 )
             self.sleep(self.poll_s)
+
+    def _boot_failures(self, cfg: StackConfig) -> str:
+        """Why a VM never started its job, when its loader gave up (templates/loader.sh: the
+        VM's guest attribute render.BOOT_ATTRIBUTE, "failed <epoch> <message>"): read without
+        the bucket, for a stack without a watchdog or a controller that never booted."""
+        namespace, key = render.BOOT_ATTRIBUTE.split("/")
+        accel = cfg.accelerator
+        instances = ["compute", "instances", "get-guest-attributes"]
+        vms = [("controller", [*instances, f"{cfg.prefix}-controller"], "value(key,value)")]
+        if isinstance(accel, TpuConfig):
+            tpu = ["compute", "tpus", "tpu-vm", "get-guest-attributes", accel.name]
+            vms.append(("tpu", tpu, "value(worker_id,key,value)"))
+        else:
+            vms.append(("gpu", [*instances, accel.name], "value(key,value)"))
+        found = []
+        for who, command, fields in vms:
+            result = self.gcloud(
+                *command, "--zone", accel.zone, "--project", cfg.project,
+                f"--query-path={namespace}/", f"--format={fields}",
+            )  # fmt: skip
+            for line in result.stdout.splitlines() if result.returncode == 0 else []:
+                values = line.split("\t")
+                if len(values) >= 2 and values[-2] == key and values[-1].startswith("failed "):
+                    worker = f" worker {values[0]}" if len(values) == 3 else ""
+                    found.append(f"{who}{worker}: {values[-1].split(' ', 2)[-1]}")
+        return f"; boot failed on {'; '.join(found)}" if found else ""
 
     def _judge(self, run_root: str, status: dict[str, Any], outputs: dict[str, Any]) -> None:
         listed = self.gcloud("storage", "ls", f"{run_root}/bootstrap/facts-*.json")
@@ -696,8 +782,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack", required=True)
     parser.add_argument("--keep", action="store_true", help="do not destroy the stack at the end")
     parser.add_argument("--timeout-min", type=float, default=90.0)
+    parser.add_argument(
+        "--compile",
+        metavar="PYTHON",
+        help="the preflight also compiles the job for the stack's TPU type with this "
+        f"interpreter of the TPU environment (e.g. {jobfit.TPU_PYTHON}; minutes)",
+    )
     args = parser.parse_args(argv)
-    return Smoke(args.stack, keep=args.keep, timeout_s=args.timeout_min * 60).execute()
+    return Smoke(
+        args.stack,
+        keep=args.keep,
+        timeout_s=args.timeout_min * 60,
+        compile_python=args.compile,
+    ).execute()
 
 
 if __name__ == "__main__":

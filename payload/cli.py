@@ -1,5 +1,6 @@
 """Command line: ``tpu-payload {validate,tokenizer,encode,train,run} --job PATH [--force]``,
-``tpu-payload plan --job PATH --accelerator TYPE [--mfu F] [--json]`` (payload/plan.py).
+``tpu-payload plan --job PATH --accelerator TYPE [--mfu F] [--json]`` (payload/plan.py),
+``tpu-payload compile --job PATH --accelerator TYPE [--json]`` (payload/backends/jax/aot.py).
 
 argv (and ``TPU_PAYLOAD_GCS_RETRY_S``, ``TPU_PAYLOAD_VERBOSE``) is read here and nowhere
 else. ``output`` is checked before any stage. A :class:`UserError` becomes ``error: <one
@@ -78,7 +79,27 @@ def _parser() -> argparse.ArgumentParser:
         description=PLAN_HELP + "; exit 2 with one line naming what would fit when it does not",
     )
     _plan_arguments(plan)
+    compile_ = commands.add_parser(
+        "compile",
+        help=COMPILE_HELP,
+        description=COMPILE_HELP + " (needs the TPU environment's libtpu; no TPU); exit 2 with "
+        "one line when it does not fit, naming the largest batch that compiles",
+    )
+    compile_.add_argument("--job", required=True, help="job spec (YAML/JSON)")
+    compile_.add_argument(
+        "--accelerator", required=True, help="TPU type (v5litepod-16, v6e-8, v4-8, v5p-8, ...)"
+    )
+    compile_.add_argument("--json", action="store_true", help="print the report as JSON")
+    compile_.add_argument(
+        "--verbose", action="store_true", help="also show libtpu's and XLA's logs"
+    )
     return parser
+
+
+COMPILE_HELP = (
+    "compile the trainer's programs for a TPU type's topology here: bytes per chip against "
+    "the plan, kernels, collectives, FLOPs per step"
+)
 
 
 PLAN_HELP = "bytes per chip, largest batch and hours of the job on an accelerator type"
@@ -152,6 +173,22 @@ class _CtrlC:
         return main
 
 
+def _compile(args: argparse.Namespace) -> int:
+    """`tpu-payload compile` (payload/backends/jax/aot.py). JAX runs on this machine's CPU:
+    the TPU is a topology libtpu compiles for, not a device here."""
+    from payload import quiet  # noqa: PLC0415
+
+    try:
+        verbose = quiet.configure(args.verbose, os.environ)
+    except UserError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from payload.backends.jax import aot  # noqa: PLC0415  (imports JAX and Keras)
+
+    return aot.run(args.job, args.accelerator, as_json=args.json, verbose=verbose)
+
+
 def _ignore_sigint_until_exit() -> None:
     # Blocked first, so no SIGINT can arrive between the two handlers; a pending one is
     # discarded when the block is lifted (POSIX: setting SIG_IGN discards it).
@@ -167,6 +204,8 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:  # noqa: PLR0911
         from payload import plan  # noqa: PLC0415
 
         return plan.run(args)
+    if args.command == "compile":
+        return _compile(args)
     from payload import lease, quiet, storage  # noqa: PLC0415  (keep --help fast)
     from payload.spec import load_job  # noqa: PLC0415
     from payload.status import StatusWriter  # noqa: PLC0415

@@ -17,7 +17,6 @@ parsing or masking), so the cost of resuming is bounded by one epoch of reading.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import tensorflow as tf
@@ -25,6 +24,7 @@ import tensorflow as tf
 from payload import manifest as manifest_lib
 from payload import masking, records
 from payload.errors import DataError
+from payload.input_plan import PipelinePlan, plan_pipeline
 from payload.manifest import special_ids_of
 from payload.model import ELECTRA_MASK_TOKEN_RATIO, ELECTRA_RANDOM_TOKEN_RATIO
 from payload.spec import MASKED_OBJECTIVES
@@ -35,44 +35,7 @@ if TYPE_CHECKING:
 
 _SEED_MIX = 1_000_003
 _READ_BLOCK = 128
-
-
-@dataclass(frozen=True)
-class PipelinePlan:
-    """What one input pipeline reads: its files, its share of records, its epoch length."""
-
-    files: tuple[str, ...]
-    records: int
-    batch_size: int
-    batches_per_epoch: int
-    record_shard: tuple[int, int] | None  # (num_shards, index) when files cannot be split
-
-
-def plan_pipeline(
-    paths: list[str],
-    shard_records: list[int],
-    *,
-    batch_size: int,
-    num_pipelines: int = 1,
-    pipeline_id: int = 0,
-) -> PipelinePlan:
-    """Split the shards between input pipelines (hosts) and size the epoch."""
-    if num_pipelines > 1 and len(paths) >= num_pipelines:
-        mine = list(range(pipeline_id, len(paths), num_pipelines))
-        files = tuple(paths[i] for i in mine)
-        count = sum(shard_records[i] for i in mine)
-        record_shard = None
-    else:
-        files = tuple(paths)
-        count = sum(shard_records) // num_pipelines
-        record_shard = (num_pipelines, pipeline_id) if num_pipelines > 1 else None
-    batches = count // batch_size
-    if batches == 0:
-        raise DataError(
-            f"the data has {sum(shard_records)} sequences, fewer than one batch of "
-            f"{batch_size} per input pipeline; lower train.global_batch_size or add corpus"
-        )
-    return PipelinePlan(files, count, batch_size, batches, record_shard)
+__all__ = ["PipelinePlan", "make_dataset", "plan_pipeline"]
 
 
 def make_dataset(

@@ -60,9 +60,13 @@ PRECISIONS = ("auto", "bf16", "fp32")
 # auto: jax for a family only the JAX backend has (JAX_ONLY_FAMILIES), else the VM unit's
 # TPU_PAYLOAD_BACKEND, else tf (payload/training.py resolve_backend).
 BACKENDS = ("auto", "tf", "jax")
-# Activation rematerialisation (JAX backend): none, or `block` = jax.checkpoint around each
-# decoder block, keeping only the block's input for the backward pass (docs/models.md).
-REMATS = ("none", "block")
+# Activation rematerialisation (JAX backend): what each decoder layer keeps for the backward
+# pass, MaxText's remat_policy names (payload/sharding.py REMAT_SAVES says what each keeps;
+# docs/models.md): none (everything), minimal, save_dot_except_mlp, save_qkv_proj,
+# save_out_proj, full (only the layer's input); block = full (its earlier name).
+REMATS = (
+    "none", "minimal", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj", "full", "block",
+)  # fmt: skip
 # Attention on the JAX backend (payload/backends/jax/attention.py): auto = the platform's
 # fused kernel where it is exact for the job (cuDNN on NVIDIA GPUs, splash on TPUs), else
 # XLA's reference; fused = the kernel or a one-line error; reference = XLA's einsums.
@@ -231,7 +235,7 @@ class TrainSpec:
     precision: str = "auto"
     backend: str = "auto"  # tf (TensorFlow + tf_keras) | jax (Keras 3 on JAX): docs/backends.md
     sharding: str = "auto"  # auto | data | fsdp (JAX backend): docs/backends.md "The mesh"
-    remat: str = "none"  # none | block (JAX backend): docs/models.md
+    remat: str = "none"  # REMATS (JAX backend): docs/models.md
     attention: str = "auto"  # auto | fused | reference (JAX backend): ATTENTIONS
     # Micro-batches per optimizer step (JAX backend): the global batch is split into this many
     # parts whose gradients are summed before the one update (docs/models.md).

@@ -38,14 +38,16 @@ key/value heads, D head size):
   or (4 + a) x A x S      with the reference attention (the table's other cases, e.g. CPU,
                           attention dropout, older or AMD GPUs): the scores (float32 for
                           the softmax) and probabilities, materialised and kept
-With train.remat: block (jax.checkpoint around each block, nothing saveable) a layer keeps
-only its input (a x H per token) and one layer's activations above exist at a time, while
-its backward pass recomputes them. The LM head: the loss computes the logits a chunk of
-positions at a time (backends/jax/steps.py chunked_loss_terms; the chunk: payload/model.py
-loss_chunk_length, float32 logits under loss_chunk_budget(the chip's memory): 1/64 of it,
-256 MiB to 2 GiB),
-so a sequence keeps 2a x H per predicted token (the head's input and its chunked copy;
-for MLM only the masked positions), and the chip holds one chunk's (a + 8) x V per token
+With a train.remat policy (jax.checkpoint around each layer of the scan over layers, saving
+only what the policy names: sharding.REMAT_SAVES) a layer keeps its input (a x H per token)
+plus the activations the policy names (saved_width: `full` none, `minimal` q, k, v, the
+attention's output projection and the MLP's gate and up), and one layer's activations above
+exist at a time while its backward pass recomputes the rest.
+The LM head: the loss computes the logits a chunk of positions at a time
+(backends/jax/steps.py chunked_loss_terms; the chunk: payload/model.py loss_chunk_length,
+float32 logits under loss_chunk_budget(the chip's memory): 1/64 of it, 256 MiB to 2 GiB),
+so a sequence keeps 2a x H per predicted token (the head's input and its chunked copy; for
+MLM only the masked positions), and the chip holds one chunk's (a + 8) x V per token
 (the logits, their float32 softmax and its gradient) once, whatever the batch.
 Other families use the same per-layer figure with K = A. A job fits when the state plus the
 activations take at most FIT_SHARE of a chip's memory (the rest: XLA's buffers and the
@@ -59,6 +61,10 @@ projection 2 x H x A x D, and the unembedding 2 x H x V once) plus 3 x the causa
 2 x S x A x D per layer (its 4 x S x A x D halved for the causal mask). That is 6N over the
 matmul weights (the embedding lookup counted once, as the LM head) plus the attention term.
 Hours = train.steps x global batch x seq_length x FLOPs per token / (chips x peak x MFU).
+What the compiled step executes is more (step_flops_per_token: the policy's recomputation,
+the loss's recomputed logits, the attention kernel's backward), which the TPU compiler's
+program confirms to the flop for 1B (hlo.py, bench/bench_tpu_compile.py).
+On a TPU the compiled program's own code (GENERATED_CODE_BYTES) is counted with the rest.
 """
 
 from __future__ import annotations
@@ -82,22 +88,34 @@ from payload.errors import SpecError, UserError
 from payload.sharding import (
     DATA_PARALLEL_STATE_SHARE,
     GRADIENT_BYTES,
+    REMAT_ALIASES,
     REMAT_FAMILIES,
+    REMAT_SAVES,
     SLOT_BYTES,
     STATE_BYTES_PER_PARAMETER,
     WEIGHT_BYTES,
 )
+from payload.step_costs import saved_width, step_flops_per_token
 
 # A layout fits when state + activations take at most this share of a chip's memory: the
 # rest is for XLA's temporaries, the program and fragmentation (our margin, not a measured
 # constant).
 FIT_SHARE = 0.9
+# The compiled training step's own code on a TPU chip, which the chip holds beside the state
+# and the activations: memory_analysis().generated_code_size_in_bytes of the TPU compiler's
+# program (bench/bench_tpu_compile.py, v5litepod-16, 2026-11-28): 39.3 MiB for 1B with
+# train.remat full, 36.4 MiB minimal; 4.2 MiB for `tiny`. One layer body whatever the
+# depth (the scan), so a figure for the presets, not a function of L.
+GENERATED_CODE_BYTES = 40 * 2**20
 # The MFU the hours assume unless --mfu says otherwise: our assumption for 125M-3B models on
 # one slice (MaxText publishes ~50-60% for 8B and larger; small models reach less), not a
 # measurement.
 DEFAULT_MFU = 0.35
-# (sharding, remat) layouts; a family outside sharding.REMAT_FAMILIES gets the remat: none ones.
-LAYOUTS = (("data", "none"), ("data", "block"), ("fsdp", "none"), ("fsdp", "block"))
+# (sharding, remat) layouts the plan compares: each sharding with no remat, MaxText's
+# `minimal` and `full` (the job's own train.remat is added when it is another); a family
+# outside sharding.REMAT_FAMILIES gets the remat: none ones.
+REMAT_LAYOUTS = ("none", "minimal", "full")
+LAYOUTS = tuple((sharding, remat) for sharding in ("data", "fsdp") for remat in REMAT_LAYOUTS)
 
 
 class AcceleratorError(UserError):
@@ -277,10 +295,17 @@ def flops_per_token(shape: Shape, seq_length: int) -> float:
     qkv = 2 * h * (shape.heads + 2 * shape.kv_heads) * d
     projection = 2 * h * shape.heads * d
     weights = layers * (mlp + qkv + projection) + 2 * h * shape.vocab
-    attention = 4.0 * seq_length * shape.heads * d * layers
+    return 3.0 * weights + attention_flops_per_token(shape, seq_length)
+
+
+def attention_flops_per_token(shape: Shape, seq_length: int) -> float:
+    """flops_per_token's attention term: 3 x the QK^T and PV matmuls over the sequence
+    (halved when causal). What a fused kernel computes (`tpu-payload compile` adds it for
+    the Pallas kernels, whose FLOPs the compiled HLO does not show)."""
+    attention = 4.0 * seq_length * shape.heads * shape.head_size * shape.layers
     if shape.causal:
         attention /= 2
-    return 3.0 * (weights + attention)
+    return 3.0 * attention
 
 
 def attention_case(
@@ -329,7 +354,10 @@ def activation_bytes_per_sequence(
         a * (7 * h + 3 * shape.kv_heads * shape.head_size + 4 * shape.intermediate) + 8 * h + scores
     )
     layer = per_token_layer * s
-    kept = shape.layers * layer if remat == "none" else shape.layers * a * h * s + layer
+    if REMAT_SAVES[remat] is None:
+        kept = shape.layers * layer
+    else:
+        kept = shape.layers * a * (h + saved_width(shape, remat)) * s + layer
     head = 2 * a * h * predictions
     return kept + head
 
@@ -364,14 +392,24 @@ class Layout:
     weights: int
     slots: int
     gradients: int
-    gathered: int  # FSDP: the whole weights and gradients of one layer at a time
+    # FSDP: one layer's whole weights and gradient at a time; mixed precision: the scanned
+    # layers' weights cast to the compute dtype
+    gathered: int
     activations: int
     per_chip_batch: int
     max_per_chip_batch: int  # the largest micro-batch per chip that fits (0: none)
+    code: int = 0  # the compiled program itself (TPU: GENERATED_CODE_BYTES)
 
     @property
     def total(self) -> int:
-        return self.weights + self.slots + self.gradients + self.gathered + self.activations
+        return (
+            self.weights
+            + self.slots
+            + self.gradients
+            + self.gathered
+            + self.activations
+            + self.code
+        )
 
 
 @dataclass(frozen=True)
@@ -386,6 +424,7 @@ class Plan:
     grad_accum_steps: int
     steps: int
     flops_per_token: float
+    step_flops: float  # matmul FLOPs the compiled step executes (step_flops_per_token)
     mfu: float
     hours: float
     budget_bytes: int  # FIT_SHARE of a chip's memory
@@ -399,6 +438,7 @@ class Plan:
     refusal: str | None
 
     def layout(self, sharding: str, remat: str) -> Layout:
+        remat = REMAT_ALIASES.get(remat, remat)
         return next(x for x in self.layouts if (x.sharding, x.remat) == (sharding, remat))
 
     def to_dict(self) -> dict[str, Any]:
@@ -436,12 +476,23 @@ def _layout(
     split, whole = sharded_parameters(shape, fsdp)
     held = whole + math.ceil(split / fsdp)
     gradients = held * GRADIENT_BYTES * (2 if accumulate else 1)
-    # Under FSDP a layer's weights are all-gathered (in the compute dtype) before it runs and
-    # its whole fp32 gradients exist before their reduce-scatter: at least the largest such
-    # unit (a decoder layer, or the embedding / LM head) is whole on every chip at once.
+    # Under FSDP a layer's weights are all-gathered in the compute dtype before it runs and
+    # its gradient is reduce-scattered in the compute dtype (the layers cast their float32
+    # weights before the gather; the TPU compiler fuses both collectives into the matmuls):
+    # at least the largest such unit (a decoder layer, or the embedding / LM head) is whole
+    # on every chip at once, weights and gradient.
     largest_unit = max([shape.layer_matrices, *(math.prod(m) for m in shape.matrices)])
-    gathered = largest_unit * (acc.activation_bytes + GRADIENT_BYTES) if fsdp > 1 else 0
-    state = held * (WEIGHT_BYTES + SLOT_BYTES) + gradients + gathered
+    gathered = largest_unit * 2 * acc.activation_bytes if fsdp > 1 else 0
+    # Under mixed precision the compiler casts the chip's share of the scanned decoder's
+    # stacked weights to the compute dtype once per step, outside the scan's loops (seen in
+    # the TPU compiler's program: bf16 [L, ...] stacks enter both loops).
+    if shape.family in REMAT_FAMILIES and acc.activation_bytes < WEIGHT_BYTES:
+        split_layers = _split(shape, (shape.hidden, 1), fsdp)
+        gathered += (
+            shape.layers * shape.layer_matrices // (fsdp if split_layers else 1)
+        ) * acc.activation_bytes
+    code = GENERATED_CODE_BYTES if acc.kind == "tpu" else 0
+    state = held * (WEIGHT_BYTES + SLOT_BYTES) + gradients + gathered + code
     sequence = activation_bytes_per_sequence(
         shape, seq_length, predictions, remat, acc.activation_bytes, fused=fused
     )
@@ -459,6 +510,7 @@ def _layout(
         activations=sequence * per_chip_batch + chunk,
         per_chip_batch=per_chip_batch,
         max_per_chip_batch=int(largest),
+        code=code,
     )
 
 
@@ -483,6 +535,10 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
     budget = int(FIT_SHARE * acc.memory_bytes)
     chosen_attention = attention(job, acc)
     fused = chosen_attention.implementation != "reference"
+    remat = REMAT_ALIASES.get(train.remat, train.remat)
+    candidates = [*LAYOUTS]
+    if remat not in REMAT_LAYOUTS:
+        candidates += [(sharding, remat) for sharding in ("data", "fsdp")]
     layouts = tuple(
         _layout(
             shape,
@@ -496,13 +552,14 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
             budget=budget,
             fused=fused,
         )
-        for sharding, remat in LAYOUTS
+        for sharding, remat in candidates
         if remat == "none" or job.model.family in REMAT_FAMILIES
     )
     sharding, reason = resolve_sharding(
         train.sharding, shape.parameters, acc.chips, acc.memory_bytes
     )
     per_token = flops_per_token(shape, data.seq_length)
+    executed = step_flops_per_token(shape, data.seq_length, predictions, remat, fused=fused)
     tokens = train.steps * train.global_batch_size * data.seq_length
     hours = tokens * per_token / (acc.chips * acc.peak_flops * mfu) / 3600
     draft = Plan(
@@ -516,6 +573,7 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
         grad_accum_steps=train.grad_accum_steps,
         steps=train.steps,
         flops_per_token=per_token,
+        step_flops=executed * train.global_batch_size * data.seq_length,
         mfu=mfu,
         hours=hours,
         budget_bytes=budget,
@@ -523,12 +581,12 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
         sharding_reason=reason,
         attention=chosen_attention.implementation,
         attention_reason=chosen_attention.reason,
-        remat=train.remat,
+        remat=remat,
         layouts=layouts,
         fits=True,
         refusal=None,
     )
-    chosen = draft.layout(sharding, train.remat)
+    chosen = draft.layout(sharding, remat)
     if chosen.total <= budget:
         return draft
     return replace(draft, fits=False, refusal=_refusal(draft, chosen, job))
@@ -619,7 +677,7 @@ def plan_job_fits(job: Any, acc: Accelerator) -> bool:
         shape,
         acc,
         sharding,
-        train.remat,
+        REMAT_ALIASES.get(train.remat, train.remat),
         seq_length=data.seq_length,
         predictions=predictions,
         per_chip_batch=max(1, train.global_batch_size // (acc.chips * train.grad_accum_steps)),
@@ -639,6 +697,7 @@ def _gib(n: float) -> str:
 
 def format_plan(plan: Plan) -> str:
     acc = plan.accelerator
+    width = max(len(x.remat) for x in plan.layouts) + 2
     lines = [
         f"job {plan.job}: {plan.family} {plan.size}, {plan.parameters:,} parameters, "
         f"seq_length {plan.seq_length}, global batch {plan.global_batch_size}"
@@ -650,13 +709,13 @@ def format_plan(plan: Plan) -> str:
         f"({FIT_SHARE:.0%})",
         f"attention: {plan.attention} ({plan.attention_reason})",
         "",
-        f"{'sharding':<9}{'remat':<7}{'weights':>10}{'slots':>10}{'grads':>10}"
+        f"{'sharding':<9}{'remat':<{width}}{'weights':>10}{'slots':>10}{'grads':>10}"
         f"{'gathered':>10}{'activ.':>10}{'total':>10}{'max batch/chip':>16}",
     ]
     for x in plan.layouts:
         mark = " <-" if (x.sharding, x.remat) == (plan.sharding, plan.remat) else ""
         lines.append(
-            f"{x.sharding:<9}{x.remat:<7}{_gib(x.weights):>10}{_gib(x.slots):>10}"
+            f"{x.sharding:<9}{x.remat:<{width}}{_gib(x.weights):>10}{_gib(x.slots):>10}"
             f"{_gib(x.gradients):>10}{_gib(x.gathered):>10}{_gib(x.activations):>10}"
             f"{_gib(x.total):>10}"
             f"{x.max_per_chip_batch:>16}{mark}"
@@ -664,7 +723,9 @@ def format_plan(plan: Plan) -> str:
     lines += [
         "",
         f"micro-batch per chip {plan.layouts[0].per_chip_batch} sequence(s); model FLOPs per "
-        f"token {plan.flops_per_token / 1e9:.2f} GFLOP (MaxText's 6N + attention)",
+        f"token {plan.flops_per_token / 1e9:.2f} GFLOP (MaxText's 6N + attention); the "
+        f"compiled step executes {plan.step_flops / 1e12:.2f} TFLOP of matmuls (train.remat "
+        f"{plan.remat}'s recomputation and the attention kernel's backward included)",
         # backends/jax/evaluate.py: the held-out batches run in micro-batches of at most the
         # training micro-batch's rows per chip, forward only (no gradients, no kept
         # activations for a backward pass): within the training step's memory.
@@ -683,12 +744,12 @@ def markdown(plans: Sequence[Plan]) -> str:
     per layout the bytes per chip of the job's micro-batch and the largest micro-batch per
     chip that fits; "no" marks a layout where the job's own micro-batch does not fit."""
     head = ["size", "parameters", "accelerator"]
-    head += [f"{s}{' + remat' if r == 'block' else ''}" for s, r in LAYOUTS]
+    head += [f"{s}{'' if r == 'none' else ' + ' + r}" for s, r in LAYOUTS]
     head += ["auto picks", "hours"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in plans:
         cells = [f"`{p.size}`", f"{p.parameters / 1e6:,.0f}M", f"`{p.accelerator.name}`"]
-        for x in p.layouts:
+        for x in p.layouts[: len(LAYOUTS)]:
             fits = "" if x.total <= p.budget_bytes else " (no)"
             cells.append(f"{x.total / 2**30:.1f} GiB{fits}, max {x.max_per_chip_batch}")
         cells += [p.sharding, f"{p.hours:,.1f}"]
@@ -725,7 +786,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load(path: str) -> Any:
+def load_job(path: str) -> Any:
     """The job spec, validated as the stages validate it. A job template (stacks/jobs/*.yaml,
     whose `output` infra fills in) is planned too: the plan writes nothing. Where
     transformers is not installed (the Pulumi program's environment) the model-vs-data check
@@ -753,7 +814,7 @@ def _load(path: str) -> Any:
 
 
 def _table(args: argparse.Namespace) -> int:
-    job = _load(args.job)
+    job = load_job(args.job)
     accelerators = [accelerator(name) for name in args.accelerator.split(",")]
     plans = []
     for size in args.sizes.split(","):
@@ -774,7 +835,7 @@ def run(args: argparse.Namespace) -> int:
         if args.sizes:
             return _table(args)
         acc = accelerator(args.accelerator)
-        plan = plan_job(_load(args.job), acc, mfu=args.mfu)
+        plan = plan_job(load_job(args.job), acc, mfu=args.mfu)
     except UserError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

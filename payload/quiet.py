@@ -21,8 +21,10 @@ frameworks print, between the CLI's lines:
   and an error there still shows its traceback. Abseil lines from other call sites (none on
   a CPU host) would still show.
 - transformers' ``TensorFlow and JAX classes are deprecated …`` banner (``warning_once`` on
-  the loggers of the modules below): filtered by its exact text; other transformers
-  warnings still show.
+  the loggers of the modules below), and, where TensorFlow is not installed (the JAX VMs),
+  its import-time notice ``None of PyTorch, TensorFlow >= 2.0, or Flax have been found.
+  Models won't be available …`` (the export uses its tokenizer classes only): filtered by
+  their exact text; other transformers warnings still show.
 
 No Python ``warnings`` were seen, and none are filtered. A ``TF_CPP_MIN_LOG_LEVEL`` the
 caller set is kept. With ``--verbose`` or ``TPU_PAYLOAD_VERBOSE=1`` none of the above is
@@ -51,6 +53,7 @@ _VERBOSE_VALUES = {"1": True, "0": False, "": False}
 QUIET_TF_LOG_LEVEL = "3"
 
 DEPRECATION_BANNER = "TensorFlow and JAX classes are deprecated"
+NO_FRAMEWORK_NOTICE = "None of PyTorch, TensorFlow >= 2.0, or Flax have been found"
 # The transformers modules that log the banner (grep of transformers 4.57.6).
 _BANNER_LOGGERS = (
     "transformers.modeling_tf_utils",
@@ -86,19 +89,21 @@ def configure(flag: bool, environ: MutableMapping[str, str]) -> bool:
         environ.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF_LOG_LEVEL)
         for name in _BANNER_LOGGERS:
             logging.getLogger(name).addFilter(_drop_deprecation_banner)
+        # transformers/__init__.py logs it on its own logger (transformers 4.57.6).
+        logging.getLogger("transformers").addFilter(_drop_no_framework_notice)
     return verbose
 
 
 def absorb_once_only_logs(command: str, *, verbose: bool, backend: str = "tf") -> None:
     """For the commands that train (quiet only): import TensorFlow and run the strategy's XLA
     probe with fd 2 captured, so Abseil's two once-per-process lines are spent there. The
-    JAX backend uses TensorFlow for tf.data only: its import's lines are absorbed the same
-    way (and payload.backends.tf.strategy, which needs tf_keras, is not imported)."""
+    JAX backend imports no TensorFlow: JAX (jaxlib's XLA, Abseil's logging) is imported the
+    same way instead (and payload.backends.tf.strategy, which needs tf_keras, is not)."""
     if verbose or command not in _TENSORFLOW_COMMANDS:
         return
     with framework_lines_dropped():
         if backend == "jax":
-            import tensorflow  # noqa: F401, PLC0415
+            import jax  # noqa: F401, PLC0415
 
             return
         from payload.backends.tf import strategy  # noqa: PLC0415  (imports TensorFlow)
@@ -113,10 +118,15 @@ def _drop_deprecation_banner(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith(DEPRECATION_BANNER)
 
 
+def _drop_no_framework_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(NO_FRAMEWORK_NOTICE)
+
+
 @contextlib.contextmanager
-def framework_lines_dropped() -> Iterator[None]:
+def framework_lines_dropped(also: re.Pattern[str] | None = None) -> Iterator[None]:
     """Capture file descriptor 2 for the block; afterwards write back every line that is not
-    a framework log line (`FRAMEWORK_LINE`), also when the block raises."""
+    a framework log line (`FRAMEWORK_LINE`, or one `also` matches), also when the block
+    raises."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as captured:
@@ -131,7 +141,7 @@ def framework_lines_dropped() -> Iterator[None]:
             kept = [
                 line
                 for line in captured.read().decode("utf-8", "replace").splitlines(keepends=True)
-                if not FRAMEWORK_LINE.match(line)
+                if not FRAMEWORK_LINE.match(line) and not (also and also.search(line))
             ]
             if kept:
                 sys.stderr.write("".join(kept))

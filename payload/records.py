@@ -1,4 +1,5 @@
-"""The one definition of the TFRecord schema: writer (pure Python) and reader (TensorFlow).
+"""The one definition of the TFRecord schema: writer (pure Python) and readers (TensorFlow's
+``parse_batch`` for tf.data; numpy's ``decode_framed`` for the JAX backend's Grain input).
 
 Each TFRecord record is exactly ``seq_length`` token ids packed little-endian as
 ``uint16`` (vocabularies up to 65,536) or ``uint32``: no ``tf.train.Example`` around
@@ -13,6 +14,11 @@ it does not describe.
 The writer hand-encodes the TFRecord framing (length, masked CRC32C) so encoder workers
 never import TensorFlow; ``tests/payload/test_records.py`` checks the bytes against
 ``tf.io.TFRecordWriter`` and reads them back through ``tf.data``.
+
+Every record of a shard has the same length, so a shard is an array of fixed-size frames
+(``record_stride`` bytes each: 12 bytes of length + CRC, the ids, 4 bytes of CRC) and record
+``i`` starts at byte ``i * stride``: ``decode_framed`` reads any run of whole frames without
+TensorFlow, checking every length header and both CRCs as TensorFlow's reader does.
 """
 
 from __future__ import annotations
@@ -24,12 +30,16 @@ from typing import IO, TYPE_CHECKING, Any
 import google_crc32c
 import numpy as np
 
+from payload.errors import DataError
+
 if TYPE_CHECKING:
     import tensorflow as tf
 
 FEATURE = "input_ids"
 TOKEN_DTYPES = ("uint16", "uint32")
 _MASK_DELTA = 0xA282EAD8
+HEADER_BYTES = 12  # uint64 length + its masked CRC32C
+FOOTER_BYTES = 4  # the data's masked CRC32C
 
 
 def token_dtype_for(vocab_size: int) -> str:
@@ -134,6 +144,59 @@ def iter_records(file: IO[bytes]) -> Iterator[bytes]:
         if struct.unpack("<I", footer)[0] != masked_crc32c(record):
             raise ValueError("corrupt TFRecord record (crc mismatch)")
         yield record
+
+
+def record_stride(seq_length: int, token_dtype: str) -> int:
+    """Bytes of one framed record of a shard: header, ``seq_length`` ids, footer."""
+    return HEADER_BYTES + int(seq_length) * _numpy_dtype(token_dtype).itemsize + FOOTER_BYTES
+
+
+def _masked(crcs: np.ndarray) -> np.ndarray:
+    """TFRecord's CRC mask (``masked_crc32c``) over an array of raw CRC32C values."""
+    crcs = crcs.astype(np.uint64)
+    return ((((crcs >> 15) | (crcs << 17)) + _MASK_DELTA) & 0xFFFFFFFF).astype(np.uint32)
+
+
+def decode_framed(
+    data: bytes, seq_length: int, token_dtype: str, *, where: str, first: int = 0, step: int = 1
+) -> np.ndarray:
+    """The ids ``[n, seq_length]`` (the shard's dtype) of ``n`` whole framed records.
+
+    Checks what TensorFlow's reader checks, and that every record has this length: a cut
+    frame, a length header of another record length, or a CRC mismatch is a DataError
+    naming ``where`` (the shard) and the record (frame i is record ``first + step * i`` of
+    the shard), never a shorter or padded result.
+    """
+    dtype = _numpy_dtype(token_dtype)
+    width = int(seq_length) * dtype.itemsize
+    stride = HEADER_BYTES + width + FOOTER_BYTES
+    if len(data) % stride:
+        raise DataError(
+            f"{where}: {len(data)} bytes are not whole records of {stride} bytes "
+            f"(seq_length {seq_length}, {token_dtype}): the shard is cut or of another length"
+        )
+    frames = np.frombuffer(data, dtype=np.uint8).reshape(-1, stride)
+    header = struct.pack("<Q", width)
+    expected = np.frombuffer(header + struct.pack("<I", masked_crc32c(header)), np.uint8)
+    bad = np.flatnonzero((frames[:, :HEADER_BYTES] != expected).any(axis=1))
+    if bad.size:
+        (length,) = struct.unpack("<Q", frames[bad[0], :8].tobytes())
+        raise DataError(
+            f"{where}: record {first + step * int(bad[0])} has a length header of {length} "
+            f"bytes (or a corrupt header CRC), not the {width} bytes of seq_length {seq_length}"
+        )
+    payload = frames[:, HEADER_BYTES : HEADER_BYTES + width]
+    # One C call per record (google_crc32c); the mask and the comparison are vectorised.
+    crcs = np.fromiter(
+        (google_crc32c.value(row.tobytes()) for row in payload), np.uint32, count=len(frames)
+    )
+    stored = np.ascontiguousarray(frames[:, HEADER_BYTES + width :]).view("<u4")[:, 0]
+    bad = np.flatnonzero(_masked(crcs) != stored)
+    if bad.size:
+        raise DataError(
+            f"{where}: record {first + step * int(bad[0])} is corrupt (data CRC mismatch)"
+        )
+    return np.ascontiguousarray(payload).view(dtype).reshape(len(frames), int(seq_length))
 
 
 def decode_record(record: bytes, token_dtype: str) -> np.ndarray:

@@ -35,19 +35,56 @@ STATE_BYTES_PER_PARAMETER = WEIGHT_BYTES + GRADIENT_BYTES + SLOT_BYTES
 # chip's memory; the rest is for activations, the compiled program and XLA's buffers.
 DATA_PARALLEL_STATE_SHARE = 0.5
 
-# train.remat (jax.checkpoint around each decoder block) applies to these families' decoder
-# blocks only: the spec refuses it for the others and the plan offers no remat layouts.
+# train.remat (jax.checkpoint around each decoder layer) applies to these families' decoder
+# layers only: the spec refuses it for the others and the plan offers no remat layouts.
 REMAT_FAMILIES = ("llama",)
 
+# train.remat -> the activations one decoder layer keeps for its backward pass, by MaxText's
+# checkpoint names (AI-Hypercomputer/maxtext src/maxtext/layers/decoders.py get_remat_policy
+# at e591f30: `jax.checkpoint_policies.save_only_these_names(...)`; the names are those of
+# its attentions.py and linears.py, which models.llama_layer gives the same activations):
+# query_proj / key_proj (q and k after RoPE), value_proj, out_proj (the attention's output
+# projection), mlpwi_0 / mlpwi_1 (the MLP's gate and up projections), mlpwo (its down
+# projection). Everything else a layer's backward pass needs is recomputed from what is kept
+# and the layer's input, which the scan over layers always keeps. `none`: no jax.checkpoint
+# at all (every intermediate the backward pass reads is kept); `full` keeps nothing but the
+# layer's input (MaxText's default); `block` is this project's earlier name of `full`.
+# Ordered from the most kept (fastest) to the least (MaxText's base.yml orders them so).
+REMAT_SAVES: dict[str, tuple[str, ...] | None] = {
+    "none": None,
+    "minimal": (
+        "query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo",
+    ),
+    "save_dot_except_mlp": ("query_proj", "key_proj", "value_proj", "out_proj"),
+    "save_qkv_proj": ("query_proj", "key_proj", "value_proj"),
+    "save_out_proj": ("out_proj",),
+    "full": (),
+    "block": (),
+}  # fmt: skip
+# Earlier names of a policy: what the plan and the trainer treat them as.
+REMAT_ALIASES = {"block": "full"}
+
+# A family table's axis for a weight that stays whole on every device (a norm's scales
+# stacked over the layers [L, H], which the generic rule would split).
+REPLICATED = -1
+
+# family -> a regular expression searched in a variable's path that marks weights stacked
+# over the decoder's layers ([L, ...], models.LlamaLayers): their leading layer axis is
+# never split over a mesh axis (the generic rule skips it too), as MaxText's `layers`
+# logical axis maps to no mesh axis.
+STACKED_LAYERS: dict[str, str] = {"llama": r"(^|[/_])layers[/_]"}
+
 # family -> ((a regular expression searched in the variable's path, the axis split over
-# fsdp), ...): the first match decides. `[/_]` matches a weight's path (llama/layers_0/
-# self_attn/q_proj/kernel) and its optimizer slots' (adamw/llama_layers_0_self_attn_q_proj_
-# kernel_momentum). Variables no entry names (the RMSNorm scales) follow the generic rule.
+# fsdp or REPLICATED), ...): the first match decides. `[/_]` matches a weight's path
+# (llama/layers/q_proj) and its optimizer slots' (adamw/llama_layers_q_proj_momentum).
+# Variables no entry names follow the generic rule.
 FAMILY_RULES: dict[str, tuple[tuple[str, int], ...]] = {
+    # The decoder layers' kernels stacked [L, in, out]: split on their hidden-size axis.
     "llama": (
         (r"embed_tokens[/_]embeddings", 1),  # [V, H]
-        (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)[/_]kernel", 0),  # [H, out]
-        (r"(o_proj|down_proj)[/_]kernel", 1),  # [in, H]
+        (r"layers[/_](q_proj|k_proj|v_proj|gate_proj|up_proj)", 1),  # [L, H, out]
+        (r"layers[/_](o_proj|down_proj)", 2),  # [L, in, H]
+        (r"layers[/_]\w*layernorm", REPLICATED),  # [L, H]
         (r"lm_head[/_]kernel", 0),  # [H, V], untied embeddings only
     ),
     # ELECTRA (models.Electra): the shared embedding tables [V | P | 2, E] on their width E,
@@ -62,8 +99,15 @@ FAMILY_RULES: dict[str, tuple[tuple[str, int], ...]] = {
 
 
 def family_axis(family: str | None, path: str) -> int | None:
-    """The axis the family's table splits for the variable at `path`, or None."""
+    """The axis the family's table splits for the variable at `path` (REPLICATED: none), or
+    None when the table does not name it."""
     for pattern, axis in FAMILY_RULES.get(family or "", ()):
         if re.search(pattern, path):
             return axis
     return None
+
+
+def stacked_layers(family: str | None, path: str) -> bool:
+    """Whether the variable at `path` is stacked over the decoder's layers (axis 0: L)."""
+    pattern = STACKED_LAYERS.get(family or "")
+    return pattern is not None and re.search(pattern, path) is not None

@@ -661,10 +661,10 @@ def _check_mixture(job: JobSpec) -> None:
 
 def _check_backend(job: JobSpec) -> None:
     """`train.backend: tf` with what only the JAX backend has, refused before any stage;
-    `train.remat` wraps Llama decoder blocks only."""
+    `train.remat` wraps Llama decoder layers only."""
     if job.train.remat != "none" and job.model.family not in REMAT_FAMILIES:
         raise SpecError(
-            f"train.remat: {job.train.remat} applies to the decoder blocks of model.family "
+            f"train.remat: {job.train.remat} applies to the decoder layers of model.family "
             f"{', '.join(REMAT_FAMILIES)}; model.family {job.model.family} trains with "
             "train.remat: none"
         )

@@ -389,6 +389,29 @@ def open_read(path: str) -> IO[bytes]:
     return Path(path).open("rb")
 
 
+def read_range(path: str, start: int, length: int) -> bytes:
+    """``length`` bytes of ``path`` from byte ``start`` (one ranged GET on gs://, one
+    ``pread`` locally): how the JAX backend's input streams shards of any size. Fewer bytes
+    than asked means the file is shorter; the caller decides whether that is an error."""
+    if length <= 0:
+        return b""
+    if is_gcs(path):
+        with _access(path):
+            try:
+                return bytes(
+                    _blob(path).download_as_bytes(
+                        start=start, end=start + length - 1, retry=_retry(), checksum=None
+                    )
+                )
+            except _not_found():
+                raise _missing(path) from None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, length, start)
+    finally:
+        os.close(fd)
+
+
 def sha256(path: str) -> str:
     digest = hashlib.sha256()
     with open_read(path) as handle:

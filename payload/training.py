@@ -192,6 +192,46 @@ def chunk_length(
     return max(1, min(plan_spe, boundary - step))
 
 
+# Until a step has been timed, a chunk on a runtime bounded in seconds holds this many steps:
+# nothing about the step time is known before (the plan's estimate assumes an MFU this run
+# may not reach), and a stop must not wait for 64 steps of a large model (~100 s for 1b on
+# v5litepod-16). The cost is a few host round trips while the first chunks are timed.
+FIRST_CHUNK_STEPS = 1
+
+
+class ChunkTimer:
+    """How many steps the next chunk may hold so that it lasts about `chunk_seconds` (None:
+    no bound in seconds): the latest chunk's measured seconds per step, taken between the
+    ends of two consecutive chunks (the devices run chunks back to back). The first chunk
+    (compiling) and a chunk after a pause (checkpoint, evaluation) set only the clock; until
+    a step has been timed a chunk holds FIRST_CHUNK_STEPS. Each host of a slice times its
+    own steps: the length a chunk runs is the smallest every host proposes
+    (backends/jax/distributed.py agree_on_stop)."""
+
+    def __init__(self, chunk_seconds: float | None, clock: Callable[[], float] = time.perf_counter):
+        self.chunk_seconds = chunk_seconds
+        self.step_seconds: float | None = None
+        self._last: float | None = None
+        self._clock = clock
+
+    def chunk_done(self, n: int) -> None:
+        now = self._clock()
+        if self._last is not None and n > 0:
+            self.step_seconds = (now - self._last) / n
+        self._last = now
+
+    def pause(self) -> None:
+        self._last = None
+
+    def steps_per_chunk(self, steps_per_execution: int) -> int:
+        if self.chunk_seconds is None:
+            return steps_per_execution
+        if not self.step_seconds:
+            return min(FIRST_CHUNK_STEPS, steps_per_execution)
+        fit = int(self.chunk_seconds // self.step_seconds)
+        return max(1, min(steps_per_execution, fit))
+
+
 def diverged(loss: float, step: int, n: int, spec: TrainSpec, last_checkpoint: str | None):
     """The one-line error for a NaN/inf loss between steps step - n and step."""
     return TrainingDivergedError(
@@ -258,28 +298,132 @@ class StopRequest:
             signal.signal(signum, handler)
 
 
+class _RecordedStop:
+    """The signal that stops this process, as the handler recorded it. The handler never
+    raises: a raise from a signal handler lands wherever the interpreter is, and inside a
+    garbage-collection callback (JAX's `_xla_gc_callback`), a `__del__` or a weakref
+    callback Python prints "Exception ignored in: ..." and carries on, so the stop was lost.
+    The program acts on it at its own boundaries instead: `stop_point()` and every wait of a
+    slice's agreements (backends/jax/distributed.py), and the slice's guard thread ends the
+    process if none is reached within seconds (distributed.SliceGuard)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.deferred = False  # inside a training loop: acted on at the loop's agreement
+        self.urgent = False  # a second signal while deferred: stop at once
+        self.acted = False  # the main thread raised it: nothing left for the guard to do
+        self.os_handler: int | None = None  # SIGTERM's handler in the kernel, once installed
+
+    def record(self, signum: int, frame: object) -> None:
+        # Plain assignments only: no lock a nested signal could find held (the guard polls).
+        if self.signum is None:
+            self.signum = signum
+        elif self.deferred:
+            self.urgent = True
+
+    def at_once(self) -> bool:
+        """A signal arrived that must stop the process now (not at a loop's agreement)."""
+        return self.signum is not None and not self.acted and (not self.deferred or self.urgent)
+
+
+STOP = _RecordedStop()
+
+
+def _kernel_handler(signum: int) -> int | None:
+    """The address of `signum`'s handler as the kernel holds it (sigaction(2) with no new
+    action; the handler is the first member of glibc's struct sigaction), None where that
+    cannot be read. `signal.getsignal` shows only what Python installed: a library that
+    installs its own handler in C (libtpu: "*** SIGTERM received by PID ...") is seen here."""
+    try:
+        import ctypes  # noqa: PLC0415
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        action = ctypes.create_string_buffer(512)  # struct sigaction: 152 bytes on Linux
+        if libc.sigaction(signum, None, action) != 0:
+            return None
+        return int(ctypes.c_void_p.from_buffer(action).value or 0)
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
 def stop_at_once_on_sigterm() -> None:
-    """From now until a training loop's StopRequest takes over (and again after it): SIGTERM
-    stops this process at once, exit 143 with one line, as an unhandled SIGTERM would but
-    reported. Called right after `jax.distributed.initialize()`, whose preemption service
-    replaces SIGTERM's action with one that only sets a flag (openxla/xla
+    """From now on SIGTERM stops this process at once outside a training loop (exit 143,
+    one line), inside one at the loop's next agreement (`deferred_stop`). Called right after
+    `jax.distributed.initialize()`, whose preemption service replaces SIGTERM's action with
+    one that only sets a flag (openxla/xla
     xla/tsl/distributed_runtime/preemption/preemption_notifier.cc, SigtermNotifier), so that
     a SIGTERM during the start-up (checksums, the model build, a restore, reading the
     held-out set) is not ignored until systemd's SIGKILL 90 s later. Python's `signal.signal`
-    replaces the C++ handler. Nothing is half-written: every output is written whole and
-    moved into place (storage.py), checkpoints are written only inside the loop."""
+    replaces the C++ handler. The handler only records the signal (`_RecordedStop`).
+    Nothing is half-written when the process ends in the start-up: every output is written
+    whole and moved into place (storage.py), checkpoints only inside the loop."""
     if threading.current_thread() is not threading.main_thread():
         return
+    signal.signal(signal.SIGTERM, STOP.record)
+    STOP.os_handler = _kernel_handler(signal.SIGTERM)
 
-    def stop(signum: int, frame: object) -> None:
-        message = (
-            f"stopped by signal {signum} outside the training loop (no checkpoint written "
-            "now): rerun to continue from the last checkpoint"
-        )
-        log(f"train: {message}")
-        raise TrainingInterrupted(signum, message)
 
-    signal.signal(signal.SIGTERM, stop)
+def take_sigterm_back() -> str | None:
+    """Install the recording handler again if anything replaced it since
+    `stop_at_once_on_sigterm` (in Python or in C: libtpu installs its own fatal-signal
+    handlers when the TPU backend starts); what was found instead, or None if nothing was."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    python, kernel = signal.getsignal(signal.SIGTERM), _kernel_handler(signal.SIGTERM)
+    if python == STOP.record and (kernel is None or kernel == STOP.os_handler):
+        return None
+    found = (
+        f"Python handler {python!r}"
+        if python != STOP.record
+        else f"a handler installed in C at {kernel:#x}"
+    )
+    stop_at_once_on_sigterm()
+    return found
+
+
+def stop_message(signum: int) -> str:
+    """What a stop at once by `signum` says (outside a training loop, or a second signal)."""
+    where = "at once (a second signal)" if STOP.urgent else "outside the training loop"
+    return (
+        f"stopped by signal {signum} {where} (no checkpoint written now): rerun to continue "
+        "from the last checkpoint"
+    )
+
+
+def stopped_outside_loop(signum: int) -> TrainingInterrupted:
+    """The stop of a signal outside a training loop (logged here, raised by the caller)."""
+    message = stop_message(signum)
+    log(f"train: {message}")
+    STOP.acted = True
+    return TrainingInterrupted(signum, message)
+
+
+def stop_point() -> None:
+    """A boundary of the start-up (or of the end, after the loop): a signal recorded that
+    must stop the process now is raised here, in the program's own code."""
+    if STOP.at_once() and threading.current_thread() is threading.main_thread():
+        raise stopped_outside_loop(int(STOP.signum or 0))
+
+
+class deferred_stop:  # noqa: N801  (a context manager used as `with training.deferred_stop()`)
+    """Inside a training loop: SIGTERM and SIGINT are recorded for the loop to act on at its
+    next agreement (checkpoint, then exit 128 + the signal); a second signal stops at once.
+    On leaving, SIGINT gets its previous handler back and a signal recorded after the loop's
+    last agreement stops the process at the next boundary."""
+
+    def __enter__(self) -> deferred_stop:
+        self._previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, STOP.record)  # taken back again, whatever changed it
+            STOP.os_handler = _kernel_handler(signal.SIGTERM)
+            self._previous = signal.signal(signal.SIGINT, STOP.record)
+        STOP.deferred = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        STOP.deferred = False
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def interrupted(signum: int, step: int, path: str, status: StatusWriter) -> TrainingInterrupted:
@@ -287,6 +431,7 @@ def interrupted(signum: int, step: int, path: str, status: StatusWriter) -> Trai
     message = f"stopped by signal {signum} at step {step}; checkpoint {path} saved: rerun to resume"
     log(f"train: {message}")
     status.fail(stage="train", error=message)
+    STOP.acted = True
     return TrainingInterrupted(signum, message)
 
 

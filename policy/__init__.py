@@ -1,1 +1,2 @@
-"""Pulumi CrossGuard policy pack for tpu-pretrain (rules live in policy/rules.py)."""
+"""Pulumi CrossGuard policy pack for tpu-pretrain (policy/rules.py assembles the rules, one
+module per rule family)."""

@@ -1,15 +1,16 @@
 """What a stack may contain: the policy pack's closed world, as data.
 
-Everything not listed here is refused by the pack (policy/rules.py): a resource type, an
+Everything not listed here is refused by the pack (policy/closed_world.py): a resource type, an
 enabled API, an IAM grant (role x principal x resource) or a custom role permission. The
 lists are the ones the programs of this repository really create; tests/policy/
 test_allowlist.py captures every stack under Pulumi's mocks and fails when a program gains
 a type, API or grant that is not listed here, or when an entry here is no longer used.
 
 How to allow something new: change this file in a pull request, with a rule for the new
-type in policy/rules.py where it has settings that matter for security, and a test in
-tests/policy. There is no stack setting, config key or environment variable that widens
-these lists: the pack reads nothing but this file and the resources of the stack.
+type in the module of its rule family (policy/vms.py, policy/network.py, ...; policy/rules.py
+assembles them) where it has settings that matter for security, and a test in tests/policy.
+There is no stack setting, config key or environment variable that widens these lists: the
+pack reads nothing but this file and the resources of the stack.
 
 Two Pulumi projects are known, each with its own lists: the main program (`tpu-pretrain`,
 infra/) and the one-time GitOps bootstrap (`tpu-pretrain-bootstrap`, infra/bootstrap/),
@@ -81,7 +82,7 @@ class Grant:
 @dataclass(frozen=True)
 class Profile:
     project: str
-    # Resource type -> what governs it (the rules of policy/rules.py that apply to it).
+    # Resource type -> what governs it (the rules of the pack that apply to it).
     types: dict[str, str]
     # APIs the program may enable (gcp:projects/service:Service `service`).
     apis: frozenset[str]
@@ -193,11 +194,46 @@ RECOVERY_PERMISSIONS = frozenset(
 # The GPU recovery role: the same, for stacks with gpuAutoRecover (recovery.py
 # GPU_RECOVERY_ROLE_ID), granted with a condition naming the one GPU VM.
 GPU_RECOVERY_ROLE_ID = "tpuPretrainGpuRecovery"
-GPU_RECOVERY_PERMISSIONS = frozenset({"compute.instances.get", "compute.instances.start"})
+GPU_RECOVERY_PERMISSIONS = frozenset(
+    {
+        "compute.instances.get",
+        "compute.instances.getGuestAttributes",  # the VM's boot state
+        "compute.instances.start",
+        "compute.instances.stop",  # a VM whose boot failed bills while idle
+    }
+)
 # The Dataflow launcher's project-level reads (infra/components/dataflow.py
 # LAUNCHER_EXTRA_ROLE_ID; what Dataflow Admin adds to Developer, less object permissions).
 DATAFLOW_LAUNCHER_ROLE_ID = "tpuPretrainDataflowLauncher"
 DATAFLOW_LAUNCHER_PERMISSIONS = frozenset({"compute.machineTypes.get", "storage.buckets.get"})
+# The Dataflow workers' role: roles/dataflow.worker less storage.objects.create and .get
+# (infra/components/dataflow.py WORKER_ROLE_ID; policy/executables.py refuses any project
+# role that writes objects).
+DATAFLOW_WORKER_ROLE_ID = "tpuPretrainDataflowWorker"
+DATAFLOW_WORKER_PERMISSIONS = frozenset(
+    {
+        "autoscaling.sites.readRecommendations",
+        "autoscaling.sites.writeMetrics",
+        "autoscaling.sites.writeState",
+        "compute.instanceGroupManagers.update",
+        "compute.instances.delete",
+        "compute.instances.setDiskAutoDelete",
+        "dataflow.jobs.get",
+        "dataflow.shuffle.read",
+        "dataflow.shuffle.write",
+        "dataflow.streamingWorkItems.ImportState",
+        "dataflow.streamingWorkItems.commitWork",
+        "dataflow.streamingWorkItems.getData",
+        "dataflow.streamingWorkItems.getWork",
+        "dataflow.streamingWorkItems.getWorkerMetadata",
+        "dataflow.workItems.lease",
+        "dataflow.workItems.sendMessage",
+        "dataflow.workItems.update",
+        "logging.logEntries.create",
+        "monitoring.timeSeries.create",
+        "storage.buckets.get",
+    }
+)
 
 _ANY_STACK_ACCOUNT = stack_account(*VM_ACCOUNT_ROLES)
 _DATAFLOW_WORKER = stack_account("dataflow")
@@ -243,12 +279,23 @@ MAIN_GRANTS = (
         target=rf"projects/{_PROJECT_ID}/serviceAccounts/{stack_account('workload')}",
         same_stack=True,
     ),
+    # The bucket: every object read; objects written under the IAM condition that keeps
+    # each identity off what another one runs (policy/executables.py checks the condition
+    # exactly; infra/executables.py writes it).
     Grant(
         (BUCKET_IAM_MEMBER,),
-        "roles/storage.objectAdmin",
-        rf"serviceAccount:{stack_account('controller', 'workload')}",
-        "the TPU VM and the controller read and write the training bucket",
-        "the stack's tp-<stack>-controller and tp-<stack>-workload accounts",
+        "roles/storage.objectViewer",
+        rf"serviceAccount:{stack_account('controller', 'workload', 'dataflow')}",
+        "the accelerator VM, the controller and the Dataflow workers read the training bucket",
+        "the stack's tp-<stack>-controller, -workload and -dataflow accounts",
+    ),
+    Grant(
+        (BUCKET_IAM_MEMBER,),
+        "roles/storage.objectUser",
+        rf"serviceAccount:{stack_account('controller', 'workload', 'dataflow')}",
+        "they write objects, never what another identity runs",
+        "the stack's tp-<stack>-controller, -workload and -dataflow accounts",
+        condition="resource.type == 'storage.googleapis.com/Object' && !resource.name",
     ),
     # tpu-pretrain:dataflow (infra/components/dataflow.py; Google's Dataflow security and
     # access-control pages): the worker role to the worker account only, objects of the
@@ -257,16 +304,9 @@ MAIN_GRANTS = (
     # project).
     Grant(
         (PROJECT_IAM_MEMBER,),
-        "roles/dataflow.worker",
+        f"custom:{DATAFLOW_WORKER_ROLE_ID}",
         rf"serviceAccount:{_DATAFLOW_WORKER}",
         "Dataflow workers lease and report work items of the stack's jobs",
-        "the stack's Dataflow worker account tp-<stack>-dataflow",
-    ),
-    Grant(
-        (BUCKET_IAM_MEMBER,),
-        "roles/storage.objectUser",
-        rf"serviceAccount:{_DATAFLOW_WORKER}",
-        "Dataflow workers read the corpus and write shards, staging and temp files",
         "the stack's Dataflow worker account tp-<stack>-dataflow",
     ),
     Grant(
@@ -318,7 +358,8 @@ BOOTSTRAP_TYPES = {
         "wif-provider-attribute-condition"
     ),
     "gcp:serviceaccount/account:Account": "the CI preview and deploy accounts, and the stacks' "
-    "accounts (so the deploy account can be granted actAs on each)",
+    "accounts (so the grants on each are the bootstrap's: the deploy account's actAs, the "
+    "controller's)",
     CUSTOM_ROLE: "custom-role-permissions",
     PROJECT_IAM_MEMBER: "allowed-iam-grants",
     SA_IAM_MEMBER: "allowed-iam-grants",
@@ -350,7 +391,8 @@ STACK_SECRET_ROLE_ID = "tpuPretrainStackSecrets"  # noqa: S105 (a role id)
 # test_deployability.py checks that the two lists are the same). No IAM policy write on a
 # project or a service account, no actAs, no change to a VM, no bucket or object or secret
 # beyond creating and listing (those come with conditions), no change to a TPU VM
-# (tpu.nodes.update: every change replaces it), no token or key creation, no role editing.
+# (tpu.nodes.update: every change replaces it), no token or key creation, no role editing, no
+# deleting or renaming a service account (a GitOps stack adopts the bootstrap's and keeps them).
 DEPLOYER_PERMISSIONS = frozenset(
     {
         "compute.addresses.create",
@@ -391,9 +433,7 @@ DEPLOYER_PERMISSIONS = frozenset(
         "compute.zoneOperations.get",
         "compute.zones.get",
         "iam.serviceAccounts.create",
-        "iam.serviceAccounts.delete",
         "iam.serviceAccounts.get",
-        "iam.serviceAccounts.update",
         "resourcemanager.projects.get",
         "secretmanager.secrets.create",
         "serviceusage.operations.get",
@@ -461,13 +501,10 @@ STACK_SECRET_PERMISSIONS = frozenset(
 PROJECT_IAM_WRITER_PERMISSIONS = frozenset(
     {"resourcemanager.projects.getIamPolicy", "resourcemanager.projects.setIamPolicy"}
 )
-STACK_ACCOUNT_USER_PERMISSIONS = frozenset(
-    {
-        "iam.serviceAccounts.actAs",
-        "iam.serviceAccounts.getIamPolicy",
-        "iam.serviceAccounts.setIamPolicy",
-    }
-)
+# actAs only: never the IAM policy of a stack account (it could grant any role there, and IAM
+# documents no limit on the roles granted on an account's policy); the bootstrap makes every
+# grant on the stacks' accounts (infra/bootstrap/gitops_bootstrap.py CONTROLLER_ACTS_AS).
+STACK_ACCOUNT_USER_PERMISSIONS = frozenset({"iam.serviceAccounts.actAs"})
 
 _PREVIEW = rf"serviceAccount:{bootstrap_account('tpu-pretrain-preview')}"
 _DEPLOY = rf"serviceAccount:{bootstrap_account('tpu-pretrain-deploy')}"
@@ -506,15 +543,29 @@ BOOTSTRAP_GRANTS = (
         "the CI deploy account",
         condition="iam.googleapis.com/modifiedGrantsByRole",
     ),
-    # actAs and the IAM policy of one stack account, granted on that account's own policy
-    # (IAM conditions cannot name service accounts), on the stacks' accounts only.
+    # actAs on one stack account, granted on that account's own policy (IAM conditions
+    # cannot name service accounts), on the stacks' accounts only.
     Grant(
         (SA_IAM_MEMBER,),
         f"custom:{STACK_ACCOUNT_USER_ROLE_ID}",
         _DEPLOY,
-        "actAs and IAM writes on one stack account, granted on that account",
+        "actAs on one stack account, granted on that account",
         "the CI deploy account, on a stack's own tp-<stack>-<role> account",
         target=rf"projects/{_PROJECT_ID}/serviceAccounts/{stack_account(*STACK_ACCOUNT_ROLES)}",
+    ),
+    # The grants a stack created by a person makes on its own accounts (MAIN_GRANTS), made
+    # here for the GitOps stacks, which write no account's policy: the same role, member and
+    # target, within one stack.
+    Grant(
+        (SA_IAM_MEMBER,),
+        "roles/iam.serviceAccountUser",
+        rf"serviceAccount:{stack_account('controller')}",
+        "the TPU watchdog recreates the TPU VM as its account; the controller launches "
+        "Dataflow jobs as the workers' account",
+        "a stack's controller account, on the same stack's tp-<stack>-workload or "
+        "tp-<stack>-dataflow account",
+        target=rf"projects/{_PROJECT_ID}/serviceAccounts/{stack_account('workload', 'dataflow')}",
+        same_stack=True,
     ),
     Grant(
         (PROJECT_IAM_MEMBER,),
@@ -595,6 +646,7 @@ BOOTSTRAP = Profile(
         RECOVERY_ROLE_ID: RECOVERY_PERMISSIONS,
         GPU_RECOVERY_ROLE_ID: GPU_RECOVERY_PERMISSIONS,
         DATAFLOW_LAUNCHER_ROLE_ID: DATAFLOW_LAUNCHER_PERMISSIONS,
+        DATAFLOW_WORKER_ROLE_ID: DATAFLOW_WORKER_PERMISSIONS,
     },
 )
 

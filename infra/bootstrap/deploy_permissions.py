@@ -124,15 +124,16 @@ PERMISSIONS_BY_TYPE: dict[str, tuple[str, ...]] = {
         "storage.objects.get",
         "storage.objects.list",
     ),
+    # A GitOps stack adopts the bootstrap's accounts (tpu-pretrain:accountsFromBootstrap,
+    # infra/components/identity.py): the create call finds the account (409: adopted), and
+    # the stack never deletes (retain_on_delete) or renames (ignore_changes) it, nor writes
+    # its allow policy (no gcp:serviceaccount/iAMMember:IAMMember in a GitOps stack: the
+    # bootstrap makes those grants). So no iam.serviceAccounts.delete, .update or
+    # .setIamPolicy, which could only be held on every account of the project or by a grant
+    # on each one.
     "gcp:serviceaccount/account:Account": (
         "iam.serviceAccounts.create",
-        "iam.serviceAccounts.delete",
         "iam.serviceAccounts.get",
-        "iam.serviceAccounts.update",
-    ),
-    "gcp:serviceaccount/iAMMember:IAMMember": (
-        "iam.serviceAccounts.getIamPolicy",  # conditional role: the stack's accounts only
-        "iam.serviceAccounts.setIamPolicy",
     ),
     "gcp:projects/iAMMember:IAMMember": (
         "resourcemanager.projects.getIamPolicy",  # conditional role: listed roles only

@@ -11,11 +11,15 @@ Creates what the workflows in .github/workflows need before any stack can be pre
     preview: read-only; any workflow of the repository may use it (pull requests);
     deploy:  applies stacks; only jobs in the GitHub environment that gates deploys, AND
              running on refs/heads/main; its permissions are derived from what the
-             program's resource types need (PERMISSIONS_BY_TYPE); it acts as, and edits
-             the IAM policy of, the stacks' own accounts only (no project-wide actAs),
+             program's resource types need (PERMISSIONS_BY_TYPE); it acts as the stacks'
+             own accounts only (no project-wide actAs) and writes no account's IAM policy,
              changes only the stacks' own VMs, buckets (never the state bucket) and
              secrets (conditions on resource names), never updates a TPU VM, and grants on
              the project only the roles the stacks grant,
+- every stack's service accounts and every grant on their own allow policies (the deploy
+  account's actAs, the controller's actAs on the TPU VM's and the Dataflow workers'
+  accounts): the stacks adopt the accounts (tpu-pretrain:accountsFromBootstrap) and keep
+  them on `pulumi destroy`, so a destroyed stack deploys again with nothing to re-run,
 - the TPU and GPU recovery custom roles that stacks with tpuAutoRecover / gpuAutoRecover
   bind to their controller account (the deploy account may grant them, never edit them).
 
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import pulumi
 import pulumi_gcp as gcp
+import yaml
 from deploy_permissions import PERMISSIONS_BY_TYPE
 from iam_conditions import (
     STACK_BUCKET_SUFFIX,
@@ -64,6 +69,9 @@ GPU_RECOVERY_ROLE_ID = "tpuPretrainGpuRecovery"
 # ... and this one, with roles/dataflow.developer, for the launcher of stacks with
 # tpu-pretrain:dataflow (infra/components/dataflow.py LAUNCHER_EXTRA_ROLE_ID).
 DATAFLOW_LAUNCHER_ROLE_ID = "tpuPretrainDataflowLauncher"
+# ... and this one to the Dataflow workers of those stacks, instead of roles/dataflow.worker
+# (infra/components/dataflow.py WORKER_ROLE_ID).
+DATAFLOW_WORKER_ROLE_ID = "tpuPretrainDataflowWorker"
 DEPLOY_REF = "refs/heads/main"
 # A custom attribute "<token subject>@<git ref>": the deploy binding names one value of it,
 # so a job must run in the deploy environment AND on DEPLOY_REF.
@@ -87,12 +95,15 @@ RECOVERY_PERMISSIONS = (
     "tpu.queuedResources.list",
 )
 # What the controller's GPU watchdog (infra/templates/gpu-watch.sh) calls: `gcloud compute
-# instances describe` and `gcloud compute instances start --async` (no operation polling).
-# Names as in the Compute Engine REST reference (instances.get, instances.start). The
+# instances describe`, `start --async` (no operation polling), `get-guest-attributes` (the
+# VM's boot state) and `stop --async` (a VM whose boot failed bills while idle). Names as in
+# the Compute Engine REST reference (instances.get, .start, .getGuestAttributes, .stop). The
 # program grants this role on the project with an IAM condition naming the one GPU VM.
 GPU_RECOVERY_PERMISSIONS = (
     "compute.instances.get",
+    "compute.instances.getGuestAttributes",
     "compute.instances.start",
+    "compute.instances.stop",
 )
 # What Dataflow Admin, "minimal role for creating and managing dataflow jobs" (Google's
 # Dataflow roles page, iam/docs/roles-permissions/dataflow), holds beyond Dataflow Developer
@@ -100,6 +111,33 @@ GPU_RECOVERY_PERMISSIONS = (
 # the stack's bucket): both read-only.
 DATAFLOW_LAUNCHER_PERMISSIONS = (
     "compute.machineTypes.get",
+    "storage.buckets.get",
+)
+# roles/dataflow.worker as Google defines it, less storage.objects.create and .get: granted on
+# the project those reach every object of every bucket, what a VM of the stack runs included
+# (docs/guard-rails.md, "What a VM runs"); the workers' objects come from their grants on the
+# stack's bucket (infra/components/bucket.py object_grants). The list is the role's
+# includedPermissions (`gcloud iam roles describe roles/dataflow.worker`).
+DATAFLOW_WORKER_PERMISSIONS = (
+    "autoscaling.sites.readRecommendations",
+    "autoscaling.sites.writeMetrics",
+    "autoscaling.sites.writeState",
+    "compute.instanceGroupManagers.update",
+    "compute.instances.delete",
+    "compute.instances.setDiskAutoDelete",
+    "dataflow.jobs.get",
+    "dataflow.shuffle.read",
+    "dataflow.shuffle.write",
+    "dataflow.streamingWorkItems.ImportState",
+    "dataflow.streamingWorkItems.commitWork",
+    "dataflow.streamingWorkItems.getData",
+    "dataflow.streamingWorkItems.getWork",
+    "dataflow.streamingWorkItems.getWorkerMetadata",
+    "dataflow.workItems.lease",
+    "dataflow.workItems.sendMessage",
+    "dataflow.workItems.update",
+    "logging.logEntries.create",
+    "monitoring.timeSeries.create",
     "storage.buckets.get",
 )
 
@@ -128,14 +166,14 @@ PREVIEW_PROJECT_ROLES = (
 )
 
 # Permissions that would let the deploy account escalate if held project-wide. They are
-# held only through the two conditional roles below, never through the deployer role.
-# Acting as an account, and the IAM policies of service accounts: only on the stacks' own
-# accounts (a condition on the account's resource name).
-STACK_ACCOUNT_USER_PERMISSIONS = (
-    "iam.serviceAccounts.actAs",
-    "iam.serviceAccounts.getIamPolicy",
-    "iam.serviceAccounts.setIamPolicy",
-)
+# held only through the conditional roles below, never through the deployer role.
+# Acting as an account: only the stacks' own, through a grant on each one's own allow policy.
+# No iam.serviceAccounts.setIamPolicy: with it the deploy account could grant any role on a
+# stack account (token creator, key admin) to anyone, and IAM documents no condition on the
+# roles granted on an account's policy (modifiedGrantsByRole is documented for projects,
+# folders and organizations). The grants on the accounts are the bootstrap's
+# (CONTROLLER_ACTS_AS); a GitOps stack writes none (tpu-pretrain:accountsFromBootstrap).
+STACK_ACCOUNT_USER_PERMISSIONS = ("iam.serviceAccounts.actAs",)
 # The project's IAM policy: only grants/revocations of GRANTABLE_PROJECT_ROLES
 # (iam.googleapis.com/modifiedGrantsByRole, documented by Google for projects).
 PROJECT_IAM_WRITER_PERMISSIONS = (
@@ -193,13 +231,20 @@ DEPLOYER_PERMISSIONS = tuple(
 GRANTABLE_PROJECT_ROLES = (
     "roles/logging.logWriter",
     "roles/monitoring.metricWriter",
-    # Stacks with tpu-pretrain:dataflow (infra/components/dataflow.py): the worker role to the
-    # stack's Dataflow worker account, the launcher role to its controller (the policy pack
-    # refuses them to any other member).
-    "roles/dataflow.worker",
+    # Stacks with tpu-pretrain:dataflow (infra/components/dataflow.py): the launcher role to
+    # its controller (the policy pack refuses it to any other member); the workers get the
+    # custom role below (dataflow_worker_role_name), never roles/dataflow.worker.
     "roles/dataflow.developer",
 )
-GRANTABLE_ACCOUNT_ROLES = ("roles/iam.serviceAccountUser",)
+# The grants on the stacks' accounts that a stack created by a person makes itself
+# (infra/components/recovery.py, dataflow.py) and the bootstrap makes for a GitOps stack:
+# the controller acts as the TPU VM's account (the TPU watchdog recreates the VM as it) and
+# as the Dataflow workers' account (it launches their jobs). Made for every stack, whether
+# or not its watchdog or Dataflow is on: actAs alone runs nothing; what uses it is the
+# recovery role or roles/dataflow.developer on the project, which the stack grants only
+# when it needs them, under the granter's modifiedGrantsByRole condition.
+SERVICE_ACCOUNT_USER = "roles/iam.serviceAccountUser"
+CONTROLLER_ACTS_AS = ("workload", "dataflow")
 
 # The main program's service accounts are "tp-<stack>-<suffix>" (infra/config.py: every GCP
 # name of a stack starts with "tp-<stack>"; SERVICE_ACCOUNT_SUFFIXES), all in the stacks'
@@ -214,6 +259,26 @@ _ACCOUNT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")  # IAM: 6-30 charact
 
 def stack_account_id(stack: str, suffix: str) -> str:
     return f"{STACK_ACCOUNT_PREFIX}{stack}-{suffix}"
+
+
+def stack_account_display_name(stack: str, suffix: str) -> str:
+    """The account's display name; the main program writes the same when it creates one
+    (infra/components/identity.py account_display_name) and never changes an adopted one."""
+    return f"tpu-pretrain {stack}: {suffix}"
+
+
+ADOPT_KEY = "tpu-pretrain:accountsFromBootstrap"
+
+
+def stacks_not_adopting(directory: Path = STACKS_DIR) -> tuple[str, ...]:
+    """Stack files that do not set ADOPT_KEY to true: such a stack would create and delete
+    the accounts itself and write their allow policies, which the deploy account may not."""
+    names = []
+    for path in sorted(directory.glob("Pulumi.*.yaml")):
+        config = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("config") or {}
+        if str(config.get(ADOPT_KEY, "")).lower() != "true":
+            names.append(path.name[len("Pulumi.") : -len(".yaml")])
+    return tuple(names)
 
 
 def stack_names(directory: Path = STACKS_DIR) -> tuple[str, ...]:
@@ -243,6 +308,10 @@ def dataflow_launcher_role_name(project: str) -> str:
     return f"projects/{project}/roles/{DATAFLOW_LAUNCHER_ROLE_ID}"
 
 
+def dataflow_worker_role_name(project: str) -> str:
+    return f"projects/{project}/roles/{DATAFLOW_WORKER_ROLE_ID}"
+
+
 def grantable_roles(project: str) -> tuple[str, ...]:
     """Every role the deploy account may grant or revoke on the project."""
     return (
@@ -250,6 +319,7 @@ def grantable_roles(project: str) -> tuple[str, ...]:
         recovery_role_name(project),
         gpu_recovery_role_name(project),
         dataflow_launcher_role_name(project),
+        dataflow_worker_role_name(project),
     )
 
 
@@ -269,6 +339,8 @@ class BootstrapConfig:
     # The stacks whose service accounts the bootstrap creates and lets the deploy account act
     # as: every stacks/Pulumi.<stack>.yaml of the repository (stack_names()).
     stacks: tuple[str, ...] = ()
+    # Those of them whose stack file does not adopt the accounts (stacks_not_adopting()).
+    not_adopting: tuple[str, ...] = ()
 
 
 _REPOSITORY = re.compile(r"^[A-Za-z0-9-]{1,39}/[A-Za-z0-9._-]{1,100}$")
@@ -344,6 +416,7 @@ def validate_config(
         state_bucket=bucket,
         deploy_environment=environment,
         stacks=stack_names(),
+        not_adopting=stacks_not_adopting(),
     )
 
 
@@ -665,30 +738,38 @@ def define(cfg: BootstrapConfig) -> None:
         )
     # No project-wide actAs, and no condition on accounts (IAM service accounts are not on
     # Google's "Resource attributes for IAM Conditions" page: a condition on their names never
-    # grants). The deploy account holds actAs and the IAM policy of each stack's own accounts
-    # through a grant on that account's own allow policy, made here by the project Owner who
-    # runs the bootstrap: the only identity that can grant on an account without holding
-    # setIamPolicy on every account of the project. So the bootstrap creates the stacks'
-    # accounts (every stack file in stacks/), before their first deploy; the main program
-    # adopts them (infra/components/identity.py create_ignore_already_exists).
+    # grants). The deploy account holds actAs on each stack's own accounts through a grant on
+    # that account's own allow policy, made here by the project Owner who runs the bootstrap:
+    # the only identity that can grant on an account without holding setIamPolicy on every
+    # account of the project. So the bootstrap creates the stacks' accounts (every stack file
+    # in stacks/) before their first deploy, and makes every grant on them; the main program
+    # adopts them and keeps them on destroy (infra/components/identity.py), so the grants
+    # here outlive any number of destroys and deploys of the stack.
     stack_account_role = gcp.projects.IAMCustomRole(
         "stack-account-user-role",
         project=project,
         role_id=STACK_ACCOUNT_USER_ROLE_ID,
         title="tpu-pretrain stack account user",
-        description="actAs and IAM policy of one stack account (granted on that account).",
+        description="actAs on one stack account (granted on that account).",
         permissions=list(STACK_ACCOUNT_USER_PERMISSIONS),
         stage="GA",
         opts=after_apis,
     )
+    for stack in cfg.not_adopting:
+        pulumi.log.warn(
+            f"stacks/Pulumi.{stack}.yaml does not set {ADOPT_KEY}: true: its deploy would "
+            "write the allow policies of accounts the deploy account may only act as, and its "
+            "destroy would delete them; set it (docs/gitops.md)"
+        )
     for stack in cfg.stacks:
+        accounts = {}
         for suffix in STACK_ACCOUNT_SUFFIXES:
             account_id = stack_account_id(stack, suffix)
-            account = gcp.serviceaccount.Account(
+            accounts[suffix] = account = gcp.serviceaccount.Account(
                 f"stack-{stack}-{suffix}",
                 project=project,
                 account_id=account_id,
-                display_name=f"tpu-pretrain {stack}: {suffix}",
+                display_name=stack_account_display_name(stack, suffix),
                 # An account a stack created before this bootstrap knew it is adopted.
                 create_ignore_already_exists=True,
                 opts=after_apis,
@@ -698,6 +779,13 @@ def define(cfg: BootstrapConfig) -> None:
                 service_account_id=account.name,
                 role=stack_account_role.name,
                 member=deploy_member,
+            )
+        for target in CONTROLLER_ACTS_AS:
+            gcp.serviceaccount.IAMMember(
+                f"controller-on-{stack}-{target}",
+                service_account_id=accounts[target].name,
+                role=SERVICE_ACCOUNT_USER,
+                member=accounts["controller"].email.apply(lambda email: f"serviceAccount:{email}"),
             )
     # Created here, not by the stacks: the deploy account may grant it (above) but holds no
     # iam.roles.* permission, so it cannot widen a role it is allowed to grant.
@@ -716,7 +804,7 @@ def define(cfg: BootstrapConfig) -> None:
         project=project,
         role_id=GPU_RECOVERY_ROLE_ID,
         title="tpu-pretrain GPU recovery",
-        description="Describe and start a stack's stopped spot GPU VM (the watchdog).",
+        description="Describe, start and stop a stack's spot GPU VM (the watchdog).",
         permissions=list(GPU_RECOVERY_PERMISSIONS),
         stage="GA",
         opts=after_apis,
@@ -728,6 +816,16 @@ def define(cfg: BootstrapConfig) -> None:
         title="tpu-pretrain Dataflow launcher",
         description="What Dataflow Admin adds to Developer at project level, read-only.",
         permissions=list(DATAFLOW_LAUNCHER_PERMISSIONS),
+        stage="GA",
+        opts=after_apis,
+    )
+    gcp.projects.IAMCustomRole(
+        "dataflow-worker-role",
+        project=project,
+        role_id=DATAFLOW_WORKER_ROLE_ID,
+        title="tpu-pretrain Dataflow worker",
+        description="roles/dataflow.worker without object writes and reads on every bucket.",
+        permissions=list(DATAFLOW_WORKER_PERMISSIONS),
         stage="GA",
         opts=after_apis,
     )

@@ -5,6 +5,50 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from infra import executables
+
+# Every object of the bucket, read (get, list): what a VM runs included.
+READ_ROLE = "roles/storage.objectViewer"
+# Objects only (create, delete, get, list, update, restore; no IAM, no retention), granted
+# with the identity's condition of infra/executables.py: nothing another identity executes.
+WRITE_ROLE = "roles/storage.objectUser"
+
+
+def object_grants(
+    parent: pulumi.Resource,
+    name: str,
+    *,
+    bucket: pulumi.Input[str],
+    bucket_name: str,
+    identity: str,
+    member: pulumi.Input[str],
+) -> list[gcp.storage.BucketIAMMember]:
+    """An identity's two grants on the stack's bucket: read everything, write objects
+    outside what another identity executes (infra/executables.py write_condition)."""
+    child = pulumi.ResourceOptions(parent=parent)
+    condition = executables.write_condition(bucket_name, identity)
+    return [
+        gcp.storage.BucketIAMMember(
+            f"{name}-objects-read",
+            bucket=bucket,
+            role=READ_ROLE,
+            member=member,
+            opts=child,
+        ),
+        gcp.storage.BucketIAMMember(
+            f"{name}-objects-write",
+            bucket=bucket,
+            role=WRITE_ROLE,
+            member=member,
+            condition=gcp.storage.BucketIAMMemberConditionArgs(
+                title=condition["title"],
+                description=condition["description"],
+                expression=condition["expression"],
+            ),
+            opts=child,
+        ),
+    ]
+
 
 @dataclass(frozen=True)
 class TrainingBucketArgs:
@@ -13,8 +57,8 @@ class TrainingBucketArgs:
     location: str
     soft_delete_seconds: int
     destroy_with_stack: bool
-    object_admin: pulumi.Input[str]  # IAM member of the TPU VM's service account
-    controller_object_admin: pulumi.Input[str]  # IAM member of the controller's account
+    workload_member: pulumi.Input[str]  # IAM member of the TPU/GPU VM's service account
+    controller_member: pulumi.Input[str]  # IAM member of the controller's account
     labels: dict[str, str]
     # The bucket already exists in the project (kept by an earlier `pulumi destroy`): the
     # stack imports it instead of failing to create it (409). See `kept_bucket_exists`.
@@ -70,20 +114,23 @@ class TrainingBucket(pulumi.ComponentResource):
                 import_=args.name if args.adopt else None,
             ),
         )
-        self.object_admin = gcp.storage.BucketIAMMember(
-            f"{name}-object-admin",
-            bucket=self.bucket.name,
-            role="roles/storage.objectAdmin",
-            member=args.object_admin,
-            opts=pulumi.ResourceOptions(parent=self),
-        )
-        self.controller_object_admin = gcp.storage.BucketIAMMember(
-            f"{name}-object-admin-controller",
-            bucket=self.bucket.name,
-            role="roles/storage.objectAdmin",
-            member=args.controller_object_admin,
-            opts=pulumi.ResourceOptions(parent=self),
-        )
+        # What a VM executes (the job pointer, the startup scripts, the payload archive, the
+        # job specs) is written by the deploy identity alone: infra/executables.py.
+        self.grants = [
+            grant
+            for identity, member in (
+                (executables.WORKLOAD, args.workload_member),
+                (executables.CONTROLLER, args.controller_member),
+            )
+            for grant in object_grants(
+                self,
+                f"{name}-{identity}",
+                bucket=self.bucket.name,
+                bucket_name=args.name,
+                identity=identity,
+                member=member,
+            )
+        ]
         self.name = self.bucket.name
         self.url = self.bucket.url
         self.register_outputs({"name": self.name, "url": self.url})

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from infra import render
 from infra.components.network import TAG_CONTROLLER
 from infra.components.tpu import CLOUD_PLATFORM, _inherited_depends_on
 
@@ -20,11 +21,16 @@ SHIELDED_VM: gcp.compute.InstanceShieldedInstanceConfigArgsDict = {
 }
 
 
-def hardened_metadata(startup_script: pulumi.Input[str]) -> dict[str, pulumi.Input[str]]:
+def hardened_metadata(
+    startup_script: pulumi.Input[str], *, loader: bool = False
+) -> dict[str, pulumi.Input[str]]:
+    """`loader`: the VM boots the stable loader, which leaves its boot state in a guest
+    attribute for the watchdog (infra/render.py BOOT_ATTRIBUTE): guest attributes on."""
     return {
         "enable-oslogin": "TRUE",
         "block-project-ssh-keys": "TRUE",
         "serial-port-enable": "FALSE",
+        **(render.GUEST_ATTRIBUTES_METADATA if loader else {}),
         "startup-script": startup_script,
     }
 
@@ -72,7 +78,7 @@ class ControllerVm(pulumi.ComponentResource):
             network_interfaces=[{"subnetwork": args.subnetwork}],
             service_account={"email": args.service_account_email, "scopes": [CLOUD_PLATFORM]},
             shielded_instance_config=SHIELDED_VM,
-            metadata=hardened_metadata(args.startup_script),
+            metadata=hardened_metadata(args.startup_script, loader=True),
             tags=[TAG_CONTROLLER],
             labels=args.labels,
             allow_stopping_for_update=True,

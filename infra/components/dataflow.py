@@ -6,8 +6,14 @@ permissions" and "Access control with IAM" pages, dataflow/docs/concepts/...):
 - a worker service account of its own (never the default compute account): the Dataflow
   Worker role on the project, which Google documents as the role "for a Compute Engine
   service account to execute work units for a Dataflow pipeline" that "should typically only
-  be assigned to such an account" (dataflow.workItems.lease/update/sendMessage), and object
-  read/write on the stack's bucket only (corpus in, shards out, staging and temp files);
+  be assigned to such an account" (dataflow.workItems.lease/update/sendMessage), as the
+  custom role WORKER_ROLE_ID without the role's object create/get on every bucket, and object
+  read/write on the stack's bucket only (corpus in, shards out, temp files): read on every
+  object, write under the IAM condition of infra/executables.py (never what a VM or the
+  launcher runs: the job pointer, startup scripts, payload, job specs, the accelerator
+  VM's wheelhouse, the job's staged files). The write role is roles/storage.objectUser
+  (objects only, no IAM): Beam writes files under a temp name and renames them (copy +
+  delete), so create without delete is not enough;
 - the launcher (the controller's account) may create and manage jobs. Google's Dataflow
   roles page (iam/docs/roles-permissions/dataflow) calls Dataflow Admin (roles/dataflow.admin)
   the "minimal role for creating and managing dataflow jobs": it is Dataflow Developer
@@ -15,10 +21,11 @@ permissions" and "Access control with IAM" pages, dataflow/docs/concepts/...):
   storage.objects.create/get/list. The launcher gets Developer and the bootstrap's custom
   role tpuPretrainDataflowLauncher with the two project-level reads (LAUNCHER_EXTRA_PERMISSIONS);
   the objects it needs are those of the stack's bucket, which it holds there already
-  (storage.objectAdmin), so Admin's object permissions on every bucket of the project (the
-  Pulumi state bucket among them) are not granted. It may act as the worker account, a grant
-  on that one account (never roles/iam.serviceAccountUser on the project, which would be
-  actAs on every account of the project);
+  (infra/components/bucket.py: read, and write outside what only the deploy identity
+  writes; it stages the job's files), so Admin's object permissions on every bucket of the
+  project (the Pulumi state bucket among them) are not granted. It may act as the worker
+  account, a grant on that one account (never roles/iam.serviceAccountUser on the project,
+  which would be actAs on every account of the project);
 - workers talk to each other on TCP 12345-12346 (Google's "Configure internet access and
   firewall rules" for Dataflow: an ingress rule between VMs with the network tag `dataflow`,
   which Dataflow puts on its workers); they have no public IPs (job option
@@ -45,10 +52,21 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.components.identity import ServiceIdentity, ServiceIdentityArgs
+from infra import executables
+from infra.components.bucket import object_grants
+from infra.components.identity import (
+    ServiceIdentity,
+    ServiceIdentityArgs,
+    account_display_name,
+)
 
 DATAFLOW_API = "dataflow.googleapis.com"
-WORKER_ROLE = "roles/dataflow.worker"
+# Google's roles/dataflow.worker less storage.objects.create and .get, which on the project
+# would reach every object of every bucket (what a VM runs included: docs/guard-rails.md,
+# "What a VM runs"); a custom role the GitOps bootstrap creates
+# (infra/bootstrap/gitops_bootstrap.py DATAFLOW_WORKER_PERMISSIONS, or the one-time gcloud
+# command in docs/deploy-gcp.md). The workers' objects come from the bucket grants below.
+WORKER_ROLE_ID = "tpuPretrainDataflowWorker"
 LAUNCHER_ROLE = "roles/dataflow.developer"
 # What Dataflow Admin adds to Developer at project level, read-only (Google's Dataflow roles
 # page); a custom role the GitOps bootstrap creates (infra/bootstrap/gitops_bootstrap.py
@@ -56,9 +74,6 @@ LAUNCHER_ROLE = "roles/dataflow.developer"
 LAUNCHER_EXTRA_ROLE_ID = "tpuPretrainDataflowLauncher"
 LAUNCHER_EXTRA_PERMISSIONS = ("compute.machineTypes.get", "storage.buckets.get")
 ACT_AS_ROLE = "roles/iam.serviceAccountUser"
-# Objects only (get, list, create, delete, update), no IAM: Beam writes files under a temp
-# name and renames them (copy + delete), so create without delete is not enough.
-WORKER_BUCKET_ROLE = "roles/storage.objectUser"
 # Google's Dataflow firewall page: the tag Dataflow gives its worker VMs, and the ports of
 # worker-to-worker traffic (12345 streaming, 12346 batch shuffle without Dataflow Shuffle).
 WORKER_TAG = "dataflow"
@@ -69,6 +84,10 @@ IMAGE_READER_ROLE = "roles/artifactregistry.reader"  # granted by the image's bu
 
 def launcher_extra_role_name(project: str) -> str:
     return f"projects/{project}/roles/{LAUNCHER_EXTRA_ROLE_ID}"
+
+
+def worker_role_name(project: str) -> str:
+    return f"projects/{project}/roles/{WORKER_ROLE_ID}"
 
 
 # The image's name in the repository; its tag is the payload archive's digest (below).
@@ -111,16 +130,21 @@ class DataflowAccessArgs:
     project: str
     prefix: str  # tp-<stack>
     stack: str
-    bucket: pulumi.Input[str]  # the stack's bucket name
+    bucket: pulumi.Input[str]  # the stack's bucket (its name, as an output of the bucket)
+    bucket_name: str  # the same name, known to the program (the grant's IAM condition)
     launcher_member: pulumi.Input[str]  # the controller's account (serviceAccount:...)
     network: pulumi.Input[str]  # the stack's VPC (id)
     network_name: str
+    # tpu-pretrain:accountsFromBootstrap: the GitOps bootstrap owns the worker account and
+    # made the launcher's actAs on it; the stack adopts the account and grants nothing on it.
+    accounts_from_bootstrap: bool = False
 
 
 class DataflowAccess(pulumi.ComponentResource):
-    """The worker account with its two grants, the launcher's three grants and the firewall
-    rule between workers. The Dataflow and Artifact Registry APIs themselves are in
-    ProjectApis (program.py); the image repository is not the stack's (module docstring)."""
+    """The worker account with its grants (the worker role, read and write on the bucket),
+    the launcher's three grants and the firewall rule between workers. The Dataflow and
+    Artifact Registry APIs themselves are in ProjectApis (program.py); the image repository
+    is not the stack's (module docstring)."""
 
     def __init__(
         self, name: str, args: DataflowAccessArgs, opts: pulumi.ResourceOptions | None = None
@@ -132,26 +156,28 @@ class DataflowAccess(pulumi.ComponentResource):
             ServiceIdentityArgs(
                 project=args.project,
                 account_id=worker_account_id(args.prefix),
-                display_name=f"tpu-pretrain {args.stack}: Dataflow workers",
-                # roles/dataflow.worker is what Google documents for a worker account; no
-                # other project role.
+                display_name=account_display_name(args.stack, "dataflow"),
+                # The worker role (what Google documents for a worker account, less its
+                # object permissions on every bucket); no other project role.
                 reporting_roles=(),
+                adopted=args.accounts_from_bootstrap,
             ),
             opts=child,
         )
         self.worker_role = gcp.projects.IAMMember(
             f"{name}-worker",
             project=args.project,
-            role=WORKER_ROLE,
+            role=worker_role_name(args.project),
             member=self.worker.member,
             opts=child,
         )
-        self.worker_objects = gcp.storage.BucketIAMMember(
-            f"{name}-worker-objects",
+        self.worker_objects = object_grants(
+            self,
+            f"{name}-worker",
             bucket=args.bucket,
-            role=WORKER_BUCKET_ROLE,
+            bucket_name=args.bucket_name,
+            identity=executables.DATAFLOW,
             member=self.worker.member,
-            opts=child,
         )
         self.launcher_role = gcp.projects.IAMMember(
             f"{name}-launcher",
@@ -167,12 +193,16 @@ class DataflowAccess(pulumi.ComponentResource):
             member=args.launcher_member,
             opts=child,
         )
-        self.launcher_acts_as_worker = gcp.serviceaccount.IAMMember(
-            f"{name}-launcher-acts-as-worker",
-            service_account_id=self.worker.resource_name,
-            role=ACT_AS_ROLE,
-            member=args.launcher_member,
-            opts=child,
+        self.launcher_acts_as_worker = (
+            None
+            if args.accounts_from_bootstrap
+            else gcp.serviceaccount.IAMMember(
+                f"{name}-launcher-acts-as-worker",
+                service_account_id=self.worker.resource_name,
+                role=ACT_AS_ROLE,
+                member=args.launcher_member,
+                opts=child,
+            )
         )
         self.workers_rule = gcp.compute.Firewall(
             f"{name}-allow-workers",

@@ -20,6 +20,16 @@ class PayloadDeliveryArgs:
     job_spec_json: str
 
 
+# What a pointer names is never deleted by `pulumi up` (retain_on_delete: a replaced or
+# dropped object leaves the stack's state, not the bucket). A VM that read the previous
+# pointer a moment before `pulumi up` switched it still finds the script and archive it
+# names; and an object whose content changes under the same name (the pointer, a job spec)
+# is overwritten in one write instead of deleted and created again (the provider replaces an
+# object with an explicit name by deleting it first). Superseded scripts and archives are
+# content-addressed and small (the archive ~200 KB); docs/gitops.md says how to prune them.
+KEEP = pulumi.ResourceOptions(retain_on_delete=True)
+
+
 class PayloadDelivery(pulumi.ComponentResource):
     """Uploads the payload source archive and the rendered job spec to the bucket. The
     archive name carries its sha256, so a changed payload is a new object and VMs can tell
@@ -29,7 +39,7 @@ class PayloadDelivery(pulumi.ComponentResource):
         self, name: str, args: PayloadDeliveryArgs, opts: pulumi.ResourceOptions | None = None
     ):
         super().__init__("tpu-pretrain:index:PayloadDelivery", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = pulumi.ResourceOptions.merge(KEEP, pulumi.ResourceOptions(parent=self))
         self.archive = gcp.storage.BucketObject(
             f"{name}-archive",
             bucket=args.bucket,
@@ -73,7 +83,7 @@ class StartupDelivery(pulumi.ComponentResource):
         self, name: str, args: StartupDeliveryArgs, opts: pulumi.ResourceOptions | None = None
     ):
         super().__init__("tpu-pretrain:index:StartupDelivery", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = pulumi.ResourceOptions.merge(KEEP, pulumi.ResourceOptions(parent=self))
         roles = sorted(args.scripts)
         scripts = [pulumi.Output.from_input(args.scripts[role]) for role in roles]
         self.scripts = [
@@ -97,7 +107,9 @@ class StartupDelivery(pulumi.ComponentResource):
             name=render.POINTER_OBJECT,
             content=content,
             content_type="application/json",
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.scripts)),
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(depends_on=list(self.scripts))
+            ),
         )
         self.pointer_uri = pulumi.Output.concat(
             "gs://", self.pointer.bucket, "/", self.pointer.name

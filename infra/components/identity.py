@@ -15,6 +15,17 @@ SETTLE_DURATION = "60s"
 
 # Project-level roles a VM needs to report on itself; nothing that reaches data.
 REPORTING_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
+# What an adopted account's owner (the GitOps bootstrap) sets and the stack never writes:
+# pulumi-gcp's camelCase names of the account's two updatable texts.
+OWNER_FIELDS = ["displayName", "description"]
+
+
+def account_display_name(stack: str, suffix: str) -> str:
+    """One display name per account, whichever program creates it: the GitOps bootstrap
+    writes the same ("tpu-pretrain <stack>: <suffix>", infra/bootstrap/gitops_bootstrap.py
+    stack_account_display_name; tests/policy/test_bootstrap.py compares them), so neither
+    renames what the other made."""
+    return f"tpu-pretrain {stack}: {suffix}"
 
 
 @dataclass(frozen=True)
@@ -25,6 +36,9 @@ class ServiceIdentityArgs:
     # Project-level roles to report on itself; () for an account whose role brings its own
     # (the Dataflow worker account: roles/dataflow.worker, infra/components/dataflow.py).
     reporting_roles: tuple[str, ...] = REPORTING_ROLES
+    # tpu-pretrain:accountsFromBootstrap: the GitOps bootstrap created the account and owns
+    # it (its name, its allow policy); the stack adopts it and never deletes or renames it.
+    adopted: bool = False
 
 
 class ServiceIdentity(pulumi.ComponentResource):
@@ -33,7 +47,16 @@ class ServiceIdentity(pulumi.ComponentResource):
     (the bucket, one secret) by the components that own them. A VM that runs as it depends
     on the component, and so waits for `settled` (SETTLE_DURATION after the account's
     creation; only on create, a later `pulumi up` does not wait), and so does every IAM
-    binding that names it through `member` or `resource_name`."""
+    binding that names it through `member` or `resource_name`.
+
+    An adopted account (`args.adopted`, GitOps) is the bootstrap's: its allow policy holds
+    the bootstrap's grants (the deploy account's actAs among them), which a deleted and
+    re-created account would not have (a new account of the same name is a new identity,
+    Google's "Delete and undelete service accounts"). So `pulumi destroy` keeps it
+    (retain_on_delete: dropped from the state, not deleted) and the next `pulumi up` adopts
+    the same account again (create_ignore_already_exists); its display name and description
+    are the bootstrap's (ignore_changes), so the two programs never rename it back and
+    forth."""
 
     def __init__(
         self, name: str, args: ServiceIdentityArgs, opts: pulumi.ResourceOptions | None = None
@@ -48,7 +71,11 @@ class ServiceIdentity(pulumi.ComponentResource):
             # the deploy account actAs on each one's own allow policy (infra/bootstrap,
             # docs/gitops.md): the account is adopted, not created a second time.
             create_ignore_already_exists=True,
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                retain_on_delete=args.adopted or None,
+                ignore_changes=OWNER_FIELDS if args.adopted else None,
+            ),
         )
         self.email = self.account.email
         self.settled = time.Sleep(

@@ -23,13 +23,19 @@ class TpuAutoRecoveryArgs:
     project: str
     watchdog_member: pulumi.Input[str]  # serviceAccount:<controller account>
     tpu_service_account_name: pulumi.Input[str]  # projects/<p>/serviceAccounts/<tpu email>
+    # tpu-pretrain:accountsFromBootstrap: the GitOps bootstrap owns the TPU VM's account and
+    # made the controller's actAs on it (infra/bootstrap/gitops_bootstrap.py
+    # CONTROLLER_ACTS_AS); the stack writes no account's allow policy.
+    act_as_from_bootstrap: bool = False
 
 
 class TpuAutoRecovery(pulumi.ComponentResource):
     """Least privilege for the TPU watchdog, which runs as the controller's own account (not
     the TPU VM's): the bootstrap's recovery role at project level, and actAs on the TPU VM's
     service account only (a grant on that one account), so a recreated TPU VM runs as the
-    same account. Nothing here creates or edits a role."""
+    same account. Nothing here creates or edits a role. In a GitOps stack the actAs grant is
+    the bootstrap's (`act_as_from_bootstrap`): the recovery role, granted here, is what
+    turns it into the power to recreate the VM."""
 
     def __init__(
         self, name: str, args: TpuAutoRecoveryArgs, opts: pulumi.ResourceOptions | None = None
@@ -44,12 +50,16 @@ class TpuAutoRecovery(pulumi.ComponentResource):
             member=args.watchdog_member,
             opts=child,
         )
-        self.act_as = gcp.serviceaccount.IAMMember(
-            f"{name}-act-as",
-            service_account_id=args.tpu_service_account_name,
-            role=SERVICE_ACCOUNT_USER,
-            member=args.watchdog_member,
-            opts=child,
+        self.act_as = (
+            None
+            if args.act_as_from_bootstrap
+            else gcp.serviceaccount.IAMMember(
+                f"{name}-act-as",
+                service_account_id=args.tpu_service_account_name,
+                role=SERVICE_ACCOUNT_USER,
+                member=args.watchdog_member,
+                opts=child,
+            )
         )
         self.register_outputs({"role": self.role})
 

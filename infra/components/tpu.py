@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from infra import render
 from infra.components.network import TAG_TPU
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
@@ -13,11 +14,13 @@ TPU_DESCRIPTION = "tpu-pretrain trainer"
 # project-ssh-keys-blocked (CIS 4.3, 4.4) apply to TPU VMs too. The controller's watchdog
 # recreates a preempted TPU VM with exactly these settings (infra/render.py TpuWatch).
 # Like every VM of the stack (controller.hardened_metadata): OS Login, no project SSH keys,
-# no interactive serial port.
+# no interactive serial port; guest attributes on, where the loader leaves its boot state for
+# the watchdog (infra/render.py BOOT_ATTRIBUTE).
 TPU_METADATA = {
     "enable-oslogin": "TRUE",
     "block-project-ssh-keys": "TRUE",
     "serial-port-enable": "FALSE",
+    **render.GUEST_ATTRIBUTES_METADATA,
 }
 
 

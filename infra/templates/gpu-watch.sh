@@ -19,10 +19,16 @@
 # - It never creates or deletes the VM: with STOP the VM is never deleted by preemption, and
 #   a VM that is gone was deleted by Pulumi or by hand (`pulumi up` creates it again).
 # - SUSPENDED (someone suspended it) is left alone: resume it by hand.
+# - A RUNNING VM whose loader gave up (its boot state: watch-common.sh boot_failure) bills
+#   while idle: it is stopped (`compute instances stop --async`), and not started again by
+#   the watchdog until it runs again (started by hand once the cause is fixed: the stack
+#   output gpuRecovery.start).
 # Status: gs://…/runs/<job>/bootstrap/gpu-watch.json.
 readonly WATCH_DIR="${APP_DIR}/gpu-watch"
 readonly LAST_START="${WATCH_DIR}/last-start"  # epoch seconds of the last start request
 readonly ATTEMPTS="${WATCH_DIR}/start-attempts"  # start requests since the VM last ran
+readonly BOOT_SEEN="${WATCH_DIR}/boot-seen"  # the boot failure last acted on
+readonly BOOT_FAILED="${WATCH_DIR}/boot-failed"  # the VM was stopped because of it
 readonly WHERE=(--zone "${VM_ZONE}" --project "${PROJECT}")
 
 # {"vm_state": seen, "action": taken, "message", "start_attempts", "last_start_at", ...}
@@ -62,7 +68,12 @@ if [ "${export_state}" = present ]; then
 fi
 
 case "${state}" in
-  TERMINATED | STOPPED) ;;
+  TERMINATED | STOPPED)
+    if [ -f "${BOOT_FAILED}" ]; then
+      watch_status "${state}" boot-failed "$(cat "${BOOT_FAILED}")"
+      exit 0
+    fi
+    ;;
   MISSING)
     watch_status MISSING none "${VM_NAME} does not exist (deleted by Pulumi or by hand; preemption only stops it); run pulumi up to create it"
     exit 0
@@ -72,7 +83,19 @@ case "${state}" in
     exit 0
     ;;
   RUNNING)
-    rm -f "${ATTEMPTS}"
+    rm -f "${ATTEMPTS}" "${BOOT_FAILED}"
+    if failure="$(boot_failure compute instances get-guest-attributes "${VM_NAME}" \
+      "${WHERE[@]}" --format='value(key,value)')"; then
+      if ! gcloud_once compute instances stop "${VM_NAME}" "${WHERE[@]}" --async; then
+        watch_status RUNNING stop-failed "its boot failed ($(boot_message "${failure}")); stopping ${VM_NAME} failed, retrying on the next tick: $(last_error)"
+        exit 1
+      fi
+      echo "${failure}" >"${BOOT_SEEN}"
+      why="the boot of ${VM_NAME} failed ($(boot_message "${failure}")); stopped it, which billed while idle, and it is not started again: fix the cause, then start it (the stack output gpuRecovery.start)"
+      echo "${why}" >"${BOOT_FAILED}"
+      watch_status RUNNING boot-failed "${why}"
+      exit 0
+    fi
     watch_status RUNNING none "nothing to do"
     exit 0
     ;;

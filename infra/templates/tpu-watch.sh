@@ -20,6 +20,10 @@
 # - It only ever creates a VM it deleted itself (the pending marker); a VM deleted by hand or
 #   by Pulumi is left alone, and a VM that exists again (created by Pulumi or the queue) ends
 #   the recovery. A VM is recreated at most once per MIN_RECREATE_SECONDS.
+# - A READY VM whose loader gave up on any host (its boot state: watch-common.sh
+#   boot_failure) bills while idle: it is deleted, not recreated (its next boot would fail
+#   the same way), and the status says why until the VM exists again (pulumi up --replace,
+#   the stack output tpuRecovery.replace).
 # A multi-host slice (TPU_HOSTS > 1) is one TPU node: the same single delete and create (the
 # node's --accelerator-type, e.g. v4-32) replace every host at once; each new host's startup
 # script installs the payload again and starts its JAX process, and the processes resume
@@ -30,6 +34,8 @@ readonly STARTUP_FILE="${WATCH_DIR}/tpu-startup.sh"
 readonly PENDING="${WATCH_DIR}/pending-create"  # deleted by us, not yet created again
 readonly LAST_CREATE="${WATCH_DIR}/last-create"  # epoch seconds of the last recreation
 readonly NEXT_ATTEMPT="${WATCH_DIR}/next-attempt"  # preemptible: no create before (epoch, wait)
+readonly BOOT_SEEN="${WATCH_DIR}/boot-seen"  # the boot failure last acted on
+readonly BOOT_FAILED="${WATCH_DIR}/boot-failed"  # the VM was deleted because of it
 readonly WHERE=(--zone "${TPU_ZONE}" --project "${PROJECT}")
 readonly MODE="${1:-tick}"
 if [ "${TPU_HOSTS}" -gt 1 ]; then
@@ -305,6 +311,10 @@ case "${state}" in
     qr=MISSING
     ;;
   MISSING)
+    if [ ! -f "${PENDING}" ] && [ -f "${BOOT_FAILED}" ]; then
+      watch_status MISSING boot-failed "$(cat "${BOOT_FAILED}")"
+      exit 0
+    fi
     if [ ! -f "${PENDING}" ]; then
       # Not deleted by this watchdog (not created yet, or deleted on purpose): leave it.
       watch_status MISSING none "${TPU_NAME} does not exist and was not deleted by this watchdog; run pulumi up to create it"
@@ -327,6 +337,20 @@ case "${state}" in
         exit 0
         ;;
     esac
+    rm -f "${BOOT_FAILED}"
+    if [ "${state}" = READY ] && failure="$(boot_failure compute tpus tpu-vm get-guest-attributes \
+      "${TPU_NAME}" "${WHERE[@]}" --format='value(worker_id,key,value)')"; then
+      if ! gcloud_once compute tpus tpu-vm delete "${TPU_NAME}" "${WHERE[@]}" --quiet --async \
+        && ! err_is_not_found; then
+        watch_status "${state}" delete-failed "its boot failed ($(boot_message "${failure}")); deleting ${TPU_NAME} failed, retrying on the next tick: $(last_error)"
+        exit 1
+      fi
+      echo "${failure}" >"${BOOT_SEEN}"
+      why="the boot of ${WHAT} failed ($(boot_message "${failure}")); deleted it, which billed while idle, and it is not recreated: fix the cause, then recreate it with pulumi up --replace (the stack output tpuRecovery.replace)"
+      echo "${why}" >"${BOOT_FAILED}"
+      watch_status "${state}" boot-failed "${why}"
+      exit 0
+    fi
     watch_status "${state}" none "nothing to do"
     exit 0
     ;;

@@ -70,13 +70,61 @@ wait_manifest() {
   done
 }
 
-# systemd sets SERVICE_RESULT, EXIT_CODE and EXIT_STATUS for ExecStopPost.
+# A trainer that fails again and again without writing a newer checkpoint (the same bug at
+# every start, a host that cannot join the others, a device out of memory) is stopped after
+# TRAINER_FAILURES_MAX failures in a row, with a status that says so, instead of being
+# restarted every minute for ever. A stop by SIGTERM or SIGINT (exit 143/130: a preemption,
+# a shutdown, another host's stop) is not counted: the watchdog's recovery of a preempted
+# VM, and systemd's restart after another host's stop, stay as they are.
+readonly TRAINER_FAILURES_MAX=5
+readonly TRAINER_FAILURES="${APP_DIR}/trainer-failures"
+
+# The newest finished checkpoint's step in the bucket: Orbax's <step>/ directories (JAX),
+# TF's ckpt-<step>.index; "none" when there is none or the bucket cannot be listed.
+newest_checkpoint() {
+  local listing newest
+  listing="$(gcs ls "${RUN_ROOT}/checkpoints/" 2>/dev/null)" || listing=""
+  newest="$(sed -nE 's#.*/checkpoints/(ckpt-)?([0-9]+)(/|[.]index)$#\2#p' <<<"${listing}" | sort -n | tail -n 1)"
+  printf '%s\n' "${newest:-none}"
+}
+
+# systemd sets SERVICE_RESULT, EXIT_CODE and EXIT_STATUS (a code, or a signal's name) for
+# ExecStopPost. A `systemctl stop` from here keeps systemd from restarting the unit: a stop
+# job sets forbid_restart even while the unit runs its ExecStopPost (systemd
+# src/core/service.c service_stop: "Don't create restart jobs from manual stops").
 trainer_stopped() {
-  local code="${EXIT_STATUS:-}"
+  local code="${EXIT_STATUS:-}" failures=0 seen="" newest
   case "${code}" in
-    0) write_status finished "trainer finished (exit 0); see ${STATUS_URI}" ;;
-    2) write_status stopped "trainer stopped with exit 2: a user error or no TPU (last_error in ${STATUS_URI}); not restarted (RestartPreventExitStatus=2): fix it, then sudo systemctl restart tpu-pretrain-train" ;;
-    *) write_status restarting "trainer ended (${SERVICE_RESULT:-unknown}, exit ${code:-none}); systemd restarts it in 60s and it resumes from the last checkpoint" ;;
+    0)
+      rm -f "${TRAINER_FAILURES}"
+      write_status finished "trainer finished (exit 0); see ${STATUS_URI}"
+      ;;
+    2)
+      rm -f "${TRAINER_FAILURES}"
+      write_status stopped "trainer stopped with exit 2: a user error or no TPU (last_error in ${STATUS_URI}); not restarted (RestartPreventExitStatus=2): fix it, then sudo systemctl restart tpu-pretrain-train"
+      ;;
+    130 | 143 | INT | TERM)
+      write_status restarting "trainer stopped by a signal (${SERVICE_RESULT:-unknown}, exit ${code}); systemd restarts it in 60s and it resumes from the last checkpoint"
+      ;;
+    *)
+      newest="$(newest_checkpoint)"
+      if [ -f "${TRAINER_FAILURES}" ]; then
+        read -r failures seen <"${TRAINER_FAILURES}" || true
+      fi
+      [[ "${failures}" =~ ^[0-9]+$ ]] || failures=0
+      if [ "${failures}" -gt 0 ] && [ "${newest}" != "${seen}" ]; then
+        failures=0 # a newer checkpoint since the last failure: progress
+      fi
+      failures=$((failures + 1))
+      if [ "${failures}" -ge "${TRAINER_FAILURES_MAX}" ]; then
+        rm -f "${TRAINER_FAILURES}" # a restart by hand counts afresh
+        write_status stopped "trainer failed ${failures} times in a row without a newer checkpoint (newest: ${newest}; last: ${SERVICE_RESULT:-unknown}, exit ${code:-none}); not restarted: see journalctl -u tpu-pretrain-train and last_error in ${STATUS_URI}, fix it, then sudo systemctl restart tpu-pretrain-train"
+        systemctl --no-block stop tpu-pretrain-train.service || log "could not stop tpu-pretrain-train.service"
+        return 0
+      fi
+      printf '%s %s\n' "${failures}" "${newest}" >"${TRAINER_FAILURES}"
+      write_status restarting "trainer ended (${SERVICE_RESULT:-unknown}, exit ${code:-none}; failure ${failures} of ${TRAINER_FAILURES_MAX} in a row without a newer checkpoint, newest: ${newest}); systemd restarts it in 60s and it resumes from the last checkpoint"
+      ;;
   esac
 }
 
@@ -89,7 +137,7 @@ trainer_host_env() {
 }
 
 # What the training backend needs in the unit (PAYLOAD_BACKEND, from the job's train.backend:
-# infra/config.py resolve_backend); TPU_PAYLOAD_BACKEND is the payload's default for
+# infra/config_job.py resolve_backend); TPU_PAYLOAD_BACKEND is the payload's default for
 # train.backend: auto. TensorFlow (tf): TF_USE_LEGACY_KERAS and WRAPT_DISABLE_EXTENSIONS as
 # Google's TF TPU CI sets them, FORCE_TF_AVAILABLE for transformers (tpu-main.sh). Keras 3 on
 # JAX (jax): KERAS_BACKEND=jax, as Keras 3 defaults to the TensorFlow backend
@@ -142,7 +190,7 @@ TimeoutStartSec=infinity
 WantedBy=multi-user.target"
 }
 
-# ---- a multi-host slice (TPU_HOSTS > 1; JAX only, infra/config.py resolve_backend): one
+# ---- a multi-host slice (TPU_HOSTS > 1; JAX only, infra/config_job.py resolve_backend): one
 # script for every host, which reads its worker index. Every host installs the same JAX
 # environment and runs the same trainer unit, one JAX process per host, as Google documents
 # JAX on slices (https://cloud.google.com/tpu/docs/jax-pods: the same program on every
@@ -243,8 +291,8 @@ $(declare -p ROLE RUN_ROOT MANIFEST_URI STATUS_URI PAYLOAD_SHA256)
 $(declare -p TPU_HOSTS WORKER SLICE_IPS)
 GCS_CLI=''
 STATUS_NAME=$(trainer_status_name)
-$(declare -p HOST_CHECKS)
-$(declare -f log retry_gcloud gcs_cli gcs write_status wait_manifest trainer_stopped)
+$(declare -p HOST_CHECKS TRAINER_FAILURES TRAINER_FAILURES_MAX)
+$(declare -f log retry_gcloud gcs_cli gcs write_status wait_manifest newest_checkpoint trainer_stopped)
 case \"\${1:-}\" in
   wait-manifest) wait_manifest ;;
   stopped) trainer_stopped ;;

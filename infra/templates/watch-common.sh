@@ -3,7 +3,11 @@
 # systemd timer on the controller. Both act only while the lease object (LEASE_URI) exists,
 # never once the job's export is complete (EXPORT_MARKER_URI), write their status to
 # gs://…/runs/<job>/bootstrap/<role>.json, and re-run the controller's startup script when
-# `pulumi up` changed the watchdog it carries. Each defines watch_status STATE ACTION MESSAGE.
+# `pulumi up` changed the watchdog it carries. A VM whose loader gave up (its boot state,
+# boot_failure below) is deleted (TPU) or stopped (GPU) instead of billing idle, and not
+# recreated or started again by the watchdog. Each defines watch_status STATE ACTION MESSAGE
+# and WATCH_DIR (BOOT_SEEN: the boot failure last acted on; BOOT_FAILED: the VM is down
+# because of it).
 readonly METADATA_URL="http://metadata.google.internal/computeMetadata/v1/instance/attributes/startup-script"
 
 # One gcloud call, no retry (the next tick is the retry); its stderr is left in ${ERR_FILE}.
@@ -101,4 +105,35 @@ vm_state() {
     watch_status UNKNOWN describe-failed "describe failed, retrying on the next tick: $(last_error)"
     return 1
   fi
+}
+
+# The accelerator VM's boot state (templates/loader.sh boot_state): the guest attribute
+# BOOT_ATTRIBUTE ("failed <epoch> <message>" when its loader gave up), read with
+# `gcloud <get-guest-attributes command...> --format='value([worker_id,]key,value)'` over the
+# attribute's namespace. Prints the first failure not acted on yet (BOOT_SEEN holds the last
+# one acted on: a stopped and restarted VM may still show it); fails when there is none or
+# the attributes cannot be read (logged: the next tick reads again).
+boot_failure() {
+  local values line
+  if ! values="$(gcloud_once "$@" --query-path="${BOOT_ATTRIBUTE%%/*}/")"; then
+    log "cannot read the boot state (guest attribute ${BOOT_ATTRIBUTE}): $(last_error)"
+    return 1
+  fi
+  line="$(awk -F'\t' -v key="${BOOT_ATTRIBUTE#*/}" \
+    'NF >= 2 && $(NF-1) == key && $NF ~ /^failed [0-9]+ / { print; exit }' <<<"${values}")"
+  if [ -z "${line}" ] || [ "${line}" = "$(cat "${BOOT_SEEN}" 2>/dev/null || true)" ]; then
+    return 1
+  fi
+  echo "${line}"
+}
+
+# "[worker W: ]<message>" of a boot_failure line.
+boot_message() {
+  local line="$1" value worker=""
+  value="${line##*$'\t'}"
+  if [ "$(awk -F'\t' '{ print NF }' <<<"${line}")" -ge 3 ]; then
+    worker="worker ${line%%$'\t'*}: "
+  fi
+  value="${value#failed }"
+  echo "${worker}${value#* }"
 }

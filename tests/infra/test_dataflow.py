@@ -99,27 +99,35 @@ def test_dataflow_on_creates_exactly_what_the_workers_and_the_launcher_need():
     assert _named(run, "dataflow-worker-identity-sa").inputs == {
         "project": PROJECT,
         "accountId": f"{prefix}-dataflow",
-        "displayName": "tpu-pretrain v3-euw4: Dataflow workers",
+        "displayName": "tpu-pretrain v3-euw4: dataflow",
         "createIgnoreAlreadyExists": True,
     }
-    # The worker account: roles/dataflow.worker on the project and nothing else there (no
-    # log/metric writer roles of its own), objects of the stack's bucket.
+    # The worker account: the bootstrap's worker role (roles/dataflow.worker without its
+    # object create/get on every bucket) on the project and nothing else there (no log/metric
+    # writer roles of its own), objects of the stack's bucket: read, and write outside what
+    # another identity runs (tests/infra/test_executables.py evaluates the condition).
     worker_project_roles = [
         r for r in of_type(run.resources, PROJECT_MEMBER) if r.inputs["member"].endswith(worker)
     ]
     assert [r.inputs for r in worker_project_roles] == [
-        {"project": PROJECT, "role": "roles/dataflow.worker", "member": f"serviceAccount:{worker}"}
+        {
+            "project": PROJECT,
+            "role": f"projects/{PROJECT}/roles/tpuPretrainDataflowWorker",
+            "member": f"serviceAccount:{worker}",
+        }
     ]
     worker_bucket_roles = [
         r for r in of_type(run.resources, BUCKET_MEMBER) if r.inputs["member"].endswith(worker)
     ]
-    assert [r.inputs for r in worker_bucket_roles] == [
-        {"bucket": bucket, "role": "roles/storage.objectUser", "member": f"serviceAccount:{worker}"}
+    assert [(r.inputs["bucket"], r.inputs["role"]) for r in worker_bucket_roles] == [
+        (bucket, "roles/storage.objectViewer"),
+        (bucket, "roles/storage.objectUser"),
     ]
+    assert worker_bucket_roles[1].inputs["condition"]["title"] == "dataflow-writes-no-executables"
     # The launcher (the controller's account): what Google's "minimal role for creating and
     # managing dataflow jobs" (Dataflow Admin) holds: Developer, plus the bootstrap's role with
     # Admin's two project-level reads (its object permissions: on the stack's bucket only,
-    # objectAdmin, which the controller holds), and actAs on the worker account only.
+    # which the controller reads and writes), and actAs on the worker account only.
     assert _named(run, "dataflow-launcher").inputs == {
         "project": PROJECT,
         "role": "roles/dataflow.developer",
@@ -165,7 +173,8 @@ def test_dataflow_on_creates_exactly_what_the_workers_and_the_launcher_need():
         "dataflow-worker-identity",
         "dataflow-worker-identity-sa",
         "dataflow-worker-identity-settle",
-        "dataflow-worker-objects",
+        "dataflow-worker-objects-read",
+        "dataflow-worker-objects-write",
     ]
 
 
@@ -174,7 +183,8 @@ def test_grants_naming_the_worker_account_wait_for_it_to_settle_and_the_controll
     settle = _named(run, "dataflow-worker-identity-settle")
     for name in (
         "dataflow-worker",
-        "dataflow-worker-objects",
+        "dataflow-worker-objects-read",
+        "dataflow-worker-objects-write",
         "dataflow-launcher-acts-as-worker",
     ):
         assert settle.urn in _named(run, name).options["dependencies"], name
@@ -288,7 +298,7 @@ def test_a_local_beam_runner_needs_no_dataflow_and_gets_no_options(tmp_path):
 
 def test_dataflow_must_be_a_boolean():
     # The Pulumi CLI's own type check (Pulumi.yaml declares the key boolean), before the
-    # program runs; the program's parse refuses the same (infra.config._boolean).
+    # program runs; the program's parse refuses the same (infra.config_keys._boolean).
     message = config_error("v3-euw4", {"tpu-pretrain:dataflow": "sometimes"})
     assert message == "Stack 'v3-euw4' with configuration key 'dataflow' must be of type 'boolean'"
 
@@ -316,8 +326,8 @@ def test_the_offline_plan_shows_the_dataflow_resources_and_options():
 
     assert 'service="dataflow.googleapis.com" disableOnDestroy=false' in row("apis-dataflow")
     assert 'accountId="tp-v3-euw4-dataflow"' in row("dataflow-worker-identity-sa")
-    assert 'role="roles/dataflow.worker"' in row("dataflow-worker")
-    assert 'role="roles/storage.objectUser"' in row("dataflow-worker-objects")
+    assert 'roles/tpuPretrainDataflowWorker"' in row("dataflow-worker")
+    assert 'role="roles/storage.objectUser"' in row("dataflow-worker-objects-write")
     assert 'role="roles/dataflow.developer"' in row("dataflow-launcher")
     assert 'role="roles/iam.serviceAccountUser"' in row("dataflow-launcher-acts-as-worker")
     assert 'sourceTags=["dataflow"] targetTags=["dataflow"]' in row("dataflow-allow-workers")

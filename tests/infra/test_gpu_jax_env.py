@@ -91,7 +91,7 @@ def test_the_gpu_jax_requirements_resolve_for_their_python_only():
     assert "runs on Python 3.11 (tpu-python), not 3.10" in refused.stderr
 
 
-def test_the_requirements_are_jax_cuda12_and_tensorflow_cpu_without_tf_keras(tmp_path):
+def test_the_requirements_are_jax_cuda12_and_grain_without_tensorflow(tmp_path):
     out = tmp_path / "reqs.txt"
     done = _install('tpu_requirements . "$0"; echo "tf_keras=[$(tpu_tf_keras_pin .)]"', str(out))
     assert done.returncode == 0, done.stderr
@@ -99,29 +99,44 @@ def test_the_requirements_are_jax_cuda12_and_tensorflow_cpu_without_tf_keras(tmp
     reqs = [line for line in out.read_text().splitlines() if "==" in line]
     names = {re.split(r"[\[=]", line)[0].lower().replace("_", "-") for line in reqs}
     wanted = {"jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "nvidia-cudnn-cu12"}
-    assert wanted | {"tensorflow-cpu", "keras", "transformers", "orbax-checkpoint"} <= names
-    assert not names & {"tensorflow", "tf-keras", "tensorflow-tpu", "libtpu"}
+    assert wanted | {"grain", "gcsfs", "keras", "transformers", "orbax-checkpoint"} <= names
+    assert not names & {*render.TENSORFLOW_DISTRIBUTIONS, "libtpu"}
     assert "jax[cuda12]==0.10.2" in reqs and "keras==3.15.1" in reqs
     assert len(reqs) == len(names), "a package is pinned twice"
 
 
-def test_render_refuses_a_gpu_jax_overlay_off_the_tested_jax(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("old", "new", "refusal"),
+    [
+        (
+            "jax-cuda12-pjrt==0.10.2",
+            "jax-cuda12-pjrt==0.9.0",
+            r"jax-cuda12-pjrt==0\.9\.0 \(not the tested jax 0\.10\.2\)",
+        ),
+        ("grain==0.2.18", "grain==0.2.17", r"grain==0\.2\.17 \(.* tests 0\.2\.18\)"),
+        (
+            "scipy==1.17.1",
+            "scipy==1.17.1\ntensorflow-cpu==2.20.0",
+            r"tensorflow-cpu==2\.20\.0 \(the JAX backend needs no TensorFlow\)",
+        ),
+    ],
+)
+def test_render_refuses_a_gpu_jax_overlay_off_the_tested_pins(
+    tmp_path, monkeypatch, old: str, new: str, refusal: str
+):
     (tmp_path / "requirements").mkdir()
     for name in (render.LOCK_FILE, render.PAYLOAD_DEV_FILE, OVERLAY):
         (tmp_path / name).write_text((render.REPO_ROOT / name).read_text())
     overlay = tmp_path / OVERLAY
-    overlay.write_text(
-        overlay.read_text().replace("jax-cuda12-pjrt==0.10.2", "jax-cuda12-pjrt==0.9.0")
-    )
+    assert old in overlay.read_text()
+    overlay.write_text(overlay.read_text().replace(old, new))
     monkeypatch.setattr(render, "REPO_ROOT", tmp_path)
     host = render.GpuHost(
         "n1-standard-8", "nvidia-tesla-t4", "T4", 1, "dlvm", "3.10", "mixed_float16",
         requirements=OVERLAY, backend="jax",
     )  # fmt: skip
     workload = render.Workload("b", "j", "payload/p.tar.gz", "0" * 64, host)
-    with pytest.raises(
-        ValueError, match=r"jax-cuda12-pjrt==0\.9\.0 \(not the tested jax 0\.10\.2\)"
-    ):
+    with pytest.raises(ValueError, match=refusal):
         render.render_gpu_script(workload)
 
 
@@ -186,9 +201,9 @@ def test_the_llama_gpu_script_installs_jax_cuda_on_uvs_python(tmp_path, gpu_box)
     assert len(pip_calls) == 2  # the requirements and the payload: no tf_keras --no-deps
     (requirements,) = gpu_box.state.glob("requirements-*.txt")
     lock = requirements.read_text()
-    assert "jax[cuda12]==0.10.2" in lock and "tensorflow-cpu==2.20.0" in lock
+    assert "jax[cuda12]==0.10.2" in lock and "grain==0.2.18" in lock
     assert "jax-cuda12-plugin==0.10.2" in lock and "nvidia-cudnn-cu12==" in lock
-    assert not re.search(r"^(tensorflow|tensorflow\[and-cuda\]|tf[-_]keras|libtpu)==", lock, re.M)
+    assert not re.search(r"^(tensorflow\S*|tf[-_]keras|libtpu)==", lock, re.M)
     unit = (gpu_box.root / "etc/systemd/system/tpu-pretrain-train.service").read_text()
     env = unit_environment(unit)
     assert env["KERAS_BACKEND"] == "jax" and env["TPU_PAYLOAD_BACKEND"] == "jax"
@@ -203,14 +218,14 @@ def test_the_llama_gpu_script_installs_jax_cuda_on_uvs_python(tmp_path, gpu_box)
 
 _PROBE = """
 import importlib.metadata as m, importlib.util as u, json, sys
-import jax, keras, tensorflow as tf
+import jax, keras, grain
 print(json.dumps({
     "python": "%d.%d" % sys.version_info[:2],
     "jax": jax.__version__,
     "devices": [d.platform for d in jax.devices()],
     "keras_backend": keras.backend.backend(),
-    "tensorflow": tf.__version__,
-    "tf_gpus": len(tf.config.list_physical_devices("GPU")),
+    "tensorflow": u.find_spec("tensorflow") is not None,
+    "grain": int(sum(grain.MapDataset.range(3).to_iter_dataset())),
     "tf_keras": u.find_spec("tf_keras") is not None,
     "dists": {d.metadata["Name"].lower().replace("_", "-"): d.version for d in m.distributions()},
 }))
@@ -246,17 +261,19 @@ def _python(venv: Path, code: str, home: Path, **env: str) -> subprocess.Complet
     )
 
 
-def test_the_environment_has_jax_cuda12_keras_on_jax_and_tensorflow_cpu(jax_venv, tmp_path):
+def test_the_environment_has_jax_cuda12_keras_on_jax_and_grain_without_tensorflow(
+    jax_venv, tmp_path
+):
     done = _python(jax_venv, _PROBE, tmp_path, JAX_PLATFORMS="cpu")
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["python"] == "3.11" and seen["jax"] == "0.10.2" and seen["devices"] == ["cpu"]
     assert seen["keras_backend"] == "jax" and not seen["tf_keras"]
-    assert seen["tensorflow"] == "2.20.0" and seen["tf_gpus"] == 0
+    assert not seen["tensorflow"] and seen["grain"] == 3
     dists = seen["dists"]
     assert dists["jax-cuda12-plugin"] == dists["jax-cuda12-pjrt"] == "0.10.2"
-    assert dists["tensorflow-cpu"] == "2.20.0"
-    assert not {"tensorflow", "tensorflow-tpu", "tf-keras", "libtpu"} & set(dists)
+    assert dists["grain"] == "0.2.18" and dists["gcsfs"] == "2026.10.1"
+    assert not {*render.TENSORFLOW_DISTRIBUTIONS, "libtpu"} & set(dists)
 
 
 def test_without_a_gpu_the_trainer_units_environment_stops_with_gpu_not_found(jax_venv, tmp_path):

@@ -215,10 +215,13 @@ def test_a_running_vm_is_left_alone(watch):
     watch.set_state("RUNNING")
     result = watch.tick()
     assert result.returncode == 0, result.stderr
-    assert watch.verbs == ["describe"]
+    assert watch.verbs == ["describe", "get-guest-attributes"]
     assert watch.vm_calls == [
         f"gcloud compute instances describe {watch.name} --zone {watch.zone} "
-        f"--project {PROJECT} --format=value(status)"
+        f"--project {PROJECT} --format=value(status)",
+        # Its boot state (tests/infra/test_first_boot.py): no failure, nothing to do.
+        f"gcloud compute instances get-guest-attributes {watch.name} --zone {watch.zone} "
+        f"--project {PROJECT} --format=value(key,value) --query-path=tpu-pretrain/",
     ]
     bucket = f"gs://{watch.bucket}/runs/bert-small-mlm-gpu"
     assert [c for c in watch.box.calls if c.startswith("gcloud storage ls")] == [

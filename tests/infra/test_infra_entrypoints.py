@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import runpy
 import subprocess
 import sys
@@ -91,3 +92,49 @@ def test_plan_errors_are_one_line_with_exit_2():
         "offered there: v2-8, v3-8, v6e-1, v6e-4, v6e-8\n"
     )
     assert bad.stdout == ""
+
+
+def _fake_tpu_python(tmp_path: Path, code: int, line: str = "") -> Path:
+    """An interpreter that records how it was run (`-m payload compile --job J --accelerator
+    T`) and the job spec it was given, prints a report line and exits with `code`."""
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/bash\n"
+        f'printf "%s\\n" "$@" > {tmp_path}/argv\n'
+        f'cp "$5" {tmp_path}/job.json\n'
+        'echo "job ... on $7: compiled"\n'
+        + (f'echo "error: {line}" >&2\n' if line else "")
+        + f"exit {code}\n"
+    )
+    python.chmod(0o755)
+    return python
+
+
+def test_plan_compile_runs_tpu_payload_compile_on_the_rendered_job(tmp_path):
+    """`make plan COMPILE=1`: after the plan, the payload's `compile` of the job the stack
+    uploads, for the stack's TPU type, with the TPU environment's interpreter."""
+    result = plan("--stack", "v6e-euw4", "--compile", str(_fake_tpu_python(tmp_path, 0)))
+    assert result.returncode == 0, result.stderr
+    argv = (tmp_path / "argv").read_text().split()
+    assert argv[:4] == ["-m", "payload", "compile", "--job"] and argv[5:] == [
+        "--accelerator",
+        "v6e-8",
+    ]
+    spec = json.loads((tmp_path / "job.json").read_text())
+    assert spec["output"].startswith("gs://") and spec["model"]["family"] == "gpt2"
+    assert "job ... on v6e-8: compiled" in result.stdout
+    assert "compile: gpt2-small-clm for v6e-8 with" in result.stdout
+
+
+def test_plan_compile_fails_with_the_payloads_line_and_skips_what_it_cannot_compile(tmp_path):
+    refused = plan(
+        "--stack", "v6e-euw4", "--compile", str(_fake_tpu_python(tmp_path, 2, "does not fit"))
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1] == "error: compile: does not fit"
+    # The TF backend (a v5e stack's auto) and a GPU stack: nothing of the JAX trainer's to
+    # compile here, said in a line.
+    tf = plan("--stack", "v5e-euw4", "--compile", str(_fake_tpu_python(tmp_path, 2, "no")))
+    assert tf.returncode == 0 and "backend; compile builds the JAX trainer's programs" in tf.stdout
+    gpu = plan("--stack", "l4x2-use1", "--compile", str(_fake_tpu_python(tmp_path, 2, "no")))
+    assert gpu.returncode == 0 and "the GPU compiler needs a GPU (skipped)" in gpu.stdout

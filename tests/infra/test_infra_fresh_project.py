@@ -209,14 +209,14 @@ def test_every_iam_grant_naming_a_new_service_account_waits_for_its_settle(stack
         naming += 1
         missing = settles - set(grant.options["dependencies"])
         assert not missing, f"{grant.name} ({grant.type_}) does not wait for {missing}"
-    # Reporting roles (2 per account), the bucket (2), the hop's secret (1), and with the
-    # TPU watchdog its project role and its act-as on the TPU VM's account (2), with the GPU
-    # watchdog its conditional project role (1): all of them.
+    # Reporting roles (2 per account), the bucket (read and write for 2 accounts: 4), the
+    # hop's secret (1), and with the TPU watchdog its project role and its act-as on the TPU
+    # VM's account (2), with the GPU watchdog its conditional project role (1): all of them.
     types = {r.type_ for r in run.resources}
     watchdog = 2 * ("tpu-pretrain:index:TpuAutoRecovery" in types) + (
         "tpu-pretrain:index:GpuAutoRecovery" in types
     )
-    assert naming == len(grants) == 2 * len(accounts) + 3 + watchdog, [g.name for g in grants]
+    assert naming == len(grants) == 2 * len(accounts) + 5 + watchdog, [g.name for g in grants]
 
 
 @pytest.mark.parametrize("stack", ["v6e-euw4", "t4-usc1"])

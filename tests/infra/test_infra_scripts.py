@@ -37,6 +37,16 @@ STUBS = {
 verb="$1"; shift
 local_of() { echo "$FAKE_GCS/${1#gs://}"; }
 if [ "$verb" = ls ]; then
+  # A folder URI (trailing /) lists what it holds, folders with a trailing /.
+  if [[ "$1" == */ ]] && [ -d "$(local_of "$1")" ]; then
+    listed=0
+    for f in "$(local_of "$1")"*; do
+      [ -e "$f" ] || continue
+      listed=1
+      if [ -d "$f" ]; then echo "$1${f##*/}/"; else echo "$1${f##*/}"; fi
+    done
+    [ "$listed" = 0 ] || exit 0
+  fi
   # The URI may hold a * wildcard, as gcloud storage ls takes it.
   for f in $(local_of "$1"); do
     if [ -e "$f" ]; then echo "$1"; exit 0; fi
@@ -46,7 +56,9 @@ if [ "$verb" = ls ]; then
 fi
 args=("$@"); dst="${args[-1]}"; unset 'args[-1]'
 for src in "${args[@]}"; do
-  if [ -n "${FAIL_FIRST_DOWNLOADS:-}" ] && [[ "$src" == gs://*payload* ]]; then
+  # The first FAIL_FIRST_DOWNLOADS reads of objects whose URI contains FAIL_MATCH (default
+  # "payload") answer 403, as a grant that has not propagated yet.
+  if [ -n "${FAIL_FIRST_DOWNLOADS:-}" ] && [[ "$src" == gs://*"${FAIL_MATCH:-payload}"* ]]; then
     n="$(cat "$STATE/fails" 2>/dev/null || echo 0)"
     if [ "$n" -lt "$FAIL_FIRST_DOWNLOADS" ]; then
       echo $((n + 1)) >"$STATE/fails"
@@ -144,6 +156,17 @@ elif [ "$1 $2 $3" = "compute tpus tpu-vm" ]; then
   fi
   case "$verb" in
     describe) cat "$STATE/tpu-state" ;;
+    # The hosts' guest attributes: $STATE/guest-attributes[-<worker>]/<namespace>/<key>
+    # (the loader's curl PUT writes worker 0's), as `value(worker_id,key,value)` prints them.
+    get-guest-attributes)
+      for dir in "$STATE"/guest-attributes*; do
+        [ -d "$dir" ] || continue
+        worker="${dir##*guest-attributes}"; worker="${worker#-}"
+        for f in "$dir"/*/*; do
+          [ -f "$f" ] && printf '%s\t%s\t%s\n' "${worker:-0}" "$(basename "$f")" "$(cat "$f")"
+        done
+      done
+      ;;
     delete)
       if [ -n "${DELETE_ERROR:-}" ]; then
         echo "ERROR: (gcloud.compute.tpus.tpu-vm.delete) $DELETE_ERROR" >&2
@@ -176,6 +199,19 @@ elif [ "$1 $2" = "compute instances" ]; then
   fi
   case "$verb" in
     describe) cat "$STATE/vm-state" ;;
+    get-guest-attributes)  # the VM's guest attributes, as `value(key,value)` prints them
+      for f in "$STATE"/guest-attributes/*/*; do
+        [ -f "$f" ] && printf '%s\t%s\n' "$(basename "$f")" "$(cat "$f")"
+      done
+      ;;
+    stop)
+      printf '%s\n' "$@" >"$STATE/stop.args"
+      if [ -n "${STOP_ERROR:-}" ]; then
+        echo "ERROR: (gcloud.compute.instances.stop) $STOP_ERROR" >&2
+        exit 1
+      fi
+      echo TERMINATED >"$STATE/vm-state"
+      ;;
     start)
       n="$(ls "$STATE" | grep -c '^start-.*\.args$' || true)"
       printf '%s\n' "$@" >"$STATE/start-$n.args"
@@ -290,6 +326,19 @@ case " $* " in *" wireguard-tools "*) cp "$STUB_DIR/recorder" "$STUB_DIR/wg" ;; 
 """
 STUBS["curl"] = r"""
 echo "curl $*" >>"$CALLS"
+# A guest attribute set from inside the VM (`curl -X PUT --data VALUE .../guest-attributes/
+# NAMESPACE/KEY`): $STATE/guest-attributes/NAMESPACE/KEY, unless GUEST_ATTRIBUTES_OFF.
+if [[ " $* " == *" -X PUT "* ]]; then
+  [ -z "${GUEST_ATTRIBUTES_OFF:-}" ] || { echo "curl: (22) 403" >&2; exit 22; }
+  args=("$@"); value=""
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    [ "${args[$i]}" = --data ] && value="${args[$((i + 1))]}"
+  done
+  path="${*: -1}"; path="${path#*/guest-attributes/}"
+  mkdir -p "$STATE/guest-attributes/$(dirname "$path")"
+  printf '%s' "$value" >"$STATE/guest-attributes/$path"
+  exit 0
+fi
 # A TPU VM's instance attributes: $STATE/md/<key> (the first FAIL_FIRST_METADATA reads fail).
 key="${*: -1}"
 key="${key##*/}"
@@ -728,6 +777,51 @@ def test_the_trainer_end_is_written_to_the_bootstrap_status(
         assert f"gs://{bucket}/runs/gpt2-small-clm/status.json" in status["message"]
 
 
+def test_a_trainer_failing_again_without_progress_is_stopped_not_restarted(stack_run, sandbox):
+    """A trainer that fails 5 times in a row without a newer checkpoint in the bucket is
+    stopped with a status that says so (`systemctl stop` from ExecStopPost keeps systemd
+    from restarting it); a newer checkpoint counts afresh, a stop by a signal (preemption,
+    shutdown, another host's stop) is not counted, and the stop resets the count for a
+    restart by hand."""
+    bucket, _ = _publish_payload(stack_run, sandbox)
+    assert sandbox.run(_script(stack_run, "tpu-vm")).returncode == 0
+    stop_call = "systemctl --no-block stop tpu-pretrain-train.service"
+
+    def failed(code: str = "1") -> dict:
+        result = _helper(
+            sandbox, "stopped", EXIT_STATUS=code, EXIT_CODE="exited", SERVICE_RESULT="exit-code"
+        )
+        assert result.returncode == 0, result.stderr
+        return _bootstrap_status(sandbox, bucket)
+
+    for attempt in (1, 2, 3):
+        status = failed()
+        assert status["state"] == "restarting", status
+        assert (
+            f"failure {attempt} of 5 in a row without a newer checkpoint, newest: none"
+            in (status["message"])
+        )
+    assert stop_call not in sandbox.calls
+    assert failed("143")["state"] == "restarting"  # a stop by signal: not counted
+    checkpoint = sandbox.gcs / bucket / "runs/gpt2-small-clm/checkpoints/10"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "_CHECKPOINT_METADATA").write_text("{}")
+    assert "failure 1 of 5" in failed()["message"]  # progress since the last failure
+    for _ in (2, 3, 4):
+        assert failed()["state"] == "restarting"
+    assert stop_call not in sandbox.calls
+    status = failed("ABRT")  # e.g. the JAX client aborting when another host died
+    assert status["state"] == "stopped", status
+    assert (
+        "trainer failed 5 times in a row without a newer checkpoint (newest: 10; last: "
+        "exit-code, exit ABRT); not restarted" in status["message"]
+    )
+    assert stop_call in sandbox.calls
+    assert "failure 1 of 5" in failed()["message"]  # counted afresh after a restart by hand
+    assert failed("0")["state"] == "finished"
+    assert "failure 1 of 5" in failed()["message"]
+
+
 def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
     bucket, _ = _publish_payload(stack_run, sandbox)
     script = _script(stack_run, "controller-vm")
@@ -1138,7 +1232,8 @@ def test_a_ready_tpu_is_left_alone(watch):
         f"gcloud storage ls {bucket}/export/export_complete.json",
     ]
     assert not [c for c in watch.box.calls if c.startswith("google_metadata_script_runner")]
-    assert watch.tpu_calls == ["describe", "qr-describe"]
+    # READY: its hosts' boot state too (a failed boot: tests/infra/test_first_boot.py).
+    assert watch.tpu_calls == ["describe", "qr-describe", "get-guest-attributes"]
     assert watch.creates() == [] and watch.creates("qr-create") == []
     assert watch.status["tpu_state"] == "READY" and watch.status["action"] == "none"
     _assert_gcloud_flags_exist(watch)
@@ -1241,8 +1336,8 @@ def test_failed_and_suspended_queued_resources_are_cleaned_up(watch, dead):
     watch.set_state("READY", qr=dead)
     kept = watch.tick()
     assert kept.returncode == 0, kept.stderr
-    assert watch.tpu_calls == ["describe", "qr-describe", "qr-delete"]
-    assert "--force" not in watch.tpu_commands()[-1]
+    assert watch.tpu_calls == ["describe", "qr-describe", "qr-delete", "get-guest-attributes"]
+    assert "--force" not in watch.tpu_commands()[-2]
     assert watch.qr_state is None and watch.status["action"] == "none"
     # A VM being recovered: the dead queue is deleted, then the name is queued again.
     (watch.dir / "pending-create").touch()

@@ -145,7 +145,8 @@ def test_the_loader_refuses_what_the_pointer_does_not_name(tpu_run, sandbox, tam
 
 
 def test_a_missing_pointer_is_one_clear_line(tpu_run, sandbox):  # noqa: F811
-    result = sandbox.run(_loader(tpu_run, "tpu-vm"), TPU_PRETRAIN_RETRY_ATTEMPTS="1")
+    # No wait at all (the retries: tests/infra/test_first_boot.py).
+    result = sandbox.run(_loader(tpu_run, "tpu-vm"), TPU_PRETRAIN_BOOT_WAIT_SECONDS="0")
     assert result.returncode == 1
     assert "cannot read the job pointer gs://" in result.stderr
-    assert "/jobs/current.json (pulumi up writes it)" in result.stderr
+    assert "/jobs/current.json after 0s of retries (pulumi up writes it;" in result.stderr

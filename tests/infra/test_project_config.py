@@ -12,7 +12,8 @@ import yaml
 from harness import config_error, gpu_stack_names, run_offline, stack_names
 
 from infra import offline
-from infra.config import KEYS, parse_config
+from infra.config import parse_config
+from infra.config_keys import KEYS
 from infra.errors import ConfigError
 from infra.project_config import cli_config, cli_text, load_project, valid_for_type
 

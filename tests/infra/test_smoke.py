@@ -114,6 +114,9 @@ elif words[:2] == ["storage", "cp"]:
         dest = local(target) / Path(source).name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(source, dest)
+elif "get-guest-attributes" in words:  # a VM's boot state: scenario guest_attributes[vm]
+    vm = words[words.index("get-guest-attributes") + 1]
+    print(scenario.get("guest_attributes", {}).get(vm, ""), end="")
 elif words[:2] == ["storage", "cat"]:
     path = local(words[2])
     if not path.is_file():
@@ -181,6 +184,8 @@ class World:
 
     def __init__(self, tmp_path: Path, box: Sandbox, monkeypatch, stack: str, **scenario):
         self.tmp, self.box, self.stack = tmp_path, box, stack
+        # Settings the user's stack file adds (the gcloud stub never sees them).
+        stack_config = scenario.pop("stack_config", {})
         self.state = tmp_path / "smoke-state"
         bin_dir = tmp_path / "smoke-bin"
         for directory in (self.state, bin_dir):
@@ -200,13 +205,14 @@ class World:
         source = smoke.STACKS_DIR / f"Pulumi.{stack}.yaml"
         document = yaml.safe_load(source.read_text())
         document["config"]["gcp:project"] = PROJECT
+        document["config"].update(stack_config)
         self.stack_file = self.stacks / f"Pulumi.{stack}.yaml"
         self.stack_file.write_text(yaml.safe_dump(document))
         # What `pulumi up` would create: the program itself, under Pulumi's mocks, with the
         # job the smoke run writes for this run (the same function, the same name).
         self.report_dir = tmp_path / "report"
         self.job = smoke.write_run_job(self.report_dir, RUN)
-        self.run = run_offline(stack, {"tpu-pretrain:job": str(self.job)})
+        self.run = run_offline(stack, {"tpu-pretrain:job": str(self.job), **stack_config})
         (self.state / "outputs.json").write_text(json.dumps(self.run.exports))
         self.bucket = self.run.exports["bucketUrl"].removeprefix("gs://")
         self.root = box.gcs / self.bucket / "runs" / RUN
@@ -511,6 +517,14 @@ def test_a_job_that_stops_ends_the_wait_at_once(world):
             {"action": "start-failed", "message": "ZONE_RESOURCE_POOL_EXHAUSTED"},
             "gpu-watch: start-failed: ZONE_RESOURCE_POOL_EXHAUSTED",
         ),
+        # The watchdog deleted (stopped) a VM whose loader gave up (tests/infra/
+        # test_first_boot.py): the wait ends with its reason.
+        (
+            "v6e-euw4",
+            "bootstrap/tpu-watch.json",
+            {"action": "boot-failed", "message": "the boot of t failed (worker 0: no pointer)"},
+            "tpu-watch: boot-failed: the boot of t failed (worker 0: no pointer)",
+        ),
     ],
 )
 def test_a_worker_or_watchdog_failure_ends_the_wait_with_its_line(world, stack, status, doc, line):
@@ -551,6 +565,21 @@ def test_the_wait_is_bounded_and_keep_leaves_the_stack_up(world):
     assert w.rows(runner)["run"][1].startswith("no complete export after 5 min")
     assert "destroy --yes" not in w.verbs("pulumi")
     assert "KEEP=1: stack v6e-euw4 stays up" in w.out.getvalue()
+
+
+def test_a_timeout_names_a_vm_whose_boot_failed(world):
+    """Without a status in the bucket (the controller never booted, no watchdog), the VMs'
+    boot states say why (templates/loader.sh: a guest attribute each)."""
+    failed = "failed 1700000000 cannot read the job pointer gs://b/jobs/current.json after 615s"
+    attributes = {"tp-v6e-euw4-controller": f"boot\t{failed}\n", "tp-v6e-euw4-tpu": "0\tboot\tok\n"}
+    w = world(guest_attributes=attributes)
+    code, runner = w.smoke(timeout_s=120)
+    assert code == 1
+    assert w.rows(runner)["run"][1].endswith(
+        "; boot failed on controller: cannot read the job pointer gs://b/jobs/current.json after "
+        "615s"
+    )
+    _gcloud_commands_are_real(w)
 
 
 def test_a_broken_export_fails_the_verdict(world):
@@ -713,6 +742,13 @@ GRANT = {
     "role": "projects/tpu-pretrain-test/roles/tpuPretrainStackAccountUser",
     "members": [DEPLOY],
 }
+# The bootstrap's other grant on the TPU VM's account: the controller's actAs (this spot
+# stack's watchdog recreates the VM as that account).
+CONTROLLER_GRANT = {
+    "role": "roles/iam.serviceAccountUser",
+    "members": ["serviceAccount:tp-v6e-euw4-controller@tpu-pretrain-test.iam.gserviceaccount.com"],
+}
+ADOPTS = {"tpu-pretrain:accountsFromBootstrap": True}
 
 
 def _gitops(expression: str) -> list[dict]:
@@ -734,22 +770,36 @@ GOOD = "resource.type == 'storage.googleapis.com/Bucket' && resource.name.endsWi
     [
         (
             {"project_bindings": _gitops("resource.name.matches('^projects/_/buckets/a$')"),
-             "account_bindings": [GRANT]},
+             "account_bindings": [GRANT, CONTROLLER_GRANT], "stack_config": ADOPTS},
             "GitOps: the bootstrap's IAM conditions",
-            "a condition uses matches(): re-run the bootstrap's `pulumi up`",
+            "a condition uses matches(): re-run the bootstrap's `pulumi up --refresh`",
         ),
         (
-            {"project_bindings": _gitops(GOOD), "account_bindings": []},
+            {"project_bindings": _gitops(GOOD), "account_bindings": [GRANT, CONTROLLER_GRANT]},
+            "GitOps: the stack adopts the bootstrap's accounts",
+            "set tpu-pretrain:accountsFromBootstrap: true in stacks/Pulumi.v6e-euw4.yaml",
+        ),
+        (
+            {"project_bindings": _gitops(GOOD), "account_bindings": [], "stack_config": ADOPTS},
             "GitOps: deploy account's actAs on tp-v6e-euw4-workload",
-            "missing: add stacks/Pulumi.v6e-euw4.yaml, then re-run the bootstrap's `pulumi up`",
+            "missing: add stacks/Pulumi.v6e-euw4.yaml, then re-run the bootstrap's "
+            "`pulumi up --refresh`",
         ),
         (
             {"project_bindings": _gitops(GOOD), "account_bindings": [GRANT],
-             "missing_accounts": ["tp-v6e-euw4-vpn-hop"]},
+             "stack_config": ADOPTS},
+            "GitOps: controller's actAs on tp-v6e-euw4-workload",
+            "missing: re-run the bootstrap's `pulumi up --refresh`",
+        ),
+        (
+            {"project_bindings": _gitops(GOOD), "account_bindings": [GRANT, CONTROLLER_GRANT],
+             "missing_accounts": ["tp-v6e-euw4-vpn-hop"], "stack_config": ADOPTS},
             "GitOps: deploy account's actAs on tp-v6e-euw4-vpn-hop",
             "missing: add stacks/Pulumi.v6e-euw4.yaml",
         ),
     ],
+    ids=["matches", "stack-owns-accounts", "no-deploy-grant", "no-controller-grant",
+         "no-account"],
 )  # fmt: skip
 def test_a_gitops_project_without_the_bootstraps_iam_stops_with_the_fix(
     world, scenario, check, seen
@@ -763,7 +813,10 @@ def test_a_gitops_project_without_the_bootstraps_iam_stops_with_the_fix(
 
 
 def test_a_gitops_project_with_the_bootstraps_iam_passes_the_preflight(world):
-    w = world(project_bindings=_gitops(GOOD), account_bindings=[GRANT])
+    w = world(
+        project_bindings=_gitops(GOOD), account_bindings=[GRANT, CONTROLLER_GRANT],
+        stack_config=ADOPTS,
+    )  # fmt: skip
     w.boot("controller")
     w.boot("tpu", {"STUB_PYTHON_VERSION": "3.10"})
     w.write("bootstrap/tpu.json", {"state": "started"})
@@ -774,6 +827,8 @@ def test_a_gitops_project_with_the_bootstraps_iam_passes_the_preflight(world):
     assert rows["GitOps: the bootstrap's IAM conditions"] == ("1 conditional bindings", "ok")
     for suffix in ("workload", "controller", "vpn-hop"):
         assert rows[f"GitOps: deploy account's actAs on tp-v6e-euw4-{suffix}"] == ("yes", "ok")
+    assert rows["GitOps: the stack adopts the bootstrap's accounts"] == ("yes", "ok")
+    assert rows["GitOps: controller's actAs on tp-v6e-euw4-workload"] == ("yes", "ok")
 
 
 def test_a_project_without_the_deploy_account_is_not_gitops(world):
@@ -784,3 +839,42 @@ def test_a_project_without_the_deploy_account_is_not_gitops(world):
         "no deploy account: not GitOps",
         "unknown",
     )
+
+
+def _fake_tpu_python(directory: Path, code: int, line: str) -> Path:
+    """An interpreter standing in for the TPU environment's: records its argv, prints `line`
+    on stderr, exits `code` (the real compile is tests/payload/test_tpu_compile.py's)."""
+    python = directory / "tpu-python"
+    python.write_text(
+        "#!/bin/bash\n"
+        f'printf "%s\\n" "$@" > {directory}/compile-argv\n'
+        f'echo "error: {line}" >&2\nexit {code}\n'
+    )
+    python.chmod(0o755)
+    return python
+
+
+@pytest.mark.parametrize(("code", "verdict"), [(0, "ok"), (2, "FAILED")])
+def test_the_preflight_compiles_the_job_when_asked(world, code, verdict):
+    """`make smoke ... COMPILE=1`: a preflight row for `tpu-payload compile` of the smoke job
+    on the stack's TPU type; a job that does not fit stops before anything is created."""
+    w = world()
+    python = _fake_tpu_python(w.tmp, code, "smoke-run does not fit v6e-8: out of HBM")
+    if code == 0:
+        w.boot("controller")
+        w.boot("tpu", {"STUB_PYTHON_VERSION": "3.10"})
+        w.write("bootstrap/tpu.json", {"state": "started"})
+        w.finish_training()
+    result, runner = w.smoke(compile_python=str(python))
+    row = w.rows(runner)["the job compiles for v6e-8 (tpu-payload compile)"]
+    assert row[2] == verdict, row
+    argv = (w.tmp / "compile-argv").read_text().split()
+    assert argv[:4] == ["-m", "payload", "compile", "--job"] and argv[-2:] == [
+        "--accelerator",
+        "v6e-8",
+    ]
+    if code:
+        assert result == 2 and w.verbs("pulumi") == []
+        assert row[1] == "smoke-run does not fit v6e-8: out of HBM"
+    else:
+        assert result == 0, w.out.getvalue()

@@ -1,46 +1,97 @@
-"""The real `tpu-payload` command line with a user error injected on this process only:
+"""The real `tpu-payload` command line with something going wrong on this process only:
 
-    python error_driver.py MODULE:ATTR:N MESSAGE COMMAND ARGS...
+    python error_driver.py [ACTION@]MODULE:ATTR:N[,...] MESSAGE COMMAND ARGS...
 
-The N-th call of ``MODULE.ATTR`` (ATTR may be ``Class.method``) raises
-``payload.errors.SpecError(MESSAGE)`` instead of running: what one host of a slice would see
-of a user error the others do not (its own disk, its own environment). Everything else is
+At the N-th call of ``MODULE.ATTR`` (ATTR may be ``Class.method``), ACTION:
+
+- ``user`` (the default): ``payload.errors.SpecError(MESSAGE)`` is raised instead of the
+  call: what one host of a slice would see of a user error the others do not (its own disk,
+  its own environment);
+- ``bug``: ``RuntimeError(MESSAGE)`` is raised instead (an error that is not a user error);
+- ``gc-sigterm``: after the call returns, a garbage collection is forced whose callback
+  sends SIGTERM to this process, so that Python runs the signal's handler inside the gc
+  callback (where JAX's ``_xla_gc_callback`` runs; an exception raised there is printed as
+  "Exception ignored in: ..." and lost);
+- ``default-sigterm``: after the call returns, SIGTERM gets its default action back, as a
+  library that installs its own handler would leave it (libtpu does when the TPU backend
+  starts).
+
+Each injection prints ``injected ACTION at MODULE:ATTR:N at <unix time>`` to stderr (the
+tests measure from it how long the slice takes to end). Everything else is
 `python -m payload COMMAND ARGS...`.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
+import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
+ACTIONS = ("user", "bug", "gc-sigterm", "default-sigterm")
 
-def _failing(target: Callable[..., Any], nth: int, message: str) -> Callable[..., Any]:
+
+def _announce(action: str, where: str) -> None:
+    print(f"injected {action} at {where} at {time.time():.3f}", file=sys.stderr, flush=True)
+
+
+def _sigterm_inside_a_gc_callback() -> None:
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            gc.callbacks.remove(callback)
+            signal.raise_signal(signal.SIGTERM)  # the handler runs before this returns
+
+    gc.callbacks.append(callback)
+    gc.collect()
+
+
+def _injected(target: Callable[..., Any], action: str, nth: int, where: str, message: str):
     calls = 0
 
     @functools.wraps(target)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
-        if calls == nth:
+        if calls != nth:
+            return target(*args, **kwargs)
+        _announce(action, where)
+        if action == "user":
             from payload.errors import SpecError
 
             raise SpecError(message)
-        return target(*args, **kwargs)
+        if action == "bug":
+            raise RuntimeError(message)
+        result = target(*args, **kwargs)
+        if action == "gc-sigterm":
+            _sigterm_inside_a_gc_callback()
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        return result
 
     return wrapped
 
 
-if __name__ == "__main__":
-    where, message, *command = sys.argv[1:]
+def _install(spec: str, message: str) -> None:
+    action, _, where = spec.rpartition("@")
+    action = action or "user"
+    if action not in ACTIONS:
+        raise SystemExit(f"error_driver: {spec!r}: the action must be one of {ACTIONS}")
     module_name, attr, nth = where.split(":")
     owner: Any = importlib.import_module(module_name)
     *path, name = attr.split(".")
     for part in path:
         owner = getattr(owner, part)
-    setattr(owner, name, _failing(getattr(owner, name), int(nth), message))
+    setattr(owner, name, _injected(getattr(owner, name), action, int(nth), where, message))
+
+
+if __name__ == "__main__":
+    wheres, message, *command = sys.argv[1:]
+    for spec in wheres.split(","):
+        _install(spec, message)
     sys.argv = ["tpu-payload", *command]
     from payload.cli import main
 

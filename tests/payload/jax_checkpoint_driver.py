@@ -5,7 +5,8 @@ the JAX backend's Orbax checkpoints on a synthetic training state, without a mod
     and step counter) is saved at steps 1..4 with keep=2;
  2. a new Checkpoints object restores step 4 onto a 4-device mesh, replicated, and onto a
     2 x 4 (data, fsdp) mesh with the weights split over `fsdp` on their second axis;
- 3. a layout with another shape is refused;
+ 3. a layout with another shape is refused, a Llama's of one variable per layer in its own
+    line;
  4. the space check (require_space) against the size of a written checkpoint.
 Prints one JSON line with what the test checks.
 
@@ -113,6 +114,23 @@ except DataError as exc:
 steps_found = reader.steps()
 reader.close()
 
+# A Llama of earlier releases (one variable per decoder layer) vs today's stacked layers:
+# its own line (the layout is checked before any array is read).
+per_layer = checkpoints.Layout(
+    {**layout.groups, "trainable": [("llama/layers_0/input_layernorm/gamma", (64,))]}
+)
+old_store = checkpoints.Checkpoints(f"{directory}-llama", per_layer, keep=1)
+old_store.save(1, host)
+old_store.close()
+stacked = checkpoints.Layout(
+    {**layout.groups, "trainable": [("llama/layers/input_layernorm_gamma", (2, 64))]}
+)
+try:
+    checkpoints.Checkpoints(f"{directory}-llama", stacked, keep=1).restore(1, host)
+    refused_llama = ""
+except DataError as exc:
+    refused_llama = str(exc)
+
 written = sum(p.stat().st_size for p in Path(directory, "4").rglob("*") if p.is_file())
 storage.free_bytes = lambda path: 2 * layout.nbytes()  # room for two checkpoints
 checkpoints.require_space(directory, layout, keep=2, kept=1)  # 2 more fit
@@ -128,6 +146,7 @@ print(
             "steps": steps_found,
             "restored": restored,
             "refused": refused,
+            "refused_llama": refused_llama,
             "written_over_estimate": written / layout.nbytes(),
             "disk_full": disk_full,
         }

@@ -1,7 +1,8 @@
 """Run by test_plan_memory.py with 8 virtual CPU devices: the JAX backend's real train step
 (steps.make_train_chunk, one step per call) for a Llama model, built as the trainer builds
 it (train.py _build: variables created sharded on the mesh), lowered and compiled, never
-run; prints XLA's memory analysis of the compiled program (bytes per device).
+run; prints XLA's memory analysis of the compiled program (bytes per device), its while
+loops' trip counts and its matmul flops per device (payload/backends/jax/hlo.py).
 
 argv: a JSON list of cases {"size", "config", "vocab", "seq", "batch", "sharding", "remat"}
 (batch = the global batch). Prints one JSON line per case.
@@ -19,8 +20,8 @@ import keras  # noqa: E402
 
 from payload import model as model_lib  # noqa: E402
 from payload.backends.jax import attention as attention_lib  # noqa: E402
+from payload.backends.jax import hlo, models, steps  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
-from payload.backends.jax import models, steps  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
@@ -61,7 +62,11 @@ def measure(case: dict) -> dict:
     )
     compiled = chunk.lower(abstract_state, batch).compile()
     memory = compiled.memory_analysis()
+    program = hlo.analyse(compiled.as_text(), causal=True)
     return {
+        "layers": int(config.num_hidden_layers),
+        "loops": program["loops"],
+        "flops_per_device": program["step_flops_per_device"],
         "parameters": int(sum(v.value.size for v in model.trainable_variables)),
         "argument": int(memory.argument_size_in_bytes),
         "output": int(memory.output_size_in_bytes),

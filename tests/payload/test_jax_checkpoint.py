@@ -1,7 +1,8 @@
 """The JAX backend's Orbax checkpoints (payload/backends/jax/checkpoint.py) on 8 virtual CPU
 devices, in a fresh process (jax_checkpoint_driver.py): a state sharded over 8 devices is
 restored bitwise onto 4 devices (replicated) and onto a 2 x 4 mesh sharded another way; only
-the newest `keep` checkpoints stay; another layout is one line; the space check before
+the newest `keep` checkpoints stay; another layout is one line (a Llama's of earlier
+releases, one variable per decoder layer, its own line); the space check before
 training estimates what a checkpoint takes on disk. Through the real CLI
 (test_jax_safety.py): the npz format refused, an unfinished write ignored, a layout
 mismatch in one line."""
@@ -48,6 +49,12 @@ def test_a_sharded_state_restores_bitwise_onto_other_meshes(tmp_path: Path) -> N
         f"{tmp_path / 'checkpoints' / '4'} holds other variables than this run's model and "
         "optimizer (trainable: dense/kernel [256, 64] saved, dense/kernel [256, 32] now): use "
         "a new output directory, or --force to start over"
+    ), report
+    assert report["refused_llama"] == (
+        f"{tmp_path / 'checkpoints-llama' / '1'} holds a Llama with one variable per decoder "
+        "layer (llama/layers_<i>/..., earlier releases), which this release cannot resume (it "
+        "stacks the layers' weights [L, ...] and scans over them): use a new output "
+        "directory, or --force to start over"
     ), report
     # Layout.nbytes (what require_space counts) vs what Orbax wrote: its arrays are zstd
     # compressed (orbax tensorstore_utils), which random float32 barely shrinks; + metadata.

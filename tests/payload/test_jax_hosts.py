@@ -1,22 +1,24 @@
-"""Hosts of a JAX slice stop, fail and finish together: two JAX processes on 127.0.0.1 (one
-CPU device each, `jax.distributed`), each the real `tpu-payload train` as a slice worker
-runs it (test_jax_multihost.py's helpers).
+"""Hosts of a JAX slice stop and fail together: two JAX processes on 127.0.0.1 (one CPU
+device each, `jax.distributed`), each the real `tpu-payload train` as a slice worker runs it
+(test_jax_multihost.py's helpers).
 
-- SIGTERM to the NON-chief only: both processes checkpoint the same step and exit 143, and
-  a rerun resumes from that checkpoint;
-- a run.json of another run: exit 2 on both, with the same one line;
-- a slow export (the chief waits at a gate the test opens, backends/jax/train.py
-  EXPORT_GATE_ENV): the other process waits for it instead of exiting, then both exit 0
-  with the export complete.
+- SIGTERM to the NON-chief only, in the first chunks, the hosts told different chunk
+  budgets: both processes checkpoint the same step (the chunks are agreed and bounded
+  before any step is timed) and exit 143; then a SIGTERM to the non-chief inside a garbage
+  collection during its data checks, after its handler was replaced as the backend started
+  (libtpu does): a stop on both, nothing published as a bug; and a rerun resumes from the
+  checkpoint and finishes;
+- a run.json of another run: exit 2 on both, with the same one line.
 
 Nothing depends on the machine's speed: the signal lands while worker 1 provably waits at
-a pause (train_helpers.PausedCli), the export is held until the test opens the gate, and
-every wait is bounded by a guard only a hung process reaches.
+a pause (train_helpers.PausedCli) or at a fixed call (error_driver.py), and every wait is
+bounded by a guard only a hung process reaches.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -65,23 +67,38 @@ def _job(prepared: tuple[JobSpec, dict], root: Path, **train: object) -> JobSpec
     return copy_prepared(source, root, doc)
 
 
-def _worker_env(port: int, worker: int, **extra: str) -> dict[str, str]:
+def _worker_env(port: int, worker: int, processes: int = 2, **extra: str) -> dict[str, str]:
     return _env(
-        TPU_PAYLOAD_JAX_DISTRIBUTED=f"127.0.0.1:{port},2,{worker}",
+        TPU_PAYLOAD_JAX_DISTRIBUTED=f"127.0.0.1:{port},{processes},{worker}",
         TPU_PRETRAIN_WORKER=str(worker),
         **extra,
     )
 
 
-class _Worker:
-    """`tpu-payload train` as one worker of the two, output in files."""
+ERROR_DRIVER = Path(__file__).parent / "error_driver.py"
 
-    def __init__(self, job_file: Path, logs: Path, port: int, worker: int, **extra: str):
+
+class _Worker:
+    """`tpu-payload train` as one worker of the slice, output in files; with `inject`, run
+    through error_driver.py with that injection (`[ACTION@]MODULE:ATTR:N[,...]`)."""
+
+    def __init__(
+        self,
+        job_file: Path,
+        logs: Path,
+        port: int,
+        worker: int,
+        *,
+        inject: tuple[str, str] | None = None,
+        **extra: str,
+    ):
         logs.mkdir(parents=True, exist_ok=True)
         self.out_path, self.err_path = logs / f"{worker}.out", logs / f"{worker}.err"
+        command = ["train", "--job", str(job_file)]
+        driver = [str(ERROR_DRIVER), *inject] if inject else ["-m", "payload"]
         with self.out_path.open("w") as out, self.err_path.open("w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "payload", "train", "--job", str(job_file)],
+                [sys.executable, *driver, *command],
                 stdout=out,
                 stderr=err,
                 env=_worker_env(port, worker, **extra),
@@ -101,9 +118,34 @@ class _Worker:
             self.proc.wait()
 
 
-def _both(job_file: Path, logs: Path, **extra: str) -> list[tuple[int, str]]:
+def _exits(procs: list[subprocess.Popen]) -> list[tuple[int, float]]:
+    """(exit status, the time it was seen, time.time()) of each process, polled every 50 ms
+    (to report how long a slice takes to end; never asserted on); a guard only a hung
+    process reaches."""
+    seen: dict[int, tuple[int, float]] = {}
+    deadline = time.monotonic() + HANG_GUARD_S
+    while len(seen) < len(procs):
+        left = sorted(set(range(len(procs))) - set(seen))
+        assert time.monotonic() < deadline, f"processes {left} did not end (hung?)"
+        for i, proc in enumerate(procs):
+            if i not in seen and proc.poll() is not None:
+                seen[i] = (int(proc.returncode), time.time())
+        time.sleep(0.05)
+    return [seen[i] for i in range(len(procs))]
+
+
+def _injected_at(stderr: str, action: str) -> float:
+    """When error_driver.py injected `action` (its unix time)."""
+    found = re.search(rf"^injected {re.escape(action)} at \S+ at ([0-9.]+)$", stderr, re.M)
+    assert found, stderr[-3000:]
+    return float(found.group(1))
+
+
+def _both(
+    job_file: Path, logs: Path, extra: dict[int, dict[str, str]] | None = None
+) -> list[tuple[int, str]]:
     port = _free_port()
-    workers = [_Worker(job_file, logs, port, w, **extra) for w in (0, 1)]
+    workers = [_Worker(job_file, logs, port, w, **(extra or {}).get(w, {})) for w in (0, 1)]
     try:
         return [w.finish() for w in workers]
     finally:
@@ -128,18 +170,24 @@ def _errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error: ")]
 
 
+# Worker 1 is told another chunk budget than worker 0 (which has none on the CPU): the
+# chunks are agreed, one step each (runtime.CHUNK_SECONDS_ENV, training.FIRST_CHUNK_STEPS).
+TINY_CHUNKS = {"TPU_PAYLOAD_CHUNK_SECONDS": "1e-9"}
+
+
 @pytest.fixture(scope="module")
 def stopped(prepared, tmp_path_factory: pytest.TempPathFactory) -> tuple[JobSpec, list]:
-    """A two-process run whose worker 1 (not the chief) got SIGTERM while it wrote its
-    first log line (step 5, inside the first chunk, steps 1-8)."""
+    """A two-process run whose worker 1 (not the chief), told a chunk budget worker 0 is not
+    told, got SIGTERM while it wrote its first log line (step 1, the first chunk's)."""
     root = tmp_path_factory.mktemp("stopped")
-    job = _job(prepared, root, steps=5000)
+    job = _job(prepared, root, steps=5000, log_every=1)
     port = _free_port()
     chief = _Worker(root / "job.yaml", root / "logs", port, 0)
     try:
         point = "after:payload.training:Meter.log:1"
         train = ("train", "--job", str(root / "job.yaml"))
-        with PausedCli(root / "logs-1", point, *train, env=_worker_env(port, 1)) as other:
+        env = _worker_env(port, 1, **TINY_CHUNKS)
+        with PausedCli(root / "logs-1", point, *train, env=env) as other:
             assert other.wait_paused() == f"paused at {point}"
             other.signal(signal.SIGTERM)
             code1, _, err1 = other.finish()
@@ -149,28 +197,68 @@ def stopped(prepared, tmp_path_factory: pytest.TempPathFactory) -> tuple[JobSpec
     return job, [(code0, err0), (code1, err1)]
 
 
+# The step both stop at: chunks are agreed at one step (worker 1's budget) and are bounded
+# before any step is timed, and the second chunk was dispatched before worker 1 wrote step
+# 1's line: the processes agree to stop after it. (Chunks of 8 before the first two were
+# timed stopped this run at step 16.)
+STOPPED_AT = 2
+
+
 def test_sigterm_to_the_non_chief_stops_both_at_the_same_step(prepared, stopped, tmp_path):
+    """Then a SIGTERM to worker 1 during its data checks, delivered inside a garbage
+    collection (a raise from the handler there would be lost) after its SIGTERM handler was
+    replaced as the backend started (as libtpu does): a stop on both hosts, nothing
+    published as a bug; then a rerun of both resumes and finishes, each told another chunk
+    budget."""
     job, results = stopped
-    # Chunks do not end at log lines, and the second chunk (steps 9-16) was dispatched
-    # before worker 1 wrote step 5's line: the processes agree to stop after it.
-    step = 2 * STEPS_PER_CALL
     for code, err in results:
         assert code == SIGTERM_EXIT, err[-3000:]
-        assert f"stopped by signal {int(signal.SIGTERM)} at step {step};" in err, err[-3000:]
-    assert _steps(job.paths.checkpoints) == [step]
+        assert f"stopped by signal {int(signal.SIGTERM)} at step {STOPPED_AT};" in err, err[-3000:]
+    assert _steps(job.paths.checkpoints) == [STOPPED_AT]
     status = json.loads(Path(job.paths.status).read_text())
     assert status["state"] == "failed" and "rerun to resume" in status["last_error"]["error"]
     assert not training.is_complete(job)
 
-    # A rerun of both resumes from that checkpoint and finishes.
-    rerun = _job(prepared, tmp_path, steps=step + STEPS_PER_CALL)
+    rerun = _job(prepared, tmp_path, steps=STOPPED_AT + STEPS_PER_CALL)
     shutil.rmtree(rerun.paths.checkpoints, ignore_errors=True)
     shutil.copytree(job.paths.checkpoints, rerun.paths.checkpoints)
-    (code0, err0), (code1, err1) = _both(tmp_path / "job.yaml", tmp_path / "logs")
+    port = _free_port()
+    inject = (
+        "default-sigterm@payload.backends.jax.runtime:checked_devices:1,"
+        "gc-sigterm@payload.manifest:verify_shards:1",
+        "-",
+    )
+    workers = [
+        _Worker(tmp_path / "job.yaml", tmp_path / "logs-checks", port, 0),
+        _Worker(tmp_path / "job.yaml", tmp_path / "logs-checks", port, 1, inject=inject),
+    ]
+    try:
+        exits = _exits([w.proc for w in workers])
+    finally:
+        for w in workers:
+            w.kill()
+    (code0, _), (code1, _) = exits
+    err0, err1 = workers[0].stderr, workers[1].stderr
+    signalled = _injected_at(err1, "gc-sigterm")
+    ended = max(t for _, t in exits) - signalled
+    print(f"SIGTERM in worker 1's data checks: both processes ended {ended:.1f} s after it")
+    assert code1 == SIGTERM_EXIT, err1[-3000:]
+    assert code0 == SIGTERM_EXIT, err0[-3000:]
+    assert "SIGTERM's handler was replaced by" in err1 and "taken back" in err1, err1[-3000:]
+    assert f"train: stopped by signal {int(signal.SIGTERM)} outside the training loop" in err1
+    assert f"train: process 1 of the slice stopped by signal {int(signal.SIGTERM)}" in err0
+    for err in (err0, err1):
+        assert "Exception ignored" not in err and "Traceback" not in err, err[-3000:]
+        assert "failed its data checks" not in err and not _errors(err), err[-3000:]
+    assert _steps(rerun.paths.checkpoints) == [STOPPED_AT]
+
+    # A rerun of both resumes from that checkpoint and finishes.
+    (code0, err0), (code1, err1) = _both(tmp_path / "job.yaml", tmp_path / "logs", {1: TINY_CHUNKS})
     assert code0 == 0, err0[-3000:]
     assert code1 == 0, err1[-3000:]
-    assert f"resumed from {rerun.paths.checkpoints}/{step} at step {step}" in err0
-    assert f"resumed from {rerun.paths.checkpoints}/{step} at step {step}" in err1
+    for err in (err0, err1):
+        assert f"resumed from {rerun.paths.checkpoints}/{STOPPED_AT} at step {STOPPED_AT}" in err
+        assert f"step {STOPPED_AT + STEPS_PER_CALL}/{STOPPED_AT + STEPS_PER_CALL}" in err
     assert training.is_complete(rerun)
 
 
@@ -187,31 +275,4 @@ def test_a_run_json_of_another_run_exits_2_on_both(prepared, stopped, tmp_path) 
         lines += _errors(err)
     assert lines[0] == lines[1], lines
     assert "belong to a different run (seed: 0 -> 7)" in lines[0], lines
-    assert _steps(other.paths.checkpoints) == [2 * STEPS_PER_CALL]
-
-
-def test_the_other_process_waits_for_a_slow_export(prepared, tmp_path: Path) -> None:
-    job = _job(prepared, tmp_path, steps=STEPS_PER_CALL)
-    gate = tmp_path / "export-gate"
-    port = _free_port()
-    extra = {"TPU_PAYLOAD_TEST_EXPORT_GATE": str(gate)}
-    workers = [_Worker(tmp_path / "job.yaml", tmp_path / "logs", port, w, **extra) for w in (0, 1)]
-    chief, other = workers
-    try:
-        # The chief holds its export at the gate; the other has finished training.
-        waiting = Path(f"{gate}.waiting")
-        _until(lambda: waiting.exists() or chief.proc.poll() is not None, "chief at the gate")
-        assert waiting.exists(), chief.stderr[-3000:]
-        line = "train: waiting for process 0's export"
-        _until(lambda: line in other.stderr or other.proc.poll() is not None, "worker 1 waits")
-        assert line in other.stderr, other.stderr[-3000:]
-        assert other.proc.poll() is None, other.stderr[-3000:]  # waiting, not gone
-        assert not training.is_complete(job)
-        gate.touch()
-        (code0, err0), (code1, err1) = chief.finish(), other.finish()
-    finally:
-        for w in workers:
-            w.kill()
-    assert code0 == 0, err0[-3000:]
-    assert code1 == 0, err1[-3000:]
-    assert training.is_complete(job)
+    assert _steps(other.paths.checkpoints) == [STOPPED_AT]

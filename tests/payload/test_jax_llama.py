@@ -163,12 +163,13 @@ def test_spec_takes_llama_config_names() -> None:
          "model.config.rope_theta: 0.0 must be >"),
         ({"family": "llama"}, {"grad_accum_steps": 3},
          "train.grad_accum_steps: 3 does not divide train.global_batch_size: 8"),
-        ({"family": "llama"}, {"remat": "full"},
-         "train.remat: 'full' is not allowed (allowed: none, block)"),
+        ({"family": "llama"}, {"remat": "selective"},
+         "train.remat: 'selective' is not allowed (allowed: none, minimal, save_dot_except_mlp, "
+         "save_qkv_proj, save_out_proj, full, block)"),
         ({"family": "llama"}, {"backend": "tf"},
          "model.family: llama trains on the JAX backend only, not with train.backend: tf"),
-        ({"family": "gpt2"}, {"remat": "block"},
-         "train.remat: block applies to the decoder blocks of model.family llama; "),
+        ({"family": "gpt2"}, {"remat": "minimal"},
+         "train.remat: minimal applies to the decoder layers of model.family llama; "),
         ({"family": "gpt2"}, {"backend": "tf", "grad_accum_steps": 2},
          "train.grad_accum_steps: 2 is a JAX backend setting, not one of train.backend: tf"),
     ],
@@ -205,10 +206,10 @@ def test_llama_needs_clm() -> None:
 
 
 def test_remat_and_gradient_accumulation_change_nothing_computed() -> None:
-    """train.remat: block gives the loss and gradients of none (and its program holds a
-    checkpoint, the plain one none); train.grad_accum_steps: 2 gives one step of the whole
-    batch (SGD: the weights move by the gradient itself; AdamW as trained), on a batch whose
-    rows predict different numbers of tokens."""
+    """train.remat minimal, save_qkv_proj and block (= full) give the loss and gradients of none
+    (and its program holds a checkpoint, the plain one none); train.grad_accum_steps: 2 gives
+    one step of the whole batch (SGD: the weights move by the gradient itself; AdamW as
+    trained), on a batch whose rows predict different numbers of tokens."""
     result = subprocess.run(
         [sys.executable, str(STEPS_DRIVER)],
         capture_output=True, text=True, timeout=600, check=False,

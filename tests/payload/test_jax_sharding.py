@@ -38,6 +38,7 @@ from payload.backends.jax import mesh as mesh_lib
 
 DRIVER = Path(__file__).with_name("jax_sharding_driver.py")
 COLLECTIVES_DRIVER = Path(__file__).with_name("jax_collectives_driver.py")
+PROGRAM_DRIVER = Path(__file__).with_name("jax_program_driver.py")
 EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 TOLERANCE = 1e-5
 GIB = 2**30
@@ -65,12 +66,19 @@ def test_partition_rule(shape: tuple[int, ...], fsdp: int, spec: tuple) -> None:
     [
         ((600, 64), "llama/embed_tokens/embeddings", (None, "fsdp")),  # generic: 600
         ((64, 600), "llama/lm_head/kernel", ("fsdp", None)),
-        ((64, 176), "llama/layers_1/up_proj/kernel", ("fsdp", None)),  # generic: 176
-        ((176, 64), "llama/layers_1/down_proj/kernel", (None, "fsdp")),
-        ((64, 32), "adamw/llama_layers_0_self_attn_k_proj_kernel_momentum", ("fsdp", None)),
+        # The decoder's stacks [L, ...]: split on H (the generic rule would pick 176).
+        ((2, 64, 176), "llama/layers/up_proj", (None, "fsdp", None)),
+        ((2, 176, 64), "llama/layers/down_proj", (None, None, "fsdp")),
+        ((2, 64, 32), "adamw/llama_layers_k_proj_momentum", (None, "fsdp", None)),
         ((601, 64), "llama/embed_tokens/embeddings", (None, "fsdp")),
         ((600, 60), "llama/embed_tokens/embeddings", ("fsdp", None)),  # 60: the generic rule
-        ((64,), "llama/layers_0/input_layernorm/gamma", ()),
+        # The stacked norm scales stay whole, though 8 divides both axes.
+        ((8, 64), "llama/layers/input_layernorm_gamma", ()),
+        ((8, 64), "adamw/llama_layers_post_attention_layernorm_gamma_velocity", ()),
+        # H = 60: the generic rule, which never splits the layer axis (8 divides L).
+        ((8, 60, 176), "llama/layers/gate_proj", (None, None, "fsdp")),
+        ((8, 60, 60), "llama/layers/q_proj", ()),
+        ((64,), "llama/norm/gamma", ()),
     ],
 )
 def test_llama_table_takes_precedence(shape: tuple[int, ...], path: str, spec: tuple) -> None:
@@ -121,15 +129,17 @@ def test_variables_are_created_sharded_and_counted() -> None:
             expected = list(v["expected"]) + [None] * (len(v["shape"]) - len(v["expected"]))
             assert v["spec"] == expected or (not v["expected"] and not any(v["spec"])), v
         sharded = [v for v in variables if "fsdp" in v["spec"]]
-        # Every matrix (weights and both Adam slots of each) is split 8 ways on creation.
-        assert len(sharded) >= 40, report["family"]
+        # Every matrix (weights and both Adam slots of each) is split 8 ways on creation
+        # (Llama's 2 layers: 7 stacks [L, ...] and the embedding, x 3).
+        assert len(sharded) >= (24 if report["family"] == "llama" else 40), report["family"]
         for v in sharded:
             assert v["device_bytes"] * 8 == v["bytes"], v
         if report["family"] == "llama":  # its table (mesh.FAMILY_RULES): the hidden axis
             by_path = {v["path"]: v["spec"] for v in variables}
             assert by_path["llama/embed_tokens/embeddings"] == [None, "fsdp"], by_path
-            assert by_path["llama/layers_0/self_attn/q_proj/kernel"] == ["fsdp", None]
-            assert by_path["llama/layers_0/down_proj/kernel"] == [None, "fsdp"]
+            assert by_path["llama/layers/q_proj"] == [None, "fsdp", None], by_path
+            assert by_path["llama/layers/down_proj"] == [None, None, "fsdp"], by_path
+            assert not any(by_path["llama/layers/input_layernorm_gamma"]), by_path
             slots = [p for p in by_path if "embed_tokens_embeddings" in p]
             assert len(slots) == 2 and all(by_path[p] == [None, "fsdp"] for p in slots), slots
         if report["family"] == "electra":  # its table: the shared embeddings' width
@@ -166,7 +176,11 @@ def test_fsdp_gathers_weights_not_activations(compiled_steps: list[dict]) -> Non
         # The weights are gathered: every float all-gather yields a whole weight matrix.
         floats = [(op, tuple(a[1])) for op, arrays in ops for a in arrays if a[0][0] in "fb"]
         gathers = [shape for op, shape in floats if op == "all-gather"]
-        matrices = {s for s in weights if len(s) == 2}
+        # Llama's layer stacks [L, in, out] are gathered one layer's slice at a time; its
+        # norm scales stacked [L, H] stay whole (replicated).
+        layers = {s[0] for s in weights if len(s) == 3}
+        matrices = {s[1:] for s in weights if len(s) == 3}
+        matrices |= {s for s in weights if len(s) == 2 and s[0] not in layers}
         assert sum(s in matrices for s in gathers) >= len(matrices), (case, gathers)
         # No activation crosses devices: a float array of rank >= 3 led by the batch's rows
         # (all of them, or a data shard's), bar one: Llama's embedding lookup on a data x
@@ -252,6 +266,26 @@ def test_fsdp_and_data_parallel_train_alike(tmp_path: Path) -> None:
     assert worst <= TOLERANCE, worst
     # ... and they trained: the weights moved from their initial values.
     assert max(float(np.abs(a[k]).max()) for k in a) > 0
+    # Each run compiled exactly what `tpu-payload compile`'s path (aot.build_for, with the
+    # device facts stated instead of read) compiles for its job on these 8 devices: the
+    # lowered programs' fingerprints (sha256 of their text) that the run logged.
+    jobs = [str(Path(job.paths.root).parent / "job.yaml") for job, _ in runs.values()]
+    built = subprocess.run(
+        [sys.executable, str(PROGRAM_DRIVER), *jobs],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **EIGHT},
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    compiled = [json.loads(line) for line in built.stdout.splitlines() if line.startswith("{")]
+    for (_, stderr), row in zip(runs.values(), compiled, strict=True):
+        (logged,) = [line for line in stderr.splitlines() if line.startswith("train: programs")]
+        prints = row["fingerprints"]
+        assert set(prints) == {"train_chunk", "eval_step"}, prints
+        assert logged.endswith(f"train_chunk {prints['train_chunk']}, eval_step "
+                               f"{prints['eval_step']}"), (logged, prints)  # fmt: skip
     # A resume on the other mesh shape is allowed: run.json's mesh is a record, not identity.
     shutil.rmtree(data.paths.export)
     longer = {

@@ -4,15 +4,21 @@ slice worker runs it (test_jax_hosts.py's workers).
 
 - hosts that see different device memory plan the same mesh (the smallest memory decides;
   backends/jax/runtime.py MEMORY_ENV injects a per-process figure, since CPU devices report
-  none);
-- SIGTERM while both are starting (after their runtime line, before training): both exit 143
-  at once, nothing written (JAX's preemption service would otherwise swallow it);
-- a user error on ONE host, outside the agreed start checks: every host exits 2 with the
-  same one line (systemd's RestartPreventExitStatus=2 stops each unit: no restart loop).
+  none), hosts told different chunk budgets run the same chunks, and the other host waits
+  for the chief's slow export (held at a gate the test opens): both finish, exit 0;
+- SIGTERM to the chief while both are starting (before its model build): every host exits
+  143 within seconds, nothing written (JAX's preemption service would otherwise swallow
+  it; the chief's main thread is held at a pause, so its guard thread ends it);
+- a user error on the chief after the final evaluation, while the other host is inside the
+  export's all-gathers of the FSDP-sharded weights (where no abort reaches it): both exit 2
+  with the same one line (systemd's RestartPreventExitStatus=2 stops each unit);
+- a bug (not a user error) on one host mid-training: both exit 1 with the same line, no
+  wait for the agreement's timeout.
 
-Nothing depends on the machine's speed: the signal lands while both provably wait at a pause
-(train_helpers.PausedCli), the error is injected at a fixed call (error_driver.py), and every
-wait is bounded by a guard only a hung process reaches.
+Nothing depends on the machine's speed: a signal lands while the process provably waits at
+a pause (train_helpers.PausedCli), errors are injected at fixed calls (error_driver.py), and
+every wait is bounded by a guard only a hung process reaches. How long each slice took to end
+is printed (`-s`), never asserted.
 """
 
 from __future__ import annotations
@@ -22,11 +28,22 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from conftest import _free_port
-from test_jax_hosts import _errors, _job, _Worker, _worker_env, prepared  # noqa: F401
+from test_jax_hosts import (  # noqa: F401
+    TINY_CHUNKS,
+    _errors,
+    _exits,
+    _injected_at,
+    _job,
+    _until,
+    _Worker,
+    _worker_env,
+    prepared,
+)
 from test_jax_multihost import HANG_GUARD_S, _env
 from train_helpers import PausedCli
 
@@ -35,26 +52,43 @@ from payload.evaluate import micro_batch_count
 
 pytestmark = pytest.mark.slow
 SIGTERM_EXIT = 128 + signal.SIGTERM
-ERROR_DRIVER = Path(__file__).parent / "error_driver.py"
 
 
-def test_hosts_that_see_different_memory_plan_the_same_mesh(prepared, tmp_path) -> None:  # noqa: F811
+def test_hosts_that_see_different_memory_and_chunk_budgets_agree_and_finish(
+    prepared,  # noqa: F811
+    tmp_path,
+) -> None:
+    """Process 0 sees a large chip, process 1 a small one: alone, 0 would plan data
+    parallelism and 1 FSDP, compile different programs and hang in the first collective.
+    Process 1 is also told a chunk budget (one step a chunk) that process 0 is not (8): a
+    chunk of another length on one host would hang both in its collectives. Then a slow
+    export (the chief waits at a gate the test opens, backends/jax/train.py
+    EXPORT_GATE_ENV): the other process waits for it instead of exiting, then both exit 0
+    with the export complete."""
     job = _job(prepared, tmp_path, steps=8, sharding="auto")
     port = _free_port()
-    # Process 0 sees a large chip, process 1 a small one: alone, 0 would plan data
-    # parallelism and 1 FSDP, compile different programs and hang in the first collective.
-    memory = {0: str(64 * 2**30), 1: str(2**20)}
+    gate = tmp_path / "export-gate"
+    extra = {
+        0: {"TPU_PAYLOAD_TEST_DEVICE_MEMORY": str(64 * 2**30)},
+        1: {"TPU_PAYLOAD_TEST_DEVICE_MEMORY": str(2**20), **TINY_CHUNKS},
+    }
+    job_file, logs = tmp_path / "job.yaml", tmp_path / "logs"
     workers = [
-        _Worker(
-            tmp_path / "job.yaml",
-            tmp_path / "logs",
-            port,
-            w,
-            TPU_PAYLOAD_TEST_DEVICE_MEMORY=memory[w],
-        )
+        _Worker(job_file, logs, port, w, TPU_PAYLOAD_TEST_EXPORT_GATE=str(gate), **extra[w])
         for w in (0, 1)
     ]
+    chief, other = workers
     try:
+        # The chief holds its export at the gate; the other has finished training.
+        waiting = Path(f"{gate}.waiting")
+        _until(lambda: waiting.exists() or chief.proc.poll() is not None, "chief at the gate")
+        assert waiting.exists(), chief.stderr[-3000:]
+        line = "train: waiting for process 0's export"
+        _until(lambda: line in other.stderr or other.proc.poll() is not None, "worker 1 waits")
+        assert line in other.stderr, other.stderr[-3000:]
+        assert other.proc.poll() is None, other.stderr[-3000:]  # waiting, not gone
+        assert not training.is_complete(job)
+        gate.touch()
         results = [w.finish() for w in workers]
     finally:
         for w in workers:
@@ -63,72 +97,112 @@ def test_hosts_that_see_different_memory_plan_the_same_mesh(prepared, tmp_path) 
         assert code == 0, err[-3000:]
         assert '"mesh": {"sharding": "fsdp", "data": 1, "fsdp": 2}' in err, err[-3000:]
         assert "the smallest of 2 processes" in err, err[-3000:]
+        assert "step 8/8" in err, err[-3000:]
     assert training.is_complete(job)
 
 
-def test_sigterm_while_both_start_stops_both_at_once(prepared, tmp_path) -> None:  # noqa: F811
+def test_sigterm_to_the_chief_while_it_starts_stops_every_host(prepared, tmp_path) -> None:  # noqa: F811
+    """SIGTERM to the chief, held at a pause before its model build: its guard thread tells
+    the other host and ends it; both exit 143 (test_jax_hosts.py: the other host, inside a
+    garbage collection during its data checks)."""
+    signalled, point = 0, "before:payload.backends.jax.train:_build:1"
     job = _job(prepared, tmp_path, steps=5000)
     port = _free_port()
-    point = "after:payload.status:StatusWriter.note_runtime:1"
     train = ("train", "--job", str(tmp_path / "job.yaml"))
-    with (
-        PausedCli(tmp_path / "logs-0", point, *train, env=_worker_env(port, 0)) as chief,
-        PausedCli(tmp_path / "logs-1", point, *train, env=_worker_env(port, 1)) as other,
-    ):
-        # Both joined the slice and logged their runtime line; neither trains yet.
-        assert chief.wait_paused() == f"paused at {point}"
-        assert other.wait_paused() == f"paused at {point}"
-        chief.signal(signal.SIGTERM)
-        other.signal(signal.SIGTERM)
-        results = [chief.finish(), other.finish()]
-    for code, _, err in results:
+    other = 1 - signalled
+    plain = _Worker(tmp_path / "job.yaml", tmp_path / "logs", port, other)
+    try:
+        env = _worker_env(port, signalled)
+        with PausedCli(tmp_path / f"logs-{signalled}", point, *train, env=env) as paused:
+            assert paused.wait_paused() == f"paused at {point}"
+            paused.signal(signal.SIGTERM)
+            sent = time.time()
+            exits = _exits([paused.proc, plain.proc])
+            err_signalled = paused.stderr
+    finally:
+        plain.kill()
+    print(f"SIGTERM to process {signalled} at {point}: every process ended "
+          f"{max(t for _, t in exits) - sent:.1f} s after it")  # fmt: skip
+    err_other = plain.stderr
+    for (code, _), err in zip(exits, (err_signalled, err_other), strict=True):
         assert code == SIGTERM_EXIT, err[-3000:]
-        assert "train: {" in err, err[-3000:]  # the runtime line came first
-        assert f"stopped by signal {int(signal.SIGTERM)} outside the training loop" in err
-        assert "Traceback" not in err, err[-3000:]
+        assert "Traceback" not in err and not _errors(err), err[-3000:]
+    line = f"stopped by signal {int(signal.SIGTERM)} outside the training loop"
+    assert f"train: {line}" in err_signalled, err_signalled[-3000:]
+    assert f"train: process {signalled} of the slice {line}" in err_other, err_other[-3000:]
+    assert "train: {" in err_signalled  # the runtime line came first
     assert not Path(job.paths.checkpoints).exists() or not any(
         p.name.isdigit() for p in Path(job.paths.checkpoints).iterdir()
     )
     assert not training.is_complete(job)
 
 
-def test_a_user_error_on_one_host_ends_every_host_once(prepared, tmp_path) -> None:  # noqa: F811
-    _job(prepared, tmp_path, steps=5000)
-    port = _free_port()
-    chief = _Worker(tmp_path / "job.yaml", tmp_path / "logs", port, 0)
-    message = "injected: a user error only process 1 sees"
-    err_path = tmp_path / "logs" / "1.err"
-    with err_path.open("w") as err:
-        other = subprocess.Popen(
-            [
-                sys.executable,
-                str(ERROR_DRIVER),
-                "payload.model:config_for:1",
-                message,
-                "train",
-                "--job",
-                str(tmp_path / "job.yaml"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            env=_worker_env(port, 1),
-            start_new_session=True,
-        )
+def _ended(
+    workers: list[_Worker], label: str, injected_on: int, action: str
+) -> list[tuple[int, str]]:
+    """Every worker's (exit status, stderr), once all ended; prints how long after the
+    injection on `injected_on` the last one ended."""
     try:
-        code1 = other.wait(timeout=HANG_GUARD_S)
-        code0, err0 = chief.finish()
+        exits = _exits([w.proc for w in workers])
     finally:
-        chief.kill()
-        if other.poll() is None:
-            other.kill()
-    err1 = err_path.read_text()
+        for w in workers:
+            w.kill()
+    errs = [w.stderr for w in workers]
+    injected = _injected_at(errs[injected_on], action)
+    print(f"{label}: every process ended {max(t for _, t in exits) - injected:.1f} s after it")
+    return [(code, err) for (code, _), err in zip(exits, errs, strict=True)]
+
+
+def test_a_user_error_on_the_chief_after_the_final_evaluation_ends_every_host(
+    prepared,  # noqa: F811
+    tmp_path,
+) -> None:
+    """The chief's status write after the final evaluation fails (a UserError, as a
+    persistent StorageError is); the other host is already in the export's all-gathers of
+    the FSDP-sharded weights, which wait for the chief for ever: its guard thread reads the
+    chief's abort and ends it with the same line and exit 2, and the chief, which hosts the
+    coordination service, leaves last."""
+    job = _job(prepared, tmp_path, steps=8, sharding="fsdp")
+    port = _free_port()
+    message = "injected: the chief's status.json cannot be written"
+    chief = _Worker(
+        tmp_path / "job.yaml", tmp_path / "logs", port, 0,
+        inject=("user@payload.evaluate:report:1", message),
+    )  # fmt: skip
+    other = _Worker(tmp_path / "job.yaml", tmp_path / "logs", port, 1)
+    results = _ended([chief, other], "a user error on the chief", 0, "user")
     lines = []
-    for code, err in ((code0, err0), (code1, err1)):
+    for code, err in results:
         assert code == 2, err[-3000:]
         assert "Traceback" not in err, err[-3000:]
         assert len(_errors(err)) == 1, err[-3000:]
         lines += _errors(err)
-    assert lines[0] == lines[1] == f"error: {message}", lines
+    assert lines[0] == lines[1] == f"error: process 0 of the slice: {message}", lines
+    assert "train: waiting for process 0's export" not in results[1][1]  # it was in a gather
+    assert not training.is_complete(job)
+
+
+def test_a_bug_on_one_host_mid_training_ends_every_host(prepared, tmp_path) -> None:  # noqa: F811
+    """An exception that is not a user error on one host (a bug, device out of memory):
+    every host exits 1 with the same line naming the host, at once (the others were
+    waiting at the chunk's agreement, for up to an hour); the host's own traceback stays."""
+    _job(prepared, tmp_path, steps=5000)
+    port = _free_port()
+    message = "injected: a bug only process 1 has"
+    chief = _Worker(tmp_path / "job.yaml", tmp_path / "logs", port, 0)
+    other = _Worker(
+        tmp_path / "job.yaml", tmp_path / "logs", port, 1,
+        inject=("bug@payload.training:Meter.record_steps:2", message),
+    )  # fmt: skip
+    (code0, err0), (code1, err1) = _ended([chief, other], "a bug on process 1", 1, "bug")
+    line = (
+        f"error: process 1 of the slice failed: RuntimeError: {message} (not a user error: "
+        "its traceback is in process 1's log)"
+    )
+    assert code0 == code1 == 1, (err0[-3000:], err1[-3000:])
+    assert _errors(err0) == _errors(err1) == [line], (err0[-3000:], err1[-3000:])
+    assert "Traceback" not in err0, err0[-3000:]
+    assert f"RuntimeError: {message}" in err1.split("Traceback", 1)[1]
 
 
 # ------------------------------------------------------------- one process, a TPU's rules
@@ -170,25 +244,26 @@ def test_a_restart_loads_its_programs_and_a_changed_job_compiles(prepared, tmp_p
     assert _cache_counts(other.stderr)[2] > 0  # another batch: other programs
 
 
-def test_chunks_bounded_in_seconds_stop_one_chunk_after_the_signal(prepared, tmp_path) -> None:  # noqa: F811
-    """runtime.CHUNK_SECONDS on a TPU/GPU (here set through CHUNK_SECONDS_ENV): once a step's
-    time is measured (after two chunks of 8), a chunk holds what fits the bound (here 1 step),
-    so a SIGTERM during step 40's log line saves step 41 (the chunk dispatched before it),
-    not step 48 as 8-step chunks would."""
-    job = _job(prepared, tmp_path, steps=5000, log_every=1)
-    point = "after:payload.training:Meter.log:40"
-    env = _env(TPU_PAYLOAD_CHUNK_SECONDS="1e-9")
+def test_sigterm_during_an_evaluation_stops_it_at_once(prepared, tmp_path) -> None:  # noqa: F811
+    """A SIGTERM while the in-loop evaluation runs: the evaluation is cut short at its next
+    group of batches (a group lasts at most about a chunk: here, chunks bounded in seconds
+    through CHUNK_SECONDS_ENV, one batch), the step is saved and the run exits 143; it
+    does not finish the evaluation and train one more chunk first."""
+    job = _job(prepared, tmp_path, steps=5000, eval_every=8, global_batch_size=4)
+    point = "before:payload.backends.jax.train:_TrainLoop._evaluation_stop:1"
+    env = _env(**TINY_CHUNKS)
     with PausedCli(
         tmp_path / "logs", point, "train", "--job", str(tmp_path / "job.yaml"), env=env
     ) as run:
-        assert run.wait_paused() == f"paused at {point}"
+        assert run.wait_paused() == f"paused at {point}"  # after the first group of batches
         run.signal(signal.SIGTERM)
         code, _, err = run.finish()
     assert code == SIGTERM_EXIT, err[-3000:]
-    assert f"stopped by signal {int(signal.SIGTERM)} at step 41;" in err, err[-3000:]
+    assert f"stopped by signal {int(signal.SIGTERM)} at step 8;" in err, err[-3000:]
+    assert "eval step 8/" not in err, err[-3000:]
     assert sorted(
         int(p.name) for p in Path(job.paths.checkpoints).iterdir() if p.name.isdigit()
-    ) == [41]
+    ) == [8]
 
 
 def test_evaluation_micro_batches_never_exceed_training_rows() -> None:

@@ -44,3 +44,52 @@ def test_log_lines_inside_a_chunk(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert meter.loss == 10.0 and meter.first_loss == 2.0
     metrics = status.document["stages"]["train"]["metrics"]
     assert metrics["step"] == 10 and metrics["loss"] == 10.0 and metrics["accuracy"] == 0.1
+
+
+def test_chunks_before_and_after_a_step_is_timed() -> None:
+    """A runtime bounded in seconds runs FIRST_CHUNK_STEPS until a step has been timed (the
+    first chunk compiles; the next is timed from its end), then what fits the bound; after
+    a pause (checkpoint, evaluation) the last measure stands; no bound: steps_per_execution."""
+    now = [0.0]
+    timer = training.ChunkTimer(5.0, clock=lambda: now[0])
+    assert timer.steps_per_chunk(64) == training.FIRST_CHUNK_STEPS == 1
+    now[0] = 120.0  # compiling, then one step
+    timer.chunk_done(1)
+    assert timer.steps_per_chunk(64) == 1  # only the clock is set
+    now[0] += 0.25
+    timer.chunk_done(1)
+    assert timer.step_seconds == 0.25 and timer.steps_per_chunk(64) == 20
+    assert timer.steps_per_chunk(8) == 8
+    timer.pause()
+    now[0] += 300.0  # an evaluation
+    timer.chunk_done(20)
+    assert timer.steps_per_chunk(64) == 20  # the pause is not step time
+    now[0] += 20 * 10.0  # 10 s a step: longer than the bound, still one step
+    timer.chunk_done(20)
+    assert timer.steps_per_chunk(64) == 1
+    assert training.ChunkTimer(None).steps_per_chunk(8) == 8
+
+
+def test_sigterm_is_taken_back_from_a_handler_installed_in_c() -> None:
+    """training.take_sigterm_back sees a handler installed below Python (libtpu installs its
+    own with sigaction when the TPU backend starts; `signal.getsignal` still names Python's)
+    and installs the recording handler again; the handler only records a signal."""
+    import ctypes
+    import signal
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        training.stop_at_once_on_sigterm()
+        assert training.take_sigterm_back() is None  # nothing replaced it
+        libc = ctypes.CDLL(None)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(int(signal.SIGTERM), ctypes.c_void_p(1))  # SIG_IGN, behind Python's back
+        assert signal.getsignal(signal.SIGTERM) == training.STOP.record  # Python cannot tell
+        found = training.take_sigterm_back()
+        assert found is not None and "installed in C" in found, found
+        assert training.take_sigterm_back() is None
+        signal.raise_signal(signal.SIGTERM)  # recorded, not raised: the test goes on
+        assert training.STOP.signum == signal.SIGTERM and training.STOP.at_once()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        training.STOP.signum = None

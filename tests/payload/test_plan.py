@@ -96,13 +96,17 @@ def test_figures_of_llama_1b_on_v5e_8() -> None:
     held = (n - 33 * 2048) // 8 + 33 * 2048
     layout = p.layout("fsdp", "block")
     assert (layout.weights, layout.slots, layout.gradients) == (4 * held, 8 * held, 4 * held)
-    # ...and the largest unit whole: the embedding (65.5M > a layer's 58.7M) in bf16 + its
-    # fp32 gradient.
-    assert 32000 * 2048 > 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192
-    assert layout.gathered == 32000 * 2048 * (2 + 4)
-    # Data parallelism: 16 bytes per parameter on every chip.
+    # ...and the largest unit whole: the embedding (65.5M > a layer's 60.8M) gathered in bf16
+    # with its bf16 gradient, plus the chip's eighth of the scanned layers' stacked weights
+    # cast to bf16 once per step.
+    matrices = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192
+    assert matrices < 32000 * 2048
+    assert layout.gathered == 32000 * 2048 * (2 + 2) + 16 * matrices // 8 * 2
+    # Data parallelism: 16 bytes per parameter on every chip, nothing gathered, but the whole
+    # layer stacks' bf16 copy.
     data = p.layout("data", "none")
-    assert data.weights + data.slots + data.gradients == 16 * n and data.gathered == 0
+    assert data.weights + data.slots + data.gradients == 16 * n
+    assert data.gathered == 16 * matrices * 2
     # Remat keeps one bf16 hidden state per layer and token, plus one layer's activations
     # (a TPU: fused attention, so 4 bytes of softmax statistics per head, no [S, S] scores),
     # plus the head's input and its chunked copy; the loss holds one chunk of logits per chip
@@ -320,7 +324,7 @@ def test_docs_stop_cost_table_is_the_commands_output() -> None:
 
 def test_stop_cost_uses_the_trainers_chunk_rules() -> None:
     """stop_cost.py restates two rules of backends/jax/runtime.py (which imports JAX, and the
-    plan must not): the same values."""
+    plan must not) and training.FIRST_CHUNK_STEPS: the same values."""
     import ast
 
     from payload import stop_cost
@@ -337,3 +341,6 @@ def test_stop_cost_uses_the_trainers_chunk_rules() -> None:
     assert values["CHUNK_SECONDS"]["tpu"] == stop_cost.CHUNK_SECONDS
     for kind, steps in stop_cost.STEPS_PER_CALL.items():
         assert values["STEPS_PER_CALL"][kind] == steps
+    from payload import training
+
+    assert stop_cost.FIRST_CHUNK_STEPS == training.FIRST_CHUNK_STEPS

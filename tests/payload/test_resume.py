@@ -4,7 +4,12 @@ Every test runs on both training backends (`train.backend: tf` and `jax`): the s
 the same pause points (payload/training.py's Meter is shared), the same outcomes. The JAX
 backend trains in a child process (the real CLI): Keras 3 picks its backend at import.
 The resume and SIGTERM tests also run ELECTRA's objective (rtd, JAX only): its generator's
-samples are drawn from (train.seed, step), so a resumed run draws what the other drew."""
+samples are drawn from (train.seed, step), so a resumed run draws what the other drew.
+
+The JAX backend's resumed = uninterrupted test is also its no-TensorFlow test: the runs that
+stop at a checkpoint and resume (train, evaluate, checkpoint, resume, export) run with
+TensorFlow unimportable (no_tensorflow/sitecustomize.py, as on a JAX VM), and the
+uninterrupted run, where TensorFlow is installed, must not import it."""
 
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from train_helpers import (
     job_document,
     prepare_data,
     run_cli,
+    tensorflow_env,
     write_corpus,
     write_job,
 )
@@ -35,13 +41,14 @@ from payload.status import StatusWriter
 
 CHECKPOINT_EVERY = 20
 BACKENDS = pytest.mark.parametrize("backend", ["tf", "jax"])
+IMPORTED = "no_tensorflow: tensorflow was imported"  # no_tensorflow/sitecustomize.py
 # (backend, objective): the MLM cases of both backends and ELECTRA's rtd (JAX only).
 OBJECTIVES = pytest.mark.parametrize(
     ("backend", "objective"), [("tf", "mlm"), ("jax", "mlm"), ("jax", "rtd")]
 )
 # Resumed = uninterrupted: the TF backend's MLM and the JAX backend's rtd, whose step also
 # restores the generator's sample keys; the JAX input position and masking are the same
-# data.make_dataset as MLM's (JAX MLM resumes: test_jax_sharding.py, test_jax_multihost.py).
+# input.make_batches as MLM's (JAX MLM resumes: test_jax_sharding.py, test_jax_multihost.py).
 RESUMED = pytest.mark.parametrize(("backend", "objective"), [("tf", "mlm"), ("jax", "rtd")])
 # Both backends log through payload.training.Meter: pause after its N-th log line.
 LOG_POINT = "after:payload.training:Meter.log:{}"
@@ -60,13 +67,16 @@ def _checkpoint_name(step: int, backend: str) -> str:
     return str(step) if backend == "jax" else f"ckpt-{step}"
 
 
-def _train(job_file: Path, backend: str) -> dict:
-    """Train to the end: in this process (TF) or through the real CLI (JAX)."""
+def _train(job_file: Path, backend: str, tensorflow: str | None = None) -> dict:
+    """Train to the end: in this process (TF) or through the real CLI (JAX), there with
+    TensorFlow blocked or watched (`tensorflow`: train_helpers.tensorflow_env's mode)."""
     if backend == "tf":
         job = load_job(str(job_file))
         return train.train(job, StatusWriter(job.paths.status, job.name))
-    result = run_cli("train", "--job", str(job_file))
+    env = tensorflow_env(tensorflow) if tensorflow else None
+    result = run_cli("train", "--job", str(job_file), env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert IMPORTED not in result.stderr, result.stderr[-3000:]
     line = next(x for x in result.stdout.splitlines() if x.startswith("train: complete ("))
     resumed = re.search(r"resumed_from=(\d+)", line)
     status = json.loads(Path(load_job(str(job_file)).paths.status).read_text())
@@ -173,16 +183,16 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path: Path, backend: str, obje
         tmp_path / "straight", {**doc, "output": str(tmp_path / "straight" / "out")}
     )
     prepare_data(straight)
-    _train(tmp_path / "straight" / "job.yaml", backend)
+    _train(tmp_path / "straight" / "job.yaml", backend, tensorflow="watch")
 
     half = json.loads(json.dumps(doc))
     half["train"]["steps"] = 8
     resumed = copy_prepared(straight, tmp_path / "resumed", half)
-    _train(tmp_path / "resumed" / "job.yaml", backend)
+    _train(tmp_path / "resumed" / "job.yaml", backend, tensorflow="block")
     # Where a run stopped after checkpoint 8 would be (the CLI skips a complete stage).
     shutil.rmtree(Path(resumed.paths.export))
     resumed = write_job(tmp_path / "resumed", {**doc, "output": str(tmp_path / "resumed" / "out")})
-    stats = _train(tmp_path / "resumed" / "job.yaml", backend)
+    stats = _train(tmp_path / "resumed" / "job.yaml", backend, tensorflow="block")
     assert stats["resumed_from"] == 8 and stats["step"] == 16
 
     a, b = _exported_weights(straight), _exported_weights(resumed)

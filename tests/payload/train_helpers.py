@@ -98,6 +98,16 @@ def copy_prepared(source: JobSpec, root: Path, document: dict[str, Any]) -> JobS
     return job
 
 
+NO_TENSORFLOW_DIR = Path(__file__).with_name("no_tensorflow")
+
+
+def tensorflow_env(mode: str) -> dict[str, str]:
+    """The environment of a child process in which TensorFlow is unimportable (`block`), or
+    importable but reported at exit if imported (`watch`): no_tensorflow/sitecustomize.py."""
+    path = os.pathsep.join(p for p in (str(NO_TENSORFLOW_DIR), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, "TPU_PAYLOAD_TEST_TENSORFLOW": mode}
+
+
 def run_cli(
     *args: str, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:

@@ -215,12 +215,14 @@ def test_who_may_impersonate_which_account(run: Run) -> None:
         "assertion.sub + '@' + assertion.ref"
     )
     # Exactly these two grants of impersonation, nothing broader; every other grant on an
-    # account is the deploy account's stack-account role on a stack's own account.
+    # account is the deploy account's stack-account role on a stack's own account, or a
+    # stack controller's actAs on its own stack's accounts (below).
     on_accounts = run.of_type("gcp:serviceaccount/iAMMember:IAMMember")
     impersonation = [g for g in on_accounts if g.inputs["role"] == "roles/iam.workloadIdentityUser"]
     assert len(impersonation) == 2
     assert {g.inputs["role"] for g in on_accounts if g not in impersonation} == {
-        "projects/tpu-pretrain-example/roles/tpuPretrainStackAccountUser"
+        "projects/tpu-pretrain-example/roles/tpuPretrainStackAccountUser",
+        "roles/iam.serviceAccountUser",
     }
 
 
@@ -272,10 +274,11 @@ def test_deploy_account_roles(run: Run) -> None:
     assert granter == (
         "api.getAttribute('iam.googleapis.com/modifiedGrantsByRole', [])"
         ".hasOnly(['roles/logging.logWriter', 'roles/monitoring.metricWriter', "
-        "'roles/dataflow.worker', 'roles/dataflow.developer', "
+        "'roles/dataflow.developer', "
         "'projects/tpu-pretrain-example/roles/tpuPretrainTpuRecovery', "
         "'projects/tpu-pretrain-example/roles/tpuPretrainGpuRecovery', "
-        "'projects/tpu-pretrain-example/roles/tpuPretrainDataflowLauncher'])"
+        "'projects/tpu-pretrain-example/roles/tpuPretrainDataflowLauncher', "
+        "'projects/tpu-pretrain-example/roles/tpuPretrainDataflowWorker'])"
     )
     # actAs and service-account IAM: never on the project, only on the stacks' own accounts.
     assert not {p for p in deployer if p.startswith("iam.serviceAccounts.") and "IamPolicy" in p}
@@ -324,6 +327,64 @@ def test_the_deploy_account_acts_as_each_stack_account_on_that_account(run: Run)
         for r in run.of_type("gcp:projects/iAMMember:IAMMember")
         if r.inputs["role"].endswith("/roles/tpuPretrainStackAccountUser")
     ]
+    # actAs and nothing else: no IAM policy of an account (any role to anyone), no token.
+    role = run.named("stack-account-user-role").inputs
+    assert role["permissions"] == ["iam.serviceAccounts.actAs"]
+
+
+def test_the_bootstrap_makes_every_grant_on_the_stacks_accounts(run: Run) -> None:
+    """What a stack created by a person grants on its own accounts (the controller acts as
+    the TPU VM's and the Dataflow workers' accounts), the bootstrap grants for every GitOps
+    stack, on that stack's own accounts only; the stacks write none (test_deployability)."""
+    grants = [
+        g
+        for g in run.of_type("gcp:serviceaccount/iAMMember:IAMMember")
+        if g.inputs["role"] == "roles/iam.serviceAccountUser"
+    ]
+    assert {
+        (g.inputs["member"], g.inputs["serviceAccountId"].rsplit("/", 1)[-1]) for g in grants
+    } == {
+        (f"serviceAccount:tp-{stack}-controller@{SA_DOMAIN}", f"tp-{stack}-{target}@{SA_DOMAIN}")
+        for stack in bootstrap.stack_names()
+        for target in ("workload", "dataflow")
+    }
+    assert len(grants) == 2 * len(bootstrap.stack_names())
+    assert not [g for g in grants if g.inputs.get("condition")]
+
+
+def test_one_display_name_per_account_in_both_programs(run: Run) -> None:
+    """The bootstrap and a stack write the same display name (the stack never changes an
+    adopted one either): neither renames what the other made on every run."""
+    sys.path.insert(0, str(ROOT))
+    from infra.components.identity import OWNER_FIELDS, account_display_name
+
+    accounts = [
+        a
+        for a in run.of_type("gcp:serviceaccount/account:Account")
+        if a.inputs["accountId"].startswith("tp-")
+    ]
+    assert accounts
+    for account in accounts:
+        stack, suffix = re.fullmatch(
+            r"tp-(.+)-(workload|controller|vpn-hop|dataflow)", account.inputs["accountId"]
+        ).groups()  # type: ignore[union-attr]
+        assert account.inputs["displayName"] == account_display_name(stack, suffix)
+        assert "description" not in account.inputs  # nor a description the stack would write
+    assert OWNER_FIELDS == ["displayName", "description"]
+
+
+def test_stack_files_that_do_not_adopt_their_accounts_are_named(tmp_path: Path) -> None:
+    (tmp_path / "Pulumi.adopts.yaml").write_text(
+        "config:\n  tpu-pretrain:accountsFromBootstrap: true\n"
+    )
+    (tmp_path / "Pulumi.quoted.yaml").write_text(
+        "config:\n  tpu-pretrain:accountsFromBootstrap: 'true'\n"
+    )
+    (tmp_path / "Pulumi.owns.yaml").write_text("config:\n  tpu-pretrain:job: x.yaml\n")
+    (tmp_path / "Pulumi.off.yaml").write_text(
+        "config:\n  tpu-pretrain:accountsFromBootstrap: false\n"
+    )
+    assert bootstrap.stacks_not_adopting(tmp_path) == ("off", "owns")
 
 
 def test_a_stack_whose_account_ids_are_too_long_is_refused(tmp_path: Path) -> None:
@@ -366,10 +427,6 @@ REVIEWED_PROJECT_WIDE = {
         "compute.networks.updatePolicy", "compute.routers.delete", "compute.routers.update",
         "compute.subnetworks.delete", "compute.subnetworks.setPrivateIpGoogleAccess",
         "compute.subnetworks.update",
-    ),
-    "ESCALATION (docs/guard-rails.md): deletes or renames any service account; IAM service "
-    "accounts are not on Google's list of resources an IAM condition can name": (
-        "iam.serviceAccounts.delete", "iam.serviceAccounts.update",
     ),
     "ESCALATION (docs/guard-rails.md): deletes any TPU VM; Cloud TPU is not on Google's list "
     "of resources an IAM condition can name": ("tpu.nodes.delete",),
@@ -418,6 +475,8 @@ def test_every_project_wide_permission_is_a_reviewed_exception(run: Run) -> None
         "tpu.nodes.update", "secretmanager.versions.access", "storage.objects.",
         "storage.buckets.setIamPolicy", "secretmanager.secrets.setIamPolicy", "iam.roles.",
         "compute.instances.", "iam.serviceAccounts.actAs", "iam.serviceAccounts.setIamPolicy",
+        # a GitOps stack adopts the bootstrap's accounts and never deletes or renames one
+        "iam.serviceAccounts.delete", "iam.serviceAccounts.update",
     )  # fmt: skip
     assert sorted(p for p in deploy if p.startswith(never)) == []
 
@@ -530,8 +589,31 @@ def test_policy_pack_rejects_a_weakened_bootstrap(run: Run) -> None:
         ),
         # The project IAM writer loses its limit on granted roles.
         (lambda r: r.named("deploy-iam-granter").inputs.pop("condition"), "allowed-iam-grants"),
+        # The stack-account role regains the IAM policy of the accounts (any role to anyone).
+        (
+            lambda r: (
+                r.named("stack-account-user-role")
+                .inputs["permissions"]
+                .append("iam.serviceAccounts.setIamPolicy")
+            ),
+            "custom-role-permissions",
+        ),
+        # A controller's actAs on another stack's TPU VM account.
+        (
+            lambda r: r.named("controller-on-v6e-euw4-workload").inputs.update(
+                serviceAccountId=f"projects/tpu-pretrain-example/serviceAccounts/"
+                f"tp-v5e-euw4-workload@{SA_DOMAIN}"
+            ),
+            "allowed-iam-grants",
+        ),
     ],
-    ids=["deployer-gains-token-creation", "actas-on-a-foreign-account", "granter-unlimited"],
+    ids=[
+        "deployer-gains-token-creation",
+        "actas-on-a-foreign-account",
+        "granter-unlimited",
+        "account-iam-writes",
+        "controller-on-another-stack",
+    ],
 )
 def test_policy_pack_rejects_a_deploy_identity_that_could_escalate(change, rule) -> None:
     weakened = run_bootstrap()

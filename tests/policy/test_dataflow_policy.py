@@ -12,7 +12,7 @@ import pytest
 from policy_harness import Violation, run_pack, urn_for
 from test_stacks import Resource, resources
 
-from policy import rules
+from policy import network
 
 ON = {"tpu-pretrain:dataflow": True}
 STACK = "v3-euw4"
@@ -53,10 +53,17 @@ WIDENED = {
     "worker-role-to-the-workload": ("dataflow-worker", _set(member=WORKLOAD)),
     "worker-gets-dataflow-admin": ("dataflow-worker", _set(role="roles/dataflow.admin")),
     "worker-gets-bucket-admin": (
-        "dataflow-worker-objects",
+        "dataflow-worker-objects-read",
         _set(role="roles/storage.admin"),
     ),
-    "worker-bucket-role-to-the-workload": ("dataflow-worker-objects", _set(member=WORKLOAD)),
+    "worker-bucket-role-to-the-workload": (
+        "dataflow-worker-objects-read",
+        _set(member=WORKLOAD, role="roles/storage.objectAdmin"),
+    ),
+    "worker-gets-the-predefined-worker-role": (
+        "dataflow-worker",
+        _set(role="roles/dataflow.worker"),
+    ),
     "launcher-role-to-the-worker": (
         "dataflow-launcher",
         _set(member=f"serviceAccount:{WORKER}"),
@@ -106,6 +113,8 @@ def test_a_widened_dataflow_grant_is_refused(
         "no-public-principals",
         "no-basic-or-admin-roles-for-service-accounts",
         "grants-on-own-resources",
+        # a role that writes objects (on the bucket without the condition, or on the project)
+        "vm-accounts-write-no-executables",
     }
 
 
@@ -121,7 +130,11 @@ def test_act_as_granted_on_the_project_is_refused() -> None:
         {"project": PROJECT, "role": "roles/iam.serviceAccountUser", "member": CONTROLLER},
     )
     violations = run_pack([*resources(STACK, ON), extra])
-    assert [v.policy for v in violations] == ["allowed-iam-grants"]
+    # Acting as every account of the project is also a way to write what a VM runs.
+    assert [v.policy for v in violations] == [
+        "allowed-iam-grants",
+        "vm-accounts-write-no-executables",
+    ]
     assert "roles/iam.serviceAccountUser" in violations[0].message
 
 
@@ -134,7 +147,12 @@ def test_artifact_registry_roles_on_the_project_are_refused(role: str) -> None:
         {"project": PROJECT, "role": role, "member": f"serviceAccount:{WORKER}"},
     )
     violations = run_pack([*resources(STACK, ON), extra])
-    assert [v.policy for v in violations] == ["allowed-iam-grants"]
+    # A project role the pack does not know to be without object writes is refused by the
+    # rule on what a VM runs as well (closed by default).
+    assert [v.policy for v in violations] == [
+        "allowed-iam-grants",
+        "vm-accounts-write-no-executables",
+    ]
 
 
 @pytest.mark.parametrize("role", ["roles/artifactregistry.reader", "roles/artifactregistry.writer"])
@@ -156,8 +174,8 @@ def test_a_stack_makes_no_grant_on_a_repository(role: str) -> None:
 
 
 def test_the_worker_account_gets_no_other_project_role() -> None:
-    """Log and metric writing go to the VMs' accounts; the worker account has only
-    roles/dataflow.worker on the project."""
+    """Log and metric writing go to the VMs' accounts; the worker account has only the
+    worker role (tpuPretrainDataflowWorker) on the project."""
     extra = _extra(
         "gcp:projects/iAMMember:IAMMember",
         {
@@ -183,4 +201,4 @@ def test_the_workers_rule_opened_to_public_addresses_is_refused(source: str) -> 
     violations, urn = _edited("dataflow-allow-workers", _set(sourceRanges=[source]))
     assert {v.policy for v in violations} == {"no-public-ingress"}
     assert all(v.urn == urn for v in violations)
-    assert all(v.message.startswith(rules.MSG_PUBLIC_INGRESS) for v in violations)
+    assert all(v.message.startswith(network.MSG_PUBLIC_INGRESS) for v in violations)

@@ -1,7 +1,9 @@
 """Least privilege that still deploys, and cannot escalate: for every stack (and each with
 the TPU watchdog on and off), every resource the program registers under Pulumi's mocks is
 deployable by the bootstrap's deploy account, every role the program grants is one that
-account may grant, and the account holds nothing the program does not need.
+account may grant, and the account holds nothing the program does not need. The stacks run
+as GitOps stacks (tpu-pretrain:accountsFromBootstrap: the bootstrap owns their accounts and
+the grants on them), the only ones the deploy account deploys.
 
 Both sides are captured, not hand-kept: the program's resources (tests/infra/harness.py) and
 the deploy account's custom roles and grant conditions (the bootstrap program under its
@@ -10,6 +12,7 @@ bootstrap (PERMISSIONS_BY_TYPE), and the deployer role is derived from it."""
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from pathlib import Path
@@ -33,12 +36,17 @@ PROJECT = "tpu-pretrain-example"  # the bootstrap stack's project; stacks run in
 NEEDS = bootstrap.PERMISSIONS_BY_TYPE
 PROJECT_GRANTS = ("gcp:projects/iAMMember:IAMMember",)
 ACCOUNT_GRANTS = ("gcp:serviceaccount/iAMMember:IAMMember",)
+GITOPS = {"tpu-pretrain:accountsFromBootstrap": True}
 # `gcloud compute tpus <group> <verb>` -> permissions (Cloud TPU REST reference).
 GCLOUD_TPU_NEEDS = {
     ("tpu-vm", "describe"): ("tpu.nodes.get",),
     ("tpu-vm", "list"): ("tpu.nodes.list",),
     ("tpu-vm", "create"): ("tpu.nodes.create", "tpu.operations.get"),
     ("tpu-vm", "delete"): ("tpu.nodes.delete", "tpu.operations.get"),
+    # The boot state (watch-common.sh boot_failure). Cloud TPU's permission list has no
+    # permission of its own for nodes.getGuestAttributes: read as tpu.nodes.get (not checked
+    # on GCP).
+    ("tpu-vm", "get-guest-attributes"): ("tpu.nodes.get",),
     ("queued-resources", "create"): ("tpu.queuedResources.create", "tpu.operations.get"),
     ("queued-resources", "describe"): ("tpu.queuedResources.get",),
     ("queued-resources", "list"): ("tpu.queuedResources.list",),
@@ -121,13 +129,22 @@ def _flipped() -> list[tuple[str, bool]]:
     """Each stack with tpuAutoRecover set against its default (on-demand: on, spot: off)."""
     result = []
     for stack in tpu_stack_names():
-        recovery = any(r.type_ == "gcp:serviceaccount/iAMMember:IAMMember" for r in _run(stack))
+        recovery = any(r.type_ == "tpu-pretrain:index:TpuAutoRecovery" for r in _run(stack))
         result.append((stack, not recovery))
     return result
 
 
-def _run(stack: str, overrides: dict[str, object] | None = None):
-    return run_offline(stack, {"gcp:project": PROJECT, **(overrides or {})}).resources
+def _run(stack: str, overrides: dict[str, object] | None = None, *, gitops: bool = True):
+    """The stack as the deploy account deploys it (a GitOps stack), or with gitops=False as
+    a person deploys it (the stack creates its own accounts and the grants on them). Each
+    variant runs once per session: the tests here read the same runs."""
+    return list(_cached_run(stack, tuple(sorted((overrides or {}).items())), gitops))
+
+
+@functools.cache
+def _cached_run(stack: str, overrides: tuple[tuple[str, object], ...], gitops: bool):
+    config = {"gcp:project": PROJECT, **(GITOPS if gitops else {}), **dict(overrides)}
+    return tuple(run_offline(stack, config).resources)
 
 
 @pytest.mark.parametrize(("stack", "overrides"), _variants())
@@ -192,10 +209,19 @@ def test_the_program_s_types_are_the_table_s_types() -> None:
         if not r.type_.startswith("tpu-pretrain:")
     }
     assert created == set(NEEDS)
+    # A stack a person deploys also writes its accounts' allow policies (the deploy account
+    # never does: no iam.serviceAccounts.setIamPolicy in the table).
+    by_a_person = {
+        r.type_
+        for stack, overrides in _variants()
+        for r in _run(stack, overrides, gitops=False)
+        if not r.type_.startswith("tpu-pretrain:")
+    }
+    assert by_a_person - created == set(ACCOUNT_GRANTS)
     pack_cloud_types = {
         t for t in allowlist.MAIN.types if not t.startswith(("tpu-pretrain:", "pulumi:"))
     }
-    assert pack_cloud_types == set(NEEDS)
+    assert pack_cloud_types == set(NEEDS) | set(ACCOUNT_GRANTS)
 
 
 @pytest.mark.parametrize(("stack", "overrides"), _variants())
@@ -212,29 +238,35 @@ def test_the_deploy_account_may_grant_every_role_the_program_grants(
     assert on_project, "the program grants project roles; the check must see them"
     project_roles = _grantable(_condition_of(bootstrap_run, bootstrap.IAM_GRANTER_ROLE_ID))
     assert {(n, role) for n, role in on_project if role not in project_roles} == set()
-    # On an account: the deploy account holds the IAM policy of that one account (a grant on
-    # it from the bootstrap); which roles it writes there the policy pack limits
-    # (bootstrap.GRANTABLE_ACCOUNT_ROLES; IAM documents modifiedGrantsByRole for projects).
-    held = _account_grants(bootstrap_run)
-    for name, role, account in on_accounts:
-        assert role in bootstrap.GRANTABLE_ACCOUNT_ROLES, name
-        assert held.get(account) == bootstrap.STACK_ACCOUNT_USER_ROLE_ID, (name, account)
+    # On an account: nothing. The deploy account may not write an account's allow policy
+    # (it could grant any role there: IAM documents modifiedGrantsByRole for projects,
+    # folders and organizations only); the bootstrap makes those grants.
+    assert on_accounts == set()
 
 
 def test_the_grantable_roles_are_exactly_those_the_program_grants(bootstrap_run) -> None:
-    """No spare role in either grant condition: each is granted by some stack variant."""
+    """No spare role in the grant condition: each is granted by some stack variant. The
+    grants a stack made by a person makes on its own accounts are the ones the bootstrap
+    makes for the GitOps stacks: the controller's actAs on the TPU VM's and the Dataflow
+    workers' accounts, and nothing else."""
     project_roles: set[str] = set()
-    account_roles: set[str] = set()
+    by_a_person: set[tuple[str, str, str]] = set()
     for stack, overrides in _variants():
         for r in _run(stack, overrides):
             if r.type_ in PROJECT_GRANTS:
                 project_roles.add(r.inputs["role"])
-            elif r.type_ in ACCOUNT_GRANTS:
-                account_roles.add(r.inputs["role"])
+        for r in _run(stack, overrides, gitops=False):
+            if r.type_ in ACCOUNT_GRANTS:
+                suffix = r.inputs["serviceAccountId"].split("@")[0].rsplit("-", 1)[-1]
+                member = r.inputs["member"].split("@")[0].rsplit("-", 1)[-1]
+                by_a_person.add((member, r.inputs["role"], suffix))
     granter = _grantable(_condition_of(bootstrap_run, bootstrap.IAM_GRANTER_ROLE_ID))
     assert granter == project_roles
     assert "roles/iam.serviceAccountUser" not in granter, "project-wide actAs for anyone"
-    assert set(bootstrap.GRANTABLE_ACCOUNT_ROLES) == account_roles
+    assert by_a_person == {
+        ("controller", bootstrap.SERVICE_ACCOUNT_USER, target)
+        for target in bootstrap.CONTROLLER_ACTS_AS
+    }
 
 
 def test_act_as_covers_the_stacks_accounts_and_nothing_else(bootstrap_run) -> None:
@@ -335,6 +367,8 @@ def test_the_recovery_role_covers_what_the_watchdog_runs(bootstrap_run) -> None:
 GCLOUD_INSTANCE_NEEDS = {
     "describe": ("compute.instances.get",),
     "start": ("compute.instances.start",),
+    "get-guest-attributes": ("compute.instances.getGuestAttributes",),
+    "stop": ("compute.instances.stop",),
 }
 
 
@@ -350,8 +384,10 @@ def test_the_gpu_recovery_role_is_exactly_what_the_gpu_watchdog_runs(bootstrap_r
         _condition_of(bootstrap_run, bootstrap.IAM_GRANTER_ROLE_ID)
     )
     script = (ROOT / "infra" / "templates" / "gpu-watch.sh").read_text()
-    verbs = set(re.findall(r"(?:gcloud_once|vm_state) compute instances ([a-z-]+)", script))
-    assert verbs == {"describe", "start"}
+    verbs = set(
+        re.findall(r"(?:gcloud_once|vm_state|boot_failure) compute instances ([a-z-]+)", script)
+    )
+    assert verbs == {"describe", "start", "get-guest-attributes", "stop"}
     needs = {p for verb in verbs for p in GCLOUD_INSTANCE_NEEDS[verb]}
     assert set(role["permissions"]) == needs
     assert "--async" in re.search(r"gcloud_once compute instances start .*", script).group(0)

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from policy_harness import run_pack
 
-from policy import rules
+from policy import identities, vms
+from policy.resources import BUCKET, HOP_MARK, INSTANCE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
 from harness import gpu_stack_names, run_stack
@@ -33,7 +34,7 @@ def resources(stack: str) -> list[tuple[str, str, dict[str, Any], str]]:
 
 
 def _gpu_vm(stack_resources) -> dict[str, Any]:
-    (inputs,) = [i for t, n, i, _ in stack_resources if t == rules.INSTANCE and n == "gpu-vm"]
+    (inputs,) = [i for t, n, i, _ in stack_resources if t == INSTANCE and n == "gpu-vm"]
     return inputs
 
 
@@ -50,7 +51,7 @@ def test_gpu_stack_has_zero_violations(stack):
     stack_resources = resources(stack)
     vm = _gpu_vm(stack_resources)
     # The pack sees a VM with GPUs whose secure boot is off: the GPU exception is exercised.
-    assert rules._has_gpus(vm)
+    assert vms._has_gpus(vm)
     assert vm["shieldedInstanceConfig"]["enableSecureBoot"] is False
     assert _violations(stack_resources) == []
 
@@ -62,8 +63,8 @@ def test_a_gpu_vm_with_an_external_ip_is_refused(stack):
     assert _violations(stack_resources) == [
         (
             "no-external-ip-except-vpn-hop",
-            f"{rules.MSG_EXTERNAL_IP}: networkInterfaces[0] has an access config; only the VM "
-            f"with {rules.HOP_MARK} may have one",
+            f"{vms.MSG_EXTERNAL_IP}: networkInterfaces[0] has an access config; only the VM "
+            f"with {HOP_MARK} may have one",
         )
     ]
 
@@ -78,7 +79,7 @@ def test_a_gpu_vm_on_the_default_compute_account_is_refused(stack):
         "no-default-compute-service-account",
         "vm-accounts-are-stack-accounts",
     }
-    assert ("no-default-compute-service-account", f"{rules.MSG_DEFAULT_SA}: {DEFAULT_SA}") in (
+    assert ("no-default-compute-service-account", f"{identities.MSG_DEFAULT_SA}: {DEFAULT_SA}") in (
         violations
     )
 
@@ -88,7 +89,7 @@ def test_a_gpu_vm_keeps_vtpm_and_integrity_monitoring(key):
     stack_resources = resources("t4-usc1")
     _gpu_vm(stack_resources)["shieldedInstanceConfig"][key] = False
     assert _violations(stack_resources) == [
-        ("shielded-vm", f"{rules.MSG_SHIELDED}: GPU VM: shieldedInstanceConfig.{key} is not true")
+        ("shielded-vm", f"{vms.MSG_SHIELDED}: GPU VM: shieldedInstanceConfig.{key} is not true")
     ]
 
 
@@ -99,7 +100,7 @@ def test_the_gpu_exception_does_not_cover_a_vm_without_gpus():
     assert _violations(stack_resources) == [
         (
             "shielded-vm",
-            f"{rules.MSG_SHIELDED}: shieldedInstanceConfig.enableSecureBoot is not true",
+            f"{vms.MSG_SHIELDED}: shieldedInstanceConfig.enableSecureBoot is not true",
         )
     ]
 
@@ -118,7 +119,7 @@ def test_the_gpu_exception_does_not_cover_a_vm_without_gpus():
     ],
 )
 def test_what_counts_as_a_gpu_vm(props, has_gpus):
-    assert rules._has_gpus(props) is has_gpus
+    assert vms._has_gpus(props) is has_gpus
 
 
 @pytest.mark.parametrize("stack", GPU_STACKS)
@@ -126,11 +127,11 @@ def test_what_counts_as_a_gpu_vm(props, has_gpus):
 def test_a_gpu_stacks_bucket_outside_the_gpu_region_is_refused(stack, location):
     stack_resources = resources(stack)
     region = _gpu_vm(stack_resources)["zone"].rsplit("-", 1)[0]
-    (bucket,) = [i for t, _, i, _ in stack_resources if t == rules.BUCKET]
+    (bucket,) = [i for t, _, i, _ in stack_resources if t == BUCKET]
     assert bucket["location"].lower() == region  # the stack as the program writes it
     bucket["location"] = location
     violations = _violations(stack_resources)
     assert [policy for policy, _ in violations] == ["accelerator-and-bucket-same-region"]
     [(_, message)] = violations
-    assert message.startswith(f"{rules.MSG_REGION}: GPU VM gpu-vm is in {region} (")
+    assert message.startswith(f"{vms.MSG_REGION}: GPU VM gpu-vm is in {region} (")
     assert message.endswith(f"is in {location.lower()}")

@@ -17,7 +17,8 @@ import pytest
 from google.protobuf import empty_pb2, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 
-from policy import rules
+from policy import rules, storage, vms
+from policy.resources import BUCKET, TPU_VM
 
 ROOT = Path(__file__).resolve().parents[2]
 START_GUARD_S = 300  # a hang guard only: the pack prints its port within seconds
@@ -71,7 +72,7 @@ def test_pack_lists_every_rule_as_mandatory(analyzer: analyzer_pb2_grpc.Analyzer
 
 def test_analyze_rejects_a_public_bucket(analyzer: analyzer_pb2_grpc.AnalyzerStub) -> None:
     request = analyzer_pb2.AnalyzeRequest(
-        type=rules.BUCKET,
+        type=BUCKET,
         name="training",
         urn="urn:pulumi:dev::tpu-pretrain::gcp:storage/bucket:Bucket::training",
         properties=_struct(
@@ -81,12 +82,12 @@ def test_analyze_rejects_a_public_bucket(analyzer: analyzer_pb2_grpc.AnalyzerStu
     response = analyzer.Analyze(request)
     by_policy = {d.policyName: d.message for d in response.diagnostics}
     assert set(by_policy) == {"bucket-uniform-access", "bucket-public-access-prevention"}
-    assert rules.MSG_UNIFORM_ACCESS in by_policy["bucket-uniform-access"]
+    assert storage.MSG_UNIFORM_ACCESS in by_policy["bucket-uniform-access"]
 
 
 def test_analyze_accepts_a_secure_bucket(analyzer: analyzer_pb2_grpc.AnalyzerStub) -> None:
     request = analyzer_pb2.AnalyzeRequest(
-        type=rules.BUCKET,
+        type=BUCKET,
         name="training",
         urn="urn:pulumi:dev::tpu-pretrain::gcp:storage/bucket:Bucket::training",
         properties=_struct(
@@ -108,13 +109,13 @@ def test_analyze_stack_rejects_a_bucket_far_from_the_tpu(
     request = analyzer_pb2.AnalyzeStackRequest(
         resources=[
             analyzer_pb2.AnalyzerResource(
-                type=rules.TPU_VM,
+                type=TPU_VM,
                 name="tpu",
                 urn=tpu_urn,
                 properties=_struct({"zone": "us-central2-b"}),
             ),
             analyzer_pb2.AnalyzerResource(
-                type=rules.BUCKET,
+                type=BUCKET,
                 name="data",
                 urn=bucket_urn,
                 properties=_struct({"location": "US"}),
@@ -124,4 +125,4 @@ def test_analyze_stack_rejects_a_bucket_far_from_the_tpu(
     [diagnostic] = analyzer.AnalyzeStack(request).diagnostics
     assert diagnostic.policyName == "accelerator-and-bucket-same-region"
     assert diagnostic.urn == bucket_urn
-    assert rules.MSG_REGION in diagnostic.message
+    assert vms.MSG_REGION in diagnostic.message

@@ -3,6 +3,7 @@ each insecure variant is rejected by its rule with that rule's message."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -18,7 +19,23 @@ from policy_harness import (
 )
 from pulumi_policy import EnforcementLevel, ResourceValidationPolicy, StackValidationPolicy
 
-from policy import rules
+from policy import executables, rules, vms
+from policy.key_material import find_key_material
+from policy.resources import (
+    ACCOUNT,
+    BUCKET,
+    FIREWALL,
+    INSTANCE,
+    INSTANCE_TEMPLATE,
+    KMS_CRYPTO_KEY,
+    NETWORK,
+    PROJECT_METADATA_ITEM,
+    SECRET,
+    SERVICE_ACCOUNT_KEY,
+    SUBNETWORK,
+    TPU_VM,
+    WIF_PROVIDER,
+)
 
 # Accounts shaped like the program's own ("tp-<stack>-<role>"): the grant allowlist names them.
 SA = "tp-test-workload@proj-test.iam.gserviceaccount.com"
@@ -36,7 +53,7 @@ SAFE_METADATA = {
 
 BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
     "bucket": (
-        rules.BUCKET,
+        BUCKET,
         {
             "location": "EUROPE-WEST4",
             "uniformBucketLevelAccess": True,
@@ -45,7 +62,7 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "controller": (
-        rules.INSTANCE,
+        INSTANCE,
         {
             "zone": "europe-west4-a",
             "machineType": "e2-standard-4",
@@ -57,7 +74,7 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "hop": (
-        rules.INSTANCE,
+        INSTANCE,
         {
             "zone": "asia-northeast3-a",
             "machineType": "e2-small",
@@ -73,7 +90,7 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "tpu": (
-        rules.TPU_VM,
+        TPU_VM,
         {
             "zone": "europe-west4-a",
             "acceleratorType": "v6e-8",
@@ -90,7 +107,7 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "tpu-v3": (
-        rules.TPU_VM,
+        TPU_VM,
         {
             "zone": "europe-west4-a",
             "acceleratorType": "v3-8",
@@ -101,7 +118,7 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "ssh-from-iap": (
-        rules.FIREWALL,
+        FIREWALL,
         {
             "direction": "INGRESS",
             "sourceRanges": ["35.235.240.0/20"],
@@ -109,7 +126,7 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "wireguard-from-anywhere": (
-        rules.FIREWALL,
+        FIREWALL,
         {
             "sourceRanges": ["0.0.0.0/0"],
             "allows": [{"protocol": "udp", "ports": ["51820"]}],
@@ -117,18 +134,18 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "internal-all": (
-        rules.FIREWALL,
+        FIREWALL,
         {"sourceTags": ["tpu-pretrain"], "allows": [{"protocol": "all"}]},
     ),
     "tensorboard-from-hop": (
-        rules.FIREWALL,
+        FIREWALL,
         {
             "sourceTags": ["tpu-pretrain-vpn-hop"],
             "allows": [{"protocol": "tcp", "ports": ["6006"]}],
         },
     ),
     "ssh-from-private-and-google-ranges": (
-        rules.FIREWALL,
+        FIREWALL,
         {
             "sourceRanges": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "35.191.0.0/16"],
             "allows": [{"protocol": "tcp", "ports": ["22", "6006", "8470"]}],
@@ -136,7 +153,7 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "bucket-iam": (
         "gcp:storage/bucketIAMMember:BucketIAMMember",
-        {"bucket": "b", "role": "roles/storage.objectAdmin", "member": f"serviceAccount:{SA}"},
+        {"bucket": "b", "role": "roles/storage.objectViewer", "member": f"serviceAccount:{SA}"},
     ),
     "project-iam": (
         "gcp:projects/iAMMember:IAMMember",
@@ -150,9 +167,9 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
             "member": f"serviceAccount:{HOP_SA}",
         },
     ),
-    "network": (rules.NETWORK, {"autoCreateSubnetworks": False}),
+    "network": (NETWORK, {"autoCreateSubnetworks": False}),
     "subnet": (
-        rules.SUBNETWORK,
+        SUBNETWORK,
         {
             "region": "europe-west4",
             "ipCidrRange": "10.8.0.0/24",
@@ -160,9 +177,9 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
             "logConfig": {"aggregationInterval": "INTERVAL_5_SEC"},
         },
     ),
-    "kms-key": (rules.KMS_CRYPTO_KEY, {"keyRing": "kr", "rotationPeriod": "7776000s"}),
+    "kms-key": (KMS_CRYPTO_KEY, {"keyRing": "kr", "rotationPeriod": "7776000s"}),
     "wif-provider": (
-        rules.WIF_PROVIDER,
+        WIF_PROVIDER,
         {
             "oidc": {"issuerUri": "https://token.actions.githubusercontent.com"},
             "attributeCondition": "assertion.repository == 'acme/tpu-pretrain'",
@@ -196,9 +213,9 @@ def test_pack_has_at_least_twelve_mandatory_rules() -> None:
 
 # What the baseline grants are on: a stack's grants name resources of the same stack.
 CONTEXT = [
-    (rules.BUCKET, "ctx-bucket", {**BASELINE["bucket"][1], "name": "b"}),
-    (rules.SECRET, "ctx-secret", {"secretId": "wg-key"}),
-    (rules.ACCOUNT, "ctx-account", {"accountId": "tp-test-workload", "project": "proj-test"}),
+    (BUCKET, "ctx-bucket", {**BASELINE["bucket"][1], "name": "b"}),
+    (SECRET, "ctx-secret", {"secretId": "wg-key"}),
+    (ACCOUNT, "ctx-account", {"accountId": "tp-test-workload", "project": "proj-test"}),
 ]
 
 
@@ -221,14 +238,60 @@ def _iam(resource_type: str, role: str, member: str, **extra: Any) -> tuple[str,
     return resource_type, {"role": role, "member": member, **extra}
 
 
+# Every way a stack account could write what a VM runs: on the bucket without the exact
+# condition (none, loosened, another role beside it, a binding or a whole policy), on a
+# managed folder, on the project, by ACL.
+_BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
+_WRITE_CONDITION = executables.expected_expression("b", "workload")
+EXECUTABLE_WRITES: list[tuple[str, tuple[str, dict[str, Any]]]] = [
+    ("object-admin", _iam(_BUCKET_MEMBER, "roles/storage.objectAdmin", f"serviceAccount:{SA}",
+                          bucket="b")),
+    ("object-user-unconditional", _iam(_BUCKET_MEMBER, "roles/storage.objectUser",
+                                       f"serviceAccount:{SA}", bucket="b")),
+    ("object-user-loosened", _iam(_BUCKET_MEMBER, "roles/storage.objectUser",
+                                  f"serviceAccount:{SA}", bucket="b", condition={
+                                      "title": "t", "expression": _WRITE_CONDITION.replace(
+                                          " && !resource.name.startsWith('projects/_/buckets/b/"
+                                          "objects/wheelhouse/')", "")})),
+    ("object-user-for-another-bucket", _iam(_BUCKET_MEMBER, "roles/storage.objectUser",
+                                            f"serviceAccount:{SA}", bucket="b2",
+                                            condition={"title": "t",
+                                                       "expression": _WRITE_CONDITION})),
+    ("object-creator", _iam(_BUCKET_MEMBER, "roles/storage.objectCreator",
+                            f"serviceAccount:{CONTROLLER_SA}", bucket="b")),
+    ("legacy-bucket-writer", _iam(_BUCKET_MEMBER, "roles/storage.legacyBucketWriter",
+                                  f"serviceAccount:{SA}", bucket="b")),
+    ("bucket-binding", ("gcp:storage/bucketIAMBinding:BucketIAMBinding",
+                        {"bucket": "b", "role": "roles/storage.objectUser",
+                         "members": [f"serviceAccount:{SA}"]})),
+    ("bucket-policy", ("gcp:storage/bucketIAMPolicy:BucketIAMPolicy",
+                       {"bucket": "b", "policyData": json.dumps({"bindings": [
+                           {"role": "roles/storage.objectAdmin",
+                            "members": [f"serviceAccount:{CONTROLLER_SA}"]}]})})),
+    ("hop-reads-the-bucket", _iam(_BUCKET_MEMBER, "roles/storage.objectUser",
+                                  f"serviceAccount:{HOP_SA}", bucket="b")),
+    ("managed-folder", _iam("gcp:storage/managedFolderIamMember:ManagedFolderIamMember",
+                            "roles/storage.objectUser", f"serviceAccount:{SA}", bucket="b",
+                            managedFolder="startup/")),
+    ("project-object-creator", _variant("project-iam", ("role", "roles/storage.objectCreator"))),
+    ("project-dataflow-worker", _variant("project-iam", ("role", "roles/dataflow.worker"))),
+    ("project-unknown-custom-role", _variant("project-iam",
+                                             ("role", "projects/proj/roles/writer"))),
+    ("bucket-acl", ("gcp:storage/bucketACL:BucketACL",
+                    {"bucket": "b", "roleEntities": [f"WRITER:user-{SA}"]})),
+    ("object-acl", ("gcp:storage/objectAccessControl:ObjectAccessControl",
+                    {"bucket": "b", "object": "jobs/current.json", "role": "OWNER",
+                     "entity": f"user-{CONTROLLER_SA}"})),
+]  # fmt: skip
+
 # (rule, case id, (type, props)): each must be rejected by that rule with its message.
 FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
     ("allowed-resource-types", "firewall-policy-rule",
      ("gcp:compute/firewallPolicyRule:FirewallPolicyRule", {"action": "allow"})),
     ("allowed-resource-types", "queued-tpu",
      ("gcp:tpu/v2QueuedResource:V2QueuedResource", {"zone": "europe-west4-a"})),
-    ("allowed-resource-types", "instance-template", (rules.INSTANCE_TEMPLATE, {})),
-    ("allowed-resource-types", "sa-key", (rules.SERVICE_ACCOUNT_KEY, {})),
+    ("allowed-resource-types", "instance-template", (INSTANCE_TEMPLATE, {})),
+    ("allowed-resource-types", "sa-key", (SERVICE_ACCOUNT_KEY, {})),
     ("allowed-resource-types", "hmac-key", ("gcp:storage/hmacKey:HmacKey", {})),
     ("allowed-apis", "cloudfunctions",
      ("gcp:projects/service:Service", {"service": "cloudfunctions.googleapis.com"})),
@@ -337,7 +400,7 @@ FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
      _variant("controller", ("metadata.serial-port-enable", "TRUE"))),
     ("serial-port-disabled", "tpu", _variant("tpu", ("metadata.serial-port-enable", "1"))),
     ("serial-port-disabled", "project",
-     (rules.PROJECT_METADATA_ITEM, {"key": "serial-port-enable", "value": "true"})),
+     (PROJECT_METADATA_ITEM, {"key": "serial-port-enable", "value": "true"})),
     ("no-key-material-in-metadata", "pem",
      _variant("controller", ("metadata.startup-script",
                              "cat > k <<EOF\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn\nEOF\n"))),
@@ -357,7 +420,7 @@ FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
     ("bucket-recoverable", "no-versioning-no-soft-delete",
      _variant("bucket", ("versioning.enabled", False),
               ("softDeletePolicy", {"retentionDurationSeconds": 0}))),
-    ("no-service-account-keys", "key", (rules.SERVICE_ACCOUNT_KEY, {"serviceAccountId": SA})),
+    ("no-service-account-keys", "key", (SERVICE_ACCOUNT_KEY, {"serviceAccountId": SA})),
     ("kms-key-rotation", "none", _variant("kms-key", ("rotationPeriod", DELETE))),
     ("kms-key-rotation", "yearly", _variant("kms-key", ("rotationPeriod", "31536000s"))),
     ("subnet-flow-logs", "none", _variant("subnet", ("logConfig", DELETE))),
@@ -365,6 +428,8 @@ FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
     ("no-auto-mode-network", "default", _variant("network", ("autoCreateSubnetworks", DELETE))),
     ("wif-provider-attribute-condition", "none",
      _variant("wif-provider", ("attributeCondition", DELETE))),
+    # What a VM runs (policy/executables.py): any way a stack account could write it.
+    *[("vm-accounts-write-no-executables", case, grant) for case, grant in EXECUTABLE_WRITES],
 ]  # fmt: skip
 
 
@@ -380,7 +445,7 @@ FIREWALL_FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
      ("gcp:compute/firewall:Firewall",
       {"sourceRanges": ["10.0.0.0/8", "0.0.0.0/0"], "allows": [{"protocol": "tcp"}]})),
     ("no-ssh-rdp-from-internet", "all-protocols",
-     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "all"}]})),
+     (FIREWALL, {"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "all"}]})),
     ("no-ssh-rdp-from-internet", "no-source-means-world",
      _variant("ssh-from-iap", ("sourceRanges", DELETE))),
     ("no-ssh-rdp-from-internet", "two-halves-make-the-world",
@@ -390,12 +455,12 @@ FIREWALL_FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
     ("no-tensorboard-tpu-from-internet", "tensorboard-world",
      _variant("tensorboard-from-hop", ("sourceRanges", ["0.0.0.0/0"]))),
     ("no-tensorboard-tpu-from-internet", "tpu-port-range-split-world",
-     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/2", "64.0.0.0/2", "128.0.0.0/1"],
+     (FIREWALL, {"sourceRanges": ["0.0.0.0/2", "64.0.0.0/2", "128.0.0.0/1"],
                        "allows": [{"protocol": "tcp", "ports": ["8000-9000"]}]})),
     ("no-tensorboard-tpu-from-internet", "all-tcp-no-source",
-     (rules.FIREWALL, {"allows": [{"protocol": "tcp"}]})),
+     (FIREWALL, {"allows": [{"protocol": "tcp"}]})),
     ("no-tensorboard-tpu-from-internet", "tpu-port-from-half-the-internet",
-     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/1"],
+     (FIREWALL, {"sourceRanges": ["0.0.0.0/1"],
                        "allows": [{"protocol": "tcp", "ports": ["8470"]}]})),
     ("no-ssh-rdp-from-internet", "one-public-slash-24",
      _variant("ssh-from-iap", ("sourceRanges", ["35.235.240.0/20", "198.51.100.0/24"]))),
@@ -409,15 +474,15 @@ FIREWALL_FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
      _variant("ssh-from-iap", ("sourceRanges", ["0.0.0.0/0"]),
               ("allows", [{"protocol": "6", "ports": ["20-30"]}]))),
     ("no-public-ingress", "https-from-world",
-     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/0"],
+     (FIREWALL, {"sourceRanges": ["0.0.0.0/0"],
                        "allows": [{"protocol": "tcp", "ports": ["443"]}]})),
     ("no-public-ingress", "udp-to-every-vm",
-     (rules.FIREWALL, {"sourceRanges": ["0.0.0.0/0"],
+     (FIREWALL, {"sourceRanges": ["0.0.0.0/0"],
                        "allows": [{"protocol": "udp", "ports": ["51820"]}]})),
     ("no-public-ingress", "icmp-from-a-public-range",
-     (rules.FIREWALL, {"sourceRanges": ["1.2.3.0/24"], "allows": [{"protocol": "icmp"}]})),
+     (FIREWALL, {"sourceRanges": ["1.2.3.0/24"], "allows": [{"protocol": "icmp"}]})),
     ("no-public-ingress", "not-a-range",
-     (rules.FIREWALL, {"sourceRanges": ["everyone"],
+     (FIREWALL, {"sourceRanges": ["everyone"],
                        "allows": [{"protocol": "tcp", "ports": ["443"]}]})),
 ]  # fmt: skip
 
@@ -458,13 +523,13 @@ def test_hop_is_identified_by_its_network_tag_or_label() -> None:
     _, hop = BASELINE["hop"]
     external_ip = POLICY_BY_NAME["no-external-ip-except-vpn-hop"]
     forwarding = POLICY_BY_NAME["ip-forwarding-only-on-vpn-hop"]
-    assert not check_resource(external_ip, rules.INSTANCE, hop)
+    assert not check_resource(external_ip, INSTANCE, hop)
     untagged = mutate(hop, "tags", DELETE)
-    assert check_resource(forwarding, rules.INSTANCE, untagged)
-    assert check_resource(external_ip, rules.INSTANCE, untagged)
+    assert check_resource(forwarding, INSTANCE, untagged)
+    assert check_resource(external_ip, INSTANCE, untagged)
     labelled = mutate(untagged, "labels", {"role": "vpn-hop"})
-    assert not check_resource(forwarding, rules.INSTANCE, labelled)
-    assert not check_resource(external_ip, rules.INSTANCE, labelled)
+    assert not check_resource(forwarding, INSTANCE, labelled)
+    assert not check_resource(external_ip, INSTANCE, labelled)
 
 
 def test_older_tpu_generations_need_no_secure_boot() -> None:
@@ -473,7 +538,7 @@ def test_older_tpu_generations_need_no_secure_boot() -> None:
 
 
 def _firewall(props: dict[str, Any], name: str = "fw") -> tuple[str, str, dict, str]:
-    return rules.FIREWALL, name, props, urn_for(rules.FIREWALL, name)
+    return FIREWALL, name, props, urn_for(FIREWALL, name)
 
 
 def test_rdp_rule_names_the_port_and_source() -> None:
@@ -493,23 +558,23 @@ def test_egress_and_disabled_firewalls_are_not_ingress_holes() -> None:
 
 
 def test_key_material_detector() -> None:
-    assert rules.find_key_material(f"PublicKey = {WG_KEY}") == []
-    assert rules.find_key_material(f"peer_public_key={WG_KEY}") == []
-    assert rules.find_key_material(f"readonly WG_CLIENT_PUBLIC_KEY={WG_KEY}") == []
-    assert rules.find_key_material(f"wg set wg0 peer {WG_KEY} allowed-ips 10.250.0.2/32") == []
+    assert find_key_material(f"PublicKey = {WG_KEY}") == []
+    assert find_key_material(f"peer_public_key={WG_KEY}") == []
+    assert find_key_material(f"readonly WG_CLIENT_PUBLIC_KEY={WG_KEY}") == []
+    assert find_key_material(f"wg set wg0 peer {WG_KEY} allowed-ips 10.250.0.2/32") == []
     # A public-looking word elsewhere on the line exempts nothing.
-    assert rules.find_key_material(f"seed={WG_KEY}  # public") != []
-    assert rules.find_key_material(f"peer_seed={WG_KEY}") != []
-    assert rules.find_key_material(f"PublicKey = {WG_KEY} PrivateKey = {WG_KEY}") != []
-    assert rules.find_key_material(f"key={WG_KEY}")
+    assert find_key_material(f"seed={WG_KEY}  # public") != []
+    assert find_key_material(f"peer_seed={WG_KEY}") != []
+    assert find_key_material(f"PublicKey = {WG_KEY} PrivateKey = {WG_KEY}") != []
+    assert find_key_material(f"key={WG_KEY}")
     # 44 base64 characters that do not decode to 32 bytes are not a WireGuard key.
-    assert rules.find_key_material("sha=" + "A" * 42 + "==") == []
-    assert rules.find_key_material("-----BEGIN EC PRIVATE KEY-----") == ["PEM private key block"]
-    assert rules.find_key_material("-----BEGIN PUBLIC KEY-----") == []
+    assert find_key_material("sha=" + "A" * 42 + "==") == []
+    assert find_key_material("-----BEGIN EC PRIVATE KEY-----") == ["PEM private key block"]
+    assert find_key_material("-----BEGIN PUBLIC KEY-----") == []
     # The hop's script writes wg0.conf from a key it reads at boot: no key in the script.
-    assert rules.find_key_material("[Interface]\nPrivateKey = ${private_key}\n") == []
-    assert rules.find_key_material("PrivateKey = {{ key }}") == []
-    assert rules.find_key_material("PrivateKey = notbase64butliteral") == [
+    assert find_key_material("[Interface]\nPrivateKey = ${private_key}\n") == []
+    assert find_key_material("PrivateKey = {{ key }}") == []
+    assert find_key_material("PrivateKey = notbase64butliteral") == [
         "WireGuard 'PrivateKey =' line with a literal key"
     ]
 
@@ -537,7 +602,7 @@ def test_tpu_and_bucket_in_different_regions_are_rejected(location: str) -> None
         _stack_resource("bucket", "bucket", location=location),
     ]
     [message] = check_stack(policy, resources)
-    assert message.startswith(rules.MSG_REGION)
+    assert message.startswith(vms.MSG_REGION)
     assert "europe-west4" in message
     assert location.lower() in message
 
@@ -592,7 +657,7 @@ HOP_CASES = [
     (
         "tpu-claims-the-label",
         [_stack_resource("tpu", "tpu", labels={"role": "vpn-hop"})],
-        f"{rules.TPU_VM} tpu carries",
+        f"{TPU_VM} tpu carries",
     ),
     (
         "template-claims-the-tag",
@@ -615,5 +680,5 @@ HOP_CASES = [
 def test_the_hop_exemption_cannot_be_claimed(case: str, resources: list, fragment: str) -> None:
     messages = check_stack(POLICY_BY_NAME[HOP_RULE], resources)
     assert messages, case
-    assert all(m.startswith(rules.MSG_HOP) for m in messages)
+    assert all(m.startswith(vms.MSG_HOP) for m in messages)
     assert any(fragment in m for m in messages), messages

@@ -17,6 +17,15 @@ import pytest
 from policy_harness import Violation, run_pack
 
 from policy import rules
+from policy.resources import (
+    BUCKET,
+    FIREWALL,
+    HOP_NETWORK_TAG,
+    INSTANCE,
+    NETWORK,
+    SUBNETWORK,
+    TPU_VM,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
 from harness import Captured, gpu_stack_names, run_stack, stack_names
@@ -24,6 +33,7 @@ from harness import Captured, gpu_stack_names, run_stack, stack_names
 STACKS = stack_names()
 GPU_STACKS = gpu_stack_names()
 Resource = tuple[str, str, dict[str, Any], str]
+BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 
 
 @cache
@@ -47,8 +57,8 @@ def test_stack_has_zero_violations(stack: str) -> None:
     types = {type_ for type_, _, _, _ in stack_resources}
     # The rules must actually see what they guard, or "zero violations" means nothing (a
     # GPU stack's accelerator is an INSTANCE: tests/policy/test_gpu_policy.py).
-    accelerator = rules.INSTANCE if stack in GPU_STACKS else rules.TPU_VM
-    assert {rules.BUCKET, rules.INSTANCE, accelerator, rules.FIREWALL, rules.SUBNETWORK} <= types
+    accelerator = INSTANCE if stack in GPU_STACKS else TPU_VM
+    assert {BUCKET, INSTANCE, accelerator, FIREWALL, SUBNETWORK} <= types
     assert run_pack(stack_resources) == []
 
 
@@ -109,45 +119,61 @@ def _drop(key: str) -> Callable[[dict], None]:
 
 
 MUTATIONS: list[tuple[str, str, str, Callable[[dict], None]]] = [
-    ("bucket-uniform-access", rules.BUCKET, "training", _set("uniformBucketLevelAccess", False)),
-    ("bucket-public-access-prevention", rules.BUCKET, "training",
+    ("bucket-uniform-access", BUCKET, "training", _set("uniformBucketLevelAccess", False)),
+    ("bucket-public-access-prevention", BUCKET, "training",
      _set("publicAccessPrevention", "inherited")),
-    ("no-public-principals", "gcp:storage/bucketIAMMember:BucketIAMMember", "admin-controller",
-     _set("member", "allUsers")),
+    ("no-public-principals", "gcp:storage/bucketIAMMember:BucketIAMMember",
+     "controller-objects-read", _set("member", "allUsers")),
+    # What a VM runs (policy/executables.py): the write grant's condition gone, loosened, or
+    # another role beside it; a project role that writes every bucket.
+    ("vm-accounts-write-no-executables", BUCKET_MEMBER, "workload-objects-write",
+     _drop("condition")),
+    ("vm-accounts-write-no-executables", BUCKET_MEMBER, "workload-objects-write",
+     _set("condition.expression", "resource.type == 'storage.googleapis.com/Object'")),
+    ("vm-accounts-write-no-executables", BUCKET_MEMBER, "controller-objects-write",
+     lambda props: props["condition"].update(
+         expression=props["condition"]["expression"].split(" && !")[0]
+         + " && !resource.name.startsWith('projects/_/buckets/x/objects/startup/')")),
+    ("vm-accounts-write-no-executables", BUCKET_MEMBER, "workload-objects-read",
+     _set("role", "roles/storage.objectAdmin")),
+    ("vm-accounts-write-no-executables", BUCKET_MEMBER, "controller-objects-read",
+     _set("role", "roles/storage.legacyBucketWriter")),
+    ("vm-accounts-write-no-executables", "gcp:projects/iAMMember:IAMMember",
+     "workload-identity-logging", _set("role", "roles/storage.objectCreator")),
     ("no-public-principals", "gcp:secretmanager/secretIamMember:SecretIamMember", "key-access",
      _set("member", "allAuthenticatedUsers")),
-    ("no-default-compute-service-account", rules.TPU_VM, "tpu",
+    ("no-default-compute-service-account", TPU_VM, "tpu",
      _set("serviceAccount.email", "42-compute@developer.gserviceaccount.com")),
-    ("no-default-compute-service-account", rules.INSTANCE, "controller",
+    ("no-default-compute-service-account", INSTANCE, "controller",
      _set("serviceAccount.email", "default")),
-    ("no-default-compute-service-account", rules.INSTANCE, "controller",
+    ("no-default-compute-service-account", INSTANCE, "controller",
      lambda props: props["serviceAccount"].pop("email")),
-    ("no-ssh-rdp-from-internet", rules.FIREWALL, "allow-ssh",
+    ("no-ssh-rdp-from-internet", FIREWALL, "allow-ssh",
      _set("sourceRanges", ["0.0.0.0/1", "128.0.0.0/1"])),
-    ("no-tensorboard-tpu-from-internet", rules.FIREWALL, "allow-from-hop",
+    ("no-tensorboard-tpu-from-internet", FIREWALL, "allow-from-hop",
      lambda props: props.update(sourceRanges=["0.0.0.0/1", "128.0.0.0/1"],
                                 allows=[{"protocol": "tcp", "ports": ["6006"]}])),
-    ("one-vpn-hop-outside-tpu-region", rules.INSTANCE, "controller",
-     lambda props: props.update(tags=[*props["tags"], rules.HOP_NETWORK_TAG])),
+    ("one-vpn-hop-outside-tpu-region", INSTANCE, "controller",
+     lambda props: props.update(tags=[*props["tags"], HOP_NETWORK_TAG])),
     ("no-basic-or-admin-roles-for-service-accounts", "gcp:projects/iAMMember:IAMMember",
      "workload-identity-logging", _set("role", "roles/editor")),
-    ("no-ssh-rdp-from-internet", rules.FIREWALL, "allow-ssh", _set("sourceRanges", ["0.0.0.0/0"])),
-    ("no-external-ip-except-vpn-hop", rules.INSTANCE, "controller",
+    ("no-ssh-rdp-from-internet", FIREWALL, "allow-ssh", _set("sourceRanges", ["0.0.0.0/0"])),
+    ("no-external-ip-except-vpn-hop", INSTANCE, "controller",
      _set("networkInterfaces.0.accessConfigs", [{"networkTier": "PREMIUM"}])),
-    ("ip-forwarding-only-on-vpn-hop", rules.INSTANCE, "controller", _set("canIpForward", True)),
-    ("shielded-vm", rules.INSTANCE, "controller",
+    ("ip-forwarding-only-on-vpn-hop", INSTANCE, "controller", _set("canIpForward", True)),
+    ("shielded-vm", INSTANCE, "controller",
      _set("shieldedInstanceConfig.enableSecureBoot", False)),
-    ("os-login-enabled", rules.INSTANCE, "vpn-hop", _set("metadata.enable-oslogin", "FALSE")),
-    ("project-ssh-keys-blocked", rules.TPU_VM, "tpu", _set("metadata.block-project-ssh-keys", "0")),
-    ("serial-port-disabled", rules.INSTANCE, "controller",
+    ("os-login-enabled", INSTANCE, "vpn-hop", _set("metadata.enable-oslogin", "FALSE")),
+    ("project-ssh-keys-blocked", TPU_VM, "tpu", _set("metadata.block-project-ssh-keys", "0")),
+    ("serial-port-disabled", INSTANCE, "controller",
      _set("metadata.serial-port-enable", "TRUE")),
-    ("bucket-recoverable", rules.BUCKET, "training",
+    ("bucket-recoverable", BUCKET, "training",
      _set("softDeletePolicy.retentionDurationSeconds", 0)),
-    ("no-key-material-in-metadata", rules.TPU_VM, "tpu",
+    ("no-key-material-in-metadata", TPU_VM, "tpu",
      _set("metadata.wg-key", "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=")),
-    ("subnet-flow-logs", rules.SUBNETWORK, "tpu-subnet", _drop("logConfig")),
-    ("no-auto-mode-network", rules.NETWORK, "vpc", _set("autoCreateSubnetworks", True)),
-    ("accelerator-and-bucket-same-region", rules.BUCKET, "training", _set("location", "US")),
+    ("subnet-flow-logs", SUBNETWORK, "tpu-subnet", _drop("logConfig")),
+    ("no-auto-mode-network", NETWORK, "vpc", _set("autoCreateSubnetworks", True)),
+    ("accelerator-and-bucket-same-region", BUCKET, "training", _set("location", "US")),
 ]  # fmt: skip
 
 
@@ -156,9 +182,20 @@ ALSO = {
     "no-public-principals": ("allowed-iam-grants",),
     "no-basic-or-admin-roles-for-service-accounts": ("allowed-iam-grants",),
 }
+# Most of them are not on the grant allowlist either (its condition check is a substring;
+# a dropped condition, another role); an admin role on the project is named by that rule too.
+MAY_ALSO_EXECUTABLES = (
+    "allowed-iam-grants",
+    "no-basic-or-admin-roles-for-service-accounts",
+)
 # A VM that runs as a named default account does not run as one of the stack's own either
 # (without an email it runs as the default one, which only the first rule can tell).
-MAY_ALSO = {"no-default-compute-service-account": ("vm-accounts-are-stack-accounts",)}
+MAY_ALSO = {
+    "no-default-compute-service-account": ("vm-accounts-are-stack-accounts",),
+    "vm-accounts-write-no-executables": MAY_ALSO_EXECUTABLES,
+    # roles/editor on the project writes every bucket: named by both rules.
+    "no-basic-or-admin-roles-for-service-accounts": ("vm-accounts-write-no-executables",),
+}
 
 
 @pytest.mark.parametrize(
@@ -176,9 +213,9 @@ def test_insecure_variant_of_a_real_stack_is_rejected(
 
 def test_hop_loses_its_exemptions_without_its_tag() -> None:
     def untag(props: dict) -> None:
-        props["tags"] = [tag for tag in props["tags"] if tag != rules.HOP_NETWORK_TAG]
+        props["tags"] = [tag for tag in props["tags"] if tag != HOP_NETWORK_TAG]
 
-    edited = _edit(resources("v2-usc1"), rules.INSTANCE, "vpn-hop", untag)
+    edited = _edit(resources("v2-usc1"), INSTANCE, "vpn-hop", untag)
     violations = run_pack(edited)
     assert {v.policy for v in violations} == {
         "no-external-ip-except-vpn-hop",
@@ -188,7 +225,7 @@ def test_hop_loses_its_exemptions_without_its_tag() -> None:
 
 def test_a_hop_moved_into_the_tpu_region_loses_its_exemption() -> None:
     stack_resources = resources("v6e-euw4")
-    tpu_zone = next(r[2]["zone"] for r in stack_resources if r[0] == rules.TPU_VM)
-    edited = _edit(stack_resources, rules.INSTANCE, "vpn-hop", lambda p: p.update(zone=tpu_zone))
+    tpu_zone = next(r[2]["zone"] for r in stack_resources if r[0] == TPU_VM)
+    edited = _edit(stack_resources, INSTANCE, "vpn-hop", lambda p: p.update(zone=tpu_zone))
     [violation] = _only(run_pack(edited), "one-vpn-hop-outside-tpu-region")
     assert violation.urn.endswith("::vpn-hop-vm")

@@ -2,7 +2,9 @@
 
 Keras 3 picks its backend once, when `keras` is first imported: a process that uses this
 package sets KERAS_BACKEND=jax before that (`use_jax()`), and never mixes it with the
-TensorFlow backend's tf_keras models in one process. TensorFlow stays for tf.data only.
+TensorFlow backend's tf_keras models in one process. The backend imports no TensorFlow:
+Grain reads the shards (input.py), and etils.epath reaches gs:// through gcsfs (`use_jax`
+sets EPATH_USE_TF=false, also where TensorFlow is installed for the other backend).
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ def use_jax() -> None:
             )
         return
     os.environ["KERAS_BACKEND"] = "jax"
+    # etils.epath (Orbax's directories, JAX's compilation cache) sends gs:// to
+    # tf.io.gfile whenever TensorFlow is importable (etils 1.15 epath/gpath.py
+    # `_is_tf_installed`): importing it costs seconds, and it cannot reach the storage
+    # emulator. gcsfs (fsspec) serves gs:// in every JAX environment instead.
+    os.environ["EPATH_USE_TF"] = "false"
     try:
         import jax  # noqa: F401, PLC0415
     except ImportError:

@@ -1,7 +1,7 @@
-"""The JAX backend's input: each process's tf.data pipelines (data.make_dataset) -> the
-global batches on the device mesh, one array per feature split over the mesh's batch axes
-(`jax.make_array_from_process_local_data`), and the chunks of several batches one compiled
-call trains on.
+"""The JAX backend's input: each process's input pipelines (input.make_batches: Grain, no
+TensorFlow) -> the global batches on the device mesh, one array per feature split over the
+mesh's batch axes (`jax.make_array_from_process_local_data`), and the chunks of several
+batches one compiled call trains on.
 """
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-import tensorflow as tf  # tf.data only: the input pipeline
 
-from payload import data as data_lib
+from payload import input_plan, storage
 from payload import manifest as manifest_lib
-from payload import storage
+from payload.backends.jax import input as input_lib
 from payload.backends.jax import mesh as mesh_lib
 
 if TYPE_CHECKING:
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 class Pipelines:
     """This process's input: its input pipelines' shares of every global batch.
 
-    An input pipeline (data.make_dataset with its InputContext id) reads its own shard
+    An input pipeline (input.make_batches with its pipeline id) reads its own shard
     files. Normally there is one per process (host), as on the TF backend; `count` > the
     process count gives each process several, whose host batches are concatenated in
     pipeline order (a single process then reads exactly what `count` processes would:
@@ -45,31 +44,30 @@ class Pipelines:
     def pipeline_batch(self, global_batch: int) -> int:
         return global_batch // self.count
 
-    def datasets(self, job: JobSpec, manifest: Manifest, global_batch: int, **kwargs: Any):
-        """One numpy iterator per pipeline of this process (data.make_dataset's batches)."""
+    def datasets(
+        self, job: JobSpec, manifest: Manifest, global_batch: int, **kwargs: Any
+    ) -> list[input_lib.Batches]:
+        """One numpy iterator per pipeline of this process (input.make_batches' batches)."""
         return [
-            data_lib.make_dataset(
+            input_lib.make_batches(
                 job,
                 manifest,
                 batch_size=self.pipeline_batch(global_batch),
-                input_context=tf.distribute.InputContext(
-                    num_input_pipelines=self.count,
-                    input_pipeline_id=i,
-                    num_replicas_in_sync=self.rt.num_replicas,
-                ),
+                num_pipelines=self.count,
+                pipeline_id=i,
                 **kwargs,
-            ).as_numpy_iterator()
+            )
             for i in self.mine
         ]
 
     def plans(
         self, job: JobSpec, manifest: Manifest, global_batch: int, *, split: str = "train"
-    ) -> list[data_lib.PipelinePlan]:
+    ) -> list[input_plan.PipelinePlan]:
         """What every input pipeline (of every process) reads of `split`, by pipeline id."""
         paths = manifest_lib.shard_paths(job.paths.data, manifest, split=split)
         shards = manifest.eval_shards if split == "eval" else manifest.shards
         return [
-            data_lib.plan_pipeline(
+            input_plan.plan_pipeline(
                 paths,
                 [s.records for s in shards],
                 batch_size=self.pipeline_batch(global_batch),
@@ -87,7 +85,15 @@ class Pipelines:
     @staticmethod
     def next_host_batch(iterators: list[Any]) -> dict[str, np.ndarray]:
         parts = [next(it) for it in iterators]
+        if len(parts) == 1:
+            return parts[0]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    @staticmethod
+    def close(iterators: list[input_lib.Batches]) -> None:
+        """Stop the pipelines' threads (reads ahead, prefetched batches)."""
+        for it in iterators:
+            it.close()
 
     def to_devices(self, arrays: dict[str, np.ndarray], *, chunk: bool) -> dict[str, Any]:
         """Host rows -> one global array per feature, split over the mesh (asynchronous)."""

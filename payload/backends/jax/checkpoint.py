@@ -28,6 +28,10 @@ Restore onto another mesh: `restore(step, like)` reads each array straight into 
 sharding of the corresponding array of `like` (the live state), whatever the mesh it was
 saved from: a slice preempted on 32 chips resumes on 16.
 
+A Llama checkpoint of earlier releases (one variable per decoder layer, `llama/layers_<i>/…`,
+before the layers' weights were stacked [L, …] for the scan over layers) is refused in one
+line too, not restored by stacking the saved layers: as for npz below, a converter would be
+code kept for one transition.
 The earlier format (`ckpt-<step>.npz`, one file written by process 0) is refused in one line
 (`refuse_npz`), not converted: those checkpoints came from the replicated single-file
 trainer of earlier releases, which had no users on a slice yet, and a converter would be
@@ -53,6 +57,7 @@ from payload.errors import DataError
 
 _GROUPS = ("trainable", "non_trainable", "optimizer")
 _NPZ = re.compile(r"^ckpt-\d+\.npz$")
+_PER_LAYER_LLAMA = re.compile(r"^llama/layers_\d+/")
 STATE, LAYOUT = "state", "layout"
 
 
@@ -153,6 +158,13 @@ class Checkpoints:
             step, args=ocp.args.Composite(**{LAYOUT: ocp.args.JsonRestore()})
         )[LAYOUT]
         expected = self.layout.as_json()
+        if saved != expected and _per_layer_llama(saved):
+            raise DataError(
+                f"{self.path_of(step)} holds a Llama with one variable per decoder layer "
+                "(llama/layers_<i>/..., earlier releases), which this release cannot resume "
+                "(it stacks the layers' weights [L, ...] and scans over them): use a new "
+                "output directory, or --force to start over"
+            )
         if saved != expected:
             raise DataError(
                 f"{self.path_of(step)} holds other variables than this run's model and "
@@ -182,6 +194,11 @@ def _tree(state: TrainState) -> dict[str, list[Any]]:
         "non_trainable": list(state.non_trainable),
         "optimizer": list(state.optimizer),
     }
+
+
+def _per_layer_llama(saved: dict[str, Any]) -> bool:
+    """Whether a saved layout is a Llama's of earlier releases (models.LlamaBlock per layer)."""
+    return any(_PER_LAYER_LLAMA.match(path) for path, _ in saved.get("trainable", []))
 
 
 def _first_difference(saved: dict[str, Any], expected: dict[str, Any]) -> str:

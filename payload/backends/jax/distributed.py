@@ -10,8 +10,13 @@ processes on 127.0.0.1). Unset: one process, no initialisation.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import json
 import os
 import re
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -44,20 +49,37 @@ def parse(value: str) -> tuple[str, int, int] | None:
 
 
 def initialize_from_env(environ: Mapping[str, str] = os.environ) -> bool:
-    """Join the other processes if the environment says so (before any other JAX call)."""
+    """Join the other processes if the environment says so (before any other JAX call), with
+    the coordination service's heartbeat and shutdown timeouts of this module (a host that
+    dies without a word ends the others within HEARTBEAT_TIMEOUT_S)."""
     value = environ.get(ENV, "")
     if not value:
         return False
     explicit = parse(value)
-    if explicit is None:
-        jax.distributed.initialize()
-    else:
-        address, count, index = explicit
-        jax.distributed.initialize(
-            coordinator_address=address, num_processes=count, process_id=index
-        )
+    address, count, index = explicit if explicit is not None else (None, None, None)
+    jax.distributed.initialize(
+        coordinator_address=address,
+        num_processes=count,
+        process_id=index,
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
+        shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
+    )
     return True
 
+
+# The coordination service's own bounds (jax 0.10.2 jax/_src/distributed.py `initialize`:
+# heartbeat_timeout_seconds, default 100; shutdown_timeout_seconds, default 300). A process
+# that stops sending heartbeats (SIGKILL, the kernel's OOM killer, a segfault, a lost VM)
+# is declared dead after HEARTBEAT_TIMEOUT_S and every other process of the slice then
+# terminates itself (XLA's client: "Terminating process because the JAX distributed service
+# detected fatal errors", SIGABRT; jax-ml/jax docs/fault_tolerance.rst "Fault Intolerant By
+# Default"). At its exit every process passes the service's shutdown barrier (JAX's atexit
+# `jax.distributed.shutdown()`, or the guard's `_leave`), which waits at most
+# SHUTDOWN_TIMEOUT_S for all: a process that skipped it, or one later than that, makes it
+# fail, and then every process still there aborts (SIGABRT). So every process of a slice
+# that leaves together leaves through it, and the service (process 0's) goes last.
+HEARTBEAT_TIMEOUT_S = 60
+SHUTDOWN_TIMEOUT_S = 60
 
 # How the processes of a slice agree (docs/backends.md, "how hosts agree on stopping"):
 # through the coordination service `jax.distributed.initialize()` started (process 0 hosts
@@ -68,35 +90,72 @@ def initialize_from_env(environ: Mapping[str, str] = os.environ) -> bool:
 # is new at every start).
 #
 # Every wait is a poll of the store, not the service's barrier (`wait_at_barrier`): between
-# polls a process looks for an abort that another process published (`abort_others`: a
-# user error or a stop signal there), so a slice that one host leaves ends on every host
-# within a poll, with the same one line, instead of the others waiting out the barrier's
-# timeout and then failing with a traceback (and systemd restarting them, again and again).
+# polls a process looks for an abort that another process published (`leave_with`: any
+# exception or signal that ends it) and for a signal of its own, so a slice that one host
+# leaves ends on every host with the same one line. A process that cannot poll (its main
+# thread inside a device collective, a compile, a long read) is ended by its SliceGuard.
 PREFIX = "tpu-pretrain"
 # Processes reach a chunk's agreement at most a checkpoint write or an evaluation apart.
 AGREE_TIMEOUT_S = 3600
 # The chief's export (gathering, writing, uploading the weights) while the others wait.
 EXPORT_TIMEOUT_S = 4 * 3600
 # How long a process that aborts waits for every other process to have read its abort
-# (each reads it at its next agreement: at most a chunk, bounded in seconds, away).
+# (each one's guard reads it within GUARD_POLL_S).
 ABORT_ACK_TIMEOUT_S = 60.0
 # The poll interval grows from the first to the last: a chunk's agreement, where every
 # process arrives within milliseconds, costs a few ms; a long wait costs 10 RPCs a second.
 POLL_FIRST_S, POLL_LAST_S = 0.002, 0.1
+# The guard thread: how often it looks at the abort list (an RPC), and how long the main
+# thread has to act on a stop or an abort itself before the guard ends the process.
+GUARD_POLL_S = 0.5
+GUARD_GRACE_S = 2.0
 ABORT = f"{PREFIX}/abort"
 ABORT_SEEN = f"{PREFIX}/abort-seen"
-# An abort's kind: the name of a UserError class of payload.errors, or SIGNAL_KIND.
+# An abort's kind: the name of a UserError class of payload.errors, SIGNAL_KIND, or
+# ERROR_KIND (anything else: a bug, device out of memory, a timeout).
 SIGNAL_KIND = "signal"
+ERROR_KIND = "error"
+# Exit codes by class, as the CLI gives them (payload/cli.py).
+USER_ERROR_EXIT, ERROR_EXIT = 2, 1
 
 
 class PeerAbortError(Exception):
     """Marks an exception raised because another process aborted (nothing to re-publish)."""
 
 
-def _client():
+class PeerFailed(SystemExit):
+    """Another process of the slice left with an error that is not a user error (a bug, out
+    of memory, a timeout): this one leaves too, exit 1, with the same line (printed here:
+    the CLI prints nothing for a SystemExit)."""
+
+    def __init__(self, line: str):
+        super().__init__(ERROR_EXIT)
+        self.line = line
+
+    def __str__(self) -> str:
+        return self.line
+
+
+class _PeerInterrupted(training.TrainingInterrupted):
+    """Another process of the slice was stopped by a signal before training could agree on a
+    checkpoint: this one stops too, like the signal (exit 128 + signum)."""
+
+
+def _state() -> Any:
+    # jax.distributed's own state, not jax.process_count(): that initialises the backend,
+    # which may be what failed (a TPU VM whose JAX finds no TPU).
     from jax._src import distributed as jax_distributed  # noqa: PLC0415  (the client lives here)
 
-    client = jax_distributed.global_state.client
+    return jax_distributed.global_state
+
+
+def _joined() -> bool:
+    state = _state()
+    return state.client is not None and state.num_processes > 1
+
+
+def _client():
+    client = _state().client
     if client is None:
         raise RuntimeError("jax.distributed is not initialised but JAX sees several processes")
     return client
@@ -106,30 +165,57 @@ def _entries(client: Any, directory: str) -> dict[int, str]:
     return {int(key.rsplit("/", 1)[1]): value for key, value in client.key_value_dir_get(directory)}
 
 
-def _raise_if_aborted(client: Any) -> None:
-    """Raise, on this process, the abort another process published (the lowest index's)."""
-    me = jax.process_index()
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:400] or type(exc).__name__
+
+
+class _Abort:
+    """One process's published exit: its class, exit code and the line every host prints."""
+
+    def __init__(self, index: int, entry: str):
+        doc = json.loads(entry)
+        self.index, self.kind, self.code = index, str(doc["kind"]), int(doc["code"])
+        self.message, self.line = str(doc["message"]), str(doc["line"])
+
+    def raised_here(self) -> BaseException:
+        """The exception this process leaves with (its line logged first where the CLI
+        prints none)."""
+        if self.kind == SIGNAL_KIND:
+            text = f"process {self.index} of the slice {self.message}"
+            training.log(f"train: {text}")
+            return _PeerInterrupted(self.code - 128, text)
+        if self.kind == ERROR_KIND:
+            training.log(self.line)
+            return PeerFailed(self.line)
+        exc = _user_error(self.kind, self.message)
+        exc.__cause__ = PeerAbortError(f"process {self.index}")
+        return exc
+
+    def hard_exit_line(self) -> str:
+        """What the guard prints when it ends this process in place of the main thread."""
+        if self.kind == SIGNAL_KIND:
+            return f"train: process {self.index} of the slice {self.message}"
+        return self.line
+
+
+def _peer_abort(client: Any) -> _Abort | None:
+    """The abort another process published (the lowest index's), marked as read by this one."""
+    me = _state().process_id
     others = {i: v for i, v in _entries(client, f"{ABORT}/").items() if i != me}
     if not others:
-        return
+        return None
     index = min(others)
-    kind, _, message = others[index].partition("\n")
     client.key_value_set(f"{ABORT_SEEN}/{me}", str(index), allow_overwrite=True)
-    if kind == SIGNAL_KIND:
-        signum, _, text = message.partition("\n")
-        training.log(f"train: process {index} of the slice {text}")
-        raise _PeerInterrupted(int(signum), f"process {index} of the slice {text}")
-    error_class = getattr(errors, kind, UserError)
-    if not (isinstance(error_class, type) and issubclass(error_class, UserError)):
-        error_class = UserError
-    exc = error_class(message)
-    exc.__cause__ = PeerAbortError(f"process {index}")
-    raise exc
+    return _Abort(index, others[index])
 
 
-class _PeerInterrupted(training.TrainingInterrupted):
-    """Another process of the slice was stopped by a signal before training could agree on a
-    checkpoint: this one stops too, like the signal (exit 128 + signum)."""
+def _raise_if_aborted(client: Any) -> None:
+    """Raise, on this process, the abort another process published; and a signal of this
+    process's own that must stop it now (training.stop_point)."""
+    abort = _peer_abort(client)
+    if abort is not None:
+        raise abort.raised_here()
+    training.stop_point()
 
 
 def _wait_for_all(client: Any, directory: str, timeout_s: float) -> dict[int, str]:
@@ -159,7 +245,9 @@ def barrier(name: str, timeout_s: float = AGREE_TIMEOUT_S) -> None:
 
 def gather_strings(name: str, mine: str, timeout_s: float = AGREE_TIMEOUT_S) -> list[str]:
     """Every process's `mine`, by process index: each publishes its own, then all read the
-    same complete set (a process that aborts meanwhile ends the wait on every other)."""
+    same complete set (a process that aborts meanwhile ends the wait on every other). A stop
+    signal this process recorded is acted on first (training.stop_point)."""
+    training.stop_point()
     if jax.process_count() == 1:
         return [mine]
     client = _client()
@@ -175,29 +263,37 @@ def agree_on_minimum(name: str, mine: int | None) -> int | None:
     return min(values) if values else None
 
 
-def agree_on_signal(step: int, signum: int | None) -> int | None:
-    """The stop decision of every process after the chunk ending at `step`: the signal one
-    of them received (the smallest number if several did), else None. The same answer on
-    every process, so all checkpoint this step and exit alike."""
+def agree_on_stop(
+    name: str, signum: int | None, chunk: int | None
+) -> tuple[int | None, int | None]:
+    """(the stop, the next chunk's length) every process agrees on at `name`: the signal one
+    of them received (the smallest number if several did; None if none did), and the
+    smallest of the chunk lengths they propose (None if none does). Each host times its own
+    steps and may be told another TPU_PAYLOAD_CHUNK_SECONDS; JAX does not check a plain
+    number across hosts, and a chunk of another length on one host hangs the collectives of
+    all. The same answer on every process, so all run the same chunks, checkpoint the same
+    step and exit alike."""
+    mine = json.dumps({"signal": signum or 0, "chunk": chunk})
     if jax.process_count() == 1:
-        return signum
-    seen = [int(s) for s in gather_strings(f"stop/{step}", str(signum or 0)) if int(s)]
-    return min(seen) if seen else None
+        return signum, chunk
+    seen = [json.loads(entry) for entry in gather_strings(name, mine)]
+    signals = [int(e["signal"]) for e in seen if int(e["signal"])]
+    chunks = [int(e["chunk"]) for e in seen if e["chunk"] is not None]
+    return (min(signals) if signals else None), (min(chunks) if chunks else None)
 
 
 def agree_on_checks(name: str, check: Callable[[], None]) -> None:
     """Run `check` on every process; if it raises a UserError on any, raise the first such
     error (by process index) on every process, so a user error exits 2 on every host with
-    the same line instead of leaving the others in a collective. A bug (any other exception)
-    keeps its traceback where it happened and is a one-line error on the others."""
+    the same line instead of leaving the others in a collective. Anything else that ends
+    `check` (a bug, a stop by signal) leaves this process the way it leaves anywhere
+    (`leave_with`): the others read its class from the abort it publishes while they wait
+    here, and leave with it (a SIGTERM during the checks is a stop on every host)."""
     try:
         check()
     except UserError as exc:
         mine = f"{type(exc).__name__}\n{exc}"
-        failure: BaseException | None = exc
-    except BaseException:
-        gather_strings(f"checks/{name}", "bug\n")
-        raise
+        failure: UserError | None = exc
     else:
         mine, failure = "ok\n", None
     outcomes = gather_strings(f"checks/{name}", mine)
@@ -205,39 +301,100 @@ def agree_on_checks(name: str, check: Callable[[], None]) -> None:
         kind, _, message = outcome.partition("\n")
         if kind == "ok":
             continue
-        if failure is not None:
+        if failure is not None and index == jax.process_index():
             raise failure
-        if kind == "bug":
-            raise UserError(f"process {index} of the slice failed its {name} (see its log)")
-        raise getattr(errors, kind, UserError)(message)
+        peer = _user_error(kind, message)
+        peer.__cause__ = PeerAbortError(f"process {index}")  # published by its own process
+        _name_host(peer, index)
+        raise peer
 
 
-def abort_others(exc: BaseException) -> None:
-    """This process is leaving with `exc` (a user error, or a stop signal outside the
-    training loop's agreement): publish it, so every other process raises the same one line
-    at its next agreement (`_raise_if_aborted`) instead of waiting for this one, then wait
-    (bounded) until each has read it or left itself: the coordination service lives in
-    process 0, and the others must read the abort before it is gone. Nothing with one
-    process, or for an exception that came from another process's abort."""
-    # jax.distributed's own state, not jax.process_count(): that initialises the backend,
-    # which may be what failed (a TPU VM whose JAX finds no TPU).
-    from jax._src import distributed as jax_distributed  # noqa: PLC0415
+def _user_error(kind: str, message: str) -> UserError:
+    """The UserError of class `kind` (payload.errors; UserError for any other name)."""
+    error_class = getattr(errors, kind, UserError)
+    if not (isinstance(error_class, type) and issubclass(error_class, UserError)):
+        error_class = UserError
+    return error_class(message)
 
-    state = jax_distributed.global_state
-    if state.client is None or state.num_processes <= 1 or _from_peer(exc):
-        return
+
+def _name_host(exc: UserError, index: int) -> None:
+    """On a slice a user error's line names the process it happened on, the same on every
+    host (`error: process 1 of the slice: ...`)."""
+    if _joined() and not str(exc).startswith("process "):
+        exc.args = (f"process {index} of the slice: {exc}",)
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """The exit code the CLI gives `exc` (payload/cli.py): 2 for a user error, 128 + the
+    signal for a stop, a SystemExit's own, 130 for Ctrl-C, else 1."""
+    if isinstance(exc, UserError):
+        return USER_ERROR_EXIT
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else ERROR_EXIT
+    return ERROR_EXIT
+
+
+def _entry_of(exc: BaseException, me: int) -> dict[str, Any]:
+    """What a process publishes when `exc` ends it: its class, exit code, and the line every
+    host prints."""
+    code = exit_code_of(exc)
     if isinstance(exc, training.TrainingInterrupted):
-        entry = f"{SIGNAL_KIND}\n{int(exc.code or 0) - 128}\n{exc.message}"
-    elif isinstance(exc, UserError):
-        entry = f"{type(exc).__name__}\n{exc}"
-    else:
+        return {"kind": SIGNAL_KIND, "code": code, "message": exc.message, "line": exc.message}
+    if isinstance(exc, KeyboardInterrupt):
+        message = "stopped by signal 2 (Ctrl-C) outside the training loop"
+        return {"kind": SIGNAL_KIND, "code": code, "message": message, "line": message}
+    if isinstance(exc, UserError):
+        return {
+            "kind": type(exc).__name__,
+            "code": code,
+            "message": str(exc),
+            "line": "error: " + " ".join(str(exc).split()),  # as the CLI prints it
+        }
+    line = (
+        f"error: process {me} of the slice failed: {type(exc).__name__}: {_one_line(exc)} "
+        f"(not a user error: its traceback is in process {me}'s log)"
+    )
+    return {"kind": ERROR_KIND, "code": code, "message": line, "line": line}
+
+
+def leave_with(exc: BaseException) -> None:
+    """This process is leaving the slice with `exc` (any exception, a stop by signal, a user
+    error): publish it with its class, so every other process leaves with the same class of
+    exit code and the same line, at its next agreement or, if it cannot get there (inside a
+    device collective), from its guard; then wait (bounded) until each has read it (the
+    coordination service lives in process 0, and the others must read the abort before it
+    is gone). All of them then pass the service's shutdown barrier at their exit, within
+    seconds of each other, and end there (`_leave`, at exit, before JAX's own clean-up: the
+    rest of the interpreter's teardown takes seconds and decides nothing). Nothing with one
+    process; not re-published for an exception that came from another process's abort. A
+    user error's message gets the process's name (`_name_host`)."""
+    if not _joined():
+        SliceGuard.stop()
         return
+    code = exit_code_of(exc)
+    SliceGuard.leaving(code)
+    atexit.register(_leave, code)  # registered after JAX's clean_up: runs before it
+    state = _state()
+    me, client = state.process_id, state.client
+    if isinstance(exc, UserError):
+        _name_host(exc, me)
+    if _from_peer(exc):
+        return
+    entry = _entry_of(exc, me)
+    if entry["kind"] == ERROR_KIND:
+        training.log(entry["line"])
+    _publish(client, me, entry)
+
+
+def _publish(client: Any, me: int, entry: dict[str, Any]) -> None:
+    """Publish this process's abort and wait (bounded) until every other process has read
+    it or left with an abort of its own."""
     try:
-        client = state.client
-        me = state.process_id
-        client.key_value_set(f"{ABORT}/{me}", entry, allow_overwrite=True)
+        client.key_value_set(f"{ABORT}/{me}", json.dumps(entry), allow_overwrite=True)
         deadline = time.monotonic() + ABORT_ACK_TIMEOUT_S
-        others = set(range(state.num_processes)) - {me}
+        others = set(range(_state().num_processes)) - {me}
         while time.monotonic() < deadline:
             done = set(_entries(client, f"{ABORT_SEEN}/")) | set(_entries(client, f"{ABORT}/"))
             if others <= done:
@@ -251,26 +408,141 @@ def abort_others(exc: BaseException) -> None:
         training.log(f"train: could not tell the other processes ({failure})")
 
 
+def _leave(code: int) -> None:
+    """End this process now with `code` (at exit, or from the guard thread while the main
+    thread may be inside a device collective): through the coordination service's shutdown
+    barrier, as every other process of the slice leaves (bounded by SHUTDOWN_TIMEOUT_S;
+    process 0's service stops last), then at once."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed stream: nothing to flush
+            stream.flush()
+    if _joined():
+        with contextlib.suppress(Exception):  # the service is gone: nothing to wait for
+            jax.distributed.shutdown()
+    os._exit(code)
+
+
 def _from_peer(exc: BaseException) -> bool:
-    return isinstance(exc, _PeerInterrupted) or isinstance(exc.__cause__, PeerAbortError)
+    return isinstance(exc, (_PeerInterrupted, PeerFailed)) or isinstance(
+        exc.__cause__, PeerAbortError
+    )
+
+
+class SliceGuard:
+    """A daemon thread beside the trainer, from `jax.distributed.initialize()` to the end of
+    training, that ends this process when its main thread cannot:
+
+    - a stop signal that must stop the process now (training.STOP: outside a training loop,
+      or a second signal inside one): the other processes are told at once (an abort of
+      class signal); if the main thread has not acted on it within GUARD_GRACE_S (at a
+      boundary or an agreement), the guard logs the line and exits 128 + the signal;
+    - another process's abort (its exit, any class): read within GUARD_POLL_S, marked as
+      read; if the main thread has not left with it within GUARD_GRACE_S (it may wait inside
+      a device collective for the process that left, which no abort reaches), the guard
+      prints the same line and exits with the same code;
+    - once the main thread is leaving (`leaving`), only a backstop: a process still alive
+      long after it should have ended is ended.
+
+    Ending the process from here passes the coordination service's shutdown barrier with
+    the other processes (`_leave`) and skips the rest of Python's cleanup; nothing is
+    half-written by that (outputs are written whole and moved into place, an unfinished
+    Orbax checkpoint is ignored at the next start), and a hook may record the failure
+    (`on_exit`: the chief's status.json)."""
+
+    _current: SliceGuard | None = None
+
+    def __init__(self, on_exit: Callable[[str], None] | None = None):
+        self.on_exit = on_exit
+        self._closed = threading.Event()
+        self._leaving: tuple[int, float] | None = None
+        self._thread = threading.Thread(target=self._run, name="slice-guard", daemon=True)
+
+    @classmethod
+    def start(cls) -> SliceGuard:
+        guard = cls()
+        cls._current = guard
+        guard._thread.start()
+        return guard
+
+    # A process that is leaving but still alive this long after (its exit waits for at most
+    # the abort's reading and the shutdown barrier) is ended by the guard.
+    BACKSTOP_S = ABORT_ACK_TIMEOUT_S + SHUTDOWN_TIMEOUT_S + 2 * GUARD_GRACE_S
+
+    @classmethod
+    def leaving(cls, code: int) -> None:
+        """The main thread is leaving with `code`: the guard only keeps a backstop."""
+        guard = cls._current
+        if guard is not None and guard._leaving is None:
+            guard._leaving = (code, time.monotonic() + cls.BACKSTOP_S)
+
+    @classmethod
+    def stop(cls) -> None:
+        """Close the current guard, if any."""
+        if cls._current is not None:
+            cls._current.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        if SliceGuard._current is self:
+            SliceGuard._current = None
+
+    def _run(self) -> None:
+        pending: tuple[int, str] | None = None  # (exit code, line) the guard would end with
+        deadline = next_poll = 0.0
+        while not self._closed.wait(POLL_LAST_S):
+            now = time.monotonic()
+            if self._leaving is not None:
+                code, backstop = self._leaving
+                if now > backstop and _joined():
+                    training.log(f"train: still running {self.BACKSTOP_S:.0f} s after leaving")
+                    _leave(code)
+                continue
+            try:
+                if pending is None and training.STOP.at_once():
+                    pending = self._signalled(int(training.STOP.signum or 0))
+                    deadline = now + GUARD_GRACE_S
+                elif pending is None and _joined() and now >= next_poll:
+                    next_poll = now + GUARD_POLL_S
+                    abort = _peer_abort(_state().client)
+                    if abort is not None:
+                        pending = (abort.code, abort.hard_exit_line())
+                        deadline = now + GUARD_GRACE_S
+            except Exception as failure:  # the service is gone: the client ends the process
+                training.log(f"train: the slice guard cannot reach the other processes ({failure})")
+                return
+            if pending is not None and now > deadline and self._leaving is None:
+                self._end(*pending)
+
+    def _signalled(self, signum: int) -> tuple[int, str]:
+        """A stop by signal outside a loop's agreement: tell the others now."""
+        message = training.stop_message(signum)
+        if _joined():
+            state = _state()
+            entry = {"kind": SIGNAL_KIND, "code": 128 + signum, "message": message, "line": message}
+            state.client.key_value_set(
+                f"{ABORT}/{state.process_id}", json.dumps(entry), allow_overwrite=True
+            )
+        return 128 + signum, f"train: {message}"
+
+    def _end(self, code: int, line: str) -> None:
+        training.log(line)
+        if self.on_exit is not None:
+            try:
+                self.on_exit(line)
+            except Exception as failure:
+                training.log(f"train: could not record the failure ({failure})")
+        self._leaving = (code, time.monotonic())
+        _leave(code)
 
 
 def after_chief(name: str, is_chief: bool, work: Callable[[], None], *, timeout_s: float) -> None:
     """The chief does `work` while the other processes wait for it (bounded), so none exits
-    into JAX's shutdown barrier (300 s by default) while the chief still works, and the
-    others learn whether it succeeded (a one-line error if not)."""
+    into JAX's shutdown barrier while the chief still works. If the work fails, the chief
+    leaves the slice with that error (`leave_with`) and the others, waiting here, leave with
+    the same line."""
     if jax.process_count() == 1:
         work()
         return
-    outcome = "ok"
-    try:
-        if is_chief:
-            try:
-                work()
-            except BaseException:
-                outcome = "failed"
-                raise
-    finally:
-        outcomes = gather_strings(name, outcome, timeout_s=timeout_s)
-    if outcomes[0] != "ok" and not is_chief:
-        raise UserError(f"process 0 of the slice failed its {name} (see its log)")
+    if is_chief:
+        work()
+    gather_strings(name, "ok", timeout_s=timeout_s)

@@ -7,6 +7,7 @@ micro-batches no larger than training's (train.grad_accum_steps), the sums kept 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -41,7 +42,10 @@ class Evaluator:
         model: Any,
         pipelines: Pipelines,
         status: StatusWriter,
+        sums: Any = None,
     ):
+        """`sums`: the compiled evaluation step (program.Programs.eval_sums, built for this
+        job's held-out batch); default: make_eval_sums, compiled at the first call."""
         self.job, self.status, self.pipelines = job, status, pipelines
         replicas = rt.num_replicas
         self.global_batch = evaluate_lib.checked_eval_batch(job, manifest, replicas)
@@ -62,28 +66,46 @@ class Evaluator:
         )
         # Read, masked and kept on the host once: the same batches at every evaluation.
         self.host_batches = [pipelines.next_host_batch(iterators) for _ in range(self.batches)]
+        pipelines.close(iterators)
         objective = job.data.objective
         # Split like training: a device never holds more rows at once than it trains on
         # (train.grad_accum_steps' micro-batch), so an evaluation fits wherever a step does.
-        train_rows = job.train.global_batch_size // (replicas * job.train.grad_accum_steps)
-        self.micro_batches = evaluate_lib.micro_batch_count(
-            self.global_batch // replicas, train_rows
-        )
+        self.micro_batches = micro_batches_of(job, self.global_batch, replicas)
         count = self.micro_batches
 
-        self._sums = make_eval_sums(model, objective, count)
+        self._sums = sums if sums is not None else make_eval_sums(model, objective, count)
         self.terms = len(steps.RTD_TERMS) if objective == "rtd" else 3
         self.writer = Scalars(storage.join(job.paths.logs, "eval"), enabled=rt.is_chief)
         self._replicated = NamedSharding(rt.mesh, P())
 
-    def evaluate(self, step: int, state: steps.TrainState) -> dict[str, float]:
+    def evaluate(
+        self,
+        step: int,
+        state: steps.TrainState,
+        *,
+        group: int = 0,
+        stop: Callable[[int], bool] | None = None,
+    ) -> dict[str, float] | None:
+        """The held-out metrics of `state` at `step`. With `stop` (the training loop's), the
+        batches go to the devices in groups of `group`, at most one group ahead of the
+        devices, and after each group `stop(batches done)` (a question every process of a
+        slice asks at the same batch) may end the evaluation: None then, nothing reported."""
         started = time.perf_counter()
         totals = jax.device_put(np.zeros([self.terms], np.float32), self._replicated)
+        previous = None  # the totals after the group before the last one dispatched
         for index, batch in enumerate(self.host_batches):
             arrays = self.pipelines.to_devices(batch, chunk=False)
             totals = self._sums(
                 state.trainable, state.non_trainable, arrays, np.int32(index), totals
             )
+            done = index + 1
+            if stop is None or group < 1 or done % group or done == len(self.host_batches):
+                continue
+            if previous is not None:
+                previous.block_until_ready()  # one group runs while the next is queued
+            previous = totals
+            if stop(done):
+                return None
         seconds = time.perf_counter() - started  # the first call includes compiling
         return evaluate_lib.report(
             self.job,
@@ -99,10 +121,27 @@ class Evaluator:
         self.writer.close()
 
 
-def make_eval_sums(model: Any, objective: str, count: int) -> Any:
+def micro_batches_of(job: JobSpec, eval_batch: int, replicas: int) -> int:
+    """How many micro-batches a held-out batch of `eval_batch` rows runs in over `replicas`
+    devices: a device never holds more rows at once than it trains on (train.
+    grad_accum_steps' micro-batch), so an evaluation fits wherever a step does."""
+    train_rows = job.train.global_batch_size // (replicas * job.train.grad_accum_steps)
+    return evaluate_lib.micro_batch_count(eval_batch // replicas, train_rows)
+
+
+def make_eval_sums(
+    model: Any,
+    objective: str,
+    count: int,
+    *,
+    out_sharding: Any = None,
+    memory_bytes: int | None = None,
+) -> Any:
     """A compiled (trainable, non_trainable, batch, index, totals) -> totals + the held-out
     sums of batch `index`, one micro-batch of `count` at a time (a `lax.scan`: activations of
-    one micro-batch at a time); the totals stay on the devices between batches."""
+    one micro-batch at a time); the totals stay on the devices between batches, in
+    `out_sharding` when given (the totals' input sharding: the next call takes them back).
+    `memory_bytes`: one device's memory, which sizes the loss's chunks (steps.lm_loss_terms)."""
 
     def terms_of(trainable: Any, non_trainable: Any, batch: Any, key: Any) -> Any:
         if objective == "rtd":
@@ -112,8 +151,9 @@ def make_eval_sums(model: Any, objective: str, count: int) -> Any:
             return steps.rtd_terms(outputs, batch)
         inputs, labels, weights = steps.model_inputs(objective, batch)
         terms, _ = steps.lm_loss_terms(
-            model, trainable, non_trainable, inputs, labels=labels, weights=weights, training=False
-        )
+            model, trainable, non_trainable, inputs, labels=labels, weights=weights,
+            training=False, memory_bytes=memory_bytes,
+        )  # fmt: skip
         return terms
 
     def sums(
@@ -135,7 +175,9 @@ def make_eval_sums(model: Any, objective: str, count: int) -> Any:
         )
         return totals
 
-    return jax.jit(sums)
+    if out_sharding is None:
+        return jax.jit(sums)
+    return jax.jit(sums, out_shardings=out_sharding)
 
 
 def split_micro_batches(batch: dict[str, Any], count: int) -> dict[str, Any]:

@@ -42,17 +42,32 @@ def _norm(
     state[f"{name}.bias"] = value(norm.beta)
 
 
+# models.LlamaLayers' stacked weights -> the suffix of their per-layer name in
+# LlamaForCausalLM (model.layers.<i>.<suffix>.weight), and whether it is a Keras kernel
+# [in, out] that nn.Linear stores transposed.
+LLAMA_LAYER_NAMES = {
+    "input_layernorm_gamma": ("input_layernorm", False),
+    "q_proj": ("self_attn.q_proj", True),
+    "k_proj": ("self_attn.k_proj", True),
+    "v_proj": ("self_attn.v_proj", True),
+    "o_proj": ("self_attn.o_proj", True),
+    "post_attention_layernorm_gamma": ("post_attention_layernorm", False),
+    "gate_proj": ("mlp.gate_proj", True),
+    "up_proj": ("mlp.up_proj", True),
+    "down_proj": ("mlp.down_proj", True),
+}
+
+
 def _llama_state(model: LlamaCausalLM, value: Values) -> dict[str, np.ndarray]:
-    """LlamaForCausalLM's names; nn.Linear weights [out, in]; lm_head only when untied."""
+    """LlamaForCausalLM's names; nn.Linear weights [out, in]; lm_head only when untied. The
+    decoder's weights are stacked over the layers [L, ...] (models.LlamaLayers): layer i of
+    the export is slice i of each stack."""
     state = {"model.embed_tokens.weight": value(model.embed_tokens.embeddings)}
-    for i, block in enumerate(model.blocks):
-        p = f"model.layers.{i}"
-        state[f"{p}.input_layernorm.weight"] = value(block.input_layernorm.gamma)
-        for part in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            state[f"{p}.self_attn.{part}.weight"] = value(getattr(block.self_attn, part).kernel).T
-        state[f"{p}.post_attention_layernorm.weight"] = value(block.post_attention_layernorm.gamma)
-        for part in ("gate_proj", "up_proj", "down_proj"):
-            state[f"{p}.mlp.{part}.weight"] = value(getattr(block, part).kernel).T
+    stacks = {name: value(variable) for name, variable in model.decoder.stacked.items()}
+    for i in range(model.decoder.count):
+        for name, (suffix, linear) in LLAMA_LAYER_NAMES.items():
+            layer = stacks[name][i]
+            state[f"model.layers.{i}.{suffix}.weight"] = layer.T if linear else layer
     state["model.norm.weight"] = value(model.norm.gamma)
     if model.lm_head is not None:
         state["lm_head.weight"] = value(model.lm_head.kernel).T

@@ -21,7 +21,12 @@ tables and constants live in payload/sharding.py, framework-free, which the plan
   the `fsdp` size does not divide) the generic rule: an array of rank >= 2 is split along
   its largest dimension that the axis size divides (the first such on ties);
 - vectors (biases, norm scales), scalars (the step counter) and arrays no dimension of
-  which divides stay replicated: they are a rounding error of the state.
+  which divides stay replicated: they are a rounding error of the state; so do the norm
+  scales stacked over the decoder's layers [L, H] (the table says REPLICATED);
+- weights stacked over the decoder's layers (Llama's [L, ...], models.LlamaLayers) never
+  split their layer axis: each layer's slice is split as one layer's weight would be, so
+  the scan over layers gathers one layer at a time (MaxText's `layers` axis has no mesh
+  axis either).
 An optimizer slot has its weight's shape and its weight's path in its own (Keras names it
 `<weight path with / as _>_<slot>`), hence its weight's rule.
 
@@ -29,8 +34,8 @@ Llama's table follows MaxText's logical axis rules (AI-Hypercomputer/maxtext
 MaxText/configs/base.yml `logical_axis_rules`: `embed` -> `fsdp`, while `vocab`, `mlp` and
 `heads` go to the `tensor` axis, which this mesh does not have): every weight is split along
 its hidden-size (`embed`) dimension: the embedding table [V, H] and the untied LM head
-[H, V] on H, q/k/v/gate/up kernels [H, out] on their input, o/down kernels [in, H] on their
-output. Why not the generic rule's largest dimension: the vocabulary, which the user's
+[H, V] on H, q/k/v/gate/up kernels [L, H, out] on their input, o/down kernels [L, in, H] on
+their output. Why not the generic rule's largest dimension: the vocabulary, which the user's
 tokenizer sets (GPT-2's 50,257 is odd), would decide whether the two largest
 matrices are split at all, and the split axis would differ from weight to weight; H of every
 preset is a multiple of 64, so one rule covers the family up to 64-way FSDP.
@@ -57,9 +62,11 @@ from payload.sharding import (
     AXES,
     BATCH,
     DATA_PARALLEL_STATE_SHARE,
+    REPLICATED,
     SHARDINGS,
     STATE_BYTES_PER_PARAMETER,
     family_axis,
+    stacked_layers,
 )
 
 
@@ -143,11 +150,17 @@ def partition_spec(
     if fsdp <= 1 or len(shape) < 2:
         return P()
     axis = family_axis(family, path)
+    if axis == REPLICATED:
+        return P()
     if axis is not None and axis < len(shape) and shape[axis] % fsdp == 0:
         table: list[Any] = [None] * len(shape)
         table[axis] = "fsdp"
         return P(*table)
-    candidates = [(int(size), -axis) for axis, size in enumerate(shape) if size % fsdp == 0]
+    # A stack over the decoder's layers never splits its layer axis (axis 0).
+    first = 1 if stacked_layers(family, path) else 0
+    candidates = [
+        (int(size), -axis) for axis, size in enumerate(shape) if axis >= first and size % fsdp == 0
+    ]
     if not candidates:
         return P()
     _, negative_axis = max(candidates)

@@ -24,7 +24,10 @@ modeling files (the classes the export names in config.json):
   positions 0..S-1 whatever the padding) and grouped-query attention (query head h reads
   key/value head h // (A / K), as repeat_kv), softmax in float32, o_proj; the SwiGLU MLP
   down_proj(silu(gate_proj(x)) * up_proj(x)); the final norm; lm_head tied to embed_tokens
-  or its own matrix (tie_word_embeddings), no bias.
+  or its own matrix (tie_word_embeddings), no bias. The decoder layers are one Keras layer
+  (LlamaLayers) whose weights are stacked over the layers [L, ...] and run as one
+  `lax.scan` of one layer body (MaxText's scan_layers): compile time does not grow with L;
+  the export slices the stacks per layer into transformers' names.
 - ELECTRA (modeling_electra.py, ElectraForPreTraining and ElectraForMaskedLM over one shared
   ElectraEmbeddings): embeddings word + position + token type 0, embedding_size wide,
   LayerNorm, dropout; per network `embeddings_project` (a Linear embedding_size -> width,
@@ -45,14 +48,19 @@ batch's rows (`through`, mesh.keep_rows): FSDP gathers weights, not activations.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import keras
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 from keras import layers, ops
 
 from payload.backends.jax import attention as attention_lib
 from payload.backends.jax import mesh as mesh_lib
+from payload.sharding import REMAT_SAVES
 
 
 def _gelu_exact(x: Any) -> Any:
@@ -361,11 +369,6 @@ class RMSNorm(layers.Layer):
         return ops.cast(self.gamma, x.dtype) * normed
 
 
-def _rotate_half(x: Any) -> Any:
-    half = ops.shape(x)[-1] // 2
-    return ops.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-
-
 def rope_theta(config: Any) -> float:
     """RoPE's base: LlamaConfig.rope_theta in transformers 4; transformers 5's LlamaConfig
     keeps it in `rope_parameters["rope_theta"]` instead (a GPU machine's preinstalled
@@ -386,76 +389,148 @@ def rotary_tables(length: int, head_size: int, theta: float, dtype: Any) -> tupl
     return ops.cast(ops.cos(emb), dtype), ops.cast(ops.sin(emb), dtype)
 
 
-class LlamaAttention(layers.Layer):
-    """LlamaAttention: q/k/v/o projections without biases, RoPE on q and k, grouped-query
-    attention (K key/value heads shared by groups of A / K query heads), computed by
-    `attention` (attention.py: the kernel the runtime chose)."""
+# The stacked weights of the decoder's layers (LlamaLayers), in the order of one
+# LlamaDecoderLayer's parameters: (name, per-layer shape as a function of the config's
+# hidden size H, intermediate size I, query heads x head size AD, key/value heads x head
+# size KD). Kernels are Keras' [in, out]; the export transposes them (hf_weights.py).
+def _llama_layer_shapes(config: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    width, inner = int(config.hidden_size), int(config.intermediate_size)
+    heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
+    size = width // heads
+    return (
+        ("input_layernorm_gamma", (width,)),
+        ("q_proj", (width, heads * size)),
+        ("k_proj", (width, kv_heads * size)),
+        ("v_proj", (width, kv_heads * size)),
+        ("o_proj", (heads * size, width)),
+        ("post_attention_layernorm_gamma", (width,)),
+        ("gate_proj", (width, inner)),
+        ("up_proj", (width, inner)),
+        ("down_proj", (inner, width)),
+    )
+
+
+def _rms_norm(x: Any, gamma: Any, eps: float) -> Any:
+    """LlamaRMSNorm (the RMSNorm layer's arithmetic): float32 statistics, cast back, scaled."""
+    x32 = x.astype(jnp.float32)
+    variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    return gamma.astype(x.dtype) * (x32 * jax.lax.rsqrt(variance + eps)).astype(x.dtype)
+
+
+def _rotate(x: Any, cos: Any, sin: Any) -> Any:
+    """RoPE on [B, S, heads, D]: x * cos + rotate_half(x) * sin."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[None, :, None] + rotated * sin[None, :, None]
+
+
+def llama_layer(
+    weights: dict[str, Any],
+    x: Any,
+    mask: Any,
+    cos: Any,
+    sin: Any,
+    *,
+    config: Any,
+    attention: attention_lib.Attention,
+) -> Any:
+    """One LlamaDecoderLayer as a function of its weights (one layer's slice of LlamaLayers'
+    stacked variables, float32): x + attn(norm(x)), then h + mlp(norm(h)) with the SwiGLU
+    MLP; attention without biases, RoPE on q and k, grouped-query attention (query head h
+    reads key/value head h // (heads / kv_heads), as repeat_kv, without repeating K/V).
+    Every weight is cast to the activations' dtype where it is read (MaxText's DenseGeneral:
+    `jnp.asarray(kernel, self.dtype)`), so that under FSDP the sharded float32 slice is
+    cast before XLA gathers it (bf16 on the wire under mixed_bfloat16). The activations a
+    remat policy may keep carry MaxText's checkpoint names (sharding.REMAT_SAVES)."""
+    dtype = x.dtype
+    w = {name: value.astype(dtype) for name, value in weights.items()}
+    eps = float(config.rms_norm_eps)
+    heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
+    batch, length, width = x.shape
+    size = width // heads
+    h = _rms_norm(x, w["input_layernorm_gamma"], eps)
+    q = jnp.reshape(h @ w["q_proj"], (batch, length, heads, size))
+    k = jnp.reshape(h @ w["k_proj"], (batch, length, kv_heads, size))
+    v = jnp.reshape(h @ w["v_proj"], (batch, length, kv_heads, size))
+    q = checkpoint_name(_rotate(q, cos, sin), "query_proj")
+    k = checkpoint_name(_rotate(k, cos, sin), "key_proj")
+    v = checkpoint_name(v, "value_proj")
+    out = attention(q, k, v, causal=True, mask=mask)
+    out = checkpoint_name(jnp.reshape(out, (batch, length, heads * size)) @ w["o_proj"], "out_proj")
+    x = x + out
+    h = _rms_norm(x, w["post_attention_layernorm_gamma"], eps)
+    gate = checkpoint_name(h @ w["gate_proj"], "mlpwi_0")
+    up = checkpoint_name(h @ w["up_proj"], "mlpwi_1")
+    down = checkpoint_name((jax.nn.silu(gate) * up) @ w["down_proj"], "mlpwo")
+    return x + down
+
+
+def remat_policy(remat: str) -> Any:
+    """The jax.checkpoint policy of `train.remat` (sharding.REMAT_SAVES: the names of the
+    activations a layer keeps for its backward pass), or None for `none` (no checkpoint)."""
+    saved = REMAT_SAVES[remat]
+    if saved is None:
+        return None
+    return jax.checkpoint_policies.save_only_these_names(*saved)
+
+
+class LlamaLayers(layers.Layer):
+    """The decoder's L LlamaDecoderLayers as ONE layer: each kind of weight is one variable
+    stacked over the layers, [L, ...] (llama/layers/q_proj [L, H, A x D], ...), and the
+    layers run as one `jax.lax.scan` of `llama_layer` over the leading axis (MaxText's
+    `scan_layers: true`): XLA compiles one layer body, whatever L. `remat` (train.remat)
+    wraps the body in jax.checkpoint with the policy that names what it keeps
+    (remat_policy); the scan stacks what is kept over the layers. On the run's mesh the
+    carried activations keep their rows (mesh.keep_rows) at every layer boundary."""
 
     def __init__(
         self,
         config: Any,
+        remat: str = "none",
         attention: attention_lib.Attention = attention_lib.REFERENCE,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        self.attend = attention
-        width = int(config.hidden_size)
-        self.heads = int(config.num_attention_heads)
-        self.kv_heads = int(config.num_key_value_heads)
-        self.head_size = width // self.heads
-        self.q_proj = _linear_no_bias(self.heads * self.head_size, config, "q_proj")
-        self.k_proj = _linear_no_bias(self.kv_heads * self.head_size, config, "k_proj")
-        self.v_proj = _linear_no_bias(self.kv_heads * self.head_size, config, "v_proj")
-        self.o_proj = _linear_no_bias(width, config, "o_proj")
+        if remat not in REMAT_SAVES:
+            raise ValueError(f"unknown train.remat {remat!r}")
+        self.config, self.remat, self.attend = config, remat, attention
+        self.count = int(config.num_hidden_layers)
+        self.shapes = _llama_layer_shapes(config)
+
+    def build(self, input_shape: Any) -> None:
+        # Created float32 and read as they are (autocast off): llama_layer casts one layer's
+        # slice inside the scan, not the whole stack before it.
+        self.stacked = {
+            name: self.add_weight(
+                shape=(self.count, *shape),
+                initializer="ones" if len(shape) == 1 else _init(self.config),
+                name=name,
+                autocast=False,
+            )
+            for name, shape in self.shapes
+        }
 
     def call(self, x: Any, mask: Any, cos: Any, sin: Any) -> Any:
-        batch, length, size = ops.shape(x)[0], ops.shape(x)[1], self.head_size
-        # [B, S, heads, D]; query head h reads key/value head h // (heads / kv_heads)
-        # (repeat_kv), which every implementation does without repeating K/V.
-        q = ops.reshape(self.q_proj(x), (batch, length, self.heads, size))
-        k = ops.reshape(self.k_proj(x), (batch, length, self.kv_heads, size))
-        v = ops.reshape(self.v_proj(x), (batch, length, self.kv_heads, size))
-        q = q * cos[None, :, None] + _rotate_half(q) * sin[None, :, None]
-        k = k * cos[None, :, None] + _rotate_half(k) * sin[None, :, None]
-        out = self.attend(q, k, v, causal=True, mask=mask)
-        return self.o_proj(ops.reshape(out, (batch, length, self.heads * size)))
+        mesh = self.attend.mesh
+        layer: Any = functools.partial(llama_layer, config=self.config, attention=self.attend)
+        policy = remat_policy(self.remat)
+        if policy is not None:
+            # prevent_cse=False: the scan already keeps XLA from merging the recomputation
+            # with the forward pass (jax.checkpoint's docstring; MaxText does the same).
+            layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
 
+        def body(h: Any, weights: dict[str, Any]) -> tuple[Any, None]:
+            return mesh_lib.keep_rows(layer(weights, h, mask, cos, sin), mesh), None
 
-class LlamaBlock(layers.Layer):
-    """LlamaDecoderLayer: x + attn(norm(x)), then h + mlp(norm(h)) with the SwiGLU MLP."""
-
-    def __init__(
-        self,
-        config: Any,
-        attention: attention_lib.Attention = attention_lib.REFERENCE,
-        **kwargs: Any,
-    ):
-        super().__init__(**kwargs)
-        eps, width = float(config.rms_norm_eps), int(config.hidden_size)
-        inner = int(config.intermediate_size)
-        self.input_layernorm = RMSNorm(eps, name="input_layernorm")
-        self.self_attn = LlamaAttention(config, attention, name="self_attn")
-        self.post_attention_layernorm = RMSNorm(eps, name="post_attention_layernorm")
-        self.gate_proj = _linear_no_bias(inner, config, "gate_proj")
-        self.up_proj = _linear_no_bias(inner, config, "up_proj")
-        self.down_proj = _linear_no_bias(width, config, "down_proj")
-
-    def call(self, x: Any, mask: Any, cos: Any, sin: Any) -> Any:
-        x = x + self.self_attn(self.input_layernorm(x), mask, cos, sin)
-        h = self.post_attention_layernorm(x)
-        return x + self.down_proj(ops.silu(self.gate_proj(h)) * self.up_proj(h))
-
-
-# `train.remat`: what the backward pass of a decoder block may keep from its forward pass.
-# `block` keeps nothing but the block's input (jax.checkpoint with the nothing_saveable
-# policy): every activation inside a block is recomputed, the memory of activations drops
-# from O(layers x block internals) to O(layers x hidden states) for ~1/3 more compute.
-REMAT_POLICIES = {"block": "nothing_saveable"}
+        weights = {name: variable.value for name, variable in self.stacked.items()}
+        x, _ = jax.lax.scan(body, mesh_lib.keep_rows(x, mesh), weights)
+        return x
 
 
 class LlamaCausalLM(keras.Model):
-    """LlamaForCausalLM: logits [B, S, V]. `remat` (train.remat) wraps each block's call in
-    jax.checkpoint; the weights and what they compute are the same either way."""
+    """LlamaForCausalLM: logits [B, S, V]. The decoder layers are LlamaLayers (stacked
+    weights, one scanned layer body); `remat` (train.remat) chooses what each layer keeps
+    for the backward pass; the weights and what they compute are the same either way."""
 
     def __init__(
         self,
@@ -473,10 +548,7 @@ class LlamaCausalLM(keras.Model):
         self.embed_tokens = layers.Embedding(
             int(config.vocab_size), width, embeddings_initializer=_init(config), name="embed_tokens"
         )
-        self.blocks = [
-            LlamaBlock(config, attention, name=f"layers_{i}")
-            for i in range(config.num_hidden_layers)
-        ]
+        self.decoder = LlamaLayers(config, remat, attention, name="layers")
         self.norm = RMSNorm(float(config.rms_norm_eps), name="norm")
         self.tied = bool(config.tie_word_embeddings)
         self.lm_head = (
@@ -485,14 +557,6 @@ class LlamaCausalLM(keras.Model):
         self.head_size = width // int(config.num_attention_heads)
         self.theta = rope_theta(config)
         self.mesh = attention.mesh
-
-    def _run_block(self, block: LlamaBlock, x: Any, mask: Any, cos: Any, sin: Any) -> Any:
-        if self.remat == "none":
-            return block(x, mask, cos, sin)
-        import jax  # noqa: PLC0415  (this module is the JAX backend's)
-
-        policy = getattr(jax.checkpoint_policies, REMAT_POLICIES[self.remat])
-        return jax.checkpoint(lambda h: block(h, mask, cos, sin), policy=policy)(x)
 
     def call(
         self, inputs: dict[str, Any], training: bool = False, head_inputs: bool = False
@@ -504,9 +568,7 @@ class LlamaCausalLM(keras.Model):
         cos, sin = rotary_tables(length, self.head_size, self.theta, x.dtype)
         if self.document_mask:
             attention_mask = document_ids(input_ids, attention_mask, self.config.bos_token_id)
-        run = self._run_block
-        x = through(self.blocks, x, self.mesh, lambda b, h: run(b, h, attention_mask, cos, sin))
-        x = self.norm(x)
+        x = self.norm(self.decoder(x, attention_mask, cos, sin))
         if self.lm_head is None:
             kernel = ops.transpose(ops.cast(self.embed_tokens.embeddings, x.dtype))
         elif head_inputs:
@@ -620,8 +682,6 @@ class Electra(keras.Model):
         input and a token counts as replaced when the sample differs from the original.
         Returns the generator's logits at the positions [B, P, V], the discriminator's
         logits [B, S] and the replaced labels [B, S] (float32)."""
-        import jax  # noqa: PLC0415  (this module is the JAX backend's)
-
         input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
         positions = inputs["masked_lm_positions"]
         originals = inputs["masked_lm_ids"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,32 @@ MEMORY_ENV = "TPU_PAYLOAD_TEST_DEVICE_MEMORY"
 
 
 @dataclass(frozen=True)
+class Facts:
+    """What a run's programs depend on about its devices, as explicit values: read from the
+    real devices (`read_facts`, the trainer) or stated for a target that is not here
+    (payload/backends/jax/aot.py: a TPU type's figures from payload/accelerators.yaml).
+    `runtime_of` and the programs (program.py) are pure functions of these."""
+
+    platform: str  # tpu | gpu | cpu
+    device_kind: str  # what JAX calls the chip, e.g. "TPU v5 lite"
+    local_devices: int  # this process's devices
+    device_memory: int | None  # bytes per device every process plans with (None: unknown)
+    memory_source: str = ""  # where device_memory comes from, when not this device itself
+    process_index: int = 0
+    process_count: int = 1
+    gpu_bf16: bool = False  # a declared GPU VM whose GPUs train in bfloat16 (payload/hosts.py)
+    # What the kernels table (payload/kernels.py) reads of the chip: read_facts takes it from
+    # the real device (chip_of); None: the platform and device_kind's (a TPU or the CPU; a
+    # GPU's facts must state its vendor and compute capability, else no kernel is assumed).
+    chip: kernels.Chip | None = None
+
+    def __post_init__(self) -> None:
+        if self.chip is None:
+            chip = kernels.device_chip(self.platform, "", self.device_kind, None)
+            object.__setattr__(self, "chip", chip)
+
+
+@dataclass(frozen=True)
 class Runtime:
     """The devices of this run as JAX sees them, and the rules that follow."""
 
@@ -55,10 +82,14 @@ class Runtime:
     mesh_plan: mesh_lib.MeshPlan
     process_index: int
     process_count: int
+    facts: Facts
     # The attention kernel of the model (attention.choose, once the model's config is known).
     attention: attention_lib.Attention | None = None
-    # What the kernels table (payload/kernels.py) reads of the accelerator.
-    chip: kernels.Chip = kernels.CPU
+
+    @property
+    def chip(self) -> kernels.Chip:
+        """What the kernels table (payload/kernels.py) reads of the accelerator (Facts.chip)."""
+        return self.facts.chip or kernels.CPU  # never None after Facts.__post_init__
 
     @property
     def num_replicas(self) -> int:
@@ -68,8 +99,12 @@ class Runtime:
     def is_chief(self) -> bool:
         return self.process_index == 0
 
+    @property
+    def compute_dtype(self) -> str:
+        return "bfloat16" if self.policy == "mixed_bfloat16" else "float32"
+
     def describe(self) -> dict[str, Any]:
-        local = jax.local_devices()
+        facts = self.facts
         return {
             "backend": BACKEND,
             "accelerator": self.accelerator,
@@ -79,7 +114,9 @@ class Runtime:
             "jit_compile": True,
             "steps_per_execution": self.steps_per_execution,
             "chunk_seconds": self.chunk_seconds,
-            "devices": f"{len(local)} x {local[0].device_kind}" if local else "none",
+            "devices": (
+                f"{facts.local_devices} x {facts.device_kind}" if facts.local_devices else "none"
+            ),
             "chip": self.chip.describe(),
             "mesh": self.mesh_plan.describe(),
             "sharding_reason": self.mesh_plan.reason,
@@ -104,38 +141,68 @@ def chip_of(device: Any) -> kernels.Chip:
     )
 
 
-def policy_for(precision: str, chip: kernels.Chip, gpu: hosts.GpuHost | None = None) -> str:
+def policy_for(precision: str, chip: kernels.Chip, managed_bf16: bool = False) -> str:
     """The Keras policy of `train.precision` on `chip`: mixed bfloat16 for bf16, and for
-    auto where the chip computes bfloat16 natively (or a managed GPU VM's catalog says so);
-    float32 otherwise."""
+    auto where the chip computes bfloat16 natively (or a managed GPU VM's catalog says so:
+    `managed_bf16`, Facts.gpu_bf16); float32 otherwise."""
     bf16 = kernels.compute_dtype(precision, chip) == "bfloat16"
-    if precision == "auto" and gpu is not None and gpu.policy == "mixed_bfloat16":
-        bf16 = True
-    return "mixed_bfloat16" if bf16 else "float32"
+    return "mixed_bfloat16" if bf16 or (precision == "auto" and managed_bf16) else "float32"
 
 
 def runtime(precision: str, sharding: str = "auto", parameters: int = 0) -> Runtime:
     """Detect the devices; on a declared TPU/GPU VM (payload/hosts.py) a host without them
     is a one-line error, not a CPU run. The mesh follows `train.sharding` for a model of
-    `parameters` (mesh.plan)."""
+    `parameters` (mesh.plan). Reading the devices (`read_facts`) is all that happens here;
+    the rest is `runtime_of`, which `tpu-payload compile` calls with a target's facts."""
     devices = checked_devices()
-    kind = _platform(devices[0])
-    chip = chip_of(devices[0])
+    facts = read_facts(devices)
+    rt = runtime_of(facts, devices, precision=precision, sharding=sharding, parameters=parameters)
+    check_same_mesh(rt.mesh_plan)
+    return dataclasses.replace(rt, chunk_seconds=_chunk_seconds(rt.accelerator))
+
+
+def read_facts(devices: list[Any]) -> Facts:
+    """The facts of this process's real devices (`devices`: every device of every process,
+    checked_devices); on a slice, the device memory every process agrees on."""
+    local = jax.local_devices()
     memory, memory_source = planning_memory()
-    mesh_plan = mesh_lib.plan(sharding, parameters=parameters, devices=len(devices), memory=memory)
-    if memory_source:
-        mesh_plan = dataclasses.replace(mesh_plan, reason=f"{mesh_plan.reason} ({memory_source})")
-    check_same_mesh(mesh_plan)
-    return Runtime(
-        accelerator=kind,
-        policy=policy_for(precision, chip, hosts.expected_gpu()),
-        steps_per_execution=STEPS_PER_CALL[kind],
-        chunk_seconds=_chunk_seconds(kind),
-        mesh=mesh_lib.build_mesh(mesh_plan, devices),
-        mesh_plan=mesh_plan,
+    gpu = hosts.expected_gpu()
+    return Facts(
+        platform=_platform(devices[0]),
+        device_kind=str(local[0].device_kind) if local else "none",
+        local_devices=len(local),
+        device_memory=memory,
+        memory_source=memory_source,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
-        chip=chip,
+        gpu_bf16=gpu is not None and gpu.policy == "mixed_bfloat16",
+        chip=chip_of(local[0] if local else devices[0]),
+    )
+
+
+def runtime_of(
+    facts: Facts, devices: Sequence[Any], *, precision: str, sharding: str, parameters: int
+) -> Runtime:
+    """The runtime on `devices` (real ones, or a TPU topology's compile-only devices) with
+    these `facts`: a pure function of its arguments (no device is queried)."""
+    mesh_plan = mesh_lib.plan(
+        sharding, parameters=parameters, devices=len(devices), memory=facts.device_memory
+    )
+    if facts.memory_source:
+        mesh_plan = dataclasses.replace(
+            mesh_plan, reason=f"{mesh_plan.reason} ({facts.memory_source})"
+        )
+    kind = facts.platform
+    return Runtime(
+        accelerator=kind,
+        policy=policy_for(precision, facts.chip or kernels.CPU, facts.gpu_bf16),
+        steps_per_execution=STEPS_PER_CALL[kind],
+        chunk_seconds=CHUNK_SECONDS[kind],
+        mesh=mesh_lib.build_mesh(mesh_plan, devices),
+        mesh_plan=mesh_plan,
+        process_index=facts.process_index,
+        process_count=facts.process_count,
+        facts=facts,
     )
 
 

@@ -74,7 +74,7 @@ def chunked_loss_terms(
     labels: Any,
     weights: Any,
     *,
-    devices: int = 1,
+    devices: int | None = None,
     memory_bytes: int | None = None,
     budget: int | None = None,
     mesh: Any = None,
@@ -84,7 +84,8 @@ def chunked_loss_terms(
     one chunk's logits, their logsumexp, the label's logit and the argmax at a time.
 
     Pure in its arguments: the chunk is payload/model.py loss_chunk_length for the rows one
-    device holds (`devices`: how many the batch's rows are split over, the mesh's size) under
+    device holds (`devices`: how many the batch's rows are split over; default the size of
+    `mesh`, else 1) under
     `budget` bytes of float32 logits (default model.loss_chunk_budget(`memory_bytes`), the
     memory of one device; None: not known).
 
@@ -108,6 +109,10 @@ def chunked_loss_terms(
     chunk's logits are held to those rows (mesh.keep_rows): the head's kernel is gathered
     (FSDP), not the features of the whole batch."""
     rows, length = labels.shape
+    # The trainer splits B over every device of the mesh (not the devices this process
+    # sees: a program compiled for another topology must size its chunks for that one).
+    if devices is None:
+        devices = int(mesh.size) if mesh is not None else 1
     per_device = max(1, rows // max(1, int(devices)))
     if budget is None:
         budget = model_lib.loss_chunk_budget(memory_bytes)
@@ -208,15 +213,14 @@ def lm_loss_terms(
     """([3] float32 sums of loss_terms, the new non-trainable state) of a language model
     (models.MaskedLM, CausalLM, LlamaCausalLM) on a batch, by chunked_loss_terms: its rows
     split over the model's mesh (all of its devices), `memory_bytes` per device (None: not
-    known; the trainer passes runtime.planning_memory's)."""
+    known; program.build passes the runtime's Facts.device_memory)."""
     head, non_trainable = model.stateless_call(
         trainable, non_trainable, inputs, training=training, head_inputs=True
     )
     mesh = getattr(model, "mesh", None)
-    devices = int(mesh.devices.size) if mesh is not None else 1
     terms = chunked_loss_terms(
         head.features, head.kernel, head.bias, labels, weights,
-        devices=devices, memory_bytes=memory_bytes, mesh=mesh,
+        memory_bytes=memory_bytes, mesh=mesh,
     )  # fmt: skip
     return terms, non_trainable
 

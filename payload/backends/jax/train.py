@@ -24,15 +24,14 @@ backend (payload/backends/tf/train.py; the shared parts are payload/training.py)
 Data parallelism: the state is replicated, every batch is split over the mesh's `data`
 axis, and XLA's SPMD partitioner inserts the gradient all-reduce: the loss is the mean over
 the predicted tokens of the GLOBAL batch, as on the TF backend. Each process (a host of a
-slice) reads its own shard files (`data.make_dataset` with that process's input pipeline
-id; batches.py) and contributes its rows of each global batch; every process writes its
-shards of each checkpoint (Orbax), only process 0 writes run.json, TensorBoard, status.json
-and the export.
+slice) reads its own shard files (`input.make_batches` with that process's input pipeline
+id: Grain, no TensorFlow; batches.py) and contributes its rows of each global batch; every
+process writes its shards of each checkpoint (Orbax), only process 0 writes run.json,
+TensorBoard, status.json and the export.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -46,7 +45,6 @@ use_jax()
 import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402  (tf.data only: the input pipeline)
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from tqdm import tqdm  # noqa: E402
@@ -61,12 +59,13 @@ from payload.backends.jax import batches as batches_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import compile_cache, distributed, hf_weights, models, steps  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
+from payload.backends.jax import program as program_lib  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.backends.jax.batches import Pipelines  # noqa: E402
 from payload.backends.jax.evaluate import Evaluator  # noqa: E402
 from payload.backends.jax.runtime import Runtime  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
-from payload.errors import SpecError, UserError  # noqa: E402
+from payload.errors import SpecError  # noqa: E402
 from payload.status import StatusWriter  # noqa: E402
 
 if TYPE_CHECKING:
@@ -90,17 +89,28 @@ def train(
 
     From the moment this process joins the slice, SIGTERM stops it at once outside the
     training loop (training.stop_at_once_on_sigterm; JAX's preemption service would swallow
-    it), and a user error or a stop on any one process ends every process with the same one
-    line (distributed.abort_others): no host is left waiting, restarting and failing again."""
+    it; taken back again once the backend is up: libtpu installs its own handlers), and
+    whatever ends one process (a user error, a bug, a stop) ends every process with the same
+    class of exit code and the same one line (distributed.leave_with, SliceGuard): no host
+    is left waiting, restarting and failing again."""
     distributed.initialize_from_env()
     training.stop_at_once_on_sigterm()
+    guard = distributed.SliceGuard.start()
     try:
         status = _join(status)
+        replaced = training.take_sigterm_back()
+        if replaced:
+            where = "as the backend started; taken back"
+            training.log(f"train: SIGTERM's handler was replaced by {replaced} {where}")
+        written = status  # the chief's status.json (the others' is never written)
+        guard.on_exit = lambda line: written.fail(stage="train", error=line)
         cache = compile_cache.enable(storage.join(job.output, COMPILATION_CACHE))
-        return _train(job, status, input_pipelines, cache)
-    except (UserError, training.TrainingInterrupted) as exc:
-        distributed.abort_others(exc)
+        stats = _train(job, status, input_pipelines, cache)
+    except BaseException as exc:
+        distributed.leave_with(exc)
         raise
+    guard.close()
+    return stats
 
 
 def _train(
@@ -115,7 +125,7 @@ def _train(
     config = model_lib.config_for(job, manifest)
     parameters = model_lib.parameter_count(job.model.family, config)
     rt = runtime_lib.runtime(spec.precision, spec.sharding, parameters)
-    rt = dataclasses.replace(rt, attention=_attention(job, config, manifest, rt))
+    rt = program_lib.with_attention(job, config, int(manifest.seq_length), rt)
     pipelines = Pipelines(rt, input_pipelines)
     _checked_data(job, manifest, pipelines)
     described = rt.describe()
@@ -124,7 +134,9 @@ def _train(
         training.log(f"warning: {rt.attention.warning}")  # also in status.json's runtime
     status.note_runtime(described)  # the devices JAX sees, beside the host checks
 
+    training.stop_point()
     model, optimizer = _build(job, config, manifest, rt)
+    training.stop_point()
     layout = checkpoints.Layout.of(model, optimizer)
     distributed.agree_on_checks(
         "run checks", lambda: _check_run(job, manifest, config, layout=layout, rt=rt)
@@ -138,12 +150,24 @@ def _train(
         f"train: process {rt.process_index} of {rt.process_count} reads {len(files)} of "
         f"{len(manifest.shards)} training shards: {', '.join(files)}"
     )
-    state = steps.TrainState.of(model, optimizer)  # created sharded (mesh.sharded_distribution)
+    training.stop_point()
+    programs = _programs(job, manifest, config, rt)
+    # Created sharded (mesh.sharded_distribution) as the programs expect; a value Keras left
+    # uncommitted (on one device) goes where the programs take it.
+    state = jax.device_put(steps.TrainState.of(model, optimizer), programs.state_shardings)
     stats: dict[str, Any] = {"step": step}
     if restored is not None:
         stats["resumed_from"] = restored
     evaluator = (
-        Evaluator(job, manifest, rt, model=model, pipelines=pipelines, status=status)
+        Evaluator(
+            job,
+            manifest,
+            rt,
+            model=model,
+            pipelines=pipelines,
+            status=status,
+            sums=programs.eval_sums(),
+        )
         if manifest.eval_records
         else None
     )
@@ -158,13 +182,15 @@ def _train(
                 layout=layout,
                 pipelines=pipelines,
                 evaluator=evaluator,
+                programs=programs,
             )
             with loop:  # waits for the last checkpoint's write, also on SIGTERM or an error
                 state, results = loop.run(state, status, step)
             stats.update(results)
         stats["step"] = int(np.asarray(state.optimizer[0]))  # iterations, the step counter
+        training.stop_point()  # a signal after the loop's last agreement
         if evaluator is not None:
-            stats.update(evaluator.evaluate(stats["step"], state))  # the final evaluation
+            stats.update(evaluator.evaluate(stats["step"], state) or {})  # the final evaluation
     finally:
         if evaluator is not None:
             evaluator.close()
@@ -300,18 +326,21 @@ def _check_run(
     checkpoints.require_space(directory, layout, keep=spec.keep_checkpoints, kept=len(found))
 
 
-def _attention(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> Any:
-    """train.attention for this model on this platform (attention.choose)."""
-    return attention_lib.choose(
-        job.train.attention,
-        chip=rt.chip,
-        family=job.model.family,
-        config=config,
-        seq_length=int(manifest.seq_length),
-        compute_dtype="bfloat16" if rt.policy == "mixed_bfloat16" else "float32",
-        document_mask=job.data.document_mask,
-        mesh=rt.mesh,
+def _programs(job: JobSpec, manifest: Manifest, config: Any, rt: Runtime) -> program_lib.Programs:
+    """The training chunk and evaluation step, lowered by the one builder (program.py) that
+    `tpu-payload compile` uses: this run compiles what `compile` compiles for the same job
+    and facts (their fingerprints, logged here, are what `compile --json` prints)."""
+    eval_batch = (
+        evaluate_lib.checked_eval_batch(job, manifest, rt.num_replicas)
+        if manifest.eval_records
+        else None
     )
+    programs = program_lib.build(
+        job, config, rt, seq_length=int(manifest.seq_length), eval_batch=eval_batch
+    )
+    prints = ", ".join(f"{name} {value}" for name, value in programs.fingerprints().items())
+    training.log(f"train: programs (program.py; sha256 of the lowered text): {prints}")
+    return programs
 
 
 def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[Any, Any]:
@@ -321,26 +350,37 @@ def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[
     spec = job.train
     family = job.model.family
     keras.config.set_dtype_policy(rt.policy)
-    # The initial weights and the dropout seeds. Keras also seeds TensorFlow's global RNG;
-    # that is cleared again, as on the TF backend: the input pipeline's randomness has
-    # explicit per-epoch seeds (data.py), and tf.data fails on tensor-valued seeds under a
-    # global seed.
-    keras.utils.set_random_seed(spec.seed)
-    try:
-        with mesh_lib.sharded_distribution(rt.mesh, family).scope():
-            model = models.create_model(
-                family,
-                config,
-                manifest.seq_length,
-                remat=spec.remat,
-                attention=rt.attention or attention_lib.REFERENCE,
-                document_mask=job.data.document_mask,
-            )
-            optimizer = create_optimizer(spec)
-            optimizer.build(model.trainable_variables)
-    finally:
-        tf.random.set_seed(None)
+    # The initial weights and the dropout seeds (the input's randomness has its own seeds:
+    # input.py).
+    seed_keras(spec.seed)
+    with mesh_lib.sharded_distribution(rt.mesh, family).scope():
+        model = models.create_model(
+            family,
+            config,
+            manifest.seq_length,
+            remat=spec.remat,
+            attention=rt.attention or attention_lib.REFERENCE,
+            document_mask=job.data.document_mask,
+        )
+        optimizer = create_optimizer(spec)
+        optimizer.build(model.trainable_variables)
     return model, optimizer
+
+
+def seed_keras(seed: int) -> None:
+    """`keras.utils.set_random_seed` (Python's, numpy's and Keras' global seeds) without the
+    TensorFlow import it makes whenever TensorFlow is installed (to seed tf.data, which this
+    backend does not use): Keras' lazy `tensorflow` module is told it is unavailable for
+    the call (keras 3.15 `utils/rng_utils.py`, `utils/module_utils.py`)."""
+    from keras.src.utils import module_utils  # noqa: PLC0415
+
+    lazy = module_utils.tensorflow
+    known = lazy._available
+    lazy._available = False
+    try:
+        keras.utils.set_random_seed(seed)
+    finally:
+        lazy._available = known
 
 
 def _restore_or_start(
@@ -382,33 +422,6 @@ def _restore_target(live: Any, rt: Runtime) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(live.shape, live.dtype, sharding=sharding)
 
 
-class ChunkTimer:
-    """How many steps the next chunk may hold so that it lasts about `chunk_seconds` (None:
-    no bound in seconds): the latest chunk's measured seconds per step, taken between the
-    ends of two consecutive chunks (the devices run chunks back to back). The first chunk
-    (compiling) and a chunk after a pause (checkpoint, evaluation) set only the clock."""
-
-    def __init__(self, chunk_seconds: float | None):
-        self.chunk_seconds = chunk_seconds
-        self.step_seconds: float | None = None
-        self._last: float | None = None
-
-    def chunk_done(self, n: int) -> None:
-        now = time.perf_counter()
-        if self._last is not None and n > 0:
-            self.step_seconds = (now - self._last) / n
-        self._last = now
-
-    def pause(self) -> None:
-        self._last = None
-
-    def steps_per_chunk(self, steps_per_execution: int) -> int:
-        if self.chunk_seconds is None or not self.step_seconds:
-            return steps_per_execution
-        fit = int(self.chunk_seconds // self.step_seconds)
-        return max(1, min(steps_per_execution, fit))
-
-
 class _TrainLoop:
     def __init__(
         self,
@@ -421,19 +434,15 @@ class _TrainLoop:
         layout: checkpoints.Layout,
         pipelines: Pipelines,
         evaluator: Evaluator | None,
+        programs: program_lib.Programs,
     ):
         self.job, self.manifest, self.rt = job, manifest, rt
         self.model, self.optimizer, self.layout = model, optimizer, layout
         self.pipelines, self.evaluator = pipelines, evaluator
         self.spec = job.train
-        self.train_chunk = steps.make_train_chunk(
-            model,
-            optimizer,
-            job.data.objective,
-            state_sharding=mesh_lib.shardings_of(steps.TrainState.of(model, optimizer)),
-            accum_steps=job.train.grad_accum_steps,
-            seed=job.train.seed,
-        )
+        # The compiled chunk (program.py): it takes exactly the state and batch shapes,
+        # dtypes and shardings it was built for, and donates the state.
+        self.train_chunk = programs.train_chunk()
         self.last_checkpoint: str | None = None
         self.store = checkpoints.Checkpoints(
             job.paths.checkpoints, layout, keep=job.train.keep_checkpoints
@@ -499,8 +508,17 @@ class _TrainLoop:
         an evaluation or the last step. JAX dispatch is asynchronous: the next chunk is
         dispatched first, then the host does the previous chunk's logging and status I/O
         and reads the following chunk's batches while the devices run. After each chunk the
-        processes agree whether to stop (distributed.agree_on_signal): a SIGTERM/SIGINT to
-        any one host checkpoints the same step on all, and all exit 128 + the signal."""
+        processes agree whether to stop and how long the next chunk is
+        (distributed.agree_on_stop): a SIGTERM/SIGINT to any one host checkpoints the same
+        step on all, and all exit 128 + the signal; every host runs chunks of the same
+        length whatever it measured. An in-loop evaluation agrees on stopping between groups
+        of batches too (`_evaluate`)."""
+        with training.deferred_stop():
+            return self._run(state, status, start_step)
+
+    def _run(
+        self, state: steps.TrainState, status: StatusWriter, start_step: int
+    ) -> tuple[steps.TrainState, dict[str, Any]]:
         spec = self.spec
         meter = training.Meter(
             self.job,
@@ -512,7 +530,7 @@ class _TrainLoop:
         eval_every = spec.eval_every if self.evaluator is not None else 0
         batches = self.batches(start_step)
 
-        timer = ChunkTimer(self.rt.chunk_seconds)
+        timer = training.ChunkTimer(self.rt.chunk_seconds)
 
         def chunk_after(step: int) -> int:
             # log_every 0: log boundaries do not cut chunks (Meter.record_steps).
@@ -539,20 +557,25 @@ class _TrainLoop:
         def load(n: int) -> dict[str, Any]:
             return self._load(batches, n)
 
-        stop = training.StopRequest()
-        n = chunk_after(step)
-        ready = load(n)
-        pending: tuple[int, int, dict[str, Any]] | None = None  # dispatched, not reported
+        def agree(step: int) -> tuple[int | None, int]:
+            proposal = chunk_after(step) if step < total else None
+            signum, n = distributed.agree_on_stop(f"stop/{step}", training.STOP.signum, proposal)
+            return signum, n or 0
+
         try:
+            signum, n = agree(step)
+            if signum is not None:  # before the first chunk: nothing trained to save
+                raise training.stopped_outside_loop(signum)
+            ready = load(n)
+            pending: tuple[int, int, dict[str, Any]] | None = None  # dispatched, not reported
             while step < total:
                 state, metrics = self.train_chunk(state, ready, np.int32(n))  # dispatched
                 chunk, step = (step, n, metrics), step + n
                 if pending is not None:
                     report(*pending)  # the previous chunk's host I/O, while this one runs
                 pending = chunk
-                signum = distributed.agree_on_signal(step, stop.signal)
+                signum, n = agree(step)
                 if step < total and signum is None:
-                    n = chunk_after(step)
                     ready = load(n)  # the next chunk's batches, while this one runs
                 checkpoint_now = step % spec.checkpoint_every == 0 or step == total
                 # The final evaluation follows the loop.
@@ -561,16 +584,13 @@ class _TrainLoop:
                     continue
                 report(*pending)  # waits for this chunk: its state is needed now
                 pending = None
-                if checkpoint_now or signum is not None:
-                    self.save(state, step)
-                if signum is not None:
-                    raise self._stopped(signum, step, status)
-                if evaluate_now and self.evaluator is not None:
-                    self.evaluator.evaluate(step, state)
-                    meter.exclude_pause()
+                self._at_boundary(
+                    state, step, signum, checkpoint=checkpoint_now, evaluation=evaluate_now,
+                    group=n, meter=meter, status=status,
+                )  # fmt: skip
                 timer.pause()  # a checkpoint or an evaluation is not step time
         finally:
-            stop.restore()
+            self.pipelines.close(batches)
             bar.close()
             meter.close()
         return state, {
@@ -579,6 +599,54 @@ class _TrainLoop:
             "accuracy": meter.accuracy,
             "steps_per_second": meter.mean_steps_per_second(),
         }
+
+    def _at_boundary(
+        self,
+        state: steps.TrainState,
+        step: int,
+        signum: int | None,
+        *,
+        checkpoint: bool,
+        evaluation: bool,
+        group: int,
+        meter: training.Meter,
+        status: StatusWriter,
+    ) -> None:
+        """A chunk ended at a checkpoint, an evaluation or an agreed stop: save, evaluate
+        (which a stop may cut short: then this step is saved), or stop."""
+        if checkpoint or signum is not None:
+            self.save(state, step)
+        if signum is None and evaluation:
+            signum = self._evaluate(step, state, group=group)
+            if signum is not None and not checkpoint:
+                self.save(state, step)
+            meter.exclude_pause()
+        if signum is not None:
+            raise self._stopped(signum, step, status)
+
+    def _evaluate(self, step: int, state: steps.TrainState, *, group: int) -> int | None:
+        """The in-loop evaluation at `step`, in groups of `group` batches (the agreed chunk
+        length: a group of forward passes lasts at most about a chunk), the processes
+        agreeing after each whether to stop; the agreed signal if they stopped it, else
+        None."""
+        evaluator = self.evaluator
+        if evaluator is None:
+            return None
+        stopped: list[int] = []
+
+        def stop(done: int) -> bool:
+            signum = self._evaluation_stop(step, done)
+            if signum is not None:
+                stopped.append(signum)
+            return signum is not None
+
+        evaluator.evaluate(step, state, group=group, stop=stop)
+        return stopped[0] if stopped else None
+
+    def _evaluation_stop(self, step: int, done: int) -> int | None:
+        """Whether a signal stops the evaluation at `step` after `done` batches (agreed)."""
+        name = f"eval-stop/{step}/{done}"
+        return distributed.agree_on_stop(name, training.STOP.signum, None)[0]
 
 
 def export(

@@ -1,0 +1,83 @@
+"""The rule family "no key material in metadata": VM, TPU VM and project metadata and
+startup scripts carry no private key (PEM blocks, WireGuard keys); keys live in Secret
+Manager."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+try:  # inside the repository (tests): the package "policy"
+    from .resources import (
+        PROJECT_METADATA,
+        PROJECT_METADATA_ITEM,
+        _get,
+        _vm_metadata,
+    )
+except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the working directory
+    from resources import (  # type: ignore[no-redef]
+        PROJECT_METADATA,
+        PROJECT_METADATA_ITEM,
+        _get,
+        _vm_metadata,
+    )
+
+# One message per rule; tests and users match on them.
+MSG_KEY_MATERIAL = "key material in metadata"
+
+_PEM_PRIVATE = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+# A literal value after "PrivateKey =" (a WireGuard config with the key inline). A shell or
+# template variable there (`PrivateKey = ${private_key}`) is a key read at boot from Secret
+# Manager, which is the design.
+_WG_PRIVATE_LINE = re.compile(r"^\s*PrivateKey\s*=\s*(?![$%{<\s])\S", re.MULTILINE | re.IGNORECASE)
+_BASE64_32 = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{43}=(?![A-Za-z0-9+/=])")
+# A WireGuard public key has the same shape as a private one. A key is taken as public only
+# when it is the value of a public-key field: the text right before it on its line ends in
+# "PublicKey =", "..._PUBLIC_KEY=", "pubkey:" or "peer " (`wg set wg0 peer <key>`). The word
+# "public" or "peer" elsewhere on the line proves nothing.
+_PUBLIC_FIELD = re.compile(r"(public[ _-]?key|pubkey|\bpeer)[\s\"']*[=:]?[\s\"']*$", re.IGNORECASE)
+
+
+def find_key_material(text: str) -> list[str]:
+    """Reasons why `text` looks like it carries private key material."""
+    reasons = []
+    if _PEM_PRIVATE.search(text):
+        reasons.append("PEM private key block")
+    if _WG_PRIVATE_LINE.search(text):
+        reasons.append("WireGuard 'PrivateKey =' line with a literal key")
+    for line in text.splitlines():
+        for match in _BASE64_32.finditer(line):
+            if _PUBLIC_FIELD.search(line[: match.start()]):
+                continue  # the value of a public-key field: fine to publish
+            try:
+                decoded = base64.b64decode(match.group(0), validate=True)
+            except (binascii.Error, ValueError):
+                continue
+            if len(decoded) == 32:
+                reasons.append("base64 32-byte key (WireGuard private key shape)")
+                break
+    return reasons
+
+
+def _check_key_material(
+    resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
+) -> None:
+    texts: dict[str, Any] = {}
+    if resource_type == PROJECT_METADATA_ITEM:
+        texts[str(_get(props, "key"))] = _get(props, "value")
+    elif resource_type == PROJECT_METADATA:
+        texts.update(dict(_get(props, "metadata") or {}))
+    else:
+        texts.update(dict(_vm_metadata(props)))
+        texts["metadataStartupScript"] = _get(props, "metadataStartupScript")
+    for key, value in texts.items():
+        if not isinstance(value, str):
+            continue
+        key_lower = key.lower()
+        if "private" in key_lower and "key" in key_lower and value.strip():
+            report(f"{MSG_KEY_MATERIAL}: metadata key {key!r} names a private key")
+        for reason in find_key_material(value):
+            report(f"{MSG_KEY_MATERIAL}: {reason} in {key!r}; keep keys in Secret Manager")

@@ -1,0 +1,281 @@
+"""What a VM runs comes only from the deploy identity (docs/guard-rails.md, "What a VM runs").
+
+For every stack, under Pulumi's mocks: every identity a VM or a Dataflow worker runs as,
+against every object a VM runs or installs, taken from the program's own inputs (the objects
+`pulumi up` uploads, what the job pointer names, the wheelhouse of the rendered scripts,
+the Dataflow staging and temp locations of the job options), and against what each identity
+must write. Each grant's IAM condition is evaluated with cel-python (tests/infra/iam_cel.py)
+as IAM evaluates it for one request on one object; the expected answers are written here,
+not derived from infra/executables.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+from harness import run_offline, stack_names
+from iam_cel import evaluate
+
+from infra import executables, jobspec, render
+
+BOOTSTRAP = Path(__file__).resolve().parents[2] / "infra" / "bootstrap"
+sys.path.insert(0, str(BOOTSTRAP))
+import gitops_bootstrap as bootstrap  # noqa: E402
+
+OBJECT, BUCKET = "storage.googleapis.com/Object", "storage.googleapis.com/Bucket"
+MANAGED_FOLDER = "storage.googleapis.com/ManagedFolder"
+WORKLOAD, CONTROLLER, DATAFLOW, HOP = "workload", "controller", "dataflow", "vpn-hop"
+DATAFLOW_ON = {"tpu-pretrain:dataflow": True}
+# What each role the program grants on a bucket holds, by Google's role definitions
+# (iam/docs/roles-permissions/storage): object permissions only.
+BUCKET_ROLES = {
+    "roles/storage.objectViewer": {"storage.objects.get", "storage.objects.list"},
+    "roles/storage.objectUser": {
+        "storage.objects.create",
+        "storage.objects.delete",
+        "storage.objects.get",
+        "storage.objects.list",
+        "storage.objects.move",
+        "storage.objects.restore",
+        "storage.objects.update",
+        "storage.managedFolders.create",
+        "storage.managedFolders.delete",
+    },
+}
+# Project roles the program grants a stack account, and whether they hold any object
+# permission there (which no bucket condition limits): predefined ones by Google's pages,
+# the bootstrap's custom ones by their permission lists.
+PROJECT_ROLES_WITHOUT_OBJECTS = {
+    "roles/logging.logWriter",
+    "roles/monitoring.metricWriter",
+    "roles/dataflow.developer",
+}
+CUSTOM_ROLES = {
+    bootstrap.RECOVERY_ROLE_ID: bootstrap.RECOVERY_PERMISSIONS,
+    bootstrap.GPU_RECOVERY_ROLE_ID: bootstrap.GPU_RECOVERY_PERMISSIONS,
+    bootstrap.DATAFLOW_LAUNCHER_ROLE_ID: bootstrap.DATAFLOW_LAUNCHER_PERMISSIONS,
+    bootstrap.DATAFLOW_WORKER_ROLE_ID: bootstrap.DATAFLOW_WORKER_PERMISSIONS,
+}
+_ACCOUNT = re.compile(r"tp-[a-z0-9-]+-(workload|controller|dataflow|vpn-hop)@")
+
+
+def _identity(member_or_email: str) -> str | None:
+    match = _ACCOUNT.search(member_or_email)
+    return match.group(1) if match else None
+
+
+class Stack:
+    """One stack's bucket grants per identity, the objects its VMs run, and what they write."""
+
+    def __init__(self, stack: str, overrides: dict[str, object] | None = None) -> None:
+        run = run_offline(stack, overrides)
+        self.run = run
+        (bucket,) = [r for r in run.resources if r.type_ == "gcp:storage/bucket:Bucket"]
+        self.bucket = bucket.inputs["name"]
+        self.grants: dict[str, list[tuple[str, str | None]]] = {}
+        self.project_roles: dict[str, set[str]] = {}
+        for r in run.resources:
+            member = r.inputs.get("member", "")
+            identity = _identity(member)
+            if identity is None:
+                continue
+            if r.type_ == "gcp:storage/bucketIAMMember:BucketIAMMember":
+                assert r.inputs["bucket"] == self.bucket
+                condition = (r.inputs.get("condition") or {}).get("expression")
+                self.grants.setdefault(identity, []).append((r.inputs["role"], condition))
+            elif r.type_.startswith("gcp:projects/"):
+                self.project_roles.setdefault(identity, set()).add(r.inputs["role"])
+        # Every identity a VM runs as, and the Dataflow workers' (the job spec names it).
+        self.identities = {
+            _identity(r.inputs["serviceAccount"]["email"])
+            for r in run.resources
+            if r.type_ in ("gcp:tpu/v2Vm:V2Vm", "gcp:compute/instance:Instance")
+        }
+        spec = json.loads(self._named("payload-job-spec").inputs["content"])
+        self.job = spec["name"]
+        options = ((spec.get("data") or {}).get("beam") or {}).get("options") or {}
+        if overrides == DATAFLOW_ON:
+            self.identities.add(_identity(run.exports["dataflowOptions"]["service_account_email"]))
+            options = run.exports["dataflowOptions"]
+        self.dataflow_options = options or jobspec.dataflow_options(
+            jobspec.DataflowTarget("p", "r", "w@p.iam.gserviceaccount.com", "s", "i"),
+            self.bucket,
+        )
+
+    def _named(self, name: str):
+        (found,) = [r for r in self.run.resources if r.name == name]
+        return found
+
+    def executables(self) -> Iterator[tuple[str, str]]:
+        """(object, who may write it besides the deploy identity) for everything a VM runs."""
+        deploy_only = ()
+        for r in self.run.resources:
+            if r.type_ == "gcp:storage/bucketObject:BucketObject" and r.name.startswith(
+                ("payload-", "startup-")
+            ):
+                yield r.inputs["name"], deploy_only  # the pointer, scripts, archive, job spec
+        pointer = json.loads(self._named("startup-pointer").inputs["content"])
+        for key, value in pointer.items():
+            if key == "job_uri":
+                yield value.removeprefix(f"gs://{self.bucket}/"), deploy_only
+            elif key == "payload_object" or (key.startswith("script_") and "sha" not in key):
+                yield value, deploy_only
+        for role in ("tpu", "gpu"):
+            script = [r for r in self.run.resources if r.name == f"startup-{role}-script"]
+            if script:
+                root = re.search(
+                    r"^readonly WHEELHOUSE_ROOT=(\S+)$", script[0].inputs["content"], re.M
+                )
+                prefix = root.group(1).removeprefix(f"gs://{self.bucket}/")
+                yield (
+                    f"{prefix}/0123456789abcdef/jaxlib-0.10.2-cp311-linux_x86_64.whl",
+                    (CONTROLLER,),
+                )
+                yield f"{prefix}/0123456789abcdef/complete", (CONTROLLER,)
+        staging = self.dataflow_options["staging_location"].removeprefix(f"gs://{self.bucket}/")
+        temp = self.dataflow_options["temp_location"].removeprefix(f"gs://{self.bucket}/")
+        yield f"{staging}/pipeline.pb", (CONTROLLER,)
+        yield f"{staging}/pickled_main_session", (CONTROLLER,)
+        yield f"{temp}/beam-temp-x/side-input", (CONTROLLER, DATAFLOW)
+
+    def must_write(self) -> dict[str, list[str]]:
+        """What each identity writes on the stack's own paths (jobspec's layout)."""
+        run_root = jobspec.run_root(self.bucket, self.job).removeprefix(f"gs://{self.bucket}/")
+        shared = [
+            f"{run_root}/status.json",
+            f"{run_root}/checkpoints/100/state/0.zarr",
+            f"{run_root}/logs/events.out.tfevents.1",
+            f"{run_root}/export/model.safetensors",
+            # gcloud storage's parallel composite uploads put their parts at the bucket's root.
+            "gcloud/tmp/parallel_composite_uploads/see_gcloud_storage_cp_help_for_details/x_0",
+        ]
+        return {
+            WORKLOAD: [*shared, f"{run_root}/bootstrap/tpu.json", f"{run_root}/bootstrap/gpu.json"],
+            CONTROLLER: [
+                *shared,
+                f"{run_root}/bootstrap/controller.json",
+                f"{run_root}/data/manifest.json",
+                f"{run_root}/tokenizer/tokenizer.json",
+            ],
+            DATAFLOW: [
+                f"{run_root}/data/train-00000-of-00004.tfrecord",
+                f"{run_root}/data/beam-temp-1/x",
+            ],
+        }
+
+    def allowed(self, identity: str, permission: str, kind: str, name: str) -> bool:
+        """Whether one request of `identity` is allowed by the stack's grants (IAM: any
+        binding whose role holds the permission and whose condition holds)."""
+        for project_role in self.project_roles.get(identity, set()):
+            custom = CUSTOM_ROLES.get(project_role.rsplit("/", 1)[-1], ())
+            holds = (
+                permission in custom
+                if project_role.startswith("projects/")
+                else (project_role not in PROJECT_ROLES_WITHOUT_OBJECTS)
+            )
+            if holds:
+                return True  # a project grant: no bucket condition applies to it
+        for role, condition in self.grants.get(identity, []):
+            assert role in BUCKET_ROLES, f"{role}: add what it holds to BUCKET_ROLES"
+            if permission in BUCKET_ROLES[role] and (
+                condition is None or evaluate(condition, kind, name)
+            ):
+                return True
+        return False
+
+    def object(self, name: str) -> str:
+        return executables.object_name(self.bucket, name)
+
+
+@cache
+def _stack(stack: str, dataflow: bool) -> Stack:
+    return Stack(stack, DATAFLOW_ON if dataflow else None)
+
+
+CASES = [(stack, False) for stack in stack_names()] + [("v3-euw4", True), ("t4-usc1", True)]
+
+
+@pytest.mark.parametrize(
+    ("stack", "dataflow"), CASES, ids=[f"{s}{'+dataflow' if d else ''}" for s, d in CASES]
+)
+def test_no_vm_or_worker_identity_writes_what_another_runs(stack: str, dataflow: bool) -> None:
+    s = _stack(stack, dataflow)
+    expected_identities = {WORKLOAD, CONTROLLER, HOP} | ({DATAFLOW} if dataflow else set())
+    assert s.identities == expected_identities
+    rows = list(s.executables())
+    # The program's own inputs name each kind of object a VM runs.
+    prefixes = {name.split("/")[0] for name, _ in rows}
+    assert prefixes == {"jobs", "startup", "payload", "wheelhouse", "dataflow"}, prefixes
+    assert any(name == render.POINTER_OBJECT for name, _ in rows)
+    wrong = []
+    for identity in sorted(s.identities):
+        for name, writers in rows:
+            path = s.object(name)
+            for permission in (
+                "storage.objects.create",
+                "storage.objects.delete",
+                "storage.objects.update",
+            ):
+                if s.allowed(identity, permission, OBJECT, path) != (identity in writers):
+                    wrong.append((identity, permission, name))
+            # Every VM reads what it runs (the hop runs none of it and reads nothing).
+            if s.allowed(identity, "storage.objects.get", OBJECT, path) != (identity != HOP):
+                wrong.append((identity, "storage.objects.get", name))
+    assert wrong == []
+
+
+@pytest.mark.parametrize(("stack", "dataflow"), [("v6e-euw4", True), ("l4x2-use1", False)])
+def test_each_identity_writes_what_it_must(stack: str, dataflow: bool) -> None:
+    s = _stack(stack, dataflow)
+    for identity, names in s.must_write().items():
+        if identity not in s.identities:
+            continue
+        for name in names:
+            for permission in (
+                "storage.objects.create",
+                "storage.objects.delete",
+                "storage.objects.get",
+            ):
+                assert s.allowed(identity, permission, OBJECT, s.object(name)), (
+                    identity,
+                    permission,
+                    name,
+                )
+        # Listing is on the bucket: the read grant's, with no condition.
+        assert s.allowed(identity, "storage.objects.list", BUCKET, f"projects/_/buckets/{s.bucket}")
+    assert not s.allowed(HOP, "storage.objects.get", OBJECT, s.object("runs/x"))
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [
+        # A managed folder over startup/ (its own IAM policy would add to the bucket's).
+        (MANAGED_FOLDER, "projects/_/buckets/{bucket}/managedFolders/startup/"),
+        # The bucket itself (its settings, IAM policy): no write grant reaches it.
+        (BUCKET, "projects/_/buckets/{bucket}"),
+    ],
+)
+def test_the_write_grants_reach_nothing_but_this_buckets_objects(kind: str, name: str) -> None:
+    s = _stack("v3-euw4", True)
+    for identity in (WORKLOAD, CONTROLLER, DATAFLOW):
+        for permission in ("storage.objects.create", "storage.managedFolders.create"):
+            target = name.format(bucket=s.bucket)
+            assert not s.allowed(identity, permission, kind, target), (identity, permission, name)
+
+
+def test_the_matrix_can_fail() -> None:
+    """An unconditional write grant, or roles/dataflow.worker on the project (it holds
+    storage.objects.create there), would let an identity write what another runs."""
+    s = Stack("v3-euw4", DATAFLOW_ON)
+    pointer = s.object(render.POINTER_OBJECT)
+    assert not s.allowed(WORKLOAD, "storage.objects.create", OBJECT, pointer)
+    s.grants[WORKLOAD] = [("roles/storage.objectUser", None)]
+    assert s.allowed(WORKLOAD, "storage.objects.create", OBJECT, pointer)
+    assert not s.allowed(DATAFLOW, "storage.objects.create", OBJECT, pointer)
+    s.project_roles[DATAFLOW] = {"roles/dataflow.worker"}
+    assert s.allowed(DATAFLOW, "storage.objects.create", OBJECT, pointer)

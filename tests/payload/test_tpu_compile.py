@@ -1,0 +1,173 @@
+"""The trainer's programs compiled for real TPU targets, on this CPU-only machine: `tpu-payload
+compile`'s path (payload/backends/jax/aot.py, through the trainer's builder program.py) in
+the TPU environment (.venv-tpu-jax: jax[tpu] 0.10.2 + libtpu, whose compiler targets any TPU
+topology without a TPU; PAYLOAD_TPU_PYTHON names another interpreter).
+
+Why here and not in tests/infra (test_tpu_jax_env.py also drives .venv-tpu-jax): what is
+tested is the payload's programs, not the VM's environment; the driver imports this working
+copy's payload (PYTHONPATH), as test_encode_beam.py runs .venv-beam, instead of installing
+the payload into the environment first.
+
+Cases (one driver process; ~1 min of CPU for the compiles, more on a loaded machine): the
+tiny Llama (with its evaluation step) and a tiny BERT MLM job (attention dropout 0, so that
+splash applies) for v5e:2x2 (v5litepod-4) and v6e:2x2 (v6e-4), FSDP over the 4 chips, splash
+chosen by `train.attention: auto`; and the sequence lengths at which splash's blocks must
+adapt (640, 768, 1280; one-layer Llama) on v5e:2x2. Asserted:
+- splash is the attention and its Mosaic kernels are in the compiled training chunk: per
+  layer one forward, one dq and one dkv kernel (the evaluation step: forward only);
+- the plan (payload/plan.py) agrees with the compiler: its per-chip total (weights + slots +
+  gradients + activations + the chunk's batches) is within PLAN_FACTOR of the compiler's
+  arguments + outputs - aliased + temporaries (generated code, which the plan does not count
+  yet, apart). Measured 2026-11-28 on v5e:2x2: 1.40 (Llama), 1.38 (BERT): on models this
+  small TPU tiling pads every small array (a [64] vector takes a (128) tile) and XLA's fixed
+  buffers weigh most;
+- the FLOPs per step (HLO matmuls with trip counts + the kernels' attention term) within
+  FLOPS_FACTOR of the plan's model FLOPs (measured 1.26 Llama: the embedding's one-hot matmul
+  and the chunked loss's recomputed logits; 0.92 BERT: MLM's head runs at the masked
+  positions only, the plan counts every position);
+- a sequence length that is a multiple of 128 but not of 512 compiles with splash on a
+  block that divides it (payload/kernels.py splash_block); never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("tpu_compile_driver.py")
+PLAN_FACTOR = 1.6
+FLOPS_FACTOR = 1.5
+# The sequence lengths that are multiples of splash's 128-token lanes but not of its default
+# 512-token block (payload/kernels.py SPLASH_BLOCK).
+ODD_LENGTHS = (640, 768, 1280)
+
+
+def _job(family: str, *, seq: int = 256, layers: int | None = None, held_out: bool = False):
+    config: dict[str, Any] = {}
+    if family == "llama":
+        config["max_position_embeddings"] = max(512, seq)
+        kind, objective = "bpe", "clm"
+    else:
+        config["attention_probs_dropout_prob"] = 0.0  # splash holds no probabilities
+        kind, objective = "wordpiece", "mlm"
+    if layers:
+        config["num_hidden_layers"] = layers
+    return {
+        "name": f"compile-{family}",
+        "corpus": {"paths": ["/nonexistent/corpus.txt"]},
+        "tokenizer": {"kind": kind, "vocab_size": 512},
+        "data": {
+            "objective": objective,
+            "seq_length": seq,
+            "eval_fraction": 0.1 if held_out else 0,
+        },
+        "model": {"family": family, "size": "tiny", "config": config},
+        "train": {"backend": "jax", "steps": 10, "global_batch_size": 8, "sharding": "fsdp"},
+    }
+
+
+TARGETS = [
+    ("llama-v5e", "v5litepod-4", _job("llama", held_out=True)),
+    ("llama-v6e", "v6e-4", _job("llama")),
+    ("bert-v5e", "v5litepod-4", _job("bert")),
+    ("bert-v6e", "v6e-4", _job("bert")),
+]
+LENGTHS = [(f"seq-{n}", "v5litepod-4", _job("llama", seq=n, layers=1)) for n in ODD_LENGTHS]
+
+
+def _tpu_python() -> Path:
+    configured = os.environ.get("PAYLOAD_TPU_PYTHON")
+    python = Path(configured) if configured else REPO / ".venv-tpu-jax" / "bin" / "python"
+    if not python.exists():
+        pytest.fail("the TPU compile checks need .venv-tpu-jax: `make venv-tpu-jax` builds it")
+    return python
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, dict[str, Any]]:
+    cases = [{"name": name, "accelerator": acc, "job": job} for name, acc, job in TARGETS + LENGTHS]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "PYTHONPATH": str(REPO),
+        "JAX_PLATFORMS": "cpu",
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+    }
+    done = subprocess.run(
+        [str(_tpu_python()), str(DRIVER), json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+        env=env,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [row["name"] for row in rows] == [case["name"] for case in cases], done.stderr[-3000:]
+    return {row["name"]: row for row in rows}
+
+
+def _compiler_total(memory: dict[str, int]) -> int:
+    return memory["arguments"] + memory["outputs"] - memory["aliased"] + memory["temporaries"]
+
+
+@pytest.mark.parametrize(("name", "accelerator", "job"), TARGETS, ids=[t[0] for t in TARGETS])
+def test_compiles_for_the_tpu_with_splash_as_the_plan_says(
+    compiled: dict[str, dict[str, Any]], name: str, accelerator: str, job: dict[str, Any]
+) -> None:
+    row = compiled[name]
+    assert "error" not in row, row
+    assert row["fits"] and row["accelerator"] == accelerator
+    # The chip as aot.facts_of states it from the topology's devices (what chip_of reads of
+    # a real TPU), and splash's block: the sequence (256) itself.
+    chip = {"v5litepod-4": "TPU v5 lite", "v6e-4": "TPU v6 lite"}[accelerator]
+    assert row["runtime"]["chip"] == chip
+    assert row["runtime"]["attention"] == {
+        "implementation": "splash",
+        "reason": f"train.attention: auto on {chip}",
+        "block": 256,
+    }
+    assert row["runtime"]["mesh"] == {"sharding": "fsdp", "data": 1, "fsdp": 4}
+    layers = 2  # the tiny presets
+    chunk = row["programs"]["training chunk"]
+    kernels = chunk["kernels"]
+    assert sorted(kernels) == [
+        "splash_mha_dkv_segmented_no_residuals",
+        "splash_mha_dq_segmented_no_residuals",
+        "splash_mha_fwd_segmented_residuals",
+    ], kernels
+    # One of each per layer, each run once per optimizer step.
+    assert all(count == [layers, layers] for count in kernels.values()), kernels
+    assert chunk["step_loop"] and chunk["collectives_per_step"]["all-gather"][0] > 0
+    if job["data"]["eval_fraction"]:
+        forward = row["programs"]["evaluation step"]["kernels"]
+        assert forward == {"splash_mha_fwd_segmented_no_residuals": [layers, 0]}, forward
+    ratio = _compiler_total(chunk["memory"]) / row["plan"]["total"]
+    assert 1 / PLAN_FACTOR <= ratio <= PLAN_FACTOR, (name, ratio, chunk["memory"], row["plan"])
+    assert chunk["memory"]["code"] > 0  # generated code: reported, not in the plan
+    flops = (chunk["flops_per_step"] + row["kernel_flops_per_step"]) / row["model_flops_per_step"]
+    assert 1 / FLOPS_FACTOR <= flops <= FLOPS_FACTOR, (name, flops)
+    assert len(row["fingerprints"]["train_chunk"]) == 16
+
+
+@pytest.mark.parametrize(("name", "accelerator", "job"), LENGTHS, ids=[t[0] for t in LENGTHS])
+def test_odd_lengths_compile_with_splash_or_fall_back_with_a_reason(
+    compiled: dict[str, dict[str, Any]], name: str, accelerator: str, job: dict[str, Any]
+) -> None:
+    row = compiled[name]
+    assert "error" not in row, row["error"]
+    attention = row["runtime"]["attention"]
+    kernels = row["programs"]["training chunk"]["kernels"]
+    # Splash, on the largest multiple of 128 up to 512 that divides the sequence
+    # (payload/kernels.py splash_block: 640 -> 128, 768 -> 384, 1280 -> 256).
+    seq = job["data"]["seq_length"]
+    assert attention["implementation"] == "splash", attention
+    assert attention["block"] == {640: 128, 768: 384, 1280: 256}[seq], attention
+    assert len(kernels) == 3 and all(count == [1, 1] for count in kernels.values()), kernels

@@ -28,6 +28,7 @@ from pulumi.runtime.sync_await import _sync_await
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = ROOT / "infra" / "bootstrap"
 sys.path.insert(0, str(BOOTSTRAP))
+import bootstrap_roles  # noqa: E402
 import gitops_bootstrap as bootstrap  # noqa: E402
 
 PROJECT_NUMBER = "123456789012"
@@ -240,7 +241,7 @@ def _project_roles(run: Run, account: str) -> set[str]:
 
 def test_preview_account_is_read_only(run: Run) -> None:
     roles = _project_roles(run, "tpu-pretrain-preview")
-    assert roles == set(bootstrap.PREVIEW_PROJECT_ROLES)
+    assert roles == set(bootstrap_roles.PREVIEW_PROJECT_ROLES)
     assert all(role.endswith(("viewer", "Viewer")) for role in roles)
     bucket_grants = {
         r.inputs["role"]: r.inputs.get("condition")
@@ -300,7 +301,9 @@ def test_the_deploy_account_acts_as_each_stack_account_on_that_account(run: Run)
     stacks = sorted(p.name.split(".")[1] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
     assert stacks and bootstrap.stack_names() == tuple(stacks)
     wanted = {
-        f"tp-{stack}-{suffix}" for stack in stacks for suffix in bootstrap.STACK_ACCOUNT_SUFFIXES
+        f"tp-{stack}-{suffix}"
+        for stack in stacks
+        for suffix in bootstrap_roles.STACK_ACCOUNT_SUFFIXES
     }
     accounts = {
         r.inputs["accountId"]: r

@@ -30,6 +30,7 @@ BOOTSTRAP = ROOT / "infra" / "bootstrap"
 sys.path.insert(0, str(BOOTSTRAP))
 import bootstrap_roles  # noqa: E402
 import gitops_bootstrap as bootstrap  # noqa: E402
+import iam_conditions  # noqa: E402
 
 PROJECT_NUMBER = "123456789012"
 SA_DOMAIN = "tpu-pretrain-example.iam.gserviceaccount.com"
@@ -503,8 +504,8 @@ def test_bucket_and_secret_powers_reach_only_the_stacks_own(run: Run) -> None:
     buckets = run.named("deploy-stack-buckets").inputs["condition"]["expression"]
     secrets = run.named("deploy-stack-secrets").inputs["condition"]["expression"]
     # The expressions themselves, evaluated with CEL: tests/infra/test_iam_conditions.py.
-    assert buckets == bootstrap.stack_bucket_condition()
-    assert secrets == bootstrap.stack_secret_condition()
+    assert buckets == iam_conditions.stack_bucket_condition()
+    assert secrets == iam_conditions.stack_secret_condition()
     assert "matches(" not in buckets + secrets
     deployer = set(run.named("deployer-role").inputs["permissions"])
     assert not {

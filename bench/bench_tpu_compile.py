@@ -18,8 +18,8 @@ code; "total" = arguments + outputs - aliased + temporaries, MaxText's
 print_compiled_memory_stats), the plan's figure (payload/plan.py) beside it, compile
 seconds, and from the optimized HLO (payload/backends/jax/hlo.py): the while loops and their
 trip counts (one with trip count L: the scanned decoder layer), Mosaic (Pallas) kernels, the
-weight all-gathers by dtype, and flops per step counted with trip counts and the kernels'
-own matmuls, beside the plan's.
+weight all-gathers by dtype, and flops per step counted with trip counts and the splash
+kernels' own matmuls, beside the plan's.
 
 Until the trainer's builder takes a mesh of abstract devices (issue 40, items 1-2), this
 script builds the chunk itself, as the trainer would: CPU devices stand in for the chips'
@@ -242,7 +242,8 @@ def measure(args: argparse.Namespace, remat: str) -> dict[str, Any]:
         - memory.alias_size_in_bytes
         + memory.temp_size_in_bytes
     )
-    program = hlo_lib.analyse(text)
+    shape = plan_lib.model_shape(args.family, args.size, json.loads(args.config), args.vocab)
+    program = hlo_lib.summarize(text, causal=shape.causal)
     keras.backend.clear_session()
     return {
         "accelerator": args.accelerator,
@@ -263,7 +264,9 @@ def measure(args: argparse.Namespace, remat: str) -> dict[str, Any]:
         "temp": int(memory.temp_size_in_bytes),
         "code": int(memory.generated_code_size_in_bytes),
         "total": int(total),
-        **program,
+        # One call of the chunk runs one step: the step loop's body once, the rest once.
+        "step_flops_per_device": program.total_flops(),
+        **program.to_dict(),
         **job,
     }
 
@@ -347,8 +350,10 @@ def main() -> int:
             f"{row['temp'] / GIB:.2f}, total {row['total'] / GIB:.2f} GiB; generated code "
             f"{row['code'] / 2**20:.1f} MiB (plan {row['plan_code'] / 2**20:.1f}); total + code "
             f"{(row['total'] + row['code']) / GIB:.2f} GiB (plan {row['plan_total'] / GIB:.2f})\n"
-            f"  while loops (trip counts): {row['loops']}; Mosaic kernels: {row['kernels']}\n"
-            f"  all-gathers by dtype: {row['all_gathers']}\n"
+            f"  while loops (trip counts; None: the step loop): {row['loops']}; Mosaic "
+            f"kernels [instances, runs per step, per call]: {row['kernels']}\n"
+            f"  all-gathered bytes per chip by dtype, per step: {row['all_gathers_per_step']}, "
+            f"per call: {row['all_gathers_per_call']}\n"
             f"  flops per step: {step / 1e12:.2f} T ({per_chip / 1e12:.3f} T per "
             f"chip), plan {row['plan_step_flops'] / 1e12:.2f} T (model flops "
             f"{row['plan_model_flops'] / 1e12:.2f} T)",

@@ -50,7 +50,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 IAP_RANGE = "35.235.240.0/20"
 _GCE_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # Every stack bucket's name ends so: the deploy account's bucket and object powers are
-# bound with a condition on it (infra/bootstrap/gitops_bootstrap.py STACK_BUCKET_SUFFIX),
+# bound with a condition on it (infra/bootstrap/iam_conditions.py STACK_BUCKET_SUFFIX),
 # which keeps the Pulumi state bucket and every other bucket out of its reach.
 STACK_BUCKET_SUFFIX = "-tpu-pretrain"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")

@@ -56,8 +56,8 @@ REPORT_DIR = REPO_ROOT / "build" / "smoke"
 NAMESPACE = "tpu-pretrain"
 OK, MISMATCH, FAILED, UNKNOWN = "ok", "MISMATCH", "FAILED", "unknown"
 # The GitOps bootstrap's deploy account and the role it holds on each stack account
-# (infra/bootstrap/gitops_bootstrap.py DEPLOY_ACCOUNT_ID, STACK_ACCOUNT_USER_ROLE_ID; the main
-# program never imports the bootstrap).
+# (infra/bootstrap/gitops_bootstrap.py DEPLOY_ACCOUNT_ID, bootstrap_roles.py
+# STACK_ACCOUNT_USER_ROLE_ID; the main program never imports the bootstrap).
 DEPLOY_ACCOUNT_ID = "tpu-pretrain-deploy"
 STACK_ACCOUNT_ROLE_ID = "tpuPretrainStackAccountUser"
 SERVICE_ACCOUNT_USER = "roles/iam.serviceAccountUser"

@@ -6,12 +6,33 @@ programs). Framework-free, as the plan."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from payload.sharding import REMAT_SAVES
 
-if TYPE_CHECKING:
-    from payload.plan import Shape
+
+class Shape(Protocol):
+    """What these costs read of a model's shape (payload/plan.py's Shape has it; this
+    module stands below the plan)."""
+
+    @property
+    def family(self) -> str: ...
+    @property
+    def layers(self) -> int: ...
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def intermediate(self) -> int: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def head_size(self) -> int: ...
+    @property
+    def vocab(self) -> int: ...
+    @property
+    def causal(self) -> bool: ...
 
 
 def saved_width(shape: Shape, remat: str) -> int:

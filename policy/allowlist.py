@@ -387,7 +387,7 @@ STACK_BUCKET_ROLE_ID = "tpuPretrainStackBuckets"
 STACK_SECRET_ROLE_ID = "tpuPretrainStackSecrets"  # noqa: S105 (a role id)
 
 # The deploy account's unconditional permissions: what the main program's resource types
-# need (infra/bootstrap/gitops_bootstrap.py PERMISSIONS_BY_TYPE; tests/policy/
+# need (infra/bootstrap/deploy_permissions.py PERMISSIONS_BY_TYPE; tests/policy/
 # test_deployability.py checks that the two lists are the same). No IAM policy write on a
 # project or a service account, no actAs, no change to a VM, no bucket or object or secret
 # beyond creating and listing (those come with conditions), no change to a TPU VM
@@ -503,7 +503,7 @@ PROJECT_IAM_WRITER_PERMISSIONS = frozenset(
 )
 # actAs only: never the IAM policy of a stack account (it could grant any role there, and IAM
 # documents no limit on the roles granted on an account's policy); the bootstrap makes every
-# grant on the stacks' accounts (infra/bootstrap/gitops_bootstrap.py CONTROLLER_ACTS_AS).
+# grant on the stacks' accounts (infra/bootstrap/bootstrap_roles.py CONTROLLER_ACTS_AS).
 STACK_ACCOUNT_USER_PERMISSIONS = frozenset({"iam.serviceAccounts.actAs"})
 
 _PREVIEW = rf"serviceAccount:{bootstrap_account('tpu-pretrain-preview')}"

@@ -1,5 +1,5 @@
 """The permissions the GitOps deploy account needs per resource type of the main program
-(infra/bootstrap/gitops_bootstrap.py derives its roles from this table)."""
+(infra/bootstrap/bootstrap_roles.py derives the deploy account's roles from this table)."""
 
 from __future__ import annotations
 

@@ -23,8 +23,10 @@ Creates what the workflows in .github/workflows need before any stack can be pre
 - the TPU and GPU recovery custom roles that stacks with tpuAutoRecover / gpuAutoRecover
   bind to their controller account (the deploy account may grant them, never edit them).
 
-Its outputs are the values of the repository variables the workflows read. It is never
-imported by the main program (infra/) and has its own state (see docs/gitops.md).
+The roles' ids and permissions and the stacks' account names are in bootstrap_roles.py,
+the permission table per resource type in deploy_permissions.py, the IAM conditions in
+iam_conditions.py. Its outputs are the values of the repository variables the workflows read.
+It is never imported by the main program (infra/) and has its own state (see docs/gitops.md).
 """
 
 from __future__ import annotations
@@ -36,10 +38,37 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 import yaml
-from deploy_permissions import PERMISSIONS_BY_TYPE
+from bootstrap_roles import (
+    CONTROLLER_ACTS_AS,
+    DATAFLOW_LAUNCHER_PERMISSIONS,
+    DATAFLOW_LAUNCHER_ROLE_ID,
+    DATAFLOW_WORKER_PERMISSIONS,
+    DATAFLOW_WORKER_ROLE_ID,
+    DEPLOYER_PERMISSIONS,
+    DEPLOYER_ROLE_ID,
+    GPU_RECOVERY_PERMISSIONS,
+    GPU_RECOVERY_ROLE_ID,
+    IAM_GRANTER_ROLE_ID,
+    PREVIEW_PROJECT_ROLES,
+    PROJECT_IAM_WRITER_PERMISSIONS,
+    RECOVERY_PERMISSIONS,
+    RECOVERY_ROLE_ID,
+    SERVICE_ACCOUNT_USER,
+    STACK_ACCOUNT_SUFFIXES,
+    STACK_ACCOUNT_USER_PERMISSIONS,
+    STACK_ACCOUNT_USER_ROLE_ID,
+    STACK_BUCKET_PERMISSIONS,
+    STACK_BUCKET_ROLE_ID,
+    STACK_INSTANCE_PERMISSIONS,
+    STACK_INSTANCE_ROLE_ID,
+    STACK_SECRET_PERMISSIONS,
+    STACK_SECRET_ROLE_ID,
+    grantable_roles,
+    stack_account_display_name,
+    stack_account_id,
+)
 from iam_conditions import (
     STACK_BUCKET_SUFFIX,
-    STACK_PREFIX,
     modified_grants_only,
     stack_bucket_condition,
     stack_instance_condition,
@@ -56,90 +85,10 @@ DEPLOY_ACCOUNT_ID = "tpu-pretrain-deploy"
 KEY_RING_ID = "tpu-pretrain-state"
 CRYPTO_KEY_ID = "pulumi-secrets"
 KEY_ROTATION = "7776000s"  # 90 days (CIS GCP 1.10)
-DEPLOYER_ROLE_ID = "tpuPretrainDeployer"
-IAM_GRANTER_ROLE_ID = "tpuPretrainIamGranter"  # project IAM writes, limited roles
-STACK_ACCOUNT_USER_ROLE_ID = "tpuPretrainStackAccountUser"  # actAs on the stacks' accounts
-STACK_INSTANCE_ROLE_ID = "tpuPretrainStackInstances"  # the stacks' own VMs only
-STACK_BUCKET_ROLE_ID = "tpuPretrainStackBuckets"  # the stacks' own buckets and objects only
-STACK_SECRET_ROLE_ID = "tpuPretrainStackSecrets"  # noqa: S105 (a role id, not a secret)
-# The main program binds this role by name (infra/components/recovery.py RECOVERY_ROLE_ID).
-RECOVERY_ROLE_ID = "tpuPretrainTpuRecovery"
-# ... and this one for GPU stacks (infra/components/recovery.py GPU_RECOVERY_ROLE_ID).
-GPU_RECOVERY_ROLE_ID = "tpuPretrainGpuRecovery"
-# ... and this one, with roles/dataflow.developer, for the launcher of stacks with
-# tpu-pretrain:dataflow (infra/components/dataflow.py LAUNCHER_EXTRA_ROLE_ID).
-DATAFLOW_LAUNCHER_ROLE_ID = "tpuPretrainDataflowLauncher"
-# ... and this one to the Dataflow workers of those stacks, instead of roles/dataflow.worker
-# (infra/components/dataflow.py WORKER_ROLE_ID).
-DATAFLOW_WORKER_ROLE_ID = "tpuPretrainDataflowWorker"
 DEPLOY_REF = "refs/heads/main"
 # A custom attribute "<token subject>@<git ref>": the deploy binding names one value of it,
 # so a job must run in the deploy environment AND on DEPLOY_REF.
 DEPLOY_ATTRIBUTE = "sub_ref"
-
-# What the controller's TPU watchdog (infra/templates/tpu-watch.sh) calls: `gcloud compute
-# tpus tpu-vm describe/list/create/delete` and `gcloud compute tpus queued-resources
-# create/describe/list/delete`, waiting on their long-running operations. Names as in the
-# Cloud TPU REST reference (projects.locations.nodes / queuedResources / operations) and the
-# Terraform provider's permission maps; attaching the TPU VM's account to the recreated VM
-# needs iam.serviceAccounts.actAs, granted on that one account by the program.
-RECOVERY_PERMISSIONS = (
-    "tpu.nodes.create",
-    "tpu.nodes.delete",
-    "tpu.nodes.get",
-    "tpu.nodes.list",
-    "tpu.operations.get",
-    "tpu.queuedResources.create",
-    "tpu.queuedResources.delete",
-    "tpu.queuedResources.get",
-    "tpu.queuedResources.list",
-)
-# What the controller's GPU watchdog (infra/templates/gpu-watch.sh) calls: `gcloud compute
-# instances describe`, `start --async` (no operation polling), `get-guest-attributes` (the
-# VM's boot state) and `stop --async` (a VM whose boot failed bills while idle). Names as in
-# the Compute Engine REST reference (instances.get, .start, .getGuestAttributes, .stop). The
-# program grants this role on the project with an IAM condition naming the one GPU VM.
-GPU_RECOVERY_PERMISSIONS = (
-    "compute.instances.get",
-    "compute.instances.getGuestAttributes",
-    "compute.instances.start",
-    "compute.instances.stop",
-)
-# What Dataflow Admin, "minimal role for creating and managing dataflow jobs" (Google's
-# Dataflow roles page, iam/docs/roles-permissions/dataflow), holds beyond Dataflow Developer
-# at project level, less its object permissions on every bucket (the launcher has those on
-# the stack's bucket): both read-only.
-DATAFLOW_LAUNCHER_PERMISSIONS = (
-    "compute.machineTypes.get",
-    "storage.buckets.get",
-)
-# roles/dataflow.worker as Google defines it, less storage.objects.create and .get: granted on
-# the project those reach every object of every bucket, what a VM of the stack runs included
-# (docs/guard-rails.md, "What a VM runs"); the workers' objects come from their grants on the
-# stack's bucket (infra/components/bucket.py object_grants). The list is the role's
-# includedPermissions (`gcloud iam roles describe roles/dataflow.worker`).
-DATAFLOW_WORKER_PERMISSIONS = (
-    "autoscaling.sites.readRecommendations",
-    "autoscaling.sites.writeMetrics",
-    "autoscaling.sites.writeState",
-    "compute.instanceGroupManagers.update",
-    "compute.instances.delete",
-    "compute.instances.setDiskAutoDelete",
-    "dataflow.jobs.get",
-    "dataflow.shuffle.read",
-    "dataflow.shuffle.write",
-    "dataflow.streamingWorkItems.ImportState",
-    "dataflow.streamingWorkItems.commitWork",
-    "dataflow.streamingWorkItems.getData",
-    "dataflow.streamingWorkItems.getWork",
-    "dataflow.streamingWorkItems.getWorkerMetadata",
-    "dataflow.workItems.lease",
-    "dataflow.workItems.sendMessage",
-    "dataflow.workItems.update",
-    "logging.logEntries.create",
-    "monitoring.timeSeries.create",
-    "storage.buckets.get",
-)
 
 # APIs the bootstrap itself and keyless CI authentication need; left enabled on destroy.
 APIS = (
@@ -152,120 +101,9 @@ APIS = (
     "storage.googleapis.com",
 )
 
-# Read-only project roles of the preview account: enough for the provider's reads during a
-# preview (and a `pulumi refresh --preview-only`), no write, no secret payloads, no admin.
-PREVIEW_PROJECT_ROLES = (
-    "roles/compute.viewer",  # networks, subnets, firewalls, routers, addresses, VMs
-    "roles/tpu.viewer",  # TPU VMs, accelerator types, runtime versions
-    "roles/iam.serviceAccountViewer",  # the stacks' service accounts
-    "roles/secretmanager.viewer",  # secret metadata only, never the versions' payload
-    "roles/serviceusage.serviceUsageViewer",  # which APIs are enabled
-    # The training buckets' settings, and the program's look-up of a kept bucket
-    # (storage.buckets.list; "view buckets and their metadata" in Google's role list).
-    "roles/storage.bucketViewer",
-)
-
-# Permissions that would let the deploy account escalate if held project-wide. They are
-# held only through the conditional roles below, never through the deployer role.
-# Acting as an account: only the stacks' own, through a grant on each one's own allow policy.
-# No iam.serviceAccounts.setIamPolicy: with it the deploy account could grant any role on a
-# stack account (token creator, key admin) to anyone, and IAM documents no condition on the
-# roles granted on an account's policy (modifiedGrantsByRole is documented for projects,
-# folders and organizations). The grants on the accounts are the bootstrap's
-# (CONTROLLER_ACTS_AS); a GitOps stack writes none (tpu-pretrain:accountsFromBootstrap).
-STACK_ACCOUNT_USER_PERMISSIONS = ("iam.serviceAccounts.actAs",)
-# The project's IAM policy: only grants/revocations of GRANTABLE_PROJECT_ROLES
-# (iam.googleapis.com/modifiedGrantsByRole, documented by Google for projects).
-PROJECT_IAM_WRITER_PERMISSIONS = (
-    "resourcemanager.projects.getIamPolicy",
-    "resourcemanager.projects.setIamPolicy",
-)
-# Everything that changes (or runs code on) an existing VM: setMetadata alone would let a
-# holder run a startup script on ANY VM of the project, as that VM's account (the default
-# compute account included). Only on VMs named like the stacks' ("tp-<stack>-..."): a
-# condition on the instance's resource name, which Google's "Resource attributes for IAM
-# Conditions" lists for Compute Engine instances ("projects/<p>/zones/<z>/instances/<n>").
-STACK_INSTANCE_PERMISSIONS = tuple(
-    p
-    for p in PERMISSIONS_BY_TYPE["gcp:compute/instance:Instance"]
-    if p.startswith("compute.instances.")
-)
-# A bucket's IAM policy and objects, and a secret's payload and IAM policy: only the
-# stacks' own (the state bucket and every other bucket or secret of the project out of
-# reach). Cloud Storage and Secret Manager are on Google's "Resource attributes for IAM
-# Conditions" page (iam/docs/conditions-resource-attributes), with resource names
-# "projects/_/buckets/<bucket>[/objects/<object>]" and "projects/<project>/secrets/<id>
-# [/versions/<v>]". Creating and listing are checked on the project, not on a named
-# resource: those two stay in the deployer role.
-STACK_BUCKET_PERMISSIONS = tuple(
-    p
-    for t in ("gcp:storage/bucket:Bucket", "gcp:storage/bucketIAMMember:BucketIAMMember",
-              "gcp:storage/bucketObject:BucketObject")
-    for p in PERMISSIONS_BY_TYPE[t]
-    if p not in ("storage.buckets.create", "storage.buckets.list")
-)  # fmt: skip
-STACK_SECRET_PERMISSIONS = tuple(
-    p
-    for t in ("gcp:secretmanager/secret:Secret", "gcp:secretmanager/secretVersion:SecretVersion",
-              "gcp:secretmanager/secretIamMember:SecretIamMember")
-    for p in PERMISSIONS_BY_TYPE[t]
-    if p != "secretmanager.secrets.create"
-)  # fmt: skip
-CONDITIONAL_PERMISSIONS = (
-    frozenset(STACK_ACCOUNT_USER_PERMISSIONS)
-    | frozenset(PROJECT_IAM_WRITER_PERMISSIONS)
-    | frozenset(STACK_INSTANCE_PERMISSIONS)
-    | frozenset(STACK_BUCKET_PERMISSIONS)
-    | frozenset(STACK_SECRET_PERMISSIONS)
-)
-
-# The deployer role: every permission of the table that is not conditional, sorted.
-DEPLOYER_PERMISSIONS = tuple(
-    sorted({p for needs in PERMISSIONS_BY_TYPE.values() for p in needs} - CONDITIONAL_PERMISSIONS)
-)
-
-# The roles the program grants on the project (ServiceIdentity: log and metric writing; the
-# recovery role for the watchdog). roles/iam.serviceAccountUser is NOT among them: granted on
-# the project it would be actAs on every account of the project. The program grants it on
-# the TPU VM's own account only, through the stack-account role.
-GRANTABLE_PROJECT_ROLES = (
-    "roles/logging.logWriter",
-    "roles/monitoring.metricWriter",
-    # Stacks with tpu-pretrain:dataflow (infra/components/dataflow.py): the launcher role to
-    # its controller (the policy pack refuses it to any other member); the workers get the
-    # custom role below (dataflow_worker_role_name), never roles/dataflow.worker.
-    "roles/dataflow.developer",
-)
-# The grants on the stacks' accounts that a stack created by a person makes itself
-# (infra/components/recovery.py, dataflow.py) and the bootstrap makes for a GitOps stack:
-# the controller acts as the TPU VM's account (the TPU watchdog recreates the VM as it) and
-# as the Dataflow workers' account (it launches their jobs). Made for every stack, whether
-# or not its watchdog or Dataflow is on: actAs alone runs nothing; what uses it is the
-# recovery role or roles/dataflow.developer on the project, which the stack grants only
-# when it needs them, under the granter's modifiedGrantsByRole condition.
-SERVICE_ACCOUNT_USER = "roles/iam.serviceAccountUser"
-CONTROLLER_ACTS_AS = ("workload", "dataflow")
-
-# The main program's service accounts are "tp-<stack>-<suffix>" (infra/config.py: every GCP
-# name of a stack starts with "tp-<stack>"; SERVICE_ACCOUNT_SUFFIXES), all in the stacks'
-# project. tests/policy/test_deployability.py checks these against infra/config.py and the
-# captured accounts of every stack.
-STACK_ACCOUNT_PREFIX = STACK_PREFIX
-STACK_ACCOUNT_SUFFIXES = ("workload", "controller", "vpn-hop", "dataflow")
 # The repository's stack files: one stack per stacks/Pulumi.<stack>.yaml.
 STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
 _ACCOUNT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")  # IAM: 6-30 characters
-
-
-def stack_account_id(stack: str, suffix: str) -> str:
-    return f"{STACK_ACCOUNT_PREFIX}{stack}-{suffix}"
-
-
-def stack_account_display_name(stack: str, suffix: str) -> str:
-    """The account's display name; the main program writes the same when it creates one
-    (infra/components/identity.py account_display_name) and never changes an adopted one."""
-    return f"tpu-pretrain {stack}: {suffix}"
-
 
 ADOPT_KEY = "tpu-pretrain:accountsFromBootstrap"
 
@@ -294,33 +132,6 @@ def stack_names(directory: Path = STACKS_DIR) -> tuple[str, ...]:
                     "or '-': rename the stack"
                 )
     return names
-
-
-def recovery_role_name(project: str) -> str:
-    return f"projects/{project}/roles/{RECOVERY_ROLE_ID}"
-
-
-def gpu_recovery_role_name(project: str) -> str:
-    return f"projects/{project}/roles/{GPU_RECOVERY_ROLE_ID}"
-
-
-def dataflow_launcher_role_name(project: str) -> str:
-    return f"projects/{project}/roles/{DATAFLOW_LAUNCHER_ROLE_ID}"
-
-
-def dataflow_worker_role_name(project: str) -> str:
-    return f"projects/{project}/roles/{DATAFLOW_WORKER_ROLE_ID}"
-
-
-def grantable_roles(project: str) -> tuple[str, ...]:
-    """Every role the deploy account may grant or revoke on the project."""
-    return (
-        *GRANTABLE_PROJECT_ROLES,
-        recovery_role_name(project),
-        gpu_recovery_role_name(project),
-        dataflow_launcher_role_name(project),
-        dataflow_worker_role_name(project),
-    )
 
 
 class BootstrapConfigError(ValueError):

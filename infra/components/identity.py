@@ -22,7 +22,7 @@ OWNER_FIELDS = ["displayName", "description"]
 
 def account_display_name(stack: str, suffix: str) -> str:
     """One display name per account, whichever program creates it: the GitOps bootstrap
-    writes the same ("tpu-pretrain <stack>: <suffix>", infra/bootstrap/gitops_bootstrap.py
+    writes the same ("tpu-pretrain <stack>: <suffix>", infra/bootstrap/bootstrap_roles.py
     stack_account_display_name; tests/policy/test_bootstrap.py compares them), so neither
     renames what the other made."""
     return f"tpu-pretrain {stack}: {suffix}"

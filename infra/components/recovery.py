@@ -7,7 +7,7 @@ import pulumi_gcp as gcp
 
 # The custom role that lets the controller's TPU watchdog (templates/tpu-watch.sh) describe,
 # delete and recreate the TPU VM (directly or through a queued resource). It is created once
-# per project by the GitOps bootstrap (infra/bootstrap/gitops_bootstrap.py RECOVERY_ROLE_ID,
+# per project by the GitOps bootstrap (infra/bootstrap/bootstrap_roles.py RECOVERY_ROLE_ID,
 # or the one-time gcloud command in docs/deploy-gcp.md): the deploy account may grant it but
 # must not be able to edit it, or it could put any permission into a role it may grant.
 RECOVERY_ROLE_ID = "tpuPretrainTpuRecovery"
@@ -24,7 +24,7 @@ class TpuAutoRecoveryArgs:
     watchdog_member: pulumi.Input[str]  # serviceAccount:<controller account>
     tpu_service_account_name: pulumi.Input[str]  # projects/<p>/serviceAccounts/<tpu email>
     # tpu-pretrain:accountsFromBootstrap: the GitOps bootstrap owns the TPU VM's account and
-    # made the controller's actAs on it (infra/bootstrap/gitops_bootstrap.py
+    # made the controller's actAs on it (infra/bootstrap/bootstrap_roles.py
     # CONTROLLER_ACTS_AS); the stack writes no account's allow policy.
     act_as_from_bootstrap: bool = False
 
@@ -71,7 +71,7 @@ class TpuAutoRecovery(pulumi.ComponentResource):
 # no actAs: Google's Compute Engine IAM page lists actAs for creating a VM that runs as an
 # account, attaching disks to it, setting its metadata, SSH to it and changing its account,
 # not for starting it (checked only offline; a 403 shows in gpu-watch.json). Created by the
-# bootstrap (infra/bootstrap/gitops_bootstrap.py GPU_RECOVERY_ROLE_ID) like the TPU role.
+# bootstrap (infra/bootstrap/bootstrap_roles.py GPU_RECOVERY_ROLE_ID) like the TPU role.
 GPU_RECOVERY_ROLE_ID = "tpuPretrainGpuRecovery"
 
 

@@ -25,7 +25,7 @@ from infra import executables, jobspec, render
 
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "infra" / "bootstrap"
 sys.path.insert(0, str(BOOTSTRAP))
-import gitops_bootstrap as bootstrap  # noqa: E402
+import bootstrap_roles  # noqa: E402
 
 OBJECT, BUCKET = "storage.googleapis.com/Object", "storage.googleapis.com/Bucket"
 MANAGED_FOLDER = "storage.googleapis.com/ManagedFolder"
@@ -56,10 +56,10 @@ PROJECT_ROLES_WITHOUT_OBJECTS = {
     "roles/dataflow.developer",
 }
 CUSTOM_ROLES = {
-    bootstrap.RECOVERY_ROLE_ID: bootstrap.RECOVERY_PERMISSIONS,
-    bootstrap.GPU_RECOVERY_ROLE_ID: bootstrap.GPU_RECOVERY_PERMISSIONS,
-    bootstrap.DATAFLOW_LAUNCHER_ROLE_ID: bootstrap.DATAFLOW_LAUNCHER_PERMISSIONS,
-    bootstrap.DATAFLOW_WORKER_ROLE_ID: bootstrap.DATAFLOW_WORKER_PERMISSIONS,
+    bootstrap_roles.RECOVERY_ROLE_ID: bootstrap_roles.RECOVERY_PERMISSIONS,
+    bootstrap_roles.GPU_RECOVERY_ROLE_ID: bootstrap_roles.GPU_RECOVERY_PERMISSIONS,
+    bootstrap_roles.DATAFLOW_LAUNCHER_ROLE_ID: bootstrap_roles.DATAFLOW_LAUNCHER_PERMISSIONS,
+    bootstrap_roles.DATAFLOW_WORKER_ROLE_ID: bootstrap_roles.DATAFLOW_WORKER_PERMISSIONS,
 }
 _ACCOUNT = re.compile(r"tp-[a-z0-9-]+-(workload|controller|dataflow|vpn-hop)@")
 

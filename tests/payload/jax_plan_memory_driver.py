@@ -62,11 +62,11 @@ def measure(case: dict) -> dict:
     )
     compiled = chunk.lower(abstract_state, batch).compile()
     memory = compiled.memory_analysis()
-    program = hlo.analyse(compiled.as_text(), causal=True)
+    program = hlo.summarize(compiled.as_text(), causal=True)
     return {
         "layers": int(config.num_hidden_layers),
-        "loops": program["loops"],
-        "flops_per_device": program["step_flops_per_device"],
+        "loops": program.loops,
+        "flops_per_device": program.total_flops(),  # one call of one step
         "parameters": int(sum(v.value.size for v in model.trainable_variables)),
         "argument": int(memory.argument_size_in_bytes),
         "output": int(memory.output_size_in_bytes),

@@ -1,5 +1,5 @@
-"""The trainer's builder (payload/backends/jax/program.py), the HLO reading (hlo.py) and
-`tpu-payload compile`'s command line (aot.py) on this machine's CPU.
+"""The trainer's builder (payload/backends/jax/program.py) and `tpu-payload compile`'s command
+line (aot.py) on this machine's CPU. The HLO reading (hlo.py), on recorded HLO: test_hlo.py.
 
 What a TPU compile shows is in test_tpu_compile.py (the TPU environment); that the real
 trainer compiles exactly what the compile path builds is in test_jax_sharding.py (the
@@ -17,80 +17,9 @@ from pathlib import Path
 import pytest
 from train_helpers import assert_user_error, run_cli
 
-from payload.backends.jax import hlo_summary as hlo
-
 HERE = Path(__file__).parent
 
-# ---- hlo.py on recorded HLO text ---------------------------------------------------------
-
-# A step loop (no trip count) holding a scan of 4 (known trip count) that holds a dot, a
-# fused convolution (the TPU's form of a dot), an all-gather per scan step and a Mosaic
-# kernel; a dot outside the loop (once per call).
-HLO = """HloModule jit_train_chunk, entry_computation_layout={()->()}
-
-%fused_computation.1 (param_0: bf16[2,256,64], param_1: bf16[64,32,1]) -> bf16[2,256,32] {
-  %param_0 = bf16[2,256,64]{2,1,0} parameter(0)
-  %param_1 = bf16[64,32,1]{2,1,0} parameter(1)
-  ROOT %convolution.7 = bf16[2,256,32]{1,2,0:T(8,128)(2,1)} convolution(%param_0, %param_1), window={size=1}, dim_labels=0bf_io0->0bf
-}
-
-%scan_body (p: (s32[], f32[8,16])) -> (s32[], f32[8,16]) {
-  %p = (s32[], f32[8,16]{1,0}) parameter(0)
-  %x = f32[8,16]{1,0} get-tuple-element(%p), index=1
-  %w = f32[16,16]{1,0} constant({...})
-  %dot.3 = f32[8,16]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  %all-gather.9 = bf16[64,32]{1,0} all-gather(%w), channel_id=1, replica_groups={{0,1}}, dimensions={0}
-  %a = bf16[2,256,64]{2,1,0} parameter(1)
-  %fusion.2 = bf16[2,256,32]{2,1,0} fusion(%a, %all-gather.9), kind=kOutput, calls=%fused_computation.1
-  %i = s32[] get-tuple-element(%p), index=0
-  ROOT %t = (s32[], f32[8,16]{1,0}) tuple(%i, %dot.3)
-}
-
-%scan_cond (p: (s32[], f32[8,16])) -> pred[] {
-  %p = (s32[], f32[8,16]{1,0}) parameter(0)
-  ROOT %c = pred[] constant(true)
-}
-
-%step_body (q: (s32[], f32[8,16])) -> (s32[], f32[8,16]) {
-  %q = (s32[], f32[8,16]{1,0}) parameter(0)
-  %while.2 = (s32[], f32[8,16]{1,0}) while(%q), condition=%scan_cond, body=%scan_body, backend_config={"known_trip_count":{"n":"4"}}
-  %k = bf16[2,4,256,16]{3,2,1,0} parameter(1)
-  %splash_mha_fwd_residuals.1 = (f32[2,256,128]{2,1,0}) custom-call(%k), custom_call_target="tpu_custom_call", backend_config="..."
-  %all-reduce.4 = f32[512]{0} all-reduce(%k), channel_id=2, to_apply=%add
-  ROOT %r = (s32[], f32[8,16]{1,0}) tuple(%while.2)
-}
-
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
-ENTRY %main.5_spmd (arg: f32[8,16]) -> (s32[], f32[8,16]) {
-  %arg = f32[8,16]{1,0} parameter(0)
-  %v = f32[16,4]{1,0} constant({...})
-  %dot.1 = f32[8,4]{1,0} dot(%arg, %v), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  %init = (s32[], f32[8,16]{1,0}) tuple(%arg)
-  ROOT %while.9 = (s32[], f32[8,16]{1,0}) while(%init), condition=%scan_cond, body=%step_body
-}
-"""  # noqa: E501
-
-
-def test_hlo_counts_matmuls_collectives_and_kernels_with_trip_counts() -> None:
-    summary = hlo.summarize(HLO)
-    dot = 2 * 8 * 16 * 16  # [8,16] x [16,16]
-    convolution = 2 * (2 * 256 * 32) * 64  # out elements x the kernel's input features
-    assert summary.step_loop
-    assert summary.flops_per_step == 4 * (dot + convolution)
-    assert summary.flops_per_call == 2 * 8 * 4 * 16
-    assert summary.collectives_per_step == {
-        "all-gather": [4, 4 * 64 * 32 * 2],
-        "all-reduce": [1, 512 * 4],
-    }
-    assert summary.collectives_per_call == {}
-    assert summary.kernels == {"splash_mha_fwd_residuals": [1, 1]}
-    # Without the step loop's body, nothing is per step (an evaluation step has none).
-    assert hlo.multiplicities(hlo.parse(HLO))["scan_body"] == (0, 4)
+# ---- `tpu-payload compile`'s pieces -----------------------------------------------------
 
 
 def test_the_compilers_out_of_memory_message_is_one_line() -> None:

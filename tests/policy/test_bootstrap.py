@@ -28,7 +28,9 @@ from pulumi.runtime.sync_await import _sync_await
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = ROOT / "infra" / "bootstrap"
 sys.path.insert(0, str(BOOTSTRAP))
+import bootstrap_roles  # noqa: E402
 import gitops_bootstrap as bootstrap  # noqa: E402
+import iam_conditions  # noqa: E402
 
 PROJECT_NUMBER = "123456789012"
 SA_DOMAIN = "tpu-pretrain-example.iam.gserviceaccount.com"
@@ -240,7 +242,7 @@ def _project_roles(run: Run, account: str) -> set[str]:
 
 def test_preview_account_is_read_only(run: Run) -> None:
     roles = _project_roles(run, "tpu-pretrain-preview")
-    assert roles == set(bootstrap.PREVIEW_PROJECT_ROLES)
+    assert roles == set(bootstrap_roles.PREVIEW_PROJECT_ROLES)
     assert all(role.endswith(("viewer", "Viewer")) for role in roles)
     bucket_grants = {
         r.inputs["role"]: r.inputs.get("condition")
@@ -300,7 +302,9 @@ def test_the_deploy_account_acts_as_each_stack_account_on_that_account(run: Run)
     stacks = sorted(p.name.split(".")[1] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
     assert stacks and bootstrap.stack_names() == tuple(stacks)
     wanted = {
-        f"tp-{stack}-{suffix}" for stack in stacks for suffix in bootstrap.STACK_ACCOUNT_SUFFIXES
+        f"tp-{stack}-{suffix}"
+        for stack in stacks
+        for suffix in bootstrap_roles.STACK_ACCOUNT_SUFFIXES
     }
     accounts = {
         r.inputs["accountId"]: r
@@ -500,8 +504,8 @@ def test_bucket_and_secret_powers_reach_only_the_stacks_own(run: Run) -> None:
     buckets = run.named("deploy-stack-buckets").inputs["condition"]["expression"]
     secrets = run.named("deploy-stack-secrets").inputs["condition"]["expression"]
     # The expressions themselves, evaluated with CEL: tests/infra/test_iam_conditions.py.
-    assert buckets == bootstrap.stack_bucket_condition()
-    assert secrets == bootstrap.stack_secret_condition()
+    assert buckets == iam_conditions.stack_bucket_condition()
+    assert secrets == iam_conditions.stack_secret_condition()
     assert "matches(" not in buckets + secrets
     deployer = set(run.named("deployer-role").inputs["permissions"])
     assert not {

@@ -8,7 +8,8 @@ the grants on them), the only ones the deploy account deploys.
 Both sides are captured, not hand-kept: the program's resources (tests/infra/harness.py) and
 the deploy account's custom roles and grant conditions (the bootstrap program under its
 mocks, tests/policy/test_bootstrap.py). The permission table per resource type lives in the
-bootstrap (PERMISSIONS_BY_TYPE), and the deployer role is derived from it."""
+bootstrap (deploy_permissions.py PERMISSIONS_BY_TYPE), and the deployer role is derived from
+it (bootstrap_roles.py)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,13 @@ from docs_files import doc_text
 from harness import gpu_stack_names, run_offline, stack_names, tpu_stack_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "infra" / "bootstrap"))
-import gitops_bootstrap as bootstrap
+import bootstrap_roles
+import deploy_permissions
 from iam_cel import evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "tpu-pretrain-example"  # the bootstrap stack's project; stacks run in it here
-NEEDS = bootstrap.PERMISSIONS_BY_TYPE
+NEEDS = deploy_permissions.PERMISSIONS_BY_TYPE
 PROJECT_GRANTS = ("gcp:projects/iAMMember:IAMMember",)
 ACCOUNT_GRANTS = ("gcp:serviceaccount/iAMMember:IAMMember",)
 GITOPS = {"tpu-pretrain:accountsFromBootstrap": True}
@@ -168,13 +170,13 @@ def test_the_deploy_account_can_deploy_every_resource(stack, overrides, bootstra
 def test_the_deployer_role_is_derived_from_the_table(bootstrap_run) -> None:
     """Nothing in the deployer role that no resource type needs; the escalating permissions
     only in the conditional roles; the pack's list for the role is the same list."""
-    deployer = _roles(bootstrap_run)[bootstrap.DEPLOYER_ROLE_ID]
+    deployer = _roles(bootstrap_run)[bootstrap_roles.DEPLOYER_ROLE_ID]
     table = {p for needs in NEEDS.values() for p in needs}
-    assert deployer == table - bootstrap.CONDITIONAL_PERMISSIONS
+    assert deployer == table - bootstrap_roles.CONDITIONAL_PERMISSIONS
     assert deployer == set(allowlist.DEPLOYER_PERMISSIONS)
     plain, conditional = _deploy_permissions(bootstrap_run)
     assert plain == deployer
-    assert conditional == set(bootstrap.CONDITIONAL_PERMISSIONS)
+    assert conditional == set(bootstrap_roles.CONDITIONAL_PERMISSIONS)
     # Nothing the deployer holds unconditionally lets it act as, or mint credentials for,
     # another identity, write a project's or account's IAM policy, or edit a role.
     escalating = {
@@ -236,7 +238,7 @@ def test_the_deploy_account_may_grant_every_role_the_program_grants(
         if r.type_ in ACCOUNT_GRANTS
     }
     assert on_project, "the program grants project roles; the check must see them"
-    project_roles = _grantable(_condition_of(bootstrap_run, bootstrap.IAM_GRANTER_ROLE_ID))
+    project_roles = _grantable(_condition_of(bootstrap_run, bootstrap_roles.IAM_GRANTER_ROLE_ID))
     assert {(n, role) for n, role in on_project if role not in project_roles} == set()
     # On an account: nothing. The deploy account may not write an account's allow policy
     # (it could grant any role there: IAM documents modifiedGrantsByRole for projects,
@@ -260,12 +262,12 @@ def test_the_grantable_roles_are_exactly_those_the_program_grants(bootstrap_run)
                 suffix = r.inputs["serviceAccountId"].split("@")[0].rsplit("-", 1)[-1]
                 member = r.inputs["member"].split("@")[0].rsplit("-", 1)[-1]
                 by_a_person.add((member, r.inputs["role"], suffix))
-    granter = _grantable(_condition_of(bootstrap_run, bootstrap.IAM_GRANTER_ROLE_ID))
+    granter = _grantable(_condition_of(bootstrap_run, bootstrap_roles.IAM_GRANTER_ROLE_ID))
     assert granter == project_roles
     assert "roles/iam.serviceAccountUser" not in granter, "project-wide actAs for anyone"
     assert by_a_person == {
-        ("controller", bootstrap.SERVICE_ACCOUNT_USER, target)
-        for target in bootstrap.CONTROLLER_ACTS_AS
+        ("controller", bootstrap_roles.SERVICE_ACCOUNT_USER, target)
+        for target in bootstrap_roles.CONTROLLER_ACTS_AS
     }
 
 
@@ -289,13 +291,13 @@ def test_act_as_covers_the_stacks_accounts_and_nothing_else(bootstrap_run) -> No
         rf"(workload|controller|vpn-hop|dataflow)@{PROJECT}\.iam\.gserviceaccount\.com"
     )
     assert [a for a in held if not stack_account.fullmatch(a)] == []
-    assert set(held.values()) == {bootstrap.STACK_ACCOUNT_USER_ROLE_ID}
+    assert set(held.values()) == {bootstrap_roles.STACK_ACCOUNT_USER_ROLE_ID}
     plain, _ = _deploy_permissions(bootstrap_run)
     assert "iam.serviceAccounts.actAs" not in plain
 
 
 def test_vm_changes_cover_the_stacks_vms_and_nothing_else(bootstrap_run) -> None:
-    condition = _condition_of(bootstrap_run, bootstrap.STACK_INSTANCE_ROLE_ID)
+    condition = _condition_of(bootstrap_run, bootstrap_roles.STACK_INSTANCE_ROLE_ID)
     instance = "compute.googleapis.com/Instance"
     vms = {
         f"projects/{PROJECT}/zones/{r.inputs['zone']}/instances/{r.inputs['name']}"
@@ -321,10 +323,10 @@ def test_the_stack_account_names_match_the_program() -> None:
     sys.path.insert(0, str(ROOT))
     from infra import config
 
-    assert tuple(f"-{s}" for s in bootstrap.STACK_ACCOUNT_SUFFIXES) == (
+    assert tuple(f"-{s}" for s in bootstrap_roles.STACK_ACCOUNT_SUFFIXES) == (
         config.SERVICE_ACCOUNT_SUFFIXES
     )
-    assert allowlist.STACK_ACCOUNT_ROLES == bootstrap.STACK_ACCOUNT_SUFFIXES
+    assert allowlist.STACK_ACCOUNT_ROLES == bootstrap_roles.STACK_ACCOUNT_SUFFIXES
 
 
 def test_the_deploy_account_cannot_edit_any_role(bootstrap_run) -> None:
@@ -343,7 +345,7 @@ def test_the_recovery_role_is_the_bootstrap_role_the_program_binds(bootstrap_run
     }
     bound = recovery_role_name(PROJECT)
     assert bound.rsplit("/", 1)[-1] in roles
-    assert bound in _grantable(_condition_of(bootstrap_run, bootstrap.IAM_GRANTER_ROLE_ID))
+    assert bound in _grantable(_condition_of(bootstrap_run, bootstrap_roles.IAM_GRANTER_ROLE_ID))
 
 
 def test_the_recovery_role_covers_what_the_watchdog_runs(bootstrap_run) -> None:
@@ -381,7 +383,7 @@ def test_the_gpu_recovery_role_is_exactly_what_the_gpu_watchdog_runs(bootstrap_r
     role = bootstrap_run.named("gpu-recovery-role").inputs
     assert role["roleId"] == gpu_recovery_role_name(PROJECT).rsplit("/", 1)[-1]
     assert gpu_recovery_role_name(PROJECT) in _grantable(
-        _condition_of(bootstrap_run, bootstrap.IAM_GRANTER_ROLE_ID)
+        _condition_of(bootstrap_run, bootstrap_roles.IAM_GRANTER_ROLE_ID)
     )
     script = (ROOT / "infra" / "templates" / "gpu-watch.sh").read_text()
     verbs = set(

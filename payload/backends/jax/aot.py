@@ -9,10 +9,10 @@ the topology) and the job go through the trainer's own builder (program.py), so 
 compiled is what the trainer on that type compiles. Reported per chip: XLA's memory analysis
 (arguments, outputs, temporaries, generated code, their total against the chip's HBM) beside
 the plan's estimate (payload/plan.py), the attention kernel and why, the Mosaic kernels in
-the program, the collectives per step by kind and bytes and the FLOPs per step (hlo.py: read
-off the optimized HLO with loop trip counts; the Pallas kernels' FLOPs, which the HLO cannot
-show, from the plan's attention term), the compile seconds, and the programs' fingerprints
-(the trainer logs the same ones).
+the program, the collectives per step by kind and bytes, the all-gathered bytes by dtype and
+the FLOPs per step (hlo.py: read off the optimized HLO with loop trip counts; the Pallas
+kernels' FLOPs from the plan's attention term), the compile seconds, and the programs'
+fingerprints (the trainer logs the same ones).
 
 Exit 0 when the programs compile; 2 with one line when they do not fit (the compiler's own
 message, and the largest global batch that compiles, found by compiling smaller ones:
@@ -41,8 +41,7 @@ import jax  # noqa: E402
 from payload import kernels, quiet  # noqa: E402
 from payload import model as model_lib  # noqa: E402
 from payload import plan as plan_lib  # noqa: E402
-from payload.backends.jax import hlo_summary as hlo  # noqa: E402
-from payload.backends.jax import program  # noqa: E402
+from payload.backends.jax import hlo, program  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.errors import SpecError, UserError  # noqa: E402
 
@@ -472,16 +471,25 @@ def format_report(report: Report) -> str:
             f"  {'total':<20}{_gib(compiled.total):>12}{total_plan:>12}  of "
             f"{_gib(report.hbm_bytes)} HBM ({compiled.total / report.hbm_bytes:.0%})"
         )
-        kernels = ", ".join(f"{name} x{row[0]}" for name, row in sorted(summary.kernels.items()))
+        step = summary.step_loop
+        per = "step" if step else "call"
+        runs = 1 if step else 2  # the kernels' [instances, runs per step, runs per call]
+        kernels = "; ".join(
+            f"{name} x{row[0]}, run {row[runs]}x per {per}"
+            for name, row in sorted(summary.kernels.items())
+        )
         lines.append(f"  Mosaic kernels: {sum(r[0] for r in summary.kernels.values())}"
                      + (f" ({kernels})" if kernels else ""))  # fmt: skip
-        per = "step" if summary.step_loop else "call"
-        table = summary.collectives_per_step if summary.step_loop else summary.collectives_per_call
+        table = summary.collectives_per_step if step else summary.collectives_per_call
         collectives = "; ".join(
             f"{kind} x{count} {_gib(size)}" for kind, (count, size) in sorted(table.items())
         )
         lines.append(f"  collectives per {per}: {collectives or 'none'}")
-        matmuls = summary.flops_per_step if summary.step_loop else summary.flops_per_call
+        gathers = summary.all_gathers_per_step if step else summary.all_gathers_per_call
+        if gathers:
+            by_dtype = ", ".join(f"{dtype} {_gib(size)}" for dtype, size in gathers.items())
+            lines.append(f"  all-gathered per {per} by dtype: {by_dtype}")
+        matmuls = summary.flops_per_step if step else summary.flops_per_call
         if compiled.name == "training chunk":
             total = matmuls + report.kernel_flops_per_step
             ratio = total / report.model_flops_per_step

@@ -1,57 +1,98 @@
-"""What a compiled program does, read from its optimized HLO text (`compiled.as_text()`): its
-while loops and their trip counts, its Pallas (Mosaic) kernels, its all-gathers by dtype and
-its matmul flops counted with the loops' trip counts. Pure text parsing, no JAX: it reads the
-TPU compiler's program on a machine without a TPU (bench/bench_tpu_compile.py) as well as
-the CPU's.
+"""What a compiled program does, read off its optimized HLO text (`compiled.as_text()`): its
+matmul FLOPs, collectives, all-gathers by dtype and Mosaic (Pallas) kernels, per training
+step and per call, counted with its loops' trip counts. Pure text parsing, no JAX: it reads
+the TPU compiler's program on a machine without a TPU (`tpu-payload compile`, aot.py;
+bench/bench_tpu_compile.py) as well as the CPU's (tests/payload/test_plan_memory.py).
 
 Why not XLA's `cost_analysis()`: it counts a while loop's body once, whatever its trip count
-(the scan over a decoder's L layers is one body), and a Pallas kernel (a custom call) not at
-all. Here:
-- a computation's flops are those of its matmuls: `dot` (2 x the output's elements x the
-  contracted size) and `convolution`, as which the TPU compiler writes most matmuls (2 x the
-  output's elements x the kernel's elements per output feature); elementwise work, reductions
-  and the softmax's exponentials are not counted (MaxText's and the plan's model flops count
-  matmuls only);
-- a fusion or call adds its computation's flops, a conditional its most expensive branch, a
-  while loop its trip count x its body's: the trip count of a loop whose condition compares
-  its counter with a constant (`compare(i, N), direction=LT`, how `lax.scan` and
-  `lax.fori_loop` with static bounds lower, counting from 0, by the body's constant step),
-  or the `known_trip_count` XLA's CPU and GPU pipelines write on the loop;
-- a splash-attention kernel (`splash_mha_fwd` / `_dq` / `_dkv`, jax's Pallas TPU kernel)
-  adds the matmuls it computes, from its query [B, N, T, D] and key [B, K, S, D] operands:
-  the forward QK^T and PV (2 x 2BNTSD), dq recomputes QK^T and forms dP and dQ (3 x), dkv
-  recomputes QK^T and forms dV, dP and dK (4 x); halved under a causal mask (the masked
-  half's blocks are skipped; the diagonal blocks' masked entries are counted as skipped too).
+(the scan over a decoder's L layers is one body), and a custom call (a Pallas kernel: splash
+attention) not at all. Here:
+- how often each computation runs: a fusion or call runs its computation once, a
+  conditional its most expensive branch (one branch runs), a while loop its body trip-count
+  times. The trip count is the `known_trip_count` XLA's CPU and GPU pipelines write on a
+  loop, else it is read off the loop: a condition `counter < N` with N a constant (how
+  `lax.scan` and a `fori_loop` with static bounds lower, counting from 0) and the body's
+  constant step on the counter (the TPU compiler's windowed einsums do two steps a trip).
+  The TPU compiler writes no `known_trip_count` (libtpu 0.0.42.1): its layer scans are
+  counted this second way. A loop with neither is the training chunk's `fori_loop` over
+  its traced step count: its body runs once PER STEP, and what it holds is reported "per
+  step"; what runs outside it, "per call" (the chunk's few setup instructions, or all of
+  an evaluation step, which has no step loop);
+- matmul FLOPs: a `dot` is 2 x its output's elements x the contracted size; a
+  `convolution` (as which the TPU compiler writes most matmuls) 2 x the multiply-adds that
+  read a real input element: per output element the kernel's input features, times, per
+  spatial dimension, the (output position, window position) pairs that fall on neither
+  padding nor a dilation hole (XLA's HloCostAnalysis counts convolutions the same way). A
+  padded window that broadcasts one operand, e.g. size 2 padded 1_1 over one element, is
+  2 products, not 4. Elementwise work, reductions and exponentials are not counted (the
+  plan's and MaxText's model FLOPs count matmuls only);
+- kernel FLOPs, only when the caller says whether the mask is causal (`summarize(causal=)`;
+  aot.py uses the plan's attention term instead): a splash-attention kernel
+  (`splash_mha_fwd` / `_dq` / `_dkv`, jax's Pallas TPU kernels) counts the matmuls it
+  computes, from its query [B, N, T, D] and key [B, K, S, D] operands: the forward QK^T and
+  PV (2 x 2BNTSD), dq recomputes QK^T and forms dP and dQ (3 x), dkv recomputes QK^T and
+  forms dV, dP and dK (4 x); halved under a causal mask (the masked blocks are skipped);
+- a collective (COLLECTIVES, or its async `-start` form) counts once, with the bytes of its
+  result on one chip (an all-gather's gathered arrays, a reduce-scatter's piece, an
+  all-reduce's arrays). An `all-gather-start` or `collective-permute-start` returns
+  (operands, results[, context]): only the results count. The TPU compiler splits an async
+  collective into a start fusion, continuation fusions (`async_collective_fusion`: the work
+  it overlaps) and a done fusion (rooted at an `AsyncCollectiveDone` custom call), each
+  holding a copy of the collective with the same channel_id: it is counted in the done
+  fusion only. All-gathered bytes are also kept by dtype (FSDP's weight gathers in bf16
+  under mixed precision: the CPU's HLO cannot tell);
+- a Mosaic kernel is a custom call to `tpu_custom_call`, named after the Pallas kernel
+  (`splash_mha_fwd_segmented_residuals`...): its instances in the program and its runs per
+  step and per call.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+MOSAIC_TARGET = "tpu_custom_call"
+# jax.experimental.pallas.ops.tpu.splash_attention: each kernel's matmuls per query-key pair
+# and head, in units of 2 x D flops (module docstring).
+SPLASH_MATMULS = {"splash_mha_fwd": 2, "splash_mha_dq": 3, "splash_mha_dkv": 4}
+DTYPE_BYTES = {
+    "pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2,
+    "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
+    "c128": 16,
+}  # fmt: skip
+
 _HEADER = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
+_INSTRUCTION = re.compile(r"^\s*(ROOT )?%([\w.\-]+) = (.*)$")
 _ARRAY = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
-_CALLED = re.compile(r"\b(calls|to_apply|body|condition)=%([\w.\-]+)")
-_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_CALLED = re.compile(
+    r"\b(calls|to_apply|body|condition|true_computation|false_computation)=%([\w.\-]+)"
+)
+_CALLED_GROUP = re.compile(r"\b(branch_computations|called_computations)=\{([^}]*)\}")
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _DIMS = re.compile(r"(lhs_contracting_dims|rhs_contracting_dims)=\{([\d,]*)\}")
 _LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 _WINDOW = re.compile(r"window=\{([^}]*)\}")
-_KNOWN_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_KNOWN_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_CHANNEL = re.compile(r"\bchannel_id=(\d+)")
 # The operands' shapes of a custom call (each with its layout in braces).
 _CONSTRAINTS = re.compile(r"operand_layout_constraints=\{((?:[^{}]|\{[^{}]*\})*)\}")
-# jax.experimental.pallas.ops.tpu.splash_attention: each kernel's matmuls per query-key pair
-# and head, in units of 2 x D flops (module docstring).
-SPLASH_MATMULS = {"splash_mha_fwd": 2, "splash_mha_dq": 3, "splash_mha_dkv": 4}
+# Ops whose to_apply is a scalar reducer or comparator (no matmuls, run per element), and
+# the async ops that name the computation their `async-start` already ran.
+_NOT_CALLED = ("reduce", "reduce-window", "scatter", "all-reduce", "reduce-scatter", "sort",
+               "select-and-scatter", "all-reduce-start", "map",
+               "async-update", "async-done")  # fmt: skip
+# `-start` forms whose result is (operands, results[, context]).
+_RESULT_SECOND = ("all-gather-start", "collective-permute-start")
 
 
 @dataclass
 class Instruction:
     name: str
     opcode: str
+    type_text: str  # the result type: f32[8,16]{1,0}, or a tuple (...)
     shapes: list[tuple[str, tuple[int, ...]]]  # the arrays it produces (a tuple's elements)
     operands: list[str]
     text: str  # everything after the opcode's "("
@@ -62,6 +103,7 @@ class Computation:
     name: str
     instructions: list[Instruction] = field(default_factory=list)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    root: Instruction | None = None
 
 
 def _split_type(rest: str) -> tuple[str, str]:
@@ -75,6 +117,31 @@ def _split_type(rest: str) -> tuple[str, str]:
                 return rest[: i + 1], rest[i + 1 :].lstrip()
     head, _, tail = rest.partition(" ")
     return head, tail
+
+
+def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
+    return [
+        (dtype, tuple(int(d) for d in dims.split(",") if d))
+        for dtype, dims in _ARRAY.findall(type_text)
+        if dtype in DTYPE_BYTES
+    ]
+
+
+def _elements(type_text: str) -> list[str]:
+    """The top-level elements of a tuple type (the type itself when it is no tuple)."""
+    if not type_text.startswith("("):
+        return [type_text]
+    parts, depth, start = [], 0, 1
+    for i, char in enumerate(type_text):
+        depth += char in "([{"
+        depth -= char in ")]}"
+        if depth == 1 and char == ",":
+            parts.append(type_text[start:i])
+            start = i + 1
+        elif depth == 0:
+            parts.append(type_text[start:i])
+            break
+    return parts
 
 
 def parse(text: str) -> dict[str, Computation]:
@@ -99,27 +166,30 @@ def parse(text: str) -> dict[str, Computation]:
             if current.instructions:
                 current.instructions[-1].text += "\n" + line
             continue
-        name, rest = match.groups()
+        root, name, rest = match.groups()
         type_text, call = _split_type(rest)
         opcode, _, args = call.partition("(")
-        shapes = [
-            (dtype, tuple(int(d) for d in dims.split(",") if d))
-            for dtype, dims in _ARRAY.findall(type_text)
-        ]
-        operand_text = args.split(")", 1)[0]
-        instruction = Instruction(name, opcode, shapes, _OPERAND.findall(operand_text), args)
+        shapes = _arrays(type_text)
+        operands = _OPERAND.findall(args.split(")", 1)[0])
+        instruction = Instruction(name, opcode, type_text, shapes, operands, args)
         current.instructions.append(instruction)
+        if root:
+            current.root = instruction
         if len(shapes) == 1:
             current.shapes[name] = shapes[0][1]
     return computations
 
 
 def _called(instruction: Instruction) -> list[tuple[str, str]]:
+    """[(role, computation), ...] that an instruction names; a conditional's are "branch"."""
     found = _CALLED.findall(instruction.text)
-    branches = _BRANCHES.search(instruction.text)
-    if branches:
-        found += [("branch", b.strip().lstrip("%")) for b in branches.group(1).split(",")]
-    return found
+    for role, group in _CALLED_GROUP.findall(instruction.text):
+        kind = "branch" if role == "branch_computations" else "calls"
+        found += [(kind, name.strip().lstrip("%")) for name in group.split(",") if name.strip()]
+    return [("branch" if r.endswith("_computation") else r, n) for r, n in found]
+
+
+# ---- loops' trip counts ---------------------------------------------------------------
 
 
 def _constants(comp: Computation) -> dict[str, int]:
@@ -141,9 +211,8 @@ def _tuple_index(comp: Computation, name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _bound(computations: dict[str, Computation], condition: str) -> tuple[int, int] | None:
+def _bound(comp: Computation | None) -> tuple[int, int] | None:
     """(the counter's tuple index, N) of a loop condition `counter < N`, N a constant."""
-    comp = computations.get(condition)
     if comp is None:
         return None
     constants = _constants(comp)
@@ -157,17 +226,11 @@ def _bound(computations: dict[str, Computation], condition: str) -> tuple[int, i
     return None
 
 
-def _step(computations: dict[str, Computation], body: str, index: int) -> int:
-    """How much the loop's `body` adds to its counter (tuple element `index`) per trip: 1
-    unless the body's result holds `add(counter, constant)` there (the TPU compiler's
-    windowed einsums, which do two steps a trip)."""
-    comp = computations.get(body)
-    root = (
-        next((i for i in reversed(comp.instructions) if i.opcode == "tuple"), None)
-        if comp
-        else None
-    )
-    if comp is None or root is None or index >= len(root.operands):
+def _step(comp: Computation | None, index: int) -> int:
+    """How much a loop body adds to its counter (tuple element `index`) per trip: 1 unless
+    the body's result holds `add(counter, constant)` there."""
+    root = comp.root if comp else None
+    if comp is None or root is None or root.opcode != "tuple" or index >= len(root.operands):
         return 1
     update = next((i for i in comp.instructions if i.name == root.operands[index]), None)
     constants = _constants(comp)
@@ -179,37 +242,29 @@ def _step(computations: dict[str, Computation], body: str, index: int) -> int:
 
 
 def loop_trips(computations: dict[str, Computation], inst: Instruction) -> int | None:
-    """The trip count of a while instruction: the compiler's own `known_trip_count` where it
-    writes one (XLA's CPU and GPU pipelines), else read off its condition and body."""
+    """The trip count of a while instruction (module docstring), None when the text does
+    not give one (the step loop)."""
     known = _KNOWN_TRIPS.search(inst.text)
     if known:
         return int(known.group(1))
     called = dict(_called(inst))
-    return trip_count(computations, called.get("condition", ""), called.get("body", ""))
-
-
-def trip_count(computations: dict[str, Computation], condition: str, body: str = "") -> int | None:
-    """The trip count of a while loop whose `condition` is `counter < N` for a constant N,
-    the counter starting at 0 (how lax.scan, lax.fori_loop with static bounds and the TPU
-    compiler's windowed einsums lower) and moving by the body's constant step."""
-    bound = _bound(computations, condition)
+    bound = _bound(computations.get(called.get("condition", "")))
     if bound is None:
         return None
     index, limit = bound
-    step = _step(computations, body, index) if body else 1
-    return -(-limit // step)
+    return -(-limit // _step(computations.get(called.get("body", "")), index))
 
 
-def _dot_flops(comp: Computation, inst: Instruction) -> float:
-    if not inst.shapes or len(inst.operands) < 2:
-        return 0.0
-    lhs = comp.shapes.get(inst.operands[0])
+# ---- what one instruction computes --------------------------------------------------------
+
+
+def _dot_flops(comp: Computation, inst: Instruction) -> int:
+    lhs = comp.shapes.get(inst.operands[0]) if inst.operands else None
+    if not inst.shapes or lhs is None:
+        return 0
     dims = dict(_DIMS.findall(inst.text))
     contracted = [int(d) for d in dims.get("lhs_contracting_dims", "").split(",") if d]
-    if lhs is None:
-        return 0.0
-    size = math.prod(lhs[d] for d in contracted) if contracted else 1
-    return 2.0 * math.prod(inst.shapes[0][1]) * size
+    return 2 * math.prod(inst.shapes[0][1]) * math.prod(lhs[d] for d in contracted)
 
 
 def _window(text: str) -> dict[str, list[Any]]:
@@ -240,147 +295,208 @@ def _taps(n_out: int, n_in: int, size: int, window: dict[str, list[Any]], d: int
     return count
 
 
-def _convolution_flops(comp: Computation, inst: Instruction) -> float:
-    """2 x the multiply-adds that read real inputs: the TPU compiler writes matmuls as
-    convolutions, some with padded windows that broadcast one operand (a window of size 4
-    padded by 3 on both sides over one input element is 4 multiplies, not 16)."""
+def _convolution_flops(comp: Computation, inst: Instruction) -> int:
+    """2 x the multiply-adds that read real inputs (module docstring)."""
     if not inst.shapes or len(inst.operands) < 2:
-        return 0.0
+        return 0
     lhs = comp.shapes.get(inst.operands[0])
     rhs = comp.shapes.get(inst.operands[1])
     labels = _LABELS.search(inst.text)
     if lhs is None or rhs is None or labels is None:
-        return 0.0
+        return 0
     lhs_labels, rhs_labels, out_labels = labels.groups()
     out = inst.shapes[0][1]
     window = _window(inst.text)
-    macs = float(rhs[rhs_labels.index("i")]) if "i" in rhs_labels else 1.0
+    macs = rhs[rhs_labels.index("i")] if "i" in rhs_labels else 1
     for axis, label in enumerate(out_labels):
         if not label.isdigit():
             macs *= out[axis]
             continue
         size = rhs[rhs_labels.index(label)]
         macs *= _taps(out[axis], lhs[lhs_labels.index(label)], size, window, int(label))
-    return 2.0 * macs
+    return 2 * macs
 
 
-def _kernel_flops(inst: Instruction, causal: bool) -> tuple[str | None, float]:
+def _kernel_flops(inst: Instruction, causal: bool) -> int:
+    """A splash kernel's matmul FLOPs from its query and key operands (0 for another)."""
     kind = next((k for k in SPLASH_MATMULS if inst.name.startswith(k)), None)
-    if kind is None:
-        return None, 0.0
     match = _CONSTRAINTS.search(inst.text)
-    constraints = match.group(1) if match else ""
-    arrays = [
-        tuple(int(d) for d in dims.split(",") if d)
-        for dtype, dims in _ARRAY.findall(constraints)
-        if dtype in ("bf16", "f16", "f32")
-    ]
-    arrays = [a for a in arrays if len(a) == 4]
+    if kind is None or match is None:
+        return 0
+    floats = ("bf16", "f16", "f32")
+    arrays = [s for d, s in _arrays(match.group(1)) if d in floats and len(s) == 4]
     if len(arrays) < 2:
-        return kind, 0.0
+        return 0
     (batch, heads, queries, size), keys = arrays[0], arrays[1][2]
-    flops = SPLASH_MATMULS[kind] * 2.0 * batch * heads * queries * keys * size
-    return kind, flops / 2 if causal else flops
+    flops = SPLASH_MATMULS[kind] * 2 * batch * heads * queries * keys * size
+    return flops // 2 if causal else flops
 
 
-@dataclass
-class Analysis:
-    flops: float = 0.0  # per device, one run of the program
-    loops: list[tuple[str, int | None]] = field(default_factory=list)  # (body, trip count)
-    kernels: dict[str, int] = field(default_factory=dict)  # kernel kind -> instances in text
-    all_gathers: dict[str, int] = field(default_factory=dict)  # dtype -> bytes gathered/run
+def _kernel_name(inst: Instruction) -> str:
+    return re.sub(r"(\.\d+)+$", "", inst.name)
 
 
-def _own_flops(comp: Computation, inst: Instruction, causal: bool) -> float:
-    """The flops of one instruction itself (not of the computations it calls)."""
-    if inst.opcode == "dot":
-        return _dot_flops(comp, inst)
-    if inst.opcode == "convolution":
-        return _convolution_flops(comp, inst)
-    if inst.opcode == "custom-call":
-        return _kernel_flops(inst, causal)[1]
-    return 0.0
+def _is_async_done(comp: Computation) -> bool:
+    root = comp.root
+    return bool(root and root.opcode == "custom-call" and '"AsyncCollectiveDone"' in root.text)
+
+
+# ---- one run of each computation ----------------------------------------------------------
+
+# Counts by key: ("flops",), ("kernel_flops",), ("count", kind), ("bytes", kind),
+# ("gathered", dtype), ("runs", kernel).
+Tally = dict[tuple[str, ...], int]
+
+
+def _add(into: Tally, part: Tally, times: int = 1) -> None:
+    for key, value in part.items():
+        into[key] = into.get(key, 0) + value * times
+
+
+def _flops_of(parts: tuple[Tally, Tally]) -> int:
+    return sum(p.get(k, 0) for p in parts for k in (("flops",), ("kernel_flops",)))
 
 
 class _Walker:
-    """(flops, all-gathered bytes by dtype) of one run of each computation, memoised."""
+    """(per call, per step) tallies of one run of each computation, memoised; the loops'
+    trip counts and the kernels' instances of every computation it reaches."""
 
-    def __init__(self, computations: dict[str, Computation], causal: bool):
+    def __init__(self, computations: dict[str, Computation], causal: bool | None):
         self.computations, self.causal = computations, causal
-        self.cache: dict[str, tuple[float, dict[str, float]]] = {}
+        self.cache: dict[str, tuple[Tally, Tally]] = {}
+        self.loops: list[int | None] = []
+        self.instances: dict[str, int] = {}
+        # The channels of collectives that an async done fusion completes (module docstring).
+        self.done_channels = {
+            channel
+            for comp in computations.values()
+            if _is_async_done(comp)
+            for inst in comp.instructions
+            for channel in _CHANNEL.findall(inst.text)
+        }
 
-    def callees(self, inst: Instruction) -> list[tuple[tuple[float, dict[str, float]], float]]:
-        """(cost, times) of the computations one instruction runs."""
-        called = _called(inst)
-        if inst.opcode == "while":
-            body = next((n for k, n in called if k == "body"), None)
-            trips = loop_trips(self.computations, inst)
-            return [(self.walk(body), trips if trips is not None else 1)] if body else []
-        if inst.opcode == "conditional":
-            branches = [self.walk(n) for k, n in called if k == "branch"]
-            return [(max(branches, key=lambda b: b[0]), 1)] if branches else []
-        if inst.opcode in _REDUCERS:
-            return []
-        return [(self.walk(n), 1) for k, n in called if k in ("calls", "to_apply")]
-
-    def walk(self, name: str) -> tuple[float, dict[str, float]]:
+    def walk(self, name: str) -> tuple[Tally, Tally]:
         if name in self.cache:
             return self.cache[name]
-        flops, gathered = 0.0, dict[str, float]()
+        call: Tally = {}
+        step: Tally = {}
+        self.cache[name] = (call, step)
         comp = self.computations.get(name)
         for inst in comp.instructions if comp else []:
-            flops += _own_flops(comp, inst, self.causal) if comp else 0.0
-            if inst.opcode in ("all-gather", "all-gather-start"):
-                for dtype, shape in inst.shapes[-1:]:
-                    nbytes = float(math.prod(shape) * _itemsize(dtype))
-                    gathered[dtype] = gathered.get(dtype, 0.0) + nbytes
-            for (part_flops, part_gathered), times in self.callees(inst):
-                flops += part_flops * times
-                for dtype, part in part_gathered.items():
-                    gathered[dtype] = gathered.get(dtype, 0.0) + part * times
-        self.cache[name] = (flops, gathered)
-        return self.cache[name]
-
-
-def analyse_program(text: str, *, causal: bool = True) -> Analysis:
-    """Flops (per device), loops, kernels and all-gathered bytes by dtype of one run of the
-    program (module docstring: how each is counted)."""
-    computations = parse(text)
-    result = Analysis()
-    for name, comp in computations.items():
-        if name == "ENTRY":
-            continue  # (the entry again, under its own name too)
-        for inst in comp.instructions:
+            self.own(comp, inst, call)
+            called = [] if inst.opcode in _NOT_CALLED else _called(inst)
             if inst.opcode == "while":
-                body = dict(_called(inst)).get("body", "?")
-                result.loops.append((body, loop_trips(computations, inst)))
-            kind = _kernel_flops(inst, causal)[0] if inst.opcode == "custom-call" else None
-            if kind is not None:
-                result.kernels[kind] = result.kernels.get(kind, 0) + 1
-    if "ENTRY" in computations:
-        flops, gathered = _Walker(computations, causal).walk(computations["ENTRY"].name)
-        result.flops = flops
-        result.all_gathers = {k: int(v) for k, v in sorted(gathered.items())}
-    return result
+                trips = loop_trips(self.computations, inst)
+                self.loops.append(trips)
+                body_call, body_step = self.walk(dict(called).get("body", ""))
+                if trips is None:  # the step loop: its body runs once per step
+                    _add(step, body_call)
+                    _add(step, body_step)
+                else:
+                    _add(call, body_call, trips)
+                    _add(step, body_step, trips)
+                continue
+            branches = [self.walk(n) for role, n in called if role == "branch"]
+            if branches:  # one branch runs: count the most expensive
+                parts = max(branches, key=_flops_of)
+                _add(call, parts[0])
+                _add(step, parts[1])
+            for role, callee in called:
+                if role in ("calls", "to_apply"):
+                    part_call, part_step = self.walk(callee)
+                    _add(call, part_call)
+                    _add(step, part_step)
+        return call, step
+
+    def own(self, comp: Computation | None, inst: Instruction, tally: Tally) -> None:
+        """What one instruction itself computes (not the computations it calls)."""
+        if comp is None:
+            return
+        if inst.opcode == "dot":
+            _add(tally, {("flops",): _dot_flops(comp, inst)})
+        elif inst.opcode == "convolution":
+            _add(tally, {("flops",): _convolution_flops(comp, inst)})
+        elif inst.opcode == "custom-call" and f'_target="{MOSAIC_TARGET}"' in inst.text:
+            name = _kernel_name(inst)
+            self.instances[name] = self.instances.get(name, 0) + 1
+            _add(tally, {("runs", name): 1})
+            if self.causal is not None:
+                _add(tally, {("kernel_flops",): _kernel_flops(inst, self.causal)})
+        kind = inst.opcode.removesuffix("-start")
+        if kind not in COLLECTIVES:
+            return
+        channel = _CHANNEL.search(inst.text)
+        if channel and channel.group(1) in self.done_channels and not _is_async_done(comp):
+            return  # a start or continuation copy: counted in the done fusion
+        elements = _elements(inst.type_text)
+        result = elements[1] if inst.opcode in _RESULT_SECOND and len(elements) > 1 else None
+        arrays = _arrays(result if result is not None else inst.type_text)
+        sizes = [(dtype, DTYPE_BYTES[dtype] * math.prod(shape)) for dtype, shape in arrays]
+        _add(tally, {("count", kind): 1, ("bytes", kind): sum(size for _, size in sizes)})
+        for dtype, size in sizes if kind == "all-gather" else []:
+            _add(tally, {("gathered", dtype): size})
 
 
-# Ops whose to_apply is a scalar reducer (no matmuls, run per element).
-_REDUCERS = ("reduce", "reduce-window", "scatter", "all-reduce", "reduce-scatter", "sort",
-             "select-and-scatter", "all-reduce-start", "map")  # fmt: skip
-_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
-             "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}  # fmt: skip
+# ---- the summary --------------------------------------------------------------------------
 
 
-def _itemsize(dtype: str) -> int:
-    return _ITEMSIZE.get(dtype, 4)
+@dataclass
+class Summary:
+    """A program's figures per training step and per call (module docstring)."""
+
+    flops_per_step: int = 0  # matmuls (dot, convolution), per chip
+    flops_per_call: int = 0
+    # splash kernels' matmuls, per chip; None: not counted (summarize without `causal`)
+    kernel_flops_per_step: int | None = None
+    kernel_flops_per_call: int | None = None
+    # kind -> [count, bytes on one chip]
+    collectives_per_step: dict[str, list[int]] = field(default_factory=dict)
+    collectives_per_call: dict[str, list[int]] = field(default_factory=dict)
+    # dtype -> all-gathered bytes on one chip
+    all_gathers_per_step: dict[str, int] = field(default_factory=dict)
+    all_gathers_per_call: dict[str, int] = field(default_factory=dict)
+    # Mosaic kernel -> [instances in the program, runs per step, runs per call]
+    kernels: dict[str, list[int]] = field(default_factory=dict)
+    loops: list[int | None] = field(default_factory=list)  # trip counts; None: step loop
+    step_loop: bool = False  # whether a loop without a trip count (the step loop) was found
+
+    def total_flops(self, steps: int = 1) -> int:
+        """Matmul and (where counted) kernel FLOPs of one call that runs `steps` steps."""
+        kernels = (self.kernel_flops_per_call or 0) + steps * (self.kernel_flops_per_step or 0)
+        return self.flops_per_call + steps * self.flops_per_step + kernels
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        return {k: v for k, v in out.items() if v is not None or not k.startswith("kernel_")}
 
 
-def analyse(text: str, *, causal: bool = True) -> dict[str, Any]:
-    """analyse_program as plain data (bench/bench_tpu_compile.py's JSON)."""
-    found = analyse_program(text, causal=causal)
-    return {
-        "step_flops_per_device": found.flops,
-        "loops": [trips for _, trips in found.loops],
-        "kernels": found.kernels,
-        "all_gathers": found.all_gathers,
-    }
+def _collectives(tally: Tally) -> dict[str, list[int]]:
+    return {k[1]: [v, tally.get(("bytes", k[1]), 0)] for k, v in sorted(tally.items())
+            if k[0] == "count"}  # fmt: skip
+
+
+def summarize(text: str, *, causal: bool | None = None) -> Summary:
+    """The figures of an optimized HLO module (module docstring); the splash kernels' FLOPs
+    are counted when `causal` says whether their mask is causal."""
+    computations = parse(text)
+    walker = _Walker(computations, causal)
+    entry = computations.get("ENTRY")
+    call, step = walker.walk(entry.name) if entry else ({}, {})
+    summary = Summary(
+        flops_per_step=step.get(("flops",), 0),
+        flops_per_call=call.get(("flops",), 0),
+        collectives_per_step=_collectives(step),
+        collectives_per_call=_collectives(call),
+        all_gathers_per_step={k[1]: v for k, v in sorted(step.items()) if k[0] == "gathered"},
+        all_gathers_per_call={k[1]: v for k, v in sorted(call.items()) if k[0] == "gathered"},
+        kernels={
+            name: [n, step.get(("runs", name), 0), call.get(("runs", name), 0)]
+            for name, n in sorted(walker.instances.items())
+        },
+        loops=walker.loops,
+        step_loop=None in walker.loops,
+    )
+    if causal is not None:
+        summary.kernel_flops_per_step = step.get(("kernel_flops",), 0)
+        summary.kernel_flops_per_call = call.get(("kernel_flops",), 0)
+    return summary

@@ -72,16 +72,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from functools import cache
-from importlib import resources
 from types import SimpleNamespace
 from typing import Any
 
 from payload import kernels
+
+# The accelerator catalog (payload/accelerators.yaml), re-exported: plan.accelerator(...).
+from payload.accelerators import (  # noqa: F401
+    Accelerator,
+    AcceleratorError,
+    accelerator,
+    catalog,
+    known_accelerators,
+)
 from payload.errors import SpecError, UserError
 
 # The JAX backend's rules, from the one copy both read (payload/sharding.py).
@@ -116,89 +122,6 @@ DEFAULT_MFU = 0.35
 # outside sharding.REMAT_FAMILIES gets the remat: none ones.
 REMAT_LAYOUTS = ("none", "minimal", "full")
 LAYOUTS = tuple((sharding, remat) for sharding in ("data", "fsdp") for remat in REMAT_LAYOUTS)
-
-
-class AcceleratorError(UserError):
-    """An accelerator type the plan has no figures for."""
-
-
-@dataclass(frozen=True)
-class Accelerator:
-    name: str  # as given: v5litepod-8, v4-32, nvidia-l4x2
-    kind: str  # tpu | gpu
-    generation: str  # v5e, nvidia-l4, ...
-    chips: int
-    memory_bytes: int  # per chip
-    peak_flops: float  # per chip, dense, in the precision it trains in
-    activation_bytes: int  # 2 (bf16/fp16) or 4 (fp32)
-    source: str
-    compute_capability: str = ""  # NVIDIA GPUs (accelerators.yaml)
-
-    @property
-    def chip(self) -> kernels.Chip:  # what payload/kernels.py's table reads of it
-        if self.kind != "gpu":
-            return kernels.Chip(self.kind, name=self.generation)
-        return kernels.Chip("gpu", "nvidia", kernels.parse_capability(self.compute_capability),
-                            self.generation)  # fmt: skip
-
-
-@cache
-def catalog() -> dict[str, Any]:
-    text = resources.files("payload").joinpath("accelerators.yaml").read_text(encoding="utf-8")
-    import yaml  # noqa: PLC0415
-
-    data: dict[str, Any] = yaml.safe_load(text)
-    return data
-
-
-def known_accelerators() -> list[str]:
-    """Examples of every accelerator the plan knows (for the refusal of an unknown one)."""
-    tpu = [
-        f"{g['prefix']}-<{'cores' if g['cores_per_chip'] > 1 else 'chips'}>"
-        for g in catalog()["tpu"].values()
-    ]
-    return tpu + [f"{name}[x<count>]" for name in catalog()["gpu"]]
-
-
-def accelerator(name: str) -> Accelerator:
-    """The accelerator an accelerator type names, or AcceleratorError (one line)."""
-    for generation, row in catalog()["tpu"].items():
-        match = re.fullmatch(re.escape(row["prefix"]) + r"-(\d+)", name)
-        if match:
-            cores, per_chip = int(match.group(1)), int(row["cores_per_chip"])
-            if cores < per_chip or cores % per_chip:
-                raise AcceleratorError(
-                    f"--accelerator {name!r}: {row['prefix']} counts TensorCores, "
-                    f"{per_chip} per chip; use a multiple of {per_chip}"
-                )
-            return Accelerator(
-                name=name,
-                kind="tpu",
-                generation=generation,
-                chips=cores // per_chip,
-                memory_bytes=int(row["memory_bytes"]),
-                peak_flops=float(row["peak_flops"]),
-                activation_bytes=2,
-                source=str(row["source"]),
-            )
-    match = re.fullmatch(r"(.+?)(?:x(\d+))?", name)
-    row = catalog()["gpu"].get(match.group(1)) if match else None
-    if match and row is not None and (match.group(2) is None or int(match.group(2)) >= 1):
-        return Accelerator(
-            name=name,
-            kind="gpu",
-            generation=match.group(1),
-            chips=int(match.group(2) or 1),
-            memory_bytes=int(row["memory_bytes"]),
-            peak_flops=float(row["peak_flops"]),
-            activation_bytes=int(row["activation_bytes"]),
-            source=str(row["source"]),
-            compute_capability=str(row.get("compute_capability", "")),
-        )
-    raise AcceleratorError(
-        f"--accelerator {name!r}: unknown accelerator type; known: "
-        + ", ".join(known_accelerators())
-    )
 
 
 # ------------------------------------------------------------------------------- the model

@@ -118,10 +118,56 @@ def with_attention(job: JobSpec, config: Any, seq_length: int, rt: Runtime) -> R
     return dataclasses.replace(rt, attention=chosen)
 
 
+def _create_model(job: JobSpec, config: Any, seq_length: int, rt: Runtime) -> Any:
+    """The job's Keras model: its family, config, remat policy, attention and document mask
+    (the one call both builders below make)."""
+    return models.create_model(
+        job.model.family,
+        config,
+        int(seq_length),
+        remat=job.train.remat,
+        attention=rt.attention or attention_lib.REFERENCE,
+        document_mask=job.data.document_mask,
+    )
+
+
+def build_model(job: JobSpec, config: Any, seq_length: int, rt: Runtime) -> tuple[Any, Any]:
+    """(model, optimizer) with values: the model of the job with seeded initial weights
+    (train.seed) in the runtime's precision, and AdamW built for its variables, every
+    variable created sharded on the run's mesh (mesh.sharded_distribution). The trainer's
+    (train._build) and the benchmark's (bench/bench_gpu.py) model; its state is what the
+    programs of `build` take (Programs.state_shardings)."""
+    keras.config.set_dtype_policy(rt.policy)
+    # The initial weights and the dropout seeds (the input's randomness has its own seeds:
+    # input.py).
+    seed_keras(job.train.seed)
+    with mesh_lib.sharded_distribution(rt.mesh, job.model.family).scope():
+        model = _create_model(job, config, seq_length, rt)
+        optimizer = create_optimizer(job.train)
+        optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def seed_keras(seed: int) -> None:
+    """`keras.utils.set_random_seed` (Python's, numpy's and Keras' global seeds) without the
+    TensorFlow import it makes whenever TensorFlow is installed (to seed tf.data, which this
+    backend does not use): Keras' lazy `tensorflow` module is told it is unavailable for
+    the call (keras 3.15 `utils/rng_utils.py`, `utils/module_utils.py`)."""
+    from keras.src.utils import module_utils  # noqa: PLC0415
+
+    lazy = module_utils.tensorflow
+    known = lazy._available
+    lazy._available = False
+    try:
+        keras.utils.set_random_seed(seed)
+    finally:
+        lazy._available = known
+
+
 def abstract_model(job: JobSpec, config: Any, seq_length: int, rt: Runtime) -> tuple[Any, Any]:
-    """(model, optimizer) of the job as the trainer builds them (train.py _build: the same
-    family, config, remat, attention and dtype policy, AdamW built for the model's
-    trainable variables), without a value in any variable (module docstring)."""
+    """(model, optimizer) of the job as `build_model` builds them (the same family, config,
+    remat, attention and dtype policy, AdamW built for the model's trainable variables),
+    without a value in any variable (module docstring)."""
     from keras.src.backend.common import global_state  # noqa: PLC0415  (no public accessor)
 
     family = job.model.family
@@ -134,14 +180,7 @@ def abstract_model(job: JobSpec, config: Any, seq_length: int, rt: Runtime) -> t
             keras.StatelessScope(initialize_variables=False),
             mesh_lib.sharded_distribution(rt.mesh, family).scope(),
         ):
-            model = models.create_model(
-                family,
-                config,
-                int(seq_length),
-                remat=job.train.remat,
-                attention=rt.attention or attention_lib.REFERENCE,
-                document_mask=job.data.document_mask,
-            )
+            model = _create_model(job, config, seq_length, rt)
             optimizer.build(model.trainable_variables)
     finally:
         # Keras initialises its list of pending variables when the next outermost

@@ -120,9 +120,7 @@ def _train(
     spec = job.train
     manifest = _loaded_manifest(job)
     config = model_lib.config_for(job, manifest)
-    parameters = model_lib.parameter_count(job.model.family, config)
-    rt = runtime_lib.runtime(spec.precision, spec.sharding, parameters)
-    rt = program_lib.with_attention(job, config, int(manifest.seq_length), rt)
+    rt = _runtime(job, manifest, config)
     pipelines = Pipelines(rt, input_pipelines)
     _checked_data(job, manifest, pipelines)
     described = rt.describe()
@@ -321,6 +319,14 @@ def _check_run(
         read_only=not rt.is_chief,
     )
     checkpoints.require_space(directory, layout, keep=spec.keep_checkpoints, kept=len(found))
+
+
+def _runtime(job: JobSpec, manifest: Manifest, config: Any) -> Runtime:
+    """This process's runtime for the job (runtime.runtime: the devices, the precision policy,
+    the mesh for the model's parameters) with the job's attention (program.with_attention)."""
+    parameters = model_lib.parameter_count(job.model.family, config)
+    rt = runtime_lib.runtime(job.train.precision, job.train.sharding, parameters)
+    return program_lib.with_attention(job, config, int(manifest.seq_length), rt)
 
 
 def _programs(job: JobSpec, manifest: Manifest, config: Any, rt: Runtime) -> program_lib.Programs:

@@ -4,9 +4,10 @@
     python bench/gpu_checks.py --tiny --parts attention,exact    (proves the script on a CPU)
 
 Run from the repository root, with the GPU machine's own Python (jax[cuda], torch,
-transformers; plus keras, namex and optree, which this script installs from `.whl/` when they
-are missing: `python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
---platform manylinux_2_17_x86_64 -d .whl keras namex optree` here first). Every line names the
+transformers; plus keras, namex, optree and google-crc32c, which this script installs from
+`.whl/` when they are missing: `python3 -m pip download --no-deps --only-binary=:all:
+--python-version 3.12 --platform manylinux_2_17_x86_64 -d .whl keras namex optree
+google-crc32c` here first). Every line names the
 card. The parts run one after another in child processes, most wanted first, inside one
 wall-clock budget (default 560 s: a 10-minute limit with room to spare); a part that would not
 fit is skipped with a line saying so, never cut silently:
@@ -60,7 +61,9 @@ def environment() -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
     paths = [str(ROOT)]
     missing = subprocess.run(
-        [sys.executable, "-c", "import keras, namex, optree"], capture_output=True, check=False
+        [sys.executable, "-c", "import keras, namex, optree, google_crc32c"],
+        capture_output=True,
+        check=False,
     ).returncode
     wheels = sorted((ROOT / ".whl").glob("*.whl"))
     if missing and wheels:
@@ -72,7 +75,7 @@ def environment() -> dict[str, str]:
         )  # fmt: skip
         paths.append(str(site))
     elif missing:
-        print("keras/namex/optree missing and no .whl/: the JAX parts will fail", flush=True)
+        print("keras, namex, optree or google-crc32c missing, no .whl/: JAX parts will fail")
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     return env
 

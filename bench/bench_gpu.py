@@ -9,11 +9,20 @@ What runs where: this process only prepares batches (numpy) and reports; each si
 a child process of its own (`--side jax|torch`), one after the other, so that JAX and
 PyTorch never share the GPU's memory and each side's peak memory is its own.
 
-- Ours: payload/backends/jax/models.py's model (Llama, BERT) under Keras `mixed_bfloat16`,
-  the trainer's compiled chunk (steps.make_train_chunk: 8 steps per call, the chunked
-  loss), Keras AdamW with global-norm clipping 1.0 and the trainer's weight-decay
-  exclusions (train.create_optimizer's settings; the schedule here is a linear warm-up
-  then constant, on both sides).
+- Ours: the trainer's own programs for the bench's job (job_document: the model, batch,
+  AdamW hyper-parameters, precision and train.remat; the rest the trainer's defaults), built
+  by the trainer's own calls (trainer_programs: runtime.runtime, program.with_attention,
+  program.build_model, program.build, as train.py does): the attention `train.attention:
+  auto` picks on this chip (cuDNN flash attention on an NVIDIA GPU of compute capability
+  8.0+, the reference on a CPU), the dtype policy, the mesh and the state's shardings, the
+  donated state, the remat policy, 8 steps per compiled call, the chunked loss sized from the
+  device's memory, Keras AdamW with global-norm clipping 1.0 and the trainer's weight-decay
+  exclusions; the held-out loss by the trainer's evaluation step. Each row says what ran
+  (the trainer's runtime line, the attention and why, policy, remat, donated state arrays,
+  steps per call, the loss's chunk, the programs' fingerprints: the trainer logs the same
+  ones for the same job) and what the compiled chunk holds (hlo_facts: its cuDNN attention
+  custom calls, expected layers x (forward + backward), and any [.., S, S] buffer: the
+  reference's float32 scores; a kernel has none).
 - PyTorch: transformers' LlamaForCausalLM / BertForMaskedLM from the same config and the
   same initial weights (ours, through hf_weights.hf_state_dict), fp32 weights under bf16
   autocast, `attn_implementation="sdpa"`, `torch.compile(model)` (`--torch-eager`: without),
@@ -26,17 +35,19 @@ PyTorch never share the GPU's memory and each side's peak memory is its own.
   vocabulary (8 likely successors per token: learnable, so the held-out loss moves), BERT's
   with 15% of positions masked. Both sides train on the same batches in the same order and
   are evaluated on the same held-out batches.
-- Figures: tokens/s over the timed steps (after a compile/warm-up call that trains
-  nothing); MFU = tokens/s x MaxText's FLOPs per token (payload/plan.py flops_per_token)
-  over (a) the measured peak (the best of 5 bf16 8192^3 matmuls, each framework its own;
-  the higher is used) and (b) the datasheet's dense bf16 peak (H100 SXM and H200: 989.5
-  TFLOP/s); peak memory (JAX: the device's peak_bytes_in_use; PyTorch:
-  max_memory_allocated; on CPU, where neither exists, XLA's memory analysis of the
-  compiled chunk and the PyTorch process's peak RSS, labelled so); the held-out loss after
-  the timed steps.
+- Figures: tokens/s over the timed steps, after one real optimizer step on each side
+  (compiles and warms up: batch 0, the schedule's step 0); MFU = tokens/s x MaxText's FLOPs
+  per token (payload/plan.py flops_per_token) over (a) the measured peak (the best of 5
+  bf16 8192^3 matmuls, each framework its own; the higher is used) and (b) the datasheet's
+  dense bf16 peak (H100 SXM and H200: 989.5 TFLOP/s); peak memory (JAX: the device's
+  peak_bytes_in_use; PyTorch: max_memory_allocated; on CPU, where neither exists, XLA's
+  memory analysis of the compiled chunk and the PyTorch process's peak RSS, labelled so);
+  the held-out loss after the timed steps.
 
 Runs on a GPU machine's preinstalled stack without TensorFlow (jax[cuda], torch,
-transformers 4 or 5, plus keras, namex and optree): nothing this script or its children
+transformers 4 or 5 with its tokenizers and tqdm, plus keras, namex, optree and
+google-crc32c, which the trainer's evaluation step imports through payload/records.py):
+nothing this script or its children
 import pulls in TensorFlow (tests/payload/test_bench_gpu.py checks it). Nothing is asserted
 but --precision-check's 1% (reported, exit 0 either way).
 """
@@ -47,6 +58,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -67,13 +79,14 @@ DATASHEET_TFLOPS = {"H100": 989.5, "H200": 989.5}
 MODELS: dict[str, dict[str, Any]] = {
     "125m": {"family": "llama", "size": "125m", "vocab": 49152, "seq": 2048, "batch": 8},
     "1b": {"family": "llama", "size": "1b", "vocab": 128256, "seq": 2048, "batch": 4},
+    # The issue's "3b on one 141 GB GPU" (an H200): 16 B/parameter of state is 51 GB.
+    "3b": {"family": "llama", "size": "3b", "vocab": 128256, "seq": 2048, "batch": 4},
     "bert": {
         "family": "bert",
         "size": "base",
         "vocab": 30522,
         "seq": 512,
         "batch": 32,
-        "predictions": 80,
     },
 }
 TINY: dict[str, dict[str, Any]] = {
@@ -84,7 +97,6 @@ TINY: dict[str, dict[str, Any]] = {
         "vocab": 512,
         "seq": 128,
         "batch": 8,
-        "predictions": 20,
     },
 }
 SPECIAL = {"llama": {"pad": 1, "bos": 0, "eos": 2}, "bert": {"pad": 0, "cls": 2, "sep": 3}}
@@ -98,11 +110,12 @@ HPARAMS = {
     "epsilon": 1e-8,
     "clip_norm": 1.0,
 }
-NO_DECAY_NAMES = ("gamma", "beta", "bias")  # backends/jax/train.py NO_DECAY_NAMES
 
 
 def lr_at(step: int) -> float:
-    """Linear warm-up over HPARAMS["warmup"] steps, then constant (both sides)."""
+    """Linear warm-up over HPARAMS["warmup"] steps, then constant: PyTorch's rate at
+    optimizer step `step` (0-based), what ours gets from the job (job_document: train.decay
+    constant; backends/jax/schedule.py WarmupDecay)."""
     return HPARAMS["learning_rate"] * min(1.0, (step + 1) / HPARAMS["warmup"])
 
 
@@ -174,8 +187,16 @@ def read_split(data_dir: str, split: str) -> tuple[np.ndarray, int | None]:
     return np.stack(rows).astype(np.int64), special_ids_of(manifest).get("pad")
 
 
+def masked_slots(seq: int) -> int:
+    """The masked slots of an MLM row: the job's data.max_predictions (payload/job.py)."""
+    from payload.job import DataSpec
+
+    return DataSpec(objective="mlm", seq_length=seq).max_predictions
+
+
 def make_batches(spec: dict[str, Any], steps: int, eval_batches: int, shards: str | None) -> dict:
-    """{"train": {name: [steps, B, ...]}, "eval": {name: [E, B, ...]}}."""
+    """{"train": {name: [steps, B, ...]}, "eval": {name: [E, B, ...]}}: `steps` batches,
+    the warm-up step's and the timed steps'."""
     rows, seq = spec["batch"], spec["seq"]
     rng = np.random.default_rng(1)
     if shards:
@@ -197,7 +218,7 @@ def make_batches(spec: dict[str, Any], steps: int, eval_batches: int, shards: st
 
     def batches(ids: np.ndarray, count: int) -> dict[str, np.ndarray]:
         if spec["family"] == "bert":
-            out = masked_batch(rng, ids, spec["predictions"])
+            out = masked_batch(rng, ids, masked_slots(seq))
         else:
             out = causal_batch(ids, pad)
         return {k: v.reshape(count, rows, *v.shape[1:]) for k, v in out.items()}
@@ -233,16 +254,57 @@ def load_batches(work: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarra
     return train, held
 
 
-def jax_model(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> tuple[Any, Any]:
-    """Ours: the model (its initial weights written for PyTorch) and Keras AdamW."""
-    import keras
+def job_document(spec: dict[str, Any], args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The job our side trains, as a job file would say it: the bench's model and batch, the
+    bench's AdamW hyper-parameters and schedule (HPARAMS: warm-up, then constant), its
+    precision and train.remat; everything else the trainer's defaults (train.attention
+    auto, train.sharding auto). Recorded in every row of ours."""
+    masked = spec["family"] == "bert"
+    return {
+        "name": "bench-gpu",
+        "output": str(work / "run"),
+        "corpus": {"paths": [str(work / "unused.txt")]},  # never read: batches.npz is
+        "tokenizer": {"kind": "wordpiece" if masked else "bpe", "vocab_size": spec["vocab"]},
+        "data": {"objective": "mlm" if masked else "clm", "seq_length": spec["seq"]},
+        "model": {"family": spec["family"], "size": spec["size"], "config": spec.get("config", {})},
+        "train": {
+            "backend": "jax",
+            # The warm-up step and the timed ones (at least the warm-up's length, which the
+            # spec requires; with a constant rate the length changes nothing else).
+            "steps": max(args.steps + 1, HPARAMS["warmup"]),
+            "global_batch_size": spec["batch"],
+            "learning_rate": HPARAMS["learning_rate"],
+            "warmup_steps": HPARAMS["warmup"],
+            "decay": "constant",
+            "weight_decay": HPARAMS["weight_decay"],
+            "adam_beta1": HPARAMS["beta1"],
+            "adam_beta2": HPARAMS["beta2"],
+            "adam_epsilon": HPARAMS["epsilon"],
+            "clip_norm": HPARAMS["clip_norm"],
+            "precision": args.precision,
+            "remat": args.remat,
+        },
+    }
 
+
+def trainer_programs(
+    work: Path, spec: dict[str, Any], args: argparse.Namespace, held_rows: int
+) -> dict[str, Any]:
+    """What the trainer builds for the bench's job, by the trainer's own calls (train.py
+    _train, _build, _programs): the runtime of this process's devices
+    (runtime.runtime: the precision policy, the mesh, the device memory that sizes the
+    loss's chunks), the attention (program.with_attention: attention.choose on the chip),
+    the model and AdamW with values (program.build_model) and the lowered programs
+    (program.build: the training chunk with the trainer's state shardings and donation, and
+    the evaluation step of `held_rows` held-out rows, as a manifest of that many would give).
+    Returns them by name, with the job and its config."""
+    from payload import evaluate as evaluate_lib
     from payload import model as model_lib
-    from payload.backends.jax import hf_weights, models
+    from payload.backends.jax import program, runtime
+    from payload.spec import parse_job
 
-    family = spec["family"]
-    keras.config.set_dtype_policy("mixed_bfloat16" if args.precision == "bf16" else "float32")
-    keras.utils.set_random_seed(0)
+    job = parse_job(job_document(spec, args, work), source=str(work / "job.yaml"))
+    family, seq = spec["family"], int(spec["seq"])
     config = model_lib.build_config(
         family,
         spec["size"],
@@ -250,41 +312,69 @@ def jax_model(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> tup
         vocab_size=spec["vocab"],
         special_ids=SPECIAL[family],
     )
-    model = models.create_model(family, config, spec["seq"])
-    if args.write_init:
-        from safetensors.numpy import save_file
-
-        save_file(hf_weights.hf_state_dict(model), str(work / "init.safetensors"))
-        (work / "config.json").write_text(config.to_json_string())
-
-    class Warmup(keras.optimizers.schedules.LearningRateSchedule):
-        def __call__(self, step: Any) -> Any:
-            warm = (keras.ops.cast(step, "float32") + 1.0) / HPARAMS["warmup"]
-            return HPARAMS["learning_rate"] * keras.ops.minimum(1.0, warm)
-
-    optimizer = keras.optimizers.AdamW(
-        learning_rate=Warmup(),
-        weight_decay=HPARAMS["weight_decay"],
-        beta_1=HPARAMS["beta1"],
-        beta_2=HPARAMS["beta2"],
-        epsilon=HPARAMS["epsilon"],
-        global_clipnorm=HPARAMS["clip_norm"],
+    parameters = model_lib.parameter_count(family, config)
+    rt = runtime.runtime(job.train.precision, job.train.sharding, parameters)
+    rt = program.with_attention(job, config, seq, rt)
+    model, optimizer = program.build_model(job, config, seq, rt)
+    eval_batch = evaluate_lib.eval_batch_size(
+        held_rows, job.train.global_batch_size, rt.num_replicas
     )
-    optimizer.exclude_from_weight_decay(var_names=list(NO_DECAY_NAMES))
-    optimizer.build(model.trainable_variables)
-    return model, optimizer
+    programs = program.build(job, config, rt, seq_length=seq, eval_batch=eval_batch or None)
+    return {"job": job, "config": config, "rt": rt, "model": model, "optimizer": optimizer,
+            "programs": programs}  # fmt: skip
 
 
-def jax_memory(chunk: Any, state: Any, train: dict[str, np.ndarray]) -> tuple[int, str]:
+def donated_inputs(lowered_text: str) -> int:
+    """The inputs a lowered program gives its outputs' buffers (StableHLO's
+    `tf.aliasing_output` / `jax.buffer_donor` argument attributes): the donated state."""
+    return len(re.findall(r"tf\.aliasing_output|jax\.buffer_donor", lowered_text))
+
+
+def loss_chunk(job: Any, config: Any, rt: Any) -> dict[str, int]:
+    """The positions of one chunk of the chunked loss and its budget, as steps.py sizes them
+    (model.loss_chunk_length of the rows one device holds, under model.loss_chunk_budget of
+    the runtime's device memory)."""
+    from payload import model as model_lib
+
+    rows = max(1, job.train.global_batch_size // rt.num_replicas)
+    length = job.data.max_predictions if job.data.objective == "mlm" else job.data.seq_length
+    budget = model_lib.loss_chunk_budget(rt.facts.device_memory)
+    positions = model_lib.loss_chunk_length(rows, length, int(config.vocab_size), budget)
+    return {"positions": positions, "of": length, "budget_bytes": budget}
+
+
+def hlo_facts(text: str, seq: int) -> dict[str, Any]:
+    """What a compiled program's HLO text holds: its cuDNN attention custom calls by target
+    (`__cudnn$fmha...`: jax 0.10.2 fused_attention_stablehlo.py _custom_name_maps; the
+    forward and the backward call of each layer) and the shapes of its arrays whose last
+    two dimensions are the sequence (the reference attention's [.., S, S] scores and
+    probabilities; `square_f32`: those in float32)."""
+    targets: dict[str, int] = {}
+    for name in re.findall(r'custom_call_target="(__cudnn\$fmha\w*)"', text):
+        targets[name] = targets.get(name, 0) + 1
+    square = sorted(
+        {
+            f"{dtype}[{dims}]"
+            for dtype, dims in re.findall(r"\b(\w+)\[([\d,]+)\]", text)
+            if dims.endswith(f",{seq},{seq}") and dims.count(",") >= 2
+        }
+    )
+    return {
+        "cudnn_calls": sum(targets.values()),
+        "cudnn_targets": targets,
+        "square": square,
+        "square_f32": [shape for shape in square if shape.startswith("f32[")],
+    }
+
+
+def jax_memory(compiled: Any) -> tuple[int, str]:
     """The device's peak bytes in use, or (CPU) XLA's memory analysis of the chunk."""
     import jax
-    import jax.numpy as jnp
 
     memory = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in memory:
         return int(memory["peak_bytes_in_use"]), "device peak"
-    batches = {k: jnp.asarray(v[:STEPS_PER_CALL]) for k, v in train.items()}
-    analysis = chunk.lower(state, batches, jnp.int32(0)).compile().memory_analysis()
+    analysis = compiled.memory_analysis()
     total = (
         analysis.argument_size_in_bytes
         + analysis.temp_size_in_bytes
@@ -306,59 +396,64 @@ def jax_matmul_flops(size: int) -> float:
 
 
 def jax_side(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """Ours: models.py + the compiled chunk (chunked loss) + Keras AdamW."""
+    """Ours: the trainer's own programs (trainer_programs) on the bench's batches: one real
+    optimizer step first (compiles and warms up; batch 0), then the timed steps, then the
+    trainer's evaluation step on the held-out batches."""
     from payload.backends.jax import use_jax
 
     use_jax()
     import jax
-    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
-    from payload.backends.jax import steps
+    from payload.backends.jax import hf_weights, steps
 
-    model, optimizer = jax_model(work, spec, args)
-    objective = "mlm" if spec["family"] == "bert" else "clm"
-    chunk = steps.make_train_chunk(model, optimizer, objective)
-    state = steps.TrainState.of(model, optimizer)
     train, held = load_batches(work)
-    total = next(iter(train.values())).shape[0]
+    held_rows = int(np.prod(next(iter(held.values())).shape[:2]))  # [E, B, ...]
+    built = trainer_programs(work, spec, args, held_rows)
+    job, rt, model, programs = built["job"], built["programs"].rt, built["model"], built["programs"]
+    if args.write_init:
+        from safetensors.numpy import save_file
 
-    def call(state: Any, start: int, n: int) -> tuple[Any, Any]:
-        batches = {k: jnp.asarray(v[start : start + STEPS_PER_CALL]) for k, v in train.items()}
-        state, metrics = chunk(state, batches, jnp.int32(n))
-        return state, metrics["loss"]
+        save_file(hf_weights.hf_state_dict(model), str(work / "init.safetensors"))
+        (work / "config.json").write_text(built["config"].to_json_string())
+    state = jax.device_put(steps.TrainState.of(model, built["optimizer"]), programs.state_shardings)
+    per_call = rt.steps_per_execution
+    assert per_call == STEPS_PER_CALL, (per_call, STEPS_PER_CALL)
+    total = next(iter(train.values())).shape[0]  # 1 + the timed steps
 
+    def on_devices(arrays: dict[str, np.ndarray], specs: dict[str, Any]) -> dict[str, Any]:
+        return {k: jax.device_put(v, specs[k].sharding) for k, v in arrays.items()}
+
+    chunks = [
+        on_devices({k: v[start : start + per_call] for k, v in train.items()},
+                   programs.train_batches)
+        for start in [0, *range(1, total, per_call)]
+    ]  # fmt: skip
     started = time.perf_counter()
-    _, losses = call(state, 0, 0)  # compiles; trains nothing
-    jax.block_until_ready(losses)
+    compiled = programs.train_chunk()
+    state, metrics = compiled(state, chunks[0], np.int32(1))  # one real step: batch 0
+    warmup_loss = float(np.asarray(metrics["loss"])[0])
     compile_s = time.perf_counter() - started
-    device = jax.devices()[0]
-    per_call = []
+    per_chunk = []
     started = time.perf_counter()
-    for start in range(0, total, STEPS_PER_CALL):
-        state, losses = call(state, start, STEPS_PER_CALL)
-        per_call.append(losses)
-    per_call = [np.asarray(x) for x in per_call]  # waits for the last call
+    for batches in chunks[1:]:
+        state, metrics = compiled(state, batches, np.int32(per_call))
+        per_chunk.append(metrics["loss"])
+    per_chunk = [np.asarray(x) for x in per_chunk]  # waits for the last call
     seconds = time.perf_counter() - started
-    peak_memory, memory_kind = jax_memory(chunk, state, train)
-
-    @jax.jit
-    def sums(trainable: Any, non_trainable: Any, batch: dict[str, Any]) -> Any:
-        inputs, labels, weights = steps.model_inputs(objective, batch)
-        terms, _ = steps.lm_loss_terms(
-            model,
-            trainable,
-            non_trainable,
-            inputs,
-            labels=labels,
-            weights=weights,
-            training=False,
-        )
-        return terms
-
+    peak_memory, memory_kind = jax_memory(compiled)
     totals = np.zeros(3)
-    for i in range(next(iter(held.values())).shape[0]):
-        batch = {k: v[i] for k, v in held.items()}
-        totals += np.asarray(sums(state.trainable, state.non_trainable, batch), np.float64)
+    evaluate = programs.eval_sums()
+    if evaluate is not None:
+        replicated = NamedSharding(rt.mesh, P())
+        sums = jax.device_put(np.zeros([3], np.float32), replicated)
+        for i in range(next(iter(held.values())).shape[0]):
+            batch = on_devices({k: v[i] for k, v in held.items()}, programs.eval_batches)
+            sums = evaluate(state.trainable, state.non_trainable, batch, np.int32(i), sums)
+        totals = np.asarray(sums, np.float64)
+    device = jax.devices()[0]
+    lowered = programs.train_lowered.as_text()
     return {
         "side": "jax",
         "device": device.device_kind,
@@ -366,13 +461,33 @@ def jax_side(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> dict
         "parameters": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
         "compile_s": compile_s,
         "seconds": seconds,
-        "steps": total,
-        "losses": [float(x) for chunk_losses in per_call for x in chunk_losses],
+        "steps": total - 1,
+        "warmup_loss": warmup_loss,
+        "losses": [float(x) for chunk_losses in per_chunk for x in chunk_losses],
         "held_out": float(totals[0] / max(totals[1], 1.0)),
+        "held_out_rows": held_rows,
         "peak_memory": int(peak_memory),
         "memory_kind": memory_kind,
         "matmul_flops": jax_matmul_flops(args.matmul),
         "datasheet_flops": datasheet(device.device_kind),
+        # What ran: the trainer's runtime line (policy, chip, mesh, steps per call, the
+        # attention and why), its remat policy, the donated state, the loss's chunk and the
+        # programs' fingerprints (the trainer logs the same ones for the same job).
+        "runtime": rt.describe(),
+        "attention": rt.attention.describe() if rt.attention else None,
+        "policy": rt.policy,
+        "remat": job.train.remat,
+        "steps_per_call": per_call,
+        "donated": {
+            "inputs": donated_inputs(lowered),
+            "state_arrays": len(jax.tree.leaves(programs.state)),
+        },
+        "loss_chunk": loss_chunk(job, built["config"], rt),
+        "fingerprints": programs.fingerprints(),
+        "job": job_document(spec, args, work),
+        "layers": int(built["config"].num_hidden_layers),
+        "hlo": hlo_facts(compiled.as_text(), spec["seq"]),
+        "versions": {"jax": jax.__version__},
     }
 
 
@@ -489,20 +604,17 @@ def torch_side(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> di
         if cuda:
             torch.cuda.synchronize()
 
-    total_steps = next(iter(train.values())).shape[0]
+    batches = [tensors({k: v[i] for k, v in train.items()}) for i in range(len(train["input_ids"]))]
     started = time.perf_counter()
-    first = tensors({k: v[0] for k, v in train.items()})
-    total, count = loss_sums(first)  # compiles (torch.compile) or warms up: no update
-    (total / count).backward()
-    optimizer.zero_grad(set_to_none=True)
+    warmup_loss = float(step(0, batches[0]))  # compiles (torch.compile): one real step
     sync()
     compile_s = time.perf_counter() - started
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     losses = []
     started = time.perf_counter()
-    for i in range(total_steps):
-        losses.append(step(i, tensors({k: v[i] for k, v in train.items()})))
+    for i in range(1, len(batches)):
+        losses.append(step(i, batches[i]))
     sync()
     seconds = time.perf_counter() - started
     sums = [0.0, 0.0]
@@ -517,7 +629,8 @@ def torch_side(work: Path, spec: dict[str, Any], args: argparse.Namespace) -> di
         "device": name,
         "compile_s": compile_s,
         "seconds": seconds,
-        "steps": total_steps,
+        "steps": len(losses),
+        "warmup_loss": warmup_loss,
         "losses": [float(x) for x in losses],
         "held_out": sums[0] / max(sums[1], 1.0),
         "peak_memory": int(peak),
@@ -567,8 +680,28 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def ours_line(ours: dict[str, Any]) -> str:
+    """What ran on our side, from its row: the trainer's attention and why, policy, remat,
+    donation, steps per call, the loss's chunk, the compiled chunk's cuDNN calls and
+    [.., S, S] buffers, the programs' fingerprints."""
+    facts, chunk, donated = ours["hlo"], ours["loss_chunk"], ours["donated"]
+    attention = ours["attention"] or {"implementation": "reference", "reason": "none chosen"}
+    return (
+        f"ours (the trainer's programs: program.build): attention {attention['implementation']}"
+        f" ({attention['reason']}); policy {ours['policy']}; train.remat {ours['remat']}; "
+        f"donated {donated['inputs']} of {donated['state_arrays']} state arrays; "
+        f"{ours['steps_per_call']} steps per call; loss chunk {chunk['positions']} of "
+        f"{chunk['of']} positions ({_gib(chunk['budget_bytes'])} budget); compiled chunk: "
+        f"{facts['cudnn_calls']} cuDNN attention calls "
+        f"({', '.join(f'{k} x{v}' for k, v in facts['cudnn_targets'].items()) or 'none'}; "
+        f"{ours['layers']} layers x forward + backward = {2 * ours['layers']}), float32 "
+        f"[.., S, S] buffers: {', '.join(facts['square_f32']) or 'none'}; fingerprints "
+        + ", ".join(f"{k} {v}" for k, v in ours["fingerprints"].items())
+    )
+
+
 def compare(name: str, spec: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
-    data = make_batches(spec, args.steps, args.eval_batches, args.shards)
+    data = make_batches(spec, args.steps + 1, args.eval_batches, args.shards)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         work = Path(tmp)
         np.savez(
@@ -607,6 +740,8 @@ def compare(name: str, spec: dict[str, Any], args: argparse.Namespace) -> list[d
             + f"{_gib(row['peak_memory']):>14}  {row['held_out']:>9.4f}  "
             f"{row['losses'][0]:.4f} -> {row['losses'][-1]:.4f}  ({row['memory_kind']})"
         )
+    ours = rows[0]
+    print(ours_line(ours))
     for other in rows[1:]:
         ratio = rows[0]["tokens_per_s"] / other["tokens_per_s"]
         memory = rows[0]["peak_memory"] / other["peak_memory"]
@@ -617,7 +752,7 @@ def compare(name: str, spec: dict[str, Any], args: argparse.Namespace) -> list[d
 def precision_check(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Our model's loss curve in bf16 (mixed_bfloat16) vs float32 on the same batches."""
     spec = dict((TINY if args.tiny else MODELS)["125m"], **_overrides(args))
-    data = make_batches(spec, args.steps, args.eval_batches, args.shards)
+    data = make_batches(spec, args.steps + 1, args.eval_batches, args.shards)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         work = Path(tmp)
@@ -662,6 +797,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    from payload.job import REMATS
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="125m,1b,bert", help="of " + ",".join(MODELS))
     parser.add_argument(
@@ -673,6 +810,9 @@ def _arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shards", help="a job's encoded data directory (clm models)")
     parser.add_argument("--tiny", action="store_true", help="tiny presets and shapes (CPU)")
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument(
+        "--remat", default="none", choices=REMATS, help="our side's train.remat (default none)"
+    )
     parser.add_argument(
         "--precision-check",
         action="store_true",

@@ -104,6 +104,7 @@ import keras  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+from payload import kernels  # noqa: E402
 from payload import model as model_lib  # noqa: E402
 from payload import plan as plan_lib  # noqa: E402
 from payload.backends.jax import attention as attention_lib  # noqa: E402
@@ -156,7 +157,7 @@ def build(
     keras.config.set_dtype_policy("mixed_bfloat16")
     attention = attention_lib.choose(
         attention_setting,
-        platform="tpu",
+        chip=kernels.device_chip("tpu", "", str(devices[0].device_kind), None),
         family=family,
         config=config,
         seq_length=seq,

@@ -157,16 +157,31 @@ _ELECTRA_SIZES: dict[str, dict[str, Any]] = {
     },
 }
 
+# Attention dropout 0 in every pre-training preset (transformers' configs default to 0.1):
+# today's recipes train without it (ModernBERT's config attention_dropout=0.0; MosaicBERT sets
+# attention_probs_dropout_prob 0.0 so that Flash Attention runs; MaxText's base.yml
+# dropout_rate: 0.0; nanoGPT's train.py dropout = 0 "for pretraining 0 is good"; sources in
+# docs/models.md), and neither fused kernel applies it (payload/kernels.py). 0.1 stays one
+# model.config key away, on the reference attention.
+_NO_ATTENTION_DROPOUT = {"attention_probs_dropout_prob": 0.0}
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    "bert": {size: {**v, "max_position_embeddings": 512} for size, v in _ENCODER_SIZES.items()},
-    # TF RoBERTa numbers positions from padding_idx + 1 = 2: 512 tokens need 514 positions.
-    "roberta": {
-        size: {**v, "max_position_embeddings": 514, "type_vocab_size": 1}
+    "bert": {
+        size: {**v, "max_position_embeddings": 512, **_NO_ATTENTION_DROPOUT}
         for size, v in _ENCODER_SIZES.items()
     },
-    "gpt2": {size: {**v, "n_positions": 1024} for size, v in _GPT2_SIZES.items()},
+    # TF RoBERTa numbers positions from padding_idx + 1 = 2: 512 tokens need 514 positions.
+    "roberta": {
+        size: {**v, "max_position_embeddings": 514, "type_vocab_size": 1, **_NO_ATTENTION_DROPOUT}
+        for size, v in _ENCODER_SIZES.items()
+    },
+    "gpt2": {
+        size: {**v, "n_positions": 1024, "attn_pdrop": 0.0} for size, v in _GPT2_SIZES.items()
+    },
     "llama": {size: {**_LLAMA_COMMON, **v} for size, v in _LLAMA_SIZES.items()},
-    "electra": {size: {**v, "max_position_embeddings": 512} for size, v in _ELECTRA_SIZES.items()},
+    "electra": {
+        size: {**v, "max_position_embeddings": 512, **_NO_ATTENTION_DROPOUT}
+        for size, v in _ELECTRA_SIZES.items()
+    },
 }
 
 # Config keys a job may override, per family. gpt2 also accepts the BERT-style names that
@@ -242,6 +257,30 @@ def resolved_settings(family: str, size: str, overrides: Mapping[str, Any]) -> d
     return settings
 
 
+def attention_dropout(family: str, settings: Mapping[str, Any]) -> float:
+    """The attention dropout of a model's settings (resolved_settings, or a transformers
+    config's to_dict()): Llama has none."""
+    key = {"gpt2": "attn_pdrop", "llama": "attention_dropout"}.get(
+        family, "attention_probs_dropout_prob"
+    )
+    return float(settings.get(key) or 0.0)
+
+
+def attention_head_sizes(family: str, settings: Mapping[str, Any]) -> tuple[int, ...]:
+    """The head sizes of a model's attention layers (resolved_settings, or a transformers
+    config's to_dict()): ELECTRA's generator has its own (generator_config's width and
+    width // 64 heads)."""
+    if family == "gpt2":
+        width, heads = int(settings["n_embd"]), int(settings["n_head"])
+    else:
+        width, heads = int(settings["hidden_size"]), int(settings["num_attention_heads"])
+    sizes = [width // max(heads, 1)]
+    if family == "electra":
+        generator = round(width * float(settings[GENERATOR_FRACTION_KEY]))
+        sizes.append(generator // max(1, generator // 64))
+    return tuple(sizes)
+
+
 def config_for(job: JobSpec, manifest: Any) -> PretrainedConfig:
     """The job's model config for the encoded data (`manifest`: vocabulary, special ids):
     what both training backends build their model from."""
@@ -302,14 +341,26 @@ def _bert_ids(ids: dict[str, Any], special_ids: Mapping[str, int]) -> None:
 
 # The JAX backend's loss (backends/jax/steps.py chunked_loss_terms) computes the logits a
 # chunk of tokens at a time; the plan (payload/plan.py) counts one chunk. A chunk's float32
-# logits stay under LOSS_CHUNK_BYTES: large enough that its matmul (>= ~500 tokens x hidden x
-# vocabulary at the presets' vocabularies) keeps an accelerator's matrix units busy and the
-# scan takes few steps (8-32 for a sequence of 2,048 at batch 4-8), small enough that the
-# three logits-sized buffers of a chunk's backward pass (the float32 logits, their softmax
-# and its gradient) take under 1 GiB, a few percent of the smallest chip's 16 GiB (v5e).
-# Our choice, not a measured optimum (MaxText's num_vocab_tiling is a tile count the user
-# sets, src/maxtext/configs/base.yml).
+# logits stay under loss_chunk_budget(device memory): LOSS_CHUNK_SHARE of a device's memory,
+# at least LOSS_CHUNK_BYTES, at most LOSS_CHUNK_MAX_BYTES. Large enough that its matmul
+# (>= ~500 tokens x hidden x vocabulary at the presets' vocabularies) keeps an accelerator's
+# matrix units busy and the scan takes few steps (2-4 for a sequence of 2,048 on an 80 GB
+# GPU, 8-16 on a 16 GB v5e), small enough that the three logits-sized buffers of a chunk's
+# backward pass (the float32 logits, their softmax and its gradient) take under 5 % of the
+# device. Our choice, not a measured optimum (MaxText's num_vocab_tiling is a tile count the
+# user sets, src/maxtext/configs/base.yml).
 LOSS_CHUNK_BYTES = 256 * 2**20
+LOSS_CHUNK_MAX_BYTES = 2 * 2**30
+LOSS_CHUNK_SHARE = 1 / 64
+
+
+def loss_chunk_budget(memory_bytes: int | None) -> int:
+    """The bytes of one chunk's float32 logits on a device of `memory_bytes` (None: not
+    known, e.g. CPU devices: LOSS_CHUNK_BYTES)."""
+    if not memory_bytes:
+        return LOSS_CHUNK_BYTES
+    share = int(memory_bytes * LOSS_CHUNK_SHARE)
+    return min(LOSS_CHUNK_MAX_BYTES, max(LOSS_CHUNK_BYTES, share))
 
 
 def loss_chunk_length(rows: int, length: int, vocab: int, budget: int = LOSS_CHUNK_BYTES) -> int:

@@ -88,6 +88,7 @@ def _architecture(family: str, config: Mapping[str, Any]) -> list[tuple[str, str
             ("attention heads", "n_head"),
             ("positions", "n_positions"),
         ]
+        dropout = "attn_pdrop"
     else:
         keys = [
             *([("embedding size", "embedding_size")] if family == "electra" else []),
@@ -97,7 +98,10 @@ def _architecture(family: str, config: Mapping[str, Any]) -> list[tuple[str, str
             ("intermediate size", "intermediate_size"),
             ("positions", "max_position_embeddings"),
         ]
-    return [(label, _num(config.get(key))) for label, key in keys]
+        dropout = "attention_probs_dropout_prob"
+    rows = [(label, _num(config.get(key))) for label, key in keys]
+    # The presets train without it (payload/model.py); 0.1 is the previous recipe.
+    return [*rows, ("attention dropout", _plain(config.get(dropout)))]
 
 
 def _plain(value: Any) -> str:

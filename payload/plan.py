@@ -31,23 +31,23 @@ key/value heads, D head size):
                           attention output, the residual, the MLP's gate, up, act(gate) and
                           product, the down projection
   + 8H                    the two RMSNorms' float32 copies of their input
-  + 4 x A                 with a fused attention kernel (cuDNN flash attention on NVIDIA
-                          GPUs of compute capability 8.0 or newer computing in bf16/fp16,
-                          splash attention on TPUs): its float32 softmax statistics (one
-                          log-sum-exp per query and head); the [S, S] scores never exist
-  or (4 + a) x A x S      with the reference attention (CPU, older or fp32 GPUs,
-                          train.attention: reference): the scores (float32 for the softmax)
-                          and probabilities, materialised and kept
+  + 4 x A                 with a fused attention kernel (payload/kernels.py's table, as the
+                          trainer: cuDNN on NVIDIA GPUs of compute capability 8.0+ in bf16,
+                          splash on TPUs): its float32 softmax statistics (one log-sum-exp
+                          per query and head); the [S, S] scores never exist
+  or (4 + a) x A x S      with the reference attention (the table's other cases, e.g. CPU,
+                          attention dropout, older or AMD GPUs): the scores (float32 for
+                          the softmax) and probabilities, materialised and kept
 With a train.remat policy (jax.checkpoint around each layer of the scan over layers, saving
 only what the policy names: sharding.REMAT_SAVES) a layer keeps its input (a x H per token)
 plus the activations the policy names (saved_width: `full` none, `minimal` q, k, v, the
 attention's output projection and the MLP's gate and up), and one layer's activations above
 exist at a time while its backward pass recomputes the rest.
-The LM head: the loss computes the logits a chunk of positions at a time under
-jax.checkpoint (backends/jax/steps.py chunked_loss_terms; the chunk: payload/model.py
-loss_chunk_length, float32 logits under LOSS_CHUNK_BYTES per chip), so a sequence keeps
-2a x H per predicted token (the head's input and its chunked copy; for MLM only the masked
-positions), and the chip holds one chunk's (a + 8) x V per token
+The LM head: the loss computes the logits a chunk of positions at a time
+(backends/jax/steps.py chunked_loss_terms; the chunk: payload/model.py loss_chunk_length,
+float32 logits under loss_chunk_budget(the chip's memory): 1/64 of it, 256 MiB to 2 GiB),
+so a sequence keeps 2a x H per predicted token (the head's input and its chunked copy; for
+MLM only the masked positions), and the chip holds one chunk's (a + 8) x V per token
 (the logits, their float32 softmax and its gradient) once, whatever the batch.
 Other families use the same per-layer figure with K = A. A job fits when the state plus the
 activations take at most FIT_SHARE of a chip's memory (the rest: XLA's buffers and the
@@ -72,15 +72,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from functools import cache
-from importlib import resources
+from dataclasses import asdict, dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
+from payload import kernels
+
+# The accelerator catalog (payload/accelerators.yaml), re-exported: plan.accelerator(...).
+from payload.accelerators import (  # noqa: F401
+    Accelerator,
+    AcceleratorError,
+    accelerator,
+    catalog,
+    known_accelerators,
+)
 from payload.errors import SpecError, UserError
 
 # The JAX backend's rules, from the one copy both read (payload/sharding.py).
@@ -115,85 +122,6 @@ DEFAULT_MFU = 0.35
 # outside sharding.REMAT_FAMILIES gets the remat: none ones.
 REMAT_LAYOUTS = ("none", "minimal", "full")
 LAYOUTS = tuple((sharding, remat) for sharding in ("data", "fsdp") for remat in REMAT_LAYOUTS)
-# NVIDIA GPUs without cuDNN's fused attention: its SDPA operation requires SM80 (Ampere) or
-# newer and fp16/bf16 (docs.nvidia.com/deeplearning/cudnn/frontend/latest/operations/
-# Attention.html, support matrix); V100 is SM70, T4 SM75. GPUs that compute in fp32
-# (activation_bytes 4) have no fused kernel either.
-NO_FUSED_ATTENTION_GPUS = ("nvidia-tesla-v100", "nvidia-tesla-t4")
-
-
-class AcceleratorError(UserError):
-    """An accelerator type the plan has no figures for."""
-
-
-@dataclass(frozen=True)
-class Accelerator:
-    name: str  # as given: v5litepod-8, v4-32, nvidia-l4x2
-    kind: str  # tpu | gpu
-    generation: str  # v5e, nvidia-l4, ...
-    chips: int
-    memory_bytes: int  # per chip
-    peak_flops: float  # per chip, dense, in the precision it trains in
-    activation_bytes: int  # 2 (bf16/fp16) or 4 (fp32)
-    source: str
-
-
-@cache
-def catalog() -> dict[str, Any]:
-    text = resources.files("payload").joinpath("accelerators.yaml").read_text(encoding="utf-8")
-    import yaml  # noqa: PLC0415
-
-    data: dict[str, Any] = yaml.safe_load(text)
-    return data
-
-
-def known_accelerators() -> list[str]:
-    """Examples of every accelerator the plan knows (for the refusal of an unknown one)."""
-    tpu = [
-        f"{g['prefix']}-<{'cores' if g['cores_per_chip'] > 1 else 'chips'}>"
-        for g in catalog()["tpu"].values()
-    ]
-    return tpu + [f"{name}[x<count>]" for name in catalog()["gpu"]]
-
-
-def accelerator(name: str) -> Accelerator:
-    """The accelerator an accelerator type names, or AcceleratorError (one line)."""
-    for generation, row in catalog()["tpu"].items():
-        match = re.fullmatch(re.escape(row["prefix"]) + r"-(\d+)", name)
-        if match:
-            cores, per_chip = int(match.group(1)), int(row["cores_per_chip"])
-            if cores < per_chip or cores % per_chip:
-                raise AcceleratorError(
-                    f"--accelerator {name!r}: {row['prefix']} counts TensorCores, "
-                    f"{per_chip} per chip; use a multiple of {per_chip}"
-                )
-            return Accelerator(
-                name=name,
-                kind="tpu",
-                generation=generation,
-                chips=cores // per_chip,
-                memory_bytes=int(row["memory_bytes"]),
-                peak_flops=float(row["peak_flops"]),
-                activation_bytes=2,
-                source=str(row["source"]),
-            )
-    match = re.fullmatch(r"(.+?)(?:x(\d+))?", name)
-    row = catalog()["gpu"].get(match.group(1)) if match else None
-    if match and row is not None and (match.group(2) is None or int(match.group(2)) >= 1):
-        return Accelerator(
-            name=name,
-            kind="gpu",
-            generation=match.group(1),
-            chips=int(match.group(2) or 1),
-            memory_bytes=int(row["memory_bytes"]),
-            peak_flops=float(row["peak_flops"]),
-            activation_bytes=int(row["activation_bytes"]),
-            source=str(row["source"]),
-        )
-    raise AcceleratorError(
-        f"--accelerator {name!r}: unknown accelerator type; known: "
-        + ", ".join(known_accelerators())
-    )
 
 
 # ------------------------------------------------------------------------------- the model
@@ -303,34 +231,33 @@ def attention_flops_per_token(shape: Shape, seq_length: int) -> float:
     return 3.0 * attention
 
 
-# The config key of each family's attention dropout and its default (payload/model.py's
-# presets): neither fused kernel applies dropout to the attention probabilities, so the
-# runtime keeps the reference for a model that has any (backends/jax/attention.py choose).
-ATTENTION_DROPOUT = {
-    "bert": ("attention_probs_dropout_prob", 0.1),
-    "roberta": ("attention_probs_dropout_prob", 0.1),
-    "electra": ("attention_probs_dropout_prob", 0.1),
-    "gpt2": ("attn_pdrop", 0.1),
-}
+def attention_case(
+    acc: Accelerator, family: str, size: str, overrides: Mapping[str, Any], *,
+    precision: str, seq_length: int, documents: bool,
+) -> kernels.Case:  # fmt: skip
+    """The kernels table's case of a model (the preset and model.config's head sizes and
+    attention dropout) on `acc`, computing in train.precision's dtype on its chip."""
+    from payload import model  # noqa: PLC0415  (pure: presets)
+
+    settings = model.resolved_settings(family, size, overrides)
+    return kernels.Case(
+        chip=acc.chip,
+        dtype=kernels.compute_dtype(precision, acc.chip),
+        head_sizes=model.attention_head_sizes(family, settings),
+        dropout=model.attention_dropout(family, settings),
+        seq_length=int(seq_length),
+        documents=bool(documents),
+    )
 
 
-def fused_attention(
-    acc: Accelerator,
-    setting: str = "auto",
-    family: str = "llama",
-    overrides: Mapping[str, Any] | None = None,
-) -> bool:
-    """Whether the job's attention runs a fused kernel on `acc` (module docstring):
-    `setting` is train.attention (auto | fused | reference); a `family` model whose config
-    (`overrides` on the preset) keeps attention dropout runs the reference."""
-    if setting == "reference" or acc.kind == "cpu":
-        return False
-    key, default = ATTENTION_DROPOUT.get(family, ("", 0.0))
-    if key and float((overrides or {}).get(key, default)) > 0:
-        return False
-    if acc.kind == "gpu":
-        return acc.activation_bytes == 2 and acc.generation not in NO_FUSED_ATTENTION_GPUS
-    return True
+def attention(job: Any, acc: Accelerator) -> kernels.Choice:
+    """The attention the JAX trainer picks for the job on `acc`: the table it reads
+    (payload/kernels.py) for the same case (backends/jax/attention.choose). A `fused` job
+    the table refuses is the trainer's one-line error, here too."""
+    model, data, precision = job.model, job.data, job.train.precision
+    case = attention_case(acc, model.family, model.size, model.config, precision=precision,
+                          seq_length=data.seq_length, documents=data.document_mask)  # fmt: skip
+    return kernels.select(job.train.attention, case)
 
 
 def activation_bytes_per_sequence(
@@ -358,14 +285,21 @@ def activation_bytes_per_sequence(
     return kept + head
 
 
-def loss_chunk_bytes(shape: Shape, per_chip_batch: int, predictions: int, dtype_bytes: int) -> int:
-    """The chip's one chunk of the chunked loss: its logits, their float32 softmax and its
-    gradient (module docstring)."""
+def loss_chunk_bytes(
+    shape: Shape,
+    per_chip_batch: int,
+    predictions: int,
+    dtype_bytes: int,
+    memory_bytes: int | None = None,
+) -> int:
+    """The chip's one chunk of the chunked loss on a chip of `memory_bytes`: its logits,
+    their float32 softmax and its gradient (module docstring)."""
     from payload import model  # noqa: PLC0415  (pure)
 
     if per_chip_batch <= 0:
         return 0
-    positions = model.loss_chunk_length(per_chip_batch, predictions, shape.vocab)
+    budget = model.loss_chunk_budget(memory_bytes)
+    positions = model.loss_chunk_length(per_chip_batch, predictions, shape.vocab, budget)
     return (dtype_bytes + 8) * shape.vocab * per_chip_batch * positions
 
 
@@ -419,6 +353,8 @@ class Plan:
     budget_bytes: int  # FIT_SHARE of a chip's memory
     sharding: str  # what the trainer picks for train.sharding (auto resolved)
     sharding_reason: str
+    attention: str  # what the trainer picks for train.attention (payload/kernels.py)
+    attention_reason: str
     remat: str
     layouts: tuple[Layout, ...]
     fits: bool
@@ -483,7 +419,9 @@ def _layout(
     sequence = activation_bytes_per_sequence(
         shape, seq_length, predictions, remat, acc.activation_bytes, fused=fused
     )
-    chunk = loss_chunk_bytes(shape, per_chip_batch, predictions, acc.activation_bytes)
+    chunk = loss_chunk_bytes(
+        shape, per_chip_batch, predictions, acc.activation_bytes, acc.memory_bytes
+    )
     largest = max(0, (budget - state - chunk) // sequence) if sequence else 0
     return Layout(
         sharding=sharding,
@@ -518,7 +456,8 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
         )
     micro = train.global_batch_size // split
     budget = int(FIT_SHARE * acc.memory_bytes)
-    fused = fused_attention(acc, train.attention, job.model.family, job.model.config)
+    chosen_attention = attention(job, acc)
+    fused = chosen_attention.implementation != "reference"
     remat = REMAT_ALIASES.get(train.remat, train.remat)
     candidates = [*LAYOUTS]
     if remat not in REMAT_LAYOUTS:
@@ -563,6 +502,8 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
         budget_bytes=budget,
         sharding=sharding,
         sharding_reason=reason,
+        attention=chosen_attention.implementation,
+        attention_reason=chosen_attention.reason,
         remat=remat,
         layouts=layouts,
         fits=True,
@@ -571,13 +512,7 @@ def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:
     chosen = draft.layout(sharding, remat)
     if chosen.total <= budget:
         return draft
-    return _replace(draft, fits=False, refusal=_refusal(draft, chosen, job))
-
-
-def _replace(plan: Plan, **changes: Any) -> Plan:
-    from dataclasses import replace  # noqa: PLC0415
-
-    return replace(plan, **changes)
+    return replace(draft, fits=False, refusal=_refusal(draft, chosen, job))
 
 
 def _refusal(plan: Plan, chosen: Layout, job: Any) -> str:
@@ -671,7 +606,7 @@ def plan_job_fits(job: Any, acc: Accelerator) -> bool:
         per_chip_batch=max(1, train.global_batch_size // (acc.chips * train.grad_accum_steps)),
         accumulate=train.grad_accum_steps > 1,
         budget=budget,
-        fused=fused_attention(acc, train.attention, job.model.family, job.model.config),
+        fused=attention(job, acc).implementation != "reference",
     )
     return layout.total <= budget
 
@@ -695,6 +630,7 @@ def format_plan(plan: Plan) -> str:
         f"trainer's layout: train.sharding {plan.sharding} ({plan.sharding_reason}), "
         f"train.remat {plan.remat}; fits when a chip holds at most {_gib(plan.budget_bytes)} "
         f"({FIT_SHARE:.0%})",
+        f"attention: {plan.attention} ({plan.attention_reason})",
         "",
         f"{'sharding':<9}{'remat':<{width}}{'weights':>10}{'slots':>10}{'grads':>10}"
         f"{'gathered':>10}{'activ.':>10}{'total':>10}{'max batch/chip':>16}",
@@ -801,8 +737,6 @@ def load_job(path: str) -> Any:
 
 
 def _table(args: argparse.Namespace) -> int:
-    from dataclasses import replace  # noqa: PLC0415
-
     job = load_job(args.job)
     accelerators = [accelerator(name) for name in args.accelerator.split(",")]
     plans = []

@@ -1,9 +1,10 @@
 """Run by test_jax_attention.py in a fresh process. Prints one JSON line of measurements.
 
-argv[1]:
-- `sharded` (with 8 virtual CPU devices): splash attention (Pallas interpret mode) under
-  shard_map over a (data 2 x fsdp 4) mesh against the same call without a mesh, outputs
-  and gradients, causal and bidirectional;
+argv[1] (one mode, or several separated by commas, run in this process one after another):
+- `sharded` (with 8 virtual CPU devices): splash attention (Pallas interpret mode) and our
+  cuDNN path (its arguments run by jax.nn.dot_product_attention's XLA implementation: no
+  cuDNN here) under shard_map over a (data 2 x fsdp 4) mesh against the same call without
+  a mesh, outputs and gradients, causal and bidirectional;
 - `models` (Keras 3 on JAX): a tiny Llama (grouped-query attention) and a tiny BERT built
   twice with the same weights, once with splash attention in interpret mode and once with
   the reference, on rows with different padding: logits at the tokens and the gradients of
@@ -39,30 +40,41 @@ def sharded() -> dict:
     v = jax.random.normal(keys[2], (B, T, K, H))
     mask = jnp.asarray(token_mask(B, T))
     weight = jax.random.normal(keys[3], (B, T, N, H)) * mask[:, :, None, None]
-    report: dict = {}
-    for causal in (True, False):
-
-        def loss(q, k, v, on_mesh, causal=causal):
-            out = attention.splash(
-                q, k, v, causal=causal, mask=mask, mesh=mesh if on_mesh else None, interpret=True
+    attention.CUDNN_IMPLEMENTATION = "xla"  # the cuDNN path's arguments, XLA's attention
+    kernels = {
+        "splash": lambda causal, mesh: (
+            lambda q, k, v: attention.splash(
+                q, k, v, causal=causal, mask=mask, mesh=mesh, interpret=True
             )
-            return jnp.sum(out * weight), out
+        ),
+        "cudnn": lambda causal, mesh: (
+            lambda q, k, v: attention.cudnn(q, k, v, causal=causal, mask=mask, mesh=mesh)
+        ),
+    }
+    report: dict = {}
+    for name, kernel in kernels.items():
+        for causal in (True, False):
 
-        results = {}
-        for on_mesh in (True, False):
-            grad = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
-            fn = jax.jit(grad, static_argnums=3)
-            (_, out), grads = fn(q, k, v, on_mesh)
-            results[on_mesh] = (out, grads)
-            if on_mesh:
-                jaxpr = str(jax.make_jaxpr(fn, static_argnums=3)(q, k, v, True))
-                report[f"shard_map_{causal}"] = "shard_map" in jaxpr
-        (out_a, grads_a), (out_b, grads_b) = results[True], results[False]
-        gap = float(jnp.max(jnp.abs((out_a - out_b) * mask[:, :, None, None])))
-        grad_gap = max(
-            float(jnp.max(jnp.abs(a - b))) for a, b in zip(grads_a, grads_b, strict=True)
-        )
-        report[f"out_gap_{causal}"], report[f"grad_gap_{causal}"] = gap, grad_gap
+            def loss(q, k, v, on_mesh, *, causal=causal, kernel=kernel):
+                out = kernel(causal, mesh if on_mesh else None)(q, k, v)
+                return jnp.sum(out * weight), out
+
+            results = {}
+            for on_mesh in (True, False):
+                grad = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+                fn = jax.jit(grad, static_argnums=3)
+                (_, out), grads = fn(q, k, v, on_mesh)
+                results[on_mesh] = (out, grads)
+                if on_mesh:
+                    jaxpr = str(jax.make_jaxpr(fn, static_argnums=3)(q, k, v, True))
+                    report[f"{name}_shard_map_{causal}"] = "shard_map" in jaxpr
+            (out_a, grads_a), (out_b, grads_b) = results[True], results[False]
+            gap = float(jnp.max(jnp.abs((out_a - out_b) * mask[:, :, None, None])))
+            grad_gap = max(
+                float(jnp.max(jnp.abs(a - b))) for a, b in zip(grads_a, grads_b, strict=True)
+            )
+            report[f"{name}_out_gap_{causal}"] = gap
+            report[f"{name}_grad_gap_{causal}"] = grad_gap
     return report
 
 
@@ -82,7 +94,7 @@ def models() -> dict:
     batch = 4
     for family in ("llama", "bert"):
         special = {"bos": 0, "pad": 1, "eos": 2} if family == "llama" else {}
-        overrides = {} if family == "llama" else {"attention_probs_dropout_prob": 0.0}
+        overrides: dict = {}  # the presets have no attention dropout
         config = model_lib.build_config(
             family, "tiny", overrides, vocab_size=300, special_ids=special
         )
@@ -159,4 +171,5 @@ def documents() -> dict:
 
 
 RUNS = {"sharded": sharded, "models": models, "documents": documents}
-print(json.dumps(RUNS[MODE]()))
+# A comma-separated list of modes runs in this one process, their reports merged.
+print(json.dumps({key: value for mode in MODE.split(",") for key, value in RUNS[mode]().items()}))

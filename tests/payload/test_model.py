@@ -57,6 +57,22 @@ def test_presets(family: str, size: str, width: int, layers: int) -> None:
     assert config.pad_token_id == ids["pad"]
 
 
+@pytest.mark.parametrize("family", ["bert", "roberta", "gpt2", "electra"])
+def test_presets_train_without_attention_dropout(family: str) -> None:
+    """The pre-training presets' attention dropout is 0 (today's recipes; the fused kernels
+    have none); the hidden dropout stays 0.1, and 0.1 is one model.config key away."""
+    key = "attn_pdrop" if family == "gpt2" else "attention_probs_dropout_prob"
+    hidden = "resid_pdrop" if family == "gpt2" else "hidden_dropout_prob"
+    for size in model_lib.PRESETS[family]:
+        config = model_lib.build_config(family, size, {}, vocab_size=VOCAB, special_ids={})
+        assert getattr(config, key) == 0.0 and getattr(config, hidden) == 0.1, (size, config)
+        settings = model_lib.resolved_settings(family, size, {})
+        assert model_lib.attention_dropout(family, settings) == 0.0
+    back = model_lib.build_config(family, "tiny", {key: 0.1}, vocab_size=VOCAB, special_ids={})
+    assert getattr(back, key) == 0.1
+    assert model_lib.attention_dropout(family, back.to_dict()) == 0.1
+
+
 def test_overrides_and_their_errors() -> None:
     config = model_lib.build_config(
         "bert",

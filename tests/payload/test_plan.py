@@ -137,18 +137,61 @@ def test_gradient_accumulation_adds_an_accumulator() -> None:
 
 
 def test_fused_attention_drops_the_scores() -> None:
-    """A fused kernel (TPU splash, cuDNN on an Ampere+ bf16 GPU) keeps 4 bytes of softmax
-    statistics per head and token; the reference (CPU, V100/T4, fp32 GPUs, or
-    train.attention: reference) keeps the [S, S] scores and probabilities."""
+    """A fused kernel (TPU splash, cuDNN on an Ampere+ GPU computing in bf16) keeps 4 bytes
+    of softmax statistics per head and token; the reference (V100/T4/P100, fp32, attention
+    dropout, train.attention: reference) keeps the [S, S] scores and probabilities. The plan
+    says which, by the trainer's table (payload/kernels.py)."""
     for name in ("v6e-8", "nvidia-tesla-a100", "nvidia-h100-80gb", "nvidia-l4"):
-        assert plan.fused_attention(plan.accelerator(name))
-        assert not plan.fused_attention(plan.accelerator(name), "reference")
+        acc = plan.accelerator(name)
+        assert plan.attention(job("125m"), acc).implementation != "reference", name
+        assert plan.attention(job("125m", attention="reference"), acc).implementation == (
+            "reference"
+        )
+        assert plan.attention(job("125m", precision="fp32"), acc).implementation == (
+            "splash" if name == "v6e-8" else "reference"
+        )
     for name in ("nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100"):
-        assert not plan.fused_attention(plan.accelerator(name))
+        chosen = plan.attention(job("125m"), plan.accelerator(name))
+        assert chosen.implementation == "reference", name
+        assert "compute capability 8.0 or newer" in chosen.reason and chosen.warning
+    p = plan.plan_job(job("125m"), plan.accelerator("nvidia-h100-80gb"))
+    assert (p.attention, p.to_dict()["attention"]) == ("cudnn", "cudnn")
+    assert "attention: cudnn (train.attention: auto on nvidia-h100-80gb" in plan.format_plan(p)
     shape = plan.model_shape("llama", "125m", {}, 32000)
     reference = plan.activation_bytes_per_sequence(shape, 2048, 2048, "none", 2)
     kernel = plan.activation_bytes_per_sequence(shape, 2048, 2048, "none", 2, fused=True)
     assert reference - kernel == 30 * 2048 * ((4 + 2) * 9 * 2048 - 4 * 9)
+
+
+def test_attention_dropout_is_stated_in_the_plan() -> None:
+    """A BERT job with the previous recipe's attention dropout (model.config) plans the
+    reference attention and says why; the preset plans the kernel."""
+    document = {
+        "name": "p", "output": "/tmp/unused", "corpus": {"paths": ["/tmp/unused.txt"]},
+        "tokenizer": {"kind": "wordpiece", "vocab_size": 30522},
+        "data": {"objective": "mlm", "seq_length": 512},
+        "model": {"family": "bert", "size": "base"},
+        "train": {"steps": 100, "global_batch_size": 64, "backend": "jax"},
+    }  # fmt: skip
+    v6e = plan.accelerator("v6e-8")
+    preset = plan.plan_job(spec.parse_job(document, source="/tmp/p.yaml"), v6e)
+    assert preset.attention == "splash"
+    document["model"]["config"] = {"attention_probs_dropout_prob": 0.1}
+    old = plan.plan_job(spec.parse_job(document, source="/tmp/p.yaml"), v6e)
+    assert old.attention == "reference"
+    assert "attention dropout 0.1 needs the attention probabilities" in plan.format_plan(old)
+    assert old.layout("data", "none").activations > preset.layout("data", "none").activations
+
+
+def test_the_loss_chunk_follows_the_chip_s_memory() -> None:
+    """One chunk of logits takes 1/64 of a chip's memory (256 MiB to 2 GiB): Llama 1b's
+    128,256-token vocabulary at 4 sequences per chip, 512 positions on an 80 GB GPU, 128 on
+    a 16 GB v5e."""
+    shape = plan.model_shape("llama", "1b", {}, 128256)
+    h100 = plan.accelerator("nvidia-h100-80gb").memory_bytes
+    assert plan.loss_chunk_bytes(shape, 4, 2048, 2, h100) == 10 * 128256 * 4 * 512
+    v5e = plan.accelerator("v5litepod-8").memory_bytes
+    assert plan.loss_chunk_bytes(shape, 4, 2048, 2, v5e) == 10 * 128256 * 4 * 128
 
 
 def test_auto_follows_the_half_memory_rule() -> None:

@@ -27,8 +27,8 @@ adapt (640, 768, 1280; one-layer Llama) on v5e:2x2. Asserted:
   FLOPS_FACTOR of the plan's model FLOPs (measured 2026-11-28 on v5e:2x2: 1.07 Llama: the
   embedding's one-hot matmul and the chunked loss's recomputed logits; 0.92 BERT: MLM's
   head runs at the masked positions only, the plan counts every position);
-- a sequence length compiles with splash, or the trainer falls back to the reference
-  attention and says why (attention.choose); never an error.
+- a sequence length that is a multiple of 128 but not of 512 compiles with splash on a
+  block that divides it (payload/kernels.py splash_block); never an error.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ DRIVER = Path(__file__).with_name("tpu_compile_driver.py")
 PLAN_FACTOR = 1.6
 FLOPS_FACTOR = 1.5
 # The sequence lengths that are multiples of splash's 128-token lanes but not of its default
-# 512-token block (attention.SPLASH_BLOCK).
+# 512-token block (payload/kernels.py SPLASH_BLOCK).
 ODD_LENGTHS = (640, 768, 1280)
 
 
@@ -127,9 +127,14 @@ def test_compiles_for_the_tpu_with_splash_as_the_plan_says(
     row = compiled[name]
     assert "error" not in row, row
     assert row["fits"] and row["accelerator"] == accelerator
+    # The chip as aot.facts_of states it from the topology's devices (what chip_of reads of
+    # a real TPU), and splash's block: the sequence (256) itself.
+    chip = {"v5litepod-4": "TPU v5 lite", "v6e-4": "TPU v6 lite"}[accelerator]
+    assert row["runtime"]["chip"] == chip
     assert row["runtime"]["attention"] == {
         "implementation": "splash",
-        "reason": "train.attention: auto on tpu",
+        "reason": f"train.attention: auto on {chip}",
+        "block": 256,
     }
     assert row["runtime"]["mesh"] == {"sharding": "fsdp", "data": 1, "fsdp": 4}
     layers = 2  # the tiny presets
@@ -159,23 +164,17 @@ def test_compiles_for_the_tpu_with_splash_as_the_plan_says(
     assert len(row["fingerprints"]["train_chunk"]) == 16
 
 
-@pytest.mark.xfail(
-    reason="on this branch splash's block (512) must divide the sequence and the kernel "
-    "raises; issue 41 fixes the block choice in attention.py: remove this mark then",
-    strict=True,
-)
 @pytest.mark.parametrize(("name", "accelerator", "job"), LENGTHS, ids=[t[0] for t in LENGTHS])
-def test_odd_lengths_compile_with_splash_or_fall_back_with_a_reason(
+def test_odd_lengths_compile_with_splash_on_a_block_that_divides_them(
     compiled: dict[str, dict[str, Any]], name: str, accelerator: str, job: dict[str, Any]
 ) -> None:
     row = compiled[name]
     assert "error" not in row, row["error"]
     attention = row["runtime"]["attention"]
     kernels = row["programs"]["training chunk"]["kernels"]
-    if attention["implementation"] == "splash":
-        assert len(kernels) == 3 and all(count == [1, 1, 0] for count in kernels.values()), kernels
-    else:
-        assert attention["implementation"] == "reference" and attention["reason"].startswith(
-            "auto: "
-        ), attention
-        assert not kernels
+    # Splash, on the largest multiple of 128 up to 512 that divides the sequence
+    # (payload/kernels.py splash_block: 640 -> 128, 768 -> 384, 1280 -> 256).
+    seq = job["data"]["seq_length"]
+    assert attention["implementation"] == "splash", attention
+    assert attention["block"] == {640: 128, 768: 384, 1280: 256}[seq], attention
+    assert len(kernels) == 3 and all(count == [1, 1, 0] for count in kernels.values()), kernels

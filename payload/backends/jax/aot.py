@@ -38,9 +38,9 @@ use_jax()
 
 import jax  # noqa: E402
 
+from payload import kernels, quiet  # noqa: E402
 from payload import model as model_lib  # noqa: E402
 from payload import plan as plan_lib  # noqa: E402
-from payload import quiet  # noqa: E402
 from payload.backends.jax import hlo, program  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.errors import SpecError, UserError  # noqa: E402
@@ -149,10 +149,13 @@ def devices_of(topology: Topology, *, verbose: bool = False) -> list[Any]:
 
 def facts_of(acc: plan_lib.Accelerator, topology: Topology, devices: list[Any]) -> Any:
     """The runtime facts of a TPU type (runtime.Facts): its chip kind as the topology names
-    it, its HBM per chip from the catalog, process 0 of its hosts."""
+    it (the kernels table's chip, as the trainer's chip_of reads it from a real TPU), its HBM
+    per chip from the catalog, process 0 of its hosts."""
+    kind = str(devices[0].device_kind)
     return runtime_lib.Facts(
         platform="tpu",
-        device_kind=str(devices[0].device_kind),
+        device_kind=kind,
+        chip=kernels.device_chip("tpu", "", kind, None),
         local_devices=acc.chips // topology.hosts,
         device_memory=acc.memory_bytes,
         memory_source=f"{acc.generation}'s HBM per chip, payload/accelerators.yaml",

@@ -19,20 +19,37 @@ Implementations (`train.attention`: auto | fused | reference; `choose`):
   src/maxtext/layers/attention_op.py `tpu_flash_attention` calls it (e591f30): a CausalMask or
   FullMask per head, `SegmentIds` from the attention mask, the kernel vmapped over the
   batch inside `shard_map` over the mesh's batch axes.
-`auto` takes the platform's kernel where it computes the job exactly, else the reference
-(and says why); `fused` insists on the kernel (a one-line error where there is none).
+Which one runs is payload/kernels.py's table (the plan reads the same one): `auto` takes the
+chip's kernel where the case meets its requirements (dtype, head size, dropout, sequence),
+else the reference with the reason, and on an accelerator one warning line (log and
+status.json); `fused` insists on the kernel (a one-line error where there is none).
 
-Padding: a token's output never depends on a padding key, in every implementation. What a
+Masks: a token's output never depends on a padding key, in every implementation. What a
 PADDING position's own output is differs (reference: it attends to the tokens, as
-transformers' eager attention; splash: to the other padding positions; cuDNN: zeros). No
-token reads it (its key is masked) and no loss counts it, so logits at tokens, losses and
-gradients are the same. cuDNN takes padding as lengths (`key_value_seq_lengths`), i.e.
-padding at the END of each row: the data pipeline writes none (packed windows, encode.py),
-and transformers' tokenizers pad on the right.
+transformers' eager attention; splash: to the other padding positions; cuDNN: zeros, or with
+a causal mask the positions before it). No token reads it (its key is masked, or lies after
+every token under a causal mask) and no loss counts it, so logits at tokens, losses and
+gradients are the same. Padding is at the END of each row: the data pipeline writes none
+(packed windows, encode.py), and transformers' tokenizers pad on the right. cuDNN gets:
+- causal, no document mask (Llama, GPT-2): plain CAUSAL. Under a causal mask a token never
+  reads a later position, so right padding needs no mask of its own (cuDNN's
+  PADDING_CAUSAL would also skip the padding blocks; MaxText's cudnn_flash_jax trains with
+  CAUSAL alone, layers/attention_op.py at e591f30);
+- bidirectional (BERT, RoBERTa, ELECTRA): each row's token count as `key_value_seq_lengths`
+  (cuDNN's PADDING mask);
+- data.document_mask: a boolean [B, 1, T, S] same-document mask with `is_causal`. jax 0.10.2
+  turns it into an additive bias (fused_attention_stablehlo.py combine_bias_and_mask) and,
+  since `should_export_dbias` is always True there, its backward also writes a [B, 1, T, S]
+  bias gradient that nothing reads (jax-ml/jax#39512 later skips it). Still flash attention:
+  no [B, N, T, S] scores or probabilities exist.
+On a mesh both kernels run under `shard_map` over its batch axes (each device its own rows;
+MaxText runs splash so): XLA's partitioner never sees them, so no sequence or head-dim
+sharding can reach the cuDNN call, which refuses them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,40 +61,43 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from payload.errors import SpecError
+from payload import kernels
+from payload import model as model_lib
 
-SETTINGS = ("auto", "fused", "reference")
-IMPLEMENTATIONS = ("reference", "cudnn", "splash")
-# The platform's kernel (runtime._platform names: gpu, tpu, cpu).
-KERNELS = {"gpu": "cudnn", "tpu": "splash"}
-# jax 0.10.2 jax/_src/cudnn/fused_attention_stablehlo.py: check_layout refuses any query
-# dtype but fp16/bf16 (fp8 aside); check_is_flash_attention wants a head size that is a
-# multiple of 8 and <= 128 (<= 256 from compute capability 9.0: 128 is what every GPU takes).
-CUDNN_DTYPES = ("bfloat16", "float16")
-CUDNN_MAX_HEAD = 128
-# splash_attention_kernel.py (jax 0.10.2) `_splash_attention_forward`: block_kv_compute must
-# be a multiple of NUM_LANES = 128, and the blocks divide the sequence; MaxText's default
-# blocks are 512 (configs/base.yml `sa_block_*`), capped at the sequence length as its
-# `create_sa_config` does (min(block, length)).
-SPLASH_LANES = 128
-SPLASH_BLOCK = 512
+SETTINGS = kernels.SETTINGS
+IMPLEMENTATIONS = kernels.IMPLEMENTATIONS
+SPLASH_LANES = kernels.SPLASH_LANES
 # The batch axes of the mesh (mesh.BATCH: the batch is split over both).
 BATCH_AXES = ("data", "fsdp")
+# jax.nn.dot_product_attention's implementation for the cuDNN path: "cudnn". The tests set
+# "xla" to run every argument this module gives cuDNN through JAX's XLA attention on a CPU.
+CUDNN_IMPLEMENTATION = "cudnn"
 
 
 @dataclass(frozen=True)
 class Attention:
     """The attention implementation of a run and why it was chosen. `mesh`: the run's mesh
-    (splash runs under shard_map over its batch axes); `interpret`: splash in Pallas'
+    (the kernels run under shard_map over its batch axes); `block`: splash's block (0: from
+    the sequence, kernels.splash_block); `documents`: the mask is data.document_mask's
+    document numbers (models.create_model sets it from the model's own flag); `warning`: the
+    line a fallback to the reference on an accelerator logs; `interpret`: splash in Pallas'
     interpret mode (on CPU, for tests only)."""
 
     implementation: str = "reference"
     reason: str = "default"
     mesh: Mesh | None = None
     interpret: bool = False
+    block: int = 0
+    documents: bool = False
+    warning: str = ""
 
-    def describe(self) -> dict[str, str]:
-        return {"implementation": self.implementation, "reason": self.reason}
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"implementation": self.implementation, "reason": self.reason}
+        if self.implementation == "splash" and self.block:
+            out["block"] = self.block
+        if self.warning:
+            out["warning"] = self.warning
+        return out
 
     def __call__(
         self,
@@ -94,12 +114,15 @@ class Attention:
         if self.implementation == "reference" or probs_dropout is not None:
             return reference(query, key, value, causal=causal, mask=mask, dropout=probs_dropout)
         if self.implementation == "cudnn":
-            return cudnn(query, key, value, causal=causal, mask=mask)
+            return cudnn(
+                query, key, value, causal=causal, mask=mask, documents=self.documents,
+                mesh=self.mesh,
+            )  # fmt: skip
         if self.implementation == "splash":
-            mesh, interpret = self.mesh, self.interpret
             return splash(
-                query, key, value, causal=causal, mask=mask, mesh=mesh, interpret=interpret
-            )
+                query, key, value, causal=causal, mask=mask, mesh=self.mesh,
+                interpret=self.interpret, block=self.block,
+            )  # fmt: skip
         raise ValueError(f"unknown attention implementation {self.implementation!r}")
 
 
@@ -153,32 +176,73 @@ def reference(
     return jnp.reshape(out, (batch, length_q, heads, size))
 
 
-def cudnn(query: Any, key: Any, value: Any, *, causal: bool, mask: Any = None) -> Any:
+def on_rows(fn: Callable[..., Any], mesh: Mesh | None, *arrays: Any) -> Any:
+    """fn(*arrays) with each device computing its own rows: `shard_map` over the mesh's
+    batch axes (MaxText runs its attention kernels so, check_vma=False), the arrays' batch
+    on axis 0. A kernel is opaque to XLA's partitioner, which must not split a sequence or
+    head across devices; a batch the mesh does not divide (Keras' symbolic build with one
+    row) runs unsharded."""
+    axes = tuple(a for a in BATCH_AXES if mesh is not None and a in mesh.shape)
+    shards = int(np.prod([mesh.shape[a] for a in axes])) if mesh is not None else 1
+    if mesh is None or shards <= 1 or arrays[0].shape[0] % shards:
+        return fn(*arrays)
+    rows = P(axes)
+    mapped = jax.shard_map(
+        fn, mesh=mesh, in_specs=(rows,) * len(arrays), out_specs=rows, check_vma=False
+    )
+    return mapped(*arrays)
+
+
+def cudnn_arguments(mask: Any, *, causal: bool, documents: bool) -> dict[str, Any]:
+    """The mask arguments of jax.nn.dot_product_attention for the cuDNN call (module
+    docstring): none for causal padding (CAUSAL), the token counts for bidirectional padding
+    (PADDING), a boolean same-document mask for data.document_mask."""
+    if mask is None:
+        return {}
+    ids = jnp.asarray(mask).astype(jnp.int32)
+    if documents:
+        # [B, 1, T, S]: a token reads its own document; padding (0) reads padding.
+        return {"mask": ids[:, None, :, None] == ids[:, None, None, :]}
+    if causal:
+        return {}
+    lengths = jnp.sum(ids != 0, axis=1).astype(jnp.int32)
+    return {"query_seq_lengths": lengths, "key_value_seq_lengths": lengths}
+
+
+def cudnn(
+    query: Any,
+    key: Any,
+    value: Any,
+    *,
+    causal: bool,
+    mask: Any = None,
+    documents: bool = False,
+    mesh: Mesh | None = None,
+) -> Any:
     """cuDNN flash attention (jax 0.10.2 jax/_src/nn/functions.py `dot_product_attention`,
     case 'cudnn': layout BTNH, K/V with fewer heads than the query taken as they are, the
-    lengths turn on cuDNN's PADDING(_CAUSAL) mask, `is_causal` its CAUSAL one; bf16/fp16 only)."""
-    lengths = None
-    if mask is not None:
-        lengths = jnp.sum(jnp.asarray(mask) != 0, axis=1).astype(jnp.int32)
-    return jax.nn.dot_product_attention(
-        query,
-        key,
-        value,
-        is_causal=causal,
-        query_seq_lengths=lengths,
-        key_value_seq_lengths=lengths,
-        implementation="cudnn",
-    )
+    lengths turn on cuDNN's PADDING mask, `is_causal` its CAUSAL one, a boolean mask becomes
+    a bias; bf16/fp16 only), each device on its own rows (on_rows)."""
+
+    def local(q: Any, k: Any, v: Any, *rest: Any) -> Any:
+        extra = cudnn_arguments(rest[0] if rest else None, causal=causal, documents=documents)
+        call: Callable[..., Any] = jax.nn.dot_product_attention
+        return call(q, k, v, is_causal=causal, implementation=CUDNN_IMPLEMENTATION, **extra)
+
+    arrays = (query, key, value) if mask is None else (query, key, value, jnp.asarray(mask))
+    return on_rows(local, mesh, *arrays)
 
 
 @functools.lru_cache(maxsize=32)
-def _splash_kernel(causal: bool, length: int, heads: int, interpret: bool) -> Any:
+def _splash_kernel(causal: bool, length: int, heads: int, interpret: bool, block: int = 0) -> Any:
     """The kernel for one example: q [N, T, H], k/v [K, S, H], K dividing N (the kernel's own
     grouping: splash_attention_kernel.py `_splash_attention_forward`, q_heads_per_kv_head);
     the static mask per head as MaxText builds it (attention_op.py: CausalMask, or FullMask
-    for bidirectional attention, in a MultiHeadMask of one per query head). Built once per
-    shape: the mask's block tables are numpy work at trace time (MaxText builds it once in a
-    jitted function of static arguments, `wrap_jax_splash_kernel`)."""
+    for bidirectional attention, in a MultiHeadMask of one per query head); every block
+    `block` (0: kernels.splash_block, which divides the sequence: process_mask raises on a
+    block that does not). Built once per shape: the mask's block tables are numpy work at
+    trace time (MaxText builds it once in a jitted function of static arguments,
+    `wrap_jax_splash_kernel`)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415
         splash_attention_kernel as kernel_lib,
     )
@@ -186,9 +250,14 @@ def _splash_kernel(causal: bool, length: int, heads: int, interpret: bool) -> An
         splash_attention_mask as mask_lib,
     )
 
+    block = block or kernels.splash_block(length) or 0
+    if not block or length % block or block % SPLASH_LANES:
+        raise ValueError(
+            f"splash attention: blocks of a multiple of {SPLASH_LANES} tokens that divide the "
+            f"sequence, got {length} tokens and block {block}"
+        )
     shape = (length, length)
     one: Any = mask_lib.CausalMask(shape=shape) if causal else mask_lib.FullMask(shape)
-    block = min(SPLASH_BLOCK, length)
     blocks = kernel_lib.BlockSizes(
         block_q=block,
         block_kv=block,
@@ -220,6 +289,7 @@ def splash(
     mask: Any = None,
     mesh: Mesh | None = None,
     interpret: bool = False,
+    block: int = 0,
 ) -> Any:
     """Pallas splash attention. The kernel does not scale the scores (splash_attention_kernel.py
     flash_attention_kernel: `qk = lax.dot_general(q, k, ...)`; its reference
@@ -227,18 +297,17 @@ def splash(
     MaxText folds that factor into the query (layers/attentions.py, "depth_scaling"). The
     segment ids are the mask (0: padding, else the token's document): a token reads its own
     document only, a padding position padding only, so no row is empty (the kernel's
-    SegmentIds docstring asks for that)."""
+    SegmentIds docstring asks for that). Each device runs it on its own rows (on_rows)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415
         splash_attention_kernel as kernel_lib,
     )
 
     batch, length, heads, size = query.shape
-    if key.shape[1] != length or length % SPLASH_LANES:
+    if key.shape[1] != length:
         raise ValueError(
-            f"splash attention: self-attention over a multiple of {SPLASH_LANES} tokens, "
-            f"got {length} queries and {key.shape[1]} keys"
+            f"splash attention: self-attention, got {length} queries and {key.shape[1]} keys"
         )
-    kernel = _splash_kernel(causal, length, heads, interpret)
+    kernel = _splash_kernel(causal, length, heads, interpret, block)
     q = jnp.swapaxes(query * jnp.asarray(size**-0.5, query.dtype), 1, 2)  # [B, N, T, H]
     k, v = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [B, K, S, H]
     if mask is None:
@@ -252,41 +321,30 @@ def splash(
     def local(q: Any, k: Any, v: Any, s: Any) -> Any:
         return jax.vmap(per_example)(q, k, v, s)
 
-    run: Callable[..., Any] = local
-    axes = tuple(a for a in BATCH_AXES if mesh is not None and a in mesh.shape)
-    shards = int(np.prod([mesh.shape[a] for a in axes])) if mesh is not None else 1
-    # A Pallas call is opaque to XLA's partitioner: each device runs the kernel on its own
-    # rows (MaxText: jax.shard_map with the batch on data x fsdp, check_vma=False). A batch
-    # the mesh does not divide (Keras' symbolic build with one row) runs unsharded.
-    if mesh is not None and shards > 1 and batch % shards == 0:
-        rows = P(axes)
-        run = jax.shard_map(
-            local, mesh=mesh, in_specs=(rows, rows, rows, rows), out_specs=rows, check_vma=False
-        )
-    out = run(q, k, v, segments)
+    out = on_rows(local, mesh, q, k, v, segments)
     return jnp.swapaxes(out, 1, 2).astype(query.dtype)
 
 
-def _model_shapes(family: str, config: Any) -> tuple[list[int], float]:
-    """(the head sizes of the model's attention layers, its attention dropout)."""
-    if family == "llama":
-        head = int(config.hidden_size) // int(config.num_attention_heads)
-        return [head], float(getattr(config, "attention_dropout", 0.0) or 0.0)
-    if family == "gpt2":
-        return [int(config.n_embd) // int(config.n_head)], float(config.attn_pdrop)
-    heads = [int(config.hidden_size) // int(config.num_attention_heads)]
-    if family == "electra":
-        from payload import model as model_lib  # noqa: PLC0415  (framework-free)
-
-        gen = model_lib.generator_config(config)
-        heads.append(int(gen.hidden_size) // int(gen.num_attention_heads))
-    return heads, float(config.attention_probs_dropout_prob)
+def model_case(
+    family: str, config: Any, *, chip: kernels.Chip, seq_length: int, compute_dtype: str,
+    document_mask: bool = False,
+) -> kernels.Case:  # fmt: skip
+    """The kernels table's case of a `family` model of `config` (a transformers config)."""
+    settings = config.to_dict()
+    return kernels.Case(
+        chip=chip,
+        dtype=compute_dtype,
+        head_sizes=model_lib.attention_head_sizes(family, settings),
+        dropout=model_lib.attention_dropout(family, settings),
+        seq_length=int(seq_length),
+        documents=bool(document_mask),
+    )
 
 
 def choose(
     setting: str,
     *,
-    platform: str,
+    chip: kernels.Chip,
     family: str,
     config: Any,
     seq_length: int,
@@ -294,48 +352,26 @@ def choose(
     document_mask: bool = False,
     mesh: Mesh | None = None,
 ) -> Attention:
-    """The implementation for `train.attention: setting` on `platform` (gpu | tpu | cpu) for
+    """The implementation for `train.attention: setting` on `chip` (runtime.Runtime.chip) for
     a `family` model of `config` over `seq_length` tokens computing in `compute_dtype`,
-    with documents masked from each other (`data.document_mask`) or not."""
-    if setting not in SETTINGS:
-        raise SpecError(f"train.attention: {setting!r} is not one of {', '.join(SETTINGS)}")
-    if setting == "reference":
-        return Attention("reference", "train.attention: reference", mesh)
-    kernel = KERNELS.get(platform)
-    head_sizes, dropout = _model_shapes(family, config)
-    obstacle = None
-    if kernel is None:
-        obstacle = (
-            f"{platform} has no fused attention kernel (cuDNN on NVIDIA GPUs, splash on TPUs)"
-        )
-    elif dropout > 0:
-        obstacle = (
-            f"the model's attention dropout {dropout:g} needs the attention probabilities, "
-            f"which {kernel} never holds (set it to 0 in model.config for the kernel)"
-        )
-    elif kernel == "cudnn" and document_mask:
-        # jax.nn.dot_product_attention's cuDNN case passes lengths, no segment ids; the
-        # packed layout (q_offsets) of the cuDNN call below it is not wired here.
-        obstacle = "cuDNN flash attention here takes padding lengths, not data.document_mask"
-    elif kernel == "cudnn" and compute_dtype not in CUDNN_DTYPES:
-        obstacle = (
-            f"cuDNN flash attention takes bfloat16/float16 only, this run computes in "
-            f"{compute_dtype} (train.precision: bf16 for the kernel)"
-        )
-    elif kernel == "cudnn" and any(h % 8 or h > CUDNN_MAX_HEAD for h in head_sizes):
-        obstacle = (
-            f"cuDNN flash attention takes head sizes that are multiples of 8 up to "
-            f"{CUDNN_MAX_HEAD}, this model's are {head_sizes}"
-        )
-    elif kernel == "splash" and seq_length % SPLASH_LANES:
-        obstacle = (
-            f"splash attention tiles the sequence in blocks of {SPLASH_LANES} tokens; "
-            f"data.seq_length {seq_length} is not a multiple of {SPLASH_LANES}"
-        )
-    if obstacle is None and kernel is not None:
-        return Attention(kernel, f"train.attention: {setting} on {platform}", mesh)
-    if setting == "fused":
-        raise SpecError(
-            f"train.attention: fused: {obstacle}; use train.attention: auto or reference"
-        )
-    return Attention("reference", f"auto: {obstacle}", mesh)
+    with documents masked from each other (`data.document_mask`) or not: kernels.select."""
+    case = model_case(
+        family, config, chip=chip, seq_length=seq_length, compute_dtype=compute_dtype,
+        document_mask=document_mask,
+    )  # fmt: skip
+    picked = kernels.select(setting, case)
+    return Attention(
+        picked.implementation,
+        picked.reason,
+        mesh,
+        block=picked.block,
+        documents=bool(document_mask),
+        warning=picked.warning,
+    )
+
+
+def with_documents(attention: Attention, documents: bool) -> Attention:
+    """`attention` for a model whose mask is data.document_mask's document numbers or not."""
+    if attention.documents == documents:
+        return attention
+    return dataclasses.replace(attention, documents=documents)

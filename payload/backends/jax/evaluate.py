@@ -129,11 +129,19 @@ def micro_batches_of(job: JobSpec, eval_batch: int, replicas: int) -> int:
     return evaluate_lib.micro_batch_count(eval_batch // replicas, train_rows)
 
 
-def make_eval_sums(model: Any, objective: str, count: int, *, out_sharding: Any = None) -> Any:
+def make_eval_sums(
+    model: Any,
+    objective: str,
+    count: int,
+    *,
+    out_sharding: Any = None,
+    memory_bytes: int | None = None,
+) -> Any:
     """A compiled (trainable, non_trainable, batch, index, totals) -> totals + the held-out
     sums of batch `index`, one micro-batch of `count` at a time (a `lax.scan`: activations of
     one micro-batch at a time); the totals stay on the devices between batches, in
-    `out_sharding` when given (the totals' input sharding: the next call takes them back)."""
+    `out_sharding` when given (the totals' input sharding: the next call takes them back).
+    `memory_bytes`: one device's memory, which sizes the loss's chunks (steps.lm_loss_terms)."""
 
     def terms_of(trainable: Any, non_trainable: Any, batch: Any, key: Any) -> Any:
         if objective == "rtd":
@@ -143,8 +151,9 @@ def make_eval_sums(model: Any, objective: str, count: int, *, out_sharding: Any 
             return steps.rtd_terms(outputs, batch)
         inputs, labels, weights = steps.model_inputs(objective, batch)
         terms, _ = steps.lm_loss_terms(
-            model, trainable, non_trainable, inputs, labels=labels, weights=weights, training=False
-        )
+            model, trainable, non_trainable, inputs, labels=labels, weights=weights,
+            training=False, memory_bytes=memory_bytes,
+        )  # fmt: skip
         return terms
 
     def sums(

@@ -737,6 +737,11 @@ def create_model(
     `attention` computes every attention layer (attention.choose: train.attention);
     `document_mask` (data.document_mask, the causal families): a token attends to its own
     packed document only (document_ids)."""
+    # The kernels read the mask as document numbers where the model makes them (cuDNN turns
+    # them into a same-document mask, attention.cudnn_arguments).
+    attention = attention_lib.with_documents(
+        attention, document_mask and family in ("llama", "gpt2")
+    )
     # Named by the family: the variables' paths (checkpoints.Layout) do not depend on how
     # many models this process built before.
     model: Model

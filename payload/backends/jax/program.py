@@ -32,8 +32,9 @@ array on the mesh:
   and dtypes payload/masking.py documents) split over the mesh's batch axes
   (mesh.batch_sharding), for the training chunk's [steps_per_execution, B, ...] and the
   held-out batch [B, ...];
-- the loss is sized by the mesh (steps.chunked_loss_terms takes the model's mesh), not by
-  the devices this process sees.
+- the loss's chunks are sized by the mesh (steps.chunked_loss_terms takes the model's mesh),
+  not by the devices this process sees, and by the facts' device memory (model.py
+  loss_chunk_budget), not by a device queried here.
 `fingerprints` are the SHA-256 of the lowered programs' text: the trainer logs them and
 `tpu-payload compile --json` prints them, so a run shows it compiled what `compile` did.
 """
@@ -101,11 +102,12 @@ def batch_specs(
 
 
 def with_attention(job: JobSpec, config: Any, seq_length: int, rt: Runtime) -> Runtime:
-    """`rt` with the job's attention kernel for this model on this platform (attention.choose:
-    train.attention, the model's dropout, the sequence, the precision, the mesh)."""
+    """`rt` with the job's attention kernel for this model on this chip (attention.choose,
+    payload/kernels.py's table: train.attention, the chip, the model's heads and dropout, the
+    sequence, the precision, the document mask; the mesh the kernel runs on)."""
     chosen = attention_lib.choose(
         job.train.attention,
-        platform=rt.accelerator,
+        chip=rt.chip,
         family=job.model.family,
         config=config,
         seq_length=int(seq_length),
@@ -116,10 +118,56 @@ def with_attention(job: JobSpec, config: Any, seq_length: int, rt: Runtime) -> R
     return dataclasses.replace(rt, attention=chosen)
 
 
+def _create_model(job: JobSpec, config: Any, seq_length: int, rt: Runtime) -> Any:
+    """The job's Keras model: its family, config, remat policy, attention and document mask
+    (the one call both builders below make)."""
+    return models.create_model(
+        job.model.family,
+        config,
+        int(seq_length),
+        remat=job.train.remat,
+        attention=rt.attention or attention_lib.REFERENCE,
+        document_mask=job.data.document_mask,
+    )
+
+
+def build_model(job: JobSpec, config: Any, seq_length: int, rt: Runtime) -> tuple[Any, Any]:
+    """(model, optimizer) with values: the model of the job with seeded initial weights
+    (train.seed) in the runtime's precision, and AdamW built for its variables, every
+    variable created sharded on the run's mesh (mesh.sharded_distribution). The trainer's
+    (train._build) and the benchmark's (bench/bench_gpu.py) model; its state is what the
+    programs of `build` take (Programs.state_shardings)."""
+    keras.config.set_dtype_policy(rt.policy)
+    # The initial weights and the dropout seeds (the input's randomness has its own seeds:
+    # input.py).
+    seed_keras(job.train.seed)
+    with mesh_lib.sharded_distribution(rt.mesh, job.model.family).scope():
+        model = _create_model(job, config, seq_length, rt)
+        optimizer = create_optimizer(job.train)
+        optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def seed_keras(seed: int) -> None:
+    """`keras.utils.set_random_seed` (Python's, numpy's and Keras' global seeds) without the
+    TensorFlow import it makes whenever TensorFlow is installed (to seed tf.data, which this
+    backend does not use): Keras' lazy `tensorflow` module is told it is unavailable for
+    the call (keras 3.15 `utils/rng_utils.py`, `utils/module_utils.py`)."""
+    from keras.src.utils import module_utils  # noqa: PLC0415
+
+    lazy = module_utils.tensorflow
+    known = lazy._available
+    lazy._available = False
+    try:
+        keras.utils.set_random_seed(seed)
+    finally:
+        lazy._available = known
+
+
 def abstract_model(job: JobSpec, config: Any, seq_length: int, rt: Runtime) -> tuple[Any, Any]:
-    """(model, optimizer) of the job as the trainer builds them (train.py _build: the same
-    family, config, remat, attention and dtype policy, AdamW built for the model's
-    trainable variables), without a value in any variable (module docstring)."""
+    """(model, optimizer) of the job as `build_model` builds them (the same family, config,
+    remat, attention and dtype policy, AdamW built for the model's trainable variables),
+    without a value in any variable (module docstring)."""
     from keras.src.backend.common import global_state  # noqa: PLC0415  (no public accessor)
 
     family = job.model.family
@@ -132,14 +180,7 @@ def abstract_model(job: JobSpec, config: Any, seq_length: int, rt: Runtime) -> t
             keras.StatelessScope(initialize_variables=False),
             mesh_lib.sharded_distribution(rt.mesh, family).scope(),
         ):
-            model = models.create_model(
-                family,
-                config,
-                int(seq_length),
-                remat=job.train.remat,
-                attention=rt.attention or attention_lib.REFERENCE,
-                document_mask=job.data.document_mask,
-            )
+            model = _create_model(job, config, seq_length, rt)
             optimizer.build(model.trainable_variables)
     finally:
         # Keras initialises its list of pending variables when the next outermost
@@ -258,6 +299,7 @@ def build(
         state_sharding=shardings,
         accum_steps=job.train.grad_accum_steps,
         seed=job.train.seed,
+        memory_bytes=rt.facts.device_memory,
     )
     scalar = jax.ShapeDtypeStruct((), "int32")
     train_lowered = chunk.lower(state, train_batches, scalar)
@@ -267,7 +309,9 @@ def build(
         replicated = NamedSharding(rt.mesh, P())
         eval_batches = batch_specs(objective, int(eval_batch), mesh=rt.mesh, **shapes)
         totals = jax.ShapeDtypeStruct((eval_terms(objective),), "float32", sharding=replicated)
-        sums = jax_evaluate.make_eval_sums(model, objective, count, out_sharding=replicated)
+        sums = jax_evaluate.make_eval_sums(
+            model, objective, count, out_sharding=replicated, memory_bytes=rt.facts.device_memory
+        )
         eval_lowered = sums.lower(
             state.trainable, state.non_trainable, eval_batches, scalar, totals
         )

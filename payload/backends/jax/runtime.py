@@ -1,6 +1,8 @@
 """The devices of a run on the Keras 3 / JAX backend, and the rules that follow from them:
-the accelerator, the precision (bfloat16 on TPU), the optimizer steps per compiled call and
-the device mesh (mesh.py). The TF backend's twin is payload/backends/tf/strategy.py.
+the accelerator and its chip (payload/kernels.py: what attention kernel it has), the
+precision (`train.precision: auto` is mixed bfloat16 where the chip computes bfloat16
+natively: TPUs and NVIDIA GPUs of compute capability 8.0+), the optimizer steps per compiled
+call and the device mesh (mesh.py). The TF backend's twin is payload/backends/tf/strategy.py.
 
 On a declared TPU/GPU VM (payload/hosts.py) a host without its accelerator is a one-line
 error, not a CPU run.
@@ -18,7 +20,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from payload import hosts
+from payload import hosts, kernels
 from payload.backends.jax import attention as attention_lib
 from payload.backends.jax import distributed
 from payload.backends.jax import mesh as mesh_lib
@@ -57,6 +59,15 @@ class Facts:
     process_index: int = 0
     process_count: int = 1
     gpu_bf16: bool = False  # a declared GPU VM whose GPUs train in bfloat16 (payload/hosts.py)
+    # What the kernels table (payload/kernels.py) reads of the chip: read_facts takes it from
+    # the real device (chip_of); None: the platform and device_kind's (a TPU or the CPU; a
+    # GPU's facts must state its vendor and compute capability, else no kernel is assumed).
+    chip: kernels.Chip | None = None
+
+    def __post_init__(self) -> None:
+        if self.chip is None:
+            chip = kernels.device_chip(self.platform, "", self.device_kind, None)
+            object.__setattr__(self, "chip", chip)
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,11 @@ class Runtime:
     facts: Facts
     # The attention kernel of the model (attention.choose, once the model's config is known).
     attention: attention_lib.Attention | None = None
+
+    @property
+    def chip(self) -> kernels.Chip:
+        """What the kernels table (payload/kernels.py) reads of the accelerator (Facts.chip)."""
+        return self.facts.chip or kernels.CPU  # never None after Facts.__post_init__
 
     @property
     def num_replicas(self) -> int:
@@ -101,6 +117,7 @@ class Runtime:
             "devices": (
                 f"{facts.local_devices} x {facts.device_kind}" if facts.local_devices else "none"
             ),
+            "chip": self.chip.describe(),
             "mesh": self.mesh_plan.describe(),
             "sharding_reason": self.mesh_plan.reason,
             "jax": jax.__version__,
@@ -110,6 +127,26 @@ class Runtime:
 
 def _platform(device: Any) -> str:
     return "gpu" if device.platform in ("gpu", "cuda", "rocm") else str(device.platform)
+
+
+def chip_of(device: Any) -> kernels.Chip:
+    """The chip of a JAX device (kernels.device_chip): a GPU's vendor from its client's
+    platform_version ("cuda ..." / "rocm ..."), an NVIDIA GPU's compute_capability."""
+    client = getattr(device, "client", None)
+    return kernels.device_chip(
+        str(device.platform),
+        str(getattr(client, "platform_version", "") or ""),
+        str(device.device_kind),
+        getattr(device, "compute_capability", None),
+    )
+
+
+def policy_for(precision: str, chip: kernels.Chip, managed_bf16: bool = False) -> str:
+    """The Keras policy of `train.precision` on `chip`: mixed bfloat16 for bf16, and for
+    auto where the chip computes bfloat16 natively (or a managed GPU VM's catalog says so:
+    `managed_bf16`, Facts.gpu_bf16); float32 otherwise."""
+    bf16 = kernels.compute_dtype(precision, chip) == "bfloat16"
+    return "mixed_bfloat16" if bf16 or (precision == "auto" and managed_bf16) else "float32"
 
 
 def runtime(precision: str, sharding: str = "auto", parameters: int = 0) -> Runtime:
@@ -139,15 +176,8 @@ def read_facts(devices: list[Any]) -> Facts:
         process_index=jax.process_index(),
         process_count=jax.process_count(),
         gpu_bf16=gpu is not None and gpu.policy == "mixed_bfloat16",
+        chip=chip_of(local[0] if local else devices[0]),
     )
-
-
-def policy_of(precision: str, facts: Facts) -> str:
-    """The Keras dtype policy of `train.precision` on these devices: bfloat16 on a TPU and
-    on a declared bfloat16 GPU VM (auto), or when asked for (bf16)."""
-    auto_bf16 = facts.platform == "tpu" or (facts.platform == "gpu" and facts.gpu_bf16)
-    bf16 = precision == "bf16" or (precision == "auto" and auto_bf16)
-    return "mixed_bfloat16" if bf16 else "float32"
 
 
 def runtime_of(
@@ -165,7 +195,7 @@ def runtime_of(
     kind = facts.platform
     return Runtime(
         accelerator=kind,
-        policy=policy_of(precision, facts),
+        policy=policy_for(precision, facts.chip or kernels.CPU, facts.gpu_bf16),
         steps_per_execution=STEPS_PER_CALL[kind],
         chunk_seconds=CHUNK_SECONDS[kind],
         mesh=mesh_lib.build_mesh(mesh_plan, devices),

@@ -74,57 +74,129 @@ def chunked_loss_terms(
     labels: Any,
     weights: Any,
     *,
-    budget: int = model_lib.LOSS_CHUNK_BYTES,
+    devices: int | None = None,
+    memory_bytes: int | None = None,
+    budget: int | None = None,
     mesh: Any = None,
 ) -> Any:
     """loss_terms of the logits features @ kernel (+ bias), as [3] float32 sums, without the
-    logits of the whole batch: the positions are cut into chunks (payload/model.py
-    loss_chunk_length: a chunk's float32 logits under `budget` bytes per device) and a
-    `lax.scan` computes one chunk's logits (float32 accumulation), their logsumexp, the
-    label's logit and the argmax at a time. Each chunk is under `jax.checkpoint`: the
-    backward pass keeps only the features and recomputes a chunk's logits, so at most one
-    chunk's logits exist at once (MaxText's vocabulary tiling, src/maxtext/utils/
-    vocabulary_tiling.py, cuts the batch x sequence axis into tiles the same way; Levanter's
-    fused cross entropy, src/levanter/models/loss.py, blocks the vocabulary instead).
+    logits of the whole batch: the positions are cut into chunks and a `lax.scan` computes
+    one chunk's logits, their logsumexp, the label's logit and the argmax at a time.
+
+    Pure in its arguments: the chunk is payload/model.py loss_chunk_length for the rows one
+    device holds (`devices`: how many the batch's rows are split over; default the size of
+    `mesh`, else 1) under
+    `budget` bytes of float32 logits (default model.loss_chunk_budget(`memory_bytes`), the
+    memory of one device; None: not known).
+
+    MaxText's vocabulary tiling (src/maxtext/utils/vocabulary_tiling.py at e591f30: tiles
+    along batch x sequence, a custom_vjp whose backward scan recomputes each tile's logits
+    and adds the head's gradient into an accumulator of the parameters' float32 dtype):
+    - forward: the matmul in the compute dtype (bf16 x bf16 under mixed_bfloat16) with its
+      float32 result kept (`preferred_element_type`): the logits are never rounded to bf16;
+    - backward (`_chunk_backward`): per chunk the float32 softmax minus the one-hot label,
+      weighted, cast to the compute dtype; both backward GEMMs then run in the compute dtype
+      with float32 accumulation (d features = d logits @ kernel^T; d kernel = features^T @
+      d logits), and the kernel's (and bias's) gradient is summed over the chunks in ONE
+      float32 accumulator, cast to its dtype once at the end. Autodiff of the forward would
+      instead run both GEMMs float32 x bf16 and add the chunks' kernel gradients in the
+      kernel's dtype (bf16), one read-modify-write of a [H, V] array per chunk;
+    - only the features are kept for the backward pass, so at most one chunk's logits exist.
 
     features [B, S, H], kernel [H, V], bias [V] or None, labels [B, S], weights [B, S]. The
-    chunks run along S, every chunk holding all B rows: the rows stay split over the
-    devices as the batch is (mesh.batch_sharding), so a chunk needs no resharding. On
-    `mesh`, a chunk's logits are held to those rows (mesh.keep_rows): the head's kernel is
-    gathered (FSDP), not the features of the whole batch."""
+    chunks run along S, every chunk holding all B rows: the rows stay split over the devices
+    as the batch is (mesh.batch_sharding), so a chunk needs no resharding. On `mesh`, a
+    chunk's logits are held to those rows (mesh.keep_rows): the head's kernel is gathered
+    (FSDP), not the features of the whole batch."""
     rows, length = labels.shape
     # The trainer splits B over every device of the mesh (not the devices this process
     # sees: a program compiled for another topology must size its chunks for that one).
-    devices = int(mesh.size) if mesh is not None else jax.device_count()
-    per_device = max(1, rows // devices)
+    if devices is None:
+        devices = int(mesh.size) if mesh is not None else 1
+    per_device = max(1, rows // max(1, int(devices)))
+    if budget is None:
+        budget = model_lib.loss_chunk_budget(memory_bytes)
     size = model_lib.loss_chunk_length(per_device, length, kernel.shape[-1], budget)
+    return _chunked(features, kernel, bias, labels, weights, size=size, mesh=mesh)
+
+
+def _chunked(
+    features: Any, kernel: Any, bias: Any, labels: Any, weights: Any, *, size: int, mesh: Any
+) -> Any:
+    """chunked_loss_terms over chunks of `size` positions (a divisor of the length)."""
+    rows, length = labels.shape
     count = length // size
-
-    @jax.checkpoint
-    def terms(x: Any, y: Any, w: Any) -> Any:
-        logits = jnp.einsum("bsh,hv->bsv", x, kernel, preferred_element_type=jnp.float32)
-        logits = mesh_lib.keep_rows(logits, mesh)
-        if bias is not None:
-            logits = logits + bias.astype(jnp.float32)
-        target = jnp.take_along_axis(logits, y[..., None].astype(jnp.int32), axis=-1)[..., 0]
-        per_token = jax.nn.logsumexp(logits, axis=-1) - target
-        correct = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)
-        w = w.astype(jnp.float32)
-        return jnp.stack([(per_token * w).sum(), w.sum(), (correct * w).sum()])
-
-    if count == 1:
-        return terms(features, labels, weights)
+    has_bias = bias is not None
+    compute = features.dtype
 
     def split(x: Any) -> Any:  # [B, S, ...] -> [count, B, size, ...]
         return jnp.swapaxes(x.reshape(rows, count, size, *x.shape[2:]), 0, 1)
 
-    def body(totals: Any, chunk: tuple[Any, Any, Any]) -> tuple[Any, None]:
-        return totals + terms(*chunk), None
+    def logits_of(x: Any, k: Any, b: Any) -> Any:
+        logits = jnp.einsum("bsh,hv->bsv", x, k, preferred_element_type=jnp.float32)
+        logits = mesh_lib.keep_rows(logits, mesh)
+        return logits + b.astype(jnp.float32) if has_bias else logits
 
-    totals, _ = jax.lax.scan(
-        body, jnp.zeros([3], jnp.float32), (split(features), split(labels), split(weights))
-    )
-    return totals
+    def forward(x: Any, k: Any, b: Any, y: Any, w: Any) -> Any:
+        k = k.astype(compute)
+
+        def body(totals: Any, chunk: tuple[Any, Any, Any]) -> tuple[Any, None]:
+            xc, yc, wc = chunk
+            logits = logits_of(xc, k, b)
+            target = jnp.take_along_axis(logits, yc[..., None].astype(jnp.int32), axis=-1)
+            per_token = jax.nn.logsumexp(logits, axis=-1) - target[..., 0]
+            correct = (jnp.argmax(logits, axis=-1) == yc).astype(jnp.float32)
+            wc = wc.astype(jnp.float32)
+            sums = jnp.stack([(per_token * wc).sum(), wc.sum(), (correct * wc).sum()])
+            return totals + sums, None
+
+        totals, _ = jax.lax.scan(body, jnp.zeros([3], jnp.float32), (split(x), split(y), split(w)))
+        return totals
+
+    def backward(residuals: tuple[Any, ...], cotangent: Any) -> tuple[Any, ...]:
+        x, k_in, b, y, w = residuals
+        k = k_in.astype(compute)
+        # The sums' cotangents: the loss sum's flows into the logits; the weight sum and the
+        # argmax count are flat in them (weights' own gradient below, for completeness).
+        d_loss, d_weights, d_correct = cotangent[0], cotangent[1], cotangent[2]
+
+        def body(carry: tuple[Any, Any], chunk: tuple[Any, Any, Any]) -> tuple[Any, Any]:
+            dk, db = carry
+            xc, yc, wc = chunk
+            logits = logits_of(xc, k, b)
+            labels = yc[..., None].astype(jnp.int32)
+            lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+            per_token = (lse - jnp.take_along_axis(logits, labels, axis=-1))[..., 0]
+            correct = (jnp.argmax(logits, axis=-1) == yc).astype(jnp.float32)
+            hot = jnp.arange(logits.shape[-1]) == labels
+            dlogits = (jnp.exp(logits - lse) - hot) * (wc.astype(jnp.float32) * d_loss)[..., None]
+            dlogits = mesh_lib.keep_rows(dlogits, mesh)
+            low = dlogits.astype(compute)
+            dx = jnp.einsum("bsv,hv->bsh", low, k, preferred_element_type=jnp.float32)
+            dk = dk + jnp.einsum("bsh,bsv->hv", xc, low, preferred_element_type=jnp.float32)
+            if has_bias:
+                db = db + dlogits.sum(axis=(0, 1))
+            dw = per_token * d_loss + d_weights + correct * d_correct
+            return (dk, db), (dx.astype(x.dtype), dw.astype(w.dtype))
+
+        start = (jnp.zeros(k_in.shape, jnp.float32), jnp.zeros(b.shape, jnp.float32))
+        (dk, db), (dx, dw) = jax.lax.scan(body, start, (split(x), split(y), split(w)))
+
+        def join(parts: Any, like: Any) -> Any:  # [count, B, size, ...] -> [B, S, ...]
+            return jnp.swapaxes(parts, 0, 1).reshape(like.shape)
+
+        return join(dx, x), dk.astype(k_in.dtype), db.astype(b.dtype), None, join(dw, w)
+
+    @jax.custom_vjp
+    def terms(x: Any, k: Any, b: Any, y: Any, w: Any) -> Any:
+        return forward(x, k, b, y, w)
+
+    def terms_forward(x: Any, k: Any, b: Any, y: Any, w: Any) -> tuple[Any, tuple[Any, ...]]:
+        return forward(x, k, b, y, w), (x, k, b, y, w)
+
+    terms.defvjp(terms_forward, backward)
+    bias_in = bias if has_bias else jnp.zeros([], jnp.float32)
+    return terms(features, kernel, bias_in, labels, weights)
 
 
 def lm_loss_terms(
@@ -136,14 +208,20 @@ def lm_loss_terms(
     labels: Any,
     weights: Any,
     training: bool,
+    memory_bytes: int | None = None,
 ) -> tuple[Any, list[Any]]:
     """([3] float32 sums of loss_terms, the new non-trainable state) of a language model
-    (models.MaskedLM, CausalLM, LlamaCausalLM) on a batch, by chunked_loss_terms."""
+    (models.MaskedLM, CausalLM, LlamaCausalLM) on a batch, by chunked_loss_terms: its rows
+    split over the model's mesh (all of its devices), `memory_bytes` per device (None: not
+    known; program.build passes the runtime's Facts.device_memory)."""
     head, non_trainable = model.stateless_call(
         trainable, non_trainable, inputs, training=training, head_inputs=True
     )
     mesh = getattr(model, "mesh", None)
-    terms = chunked_loss_terms(head.features, head.kernel, head.bias, labels, weights, mesh=mesh)
+    terms = chunked_loss_terms(
+        head.features, head.kernel, head.bias, labels, weights,
+        memory_bytes=memory_bytes, mesh=mesh,
+    )  # fmt: skip
     return terms, non_trainable
 
 
@@ -306,6 +384,7 @@ def make_train_chunk(
     state_sharding: Any = None,
     accum_steps: int = 1,
     seed: int = 0,
+    memory_bytes: int | None = None,
 ) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
     """A compiled function (state, batches with a leading [K] axis[, n]) -> (state, metrics
     [K]): the first n optimizer steps of the K batches in one call (n defaults to K; metrics
@@ -328,13 +407,15 @@ def make_train_chunk(
 
     `objective` rtd (ELECTRA): the loss is GEN_WEIGHT x the generator's MLM loss +
     DISC_WEIGHT x the discriminator's loss (rtd_gradients); the reported accuracy is the
-    generator's at the masked positions; `seed` (train.seed) seeds the generator's samples."""
+    generator's at the masked positions; `seed` (train.seed) seeds the generator's samples.
+    `memory_bytes`: one device's memory, which sizes the loss's chunks (lm_loss_terms)."""
 
     def sums_fn(trainable: list[Any], non_trainable: list[Any], batch: Mapping[str, Any]):
         inputs, labels, weights = model_inputs(objective, batch)
         terms, non_trainable = lm_loss_terms(
-            model, trainable, non_trainable, inputs, labels=labels, weights=weights, training=True
-        )
+            model, trainable, non_trainable, inputs, labels=labels, weights=weights,
+            training=True, memory_bytes=memory_bytes,
+        )  # fmt: skip
         return terms[0], (non_trainable, terms[1], terms[2])
 
     sums_and_grads = jax.value_and_grad(sums_fn, has_aux=True)

@@ -43,7 +43,6 @@ from payload.backends.jax import use_jax
 use_jax()
 
 import jax  # noqa: E402
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
@@ -54,7 +53,6 @@ from payload import identity as run_identity_lib  # noqa: E402
 from payload import manifest as manifest_lib  # noqa: E402
 from payload import model as model_lib  # noqa: E402
 from payload import storage, training  # noqa: E402
-from payload.backends.jax import attention as attention_lib  # noqa: E402
 from payload.backends.jax import batches as batches_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import compile_cache, distributed, hf_weights, models, steps  # noqa: E402
@@ -64,7 +62,6 @@ from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.backends.jax.batches import Pipelines  # noqa: E402
 from payload.backends.jax.evaluate import Evaluator  # noqa: E402
 from payload.backends.jax.runtime import Runtime  # noqa: E402
-from payload.backends.jax.schedule import create_optimizer  # noqa: E402
 from payload.errors import SpecError  # noqa: E402
 from payload.status import StatusWriter  # noqa: E402
 
@@ -123,13 +120,13 @@ def _train(
     spec = job.train
     manifest = _loaded_manifest(job)
     config = model_lib.config_for(job, manifest)
-    parameters = model_lib.parameter_count(job.model.family, config)
-    rt = runtime_lib.runtime(spec.precision, spec.sharding, parameters)
-    rt = program_lib.with_attention(job, config, int(manifest.seq_length), rt)
+    rt = _runtime(job, manifest, config)
     pipelines = Pipelines(rt, input_pipelines)
     _checked_data(job, manifest, pipelines)
     described = rt.describe()
     training.log(f"train: {json.dumps(described)}")
+    if rt.attention is not None and rt.attention.warning:
+        training.log(f"warning: {rt.attention.warning}")  # also in status.json's runtime
     status.note_runtime(described)  # the devices JAX sees, beside the host checks
 
     training.stop_point()
@@ -324,6 +321,14 @@ def _check_run(
     checkpoints.require_space(directory, layout, keep=spec.keep_checkpoints, kept=len(found))
 
 
+def _runtime(job: JobSpec, manifest: Manifest, config: Any) -> Runtime:
+    """This process's runtime for the job (runtime.runtime: the devices, the precision policy,
+    the mesh for the model's parameters) with the job's attention (program.with_attention)."""
+    parameters = model_lib.parameter_count(job.model.family, config)
+    rt = runtime_lib.runtime(job.train.precision, job.train.sharding, parameters)
+    return program_lib.with_attention(job, config, int(manifest.seq_length), rt)
+
+
 def _programs(job: JobSpec, manifest: Manifest, config: Any, rt: Runtime) -> program_lib.Programs:
     """The training chunk and evaluation step, lowered by the one builder (program.py) that
     `tpu-payload compile` uses: this run compiles what `compile` compiles for the same job
@@ -342,43 +347,9 @@ def _programs(job: JobSpec, manifest: Manifest, config: Any, rt: Runtime) -> pro
 
 
 def _build(job: JobSpec, config: Any, manifest: Manifest, rt: Runtime) -> tuple[Any, Any]:
-    """(model, optimizer): the model of the job's family with seeded initial weights, in
-    the runtime's precision, and AdamW built for its variables, every variable created
-    sharded on the run's mesh (mesh.sharded_distribution)."""
-    spec = job.train
-    family = job.model.family
-    keras.config.set_dtype_policy(rt.policy)
-    # The initial weights and the dropout seeds (the input's randomness has its own seeds:
-    # input.py).
-    seed_keras(spec.seed)
-    with mesh_lib.sharded_distribution(rt.mesh, family).scope():
-        model = models.create_model(
-            family,
-            config,
-            manifest.seq_length,
-            remat=spec.remat,
-            attention=rt.attention or attention_lib.REFERENCE,
-            document_mask=job.data.document_mask,
-        )
-        optimizer = create_optimizer(spec)
-        optimizer.build(model.trainable_variables)
-    return model, optimizer
-
-
-def seed_keras(seed: int) -> None:
-    """`keras.utils.set_random_seed` (Python's, numpy's and Keras' global seeds) without the
-    TensorFlow import it makes whenever TensorFlow is installed (to seed tf.data, which this
-    backend does not use): Keras' lazy `tensorflow` module is told it is unavailable for
-    the call (keras 3.15 `utils/rng_utils.py`, `utils/module_utils.py`)."""
-    from keras.src.utils import module_utils  # noqa: PLC0415
-
-    lazy = module_utils.tensorflow
-    known = lazy._available
-    lazy._available = False
-    try:
-        keras.utils.set_random_seed(seed)
-    finally:
-        lazy._available = known
+    """(model, optimizer) with seeded initial weights, sharded on the run's mesh
+    (program.build_model: the model the programs of program.build take)."""
+    return program_lib.build_model(job, config, int(manifest.seq_length), rt)
 
 
 def _restore_or_start(

@@ -288,8 +288,8 @@ def test_async_collectives_count_once_with_their_results_and_a_conditional_its_c
 
 
 def test_state_the_step_loop_carries_in_another_layout_than_the_arguments() -> None:
-    """hlo.relaid_state: the step loop's arrays whose layout (memory space aside) no
-    argument of their shape has; without an entry layout in the text: 0."""
+    """hlo.relaid_state: the step loop's arrays whose layout (memory space aside) no result
+    of their shape has; without an entry layout in the text: 0."""
     assert hlo.summarize(CHUNK).relaid_state == 0
     laid = CHUNK.replace(
         "entry_computation_layout={()->()}",

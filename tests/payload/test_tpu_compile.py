@@ -149,7 +149,7 @@ def test_compiles_for_the_tpu_with_splash_as_the_plan_says(
     assert all(count == [instances, layers, 0] for count in kernels.values()), kernels
     assert chunk["step_loop"] and chunk["collectives_per_step"]["all-gather"][0] > 0
     # The step loop carries the state in the arguments' layouts (steps.carried_layouts): no
-    # second, relaid copy of any weight or AdamW slot (6 of them for the tiny Llama without).
+    # second, relaid copy of any weight or AdamW slot (without it: 6 for the tiny Llama on v5e:4x4).
     assert chunk["relaid_state"] == 0, chunk["relaid_state"]
     # FSDP gathers the weights in bf16 under mixed precision (the CPU's HLO cannot tell).
     assert max(chunk["all_gathers_per_step"], key=chunk["all_gathers_per_step"].get) == "bf16"

@@ -4,28 +4,26 @@ the TPU compiler's own program (libtpu in .venv-tpu-jax).
 
     .venv-tpu-jax/bin/python bench/bench_tpu_compile.py --accelerator v5litepod-16 \\
         --size 1b --remat full,minimal [--batch-per-chip 2] [--seq 2048] [--vocab 32000] \\
-        [--sharding fsdp] [--attention auto] [--hlo-dir DIR] [--json]
+        [--sharding fsdp] [--attention auto] [--hlo-dir DIR] [--json | --markdown]
 
-How (the way MaxText's train_compile.py does it): `jax.experimental.topologies.
-get_topology_desc` gives the accelerator's chips as abstract devices (TOPOLOGIES: MaxText's
-accelerator_to_spec_map.py at e591f30); the mesh of train.sharding is laid over them; the
-model and AdamW are built in a Keras StatelessScope that never initialises a variable
-(nothing of a 3B model is allocated), their variables become jax.ShapeDtypeStructs sharded by
-mesh.partition_spec (the trainer's rule), and steps.make_train_chunk (one optimizer step per
-call) is lowered with them and a batch [1, B, S] and compiled for the TPU. Printed per case:
-the compiler's memory analysis per chip (arguments, outputs, aliased, temporaries, generated
+How: each case is a job (the preset, the vocabulary, the sequence, a global batch of
+--batch-per-chip rows per chip, train.sharding / remat / attention, no held-out split) whose
+training chunk is built and compiled by the path `tpu-payload compile` takes
+(payload/backends/jax/aot.py: the accelerator's topology from payload/accelerators.yaml, its
+compile-only chips from libtpu's `jax.experimental.topologies.get_topology_desc`, as MaxText's
+train_compile.py gets them; then the trainer's one builder, program.build: the model and
+AdamW without values, the state and batches as sharded jax.ShapeDtypeStructs, the trainer's
+steps.make_train_chunk lowered for them and compiled for the TPU). Printed per case: the
+compiler's memory analysis per chip (arguments, outputs, aliased, temporaries, generated
 code; "total" = arguments + outputs - aliased + temporaries, MaxText's
 print_compiled_memory_stats), the plan's figure (payload/plan.py) beside it, compile
-seconds, and from the optimized HLO (payload/backends/jax/hlo.py): the while loops and their
-trip counts (one with trip count L: the scanned decoder layer), Mosaic (Pallas) kernels, the
-weight all-gathers by dtype, and flops per step counted with trip counts and the splash
-kernels' own matmuls, beside the plan's.
+seconds (wall and CPU), and from the optimized HLO (payload/backends/jax/hlo.py): the while
+loops and their trip counts (None: the chunk's step loop; L: the scanned decoder layers),
+Mosaic (Pallas) kernels, the weight all-gathers by dtype, and flops per step counted with
+trip counts and the splash kernels' own matmuls, beside the plan's.
 
-Until the trainer's builder takes a mesh of abstract devices (issue 40, items 1-2), this
-script builds the chunk itself, as the trainer would: CPU devices stand in for the chips'
-count (XLA_FLAGS --xla_force_host_platform_device_count) because the loss sizes its chunks
-by jax.device_count(). Big shapes compile for minutes and take GBs: run one at a time
-(`flock /work/wt/bigjob.lock /usr/bin/time -v ...` on a shared machine).
+Big shapes compile for minutes and take GBs: run one at a time (`flock /work/wt/bigjob.lock
+/usr/bin/time -v ...` on a shared machine).
 """
 
 from __future__ import annotations
@@ -39,26 +37,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-# MaxText's accelerator_to_spec_map.py (e591f30): accelerator type -> (topology, chip config,
-# chips per host bounds, chips).
-TOPOLOGIES = {
-    "v4-8": ("v4:2x2x1", "megacore", (2, 2, 1), 4),
-    "v5litepod-4": ("v5e:2x2", "default", (2, 2, 1), 4),
-    "v5litepod-8": ("v5e:2x4", "default", (2, 2, 1), 8),
-    "v5litepod-16": ("v5e:4x4", "default", (2, 2, 1), 16),
-    "v5p-8": ("v5:2x2x1", "megacore", (2, 2, 1), 4),
-    "v6e-4": ("v6e:2x2", "default", (2, 2, 1), 4),
-    "v6e-8": ("v6e:2x4", "default", (2, 2, 1), 8),
-}
-GIB = 2**30
-
 
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument(
         "--accelerator",
         default="v5litepod-16",
-        help=f"one of {', '.join(sorted(TOPOLOGIES))}, or a comma-separated list with --markdown",
+        help="a TPU type `tpu-payload compile` knows, or a comma-separated list with --markdown",
     )
     parser.add_argument("--family", default="llama")
     parser.add_argument("--size", default="1b", help="a preset, or a comma-separated list")
@@ -87,148 +72,65 @@ def _parse() -> argparse.Namespace:
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:
-    chips = max(TOPOLOGIES[name][3] for name in ARGS.accelerator.split(","))
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={chips}"
-    )
+    # JAX on this machine's CPU; the TPU is a topology libtpu compiles for (payload/cli.py).
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    # libtpu's lock against two processes on one TPU host: there is no TPU here to share.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 from payload.backends.jax import use_jax  # noqa: E402
 
 use_jax()
 
-import jax  # noqa: E402
 import keras  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from payload import kernels  # noqa: E402
 from payload import model as model_lib  # noqa: E402
 from payload import plan as plan_lib  # noqa: E402
-from payload.backends.jax import attention as attention_lib  # noqa: E402
+from payload.backends.jax import aot, steps  # noqa: E402
 from payload.backends.jax import hlo as hlo_lib  # noqa: E402
-from payload.backends.jax import mesh as mesh_lib  # noqa: E402
-from payload.backends.jax import models, steps  # noqa: E402
-from payload.backends.jax.schedule import create_optimizer  # noqa: E402
-from payload.spec import TrainSpec  # noqa: E402
+from payload.errors import UserError  # noqa: E402
+from payload.spec import JobSpec, parse_job  # noqa: E402
+
+GIB = 2**30
 
 
-def abstract_devices(accelerator: str) -> list[Any]:
-    from jax.experimental import topologies
-
-    name, chip_config, bounds, _ = TOPOLOGIES[accelerator]
-    return list(
-        topologies.get_topology_desc(
-            platform="tpu",
-            topology_name=name,
-            chip_config_name=chip_config,
-            chips_per_host_bounds=bounds,
-            num_slices=1,
-        ).devices
-    )
-
-
-def build(
-    *,
-    accelerator: str,
-    family: str,
-    size: str,
-    overrides: dict[str, Any],
-    vocab: int,
-    seq: int,
-    batch_per_chip: int,
-    sharding: str,
-    remat: str,
-    attention_setting: str = "auto",
-) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-    """(the jitted chunk, its abstract arguments, what was built): the trainer's train chunk
-    (steps.make_train_chunk, one step per call) over a mesh of `accelerator`'s abstract
-    chips under mixed_bfloat16, as train._build and train's loop would build it."""
-    devices = abstract_devices(accelerator)
-    count = len(devices)
-    mesh_plan = mesh_lib.MeshPlan(
-        sharding, count if sharding == "data" else 1, count if sharding == "fsdp" else 1, "bench"
-    )
-    mesh = mesh_lib.build_mesh(mesh_plan, devices)
-    special = {"bos": 0, "pad": 1, "eos": 2}
-    config = model_lib.build_config(family, size, overrides, vocab_size=vocab, special_ids=special)
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    attention = attention_lib.choose(
-        attention_setting,
-        chip=kernels.device_chip("tpu", "", str(devices[0].device_kind), None),
-        family=family,
-        config=config,
-        seq_length=seq,
-        compute_dtype="bfloat16",
-        mesh=mesh,
-    )
-    # AdamW's step counter is created from a concrete value (which a StatelessScope refuses):
-    # the optimizer object is made outside, its slots inside.
-    optimizer = create_optimizer(TrainSpec(steps=10))
-    with keras.StatelessScope(initialize_variables=False):
-        model = models.create_model(family, config, seq, remat=remat, attention=attention)
-        optimizer.build(model.trainable_variables)
-
-    def abstract(variable: Any) -> jax.ShapeDtypeStruct:
-        shape = tuple(int(d) for d in variable.shape)
-        spec = mesh_lib.partition_spec(shape, mesh_plan.fsdp, path=variable.path, family=family)
-        return jax.ShapeDtypeStruct(shape, variable.dtype, sharding=NamedSharding(mesh, spec))
-
-    state = steps.TrainState(
-        [abstract(v) for v in model.trainable_variables],
-        [abstract(v) for v in model.non_trainable_variables],
-        [abstract(v) for v in optimizer.variables],
-    )
-    state_sharding = jax.tree.map(lambda x: x.sharding, state)
-    chunk = steps.make_train_chunk(model, optimizer, "clm", state_sharding=state_sharding)
-    rows = batch_per_chip * count
-    batch_sharding = mesh_lib.batch_sharding(mesh, chunk=True)
-    batch = {
-        name: jax.ShapeDtypeStruct((1, rows, seq), dtype, sharding=batch_sharding)
-        for name, dtype in (
-            ("input_ids", "int32"),
-            ("attention_mask", "int32"),
-            ("labels", "int32"),
-            ("label_weights", "float32"),
-        )
+def job_of(args: argparse.Namespace, remat: str) -> JobSpec:
+    """The case as a job, as `tpu-payload compile --job` would read it (nothing is written)."""
+    chips = plan_lib.accelerator(args.accelerator).chips
+    nowhere = str(Path(tempfile.gettempdir(), "bench-tpu-compile"))
+    document = {
+        "name": "bench",
+        "output": nowhere,
+        "corpus": {"paths": [f"{nowhere}.txt"]},
+        "tokenizer": {"kind": "bpe", "vocab_size": args.vocab},
+        "data": {"objective": "clm", "seq_length": args.seq, "eval_fraction": 0},
+        "model": {"family": args.family, "size": args.size, "config": json.loads(args.config)},
+        "train": {
+            "backend": "jax",
+            "global_batch_size": args.batch_per_chip * chips,
+            "steps": 10,
+            "sharding": args.sharding,
+            "remat": remat,
+            "attention": args.attention,
+        },
     }
-    built = {
-        "parameters": int(model_lib.parameter_count(family, config)),
-        "layers": int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0)),
-        "attention": attention.implementation,
-        "chips": count,
-        "mesh": mesh_plan.describe(),
-        "replicated_spec": P(),
-    }
-    return chunk, (state, batch), built
+    return parse_job(document, source=f"{nowhere}.yaml", check_model=False)
 
 
 def measure(args: argparse.Namespace, remat: str) -> dict[str, Any]:
     """One case: `args.accelerator` and `args.size` name one accelerator and one preset."""
-    job = plan_job(args, remat)  # first: a job the spec refuses fails before minutes of compiling
+    job = job_of(args, remat)  # first: a job the spec refuses fails before minutes of compiling
+    acc = plan_lib.accelerator(args.accelerator)
+    topology = aot.topology_of(acc)
+    devices = aot.devices_of(topology)
+    facts = aot.facts_of(acc, topology, devices)
+    data = aot.data_facts(job)
     if args.loss_chunk_mib:
         defaults = steps.chunked_loss_terms.__kwdefaults__
         assert defaults is not None
         defaults["budget"] = args.loss_chunk_mib * 2**20
-    overrides = json.loads(args.config)
-    chunk, arguments, built = build(
-        accelerator=args.accelerator,
-        family=args.family,
-        size=args.size,
-        overrides=overrides,
-        vocab=args.vocab,
-        seq=args.seq,
-        batch_per_chip=args.batch_per_chip,
-        sharding=args.sharding,
-        remat=remat,
-        attention_setting=args.attention,
-    )
     start = time.perf_counter()
-    lowered = chunk.lower(*arguments)
+    programs = aot.build_for(job, facts, devices, data=data)  # program.build, lowered
     lowered_at, cpu_at = time.perf_counter(), time.process_time()
-    compiled = lowered.compile()
+    compiled = programs.train_chunk()
     done, cpu_done = time.perf_counter(), time.process_time()
     memory = compiled.memory_analysis()
     text = compiled.as_text()
@@ -244,16 +146,21 @@ def measure(args: argparse.Namespace, remat: str) -> dict[str, Any]:
     )
     shape = plan_lib.model_shape(args.family, args.size, json.loads(args.config), args.vocab)
     program = hlo_lib.summarize(text, causal=shape.causal)
+    rt = programs.rt
+    config = data.config
     keras.backend.clear_session()
     return {
         "accelerator": args.accelerator,
+        "topology": topology.describe(),
         "family": args.family,
         "size": args.size,
         "remat": remat,
-        "attention": built["attention"],
-        "parameters": built["parameters"],
-        "layers": built["layers"],
-        "chips": built["chips"],
+        "attention": rt.attention.implementation if rt.attention else "reference",
+        "parameters": int(model_lib.parameter_count(args.family, config)),
+        "layers": int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0)),
+        "chips": acc.chips,
+        "mesh": rt.mesh_plan.describe(),
+        "steps_per_call": rt.steps_per_execution,
         "lower_s": round(lowered_at - start, 1),
         "compile_s": round(done - lowered_at, 1),
         # CPU seconds of every thread of this process: what a loaded machine does not change.
@@ -264,44 +171,23 @@ def measure(args: argparse.Namespace, remat: str) -> dict[str, Any]:
         "temp": int(memory.temp_size_in_bytes),
         "code": int(memory.generated_code_size_in_bytes),
         "total": int(total),
-        # One call of the chunk runs one step: the step loop's body once, the rest once.
+        # One step: the step loop's body once, the rest of the call once.
         "step_flops_per_device": program.total_flops(),
         **program.to_dict(),
-        **job,
+        **plan_columns(job, acc, remat),
     }
 
 
-def plan_job(args: argparse.Namespace, remat: str) -> dict[str, Any]:
+def plan_columns(job: JobSpec, acc: Any, remat: str) -> dict[str, Any]:
     """The plan's bytes per chip and flops per step for the same job (payload/plan.py)."""
-    from payload.spec import parse_job
-
-    chips = TOPOLOGIES[args.accelerator][3]
-    nowhere = str(Path(tempfile.gettempdir(), "bench-tpu-compile"))  # the plan writes nothing
-    document = {
-        "name": "bench",
-        "output": nowhere,
-        "corpus": {"paths": [f"{nowhere}.txt"]},
-        "tokenizer": {"kind": "bpe", "vocab_size": args.vocab},
-        "data": {"objective": "clm", "seq_length": args.seq},
-        "model": {"family": args.family, "size": args.size, "config": json.loads(args.config)},
-        "train": {
-            "backend": "jax",
-            "global_batch_size": args.batch_per_chip * chips,
-            "steps": 10,
-            "sharding": args.sharding,
-            "remat": remat,
-            "attention": args.attention,
-        },
-    }
-    job = parse_job(document, source=f"{nowhere}.yaml", check_model=False)
-    acc = plan_lib.accelerator(args.accelerator)
     plan = plan_lib.plan_job(job, acc)
     layout = plan.layout(plan.sharding, plan.remat)
+    tokens = job.train.global_batch_size * job.data.seq_length
     return {
         "plan_total": int(layout.total),
         "plan_code": int(layout.code),
         "plan_step_flops": float(plan.step_flops),
-        "plan_model_flops": float(plan.flops_per_token * args.seq * args.batch_per_chip * chips),
+        "plan_model_flops": float(plan.flops_per_token * tokens),
     }
 
 
@@ -325,6 +211,14 @@ def markdown_row(row: dict[str, Any]) -> str:
 def main() -> int:
     args = ARGS
     assert args is not None
+    try:
+        return _main(args)
+    except UserError as exc:  # an unknown accelerator, a job the spec refuses: one line
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.markdown:
         print(MARKDOWN_HEAD, flush=True)
         for size in args.size.split(","):
@@ -342,7 +236,8 @@ def main() -> int:
         per_chip = row["step_flops_per_device"]
         step = per_chip * row["chips"]
         print(
-            f"{row['family']} {row['size']} on {row['accelerator']} ({row['chips']} chips), "
+            f"{row['family']} {row['size']} on {row['accelerator']} ({row['topology']}, "
+            f"{row['chips']} chips, {row['mesh']}; {row['steps_per_call']} steps per call), "
             f"train.remat {remat}, {row['attention']}: compile {row['compile_s']} s "
             f"({row['compile_cpu_s']} s of CPU; lowering {row['lower_s']} s)\n"
             f"  per chip: arguments {row['argument'] / GIB:.2f} GiB, outputs "

@@ -285,3 +285,22 @@ def test_async_collectives_count_once_with_their_results_and_a_conditional_its_c
     # The continuation's dot, and the conditional's two-dot branch (one branch runs).
     assert summary.flops_per_call == dot + 2 * dot
     assert not summary.step_loop and summary.loops == [] and summary.kernels == {}
+
+
+def test_state_the_step_loop_carries_in_another_layout_than_the_arguments() -> None:
+    """hlo.relaid_state: the step loop's arrays whose layout (memory space aside) no result
+    of their shape has; without an entry layout in the text: 0."""
+    assert hlo.summarize(CHUNK).relaid_state == 0
+    laid = CHUNK.replace(
+        "entry_computation_layout={()->()}",
+        "entry_computation_layout={(f32[8,16]{1,0:T(8,128)})->(s32[], f32[8,16]{1,0:T(8,128)})}",
+    )
+
+    def carried(layout: str) -> str:
+        return laid.replace(
+            "ROOT %while.9 = (s32[], f32[8,16]{1,0})",
+            f"ROOT %while.9 = (s32[]{{:T(128)}}, f32[8,16]{{{layout}}})",
+        )
+
+    assert hlo.summarize(carried("1,0:T(8,128)S(1)")).relaid_state == 0  # in VMEM: same layout
+    assert hlo.summarize(carried("0,1:T(8,128)")).relaid_state == 1

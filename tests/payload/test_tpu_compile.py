@@ -17,6 +17,8 @@ adapt (640, 768, 1280; one-layer Llama) on v5e:2x2. Asserted:
   layer and step one forward, one dq and one dkv kernel run (Llama's: one instance each in
   the scanned layer body; BERT's: one per layer; the evaluation step: forward only), and
   the FSDP all-gathers are mostly bf16 (hlo.py reads them off the TPU's program);
+- the step loop carries the state in the layouts of the program's arguments (hlo.py
+  relaid_state: no weight or AdamW slot copied into another layout for the loop);
 - the plan (payload/plan.py) agrees with the compiler: its per-chip total (weights + slots +
   gradients + activations + the chunk's batches) is within PLAN_FACTOR of the compiler's
   arguments + outputs - aliased + temporaries (generated code, which the plan does not count
@@ -151,6 +153,9 @@ def test_compiles_for_the_tpu_with_splash_as_the_plan_says(
     instances = 1 if job["model"]["family"] == "llama" else layers
     assert all(count == [instances, layers, 0] for count in kernels.values()), kernels
     assert chunk["step_loop"] and chunk["collectives_per_step"]["all-gather"][0] > 0
+    # The step loop carries the state in the arguments' layouts (steps.carried_layouts): no
+    # second, relaid copy of any weight or AdamW slot (without it: 6 for the tiny Llama on v5e:4x4).
+    assert chunk["relaid_state"] == 0, chunk["relaid_state"]
     # FSDP gathers the weights in bf16 under mixed precision (the CPU's HLO cannot tell).
     assert max(chunk["all_gathers_per_step"], key=chunk["all_gathers_per_step"].get) == "bf16"
     if job["data"]["eval_fraction"]:

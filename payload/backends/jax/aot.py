@@ -480,6 +480,11 @@ def format_report(report: Report) -> str:
         )
         lines.append(f"  Mosaic kernels: {sum(r[0] for r in summary.kernels.values())}"
                      + (f" ({kernels})" if kernels else ""))  # fmt: skip
+        if summary.relaid_state:
+            lines.append(
+                f"  step loop: {summary.relaid_state} arrays of the state carried in another "
+                "layout than the arguments' (each copied in and out of the loop)"
+            )
         table = summary.collectives_per_step if step else summary.collectives_per_call
         collectives = "; ".join(
             f"{kind} x{count} {_gib(size)}" for kind, (count, size) in sorted(table.items())

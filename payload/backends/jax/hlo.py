@@ -43,7 +43,13 @@ attention) not at all. Here:
   under mixed precision: the CPU's HLO cannot tell);
 - a Mosaic kernel is a custom call to `tpu_custom_call`, named after the Pallas kernel
   (`splash_mha_fwd_segmented_residuals`...): its instances in the program and its runs per
-  step and per call.
+  step and per call;
+- relaid state: the arrays the step loop carries in a layout that no result of the
+  program of their shape has (the layout in braces, its memory space aside): the state,
+  which the chunk takes and returns in one layout. Each is copied into that layout on
+  entering the loop and back on leaving it, beside the donated argument: the TPU compiler
+  does so unless the chunk holds the carried state in the arguments' layouts
+  (steps.carried_layouts).
 """
 
 from __future__ import annotations
@@ -77,6 +83,9 @@ _LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 _WINDOW = re.compile(r"window=\{([^}]*)\}")
 _KNOWN_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _CHANNEL = re.compile(r"\bchannel_id=(\d+)")
+_LAID_OUT = re.compile(r"\b([a-z]\w*\[[\d,]*\])\{([^}]*)\}")
+_MEMORY_SPACE = re.compile(r"S\(\d+\)")
+_ENTRY_OUTPUTS = re.compile(r"entry_computation_layout=\{\(.*?\)->")
 # The operands' shapes of a custom call (each with its layout in braces).
 _CONSTRAINTS = re.compile(r"operand_layout_constraints=\{((?:[^{}]|\{[^{}]*\})*)\}")
 # Ops whose to_apply is a scalar reducer or comparator (no matmuls, run per element), and
@@ -253,6 +262,32 @@ def loop_trips(computations: dict[str, Computation], inst: Instruction) -> int |
         return None
     index, limit = bound
     return -(-limit // _step(computations.get(called.get("body", "")), index))
+
+
+def relaid_state(text: str, computations: dict[str, Computation]) -> int:
+    """How many arrays the step loop carries in a layout that no result of the program of
+    their shape has (module docstring): the state, which the chunk takes and returns in one
+    layout (its batches, which it does not return, may be re-laid: a copy of the batches);
+    0 without a step loop or an entry layout in the text."""
+    header = _ENTRY_OUTPUTS.search(text)
+    entry = computations.get("ENTRY")
+    if header is None or entry is None:
+        return 0
+    results, _ = _split_type(text[header.end() :])
+
+    def laid_out(type_text: str) -> list[tuple[str, str]]:
+        found = _LAID_OUT.findall(type_text)
+        return [(shape, _MEMORY_SPACE.sub("", layout)) for shape, layout in found]
+
+    returned: dict[str, set[str]] = {}
+    for shape, layout in laid_out(results):
+        returned.setdefault(shape, set()).add(layout)
+    return sum(
+        shape in returned and layout not in returned[shape]
+        for inst in entry.instructions
+        if inst.opcode == "while" and loop_trips(computations, inst) is None
+        for shape, layout in laid_out(inst.type_text)
+    )
 
 
 # ---- what one instruction computes --------------------------------------------------------
@@ -459,6 +494,7 @@ class Summary:
     kernels: dict[str, list[int]] = field(default_factory=dict)
     loops: list[int | None] = field(default_factory=list)  # trip counts; None: step loop
     step_loop: bool = False  # whether a loop without a trip count (the step loop) was found
+    relaid_state: int = 0  # arrays the step loop carries in another layout than the arguments
 
     def total_flops(self, steps: int = 1) -> int:
         """Matmul and (where counted) kernel FLOPs of one call that runs `steps` steps."""
@@ -495,6 +531,7 @@ def summarize(text: str, *, causal: bool | None = None) -> Summary:
         },
         loops=walker.loops,
         step_loop=None in walker.loops,
+        relaid_state=relaid_state(text, computations),
     )
     if causal is not None:
         summary.kernel_flops_per_step = step.get(("kernel_flops",), 0)

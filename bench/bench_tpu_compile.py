@@ -82,6 +82,7 @@ use_jax()
 
 import keras  # noqa: E402
 
+from payload import accelerators  # noqa: E402
 from payload import model as model_lib  # noqa: E402
 from payload import plan as plan_lib  # noqa: E402
 from payload.backends.jax import aot, steps  # noqa: E402
@@ -119,7 +120,7 @@ def measure(args: argparse.Namespace, remat: str) -> dict[str, Any]:
     """One case: `args.accelerator` and `args.size` name one accelerator and one preset."""
     job = job_of(args, remat)  # first: a job the spec refuses fails before minutes of compiling
     acc = plan_lib.accelerator(args.accelerator)
-    topology = aot.topology_of(acc)
+    topology = accelerators.topology_of(acc)
     devices = aot.devices_of(topology)
     facts = aot.facts_of(acc, topology, devices)
     data = aot.data_facts(job)

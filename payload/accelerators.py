@@ -2,7 +2,8 @@
 pages): an accelerator type's chips, memory per chip, peak FLOP/s, compute dtype and, for an
 NVIDIA GPU, its compute capability (what payload/kernels.py's table reads). The plan
 (payload/plan.py) and `tpu-payload compile` (backends/jax/aot.py) read them through
-`accelerator(name)`.
+`accelerator(name)`; a TPU type's slice as libtpu's topology API names it (what `compile`
+asks the TPU compiler for) through `topology_of`.
 
 Framework-free (standard library and PyYAML): the plan runs in the Pulumi program's
 environment (tests/infra/test_jobfit.py checks its import closure).
@@ -101,3 +102,58 @@ def accelerator(name: str) -> Accelerator:
         f"--accelerator {name!r}: unknown accelerator type; known: "
         + ", ".join(known_accelerators())
     )
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A TPU type's slice as libtpu's topology API names it."""
+
+    name: str  # e.g. v5e:4x4
+    chip_config: str  # default | megacore
+    chips_per_host_bounds: tuple[int, int, int]
+    wrap: tuple[bool, bool, bool]
+    hosts: int
+
+    def describe(self) -> str:
+        return f"{self.name}, {self.hosts} host(s)"
+
+
+def topology_of(acc: Accelerator) -> Topology:
+    """The topology of a TPU accelerator type (payload/accelerators.yaml `topology`)."""
+    if acc.kind == "gpu":
+        raise AcceleratorError(
+            f"--accelerator {acc.name}: the GPU compiler (XLA:GPU, cuDNN autotuning) needs a GPU "
+            "in this machine; compile it where one is, or use `tpu-payload plan` here"
+        )
+    table = catalog()["tpu"][acc.generation].get("topology")
+    if not table:
+        raise AcceleratorError(
+            f"--accelerator {acc.name}: no topology for {acc.generation} (compile knows "
+            + ", ".join(g for g, row in catalog()["tpu"].items() if row.get("topology"))
+            + ")"
+        )
+    shapes = {int(k): str(v) for k, v in table["shapes"].items()}
+    if acc.chips not in shapes:
+        sizes = ", ".join(f"{acc.name.split('-')[0]}-{_type_count(acc, n)}" for n in shapes)
+        raise AcceleratorError(
+            f"--accelerator {acc.name}: no topology of {acc.chips} chips; {sizes}"
+        )
+    shape = tuple(int(d) for d in shapes[acc.chips].split("x"))
+    host_chips = int(table["host_chips"])
+    if acc.chips <= host_chips:
+        bounds = (*shape, 1, 1)[:3]
+        hosts = 1
+    else:
+        bounds, hosts = (2, 2, 1), acc.chips // 4
+    wrap = table.get("wrap", {}).get(acc.chips, [False, False, False])
+    return Topology(
+        name=f"{table['name']}:{shapes[acc.chips]}",
+        chip_config=str(table["chip_config"]),
+        chips_per_host_bounds=(int(bounds[0]), int(bounds[1]), int(bounds[2])),
+        wrap=(bool(wrap[0]), bool(wrap[1]), bool(wrap[2])),
+        hosts=hosts,
+    )
+
+
+def _type_count(acc: Accelerator, chips: int) -> int:
+    return chips * int(catalog()["tpu"][acc.generation]["cores_per_chip"])

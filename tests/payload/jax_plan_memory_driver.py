@@ -65,6 +65,7 @@ def measure(case: dict) -> dict:
     program = hlo.summarize(compiled.as_text(), causal=True)
     return {
         "layers": int(config.num_hidden_layers),
+        "hidden": int(config.hidden_size),
         "loops": program.loops,
         "flops_per_device": program.total_flops(),  # one call of one step
         "parameters": int(sum(v.value.size for v in model.trainable_variables)),

@@ -304,3 +304,15 @@ def test_state_the_step_loop_carries_in_another_layout_than_the_arguments() -> N
 
     assert hlo.summarize(carried("1,0:T(8,128)S(1)")).relaid_state == 0  # in VMEM: same layout
     assert hlo.summarize(carried("0,1:T(8,128)")).relaid_state == 1
+
+
+def test_the_compilers_out_of_memory_message_is_one_line() -> None:
+    error = RuntimeError(
+        "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
+        "space hbm. Used 20.84G of 15.75G hbm. Exceeded hbm capacity by 5.09G.\n\n"
+        "Total hbm usage >= 21.09G:\n    reserved 263.00M\n    program 20.84G\n"
+    )
+    line = hlo.out_of_memory(error)
+    assert line is not None and "\n" not in line
+    assert "Used 20.84G of 15.75G hbm" in line
+    assert hlo.out_of_memory(ValueError("q_block_size=512 should divide q_seq_len=640")) is None

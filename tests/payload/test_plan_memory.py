@@ -18,7 +18,9 @@ less than none) and be within a stated factor of the measurement:
   time, as the plan counts them (and as the TPU compiler does: docs/performance.md).
 Each case's program is also one layer body under a while loop of L trips (forward and
 backward), and its matmul flops, counted with the trip counts (hlo.py), are the plan's
-step_flops exactly (the reference attention here: the whole [S, S] square).
+step_flops exactly (the reference attention here: the whole [S, S] square), or one head
+matmul fewer where the loss is one chunk and the compiler computes its forward logits and
+their recomputation once.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from payload import model as model_lib
 from payload import plan, spec
 
 DRIVER = Path(__file__).with_name("jax_plan_memory_driver.py")
@@ -123,8 +126,20 @@ def test_one_scanned_layer_body_and_the_plans_flops(measured: list[dict[str, int
     for case, row in zip(CASES, measured, strict=True):
         assert row["loops"].count(row["layers"]) >= 2, (case, row["loops"])
         job_plan = planned_plan(case)
-        ratio = row["flops_per_device"] * CPU8.chips / job_plan.step_flops
-        assert abs(ratio - 1) <= FLOPS_TOLERANCE, (case, ratio)
+        measured_flops = row["flops_per_device"] * CPU8.chips
+        ratio = measured_flops / job_plan.step_flops
+        if abs(ratio - 1) > FLOPS_TOLERANCE:
+            # The plan counts the head's logits twice (the loss's forward, reported, and the
+            # custom_vjp's recomputation in the backward pass). When the loss is ONE chunk
+            # per device, both are the same [tokens, H] x [H, V] product of the same
+            # operands and XLA may compute it once (CSE: the CPU compiler does under data
+            # parallelism, where the head's kernel is not gathered twice): one matmul less.
+            rows = case["batch"] // CPU8.chips
+            chunk = model_lib.loss_chunk_length(rows, case["seq"], case["vocab"])
+            assert chunk == case["seq"], (case, ratio, chunk)
+            head = 2 * case["batch"] * case["seq"] * row["hidden"] * case["vocab"]
+            ratio = (measured_flops + head) / job_plan.step_flops
+            assert abs(ratio - 1) <= FLOPS_TOLERANCE, (case, ratio)
 
 
 def test_the_plan_sees_what_the_compiler_sees(measured: list[dict[str, int]]) -> None:

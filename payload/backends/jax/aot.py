@@ -41,6 +41,7 @@ import jax  # noqa: E402
 from payload import kernels, quiet  # noqa: E402
 from payload import model as model_lib  # noqa: E402
 from payload import plan as plan_lib  # noqa: E402
+from payload.accelerators import Topology, topology_of  # noqa: E402
 from payload.backends.jax import hlo, program  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.errors import SpecError, UserError  # noqa: E402
@@ -60,59 +61,6 @@ _NO_TPU_NOTICE = re.compile(
 
 class CompileError(UserError):
     """What `compile` cannot do here, or a job that does not fit (one line)."""
-
-
-@dataclass(frozen=True)
-class Topology:
-    """A TPU type's slice as libtpu's topology API names it."""
-
-    name: str  # e.g. v5e:4x4
-    chip_config: str  # default | megacore
-    chips_per_host_bounds: tuple[int, int, int]
-    wrap: tuple[bool, bool, bool]
-    hosts: int
-
-    def describe(self) -> str:
-        return f"{self.name}, {self.hosts} host(s)"
-
-
-def topology_of(acc: plan_lib.Accelerator) -> Topology:
-    """The topology of a TPU accelerator type (payload/accelerators.yaml `topology`)."""
-    if acc.kind == "gpu":
-        raise CompileError(
-            f"--accelerator {acc.name}: the GPU compiler (XLA:GPU, cuDNN autotuning) needs a GPU "
-            "in this machine; compile it where one is, or use `tpu-payload plan` here"
-        )
-    table = plan_lib.catalog()["tpu"][acc.generation].get("topology")
-    if not table:
-        raise CompileError(
-            f"--accelerator {acc.name}: no topology for {acc.generation} (compile knows "
-            + ", ".join(g for g, row in plan_lib.catalog()["tpu"].items() if row.get("topology"))
-            + ")"
-        )
-    shapes = {int(k): str(v) for k, v in table["shapes"].items()}
-    if acc.chips not in shapes:
-        sizes = ", ".join(f"{acc.name.split('-')[0]}-{_type_count(acc, n)}" for n in shapes)
-        raise CompileError(f"--accelerator {acc.name}: no topology of {acc.chips} chips; {sizes}")
-    shape = tuple(int(d) for d in shapes[acc.chips].split("x"))
-    host_chips = int(table["host_chips"])
-    if acc.chips <= host_chips:
-        bounds = (*shape, 1, 1)[:3]
-        hosts = 1
-    else:
-        bounds, hosts = (2, 2, 1), acc.chips // 4
-    wrap = table.get("wrap", {}).get(acc.chips, [False, False, False])
-    return Topology(
-        name=f"{table['name']}:{shapes[acc.chips]}",
-        chip_config=str(table["chip_config"]),
-        chips_per_host_bounds=(int(bounds[0]), int(bounds[1]), int(bounds[2])),
-        wrap=(bool(wrap[0]), bool(wrap[1]), bool(wrap[2])),
-        hosts=hosts,
-    )
-
-
-def _type_count(acc: plan_lib.Accelerator, chips: int) -> int:
-    return chips * int(plan_lib.catalog()["tpu"][acc.generation]["cores_per_chip"])
 
 
 def devices_of(topology: Topology, *, verbose: bool = False) -> list[Any]:
@@ -273,16 +221,6 @@ def _compile(name: str, lowered: Any) -> Compiled:
     return Compiled(name, seconds, _memory(compiled), hlo.summarize(compiled.as_text()))
 
 
-def out_of_memory(error: BaseException) -> str | None:
-    """The compiler's out-of-memory message in one line, or None for another error."""
-    text = str(error)
-    if "RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text:
-        return None
-    lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
-    keep = [line for line in lines if re.search(r"RESOURCE_EXHAUSTED|memory|[Uu]sed|xceeded", line)]
-    return "; ".join(keep[:3] or lines[:1])[:500]
-
-
 @dataclass
 class Report:
     job: str
@@ -382,7 +320,7 @@ def compile_job(job: JobSpec, accelerator: str, *, verbose: bool = False) -> Rep
         if programs.eval_lowered is not None:
             report.programs.append(_compile("evaluation step", programs.eval_lowered))
     except Exception as exc:  # the compiler's own error: out of memory, or a bug (re-raised)
-        message = out_of_memory(exc)
+        message = hlo.out_of_memory(exc)
         if message is None:
             raise
         report.fits = False
@@ -406,7 +344,7 @@ def _search_batch(
         try:
             programs.train_lowered.compile()
         except Exception as exc:
-            message = out_of_memory(exc)
+            message = hlo.out_of_memory(exc)
             if message is None:
                 raise
             report.tried.append((rows, "out of memory"))

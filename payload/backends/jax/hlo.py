@@ -537,3 +537,14 @@ def summarize(text: str, *, causal: bool | None = None) -> Summary:
         summary.kernel_flops_per_step = step.get(("kernel_flops",), 0)
         summary.kernel_flops_per_call = call.get(("kernel_flops",), 0)
     return summary
+
+
+def out_of_memory(error: BaseException) -> str | None:
+    """The compiler's out-of-memory message (a program that does not fit) in one line, or
+    None for another error (aot.py reports it)."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text:
+        return None
+    lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+    keep = [line for line in lines if re.search(r"RESOURCE_EXHAUSTED|memory|[Uu]sed|xceeded", line)]
+    return "; ".join(keep[:3] or lines[:1])[:500]

@@ -23,11 +23,8 @@ import tensorflow as tf
 
 from payload import manifest as manifest_lib
 from payload import masking, records
-from payload.errors import DataError
-from payload.input_plan import PipelinePlan, plan_pipeline
+from payload.input_plan import PipelinePlan, masking_ratios, plan_pipeline
 from payload.manifest import special_ids_of
-from payload.model import ELECTRA_MASK_TOKEN_RATIO, ELECTRA_RANDOM_TOKEN_RATIO
-from payload.spec import MASKED_OBJECTIVES
 
 if TYPE_CHECKING:
     from payload.manifest import Manifest
@@ -74,22 +71,7 @@ def make_dataset(
         pipeline_id=pipeline_id,
     )
     special = special_ids_of(manifest)
-    objective = manifest.objective
-    if objective in MASKED_OBJECTIVES and "mask" not in special:
-        raise DataError(
-            f"manifest in {job.paths.data} has no mask token among its special ids "
-            f"({', '.join(sorted(special))}); {objective} needs one"
-        )
-    # rtd: ELECTRA's masking (85% [MASK], 15% unchanged: model.ELECTRA_MASK_TOKEN_RATIO);
-    # the generator's samples then replace every chosen position inside the train step.
-    ratios = (
-        {
-            "mask_token_ratio": ELECTRA_MASK_TOKEN_RATIO,
-            "random_token_ratio": ELECTRA_RANDOM_TOKEN_RATIO,
-        }
-        if objective == "rtd"
-        else {}
-    )
+    ratios = masking_ratios(manifest.objective, special, str(job.paths.data))
     seq_length = int(manifest.seq_length)
     token_dtype = manifest.token_dtype
     pad_id = special.get("pad")
@@ -130,7 +112,7 @@ def make_dataset(
         epoch: tf.Tensor, index: tf.Tensor, serialized: tf.Tensor
     ) -> dict[str, tf.Tensor]:
         ids = records.parse_batch(serialized, seq_length, token_dtype)
-        if objective in MASKED_OBJECTIVES:
+        if ratios is not None:
             return masking.mask_tokens(
                 ids,
                 seed=tf.stack([base_seed + epoch * _SEED_MIX, index]),

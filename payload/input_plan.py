@@ -1,7 +1,8 @@
 """What each input pipeline reads, and (for the JAX backend's input) in which order.
 
 `plan_pipeline` splits the shards between input pipelines (hosts) and sizes the epoch, for
-both backends (payload/data.py's tf.data pipeline and payload/backends/jax/input.py).
+both backends (payload/data.py's tf.data pipeline and payload/backends/jax/input.py);
+`masking_ratios` is the dynamic masking both apply for a masked objective.
 
 The JAX backend's order is a pure function of (seed, pipeline, epoch), computed without
 reading anything, so that batch k of a run can be found without reading batches 0..k-1
@@ -21,13 +22,16 @@ reading anything, so that batch k of a run can be found without reading batches 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 import numpy as np
 
 from payload.errors import DataError
+from payload.model import ELECTRA_MASK_TOKEN_RATIO, ELECTRA_RANDOM_TOKEN_RATIO
 from payload.numpy_masking import permutation
+from payload.spec import MASKED_OBJECTIVES
 
 # A block is one read: ~256 KiB amortises a gs:// request (tens of ms) and is still small
 # next to a shuffle window of 10,000 records of 128 tokens (2.7 MB).
@@ -45,6 +49,28 @@ class PipelinePlan:
     batch_size: int
     batches_per_epoch: int
     record_shard: tuple[int, int] | None  # (num_shards, index) when files cannot be split
+
+
+def masking_ratios(
+    objective: str, special: Mapping[str, int], data_dir: str
+) -> dict[str, float] | None:
+    """The masking arguments for `objective` (None: no masking; {}: BERT's default split), or
+    DataError (one line) when the vocabulary has no mask token. rtd: ELECTRA's masking (85%
+    [MASK], 15% unchanged: model.ELECTRA_MASK_TOKEN_RATIO); the generator's samples then
+    replace every chosen position inside the train step."""
+    if objective not in MASKED_OBJECTIVES:
+        return None
+    if "mask" not in special:
+        raise DataError(
+            f"manifest in {data_dir} has no mask token among its special ids "
+            f"({', '.join(sorted(special))}); {objective} needs one"
+        )
+    if objective != "rtd":
+        return {}
+    return {
+        "mask_token_ratio": ELECTRA_MASK_TOKEN_RATIO,
+        "random_token_ratio": ELECTRA_RANDOM_TOKEN_RATIO,
+    }
 
 
 def plan_pipeline(

@@ -63,6 +63,29 @@ def test_mlm_and_clm_batches_have_static_shapes(tmp_path: Path) -> None:
     assert (batch["label_weights"][:, -1] == 0).all()
 
 
+def test_a_masked_objective_needs_the_mask_token(tmp_path: Path) -> None:
+    """The one check both backends' pipelines make (input_plan.masking_ratios): BERT's split
+    for mlm, ELECTRA's for rtd, no masking for clm, and a vocabulary without [MASK] refused
+    in one line before anything is read."""
+    from payload import model
+    from payload.input_plan import masking_ratios
+
+    assert masking_ratios("clm", {}, "d") is None
+    assert masking_ratios("mlm", SPECIAL, "d") == {}
+    assert masking_ratios("rtd", SPECIAL, "d") == {
+        "mask_token_ratio": model.ELECTRA_MASK_TOKEN_RATIO,
+        "random_token_ratio": model.ELECTRA_RANDOM_TOKEN_RATIO,
+    }
+    job, manifest = write_data(tmp_path, "mlm", (10,))
+    no_mask = dataclasses.replace(
+        manifest, special_ids={k: v for k, v in SPECIAL.items() if k != "mask"}
+    )
+    with pytest.raises(DataError) as error:
+        input_lib.make_batches(job, no_mask, batch_size=2, seed=0)
+    assert str(error.value).startswith(f"manifest in {job.paths.data} has no mask token")
+    assert "mlm needs one" in str(error.value) and "\n" not in str(error.value)
+
+
 def test_every_epoch_sees_each_record_once_in_its_own_seeded_order(tmp_path: Path) -> None:
     # 3 files, 120 records, a window of 20 (train.shuffle_buffer): 15 batches of 8 per epoch.
     job, manifest = write_data(tmp_path, "clm", (40, 30, 50), shuffle_buffer=20)

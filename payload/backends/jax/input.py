@@ -31,11 +31,16 @@ import numpy as np
 from payload import manifest as manifest_lib
 from payload import records, storage
 from payload.errors import DataError
-from payload.input_plan import EpochOrder, PipelinePlan, Span, plan_pipeline, spans_of
+from payload.input_plan import (
+    EpochOrder,
+    PipelinePlan,
+    Span,
+    masking_ratios,
+    plan_pipeline,
+    spans_of,
+)
 from payload.manifest import special_ids_of
-from payload.model import ELECTRA_MASK_TOKEN_RATIO, ELECTRA_RANDOM_TOKEN_RATIO
 from payload.numpy_masking import Masker, causal_labels
-from payload.spec import MASKED_OBJECTIVES
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -170,23 +175,8 @@ class BatchMaker:
         special = special_ids_of(manifest)
         self.pad_id = special.get("pad")
         self.masker: Masker | None = None
-        objective = manifest.objective
-        if objective in MASKED_OBJECTIVES:
-            if "mask" not in special:
-                raise DataError(
-                    f"manifest in {job.paths.data} has no mask token among its special ids "
-                    f"({', '.join(sorted(special))}); {objective} needs one"
-                )
-            # rtd: ELECTRA's masking (model.ELECTRA_MASK_TOKEN_RATIO); the generator's
-            # samples then replace every chosen position inside the train step.
-            ratios = (
-                {
-                    "mask_token_ratio": ELECTRA_MASK_TOKEN_RATIO,
-                    "random_token_ratio": ELECTRA_RANDOM_TOKEN_RATIO,
-                }
-                if objective == "rtd"
-                else {}
-            )
+        ratios = masking_ratios(manifest.objective, special, str(job.paths.data))
+        if ratios is not None:
             self.masker = Masker(
                 vocab_size=int(manifest.vocab_size),
                 special_ids=special.values(),

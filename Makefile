@@ -99,7 +99,21 @@ $(TOOLS): tools/package.json tools/package-lock.json
 demo: venv
 	$(VENV)/bin/tpu-payload run --job $(JOB)
 
-test: lint test-payload test-infra
+# `make test` on a fresh machine: the environments the payload suite and lint need, side by
+# side; lint; then the payload suite while the environments only the infra suite needs (the
+# TPU VM's TensorFlow one, the GPU VM's JAX one, actionlint's tools: mostly downloads and
+# unpacking) build beside it (their log: build/test-envs.log); then infra + policy. Nothing
+# waits for a download it does not need (docs/tests.md has the figures).
+test:
+	$(MAKE) --no-print-directory -j4 venv venv-infra venv-pt venv-beam venv-tpu-jax
+	$(MAKE) --no-print-directory lint
+	@mkdir -p build; \
+	$(MAKE) --no-print-directory -j3 venv-tpu venv-gpu-jax tools > build/test-envs.log 2>&1 & envs=$$!; \
+	$(MAKE) --no-print-directory test-payload; payload=$$?; \
+	wait $$envs; built=$$?; \
+	if [ $$built -ne 0 ]; then tail -n 40 build/test-envs.log; echo "make test: building the infra suite's environments failed (build/test-envs.log)"; fi; \
+	[ $$payload -eq 0 ] && [ $$built -eq 0 ]
+	$(MAKE) --no-print-directory test-infra
 
 # Each suite runs its test files on TEST_WORKERS processes (pytest-xdist; `auto`: one per
 # CPU core). A file stays on one worker (--dist loadfile), so a module's fixtures (a trained

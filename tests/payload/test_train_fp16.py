@@ -29,18 +29,22 @@ SCRIPT = textwrap.dedent(
     from payload.spec import load_job
     from payload.status import StatusWriter
 
-    job = load_job(sys.argv[1])
-    train.LOSS_SCALE_INITIAL = float(sys.argv[2])
     plan = strategy.decide("gpu", "auto", gpu_policy="mixed_float16")
     assert plan.policy == "mixed_float16" and plan.loss_scaling, plan
     tf_keras.mixed_precision.set_global_policy(plan.policy)
-    runtime = strategy.Runtime(plan, tf.distribute.get_strategy())
-    stats = train.train(job, StatusWriter(job.paths.status, job.name), runtime=runtime)
-    reader = tf.train.load_checkpoint(job.paths.checkpoints)
-    names = reader.get_variable_to_shape_map()
-    scale = [reader.get_tensor(n) for n in names if "loss_scale/current_loss_scale" in n]
-    print(json.dumps({"step": stats["step"], "loss": stats["loss"],
-                      "first_loss": stats["first_loss"], "scale": [float(s) for s in scale]}))
+    # argv: job.yaml initial-scale pairs, trained one after the other in this process.
+    for path, initial in zip(sys.argv[1::2], sys.argv[2::2]):
+        job = load_job(path)
+        train.LOSS_SCALE_INITIAL = float(initial)
+        tf_keras.backend.clear_session()
+        runtime = strategy.Runtime(plan, tf.distribute.get_strategy())
+        stats = train.train(job, StatusWriter(job.paths.status, job.name), runtime=runtime)
+        reader = tf.train.load_checkpoint(job.paths.checkpoints)
+        names = reader.get_variable_to_shape_map()
+        scale = [reader.get_tensor(n) for n in names if "loss_scale/current_loss_scale" in n]
+        print(json.dumps({"step": stats["step"], "loss": stats["loss"],
+                          "first_loss": stats["first_loss"],
+                          "scale": [float(s) for s in scale]}), flush=True)
     """
 )
 
@@ -57,26 +61,30 @@ def _prepared(tmp_path: Path) -> tuple[JobSpec, dict]:
     return job, doc
 
 
-def _train(tmp_path: Path, name: str, initial_scale: float) -> dict:
+def _train(tmp_path: Path, runs: dict[str, float]) -> list[dict]:
+    """Train each prepared job (name: its initial loss scale) in one process (one import of
+    TensorFlow), in order; their reports."""
+    args = [
+        a for name, scale in runs.items() for a in (str(tmp_path / name / "job.yaml"), str(scale))
+    ]
     result = subprocess.run(
-        [
-            sys.executable,
-            str(tmp_path / "fp16.py"),
-            str(tmp_path / name / "job.yaml"),
-            str(initial_scale),
-        ],
+        [sys.executable, str(tmp_path / "fp16.py"), *args],
         capture_output=True,
         text=True,
         timeout=600,  # a hang guard
         check=False,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == len(runs), result.stdout[-2000:]
+    return reports
 
 
 def test_float16_trains_with_dynamic_loss_scaling(tmp_path: Path) -> None:
     first, doc = _prepared(tmp_path)
-    normal = _train(tmp_path, "first", 2.0**15)
+    copy_prepared(first, tmp_path / "overflow", doc)
+    huge = 2.0**40
+    normal, overflow = _train(tmp_path, {"first": 2.0**15, "overflow": huge})
     assert normal["step"] == STEPS
     assert normal["loss"] < normal["first_loss"], normal  # it learns in float16
     # The scale is checkpointed with the optimizer (a resumed run continues with it); it
@@ -84,9 +92,6 @@ def test_float16_trains_with_dynamic_loss_scaling(tmp_path: Path) -> None:
     assert len(normal["scale"]) == 1 and 1.0 <= normal["scale"][0] <= 2.0**15, normal
     # A scale so large that every step's float16 gradients overflow: each step is skipped
     # (it still counts) and halves the scale, exactly once per step.
-    copy_prepared(first, tmp_path / "overflow", doc)
-    huge = 2.0**40
-    overflow = _train(tmp_path, "overflow", huge)
     assert overflow["step"] == STEPS
     assert overflow["scale"] == [huge / 2**STEPS], overflow
     # Skipped steps leave the weights alone: the loss does not move.

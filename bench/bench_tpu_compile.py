@@ -5,6 +5,12 @@ the TPU compiler's own program (libtpu in .venv-tpu-jax).
     .venv-tpu-jax/bin/python bench/bench_tpu_compile.py --accelerator v5litepod-16 \\
         --size 1b --remat full,minimal [--batch-per-chip 2] [--seq 2048] [--vocab 32000] \\
         [--sharding fsdp] [--attention auto] [--hlo-dir DIR] [--json | --markdown]
+    .venv-tpu-jax/bin/python bench/bench_tpu_compile.py --markdown --rows ROWS.jsonl
+
+`--json` prints one JSON line per case; `--markdown --rows` turns such lines (one run, or
+several appended) into docs/performance.md's table with the plan's columns computed anew
+(the compiler's figures are the recorded ones): the table after a change to the plan,
+without compiling again.
 
 How: each case is a job (the preset, the vocabulary, the sequence, a global batch of
 --batch-per-chip rows per chip, train.sharding / remat / attention, no held-out split) whose
@@ -61,6 +67,9 @@ def _parse() -> argparse.Namespace:
         "payload/model.py LOSS_CHUNK_BYTES); the plan keeps its own",
     )
     parser.add_argument("--hlo-dir", help="write each case's optimized HLO text here")
+    parser.add_argument(
+        "--rows", help="with --markdown: render these --json lines instead of compiling"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON line per case")
     parser.add_argument(
         "--markdown",
@@ -72,6 +81,8 @@ def _parse() -> argparse.Namespace:
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:
+    # This checkout's payload, not a copy installed in the environment it runs with.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     # JAX on this machine's CPU; the TPU is a topology libtpu compiles for (payload/cli.py).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -220,6 +231,17 @@ def main() -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.markdown and args.rows:
+        print(MARKDOWN_HEAD)
+        for line in Path(args.rows).read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            case = argparse.Namespace(**{**vars(args), "size": row["size"]})
+            case.accelerator = row["accelerator"]
+            case.family = row["family"]
+            acc = plan_lib.accelerator(row["accelerator"])
+            replanned = plan_columns(job_of(case, row["remat"]), acc, row["remat"])
+            print(markdown_row({**row, **replanned}))
+        return 0
     if args.markdown:
         print(MARKDOWN_HEAD, flush=True)
         for size in args.size.split(","):

@@ -426,8 +426,15 @@ def carried_layouts(state_sharding: Any) -> Callable[[TrainState], TrainState]:
         for value, sharding in zip(values, leaves, strict=True):
             shard = sharding.shard_shape(value.shape)
             default = device.client.get_default_layout(value.dtype, shard, device)
-            order = Layout.from_pjrt_layout(default).major_to_minor
-            out.append(with_layout_constraint(value, Layout(order)) if value.ndim else value)
+            order = tuple(Layout.from_pjrt_layout(default).major_to_minor)
+            # Only a shard whose default layout is row-major: a constraint names the whole
+            # array's layout, and where the shard's default differs (Llama 125m's embedding
+            # [32000, 576] split 16 ways: shards [32000, 36], its long axis minor) the
+            # partitioner met it by all-gathering the float32 array in every step (6 per
+            # step of the table and its slots on v5e:4x4; hlo.py counts gathers by dtype).
+            row_major = order == tuple(range(value.ndim))
+            pinned = value.ndim and row_major
+            out.append(with_layout_constraint(value, Layout(order)) if pinned else value)
         return jax.tree.unflatten(tree, out)
 
     return pin

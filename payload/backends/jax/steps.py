@@ -432,9 +432,8 @@ def carried_layouts(state_sharding: Any) -> Callable[[TrainState], TrainState]:
             # [32000, 576] split 16 ways: shards [32000, 36], its long axis minor) the
             # partitioner met it by all-gathering the float32 array in every step (6 per
             # step of the table and its slots on v5e:4x4; hlo.py counts gathers by dtype).
-            row_major = order == tuple(range(value.ndim))
-            pinned = value.ndim and row_major
-            out.append(with_layout_constraint(value, Layout(order)) if pinned else value)
+            row_major = value.ndim > 0 and order == tuple(range(value.ndim))
+            out.append(with_layout_constraint(value, Layout(order)) if row_major else value)
         return jax.tree.unflatten(tree, out)
 
     return pin

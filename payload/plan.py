@@ -157,7 +157,7 @@ def model_shape(family: str, size: str, overrides: Mapping[str, Any], vocab: int
 
     settings = {**_CONFIG_DEFAULTS, **model.resolved_settings(family, size, overrides)}
     config = SimpleNamespace(vocab_size=vocab, **settings)
-    parameters = model.parameter_count(family, config)  # type: ignore[arg-type]
+    parameters = model.parameter_count(family, config)
     if family == "llama":
         h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
         a, k = config.num_attention_heads, config.num_key_value_heads

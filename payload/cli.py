@@ -246,8 +246,18 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:  # noqa: PLR0911
     try:
         _declare_tpu_host(args.command)
         _refuse_tf_slice(args.command, job)
-        quiet.absorb_once_only_logs(args.command, verbose=verbose, backend=_backend(job))
-        _dispatch(args, job, status, worker=worker)
+        backend = _backend(job)  # a backend the job cannot use is refused before any stage
+        _dispatch(
+            args,
+            job,
+            status,
+            worker=worker,
+            # Just before the train stage, not here: a run that stops in the tokenizer or
+            # encode stage (a bad corpus, Ctrl-C) reports it without importing TensorFlow.
+            before_train=lambda: quiet.absorb_once_only_logs(
+                args.command, verbose=verbose, backend=backend
+            ),
+        )
         ctrl_c.armed = False  # done: a Ctrl-C from here on changes nothing
     except UserError as exc:
         ctrl_c.armed = False  # first, in every handler: a Ctrl-C must not cut a report short
@@ -273,17 +283,18 @@ def _dispatch(
     status: StatusWriter,
     *,
     worker: int,
+    before_train: Callable[[], None],
 ) -> None:
     from payload import pipeline  # noqa: PLC0415
 
     if args.command == "export":
         _export(job, args.push_to_hub)
     elif args.command == "run" and worker > 0:
-        _train_on_worker(job, status, worker)
+        _train_on_worker(job, status, worker, before_train)
     elif args.command == "run":
-        pipeline.run(job, status, force=args.force)
+        pipeline.run(job, status, force=args.force, before_train=before_train)
     else:
-        pipeline.run_stage(job, args.command, status, force=args.force)
+        pipeline.run_stage(job, args.command, status, force=args.force, before_train=before_train)
 
 
 def _backend(job: JobSpec) -> str:
@@ -307,7 +318,9 @@ def _unwritten_status(path: str, job_name: str) -> StatusWriter:
     return training.UnwrittenStatus(path, job_name)
 
 
-def _train_on_worker(job: JobSpec, status: StatusWriter, worker: int) -> None:
+def _train_on_worker(
+    job: JobSpec, status: StatusWriter, worker: int, before_train: Callable[[], None]
+) -> None:
     """`run` on a slice worker other than 0: worker 0 makes the tokenizer and the data; this
     one waits for them, then trains as its own process of the slice."""
     from payload import pipeline, training  # noqa: PLC0415
@@ -321,7 +334,7 @@ def _train_on_worker(job: JobSpec, status: StatusWriter, worker: int) -> None:
         raise UserError(f"{training.DATA_WAIT_ENV}: {raw!r} must be a positive number of seconds")
     training.wait_for_data(job, timeout_s=timeout)
     print(f"worker {worker}: training as one process of the slice; worker 0 writes the outputs")
-    pipeline.run_stage(job, "train", status)
+    pipeline.run_stage(job, "train", status, before_train=before_train)
 
 
 def _interrupted(job: JobSpec, status: StatusWriter, command: str, job_arg: str) -> int:

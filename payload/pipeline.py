@@ -67,8 +67,10 @@ def run_stage(
     *,
     force: bool = False,
     echo: Printer = print,
+    before_train: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
-    """Run one stage (or skip it when complete); returns a summary for printing."""
+    """Run one stage (or skip it when complete); returns a summary for printing.
+    `before_train` runs just before the train stage does (not when it is skipped)."""
     if force:
         clear(job, stage)
     elif is_complete(job, stage):
@@ -78,6 +80,8 @@ def run_stage(
         echo(f"{stage}: skipped: complete")
         _echo_outputs(job, stage, echo)
         return {"skipped": True}
+    if stage == "train":
+        before_train()
     status.update(stage=stage, state="running", progress=0.0, message="starting")
     try:
         summary = _run(job, stage, status)
@@ -136,11 +140,14 @@ def run(
     *,
     force: bool = False,
     echo: Printer = print,
+    before_train: Callable[[], None] = lambda: None,
 ) -> dict[str, dict[str, Any]]:
     """All stages in order; complete ones are skipped unless ``force``."""
     results = {}
     for stage in STAGES:
-        results[stage] = run_stage(job, stage, status, force=force, echo=echo)
+        results[stage] = run_stage(
+            job, stage, status, force=force, echo=echo, before_train=before_train
+        )
     status.update(stage="run", state="complete", message="all stages complete")
     status.flush()
     echo(f"status: {job.paths.status}")

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from train_helpers import assert_user_error
+from train_helpers import assert_user_error, tensorflow_env
 from train_helpers import run_cli as tpu_payload
 
 from payload import cli, storage
 from payload import manifest as mf
 from payload.errors import DataError
+
+IMPORTED = "no_tensorflow: tensorflow was imported"  # no_tensorflow/sitecustomize.py
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -128,7 +130,11 @@ def test_bad_corpus_through_cli(tmp_path: Path, setup: str, pattern: str) -> Non
         paths = [str(corpus_dir / "hangul.txt")]
         overrides["tokenizer__vocab_size"] = 105
     job = write_job(tmp_path, paths, **overrides)
-    line = assert_user_error(tpu_payload("run", "--job", str(job)), pattern)
+    # `run` stops in the tokenizer stage without importing TensorFlow (seconds of start-up
+    # before the error: the once-only log absorption waits for the train stage).
+    result = tpu_payload("run", "--job", str(job), env=tensorflow_env("watch"))
+    assert IMPORTED not in result.stderr, result.stderr
+    line = assert_user_error(result, pattern)
     assert_nothing_complete(tmp_path / "out")
     status = json.loads((tmp_path / "out" / "status.json").read_text())
     assert status["state"] == "failed"

@@ -21,6 +21,16 @@ EXAMPLES = REPO / "examples"
 BUCKET = "payload-tests"
 EMULATOR_START_TIMEOUT_S = 120.0  # a hang guard: the server answers within a second
 
+# The suite's JAX processes (this one and every child that inherits the environment) compile
+# their CPU programs with JAX's `jax_disable_most_optimizations` (jax/_src/compiler.py: XLA's
+# backend optimisation level 0, LLVM's expensive passes off): the tests' tiny models spend
+# most of their time compiling, and the Llama steps driver took 27-40 % less CPU time so
+# (docs/tests.md). The programs' HLO is the same; float results may differ from an optimised
+# build in the last bits, alike in every process of a run. The TPU compile checks
+# (test_tpu_compile.py) give their compiler a clean environment: their figures are the TPU's
+# own. A caller's setting wins (=0 compiles as users' runs do).
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
 
 # The files that take longest (measured with --durations), run first: `make test` hands whole
 # files to its workers in collection order (pytest-xdist --dist loadfile), and long files

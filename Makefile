@@ -26,7 +26,7 @@ UVPIP = $(UV) pip install --quiet --compile-bytecode --python
 STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
-.PHONY: demo test test-payload test-infra lint format plan smoke bench bench-tpu-install venv venv-infra \
+.PHONY: demo test test-payload test-infra lint lint-ruff lint-mypy-payload lint-mypy-infra format plan smoke bench bench-tpu-install venv venv-infra \
 	venv-tpu venv-tpu-jax venv-gpu-jax venv-pt venv-beam tools clean
 
 # uv itself, at the pin (its stamp is named after it: a new pin reinstalls it). The
@@ -128,7 +128,7 @@ demo: venv
 # waits for a download it does not need (docs/tests.md has the figures).
 test:
 	$(MAKE) --no-print-directory -j4 venv venv-infra venv-pt venv-beam venv-tpu-jax
-	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory -j3 lint
 	@mkdir -p build; \
 	$(MAKE) --no-print-directory -j3 venv-tpu venv-gpu-jax tools > build/test-envs.log 2>&1 & envs=$$!; \
 	$(MAKE) --no-print-directory test-payload; payload=$$?; \
@@ -155,11 +155,19 @@ test-infra: venv-infra venv-tpu venv-tpu-jax venv-gpu-jax $(TOOLS)
 	$(IPY) -m compileall -q infra policy payload tests
 	$(IPY) -m pytest $(PYTEST_PARALLEL) tests/infra tests/policy
 
-lint: venv venv-infra
+# Three independent checks (each mypy runs on one core): `make -j3 lint` runs them side by side.
+lint: lint-ruff lint-mypy-payload lint-mypy-infra
+
+lint-ruff: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+lint-mypy-payload: venv
 	$(VENV)/bin/mypy payload
-	$(IVENV)/bin/mypy infra policy
+
+# Its own cache directory: the two mypy runs never write the same cache file.
+lint-mypy-infra: venv-infra
+	$(IVENV)/bin/mypy --cache-dir .mypy_cache/infra infra policy
 
 format: venv
 	$(VENV)/bin/ruff format .

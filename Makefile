@@ -26,8 +26,9 @@ UVPIP = $(UV) pip install --quiet --compile-bytecode --python
 STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
-.PHONY: demo test test-payload test-infra lint lint-ruff lint-mypy-payload lint-mypy-infra format plan smoke bench bench-tpu-install venv venv-infra \
-	venv-tpu venv-tpu-jax venv-gpu-jax venv-pt venv-beam tools clean
+.PHONY: demo test test-payload test-infra lint lint-ruff lint-mypy-payload lint-mypy-infra \
+	format plan smoke bench bench-tpu-install venv venv-infra venv-tpu venv-tpu-jax venv-gpu-jax \
+	venv-pt venv-beam tools clean
 
 # uv itself, at the pin (its stamp is named after it: a new pin reinstalls it). The
 # environments need it only to be there (order-only): a new uv does not rebuild them.

@@ -15,14 +15,18 @@ BVENV := .venv-beam
 # (payload-dev: 21 s vs 2 min 24 s cold; pip spends most of it byte-compiling and
 # unzipping in one process). uv is the version the JAX VMs pin (tpu-uv); .venv-pt stays on
 # pip, which takes the CPU build of torch from the machine's wheel directory.
-# --compile-bytecode: uv writes no .pyc unless asked (pip does by default), and where
-# PYTHONDONTWRITEBYTECODE is set (this project's CI machines) Python never writes them
-# either, so every process compiled every module it imported from source: a tiny JAX
-# training run took 23.9 s instead of 13.7 s (docs/tests.md).
+# Bytecode: uv writes no .pyc (pip byte-compiles every file at install time), and where
+# PYTHONDONTWRITEBYTECODE is set (this project's CI machines) Python never writes one, so
+# every process compiled every module it imported from source: a tiny JAX training run
+# took 23.9 s instead of 13.7 s (docs/tests.md). Make's commands run with the variable
+# unset instead: the first process that imports a module writes its .pyc (atomically) and
+# the others read it, so only what is imported is compiled (installing the seven
+# environments' ~67,000 files with --compile-bytecode cost 2.5 min).
+unexport PYTHONDONTWRITEBYTECODE
 UVVENV := .venv-uv
 UV := $(UVVENV)/bin/uv
 UV_PIN := $(shell sed -n -E 's/^\# tpu-uv: *([^ ]+) *$$/\1/p' requirements/tpu-vm-jax.txt)
-UVPIP = $(UV) pip install --quiet --compile-bytecode --python
+UVPIP = $(UV) pip install --quiet --python
 STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
@@ -144,16 +148,10 @@ test:
 TEST_WORKERS ?= auto
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-# The repository's own modules get their .pyc too (`compileall`, about a second): the suites
-# start hundreds of processes that import them, and where PYTHONDONTWRITEBYTECODE is set
-# each would compile them from source. A stale .pyc is never used (Python checks the
-# source's mtime and size), and __pycache__/ is ignored by git.
 test-payload: venv venv-pt venv-beam venv-tpu-jax
-	$(PY) -m compileall -q payload tests
 	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python PAYLOAD_BEAM_PYTHON=$(BVENV)/bin/python PAYLOAD_TPU_PYTHON=$(TJVENV)/bin/python $(PY) -m pytest $(PYTEST_PARALLEL) tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py
 
 test-infra: venv-infra venv-tpu venv-tpu-jax venv-gpu-jax $(TOOLS)
-	$(IPY) -m compileall -q infra policy payload tests
 	$(IPY) -m pytest $(PYTEST_PARALLEL) tests/infra tests/policy
 
 # Three independent checks (each mypy runs on one core): `make -j3 lint` runs them side by side.

@@ -139,13 +139,13 @@ tpu_wheelhouse_key() {
 
 # `pip install ARGS` into VENV: VENV's own pip (the VMs), or uv's `uv pip install` where
 # TPU_INSTALL_UV names a uv (`make venv-tpu*` builds CI's copies of these environments so,
-# from the same files: same pins, same payload; uv installs them 7x faster than pip),
-# writing .pyc files as pip does (uv writes none unless asked).
+# from the same files: same pins, same payload; uv installs them 7x faster than pip; it
+# writes no .pyc, which the tests' first import of each module writes instead).
 tpu_pip_install() {
   local venv="$1"
   shift
   if [ -n "${TPU_INSTALL_UV:-}" ]; then
-    "${TPU_INSTALL_UV}" pip install --compile-bytecode --python "${venv}/bin/python" "$@"
+    "${TPU_INSTALL_UV}" pip install --python "${venv}/bin/python" "$@"
   else
     "${venv}/bin/pip" install "$@"
   fi

@@ -127,13 +127,14 @@ demo: venv
 	$(VENV)/bin/tpu-payload run --job $(JOB)
 
 # `make test` on a fresh machine: the environments the payload suite and lint need, side by
-# side; lint; then the payload suite while the environments only the infra suite needs (the
-# TPU VM's TensorFlow one, the GPU VM's JAX one, actionlint's tools: mostly downloads and
-# unpacking) build beside it (their log: build/test-envs.log); then infra + policy. Nothing
-# waits for a download it does not need (docs/tests.md has the figures).
+# side, and lint as soon as its two are built (beside the rest: .venv-pt's pip install runs
+# on one core for a minute after the uv-built ones are done); then the payload suite while
+# the environments only the infra suite needs (the TPU VM's TensorFlow one, the GPU VM's
+# JAX one, actionlint's tools: mostly downloads and unpacking) build beside it (their log:
+# build/test-envs.log); then infra + policy. Nothing waits for a download it does not need
+# (docs/tests.md has the figures).
 test:
-	$(MAKE) --no-print-directory -j4 venv venv-infra venv-pt venv-beam venv-tpu-jax
-	$(MAKE) --no-print-directory -j3 lint
+	$(MAKE) --no-print-directory -j5 lint venv-pt venv-beam venv-tpu-jax
 	@mkdir -p build; \
 	$(MAKE) --no-print-directory -j3 venv-tpu venv-gpu-jax tools > build/test-envs.log 2>&1 & envs=$$!; \
 	$(MAKE) --no-print-directory test-payload; payload=$$?; \

@@ -61,7 +61,8 @@ class Evaluator:
         self.dataset = strategy.distribute_datasets_from_function(dataset_fn)
         family, objective = job.model.family, job.data.objective
 
-        @tf.function(jit_compile=runtime.plan.jit_compile)
+        # No AutoGraph for the model's call tree (train.py's forward_backward says why).
+        @tf.function(jit_compile=runtime.plan.jit_compile, autograph=False)
         def forward(batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
             return model_lib.loss_terms(model, family, objective, batch, training=False)
 

@@ -273,6 +273,9 @@ def test_a_run_json_of_another_run_exits_2_on_both(prepared, stopped, tmp_path) 
         assert "Traceback" not in err, err[-3000:]
         assert len(_errors(err)) == 1, err[-3000:]
         lines += _errors(err)
+        # Worker 1 leaves with the chief's error from the checks' agreement and says so: the
+        # chief does not wait out ABORT_ACK_TIMEOUT_S for it (it did, 60 s, before).
+        assert "did not read this process's abort" not in err, err[-3000:]
     assert lines[0] == lines[1], lines
     assert "belong to a different run (seed: 0 -> 7)" in lines[0], lines
     assert _steps(other.paths.checkpoints) == [STOPPED_AT]

@@ -381,11 +381,22 @@ def leave_with(exc: BaseException) -> None:
     if isinstance(exc, UserError):
         _name_host(exc, me)
     if _from_peer(exc):
+        _acknowledge(client, me)
         return
     entry = _entry_of(exc, me)
     if entry["kind"] == ERROR_KIND:
         training.log(entry["line"])
     _publish(client, me, entry)
+
+
+def _acknowledge(client: Any, me: int) -> None:
+    """This process leaves with another's abort, read from the abort list (`_peer_abort`
+    marked it) or from an agreement's outcome (agree_on_checks: every process has the line
+    before the failing one publishes): mark it read, so the publisher waits for nobody who
+    already knows. Without it, a user error found by agree_on_checks on the chief (another
+    run's run.json) kept both hosts 60 s (ABORT_ACK_TIMEOUT_S) in `_publish`'s wait."""
+    with contextlib.suppress(Exception):  # the service may be gone already: the exit goes on
+        client.key_value_set(f"{ABORT_SEEN}/{me}", "peer", allow_overwrite=True)
 
 
 def _publish(client: Any, me: int, entry: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from train_helpers import cpu_devices
 
 from payload import attention_table, kernels, plan
 from payload import model as model_lib
@@ -44,7 +45,7 @@ T4 = kernels.Chip("gpu", "nvidia", (7, 5), "T4")
 MI300 = kernels.Chip("gpu", "amd", None, "MI300X")
 TPU = kernels.Chip("tpu", name="TPU v5 lite")
 CHIPS = {"gpu": H100, "a100": A100, "t4": T4, "rocm": MI300, "tpu": TPU, "cpu": kernels.CPU}
-EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+EIGHT = cpu_devices(8)
 B, T, N, K, H = 2, 128, 4, 2, 16  # grouped-query: 2 query heads per key/value head
 # Max |difference| over the tokens, as a share of the largest |reference| value.
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}

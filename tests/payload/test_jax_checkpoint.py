@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from train_helpers import cpu_devices
+
 DRIVER = Path(__file__).with_name("jax_checkpoint_driver.py")
 
 
@@ -28,7 +30,7 @@ def test_a_sharded_state_restores_bitwise_onto_other_meshes(tmp_path: Path) -> N
         check=False,
         env={
             **os.environ,
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+            **cpu_devices(8),
             "TF_CPP_MIN_LOG_LEVEL": "3",
         },
     )

@@ -25,7 +25,14 @@ import numpy as np
 import tensorflow as tf
 from conftest import _free_port
 from safetensors.numpy import load_file
-from train_helpers import copy_prepared, job_document, prepare_data, write_corpus, write_job
+from train_helpers import (
+    copy_prepared,
+    cpu_devices,
+    job_document,
+    prepare_data,
+    write_corpus,
+    write_job,
+)
 
 from payload import export as export_lib
 from payload import manifest as manifest_lib
@@ -39,10 +46,7 @@ MESH = '"mesh": {"sharding": "fsdp", "data": 1, "fsdp": 8}'
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **extra}
-    env.pop("XLA_FLAGS", None)
-    env.update(extra)
-    return env
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **extra}
 
 
 def _two_processes(job_file: Path, logs: Path) -> list[tuple[int, str, str]]:
@@ -56,7 +60,7 @@ def _two_processes(job_file: Path, logs: Path) -> list[tuple[int, str, str]]:
         env = _env(
             TPU_PAYLOAD_JAX_DISTRIBUTED=f"127.0.0.1:{port},2,{worker}",
             TPU_PRETRAIN_WORKER=str(worker),
-            XLA_FLAGS="--xla_force_host_platform_device_count=4",
+            **cpu_devices(4),
         )
         cmd = [sys.executable, "-m", "payload", "run", "--job", str(job_file)]
         procs.append((subprocess.Popen(cmd, stdout=out, stderr=err, env=env), out, err))
@@ -106,7 +110,7 @@ def test_two_jax_processes_match_one_and_resume(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(DRIVER), str(tmp_path / "single" / "job.yaml"), "2"],
         capture_output=True, text=True, timeout=HANG_GUARD_S, check=False,
-        env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"),
+        env=_env(**cpu_devices(8)),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert '"replicas": 8, "hosts": 1' in result.stderr

@@ -26,6 +26,7 @@ from safetensors.numpy import load_file
 from train_helpers import (
     assert_user_error,
     copy_prepared,
+    cpu_devices,
     job_document,
     prepare_data,
     run_cli,
@@ -39,7 +40,7 @@ from payload.backends.jax import mesh as mesh_lib
 DRIVER = Path(__file__).with_name("jax_sharding_driver.py")
 COLLECTIVES_DRIVER = Path(__file__).with_name("jax_collectives_driver.py")
 PROGRAM_DRIVER = Path(__file__).with_name("jax_program_driver.py")
-EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+EIGHT = cpu_devices(8)
 TOLERANCE = 1e-5
 GIB = 2**30
 

@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from train_helpers import cpu_devices
 
 from payload import model as model_lib
 from payload import plan, spec
 
 DRIVER = Path(__file__).with_name("jax_plan_memory_driver.py")
-EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "TF_CPP_MIN_LOG_LEVEL": "3"}
+EIGHT = {**cpu_devices(8), "TF_CPP_MIN_LOG_LEVEL": "3"}
 # The measured figure is within this factor of the plan's, either way (module docstring).
 FACTOR = 1.5
 # The compiled step's matmul flops vs the plan's (payload/plan.py step_flops_per_token).

@@ -98,6 +98,14 @@ def copy_prepared(source: JobSpec, root: Path, document: dict[str, Any]) -> JobS
     return job
 
 
+def cpu_devices(count: int) -> dict[str, str]:
+    """The environment for a child JAX process with `count` virtual CPU devices: XLA_FLAGS
+    with --xla_force_host_platform_device_count beside the suite's own flags (conftest.py),
+    so that those children compile as fast and round alike as every other process."""
+    suite = os.environ.get("XLA_FLAGS", "")
+    return {"XLA_FLAGS": f"{suite} --xla_force_host_platform_device_count={count}".strip()}
+
+
 NO_TENSORFLOW_DIR = Path(__file__).with_name("no_tensorflow")
 
 

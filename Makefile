@@ -128,20 +128,26 @@ demo: venv
 
 # `make test` on a fresh machine: the environments the payload suite and lint need, side by
 # side, and lint as soon as its two are built (beside the rest: .venv-pt's pip install runs
-# on one core for a minute after the uv-built ones are done); then the payload suite while
-# the environments only the infra suite needs (the TPU VM's TensorFlow one, the GPU VM's
-# JAX one, actionlint's tools: mostly downloads and unpacking) build beside it (their log:
-# build/test-envs.log); then infra + policy. Nothing waits for a download it does not need
-# (docs/tests.md has the figures).
+# on one core for a minute after the uv-built ones are done); then the payload suite, and
+# beside it the infra + policy suite: first the environments only it needs (the TPU VM's
+# TensorFlow one, the GPU VM's JAX one, actionlint's tools: mostly downloads and unpacking;
+# their log: build/test-envs.log), then its tests, whose output goes to build/test-infra.log
+# and is printed when the payload suite is done. The infra suite's downloads (its
+# requirement resolves) and the payload suite's waits (processes that wait for a peer or a
+# signal) leave a core idle that the other suite uses. Nothing waits for a download it does
+# not need (docs/tests.md has the figures).
 test:
 	$(MAKE) --no-print-directory -j5 lint venv-pt venv-beam venv-tpu-jax
 	@mkdir -p build; \
-	$(MAKE) --no-print-directory -j3 venv-tpu venv-gpu-jax tools > build/test-envs.log 2>&1 & envs=$$!; \
+	( if $(MAKE) --no-print-directory -j3 venv-tpu venv-gpu-jax tools > build/test-envs.log 2>&1; \
+	  then $(MAKE) --no-print-directory test-infra; \
+	  else tail -n 40 build/test-envs.log; echo "make test: building the infra suite's environments failed (build/test-envs.log)"; exit 1; fi \
+	) > build/test-infra.log 2>&1 & infra=$$!; \
 	$(MAKE) --no-print-directory test-payload; payload=$$?; \
-	wait $$envs; built=$$?; \
-	if [ $$built -ne 0 ]; then tail -n 40 build/test-envs.log; echo "make test: building the infra suite's environments failed (build/test-envs.log)"; fi; \
-	[ $$payload -eq 0 ] && [ $$built -eq 0 ]
-	$(MAKE) --no-print-directory test-infra
+	echo "make test: the payload suite is done; the infra + policy suite (build/test-infra.log):"; \
+	wait $$infra; infra=$$?; \
+	cat build/test-infra.log; \
+	[ $$payload -eq 0 ] && [ $$infra -eq 0 ]
 
 # Each suite runs its test files on TEST_WORKERS processes (pytest-xdist; `auto`: one per
 # CPU core). A file stays on one worker (--dist loadfile), so a module's fixtures (a trained

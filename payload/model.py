@@ -1,8 +1,11 @@
 """Model presets, configs and compatibility checks of every family, for both backends.
 
-Framework-free (transformers config classes only): `spec.load_job` calls `check_compatible`
-while validating a job, on machines that may never import TensorFlow or JAX. The models
-themselves are the backends' (payload/backends/tf/model.py, payload/backends/jax/models.py).
+Framework-free (transformers config classes only, imported where a config is built):
+`spec.load_job` calls `check_compatible` while validating a job, on machines that may never
+import TensorFlow or JAX, and it checks the job's settings without building a config, so
+that the stages which never build a model (tokenizer, encode, validate) do not import
+transformers (about 2 s of CPU in every such process). The models themselves are the
+backends' (payload/backends/tf/model.py, payload/backends/jax/models.py).
 """
 
 from __future__ import annotations
@@ -305,6 +308,7 @@ def build_config(
     from transformers import BertConfig, GPT2Config, RobertaConfig  # noqa: PLC0415
 
     settings = resolved_settings(family, size, overrides)
+    check_shapes(family, settings)
     ids: dict[str, Any] = {
         f"{name}_token_id": special_ids[name]
         for name in ("pad", "bos", "eos")
@@ -316,19 +320,47 @@ def build_config(
         _bert_ids(ids, special_ids)
         return _electra_config(settings, vocab_size=int(vocab_size), ids=ids)
     if family == "gpt2":
-        heads_key, width_key = "n_head", "n_embd"
         config_cls: type[PretrainedConfig] = GPT2Config
     else:
-        heads_key, width_key = "num_attention_heads", "hidden_size"
         config_cls = BertConfig if family == "bert" else RobertaConfig
         if family == "bert":
             _bert_ids(ids, special_ids)
+    return config_cls(vocab_size=int(vocab_size), **settings, **ids)
+
+
+def check_shapes(family: str, settings: Mapping[str, Any]) -> None:
+    """SpecError if the resolved settings give shapes the family's model cannot have (heads
+    that do not divide the width, ...): what building the config would refuse, without
+    transformers."""
+    if family == "llama":
+        width, heads = int(settings["hidden_size"]), int(settings["num_attention_heads"])
+        groups = int(settings["num_key_value_heads"])
+        if width % heads:
+            raise SpecError(
+                f"model.config: hidden_size={width} must be a multiple of "
+                f"num_attention_heads={heads}"
+            )
+        if heads % groups:
+            raise SpecError(
+                f"model.config: num_attention_heads={heads} must be a multiple of "
+                f"num_key_value_heads={groups} (grouped-query attention)"
+            )
+        if (width // heads) % 2:
+            raise SpecError(
+                f"model.config: the head size hidden_size / num_attention_heads = "
+                f"{width // heads} must be even (rotary embeddings rotate pairs of dimensions)"
+            )
+        return
+    width_key, heads_key = (
+        ("n_embd", "n_head") if family == "gpt2" else ("hidden_size", "num_attention_heads")
+    )
     width, heads = int(settings[width_key]), int(settings[heads_key])
     if heads <= 0 or width % heads:
         raise SpecError(
             f"model.config: {width_key}={width} must be a positive multiple of {heads_key}={heads}"
         )
-    return config_cls(vocab_size=int(vocab_size), **settings, **ids)
+    if family == "electra":
+        generator_shape(width, float(settings[GENERATOR_FRACTION_KEY]))
 
 
 def _bert_ids(ids: dict[str, Any], special_ids: Mapping[str, int]) -> None:
@@ -395,15 +427,8 @@ def _electra_config(
 
     settings = dict(settings)
     fraction = float(settings.pop(GENERATOR_FRACTION_KEY))
-    width, heads = int(settings["hidden_size"]), int(settings["num_attention_heads"])
-    if heads <= 0 or width % heads:
-        raise SpecError(
-            f"model.config: hidden_size={width} must be a positive multiple of "
-            f"num_attention_heads={heads}"
-        )
     config = ElectraConfig(vocab_size=vocab_size, hidden_act="gelu", **settings, **ids)
     setattr(config, GENERATOR_FRACTION_KEY, fraction)
-    generator_config(config)  # its shape checks
     return config
 
 
@@ -414,18 +439,26 @@ def generator_config(config: PretrainedConfig) -> PretrainedConfig:
     embeddings (embedding_size wide) are the discriminator's."""
     from transformers import ElectraConfig  # noqa: PLC0415
 
-    fraction = float(getattr(config, GENERATOR_FRACTION_KEY))
-    width = round(config.hidden_size * fraction)
+    width, heads = generator_shape(
+        config.hidden_size, float(getattr(config, GENERATOR_FRACTION_KEY))
+    )
+    settings = export_config(config)
+    settings.update(hidden_size=width, num_attention_heads=heads, intermediate_size=4 * width)
+    return ElectraConfig(**settings)
+
+
+def generator_shape(hidden_size: int, fraction: float) -> tuple[int, int]:
+    """The generator's (width, heads) for a discriminator `hidden_size` wide (SpecError when
+    the fraction gives no valid generator)."""
+    width = round(hidden_size * fraction)
     heads = max(1, width // 64)
     if width < 1 or width % heads:
         raise SpecError(
             f"model.config.{GENERATOR_FRACTION_KEY}: {fraction:g} x hidden_size "
-            f"{config.hidden_size} gives a generator {width} wide, which must be at least 1 and "
+            f"{hidden_size} gives a generator {width} wide, which must be at least 1 and "
             f"a multiple of its {heads} heads (width // 64)"
         )
-    settings = export_config(config)
-    settings.update(hidden_size=width, num_attention_heads=heads, intermediate_size=4 * width)
-    return ElectraConfig(**settings)
+    return width, heads
 
 
 def discriminator_config(config: PretrainedConfig) -> PretrainedConfig:
@@ -451,22 +484,6 @@ def _llama_config(
     computes from it is what backends/jax/models.py computes)."""
     from transformers import LlamaConfig  # noqa: PLC0415
 
-    width, heads = int(settings["hidden_size"]), int(settings["num_attention_heads"])
-    groups = int(settings["num_key_value_heads"])
-    if width % heads:
-        raise SpecError(
-            f"model.config: hidden_size={width} must be a multiple of num_attention_heads={heads}"
-        )
-    if heads % groups:
-        raise SpecError(
-            f"model.config: num_attention_heads={heads} must be a multiple of "
-            f"num_key_value_heads={groups} (grouped-query attention)"
-        )
-    if (width // heads) % 2:
-        raise SpecError(
-            f"model.config: the head size hidden_size / num_attention_heads = {width // heads} "
-            "must be even (rotary embeddings rotate pairs of dimensions)"
-        )
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_act="silu",
@@ -480,11 +497,12 @@ def _llama_config(
 
 def max_sequence_length(family: str, config: PretrainedConfig) -> int:
     """The longest input the model's position embeddings can hold."""
-    if family == "gpt2":
-        return int(config.n_positions)
-    if family == "roberta":
-        return int(config.max_position_embeddings) - ROBERTA_PADDING_IDX - 1
-    return int(config.max_position_embeddings)
+    return _positions_hold(family, int(getattr(config, _position_key(family))))
+
+
+def _positions_hold(family: str, positions: int) -> int:
+    """The longest input `positions` position embeddings hold (RoBERTa numbers from 2)."""
+    return positions - ROBERTA_PADDING_IDX - 1 if family == "roberta" else positions
 
 
 def _position_key(family: str) -> str:
@@ -494,13 +512,8 @@ def _position_key(family: str) -> str:
 def check_compatible(job: JobSpec) -> None:
     """SpecError if the job's model cannot take the job's data (TF-free)."""
     family = job.model.family
-    config = build_config(
-        family,
-        job.model.size,
-        job.model.config,
-        vocab_size=job.tokenizer.vocab_size,
-        special_ids={},
-    )
+    settings = resolved_settings(family, job.model.size, job.model.config)
+    check_shapes(family, settings)
     if family == "roberta":
         pad = job.special_roles.get("pad")
         tokens = list(job.tokenizer.special_tokens)
@@ -510,13 +523,13 @@ def check_compatible(job: JobSpec) -> None:
                 f"{ROBERTA_PADDING_IDX} (TF RoBERTa numbers positions from it), i.e. second in "
                 f"the list; got {tokens}"
             )
-    limit = max_sequence_length(family, config)
+    key = _position_key(family)
+    limit = _positions_hold(family, int(settings[key]))
     if job.data.seq_length > limit:
-        key = _position_key(family)
         extra = " + 2 (RoBERTa numbers positions from 2)" if family == "roberta" else ""
         raise SpecError(
             f"data.seq_length: {job.data.seq_length} is longer than the {family} model holds "
-            f"(model.config.{key}={getattr(config, key)} allows at most {limit}); lower "
+            f"(model.config.{key}={settings[key]} allows at most {limit}); lower "
             f"data.seq_length or set model.config.{key} >= {job.data.seq_length}{extra}"
         )
 

@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 
 from payload import model as model_lib  # noqa: E402
 from payload.backends.jax import models, steps  # noqa: E402
+from payload.backends.jax.program import seed_keras  # noqa: E402
 
 VOCAB, SEQ, BATCH, POSITIONS = 2000, 128, 32, 20
 
@@ -55,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     special = {"pad": 0, "cls": 2, "sep": 3, "mask": 4}
     config = model_lib.build_config("bert", args.size, {}, vocab_size=VOCAB, special_ids=special)
-    keras.utils.set_random_seed(0)
+    seed_keras(0)
     model = models.create_model("bert", config, SEQ)
     optimizer = keras.optimizers.AdamW(learning_rate=1e-4)
     optimizer.build(model.trainable_variables)

@@ -332,10 +332,10 @@ class JaxSide:
         jax_backend.use_jax()
         import jax
         import jax.numpy as jnp
-        import keras
 
         from payload import model as model_lib
         from payload.backends.jax import hf_weights, models, schedule, steps
+        from payload.backends.jax.program import seed_keras
 
         self.jax, self.jnp, self.steps = jax, jnp, steps
         self.data = data
@@ -344,7 +344,7 @@ class JaxSide:
             raise SystemExit("the PyTorch loop's schedule is linear decay to 0")
         self.config = model_lib.config_for(job, data["manifest"])
         self.parameters = model_lib.parameter_count("llama", self.config)
-        keras.utils.set_random_seed(spec.seed)
+        seed_keras(spec.seed)
         self.model = models.create_model("llama", self.config, SEQ)
         optimizer = schedule.create_optimizer(spec)
         optimizer.build(self.model.trainable_variables)

@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 from payload import model as model_lib  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import models, steps  # noqa: E402
+from payload.backends.jax.program import seed_keras  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
@@ -59,7 +60,7 @@ def measure(size: str, vocab: int, setting: str) -> dict[str, float]:
     parameters = model_lib.parameter_count("bert", config)
     plan = mesh_lib.plan(setting, parameters=parameters, devices=8, memory=None)
     mesh = mesh_lib.build_mesh(plan)
-    keras.utils.set_random_seed(0)
+    seed_keras(0)
     with mesh_lib.sharded_distribution(mesh).scope():
         model = models.create_model("bert", config, SEQ)
         optimizer = create_optimizer(TrainSpec(steps=10))

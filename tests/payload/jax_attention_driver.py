@@ -84,10 +84,10 @@ def models() -> dict:
     jax_backend.use_jax()
     import jax
     import jax.numpy as jnp
-    import keras
 
     from payload import model as model_lib
     from payload.backends.jax import attention, models
+    from payload.backends.jax.program import seed_keras
 
     splash = attention.Attention("splash", "test", interpret=True)
     report: dict = {}
@@ -100,7 +100,7 @@ def models() -> dict:
         )
         built = {}
         for name, impl in (("reference", attention.REFERENCE), ("splash", splash)):
-            keras.utils.set_random_seed(3)
+            seed_keras(3)
             built[name] = models.create_model(family, config, T, attention=impl)
         ref, fused = built["reference"], built["splash"]
         for a, b in zip(ref.trainable_variables, fused.trainable_variables, strict=True):
@@ -145,10 +145,9 @@ def documents() -> dict:
     from payload.backends import jax as jax_backend
 
     jax_backend.use_jax()
-    import keras
-
     from payload import model as model_lib
     from payload.backends.jax import models
+    from payload.backends.jax.program import seed_keras
 
     special = {"bos": 0, "pad": 1, "eos": 2}
     config = model_lib.build_config("llama", "tiny", {}, vocab_size=300, special_ids=special)
@@ -160,7 +159,7 @@ def documents() -> dict:
     alone = np.array([second + [1] * (length - len(second))], dtype="int32")
     report: dict = {}
     for masked in (True, False):
-        keras.utils.set_random_seed(3)
+        seed_keras(3)
         model = models.create_model("llama", config, length, document_mask=masked)
         a = np.asarray(model({"input_ids": packed, "attention_mask": np.ones_like(packed)}))
         b = np.asarray(model({"input_ids": alone, "attention_mask": (alone != 1).astype("int32")}))

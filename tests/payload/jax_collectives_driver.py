@@ -27,6 +27,7 @@ from payload import model as model_lib  # noqa: E402
 from payload.backends.jax import attention as attention_lib  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import models, steps  # noqa: E402
+from payload.backends.jax.program import seed_keras  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
@@ -61,7 +62,7 @@ def build(family: str, data: int, fsdp: int, remat: str = "none", accum: int = 1
     keras.backend.clear_session()
     mesh = mesh_lib.build_mesh(mesh_lib.MeshPlan("fsdp", data, fsdp, "test"))
     config = model_lib.build_config(family, "tiny", {}, vocab_size=VOCAB, special_ids={})
-    keras.utils.set_random_seed(0)
+    seed_keras(0)
     with mesh_lib.sharded_distribution(mesh, family).scope():
         attention = attention_lib.Attention("reference", "test", mesh)
         model = models.create_model(family, config, SEQ, remat=remat, attention=attention)

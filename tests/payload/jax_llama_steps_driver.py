@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 
 from payload import model as model_lib  # noqa: E402
 from payload.backends.jax import evaluate, models, steps  # noqa: E402
+from payload.backends.jax.program import seed_keras  # noqa: E402
 
 VOCAB, SEQ, BATCH = 96, 16, 8
 
@@ -40,7 +41,7 @@ def build(remat: str):
     config = model_lib.build_config(
         "llama", "tiny", {}, vocab_size=VOCAB, special_ids={"bos": 0, "pad": 1, "eos": 2}
     )
-    keras.utils.set_random_seed(5)
+    seed_keras(5)
     return models.create_model("llama", config, SEQ, remat=remat)
 
 

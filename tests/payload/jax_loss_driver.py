@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 
 from payload import model as model_lib  # noqa: E402
 from payload.backends.jax import models, steps  # noqa: E402
+from payload.backends.jax.program import seed_keras  # noqa: E402
 
 VOCAB, SEQ, ROWS, POSITIONS = 96, 16, 4, 4
 SPECIAL = {
@@ -47,7 +48,7 @@ def batch(objective: str) -> tuple[dict, np.ndarray, np.ndarray]:
 
 def case(family: str, overrides: dict, policy: str) -> dict:
     keras.config.set_dtype_policy(policy)
-    keras.utils.set_random_seed(7)
+    seed_keras(7)
     config = model_lib.build_config(
         family, "tiny", overrides, vocab_size=VOCAB, special_ids=SPECIAL[family]
     )

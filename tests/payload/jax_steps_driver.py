@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 
 from payload import model as model_lib  # noqa: E402
 from payload.backends.jax import models, steps  # noqa: E402
+from payload.backends.jax.program import seed_keras  # noqa: E402
 
 VOCAB, SEQ, BATCH, POSITIONS = 64, 16, 8, 3
 
@@ -51,7 +52,7 @@ def batches(objective: str, count: int, seed: int) -> dict[str, np.ndarray]:
 def build(family: str):
     special = {"pad": 0, "cls": 2, "sep": 3} if family == "bert" else {"pad": 1, "bos": 0, "eos": 2}
     config = model_lib.build_config(family, "tiny", {}, vocab_size=VOCAB, special_ids=special)
-    keras.utils.set_random_seed(5)
+    seed_keras(5)
     model = models.create_model(family, config, SEQ)
     optimizer = keras.optimizers.AdamW(learning_rate=3e-3, weight_decay=0.01)
     optimizer.build(model.trainable_variables)

@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from pt_runner import run_script
 from train_helpers import job_document, prepare_data, write_corpus, write_job
 
 from payload import export as export_lib
@@ -61,16 +61,11 @@ def _require_pt_python() -> Path:
 
 
 def _run_pt(script: Path, *args: str) -> dict:
-    result = subprocess.run(
-        [str(_require_pt_python()), str(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    """A pt/ script's JSON report, run in the PyTorch environment (pt_runner: one kept
+    interpreter per test process)."""
+    result = run_script(_require_pt_python(), script, *args, timeout=300)
+    assert result["returncode"] == 0, result["stderr"][-3000:]
+    report = json.loads(result["stdout"].strip().splitlines()[-1])
     assert report["transformers"].startswith("5.")
     return report
 

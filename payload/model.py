@@ -3,9 +3,10 @@
 Framework-free (transformers config classes only, imported where a config is built):
 `spec.load_job` calls `check_compatible` while validating a job, on machines that may never
 import TensorFlow or JAX, and it checks the job's settings without building a config, so
-that the stages which never build a model (tokenizer, encode, validate) do not import
-transformers (about 2 s of CPU in every such process). The models themselves are the
-backends' (payload/backends/tf/model.py, payload/backends/jax/models.py).
+that `validate` and the encode stage do not import transformers (about 2 s of CPU in every
+such process; the tokenizer stage still does: it writes transformers' tokenizer files). The
+models themselves are the backends' (payload/backends/tf/model.py,
+payload/backends/jax/models.py).
 """
 
 from __future__ import annotations

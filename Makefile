@@ -13,8 +13,7 @@ BVENV := .venv-beam
 # The environments are installed by uv (`uv pip install` into a plain venv, which keeps its
 # pip for the tests that call it): the same pinned files, 7x faster than pip on 2 cores
 # (payload-dev: 21 s vs 2 min 24 s cold; pip spends most of it byte-compiling and
-# unzipping in one process). uv is the version the JAX VMs pin (tpu-uv); .venv-pt stays on
-# pip, which takes the CPU build of torch from the machine's wheel directory.
+# unzipping in one process). uv is the version the JAX VMs pin (tpu-uv).
 # Bytecode: uv writes no .pyc (pip byte-compiles every file at install time), and where
 # PYTHONDONTWRITEBYTECODE is set (this project's CI machines) Python never writes one, so
 # every process compiled every module it imported from source: a tiny JAX training run
@@ -97,9 +96,15 @@ $(GJVENV)/.installed: requirements/payload.lock requirements/gpu-vm-jax.txt infr
 
 # transformers 5 + PyTorch (CPU) only to check that the export loads there (test_export.py).
 venv-pt: $(PTVENV)/.installed
-$(PTVENV)/.installed: requirements/pt-check.txt
+# PyPI's torch for Linux is the CUDA build (GBs); a machine that keeps the CPU build in a
+# wheel directory names it in pip's configuration (find-links: PIP_FIND_LINKS or pip.conf),
+# which uv does not read: uv gets the same directories, so both install the same torch (pip
+# took 2.5 min of one core here, byte-compiling and unzipping torch; uv 5 s).
+PT_FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+$(PTVENV)/.installed: requirements/pt-check.txt | $(UVSTAMP)
+	rm -rf $(PTVENV)
 	$(PYTHON) -m venv $(PTVENV)
-	$(PTVENV)/bin/python -m pip install -q -r requirements/pt-check.txt
+	$(UVPIP) $(PTVENV)/bin/python $(foreach links,$(PT_FIND_LINKS),--find-links $(links)) -r requirements/pt-check.txt
 	touch $@
 
 # Apache Beam for the encode stage's `data.runner: beam` (payload/encode_beam.py): its own
@@ -127,8 +132,7 @@ demo: venv
 	$(VENV)/bin/tpu-payload run --job $(JOB)
 
 # `make test` on a fresh machine: the environments the payload suite and lint need, side by
-# side, and lint as soon as its two are built (beside the rest: .venv-pt's pip install runs
-# on one core for a minute after the uv-built ones are done); then the payload suite, and
+# side, and lint as soon as its two are built (beside the rest); then the payload suite, and
 # beside it the infra + policy suite: first the environments only it needs (the TPU VM's
 # TensorFlow one, the GPU VM's JAX one, actionlint's tools: mostly downloads and unpacking;
 # their log: build/test-envs.log), then its tests, whose output goes to build/test-infra.log

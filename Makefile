@@ -158,9 +158,11 @@ test:
 
 # Each suite runs its test files on TEST_WORKERS processes (pytest-xdist; `auto`: one per
 # CPU core). A file stays on one worker (--dist loadfile), so a module's fixtures (a trained
-# model, an installed environment) are built once. TEST_WORKERS=0 runs in one process.
+# model, an installed environment) are built once, in collection order (tests/payload/
+# conftest.py runs the longest files first; xdist would sort them by their number of tests).
+# TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= auto
-PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-payload: venv venv-pt venv-beam venv-tpu-jax
 	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python PAYLOAD_BEAM_PYTHON=$(BVENV)/bin/python PAYLOAD_TPU_PYTHON=$(TJVENV)/bin/python $(PY) -m pytest $(PYTEST_PARALLEL) tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py

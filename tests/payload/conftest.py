@@ -45,30 +45,38 @@ os.environ.setdefault(
 )
 
 
-# The files that take longest (measured with --durations), run first: `make test` hands whole
-# files to its workers in collection order (pytest-xdist --dist loadfile), and long files
-# started last leave one core idle at the end. Order only; every test still runs.
+# The files that take longest (measured with --durations: the payload suite alone, two
+# workers, 2026-11-29), run first: `make test` hands whole files to its workers in collection
+# order (pytest-xdist --dist loadfile with --no-loadscope-reorder: by default xdist 3.8 sorts
+# the files by their number of tests, which put one-test files of a minute or two last), and
+# long files started last leave one core idle at the end. Order only; every test still runs.
 LONGEST_FIRST = (
-    "test_jax_attention.py",
-    "test_jax_slice.py",
-    "test_plan_memory.py",
-    "test_reproducible.py",
-    "test_jax_hosts.py",
     "test_resume.py",
     "test_jax_sharding.py",
-    "test_jax_llama.py",
-    "test_export.py",
-    "test_train_replicas.py",
-    "test_jax_train.py",
-    "test_train.py",
+    "test_jax_slice.py",
     "test_jax_multihost.py",
-    "test_cli.py",
-    "test_robustness.py",
+    "test_jax_llama.py",
+    "test_jax_train.py",
+    "test_tpu_compile.py",
     "test_jax_safety.py",
-    "test_jax_checkpoint.py",
+    "test_train.py",
+    "test_export.py",
+    "test_jax_hosts.py",
     "test_jax_steps.py",
     "test_train_fp16.py",
+    "test_electra.py",
     "test_quiet.py",
+    "test_robustness.py",
+    "test_encode_beam.py",
+    "test_jax_attention.py",
+    "test_train_replicas.py",
+    "test_jax_loss.py",
+    "test_reproducible.py",
+    "test_plan_memory.py",
+    "test_jax_program.py",
+    "test_jax_models.py",
+    "test_cli.py",
+    "test_bench_gpu.py",
 )
 
 

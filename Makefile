@@ -10,10 +10,13 @@ TJVENV := .venv-tpu-jax
 GJVENV := .venv-gpu-jax
 PTVENV := .venv-pt
 BVENV := .venv-beam
-# The environments are installed by uv (`uv pip install` into a plain venv, which keeps its
-# pip for the tests that call it): the same pinned files, 7x faster than pip on 2 cores
+# The environments are installed by uv (`uv pip install` into a plain venv, with pip for the
+# tests that call it): the same pinned files, 7x faster than pip on 2 cores
 # (payload-dev: 21 s vs 2 min 24 s cold; pip spends most of it byte-compiling and
-# unzipping in one process). uv is the version the JAX VMs pin (tpu-uv).
+# unzipping in one process). uv is the version the JAX VMs pin (tpu-uv). The venvs uv fills
+# are made --without-pip and uv installs pip into them (the index's, as `--upgrade pip` did):
+# venv's ensurepip took 8 s of CPU each. The VM environments' copies (.venv-tpu*, .venv-gpu-jax)
+# keep venv's own pip, as the VMs' venvs do (test_tpu_parity.py installs the payload with it).
 # Bytecode: uv writes no .pyc (pip byte-compiles every file at install time), and where
 # PYTHONDONTWRITEBYTECODE is set (this project's CI machines) Python never writes one, so
 # every process compiled every module it imported from source: a tiny JAX training run
@@ -38,22 +41,22 @@ JOB ?= examples/tiny.yaml
 UVSTAMP := $(UVVENV)/.installed-$(subst ==,-,$(UV_PIN))
 $(UVSTAMP):
 	rm -rf $(UVVENV)
-	$(PYTHON) -m venv $(UVVENV)
-	$(UVVENV)/bin/python -m pip install -q "$(UV_PIN)"
+	$(PYTHON) -m venv --without-pip $(UVVENV)
+	$(PYTHON) -m pip --python $(UVVENV)/bin/python install -q "$(UV_PIN)"
 	touch $@
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/payload-dev.txt requirements/payload.lock | $(UVSTAMP)
-	$(PYTHON) -m venv $(VENV)
-	$(UVPIP) $(PY) --upgrade pip
+	$(PYTHON) -m venv --without-pip $(VENV)
+	$(UVPIP) $(PY) pip
 	$(UVPIP) $(PY) -r requirements/payload-dev.txt
 	$(UVPIP) $(PY) --no-deps -e .
 	touch $@
 
 venv-infra: $(IVENV)/.installed
 $(IVENV)/.installed: infra/requirements.txt policy/requirements.txt requirements/infra-dev.txt | $(UVSTAMP)
-	$(PYTHON) -m venv $(IVENV)
-	$(UVPIP) $(IPY) --upgrade pip
+	$(PYTHON) -m venv --without-pip $(IVENV)
+	$(UVPIP) $(IPY) pip
 	$(UVPIP) $(IPY) -r requirements/infra-dev.txt
 	touch $@
 
@@ -103,8 +106,8 @@ venv-pt: $(PTVENV)/.installed
 PT_FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 $(PTVENV)/.installed: requirements/pt-check.txt | $(UVSTAMP)
 	rm -rf $(PTVENV)
-	$(PYTHON) -m venv $(PTVENV)
-	$(UVPIP) $(PTVENV)/bin/python $(foreach links,$(PT_FIND_LINKS),--find-links $(links)) -r requirements/pt-check.txt
+	$(PYTHON) -m venv --without-pip $(PTVENV)
+	$(UVPIP) $(PTVENV)/bin/python pip $(foreach links,$(PT_FIND_LINKS),--find-links $(links)) -r requirements/pt-check.txt
 	touch $@
 
 # Apache Beam for the encode stage's `data.runner: beam` (payload/encode_beam.py): its own
@@ -113,8 +116,8 @@ $(PTVENV)/.installed: requirements/pt-check.txt | $(UVSTAMP)
 venv-beam: $(BVENV)/.installed
 $(BVENV)/.installed: requirements/beam.txt pyproject.toml | $(UVSTAMP)
 	rm -rf $(BVENV)
-	$(PYTHON) -m venv $(BVENV)
-	$(UVPIP) $(BVENV)/bin/python --upgrade pip
+	$(PYTHON) -m venv --without-pip $(BVENV)
+	$(UVPIP) $(BVENV)/bin/python pip
 	$(UVPIP) $(BVENV)/bin/python -r requirements/beam.txt
 	$(UVPIP) $(BVENV)/bin/python --no-deps -e .
 	touch $@
@@ -138,11 +141,12 @@ demo: venv
 # their log: build/test-envs.log), then its tests, whose output goes to build/test-infra.log
 # and is printed when the payload suite is done. Each suite alone left a core idle at times
 # (the infra suite's downloads, the payload suite's last files); side by side both cores
-# stay busy. The infra suite runs on one worker there (INFRA_BESIDE_WORKERS): three test
-# processes on two cores instead of four, and both suites end together (98d9fa1: 1,709 s
-# and 1,775 s; on two workers it ended 12 min early and slowed the payload suite more).
+# stay busy. The infra suite runs on two workers there (INFRA_BESIDE_WORKERS) and ends first;
+# the payload suite, its longest files first (tests/payload/conftest.py), then has both cores
+# until its last short files. On one worker the infra suite ended last, alone, with a core
+# idle for its last ~140 s (1e4cd88: payload 1,636 s, infra 1,705 s; 1,940 s in all).
 # Nothing waits for a download it does not need (docs/tests.md has the figures).
-INFRA_BESIDE_WORKERS ?= 1
+INFRA_BESIDE_WORKERS ?= 2
 test:
 	$(MAKE) --no-print-directory -j5 lint venv-pt venv-beam venv-tpu-jax
 	@mkdir -p build; \

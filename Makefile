@@ -29,6 +29,11 @@ UVVENV := .venv-uv
 UV := $(UVVENV)/bin/uv
 UV_PIN := $(shell sed -n -E 's/^\# tpu-uv: *([^ ]+) *$$/\1/p' requirements/tpu-vm-jax.txt)
 UVPIP = $(UV) pip install --quiet --python
+# A new venv for uv to fill, with pip (the index's) for the tests that call it.
+define UV_VENV
+$(PYTHON) -m venv --without-pip $(1)
+$(UVPIP) $(1)/bin/python pip
+endef
 STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
@@ -47,16 +52,14 @@ $(UVSTAMP):
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/payload-dev.txt requirements/payload.lock | $(UVSTAMP)
-	$(PYTHON) -m venv --without-pip $(VENV)
-	$(UVPIP) $(PY) pip
+	$(call UV_VENV,$(VENV))
 	$(UVPIP) $(PY) -r requirements/payload-dev.txt
 	$(UVPIP) $(PY) --no-deps -e .
 	touch $@
 
 venv-infra: $(IVENV)/.installed
 $(IVENV)/.installed: infra/requirements.txt policy/requirements.txt requirements/infra-dev.txt | $(UVSTAMP)
-	$(PYTHON) -m venv --without-pip $(IVENV)
-	$(UVPIP) $(IPY) pip
+	$(call UV_VENV,$(IVENV))
 	$(UVPIP) $(IPY) -r requirements/infra-dev.txt
 	touch $@
 
@@ -102,12 +105,12 @@ venv-pt: $(PTVENV)/.installed
 # PyPI's torch for Linux is the CUDA build (GBs); a machine that keeps the CPU build in a
 # wheel directory names it in pip's configuration (find-links: PIP_FIND_LINKS or pip.conf),
 # which uv does not read: uv gets the same directories, so both install the same torch (pip
-# took 2.5 min of one core here, byte-compiling and unzipping torch; uv 5 s).
+# took 2.5 min of one core here, byte-compiling and unzipping torch; uv 25 s cold).
 PT_FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 $(PTVENV)/.installed: requirements/pt-check.txt | $(UVSTAMP)
 	rm -rf $(PTVENV)
-	$(PYTHON) -m venv --without-pip $(PTVENV)
-	$(UVPIP) $(PTVENV)/bin/python pip $(foreach links,$(PT_FIND_LINKS),--find-links $(links)) -r requirements/pt-check.txt
+	$(call UV_VENV,$(PTVENV))
+	$(UVPIP) $(PTVENV)/bin/python $(foreach links,$(PT_FIND_LINKS),--find-links $(links)) -r requirements/pt-check.txt
 	touch $@
 
 # Apache Beam for the encode stage's `data.runner: beam` (payload/encode_beam.py): its own
@@ -116,8 +119,7 @@ $(PTVENV)/.installed: requirements/pt-check.txt | $(UVSTAMP)
 venv-beam: $(BVENV)/.installed
 $(BVENV)/.installed: requirements/beam.txt pyproject.toml | $(UVSTAMP)
 	rm -rf $(BVENV)
-	$(PYTHON) -m venv --without-pip $(BVENV)
-	$(UVPIP) $(BVENV)/bin/python pip
+	$(call UV_VENV,$(BVENV))
 	$(UVPIP) $(BVENV)/bin/python -r requirements/beam.txt
 	$(UVPIP) $(BVENV)/bin/python --no-deps -e .
 	touch $@

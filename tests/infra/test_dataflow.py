@@ -116,14 +116,22 @@ def test_dataflow_on_creates_exactly_what_the_workers_and_the_launcher_need():
             "member": f"serviceAccount:{worker}",
         }
     ]
-    worker_bucket_roles = [
-        r for r in of_type(run.resources, BUCKET_MEMBER) if r.inputs["member"].endswith(worker)
-    ]
-    assert [(r.inputs["bucket"], r.inputs["role"]) for r in worker_bucket_roles] == [
+    # Pulumi registers resources whose inputs wait on outputs in no fixed order: compare
+    # the set, then read each grant by its name.
+    worker_bucket_roles = {
+        (r.inputs["bucket"], r.inputs["role"])
+        for r in of_type(run.resources, BUCKET_MEMBER)
+        if r.inputs["member"].endswith(worker)
+    }
+    assert worker_bucket_roles == {
         (bucket, "roles/storage.objectViewer"),
         (bucket, "roles/storage.objectUser"),
-    ]
-    assert worker_bucket_roles[1].inputs["condition"]["title"] == "dataflow-writes-no-executables"
+    }
+    read = _named(run, "dataflow-worker-objects-read").inputs
+    write = _named(run, "dataflow-worker-objects-write").inputs
+    assert (read["role"], "condition" in read) == ("roles/storage.objectViewer", False)
+    assert write["role"] == "roles/storage.objectUser"
+    assert write["condition"]["title"] == "dataflow-writes-no-executables"
     # The launcher (the controller's account): what Google's "minimal role for creating and
     # managing dataflow jobs" (Dataflow Admin) holds: Developer, plus the bootstrap's role with
     # Admin's two project-level reads (its object permissions: on the stack's bucket only,

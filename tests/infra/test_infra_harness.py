@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import harness
 import pulumi
 from harness import (
     config_error,
@@ -12,6 +13,8 @@ from harness import (
     stack_names,
     tpu_stack_names,
 )
+
+from infra import render
 
 
 def comparable(resources):
@@ -45,8 +48,8 @@ def test_stack_names_come_from_the_stacks_folder():
 
 def test_every_stack_runs_twice_with_the_same_result():
     for stack in stack_names():
-        first = run_stack(stack)
-        second = run_stack(stack)
+        first = run_stack(stack, fresh=True)
+        second = run_stack(stack, fresh=True)
         assert comparable(first) == comparable(second)
         assert all(r.urn.startswith(f"urn:pulumi:{stack}::tpu-pretrain::") for r in first)
 
@@ -54,14 +57,42 @@ def test_every_stack_runs_twice_with_the_same_result():
 def test_overrides_do_not_leak_into_the_next_run():
     spot = one(run_stack("v3-euw4", {"tpu-pretrain:scheduling": "spot"}), "gcp:tpu/v2Vm:V2Vm")
     assert spot.inputs["schedulingConfig"] == {"preemptible": False, "spot": True}
-    again = one(run_stack("v3-euw4"), "gcp:tpu/v2Vm:V2Vm")
+    again = one(run_stack("v3-euw4", fresh=True), "gcp:tpu/v2Vm:V2Vm")
     assert again.inputs["schedulingConfig"] == {"preemptible": False, "spot": False}
 
 
 def test_a_config_error_does_not_poison_the_next_run():
     message = config_error("v3-euw4", {"tpu-pretrain:tpuZone": "mars-north1-a"})
     assert message.startswith("tpu-pretrain:tpuZone: unknown zone 'mars-north1-a'")
-    assert len(run_stack("v3-euw4")) > 30
+    assert len(run_stack("v3-euw4", fresh=True)) > 30
+
+
+def test_a_kept_run_is_a_copy_and_a_patch_runs_the_program_again(monkeypatch):
+    """run_offline hands out copies of the runs it keeps; a patched infra module or a changed
+    environment is another run, and the undone patch finds the kept one again."""
+    first = run_offline("v3-euw4")
+    one(first.resources, "gcp:storage/bucket:Bucket").inputs["location"] = "MARS"
+    again = run_offline("v3-euw4")
+    assert one(again.resources, "gcp:storage/bucket:Bucket").inputs["location"] != "MARS"
+    assert comparable(again.resources) == comparable(run_offline("v3-euw4", fresh=True).resources)
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    real = render.read_pins
+    monkeypatch.setattr(render, "read_pins", counted)
+    run_offline("v3-euw4")
+    assert calls, "a patched infra module must run the program again"
+    monkeypatch.undo()
+    kept = len(harness._RUNS)
+    run_offline("v3-euw4")
+    assert len(harness._RUNS) == kept  # the unpatched key again: nothing new ran
+    monkeypatch.setenv("TPU_PRETRAIN_HARNESS_TEST", "1")
+    run_offline("v3-euw4")
+    assert len(harness._RUNS) == kept + 1
 
 
 def test_inputs_use_engine_names_and_resolved_values():

@@ -87,9 +87,12 @@ tpu_wheel_target() {
     --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64 --platform linux_x86_64
 }
 
-# Resolve (no install, metadata only) the TPU VM's requirements for PYTHON_VERSION: what the
-# wheelhouse build and the TPU VM's install would find, checked from any machine. An overlay
-# with its own Python (tpu-python) is checked for that Python only.
+# Resolve (no install) the TPU VM's requirements for PYTHON_VERSION: what the wheelhouse
+# build and the TPU VM's install would find, checked from any machine. An overlay with its own
+# Python (tpu-python) is checked for that Python only. PIP's `install --dry-run`, or where
+# TPU_INSTALL_UV names a uv, `uv pip compile` for the same target (x86-64 manylinux up to
+# 2.31, binary wheels only): uv reads each wheel's metadata alone (by range requests where
+# the index serves none), pip's dry run downloads every wheel (the GPU lock's: >2 GB).
 tpu_check_resolves() {
   local pip="$1" src="$2" python_version="$3" reqs target dir rc=0 wanted
   wanted="$(tpu_overlay_setting "${src}" python)"
@@ -101,8 +104,14 @@ tpu_check_resolves() {
   dir="$(mktemp -d)"
   tpu_requirements "${src}" "${reqs}"
   mapfile -t target < <(tpu_wheel_target "${python_version}")
-  "${pip}" install --dry-run --ignore-installed --quiet --target "${dir}" "${target[@]}" \
-    -r "${reqs}" || rc=$?
+  if [ -n "${TPU_INSTALL_UV:-}" ]; then
+    "${TPU_INSTALL_UV}" pip compile --quiet --no-header --output-file /dev/null \
+      --python-version "${python_version}" --python-platform x86_64-manylinux_2_31 \
+      --only-binary :all: "${reqs}" || rc=$?
+  else
+    "${pip}" install --dry-run --ignore-installed --quiet --target "${dir}" "${target[@]}" \
+      -r "${reqs}" || rc=$?
+  fi
   rm -rf "${reqs}" "${dir}"
   return "${rc}"
 }

@@ -145,6 +145,17 @@ def config_error(stack: str, overrides: Mapping[str, object] | None = None) -> s
     raise AssertionError(f"stack {stack} with {overrides} raised no config error")
 
 
+def uv_resolver() -> dict[str, str]:
+    """The environment in which tpu-install.sh's tpu_check_resolves asks CI's uv (`make`'s
+    .venv-uv) instead of pip: the GPU locks' checks, whose pip dry runs download every CUDA
+    wheel (the TPU checks keep pip's path covered)."""
+    uv = Path(__file__).resolve().parents[2] / ".venv-uv" / "bin" / "uv"
+    if not uv.exists():
+        raise AssertionError(f"{uv} is missing: `make venv-uv` builds it")
+    # The system's certificates, which pip gets from pip.conf where the index needs them.
+    return {"TPU_INSTALL_UV": str(uv), "UV_NATIVE_TLS": "1"}
+
+
 def of_type(resources: list[Captured], type_: str) -> list[Captured]:
     return [r for r in resources if r.type_ == type_]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import test_infra_scripts as scripts
 import yaml
-from harness import run_offline
+from harness import run_offline, uv_resolver
 from test_gpu_scripts import box  # noqa: F401  (a fixture)
 from test_infra_scripts import _publish_payload, _script, _short_sha, unit_environment
 
@@ -38,11 +38,13 @@ K = "tpu-pretrain:"
 GPU_STACK = "t4-usc1"  # its own job: stacks/jobs/bert-small-mlm-gpu.yaml (TF)
 
 
-def _install(check: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _install(
+    check: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", "-c", ". infra/templates/tpu-install.sh; " + check, *args],
         cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "VM_REQUIREMENTS": OVERLAY},
+        env={"PATH": "/usr/bin:/bin", "VM_REQUIREMENTS": OVERLAY, **(env or {})},
         check=False,
         capture_output=True,
         text=True,
@@ -81,12 +83,13 @@ def test_the_overlay_names_its_backend_python_and_uv():
 
 
 def test_the_gpu_jax_requirements_resolve_for_their_python_only():
-    """What the controller's wheelhouse build and the GPU VM's install resolve (metadata only,
-    binary wheels for CPython 3.11 on x86-64 Linux; needs the package index)."""
+    """What the controller's wheelhouse build and the GPU VM's install resolve (binary wheels
+    for CPython 3.11 on x86-64 Linux; needs the package index): uv resolves it, as pip's dry
+    run would after downloading every CUDA wheel (harness.uv_resolver)."""
     pip = str(Path(sys.executable).with_name("pip"))
-    done = _install('tpu_check_resolves "$0" . "$1"', pip, "3.11")
+    done = _install('tpu_check_resolves "$0" . "$1"', pip, "3.11", env=uv_resolver())
     assert done.returncode == 0, done.stderr[-2000:]
-    refused = _install('tpu_check_resolves "$0" . "$1"', pip, "3.10")
+    refused = _install('tpu_check_resolves "$0" . "$1"', pip, "3.10", env=uv_resolver())
     assert refused.returncode == 1
     assert "runs on Python 3.11 (tpu-python), not 3.10" in refused.stderr
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import run_offline
+from harness import run_offline, uv_resolver
 from test_infra_scripts import (  # the sandbox and its helpers, shared with the TPU tests
     Sandbox,
     _publish_payload,
@@ -323,15 +323,15 @@ def test_trainer_exit_2_is_reported_as_not_restarted(gpu_run, box):
 def test_the_gpu_vm_requirements_resolve_for_the_images_python():
     """The GPU VM's exact requirements (the lock with tensorflow[and-cuda], the 3.10 pins)
     resolve for the image's Python with binary wheels only, as the controller's wheelhouse
-    and the GPU VM's install ask (metadata only; needs the package index, like the TPU
-    VM's check in test_tpu_parity.py)."""
+    and the GPU VM's install ask (needs the package index, like the TPU VM's check in
+    test_tpu_parity.py, which pip runs; here uv: harness.uv_resolver)."""
     (python_version,) = {image.python for image in load_gpu_catalog().images.values()}
     pip = str(Path(sys.executable).with_name("pip"))
     check = '. infra/templates/tpu-install.sh; tpu_check_resolves "$0" . "$1"'
     result = subprocess.run(
         ["bash", "-c", check, pip, python_version],
         cwd=ROOT,
-        env={**os.environ, "VM_REQUIREMENTS": render.GPU_REQUIREMENTS_FILE},
+        env={**os.environ, "VM_REQUIREMENTS": render.GPU_REQUIREMENTS_FILE, **uv_resolver()},
         check=False,
         capture_output=True,
         text=True,

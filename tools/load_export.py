@@ -18,17 +18,17 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory only, never the Hub
-
-import torch
-import transformers
-
 SENTENCE = "The smoke run loads this export."
 
 
 def main(export_dir: str) -> dict[str, object]:
     if not Path(export_dir, "config.json").is_file():
+        # Before importing torch and transformers (~5 s): a wrong path fails at once.
         raise SystemExit(f"{export_dir}: no config.json (not an export directory)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory only, never the Hub
+    import torch  # noqa: PLC0415  (after the cheap check)
+    import transformers  # noqa: PLC0415
+
     config = transformers.AutoConfig.from_pretrained(export_dir)
     names = list(getattr(config, "architectures", None) or [])
     if not names or not hasattr(transformers, names[0]):

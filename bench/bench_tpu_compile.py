@@ -99,7 +99,7 @@ from payload import plan as plan_lib  # noqa: E402
 from payload.backends.jax import aot, steps  # noqa: E402
 from payload.backends.jax import hlo as hlo_lib  # noqa: E402
 from payload.errors import UserError  # noqa: E402
-from payload.spec import JobSpec, parse_job  # noqa: E402
+from payload.spec import FAMILIES_FOR_OBJECTIVE, JobSpec, parse_job  # noqa: E402
 
 GIB = 2**30
 
@@ -108,12 +108,14 @@ def job_of(args: argparse.Namespace, remat: str) -> JobSpec:
     """The case as a job, as `tpu-payload compile --job` would read it (nothing is written)."""
     chips = plan_lib.accelerator(args.accelerator).chips
     nowhere = str(Path(tempfile.gettempdir(), "bench-tpu-compile"))
+    (objective,) = [o for o, families in FAMILIES_FOR_OBJECTIVE.items() if args.family in families]
     document = {
         "name": "bench",
         "output": nowhere,
         "corpus": {"paths": [f"{nowhere}.txt"]},
         "tokenizer": {"kind": "bpe", "vocab_size": args.vocab},
-        "data": {"objective": "clm", "seq_length": args.seq, "eval_fraction": 0},
+        # The family's own objective (BERT/RoBERTa: MLM, ELECTRA: RTD, decoders: CLM).
+        "data": {"objective": objective, "seq_length": args.seq, "eval_fraction": 0},
         "model": {"family": args.family, "size": args.size, "config": json.loads(args.config)},
         "train": {
             "backend": "jax",

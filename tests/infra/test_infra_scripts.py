@@ -551,8 +551,7 @@ def _publish_payload(run, box: Sandbox) -> tuple[str, str]:
     return obj.inputs["bucket"], obj.inputs["name"]
 
 
-def shellcheck(script: str, path: Path) -> str:
-    """shellcheck's findings for a rendered script written to `path` ("" when clean)."""
+def _shellcheck_file(script: str, path: Path) -> str:
     path.write_text(script)
     result = subprocess.run(
         [SHELLCHECK, "--shell=bash", "--severity=style", str(path)],
@@ -561,6 +560,37 @@ def shellcheck(script: str, path: Path) -> str:
         text=True,
     )
     return "" if result.returncode == 0 else result.stdout or result.stderr
+
+
+# A rendered script's shape (its text with every constant's value blanked) -> the findings of
+# the first script of that shape, checked whole.
+_SHAPES: dict[str, str] = {}
+_CONSTANT = re.compile(r"readonly ([A-Z][A-Z0-9_]*)=\S.*")
+
+
+def shellcheck(script: str, path: Path) -> str:
+    """shellcheck's findings for a rendered script written to `path` ("" when clean).
+
+    render.py's scripts are a header (comments, `set`, then one `readonly NAME=VALUE` line
+    per constant, each VALUE quoted by shlex.quote) and the role's templates, the same for
+    every stack (~2 s of shellcheck per script). A process checks the whole script once per
+    shape (the same text with every value blanked: the same names, the same templates), and
+    every script's header on its own (a value's own findings, e.g. SC2016; SC2034, a constant
+    nothing uses, is the shape's). Anything else, e.g. a value over several lines, is checked
+    whole."""
+    header, blank, body = script.partition("\n\n")
+    lines = header.split("\n")
+    constants = [i for i, line in enumerate(lines) if line.startswith("readonly ")]
+    if not blank or not constants or not all(_CONSTANT.fullmatch(lines[i]) for i in constants):
+        return _shellcheck_file(script, path)
+    shape = [_CONSTANT.sub(r"readonly \1=''", line) for line in lines]
+    key = "\n".join(shape) + blank + body
+    if key not in _SHAPES:
+        _SHAPES[key] = _shellcheck_file(script, path)
+        return _SHAPES[key]
+    # The header alone: the constants are used by the body checked with the shape.
+    alone = [lines[0], "# shellcheck disable=SC2034", *lines[1:]]
+    return _SHAPES[key] or _shellcheck_file("\n".join(alone) + "\n", path)
 
 
 def _short_sha(script: str) -> str:
@@ -574,6 +604,28 @@ def test_rendered_scripts_pass_shellcheck(stack, tmp_path):
     for name in (trainer, "controller-vm", "vpn-hop-vm"):
         found = shellcheck(_script(run, name), tmp_path / f"{name}.sh")
         assert found == "", f"{stack} {name}:\n{found}"
+
+
+def test_shellcheck_of_a_second_script_of_a_shape_still_finds_its_problems(tmp_path):
+    """shellcheck() checks a shape once: another stack's script of that shape is still
+    checked in its values (its header), and a changed body is another shape."""
+    scripts = {
+        stack: _script(run_offline(stack), "vpn-hop-vm") for stack in ("v3-euw4", "v6e-euw4")
+    }
+    assert shellcheck(scripts["v3-euw4"], tmp_path / "a.sh") == ""
+    assert shellcheck(scripts["v6e-euw4"], tmp_path / "b.sh") == ""
+    # A value shellcheck would flag (SC2016: single-quoted $), in a script of a known shape.
+    name = re.search(r"^readonly ([A-Z0-9_]+)=", scripts["v6e-euw4"], re.M).group(1)
+    flagged = re.sub(
+        rf"^readonly {name}=.*$",
+        f"readonly {name}={shlex.quote('$HOME/x')}",
+        scripts["v6e-euw4"],
+        count=1,
+        flags=re.M,
+    )
+    assert "SC2016" in shellcheck(flagged, tmp_path / "c.sh")
+    # A body shellcheck would flag: another shape, checked whole.
+    assert "SC2086" in shellcheck(scripts["v6e-euw4"] + "\necho $1\n", tmp_path / "d.sh")
 
 
 def test_tpu_script_installs_once_and_keeps_its_unit(stack_run, sandbox):

@@ -121,7 +121,8 @@ def _run_key(
         if name == "infra" or name.startswith("infra.")
         for attr, value in vars(module).items()
     )
-    environ = tuple(sorted(os.environ.items()))
+    # pytest's own PYTEST_CURRENT_TEST names the running test: never the program's input.
+    environ = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
     return (stack, config, stack_name, existing_buckets, environ, modules)
 
 

@@ -14,7 +14,7 @@ from harness import (
     tpu_stack_names,
 )
 
-from infra import render
+from infra import offline, render
 
 
 def comparable(resources):
@@ -68,9 +68,22 @@ def test_a_config_error_does_not_poison_the_next_run():
 
 
 def test_a_kept_run_is_a_copy_and_a_patch_runs_the_program_again(monkeypatch):
-    """run_offline hands out copies of the runs it keeps; a patched infra module or a changed
-    environment is another run, and the undone patch finds the kept one again."""
+    """run_offline hands out copies of the runs it keeps, to every test of the process; a
+    patched infra module or a changed environment is another run, and the undone patch finds
+    the kept one again."""
+    ran = []
+    real_run = offline.run_offline
+
+    def counted_run(*args, **kwargs):
+        ran.append(args)
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(offline, "run_offline", counted_run)
     first = run_offline("v3-euw4")
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test (call)")  # what pytest sets
+    assert run_offline("v3-euw4") is not first
+    assert len(ran) == 1, "the next test of the process runs the program again"
+    monkeypatch.undo()
     one(first.resources, "gcp:storage/bucket:Bucket").inputs["location"] = "MARS"
     again = run_offline("v3-euw4")
     assert one(again.resources, "gcp:storage/bucket:Bucket").inputs["location"] != "MARS"

@@ -101,18 +101,19 @@ tpu_check_resolves() {
     return 1
   fi
   reqs="$(mktemp)"
-  dir="$(mktemp -d)"
   tpu_requirements "${src}" "${reqs}"
-  mapfile -t target < <(tpu_wheel_target "${python_version}")
   if [ -n "${TPU_INSTALL_UV:-}" ]; then
     "${TPU_INSTALL_UV}" pip compile --quiet --no-header --output-file /dev/null \
       --python-version "${python_version}" --python-platform x86_64-manylinux_2_31 \
       --only-binary :all: "${reqs}" || rc=$?
   else
+    dir="$(mktemp -d)"
+    mapfile -t target < <(tpu_wheel_target "${python_version}")
     "${pip}" install --dry-run --ignore-installed --quiet --target "${dir}" "${target[@]}" \
       -r "${reqs}" || rc=$?
+    rm -rf "${dir}"
   fi
-  rm -rf "${reqs}" "${dir}"
+  rm -f "${reqs}"
   return "${rc}"
 }
 

@@ -13,9 +13,9 @@ the program in a fresh Pulumi context, so it can be called many times in one pyt
 
 A process runs each distinct program once: run_offline keeps the result of every run by
 what it is a function of (the stack, its config as the CLI hands it, the stack name, the
-buckets that exist) and hands later callers a deep copy. Anything a test patches disables
-that for its runs: the key also holds every infra module's attributes (monkeypatch.setattr
-on render, say, is another key) and the environment; `fresh=True` always runs the program
+buckets that exist) and hands later callers a deep copy. What a test patches makes another
+key: the key also holds the environment and every infra module's attributes
+(monkeypatch.setattr on render, say); `fresh=True` always runs the program
 (test_infra_harness.py: twice in a row, the same result).
 
 Overrides are stack config keys ("namespace:key") with Python values (lists/dicts become
@@ -100,7 +100,8 @@ def run_offline(
     return run
 
 
-# Results of the program by _run_key (~100 distinct runs in the infra suite; ~0.3 MB each).
+# Results of the program by _run_key (230 distinct runs in the infra + policy suite, split
+# between its workers; ~0.3 MB each).
 _RUNS: dict[tuple[Any, ...], offline.OfflineRun] = {}
 
 

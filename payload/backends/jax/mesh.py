@@ -241,6 +241,15 @@ def keep_rows(x: Any, mesh: Mesh | None) -> Any:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
+def whole(x: Any, mesh: Mesh | None) -> Any:
+    """`x` constrained to be whole on every device of `mesh` (a no-op off a mesh or on one
+    device): an FSDP-split weight gathered once where a loop reads it whole, rather than the
+    compiler's choice inside the loop."""
+    if mesh is None or mesh.size == 1 or not getattr(x, "ndim", 0):
+        return x
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P()))
+
+
 # The collectives of a compiled program's HLO text, by op and result shapes: `all-gather`,
 # `all-reduce`, `reduce-scatter`, `all-to-all`, `collective-permute` (and their async -start
 # forms). The HLO of `compiled.as_text()`: `%name = f32[16,64]{1,0} all-gather(...)`, a tuple

@@ -107,7 +107,12 @@ def chunked_loss_terms(
     chunks run along S, every chunk holding all B rows: the rows stay split over the devices
     as the batch is (mesh.batch_sharding), so a chunk needs no resharding. On `mesh`, a
     chunk's logits are held to those rows (mesh.keep_rows): the head's kernel is gathered
-    (FSDP), not the features of the whole batch."""
+    (FSDP), not the features of the whole batch. It is gathered whole, in the compute dtype,
+    once before the chunks (mesh.whole): left to itself the TPU compiler of v5e and v6e
+    contracts each chunk against the kernel's FSDP shards in a windowed einsum whose
+    partial sums are whole float32 chunks of logits, three alive at once (125m on
+    v5litepod-8: 786 MB of logits at the step's peak; gathered: one chunk, 262 MB, and the
+    kernel's 37 MB; docs/performance.md)."""
     rows, length = labels.shape
     # The trainer splits B over every device of the mesh (not the devices this process
     # sees: a program compiled for another topology must size its chunks for that one).
@@ -138,7 +143,7 @@ def _chunked(
         return logits + b.astype(jnp.float32) if has_bias else logits
 
     def forward(x: Any, k: Any, b: Any, y: Any, w: Any) -> Any:
-        k = k.astype(compute)
+        k = mesh_lib.whole(k.astype(compute), mesh)
 
         def body(totals: Any, chunk: tuple[Any, Any, Any]) -> tuple[Any, None]:
             xc, yc, wc = chunk
@@ -155,7 +160,7 @@ def _chunked(
 
     def backward(residuals: tuple[Any, ...], cotangent: Any) -> tuple[Any, ...]:
         x, k_in, b, y, w = residuals
-        k = k_in.astype(compute)
+        k = mesh_lib.whole(k_in.astype(compute), mesh)
         # The sums' cotangents: the loss sum's flows into the logits; the weight sum and the
         # argmax count are flat in them (weights' own gradient below, for completeness).
         d_loss, d_weights, d_correct = cotangent[0], cotangent[1], cotangent[2]

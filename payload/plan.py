@@ -47,8 +47,17 @@ The LM head: the loss computes the logits a chunk of positions at a time
 (backends/jax/steps.py chunked_loss_terms; the chunk: payload/model.py loss_chunk_length,
 float32 logits under loss_chunk_budget(the chip's memory): 1/64 of it, 256 MiB to 2 GiB),
 so a sequence keeps 2a x H per predicted token (the head's input and its chunked copy; for
-MLM only the masked positions), and the chip holds one chunk's (a + 8) x V per token
-(the logits, their float32 softmax and its gradient) once, whatever the batch.
+MLM only the masked positions), and the chip holds one chunk's logits once, whatever the
+batch (loss_bytes_per_logit: the float32 logits and, off a TPU, their softmax's gradient in
+the compute dtype), beside the head's kernel whole in the compute dtype and its float32
+gradient's share.
+The step's peak is the larger of its two phases, which are never alive together (the TPU
+compiler's buffer assignment, bench/bench_tpu_compile.py): the loss (the head's input, the
+chunk, the head's kernel and gradient) and the layers' backward pass (the gradients, one
+gathered unit, one layer's recomputed activations); the state, the kept activations and the
+cast weight stacks are alive in both. On a TPU the compiler's own buffers count too: its
+program (GENERATED_CODE_BYTES) and what its memory analysis reports among the temporaries
+beyond the live buffers (COMPILER_SCRATCH_BYTES, COMPILER_SLACK).
 Other families use the same per-layer figure with K = A. A job fits when the state plus the
 activations take at most FIT_SHARE of a chip's memory (the rest: XLA's buffers and the
 compiled program). tests/payload/test_plan_memory.py compares these figures with XLA's
@@ -113,6 +122,19 @@ FIT_SHARE = 0.9
 # train.remat full, 36.4 MiB minimal; 4.2 MiB for `tiny`. One layer body whatever the
 # depth (the scan), so a figure for the presets, not a function of L.
 GENERATED_CODE_BYTES = 40 * 2**20
+# What the chunked loss holds per logit of its one chunk on a TPU: the float32 logits; their
+# softmax and its gradient are fused into the matmuls that read them (the TPU compiler's
+# buffer assignment: 125m on v4-8 holds one f32[2, 2048, 32000], 500 MiB, at the loss's
+# peak). Elsewhere the gradient is materialised too (loss_bytes_per_logit).
+TPU_LOSS_BYTES_PER_LOGIT = 4
+# What the TPU compiler's memory analysis counts among the temporaries beyond the live
+# buffers: the on-chip memory its memory-space assignment fills (VMEM on v5e, CMEM on v4:
+# 112 and 128 MiB of preallocated temporaries in the buffer assignments of 125m on
+# v5litepod-8 and v4-8), at most the temporaries themselves, and the heap's fragmentation,
+# a share of the temporaries (fitted: 0.22 puts 13 of the 15 preset x accelerator cases of
+# 125m-1B within 10 %, docs/performance.md; measured, not derived).
+COMPILER_SCRATCH_BYTES = 128 * 2**20
+COMPILER_SLACK = 0.22
 # The MFU the hours assume unless --mfu says otherwise: our assumption for 125M-3B models on
 # one slice (MaxText publishes ~50-60% for 8B and larger; small models reach less), not a
 # measurement.
@@ -260,6 +282,29 @@ def attention(job: Any, acc: Accelerator) -> kernels.Choice:
     return kernels.select(job.train.attention, case)
 
 
+def _sequence_parts(
+    shape: Shape,
+    seq_length: int,
+    predictions: int,
+    remat: str,
+    dtype_bytes: int,
+    *,
+    fused: bool,
+) -> tuple[int, int, int]:
+    """Per sequence: (what its layers keep through the backward pass, the one layer's
+    activations its backward pass recomputes at a time, the head's input) (docstring)."""
+    a, h, s = dtype_bytes, shape.hidden, seq_length
+    scores = 4 * shape.heads if fused else (4 + a) * shape.heads * s
+    per_token_layer = (
+        a * (7 * h + 3 * shape.kv_heads * shape.head_size + 4 * shape.intermediate) + 8 * h + scores
+    )
+    layer = per_token_layer * s
+    head = 2 * a * h * predictions
+    if REMAT_SAVES[remat] is None:
+        return shape.layers * layer, 0, head
+    return shape.layers * a * (h + saved_width(shape, remat)) * s, layer, head
+
+
 def activation_bytes_per_sequence(
     shape: Shape,
     seq_length: int,
@@ -271,36 +316,37 @@ def activation_bytes_per_sequence(
 ) -> int:
     """Activation bytes one sequence needs at the peak of its backward pass (docstring),
     without the loss's one chunk of logits (loss_chunk_bytes)."""
-    a, h, s = dtype_bytes, shape.hidden, seq_length
-    scores = 4 * shape.heads if fused else (4 + a) * shape.heads * s
-    per_token_layer = (
-        a * (7 * h + 3 * shape.kv_heads * shape.head_size + 4 * shape.intermediate) + 8 * h + scores
+    return sum(
+        _sequence_parts(shape, seq_length, predictions, remat, dtype_bytes, fused=fused)
     )
-    layer = per_token_layer * s
-    if REMAT_SAVES[remat] is None:
-        kept = shape.layers * layer
-    else:
-        kept = shape.layers * a * (h + saved_width(shape, remat)) * s + layer
-    head = 2 * a * h * predictions
-    return kept + head
 
 
 def loss_chunk_bytes(
     shape: Shape,
     per_chip_batch: int,
     predictions: int,
-    dtype_bytes: int,
     memory_bytes: int | None = None,
+    per_logit: int = 4,
 ) -> int:
-    """The chip's one chunk of the chunked loss on a chip of `memory_bytes`: its logits,
-    their float32 softmax and its gradient (module docstring)."""
+    """What the chunked loss holds at once on a chip of `memory_bytes`, besides the head's
+    input: one chunk's float32 logits and what its backward pass computes from them,
+    `per_logit` bytes each (loss_bytes_per_logit; module docstring)."""
     from payload import model  # noqa: PLC0415  (pure)
 
     if per_chip_batch <= 0:
         return 0
     budget = model.loss_chunk_budget(memory_bytes)
     positions = model.loss_chunk_length(per_chip_batch, predictions, shape.vocab, budget)
-    return (dtype_bytes + 8) * shape.vocab * per_chip_batch * positions
+    return per_logit * shape.vocab * per_chip_batch * positions
+
+
+def loss_bytes_per_logit(acc: Accelerator) -> int:
+    """Bytes per logit of the loss's chunk: the float32 logits, and off a TPU their
+    softmax's gradient in the compute dtype, which the backward pass's two matmuls read
+    (the TPU compiler fuses it into them: TPU_LOSS_BYTES_PER_LOGIT)."""
+    if acc.kind == "tpu":
+        return TPU_LOSS_BYTES_PER_LOGIT
+    return TPU_LOSS_BYTES_PER_LOGIT + acc.activation_bytes
 
 
 # ------------------------------------------------------------------------------- the plan
@@ -322,6 +368,9 @@ class Layout:
     per_chip_batch: int
     max_per_chip_batch: int  # the largest micro-batch per chip that fits (0: none)
     code: int = 0  # the compiled program itself (TPU: GENERATED_CODE_BYTES)
+    # TPU: what the compiler reserves beyond the live buffers (COMPILER_SCRATCH_BYTES,
+    # COMPILER_SLACK)
+    reserve: int = 0
 
     @property
     def total(self) -> int:
@@ -332,6 +381,7 @@ class Layout:
             + self.gathered
             + self.activations
             + self.code
+            + self.reserve
         )
 
 
@@ -405,7 +455,8 @@ def _layout(
     # at least the largest such unit (a decoder layer, or the embedding / LM head) is whole
     # on every chip at once, weights and gradient.
     largest_unit = max([shape.layer_matrices, *(math.prod(m) for m in shape.matrices)])
-    gathered = largest_unit * 2 * acc.activation_bytes if fsdp > 1 else 0
+    unit = largest_unit * 2 * acc.activation_bytes if fsdp > 1 else 0
+    gathered = unit
     # Under mixed precision the compiler casts the chip's share of the scanned decoder's
     # stacked weights to the compute dtype once per step, outside the scan's loops (seen in
     # the TPU compiler's program: bf16 [L, ...] stacks enter both loops).
@@ -415,14 +466,38 @@ def _layout(
             shape.layers * shape.layer_matrices // (fsdp if split_layers else 1)
         ) * acc.activation_bytes
     code = GENERATED_CODE_BYTES if acc.kind == "tpu" else 0
-    state = held * (WEIGHT_BYTES + SLOT_BYTES) + gradients + gathered + code
-    sequence = activation_bytes_per_sequence(
+    kept, layer, head = _sequence_parts(
         shape, seq_length, predictions, remat, acc.activation_bytes, fused=fused
     )
+    # The step's two phases, never alive together: the loss (the head's input, one chunk's
+    # logits and their gradient, the head's kernel whole in the compute dtype and its
+    # float32 gradient's share) and the layers' backward pass (the gradients, one gathered
+    # unit, one layer's recomputed activations). An accumulator of gradients lives in both.
+    vocab_matrix = shape.hidden * shape.vocab
     chunk = loss_chunk_bytes(
-        shape, per_chip_batch, predictions, acc.activation_bytes, acc.memory_bytes
+        shape, per_chip_batch, predictions, acc.memory_bytes, loss_bytes_per_logit(acc)
     )
-    largest = max(0, (budget - state - chunk) // sequence) if sequence else 0
+    carried = held * GRADIENT_BYTES if accumulate else 0
+    loss = (
+        chunk
+        + carried
+        + vocab_matrix * acc.activation_bytes
+        + vocab_matrix * GRADIENT_BYTES // fsdp
+    )
+    layers = gradients + unit
+    peak = max(loss + head * per_chip_batch, layers + layer * per_chip_batch)
+    activations = kept * per_chip_batch + peak - gradients - unit
+    reserve = _reserve(acc, gradients + gathered + activations)
+    # The largest micro-batch whose temporaries, with the compiler's reserve, fit the budget
+    # beside the state and the program.
+    fixed = held * (WEIGHT_BYTES + SLOT_BYTES) + code
+    tpu = acc.kind == "tpu"
+    allowed = (budget - fixed - COMPILER_SCRATCH_BYTES * tpu) / (1 + COMPILER_SLACK * tpu)
+    stacks = gathered - unit
+    largest = min(
+        int(allowed - stacks - loss) // (kept + head) if kept + head else 0,
+        int(allowed - stacks - layers) // (kept + layer) if kept + layer else 0,
+    )
     return Layout(
         sharding=sharding,
         remat=remat,
@@ -430,11 +505,21 @@ def _layout(
         slots=held * SLOT_BYTES,
         gradients=gradients,
         gathered=gathered,
-        activations=sequence * per_chip_batch + chunk,
+        # what the peak holds beyond the columns before it
+        activations=activations,
         per_chip_batch=per_chip_batch,
-        max_per_chip_batch=int(largest),
+        max_per_chip_batch=int(max(0, largest)),
         code=code,
+        reserve=reserve,
     )
+
+
+def _reserve(acc: Accelerator, temporaries: int) -> int:
+    """What the TPU compiler adds to `temporaries` (COMPILER_SCRATCH_BYTES, COMPILER_SLACK);
+    nothing elsewhere."""
+    if acc.kind != "tpu":
+        return 0
+    return min(COMPILER_SCRATCH_BYTES, temporaries) + int(COMPILER_SLACK * temporaries)
 
 
 def plan_job(job: Any, acc: Accelerator, *, mfu: float = DEFAULT_MFU) -> Plan:

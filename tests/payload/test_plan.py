@@ -107,14 +107,29 @@ def test_figures_of_llama_1b_on_v5e_8() -> None:
     data = p.layout("data", "none")
     assert data.weights + data.slots + data.gradients == 16 * n
     assert data.gathered == 16 * matrices * 2
-    # Remat keeps one bf16 hidden state per layer and token, plus one layer's activations
-    # (a TPU: fused attention, so 4 bytes of softmax statistics per head, no [S, S] scores),
-    # plus the head's input and its chunked copy; the loss holds one chunk of logits per chip
-    # (4 sequences x 512 positions: 256 MiB / (4 bytes x 32,000 x 4) -> 524 -> 512).
+    # Remat keeps one bf16 hidden state per layer and token through the step; the peak is
+    # the larger of two phases never alive together. The layers' backward pass: the
+    # gradients, the gathered unit and one layer's activations (a TPU: fused attention, so 4
+    # bytes of softmax statistics per head, no [S, S] scores). The loss: the head's input and
+    # its chunked copy, one chunk's float32 logits (4 sequences x 512 positions: 256 MiB /
+    # (4 bytes x 32,000 x 4) -> 524 -> 512), the head's kernel whole in bf16 and its float32
+    # gradient's eighth.
+    kept = 16 * 2 * 2048 * 2048
     one_layer = (2 * (7 * 2048 + 3 * 512 + 4 * 8192) + 8 * 2048 + 4 * 32) * 2048
-    per_sequence = 16 * 2 * 2048 * 2048 + one_layer + 2 * 2 * 2048 * 2048
-    chunk = (2 + 8) * 32000 * 4 * 512
-    assert layout.activations == 4 * per_sequence + chunk
+    head = 2 * 2 * 2048 * 2048
+    chunk = 4 * 32000 * 4 * 512
+    assert plan.loss_chunk_bytes(plan.model_shape("llama", "1b", {}, 32000), 4, 2048) == chunk
+    unit = 32000 * 2048 * (2 + 2)
+    layers = layout.gradients + unit + 4 * one_layer
+    loss = 4 * head + chunk + 32000 * 2048 * 2 + 32000 * 2048 * 4 // 8
+    assert layers > loss  # 1B's peak is in the layers' backward pass
+    assert layout.activations == 4 * kept + layers - layout.gradients - unit
+    # The TPU compiler's reserve: its on-chip scratch and a share of the temporaries.
+    temporaries = layout.gradients + layout.gathered + layout.activations
+    assert layout.reserve == plan.COMPILER_SCRATCH_BYTES + int(plan.COMPILER_SLACK * temporaries)
+    assert layout.total == (
+        layout.weights + layout.slots + temporaries + plan.GENERATED_CODE_BYTES + layout.reserve
+    )
     assert layout.per_chip_batch == 4
     # 1000 steps x 32 x 2048 tokens at 35% of 8 x 197 TFLOP/s.
     tokens = 1000 * 32 * 2048
@@ -131,9 +146,13 @@ def test_gradient_accumulation_adds_an_accumulator() -> None:
     # Half the sequences; the loss's one chunk of logits per chip is the same 2,048 tokens
     # (16 x 128 positions, 8 x 256).
     shape = plan.model_shape("llama", "125m", {}, 32000)
-    chunk = plan.loss_chunk_bytes(shape, 16, 2048, 2)
-    assert chunk == plan.loss_chunk_bytes(shape, 8, 2048, 2) == 10 * 32000 * 2048
-    assert two.activations - chunk == (one.activations - chunk) // 2
+    chunk = plan.loss_chunk_bytes(shape, 16, 2048)
+    assert chunk == plan.loss_chunk_bytes(shape, 8, 2048) == 4 * 32000 * 2048
+    # The accumulator lives through both phases of the step: the peak grows by one set of
+    # gradients, whichever phase it is in.
+    grown = two.total - two.reserve - (one.total - one.reserve)
+    assert two.gradients - one.gradients == one.gradients
+    assert grown < one.gradients  # half the sequences' activations fewer
 
 
 def test_fused_attention_drops_the_scores() -> None:
@@ -189,9 +208,12 @@ def test_the_loss_chunk_follows_the_chip_s_memory() -> None:
     a 16 GB v5e."""
     shape = plan.model_shape("llama", "1b", {}, 128256)
     h100 = plan.accelerator("nvidia-h100-80gb").memory_bytes
-    assert plan.loss_chunk_bytes(shape, 4, 2048, 2, h100) == 10 * 128256 * 4 * 512
+    assert plan.loss_chunk_bytes(shape, 4, 2048, h100, 6) == 6 * 128256 * 4 * 512
     v5e = plan.accelerator("v5litepod-8").memory_bytes
-    assert plan.loss_chunk_bytes(shape, 4, 2048, 2, v5e) == 10 * 128256 * 4 * 128
+    assert plan.loss_chunk_bytes(shape, 4, 2048, v5e) == 4 * 128256 * 4 * 128
+    # Per logit: float32 logits; off a TPU also their softmax's gradient in the compute dtype.
+    assert plan.loss_bytes_per_logit(plan.accelerator("nvidia-h100-80gb")) == 4 + 2
+    assert plan.loss_bytes_per_logit(plan.accelerator("v5litepod-8")) == 4
 
 
 def test_auto_follows_the_half_memory_rule() -> None:

@@ -259,7 +259,8 @@ class Report:
 def _plan_columns(plan: plan_lib.Plan, sharding: str, remat: str, batch_bytes: int) -> dict:
     layout = plan.layout(sharding, remat)
     state = layout.weights + layout.slots
-    temporaries = layout.gradients + layout.gathered + layout.activations
+    # The compiler counts its scratch and its heap's slack among the temporaries (plan.py).
+    temporaries = layout.gradients + layout.gathered + layout.activations + layout.reserve
     return {
         "arguments": state + batch_bytes,
         "outputs": state,

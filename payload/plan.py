@@ -31,10 +31,11 @@ key/value heads, D head size):
                           attention output, the residual, the MLP's gate, up, act(gate) and
                           product, the down projection
   + 8H                    the two RMSNorms' float32 copies of their input
-  + 4 x A                 with a fused attention kernel (payload/kernels.py's table, as the
+  + 4 x A (x 128)         with a fused attention kernel (payload/kernels.py's table, as the
                           trainer: cuDNN on NVIDIA GPUs of compute capability 8.0+ in bf16,
                           splash on TPUs): its float32 softmax statistics (one log-sum-exp
-                          per query and head); the [S, S] scores never exist
+                          per query and head; splash writes each across its 128 lanes);
+                          the [S, S] scores never exist
   or (4 + a) x A x S      with the reference attention (the table's other cases, e.g. CPU,
                           attention dropout, older or AMD GPUs): the scores (float32 for
                           the softmax) and probabilities, materialised and kept
@@ -290,11 +291,14 @@ def _sequence_parts(
     dtype_bytes: int,
     *,
     fused: bool,
+    stat_lanes: int = 1,
 ) -> tuple[int, int, int]:
     """Per sequence: (what its layers keep through the backward pass, the one layer's
-    activations its backward pass recomputes at a time, the head's input) (docstring)."""
+    activations its backward pass recomputes at a time, the head's input) (docstring).
+    `stat_lanes`: how many float32 copies of each softmax statistic a fused kernel keeps
+    (splash: its 128 lanes, stat_lanes_of)."""
     a, h, s = dtype_bytes, shape.hidden, seq_length
-    scores = 4 * shape.heads if fused else (4 + a) * shape.heads * s
+    scores = 4 * stat_lanes * shape.heads if fused else (4 + a) * shape.heads * s
     per_token_layer = (
         a * (7 * h + 3 * shape.kv_heads * shape.head_size + 4 * shape.intermediate) + 8 * h + scores
     )
@@ -313,12 +317,22 @@ def activation_bytes_per_sequence(
     dtype_bytes: int,
     *,
     fused: bool = False,
+    stat_lanes: int = 1,
 ) -> int:
     """Activation bytes one sequence needs at the peak of its backward pass (docstring),
     without the loss's one chunk of logits (loss_chunk_bytes)."""
-    return sum(
-        _sequence_parts(shape, seq_length, predictions, remat, dtype_bytes, fused=fused)
+    parts = _sequence_parts(
+        shape, seq_length, predictions, remat, dtype_bytes, fused=fused, stat_lanes=stat_lanes
     )
+    return sum(parts)
+
+
+def stat_lanes_of(acc: Accelerator) -> int:
+    """Float32 copies per softmax statistic that the chip's fused attention kernel keeps for
+    its backward pass: splash (TPU) writes each query's log-sum-exp across its 128 lanes
+    (jax 0.10.2 splash_attention_kernel.py: `logsumexp_ref.shape == (bq, NUM_LANES)`; the
+    TPU compiler's program keeps f32[rows, heads, S, 128]); cuDNN one."""
+    return kernels.SPLASH_LANES if acc.kind == "tpu" else 1
 
 
 def loss_chunk_bytes(
@@ -467,8 +481,9 @@ def _layout(
         ) * acc.activation_bytes
     code = GENERATED_CODE_BYTES if acc.kind == "tpu" else 0
     kept, layer, head = _sequence_parts(
-        shape, seq_length, predictions, remat, acc.activation_bytes, fused=fused
-    )
+        shape, seq_length, predictions, remat, acc.activation_bytes, fused=fused,
+        stat_lanes=stat_lanes_of(acc),
+    )  # fmt: skip
     # The step's two phases, never alive together: the loss (the head's input, one chunk's
     # logits and their gradient, the head's kernel whole in the compute dtype and its
     # float32 gradient's share) and the layers' backward pass (the gradients, one gathered

@@ -109,13 +109,13 @@ def test_figures_of_llama_1b_on_v5e_8() -> None:
     assert data.gathered == 16 * matrices * 2
     # Remat keeps one bf16 hidden state per layer and token through the step; the peak is
     # the larger of two phases never alive together. The layers' backward pass: the
-    # gradients, the gathered unit and one layer's activations (a TPU: fused attention, so 4
-    # bytes of softmax statistics per head, no [S, S] scores). The loss: the head's input and
-    # its chunked copy, one chunk's float32 logits (4 sequences x 512 positions: 256 MiB /
-    # (4 bytes x 32,000 x 4) -> 524 -> 512), the head's kernel whole in bf16 and its float32
-    # gradient's eighth.
+    # gradients, the gathered unit and one layer's activations (a TPU: splash, so a float32
+    # softmax statistic per head across its 128 lanes, no [S, S] scores). The loss: the
+    # head's input and its chunked copy, one chunk's float32 logits (4 sequences x 512
+    # positions: 256 MiB / (4 bytes x 32,000 x 4) -> 524 -> 512), the head's kernel whole in
+    # bf16 and its float32 gradient's eighth.
     kept = 16 * 2 * 2048 * 2048
-    one_layer = (2 * (7 * 2048 + 3 * 512 + 4 * 8192) + 8 * 2048 + 4 * 32) * 2048
+    one_layer = (2 * (7 * 2048 + 3 * 512 + 4 * 8192) + 8 * 2048 + 4 * 128 * 32) * 2048
     head = 2 * 2 * 2048 * 2048
     chunk = 4 * 32000 * 4 * 512
     assert plan.loss_chunk_bytes(plan.model_shape("llama", "1b", {}, 32000), 4, 2048) == chunk
@@ -157,9 +157,10 @@ def test_gradient_accumulation_adds_an_accumulator() -> None:
 
 def test_fused_attention_drops_the_scores() -> None:
     """A fused kernel (TPU splash, cuDNN on an Ampere+ GPU computing in bf16) keeps 4 bytes
-    of softmax statistics per head and token; the reference (V100/T4/P100, fp32, attention
-    dropout, train.attention: reference) keeps the [S, S] scores and probabilities. The plan
-    says which, by the trainer's table (payload/kernels.py)."""
+    of softmax statistics per head and token (splash: across 128 lanes); the reference
+    (V100/T4/P100, fp32, attention dropout, train.attention: reference) keeps the [S, S]
+    scores and probabilities. The plan says which, by the trainer's table
+    (payload/kernels.py)."""
     for name in ("v6e-8", "nvidia-tesla-a100", "nvidia-h100-80gb", "nvidia-l4"):
         acc = plan.accelerator(name)
         assert plan.attention(job("125m"), acc).implementation != "reference", name
@@ -180,6 +181,18 @@ def test_fused_attention_drops_the_scores() -> None:
     reference = plan.activation_bytes_per_sequence(shape, 2048, 2048, "none", 2)
     kernel = plan.activation_bytes_per_sequence(shape, 2048, 2048, "none", 2, fused=True)
     assert reference - kernel == 30 * 2048 * ((4 + 2) * 9 * 2048 - 4 * 9)
+    # Splash writes each statistic across its 128 lanes (a TPU's plan counts them so).
+    splash = plan.activation_bytes_per_sequence(
+        shape,
+        2048,
+        2048,
+        "none",
+        2,
+        fused=True,
+        stat_lanes=plan.stat_lanes_of(plan.accelerator("v6e-8")),
+    )
+    assert splash - kernel == 30 * 2048 * 4 * 9 * 127
+    assert plan.stat_lanes_of(plan.accelerator("nvidia-h100-80gb")) == 1
 
 
 def test_attention_dropout_is_stated_in_the_plan() -> None:

@@ -52,13 +52,11 @@ MLM only the masked positions), and the chip holds one chunk's logits once, what
 batch (loss_bytes_per_logit: the float32 logits and, off a TPU, their softmax's gradient in
 the compute dtype), beside the head's kernel whole in the compute dtype and its float32
 gradient's share.
-The step's peak is the larger of its two phases, which are never alive together (the TPU
-compiler's buffer assignment, bench/bench_tpu_compile.py): the loss (the head's input, the
-chunk, the head's kernel and gradient) and the layers' backward pass (the gradients, one
-gathered unit, one layer's recomputed activations); the state, the kept activations and the
-cast weight stacks are alive in both. On a TPU the compiler's own buffers count too: its
-program (GENERATED_CODE_BYTES) and what its memory analysis reports among the temporaries
-beyond the live buffers (COMPILER_SCRATCH_BYTES, COMPILER_SLACK).
+The step's peak is the larger of two phases never alive together (the TPU compiler's
+buffer assignment): the loss (the head's input, the chunk, the head's kernel and gradient)
+and the layers' backward pass (the gradients, one gathered unit, one layer's recomputed
+activations). On a TPU the compiler's program (GENERATED_CODE_BYTES) and what its memory
+analysis reports beyond the live buffers (COMPILER_SCRATCH_BYTES, COMPILER_SLACK) count.
 Other families use the same per-layer figure with K = A. A job fits when the state plus the
 activations take at most FIT_SHARE of a chip's memory (the rest: XLA's buffers and the
 compiled program). tests/payload/test_plan_memory.py compares these figures with XLA's
@@ -106,12 +104,23 @@ from payload.sharding import (
     GRADIENT_BYTES,
     REMAT_ALIASES,
     REMAT_FAMILIES,
-    REMAT_SAVES,
     SLOT_BYTES,
     STATE_BYTES_PER_PARAMETER,
     WEIGHT_BYTES,
 )
-from payload.step_costs import saved_width, step_flops_per_token
+
+# What a step keeps and executes (payload/step_costs.py), re-exported.
+from payload.step_costs import (  # noqa: F401
+    TPU_LOSS_BYTES_PER_LOGIT,
+    activation_bytes_per_sequence,
+    attention_flops_per_token,
+    flops_per_token,
+    loss_bytes_per_logit,
+    loss_chunk_bytes,
+    sequence_parts,
+    stat_lanes_of,
+    step_flops_per_token,
+)
 
 # A layout fits when state + activations take at most this share of a chip's memory: the
 # rest is for XLA's temporaries, the program and fragmentation (our margin, not a measured
@@ -123,11 +132,6 @@ FIT_SHARE = 0.9
 # train.remat full, 36.4 MiB minimal; 4.2 MiB for `tiny`. One layer body whatever the
 # depth (the scan), so a figure for the presets, not a function of L.
 GENERATED_CODE_BYTES = 40 * 2**20
-# What the chunked loss holds per logit of its one chunk on a TPU: the float32 logits; their
-# softmax and its gradient are fused into the matmuls that read them (the TPU compiler's
-# buffer assignment: 125m on v4-8 holds one f32[2, 2048, 32000], 500 MiB, at the loss's
-# peak). Elsewhere the gradient is materialised too (loss_bytes_per_logit).
-TPU_LOSS_BYTES_PER_LOGIT = 4
 # What the TPU compiler's memory analysis counts among the temporaries beyond the live
 # buffers: the on-chip memory its memory-space assignment fills (VMEM on v5e, CMEM on v4:
 # 112 and 128 MiB of preallocated temporaries in the buffer assignments of 125m on
@@ -234,26 +238,6 @@ def sharded_parameters(shape: Shape, fsdp: int) -> tuple[int, int]:
     return split, shape.parameters - split
 
 
-def flops_per_token(shape: Shape, seq_length: int) -> float:
-    """MaxText's training FLOPs per token (module docstring), for this model."""
-    h, i, layers, d = shape.hidden, shape.intermediate, shape.layers, shape.head_size
-    mlp = 2 * h * i * (3 if shape.family == "llama" else 2)  # SwiGLU: gate, up, down
-    qkv = 2 * h * (shape.heads + 2 * shape.kv_heads) * d
-    projection = 2 * h * shape.heads * d
-    weights = layers * (mlp + qkv + projection) + 2 * h * shape.vocab
-    return 3.0 * weights + attention_flops_per_token(shape, seq_length)
-
-
-def attention_flops_per_token(shape: Shape, seq_length: int) -> float:
-    """flops_per_token's attention term: 3 x the QK^T and PV matmuls over the sequence
-    (halved when causal). What a fused kernel computes (`tpu-payload compile` adds it for
-    the Pallas kernels, whose FLOPs the compiled HLO does not show)."""
-    attention = 4.0 * seq_length * shape.heads * shape.head_size * shape.layers
-    if shape.causal:
-        attention /= 2
-    return 3.0 * attention
-
-
 def attention_case(
     acc: Accelerator, family: str, size: str, overrides: Mapping[str, Any], *,
     precision: str, seq_length: int, documents: bool,
@@ -281,86 +265,6 @@ def attention(job: Any, acc: Accelerator) -> kernels.Choice:
     case = attention_case(acc, model.family, model.size, model.config, precision=precision,
                           seq_length=data.seq_length, documents=data.document_mask)  # fmt: skip
     return kernels.select(job.train.attention, case)
-
-
-def _sequence_parts(
-    shape: Shape,
-    seq_length: int,
-    predictions: int,
-    remat: str,
-    dtype_bytes: int,
-    *,
-    fused: bool,
-    stat_lanes: int = 1,
-) -> tuple[int, int, int]:
-    """Per sequence: (what its layers keep through the backward pass, the one layer's
-    activations its backward pass recomputes at a time, the head's input) (docstring).
-    `stat_lanes`: how many float32 copies of each softmax statistic a fused kernel keeps
-    (splash: its 128 lanes, stat_lanes_of)."""
-    a, h, s = dtype_bytes, shape.hidden, seq_length
-    scores = 4 * stat_lanes * shape.heads if fused else (4 + a) * shape.heads * s
-    per_token_layer = (
-        a * (7 * h + 3 * shape.kv_heads * shape.head_size + 4 * shape.intermediate) + 8 * h + scores
-    )
-    layer = per_token_layer * s
-    head = 2 * a * h * predictions
-    if REMAT_SAVES[remat] is None:
-        return shape.layers * layer, 0, head
-    return shape.layers * a * (h + saved_width(shape, remat)) * s, layer, head
-
-
-def activation_bytes_per_sequence(
-    shape: Shape,
-    seq_length: int,
-    predictions: int,
-    remat: str,
-    dtype_bytes: int,
-    *,
-    fused: bool = False,
-    stat_lanes: int = 1,
-) -> int:
-    """Activation bytes one sequence needs at the peak of its backward pass (docstring),
-    without the loss's one chunk of logits (loss_chunk_bytes)."""
-    parts = _sequence_parts(
-        shape, seq_length, predictions, remat, dtype_bytes, fused=fused, stat_lanes=stat_lanes
-    )
-    return sum(parts)
-
-
-def stat_lanes_of(acc: Accelerator) -> int:
-    """Float32 copies per softmax statistic that the chip's fused attention kernel keeps for
-    its backward pass: splash (TPU) writes each query's log-sum-exp across its 128 lanes
-    (jax 0.10.2 splash_attention_kernel.py: `logsumexp_ref.shape == (bq, NUM_LANES)`; the
-    TPU compiler's program keeps f32[rows, heads, S, 128]); cuDNN one."""
-    return kernels.SPLASH_LANES if acc.kind == "tpu" else 1
-
-
-def loss_chunk_bytes(
-    shape: Shape,
-    per_chip_batch: int,
-    predictions: int,
-    memory_bytes: int | None = None,
-    per_logit: int = 4,
-) -> int:
-    """What the chunked loss holds at once on a chip of `memory_bytes`, besides the head's
-    input: one chunk's float32 logits and what its backward pass computes from them,
-    `per_logit` bytes each (loss_bytes_per_logit; module docstring)."""
-    from payload import model  # noqa: PLC0415  (pure)
-
-    if per_chip_batch <= 0:
-        return 0
-    budget = model.loss_chunk_budget(memory_bytes)
-    positions = model.loss_chunk_length(per_chip_batch, predictions, shape.vocab, budget)
-    return per_logit * shape.vocab * per_chip_batch * positions
-
-
-def loss_bytes_per_logit(acc: Accelerator) -> int:
-    """Bytes per logit of the loss's chunk: the float32 logits, and off a TPU their
-    softmax's gradient in the compute dtype, which the backward pass's two matmuls read
-    (the TPU compiler fuses it into them: TPU_LOSS_BYTES_PER_LOGIT)."""
-    if acc.kind == "tpu":
-        return TPU_LOSS_BYTES_PER_LOGIT
-    return TPU_LOSS_BYTES_PER_LOGIT + acc.activation_bytes
 
 
 # ------------------------------------------------------------------------------- the plan
@@ -480,7 +384,7 @@ def _layout(
             shape.layers * shape.layer_matrices // (fsdp if split_layers else 1)
         ) * acc.activation_bytes
     code = GENERATED_CODE_BYTES if acc.kind == "tpu" else 0
-    kept, layer, head = _sequence_parts(
+    kept, layer, head = sequence_parts(
         shape, seq_length, predictions, remat, acc.activation_bytes, fused=fused,
         stat_lanes=stat_lanes_of(acc),
     )  # fmt: skip

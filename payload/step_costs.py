@@ -2,13 +2,22 @@
 train.remat policy: the activations a decoder layer keeps for its backward pass and the
 matmul FLOPs the compiled step executes (payload/plan.py uses both;
 bench/bench_tpu_compile.py and tests/payload/test_plan_memory.py compare them with compiled
-programs). Framework-free, as the plan."""
+programs), and the bytes of activations and of the chunked loss a planned step holds
+(payload/plan.py's docstring says what each figure counts). Framework-free, as the plan."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from payload import kernels
+from payload.accelerators import Accelerator
 from payload.sharding import REMAT_SAVES
+
+# What the chunked loss holds per logit of its one chunk on a TPU: the float32 logits; their
+# softmax and its gradient are fused into the matmuls that read them (the TPU compiler's
+# buffer assignment: 125m on v4-8 holds one f32[2, 2048, 32000], 500 MiB, at the loss's
+# peak). Elsewhere the gradient is materialised too (loss_bytes_per_logit).
+TPU_LOSS_BYTES_PER_LOGIT = 4
 
 
 class Shape(Protocol):
@@ -52,6 +61,26 @@ def saved_width(shape: Shape, remat: str) -> int:
     return sum(widths[name] for name in REMAT_SAVES[remat] or ())
 
 
+def flops_per_token(shape: Shape, seq_length: int) -> float:
+    """MaxText's training FLOPs per token (payload/plan.py's docstring), for this model."""
+    h, i, layers, d = shape.hidden, shape.intermediate, shape.layers, shape.head_size
+    mlp = 2 * h * i * (3 if shape.family == "llama" else 2)  # SwiGLU: gate, up, down
+    qkv = 2 * h * (shape.heads + 2 * shape.kv_heads) * d
+    projection = 2 * h * shape.heads * d
+    weights = layers * (mlp + qkv + projection) + 2 * h * shape.vocab
+    return 3.0 * weights + attention_flops_per_token(shape, seq_length)
+
+
+def attention_flops_per_token(shape: Shape, seq_length: int) -> float:
+    """flops_per_token's attention term: 3 x the QK^T and PV matmuls over the sequence
+    (halved when causal). What a fused kernel computes (`tpu-payload compile` adds it for
+    the Pallas kernels, whose FLOPs the compiled HLO does not show)."""
+    attention = 4.0 * seq_length * shape.heads * shape.head_size * shape.layers
+    if shape.causal:
+        attention /= 2
+    return 3.0 * attention
+
+
 def step_flops_per_token(
     shape: Shape, seq_length: int, predictions: int, remat: str, *, fused: bool
 ) -> float:
@@ -88,3 +117,83 @@ def step_flops_per_token(
             recompute += mlp_in
         total += layers * recompute
     return total
+
+
+def sequence_parts(
+    shape: Shape,
+    seq_length: int,
+    predictions: int,
+    remat: str,
+    dtype_bytes: int,
+    *,
+    fused: bool,
+    stat_lanes: int = 1,
+) -> tuple[int, int, int]:
+    """Per sequence: (what its layers keep through the backward pass, the one layer's
+    activations its backward pass recomputes at a time, the head's input) (docstring).
+    `stat_lanes`: how many float32 copies of each softmax statistic a fused kernel keeps
+    (splash: its 128 lanes, stat_lanes_of)."""
+    a, h, s = dtype_bytes, shape.hidden, seq_length
+    scores = 4 * stat_lanes * shape.heads if fused else (4 + a) * shape.heads * s
+    per_token_layer = (
+        a * (7 * h + 3 * shape.kv_heads * shape.head_size + 4 * shape.intermediate) + 8 * h + scores
+    )
+    layer = per_token_layer * s
+    head = 2 * a * h * predictions
+    if REMAT_SAVES[remat] is None:
+        return shape.layers * layer, 0, head
+    return shape.layers * a * (h + saved_width(shape, remat)) * s, layer, head
+
+
+def activation_bytes_per_sequence(
+    shape: Shape,
+    seq_length: int,
+    predictions: int,
+    remat: str,
+    dtype_bytes: int,
+    *,
+    fused: bool = False,
+    stat_lanes: int = 1,
+) -> int:
+    """Activation bytes one sequence needs at the peak of its backward pass (docstring),
+    without the loss's one chunk of logits (loss_chunk_bytes)."""
+    parts = sequence_parts(
+        shape, seq_length, predictions, remat, dtype_bytes, fused=fused, stat_lanes=stat_lanes
+    )
+    return sum(parts)
+
+
+def stat_lanes_of(acc: Accelerator) -> int:
+    """Float32 copies per softmax statistic that the chip's fused attention kernel keeps for
+    its backward pass: splash (TPU) writes each query's log-sum-exp across its 128 lanes
+    (jax 0.10.2 splash_attention_kernel.py: `logsumexp_ref.shape == (bq, NUM_LANES)`; the
+    TPU compiler's program keeps f32[rows, heads, S, 128]); cuDNN one."""
+    return kernels.SPLASH_LANES if acc.kind == "tpu" else 1
+
+
+def loss_chunk_bytes(
+    shape: Shape,
+    per_chip_batch: int,
+    predictions: int,
+    memory_bytes: int | None = None,
+    per_logit: int = 4,
+) -> int:
+    """What the chunked loss holds at once on a chip of `memory_bytes`, besides the head's
+    input: one chunk's float32 logits and what its backward pass computes from them,
+    `per_logit` bytes each (loss_bytes_per_logit; module docstring)."""
+    from payload import model  # noqa: PLC0415  (pure)
+
+    if per_chip_batch <= 0:
+        return 0
+    budget = model.loss_chunk_budget(memory_bytes)
+    positions = model.loss_chunk_length(per_chip_batch, predictions, shape.vocab, budget)
+    return per_logit * shape.vocab * per_chip_batch * positions
+
+
+def loss_bytes_per_logit(acc: Accelerator) -> int:
+    """Bytes per logit of the loss's chunk: the float32 logits, and off a TPU their
+    softmax's gradient in the compute dtype, which the backward pass's two matmuls read
+    (the TPU compiler fuses it into them: TPU_LOSS_BYTES_PER_LOGIT)."""
+    if acc.kind == "tpu":
+        return TPU_LOSS_BYTES_PER_LOGIT
+    return TPU_LOSS_BYTES_PER_LOGIT + acc.activation_bytes

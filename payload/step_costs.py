@@ -176,7 +176,7 @@ def loss_chunk_bytes(
     per_chip_batch: int,
     predictions: int,
     memory_bytes: int | None = None,
-    per_logit: int = 4,
+    per_logit: int = TPU_LOSS_BYTES_PER_LOGIT,
 ) -> int:
     """What the chunked loss holds at once on a chip of `memory_bytes`, besides the head's
     input: one chunk's float32 logits and what its backward pass computes from them,

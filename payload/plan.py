@@ -136,10 +136,11 @@ GENERATED_CODE_BYTES = 40 * 2**20
 # buffers: the on-chip memory its memory-space assignment fills (VMEM on v5e, CMEM on v4:
 # 112 and 128 MiB of preallocated temporaries in the buffer assignments of 125m on
 # v5litepod-8 and v4-8), once the temporaries outgrow it, and the heap's fragmentation,
-# a share of the temporaries (fitted: 0.22 puts 13 of the 15 preset x accelerator cases of
-# 125m-1B within 10 %, docs/performance.md; measured, not derived).
+# a share of the temporaries (fitted, not derived: with the 20 Llama preset x accelerator
+# cases of docs/performance.md compiled at a54e750, any value from 0.23 to 0.24 puts all 20
+# within 10 %; 0.22 leaves 125m on v5litepod-16 at 0.898, 0.25 puts 125m on v4-8 at 1.104).
 COMPILER_SCRATCH_BYTES = 128 * 2**20
-COMPILER_SLACK = 0.22
+COMPILER_SLACK = 0.235
 # The MFU the hours assume unless --mfu says otherwise: our assumption for 125M-3B models on
 # one slice (MaxText publishes ~50-60% for 8B and larger; small models reach less), not a
 # measurement.

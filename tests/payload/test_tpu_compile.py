@@ -30,10 +30,10 @@ TPU compile each took ~11-13 s of CPU. Asserted:
 - the plan (payload/plan.py) agrees with the compiler: its per-chip total (weights + slots +
   gradients + activations + the compiler's reserve + the chunk's batches) is within
   PLAN_FACTOR of the compiler's arguments + outputs - aliased + temporaries (generated code
-  apart: the plan's is one constant for the presets). Measured 2026-11-29: 0.76 and 0.69
-  (Llama on v5e:2x2, v6e:2x2), 1.13 (BERT): on models this small TPU tiling pads every
-  small array (a [64] vector takes a (128) tile) and XLA's fixed buffers weigh most (the
-  presets: within 10 % on 18 of 20 cases, docs/performance.md);
+  apart: the plan's is one constant for the presets). Measured 2026-12-01: 0.76 and 0.68
+  (Llama on v5e:2x2, v6e:2x2), 1.12 (BERT), 0.63 (the 144-wide Llama): on models this
+  small TPU tiling pads every small array (a [64] vector takes a (128) tile) and XLA's
+  fixed buffers weigh most (the presets: within 10 % on all 20 cases, docs/performance.md);
 - the FLOPs per step (HLO matmuls with trip counts + the kernels' attention term) within
   FLOPS_FACTOR of the plan's model FLOPs (measured 2026-11-28 on v5e:2x2: 1.07 Llama: the
   embedding's one-hot matmul and the chunked loss's recomputed logits; 0.92 BERT: MLM's

@@ -437,11 +437,11 @@ def carried_layouts(state_sharding: Any) -> Callable[[TrainState], TrainState]:
             # embedding [32000, 576] split 16 ways: shards [32000, 36], its long axis minor)
             # the partitioner met it by all-gathering the float32 array in every step (6 per
             # step of the table and its slots on v5e:4x4; hlo.py counts gathers by dtype).
-            # A stack over the layers [L, ...] (rank 3) always: where its shard's default
-            # puts L inside ([30, 36, 576] on v5e:4x4, L padded less than 36 would be: L
-            # second-minor) the compiler otherwise carries the stacks and their AdamW
-            # slots L-major, copied in and out of the loop (125m there: 21 arrays,
-            # 0.99 -> 0.87 GiB a chip pinned, every gather still bf16).
+            # A stack over the layers [L, ...] (rank 3: models.LlamaLayers, and its AdamW
+            # slots) in its default whatever it is: where that default puts L inside (125m's
+            # [30, 36, 576] shards on v5e:4x4 lay out (1, 0, 2)) the compiler otherwise
+            # carries the stacks L-major, copied in and out of the loop (125m there: 21
+            # arrays; pinned, 0.99 -> 0.87 GiB a chip, every gather still bf16).
             row_major = value.ndim > 0 and order == tuple(range(value.ndim))
             pinned = row_major or value.ndim >= 3
             out.append(with_layout_constraint(value, Layout(order)) if pinned else value)

@@ -102,7 +102,7 @@ def test_the_shared_core_imports_no_framework() -> None:
 @pytest.mark.parametrize(
     ("backend", "foreign"),
     # The JAX backend imports no TensorFlow (its input is Grain's: input.py); at run time
-    # tests/payload/test_jax_no_tensorflow.py trains with TensorFlow unimportable.
+    # tests/payload/test_resume.py trains with TensorFlow unimportable (no_tensorflow/).
     [
         ("tf", {"jax", "keras", "orbax", "grain"}),
         ("jax", {"tf_keras", "transformers", "tensorflow"}),

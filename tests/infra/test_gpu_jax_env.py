@@ -1,8 +1,9 @@
 """The GPU VM's environment for the Keras 3 / JAX backend (requirements/gpu-vm-jax.txt).
 
 `make venv-gpu-jax` builds .venv-gpu-jax with the shell function the GPU VM's startup script
-runs (infra/templates/tpu-install.sh tpu_install_env, VM_REQUIREMENTS=requirements/gpu-vm-jax
-.txt) on the overlay's Python (3.11). Here: the overlay resolves for that Python only; the
+runs (infra/templates/tpu-install.sh tpu_install_env,
+VM_REQUIREMENTS=requirements/gpu-vm-jax.txt) on the overlay's Python (3.11). Here: the overlay
+resolves for that Python only; the
 built environment has jax with its CUDA 12 plugin, keras on JAX and TensorFlow's CPU build and
 nothing of TensorFlow's CUDA build or of the TPU; the real CLI trains a tiny Llama in it on the
 CPU (JAX_PLATFORMS=cpu); a Llama job (train.backend auto or jax) on a GPU stack renders a

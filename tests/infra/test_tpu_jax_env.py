@@ -1,8 +1,9 @@
 """The TPU VM's environment for the Keras 3 / JAX backend (requirements/tpu-vm-jax.txt).
 
 `make venv-tpu-jax` builds .venv-tpu-jax with the shell function the TPU VM's startup script
-runs (infra/templates/tpu-install.sh tpu_install_env, VM_REQUIREMENTS=requirements/tpu-vm-jax
-.txt) on the overlay's Python (3.11). Here: the overlay resolves for that Python only; the
+runs (infra/templates/tpu-install.sh tpu_install_env,
+VM_REQUIREMENTS=requirements/tpu-vm-jax.txt) on the overlay's Python (3.11). Here: the overlay
+resolves for that Python only; the
 built environment has jax, keras on JAX and TensorFlow's CPU build and nothing of TF's TPU
 line; a job with train.backend: jax (or a v6e stack, auto) renders a startup script that
 installs that environment, and the script runs in the sandbox of test_infra_scripts.py.

@@ -57,9 +57,9 @@ def measure(fmt: str, params: float, saves: int, directory: str) -> dict:
     import jax
     import numpy as np
 
-    from payload import storage
     from payload.backends.jax import checkpoint as checkpoints
     from payload.backends.jax import steps
+    from payload.core import storage
 
     weights = [
         jax.random.normal(jax.random.key(i), s, "float32") for i, s in enumerate(shapes(params))

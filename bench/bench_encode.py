@@ -40,7 +40,7 @@ CHILD = r"""
 import json, os, sys, threading, time
 from pathlib import Path
 from payload import spec, encode
-from payload.status import StatusWriter
+from payload.core.status import StatusWriter
 
 def rss_kb(pid):
     try:
@@ -153,7 +153,7 @@ def raw_tokenizer_throughput(
     return tokens / seconds, tokens
 
 
-def main() -> None:
+def main() -> None:  # noqa: PLR0915
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=50.0, help="base corpus size (MB)")
     parser.add_argument(
@@ -168,8 +168,9 @@ def main() -> None:
 
     from generate_corpus import write_corpus
 
-    from payload import records, spec, tokenizer
-    from payload.status import StatusWriter
+    from payload import spec, tokenizer
+    from payload.core import records
+    from payload.core.status import StatusWriter
 
     with tempfile.TemporaryDirectory(prefix="bench-encode-") as tmp:
         root = args.keep or Path(tmp)

@@ -139,7 +139,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from payload import manifest as mf
     from payload import spec, tokenizer
-    from payload.status import StatusWriter
+    from payload.core.status import StatusWriter
 
     with tempfile.TemporaryDirectory(prefix="bench-beam-") as tmp:
         root = Path(tmp)

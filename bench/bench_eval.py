@@ -20,8 +20,8 @@ import yaml
 import payload  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 from payload import encode, tokenizer
 from payload.backends.tf import train
+from payload.core.status import StatusWriter
 from payload.spec import load_job
-from payload.status import StatusWriter
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -30,7 +30,7 @@ PyTorch never share the GPU's memory and each side's peak memory is its own.
   entropy. Keras' Adam adds epsilon to sqrt(v) before the bias correction, PyTorch after: the
   loop sets PyTorch's epsilon to eps / sqrt(1 - beta2^t) (bench_llama_torch.py explains it).
 - Batches: `--shards DATA_DIR` (a job's encoded data directory, clm models only) reads the
-  training and held-out shards with payload/records.py (that needs google-crc32c);
+  training and held-out shards with payload/core/records.py (that needs google-crc32c);
   otherwise token batches drawn with a fixed seed from a first-order Markov chain over the
   vocabulary (8 likely successors per token: learnable, so the held-out loss moves), BERT's
   with 15% of positions masked. Both sides train on the same batches in the same order and
@@ -46,7 +46,7 @@ PyTorch never share the GPU's memory and each side's peak memory is its own.
 
 Runs on a GPU machine's preinstalled stack without TensorFlow (jax[cuda], torch,
 transformers 4 or 5 with its tokenizers and tqdm, plus keras, namex, optree and
-google-crc32c, which the trainer's evaluation step imports through payload/records.py):
+google-crc32c, which the trainer's evaluation step imports through payload/core/records.py):
 nothing this script or its children
 import pulls in TensorFlow (tests/payload/test_bench_gpu.py checks it). Nothing is asserted
 but --precision-check's 1% (reported, exit 0 either way).
@@ -173,8 +173,8 @@ def masked_batch(rng: np.random.Generator, ids: np.ndarray, slots: int) -> dict[
 
 
 def read_split(data_dir: str, split: str) -> tuple[np.ndarray, int | None]:
-    """Every record of a split's shards (payload/records.py's pure reader) and the pad id."""
-    from payload import records
+    """Every record of a split's shards (payload/core/records.py's pure reader) and the pad id."""
+    from payload.core import records
     from payload.manifest import load_manifest, shard_paths, special_ids_of
 
     manifest = load_manifest(data_dir)

@@ -33,7 +33,7 @@ import numpy as np
 
 import payload  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 from payload import manifest as manifest_lib
-from payload import records
+from payload.core import records
 from payload.spec import parse_job
 
 SEQ = 128

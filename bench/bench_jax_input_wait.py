@@ -36,8 +36,8 @@ def main() -> int:
     from payload import encode, tokenizer
     from payload.backends.jax import train as trainer
     from payload.backends.jax.batches import Pipelines
+    from payload.core.status import StatusWriter
     from payload.spec import load_job
-    from payload.status import StatusWriter
 
     pulls: list[float] = []
     transfers: list[float] = []

@@ -6,7 +6,7 @@
 What is compared (docs/performance.md has the figures):
 - The data: the payload's own shards. A llama job (byte-level BPE, 2,000 tokens, clm,
   sequence 128) runs `tpu-payload tokenizer` and `encode` on the bundled corpus; the training
-  and held-out shards are read once, here, with payload/records.py's pure TFRecord reader (both
+  and held-out shards are read once, here, with payload/core/records.py's pure TFRecord reader (both
   CRCs checked; .venv-pt has no TensorFlow), and both sides get the same token batches in the
   same order, with the labels and weights of payload/masking.py causal_labels.
 - The model: the job's LlamaForCausalLM config (payload/model.py config_for). The JAX side builds
@@ -284,8 +284,9 @@ def make_data(workdir: Path, overrides: dict, steps: int, batch: int) -> Path:
 
 
 def read_split(manifest: Any, data_dir: str, split: str) -> np.ndarray:
-    """Every record of a split's shards, through payload/records.py's pure reader (CRCs checked)."""
-    from payload import records
+    """Every record of a split's shards, through payload/core/records.py's pure reader (CRCs
+    checked)."""
+    from payload.core import records
     from payload.manifest import shard_paths
 
     rows = []

@@ -166,7 +166,7 @@ def throughput(root: Path, mb: float, rounds: int) -> None:
     from tokenizers import Tokenizer
 
     from payload import corpus, spec, tokenizer
-    from payload.status import StatusWriter
+    from payload.core.status import StatusWriter
 
     source = root / "generated.txt"
     sample = root / "sample.txt"

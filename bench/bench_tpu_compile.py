@@ -98,7 +98,7 @@ from payload import model as model_lib  # noqa: E402
 from payload import plan as plan_lib  # noqa: E402
 from payload.backends.jax import aot, steps  # noqa: E402
 from payload.backends.jax import hlo as hlo_lib  # noqa: E402
-from payload.errors import UserError  # noqa: E402
+from payload.core.errors import UserError  # noqa: E402
 from payload.spec import FAMILIES_FOR_OBJECTIVE, JobSpec, parse_job  # noqa: E402
 
 GIB = 2**30

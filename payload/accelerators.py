@@ -18,7 +18,7 @@ from importlib import resources
 from typing import Any
 
 from payload import kernels
-from payload.errors import UserError
+from payload.core.errors import UserError
 
 
 class AcceleratorError(UserError):

@@ -24,11 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from payload.errors import UserError
+from payload.core.errors import UserError
 
 if TYPE_CHECKING:
+    from payload.core.status import StatusWriter
     from payload.spec import JobSpec
-    from payload.status import StatusWriter
 
 COMMANDS = {
     "validate": "check the job spec and print it with defaults filled in",
@@ -206,9 +206,10 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:  # noqa: PLR0911
         return plan.run(args)
     if args.command == "compile":
         return _compile(args)
-    from payload import lease, quiet, storage  # noqa: PLC0415  (keep --help fast)
+    from payload import quiet  # noqa: PLC0415  (keep --help fast)
+    from payload.core import lease, storage  # noqa: PLC0415  (keep --help fast)
+    from payload.core.status import StatusWriter  # noqa: PLC0415
     from payload.spec import load_job  # noqa: PLC0415
-    from payload.status import StatusWriter  # noqa: PLC0415
 
     try:
         _read_retry_deadline()
@@ -420,7 +421,7 @@ def _declare_tpu_host(command: str) -> None:
     then training refuses to fall back to the CPU (payload/backends/tf/strategy.py)."""
     gpu = os.environ.get("TPU_PRETRAIN_GPU", "")
     if command in ("train", "run") and gpu:
-        from payload import hosts  # noqa: PLC0415
+        from payload.core import hosts  # noqa: PLC0415
 
         count = os.environ.get("TPU_PRETRAIN_GPU_COUNT", "1")
         if not count.isdigit() or int(count) < 1:
@@ -436,14 +437,14 @@ def _declare_tpu_host(command: str) -> None:
         return
     accelerator = os.environ.get("TPU_PRETRAIN_ACCELERATOR_TYPE", "")
     if command in ("train", "run") and accelerator:
-        from payload import hosts  # noqa: PLC0415
+        from payload.core import hosts  # noqa: PLC0415
 
         runtime = os.environ.get("TPU_PRETRAIN_RUNTIME_VERSION", "") or "unknown"
         hosts.expect_tpu(hosts.TpuHost(accelerator, runtime))
 
 
 def _read_retry_deadline() -> None:
-    from payload import storage  # noqa: PLC0415
+    from payload.core import storage  # noqa: PLC0415
 
     raw = os.environ.get(RETRY_ENV)
     if raw is None:

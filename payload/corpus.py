@@ -27,8 +27,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from payload import readers_hub, storage
-from payload.errors import CorpusError
+from payload import readers_hub
+from payload.core import storage
+from payload.core.errors import CorpusError
 from payload.job import HF_DATASET_RE, CorpusSpec
 from payload.readers import FORMATS_HELP, CorpusStats, FileRead, bad_file, reader_for
 

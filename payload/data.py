@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 
 from payload import manifest as manifest_lib
-from payload import masking, records
+from payload import masking
+from payload.core import records
 from payload.input_plan import PipelinePlan, masking_ratios, plan_pipeline
 from payload.manifest import special_ids_of
 

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from payload import encode_local
 from payload import manifest as mf
+from payload.core.errors import DataError
 from payload.encode_outputs import check_current, is_complete
-from payload.errors import DataError
 from payload.spec import JobSpec
 
 if TYPE_CHECKING:
-    from payload.status import StatusWriter
+    from payload.core.status import StatusWriter
 
 
 def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:

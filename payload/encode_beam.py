@@ -50,15 +50,16 @@ from apache_beam.metrics import Metrics
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.transforms.combiners import ToList
 
-from payload import corpus, records, storage
+from payload import corpus
 from payload import encode_outputs as outputs
 from payload import encode_rules as rules
 from payload import manifest as mf
-from payload.errors import CorpusError, DataError, UserError
+from payload.core import records, storage
+from payload.core.errors import CorpusError, DataError, UserError
 from payload.spec import JobSpec
 
 if TYPE_CHECKING:
-    from payload.status import StatusWriter
+    from payload.core.status import StatusWriter
 
 SUMMARY_PREFIX = ".beam-summary-"
 POLL_SECONDS = 10
@@ -507,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse  # noqa: PLC0415
 
     from payload import spec  # noqa: PLC0415
-    from payload.status import StatusWriter  # noqa: PLC0415
+    from payload.core.status import StatusWriter  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(prog="python -m payload.encode_beam")
     parser.add_argument("--job", required=True)

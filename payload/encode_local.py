@@ -32,8 +32,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from payload import corpus, records, storage
+from payload import corpus
 from payload import manifest as mf
+from payload.core import records, storage
+from payload.core.errors import CorpusError
 from payload.encode_outputs import (
     STAGE,
     SourceUse,
@@ -60,11 +62,10 @@ from payload.encode_rules import (
     truncated,
     within_budget,
 )
-from payload.errors import CorpusError
 from payload.spec import JobSpec
 
 if TYPE_CHECKING:
-    from payload.status import StatusWriter
+    from payload.core.status import StatusWriter
 
 _WORKER: dict[str, Any] = {}
 

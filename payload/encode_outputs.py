@@ -15,15 +15,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from payload import corpus, storage
+from payload import corpus
 from payload import manifest as mf
+from payload.core import storage
+from payload.core.errors import DataError
 from payload.encode_rules import HELD_OUT_RULE, Prepared, packing_description
-from payload.errors import DataError
 from payload.spec import JobSpec
 from payload.tokenizer import tokenizer_json
 
 if TYPE_CHECKING:
-    from payload.status import StatusWriter
+    from payload.core.status import StatusWriter
 
 STAGE = "encode"
 STAGE_FILE = "stage.json"

@@ -58,8 +58,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from payload import corpus, records
-from payload.errors import DataError
+from payload import corpus
+from payload.core import records
+from payload.core.errors import DataError
 from payload.spec import MASKED_OBJECTIVES, MAX_EVAL_FRACTION, JobSpec
 from payload.tokenizer import WordLimit, max_word_length_of, tokenizer_json
 

@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from payload.errors import DataError
-from payload.tensorboard import Scalars
+from payload.core.errors import DataError
+from payload.core.tensorboard import Scalars
 
 if TYPE_CHECKING:
+    from payload.core.status import StatusWriter
     from payload.manifest import Manifest
     from payload.spec import JobSpec
-    from payload.status import StatusWriter
 
 # Fixed for every run: held-out masks must not depend on train.seed.
 EVAL_MASK_SEED = 1_234_567

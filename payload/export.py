@@ -57,9 +57,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from payload import storage
 from payload import tokenizer as tokenizer_lib
-from payload.errors import UserError
+from payload.core import storage
+from payload.core.errors import UserError
 
 if TYPE_CHECKING:
     from payload.spec import JobSpec

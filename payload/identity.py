@@ -13,8 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from payload import storage
-from payload.errors import DataError
+from payload.core import storage
+from payload.core.errors import DataError
 
 RUN_IDENTITY = "run.json"
 # Written into run.json but not part of the identity a resume must match (check_identity).

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from payload import storage
+from payload.core import storage
 
 # rtd: ELECTRA's replaced-token detection (a generator MLM + a discriminator; docs/payload.md).
 OBJECTIVES = ("mlm", "clm", "rtd")

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from payload.errors import SpecError
+from payload.core.errors import SpecError
 
 SETTINGS = ("auto", "fused", "reference")  # train.attention
 IMPLEMENTATIONS = ("reference", "cudnn", "splash")

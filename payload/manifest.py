@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from payload import storage
-from payload.errors import DataError
+from payload.core import storage
+from payload.core.errors import DataError
 from payload.job import OBJECTIVES
 
 MANIFEST_NAME = "manifest.json"

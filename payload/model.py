@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from payload.errors import SpecError
+from payload.core.errors import SpecError
 from payload.manifest import special_ids_of
 
 if TYPE_CHECKING:

@@ -12,10 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from payload import backends, encode, storage, tokenizer, training
-from payload.errors import UserError
+from payload import backends, encode, tokenizer, training
+from payload.core import storage
+from payload.core.errors import UserError
+from payload.core.status import StatusWriter
 from payload.spec import JobSpec
-from payload.status import StatusWriter
 
 STAGES = ("tokenizer", "encode", "train")
 Printer = Callable[[str], None]

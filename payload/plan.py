@@ -96,7 +96,7 @@ from payload.accelerators import (  # noqa: F401
     catalog,
     known_accelerators,
 )
-from payload.errors import SpecError, UserError
+from payload.core.errors import SpecError, UserError
 
 # The JAX backend's rules, from the one copy both read (payload/sharding.py).
 from payload.sharding import (

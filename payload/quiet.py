@@ -42,7 +42,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, MutableMapping
 
-from payload.errors import UserError
+from payload.core.errors import UserError
 
 VERBOSE_ENV = "TPU_PAYLOAD_VERBOSE"
 _VERBOSE_VALUES = {"1": True, "0": False, "": False}

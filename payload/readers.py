@@ -57,8 +57,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import IO, Any, cast
 
-from payload import readers_hub, storage
-from payload.errors import CorpusError
+from payload import readers_hub
+from payload.core import storage
+from payload.core.errors import CorpusError
 
 CHUNK_BYTES = 1 << 20  # fixed (not derived from the worker count) so output is deterministic
 BINARY_SNIFF_BYTES = 8192

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import IO, Any
 
-from payload.errors import CorpusError
+from payload.core.errors import CorpusError
 from payload.job import HF_DATASET_RE, HF_SCHEME
 
 _GLOB_CHARS = "*?["

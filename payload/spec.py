@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from payload import storage
-from payload.errors import SpecError
+from payload.core import storage
+from payload.core.errors import SpecError
 from payload.job import (
     ATTENTIONS,
     BACKENDS,

@@ -42,15 +42,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from payload import corpus, storage
-from payload.errors import DataError, SpecError
+from payload import corpus
+from payload.core import storage
+from payload.core.errors import DataError, SpecError
 from payload.spec import MASKED_OBJECTIVES, JobSpec
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from payload.status import StatusWriter
+    from payload.core.status import StatusWriter
 
 TOKENIZER_FILE = "tokenizer.json"
 STAGE_FILE = "stage.json"

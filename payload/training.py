@@ -24,12 +24,12 @@ from tqdm import tqdm
 
 from payload import export as export_lib
 from payload import tokenizer as tokenizer_lib
-from payload.errors import DataError, UserError
+from payload.core.errors import DataError, UserError
+from payload.core.status import StatusWriter
+from payload.core.tensorboard import Scalars
 from payload.manifest import special_ids_of
 from payload.model import ROBERTA_PADDING_IDX
 from payload.spec import MASKED_OBJECTIVES
-from payload.status import StatusWriter
-from payload.tensorboard import Scalars
 
 if TYPE_CHECKING:
     from payload.manifest import Manifest

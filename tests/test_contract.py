@@ -14,7 +14,7 @@ import yaml
 
 from infra import jobspec
 from payload import manifest, spec
-from payload.errors import SpecError
+from payload.core.errors import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = sorted(ROOT.glob("stacks/Pulumi.*.yaml"))

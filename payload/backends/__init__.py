@@ -17,8 +17,8 @@ import importlib
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from payload.core.status import StatusWriter
     from payload.spec import JobSpec
-    from payload.status import StatusWriter
 
 # train.backend -> the module that implements it.
 MODULES = {"tf": "payload.backends.tf.train", "jax": "payload.backends.jax.train"}

@@ -296,7 +296,7 @@ def test_without_a_gpu_the_trainer_units_environment_stops_with_gpu_not_found(ja
     assert done.returncode != 0
     assert "Jax plugin configuration error" in done.stderr  # the CUDA plugin was tried
     assert (
-        "payload.hosts.GpuNotFoundError: GPU not found: this VM should have 1 × T4 (image "
+        "payload.core.hosts.GpuNotFoundError: GPU not found: this VM should have 1 × T4 (image "
         "dlvm-cu128) but JAX 0.10.2 sees only cpu (cpu)"
     ) in done.stderr
     cuda = _python(jax_venv, "import jax; jax.devices()", tmp_path, JAX_PLATFORMS="cuda")

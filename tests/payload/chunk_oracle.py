@@ -12,8 +12,8 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
 from payload import readers
+from payload.core.errors import CorpusError
 from payload.corpus import MAX_DOCUMENT_BYTES
-from payload.errors import CorpusError
 from payload.readers import (
     _BLANK_LINES,
     _BLANK_LINES_BYTES,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from payload import storage
+from payload.core import storage
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

@@ -4,7 +4,7 @@
 
 At the N-th call of ``MODULE.ATTR`` (ATTR may be ``Class.method``), ACTION:
 
-- ``user`` (the default): ``payload.errors.SpecError(MESSAGE)`` is raised instead of the
+- ``user`` (the default): ``payload.core.errors.SpecError(MESSAGE)`` is raised instead of the
   call: what one host of a slice would see of a user error the others do not (its own disk,
   its own environment);
 - ``bug``: ``RuntimeError(MESSAGE)`` is raised instead (an error that is not a user error);
@@ -60,7 +60,7 @@ def _injected(target: Callable[..., Any], action: str, nth: int, where: str, mes
             return target(*args, **kwargs)
         _announce(action, where)
         if action == "user":
-            from payload.errors import SpecError
+            from payload.core.errors import SpecError
 
             raise SpecError(message)
         if action == "bug":

@@ -26,10 +26,10 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from payload import storage  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import steps  # noqa: E402
-from payload.errors import DataError, DiskFullError  # noqa: E402
+from payload.core import storage  # noqa: E402
+from payload.core.errors import DataError, DiskFullError  # noqa: E402
 
 directory = sys.argv[1]
 devices = jax.devices()

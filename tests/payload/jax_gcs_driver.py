@@ -22,9 +22,9 @@ jax_backend.use_jax()
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from payload import storage  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import compile_cache, steps  # noqa: E402
+from payload.core import storage  # noqa: E402
 
 root = sys.argv[1]
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

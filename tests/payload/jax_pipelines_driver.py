@@ -9,8 +9,8 @@ import json
 import sys
 
 from payload.backends.jax import train as trainer
+from payload.core.status import StatusWriter
 from payload.spec import load_job
-from payload.status import StatusWriter
 
 job = load_job(sys.argv[1])
 stats = trainer.train(

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from payload import manifest as manifest_lib
-from payload import records
+from payload.core import records
 from payload.spec import parse_job
 
 SEQ = 16

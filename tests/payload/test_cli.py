@@ -11,9 +11,10 @@ import yaml
 from train_helpers import assert_user_error, tensorflow_env
 from train_helpers import run_cli as tpu_payload
 
-from payload import cli, storage
+from payload import cli
 from payload import manifest as mf
-from payload.errors import DataError
+from payload.core import storage
+from payload.core.errors import DataError
 
 IMPORTED = "no_tensorflow: tensorflow was imported"  # no_tensorflow/sitecustomize.py
 

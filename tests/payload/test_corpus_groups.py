@@ -15,7 +15,7 @@ import yaml
 from chunk_oracle import iter_document_batches
 
 from payload import corpus, readers, spec
-from payload.errors import CorpusError, SpecError
+from payload.core.errors import CorpusError, SpecError
 from payload.spec import CorpusSource, CorpusSpec
 
 

@@ -9,7 +9,7 @@ import chunk_oracle
 import pytest
 
 from payload import corpus
-from payload.errors import CorpusError
+from payload.core.errors import CorpusError
 from payload.spec import CorpusSpec
 
 

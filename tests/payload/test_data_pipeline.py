@@ -12,7 +12,7 @@ from shard_helpers import record_ids as _record_ids
 from shard_helpers import write_data as _write_data
 
 from payload import data as data_lib
-from payload.errors import DataError
+from payload.core.errors import DataError
 
 
 def test_mlm_batches_have_static_shapes(tmp_path: Path) -> None:

@@ -28,20 +28,11 @@ import pytest
 import yaml
 from train_helpers import assert_user_error, job_document, run_cli, write_corpus
 
-from payload import (
-    cli,
-    corpus,
-    encode,
-    encode_local,
-    encode_rules,
-    pipeline,
-    records,
-    storage,
-    tokenizer,
-)
-from payload.errors import DiskFullError
+from payload import cli, corpus, encode, encode_local, encode_rules, pipeline, tokenizer
+from payload.core import records, storage
+from payload.core.errors import DiskFullError
+from payload.core.status import StatusWriter
 from payload.spec import JobSpec, load_job
-from payload.status import StatusWriter
 
 SMALL_FS = "256k"
 

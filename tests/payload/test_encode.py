@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import yaml
 
-from payload import corpus, encode, readers, records, spec, storage, tokenizer
+from payload import corpus, encode, readers, spec, tokenizer
 from payload import manifest as mf
-from payload.errors import CorpusError, DataError
-from payload.status import StatusWriter
+from payload.core import records, storage
+from payload.core.errors import CorpusError, DataError
+from payload.core.status import StatusWriter
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -291,7 +292,7 @@ def test_encode_without_tokenizer(tmp_path, corpus_files) -> None:
 def test_worker_modules_do_not_import_tensorflow() -> None:
     code = (
         "import sys, payload.encode, payload.encode_local, payload.corpus, payload.tokenizer,"
-        " payload.records;"
+        " payload.core.records;"
         "assert 'tensorflow' not in sys.modules, 'tensorflow imported';"
         "assert payload.encode_local.mp.get_context('spawn')"
     )

@@ -23,7 +23,7 @@ from test_encode import prepared, status_for
 
 from payload import corpus, encode, spec
 from payload import manifest as mf
-from payload.errors import SpecError
+from payload.core.errors import SpecError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -39,7 +39,7 @@ RUN_ENCODE = textwrap.dedent(
     import sys
     from payload import corpus, encode
     from payload.spec import load_job
-    from payload.status import StatusWriter
+    from payload.core.status import StatusWriter
 
     corpus.GROUP_BYTES = int(sys.argv[2])
     job = load_job(sys.argv[1])

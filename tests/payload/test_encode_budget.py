@@ -10,7 +10,8 @@ import test_encode
 import yaml
 from test_encode import file_documents, prepared, status_for
 
-from payload import encode, spec, storage, tokenizer
+from payload import encode, spec, tokenizer
+from payload.core import storage
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
 

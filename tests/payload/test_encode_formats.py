@@ -17,7 +17,8 @@ from test_encode import (
 )
 from test_readers import COMMIT, REPO, hub, write_all_formats
 
-from payload import corpus, encode, storage
+from payload import corpus, encode
+from payload.core import storage
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
 __all__ = ["hub"]  # the Hub fixture of test_readers (a local server speaking the Hub's API)

@@ -18,9 +18,10 @@ from test_encode import (
     status_for,
 )
 
-from payload import corpus, encode, readers, records, storage
+from payload import corpus, encode, readers
 from payload import manifest as mf
-from payload.errors import DataError, SpecError
+from payload.core import records, storage
+from payload.core.errors import DataError, SpecError
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
 

@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from train_helpers import job_document, write_corpus, write_job
 
-from payload import encode, lease, tokenizer
+from payload import encode, tokenizer
 from payload import manifest as mf
-from payload.status import StatusWriter
+from payload.core import lease
+from payload.core.status import StatusWriter
 
 WORKERS = 2
 DEADLINE_S = 120.0  # generous: only a leak takes this long
@@ -32,7 +33,7 @@ BLOCKED_ENCODE = textwrap.dedent(
     import sys, threading
     from payload import corpus, encode, encode_local
     from payload.spec import load_job
-    from payload.status import StatusWriter
+    from payload.core.status import StatusWriter
 
     corpus.GROUP_BYTES = 2048  # many groups from a small corpus: every worker gets work
 

@@ -19,7 +19,7 @@ from train_helpers import (
 )
 
 from payload.backends.tf import strategy as strategy_lib
-from payload.errors import UserError
+from payload.core.errors import UserError
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ from train_helpers import cpu_devices
 from payload import attention_table, kernels, plan
 from payload import model as model_lib
 from payload.backends.jax import attention, runtime
-from payload.errors import SpecError
+from payload.core.errors import SpecError
 from payload.spec import parse_job
 
 DRIVER = Path(__file__).with_name("jax_attention_driver.py")

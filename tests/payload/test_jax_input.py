@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from shard_helpers import SEQ, SPECIAL, record_ids, write_data
 
-from payload import records, storage
 from payload.backends.jax import input as input_lib
-from payload.errors import DataError
+from payload.core import records, storage
+from payload.core.errors import DataError
 from payload.numpy_masking import Masker
 
 

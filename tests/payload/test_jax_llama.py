@@ -41,7 +41,7 @@ from train_helpers import (
 from payload import export as export_lib
 from payload import model as model_lib
 from payload import training
-from payload.errors import SpecError
+from payload.core.errors import SpecError
 from payload.spec import parse_job
 
 DRIVER = Path(__file__).with_name("jax_export_driver.py")

@@ -29,7 +29,7 @@ from train_helpers import (
 
 from payload import training
 from payload.backends.jax import distributed
-from payload.errors import DataError, UserError
+from payload.core.errors import DataError, UserError
 from payload.spec import JobSpec
 
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from train_helpers import assert_user_error, job_document, run_cli, write_corpus
 
-from payload import lease, storage
+from payload.core import lease, storage
 
 TTL, BEAT = 60.0, 10.0
 PROCESS_TIMEOUT_S = 120
@@ -239,7 +239,7 @@ def test_renewal_that_cannot_reach_storage_stops_only_after_the_expiry(
 HOLDER = textwrap.dedent(
     """
     import sys
-    from payload import lease
+    from payload.core import lease
 
     root, ttl, beat, host = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
     identity = lease.Identity.current()

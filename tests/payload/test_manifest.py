@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from payload import manifest as mf
-from payload import records, storage
-from payload.errors import DataError
+from payload.core import records, storage
+from payload.core.errors import DataError
 
 
 def _write_shards(root: str, count: int = 3, per_shard: int = 5, seq: int = 16) -> mf.Manifest:

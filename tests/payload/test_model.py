@@ -14,7 +14,7 @@ import tensorflow as tf
 from payload import model as model_lib
 from payload.backends.tf import model as tf_model
 from payload.backends.tf import schedule
-from payload.errors import SpecError
+from payload.core.errors import SpecError
 from payload.masking import causal_labels, mask_tokens
 from payload.spec import parse_job
 
@@ -142,7 +142,7 @@ def test_check_compatible_imports_neither_tensorflow_nor_transformers(tmp_path: 
     code = (
         "import sys\n"
         "from payload.spec import load_job\n"
-        "from payload.errors import SpecError\n"
+        "from payload.core.errors import SpecError\n"
         "try:\n"
         f"    load_job({str(job)!r})\n"
         "except SpecError as e:\n"

@@ -23,8 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from payload import corpus, storage
-from payload.errors import CorpusError
+from payload import corpus
+from payload.core import storage
+from payload.core.errors import CorpusError
 from payload.spec import CorpusSource, CorpusSpec
 
 DOCS = [
@@ -429,7 +430,7 @@ def test_tokenizer_stage_reads_every_format(tmp_path: Path) -> None:
     from test_tokenizer import EXAMPLES, make_job
 
     from payload import tokenizer
-    from payload.status import StatusWriter
+    from payload.core.status import StatusWriter
 
     groups, _ = read(sorted(str(p) for p in (EXAMPLES / "corpus").glob("*.txt")))
     docs = [d for g in groups for d in g.documents]

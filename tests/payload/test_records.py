@@ -7,7 +7,7 @@ import io
 import numpy as np
 import pytest
 
-from payload import records
+from payload.core import records
 
 
 @pytest.mark.parametrize(

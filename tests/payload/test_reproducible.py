@@ -24,8 +24,8 @@ from train_helpers import job_document, write_job
 from payload import export as export_lib
 from payload import manifest as manifest_lib
 from payload import tokenizer
+from payload.core.status import StatusWriter
 from payload.spec import TOKENIZER_KINDS
-from payload.status import StatusWriter
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -33,7 +33,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TRAIN_ALL_KINDS = """
 import sys, yaml
 from payload import spec, tokenizer
-from payload.status import StatusWriter
+from payload.core.status import StatusWriter
 root, corpus = sys.argv[1], sys.argv[2]
 for kind in spec.TOKENIZER_KINDS:
     doc = {

@@ -36,8 +36,8 @@ from train_helpers import (
 
 from payload import export as export_lib
 from payload.backends.tf import train
+from payload.core.status import StatusWriter
 from payload.spec import load_job
-from payload.status import StatusWriter
 
 CHECKPOINT_EVERY = 20
 BACKENDS = pytest.mark.parametrize("backend", ["tf", "jax"])

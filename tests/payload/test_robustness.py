@@ -31,8 +31,8 @@ from train_helpers import run_cli as tpu_payload
 
 from payload import encode, spec, tokenizer
 from payload import manifest as mf
-from payload.errors import DataError
-from payload.status import StatusWriter
+from payload.core.errors import DataError
+from payload.core.status import StatusWriter
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -263,7 +263,7 @@ def test_bad_bucket_name_through_cli(tmp_path: Path) -> None:
 
 
 def test_good_bucket_names_pass() -> None:
-    from payload import storage
+    from payload.core import storage
 
     for name in ("tpu-pretrain_data-1", "a.b.c", "x" * 63, ".".join(["y" * 63] * 3)):
         assert storage.bucket_name_problem(name) is None, name
@@ -578,8 +578,8 @@ def _interrupted_checkpoints(write: Callable[[str, bytes], None], root: str) -> 
 def test_interrupted_checkpoint_writes_are_removed_locally(tmp_path: Path) -> None:
     import tensorflow as tf
 
-    from payload import storage
     from payload.backends.tf import checkpoint
+    from payload.core import storage
 
     root = str(tmp_path / "checkpoints")
     _interrupted_checkpoints(storage.write_bytes, root)
@@ -593,8 +593,8 @@ def test_interrupted_checkpoint_writes_are_removed_locally(tmp_path: Path) -> No
 
 @pytest.mark.emulator
 def test_interrupted_checkpoint_writes_are_removed_in_the_bucket(gcs_root: str) -> None:
-    from payload import storage
     from payload.backends.tf import checkpoint
+    from payload.core import storage
 
     root = f"{gcs_root}/runs/x/checkpoints"
     _interrupted_checkpoints(storage.write_bytes, root)

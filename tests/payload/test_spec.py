@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from payload import spec
-from payload.errors import SpecError
+from payload.core.errors import SpecError
 
 BASE: dict[str, Any] = {
     "name": "unit",
@@ -169,7 +169,7 @@ def test_missing_spec(tmp_path: Path) -> None:
 
 @pytest.mark.emulator
 def test_spec_from_gcs(gcs_root: str) -> None:
-    from payload import storage
+    from payload.core import storage
 
     uri = f"{gcs_root}/jobs/job.yaml"
     storage.write_text(uri, yaml.safe_dump(_with(output="runs/x")))

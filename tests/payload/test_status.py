@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from payload import storage
-from payload.status import StatusWriter
+from payload.core import storage
+from payload.core.status import StatusWriter
 
 
 @pytest.fixture(params=["local", pytest.param("gcs", marks=pytest.mark.emulator)])

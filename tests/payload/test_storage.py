@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from payload import storage
+from payload.core import storage
 
 
 @pytest.fixture(params=["local", pytest.param("gcs", marks=pytest.mark.emulator)])

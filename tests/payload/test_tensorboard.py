@@ -1,4 +1,4 @@
-"""TensorBoard scalars without TensorFlow (payload/tensorboard.py): TensorFlow's own reader
+"""TensorBoard scalars without TensorFlow (payload/core/tensorboard.py): TensorFlow's own reader
 reads what the writer wrote locally, and on gs:// (the emulator) the event file is the same
 bytes, uploaded whole at each flush."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from payload import records, storage
-from payload.tensorboard import Scalars
+from payload.core import records, storage
+from payload.core.tensorboard import Scalars
 
 
 def _write(logdir: str) -> Scalars:

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from payload import spec, storage, tokenizer
-from payload.errors import CorpusError, SpecError
-from payload.status import StatusWriter
+from payload import spec, tokenizer
+from payload.core import storage
+from payload.core.errors import CorpusError, SpecError
+from payload.core.status import StatusWriter
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from payload.backends.tf import strategy as strategy_lib
-from payload.errors import UserError
+from payload.core.errors import UserError
 
 
 @pytest.mark.parametrize(

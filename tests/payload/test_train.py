@@ -17,12 +17,12 @@ from train_helpers import copy_prepared, job_document, prepare_data, write_corpu
 from payload import data as data_lib
 from payload import manifest as mf
 from payload import model as model_lib
-from payload import storage
 from payload.backends.tf import model as tf_model
 from payload.backends.tf import train
-from payload.errors import DataError
+from payload.core import storage
+from payload.core.errors import DataError
+from payload.core.status import StatusWriter
 from payload.spec import JobSpec
-from payload.status import StatusWriter
 
 
 @pytest.fixture(scope="module")

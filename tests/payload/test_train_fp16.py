@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(
     import tf_keras
     from payload.backends.tf import strategy, train
     from payload.spec import load_job
-    from payload.status import StatusWriter
+    from payload.core.status import StatusWriter
 
     plan = strategy.decide("gpu", "auto", gpu_policy="mixed_float16")
     assert plan.policy == "mixed_float16" and plan.loss_scaling, plan

@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent(
     from transformers import TFAutoModelForMaskedLM
     from payload.backends.tf import strategy, train
     from payload.spec import load_job
-    from payload.status import StatusWriter
+    from payload.core.status import StatusWriter
 
     weights = {}
     for name, replicas in (("one", 1), ("two", 2)):

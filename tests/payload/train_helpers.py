@@ -23,8 +23,8 @@ from typing import Any
 import yaml
 
 from payload import encode, tokenizer
+from payload.core.status import StatusWriter
 from payload.spec import JobSpec, load_job
-from payload.status import StatusWriter
 
 SUBJECTS = {
     "the cat": "eats fish",

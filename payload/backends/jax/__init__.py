@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from payload.errors import UserError
+from payload.core.errors import UserError
 
 
 def use_jax() -> None:

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from payload import input_plan, storage
+from payload import input_plan
 from payload import manifest as manifest_lib
 from payload.backends.jax import input as input_lib
 from payload.backends.jax import mesh as mesh_lib
+from payload.core import storage
 
 if TYPE_CHECKING:
     from payload.backends.jax.runtime import Runtime

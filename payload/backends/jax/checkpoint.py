@@ -51,9 +51,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from payload import storage
 from payload.backends.jax.steps import TrainState
-from payload.errors import DataError
+from payload.core import storage
+from payload.core.errors import DataError
 
 _GROUPS = ("trainable", "non_trainable", "optimizer")
 _NPZ = re.compile(r"^ckpt-\d+\.npz$")

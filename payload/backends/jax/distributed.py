@@ -23,8 +23,9 @@ from typing import Any
 
 import jax
 
-from payload import errors, training
-from payload.errors import UserError
+from payload import training
+from payload.core import errors
+from payload.core.errors import UserError
 
 ENV = "TPU_PAYLOAD_JAX_DISTRIBUTED"
 _EXPLICIT = re.compile(
@@ -111,7 +112,7 @@ GUARD_POLL_S = 0.5
 GUARD_GRACE_S = 2.0
 ABORT = f"{PREFIX}/abort"
 ABORT_SEEN = f"{PREFIX}/abort-seen"
-# An abort's kind: the name of a UserError class of payload.errors, SIGNAL_KIND, or
+# An abort's kind: the name of a UserError class of payload.core.errors, SIGNAL_KIND, or
 # ERROR_KIND (anything else: a bug, device out of memory, a timeout).
 SIGNAL_KIND = "signal"
 ERROR_KIND = "error"
@@ -310,7 +311,7 @@ def agree_on_checks(name: str, check: Callable[[], None]) -> None:
 
 
 def _user_error(kind: str, message: str) -> UserError:
-    """The UserError of class `kind` (payload.errors; UserError for any other name)."""
+    """The UserError of class `kind` (payload.core.errors; UserError for any other name)."""
     error_class = getattr(errors, kind, UserError)
     if not (isinstance(error_class, type) and issubclass(error_class, UserError)):
         error_class = UserError

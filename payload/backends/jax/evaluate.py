@@ -17,16 +17,16 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from payload import evaluate as evaluate_lib
-from payload import storage
 from payload.backends.jax import steps
-from payload.tensorboard import Scalars
+from payload.core import storage
+from payload.core.tensorboard import Scalars
 
 if TYPE_CHECKING:
     from payload.backends.jax.batches import Pipelines
     from payload.backends.jax.runtime import Runtime
+    from payload.core.status import StatusWriter
     from payload.manifest import Manifest
     from payload.spec import JobSpec
-    from payload.status import StatusWriter
 
 
 class Evaluator:

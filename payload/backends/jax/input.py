@@ -9,7 +9,7 @@ trainer. Its position is the step: a resumed run starts the range at the checkpo
 (the checkpoint holds no iterator state; the trainer reads batches ahead of the step it
 saves, so an iterator's state would be the wrong position anyway).
 
-Records are read by byte range through payload/storage.py (a `pread` locally, a ranged GET
+Records are read by byte range through payload/core/storage.py (a `pread` locally, a ranged GET
 on gs://), never a whole file: a corpus larger than the VM's disk streams. A shard's records
 have one fixed size, so record i of a shard is at byte i * stride; `records.decode_framed`
 checks every length header and both CRCs. Reads go by shuffle window (`train.shuffle_buffer`
@@ -29,8 +29,8 @@ import grain
 import numpy as np
 
 from payload import manifest as manifest_lib
-from payload import records, storage
-from payload.errors import DataError
+from payload.core import records, storage
+from payload.core.errors import DataError
 from payload.input_plan import (
     EpochOrder,
     PipelinePlan,

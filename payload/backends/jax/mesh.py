@@ -57,7 +57,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from payload.errors import SpecError
+from payload.core.errors import SpecError
 from payload.sharding import (
     AXES,
     BATCH,

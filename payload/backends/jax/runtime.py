@@ -4,7 +4,7 @@ precision (`train.precision: auto` is mixed bfloat16 where the chip computes bfl
 natively: TPUs and NVIDIA GPUs of compute capability 8.0+), the optimizer steps per compiled
 call and the device mesh (mesh.py). The TF backend's twin is payload/backends/tf/strategy.py.
 
-On a declared TPU/GPU VM (payload/hosts.py) a host without its accelerator is a one-line
+On a declared TPU/GPU VM (payload/core/hosts.py) a host without its accelerator is a one-line
 error, not a CPU run.
 """
 
@@ -20,11 +20,12 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from payload import hosts, kernels
+from payload import kernels
 from payload.backends.jax import attention as attention_lib
 from payload.backends.jax import distributed
 from payload.backends.jax import mesh as mesh_lib
-from payload.errors import SpecError
+from payload.core import hosts
+from payload.core.errors import SpecError
 
 BACKEND = "jax"
 # Optimizer steps per compiled call: on a TPU a host round trip costs more than a small
@@ -58,7 +59,7 @@ class Facts:
     memory_source: str = ""  # where device_memory comes from, when not this device itself
     process_index: int = 0
     process_count: int = 1
-    gpu_bf16: bool = False  # a declared GPU VM whose GPUs train in bfloat16 (payload/hosts.py)
+    gpu_bf16: bool = False  # a declared GPU VM whose GPUs train in bfloat16 (payload/core/hosts.py)
     # What the kernels table (payload/kernels.py) reads of the chip: read_facts takes it from
     # the real device (chip_of); None: the platform and device_kind's (a TPU or the CPU; a
     # GPU's facts must state its vendor and compute capability, else no kernel is assumed).
@@ -150,7 +151,7 @@ def policy_for(precision: str, chip: kernels.Chip, managed_bf16: bool = False) -
 
 
 def runtime(precision: str, sharding: str = "auto", parameters: int = 0) -> Runtime:
-    """Detect the devices; on a declared TPU/GPU VM (payload/hosts.py) a host without them
+    """Detect the devices; on a declared TPU/GPU VM (payload/core/hosts.py) a host without them
     is a one-line error, not a CPU run. The mesh follows `train.sharding` for a model of
     `parameters` (mesh.plan). Reading the devices (`read_facts`) is all that happens here;
     the rest is `runtime_of`, which `tpu-payload compile` calls with a target's facts."""

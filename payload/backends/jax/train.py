@@ -52,7 +52,7 @@ from payload import evaluate as evaluate_lib  # noqa: E402
 from payload import identity as run_identity_lib  # noqa: E402
 from payload import manifest as manifest_lib  # noqa: E402
 from payload import model as model_lib  # noqa: E402
-from payload import storage, training  # noqa: E402
+from payload import training  # noqa: E402
 from payload.backends.jax import batches as batches_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import compile_cache, distributed, hf_weights, models, steps  # noqa: E402
@@ -62,8 +62,9 @@ from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.backends.jax.batches import Pipelines  # noqa: E402
 from payload.backends.jax.evaluate import Evaluator  # noqa: E402
 from payload.backends.jax.runtime import Runtime  # noqa: E402
-from payload.errors import SpecError  # noqa: E402
-from payload.status import StatusWriter  # noqa: E402
+from payload.core import storage  # noqa: E402
+from payload.core.errors import SpecError  # noqa: E402
+from payload.core.status import StatusWriter  # noqa: E402
 
 if TYPE_CHECKING:
     from payload.manifest import Manifest

@@ -12,7 +12,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from payload import storage
+from payload.core import storage
 
 # tf.train.CheckpointManager names checkpoints ckpt-<step>; TF writes each into
 # ckpt-<step>_temp/ and merges it into place ("on failure ... an orphaned temporary directory

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from payload import data as data_lib
-from payload import storage
 from payload.backends.tf import model as model_lib
+from payload.core import storage
+from payload.core.tensorboard import Scalars
 from payload.evaluate import EVAL_MASK_SEED, checked_eval_batch, report
-from payload.tensorboard import Scalars
 
 if TYPE_CHECKING:
     from payload.backends.tf.strategy import Runtime
+    from payload.core.status import StatusWriter
     from payload.manifest import Manifest
     from payload.spec import JobSpec
-    from payload.status import StatusWriter
 
 
 class Evaluator:

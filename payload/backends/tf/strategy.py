@@ -37,8 +37,8 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
-from payload import hosts
-from payload.errors import SpecError
+from payload.core import hosts
+from payload.core.errors import SpecError
 
 ACCELERATORS = ("tpu", "gpu", "cpu")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -75,7 +75,7 @@ class Runtime:
         return is_chief(self.strategy)
 
 
-# The host declaration is framework-free (payload/hosts.py, shared with the JAX backend);
+# The host declaration is framework-free (payload/core/hosts.py, shared with the JAX backend);
 # its names stay importable from here.
 TpuNotFoundError = hosts.TpuNotFoundError
 GpuNotFoundError = hosts.GpuNotFoundError

@@ -32,15 +32,16 @@ from payload import export as export_lib
 from payload import identity as identity_lib
 from payload import manifest as manifest_lib
 from payload import model as model_lib
-from payload import storage, training
+from payload import training
 from payload.backends.tf import checkpoint as checkpoint_lib
 from payload.backends.tf import evaluate as evaluate_lib
 from payload.backends.tf import model as tf_model
 from payload.backends.tf import schedule
 from payload.backends.tf import strategy as strategy_lib
-from payload.errors import SpecError
+from payload.core import storage
+from payload.core.errors import SpecError
+from payload.core.status import StatusWriter
 from payload.spec import tf_backend_refusal
-from payload.status import StatusWriter
 
 if TYPE_CHECKING:
     from payload.manifest import Manifest

@@ -13,7 +13,7 @@ through fsspec appends, which Cloud Storage objects do not have.
 
 Events are buffered and written every `FLUSH_SECONDS` and when closed, never per log line:
 locally they are appended to the file; on gs:// (objects cannot be appended to) the whole
-file is uploaded again through payload/storage.py, as TensorFlow's own gs:// writer does on
+file is uploaded again through payload/core/storage.py, as TensorFlow's own gs:// writer does on
 each flush, which on a long run is why a flush is rare.
 """
 
@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from payload import records, storage
+from payload.core import records, storage
 
 FLUSH_SECONDS = 60
 FILE_VERSION = "brain.Event:2"

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from payload.errors import DiskFullError, StorageError
+from payload.core.errors import DiskFullError, StorageError
 
 GCS_SCHEME = "gs://"
 RETRY_DEADLINE_S = 120.0

@@ -8,7 +8,7 @@ document names the holder: host, pid, command, start time, last heartbeat and ex
 Every change is conditional on the version the writer last saw: on gs:// the object's
 generation (``if_generation_match=0`` to create, ``=<generation>`` to renew, take over or
 delete: Cloud Storage decides, so two hosts cannot both win); locally the same protocol under
-an ``flock`` of a lock file beside the lease, with atomic renames (payload.storage
+an ``flock`` of a lock file beside the lease, with atomic renames (payload.core.storage
 ``*_versioned``). A second run finds the lease and refuses with one line naming the holder
 and how to take over (:class:`LeaseHeldError`, exit 2), before it writes anything (not even
 ``status.json``, which is the holder's).
@@ -55,8 +55,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from payload import storage
-from payload.errors import UserError
+from payload.core import storage
+from payload.core.errors import UserError
 
 LEASE_NAME = ".lease.json"
 TTL_S = 180.0

@@ -30,7 +30,7 @@ from typing import IO, TYPE_CHECKING, Any
 import google_crc32c
 import numpy as np
 
-from payload.errors import DataError
+from payload.core.errors import DataError
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from payload.errors import UserError
+from payload.core.errors import UserError
 
 
 class TpuNotFoundError(UserError):

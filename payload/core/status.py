@@ -1,6 +1,6 @@
 """status.json: where a job is (stage, state, progress, last error), locally or in the bucket.
 
-Writes go through :mod:`payload.storage` (atomic locally, google-cloud-storage for gs://)
+Writes go through :mod:`payload.core.storage` (atomic locally, google-cloud-storage for gs://)
 and are throttled: at most one every ``min_interval_s`` seconds unless the stage or state
 changes, so a training loop can call :meth:`StatusWriter.update` every step.
 """
@@ -12,7 +12,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from payload import storage
+from payload.core import storage
 
 STATES = ("pending", "running", "complete", "skipped", "failed")
 

@@ -1,0 +1,1 @@
+"""Plumbing: errors, storage (local or gs://), status, lease, host, TFRecords, events."""

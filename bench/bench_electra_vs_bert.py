@@ -280,7 +280,7 @@ def main() -> None:
 
     sys.path.insert(0, str(REPO))
     from payload import model as model_lib
-    from payload.manifest import load_manifest, special_ids_of
+    from payload.schema.manifest import load_manifest, special_ids_of
     from payload.spec import load_job
 
     root = Path(args.out)

@@ -137,9 +137,9 @@ def main() -> None:
     local_python = Path(sys.executable)
 
     sys.path.insert(0, str(REPO))
-    from payload import manifest as mf
     from payload import spec, tokenizer
     from payload.core.status import StatusWriter
+    from payload.schema import manifest as mf
 
     with tempfile.TemporaryDirectory(prefix="bench-beam-") as tmp:
         root = Path(tmp)

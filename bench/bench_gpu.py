@@ -175,7 +175,7 @@ def masked_batch(rng: np.random.Generator, ids: np.ndarray, slots: int) -> dict[
 def read_split(data_dir: str, split: str) -> tuple[np.ndarray, int | None]:
     """Every record of a split's shards (payload/core/records.py's pure reader) and the pad id."""
     from payload.core import records
-    from payload.manifest import load_manifest, shard_paths, special_ids_of
+    from payload.schema.manifest import load_manifest, shard_paths, special_ids_of
 
     manifest = load_manifest(data_dir)
     rows = []
@@ -188,8 +188,8 @@ def read_split(data_dir: str, split: str) -> tuple[np.ndarray, int | None]:
 
 
 def masked_slots(seq: int) -> int:
-    """The masked slots of an MLM row: the job's data.max_predictions (payload/job.py)."""
-    from payload.job import DataSpec
+    """The masked slots of an MLM row: the job's data.max_predictions (payload/schema/job.py)."""
+    from payload.schema.job import DataSpec
 
     return DataSpec(objective="mlm", seq_length=seq).max_predictions
 
@@ -797,7 +797,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    from payload.job import REMATS
+    from payload.schema.job import REMATS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="125m,1b,bert", help="of " + ",".join(MODELS))

@@ -32,8 +32,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 
 import payload  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
-from payload import manifest as manifest_lib
 from payload.core import records
+from payload.schema import manifest as manifest_lib
 from payload.spec import parse_job
 
 SEQ = 128

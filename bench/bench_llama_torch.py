@@ -287,7 +287,7 @@ def read_split(manifest: Any, data_dir: str, split: str) -> np.ndarray:
     """Every record of a split's shards, through payload/core/records.py's pure reader (CRCs
     checked)."""
     from payload.core import records
-    from payload.manifest import shard_paths
+    from payload.schema.manifest import shard_paths
 
     rows = []
     for path in shard_paths(data_dir, manifest, split=split):
@@ -300,7 +300,7 @@ def read_split(manifest: Any, data_dir: str, split: str) -> np.ndarray:
 def write_batches(workdir: Path, job: Any, total_steps: int, batch: int) -> dict[str, Any]:
     """The same batches for both sides (batches.npz): training batches in a seeded order,
     epoch after epoch, and the whole held-out split in batches."""
-    from payload.manifest import load_manifest, special_ids_of
+    from payload.schema.manifest import load_manifest, special_ids_of
 
     manifest = load_manifest(job.paths.data)
     pad_id = special_ids_of(manifest).get("pad")

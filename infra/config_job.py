@@ -13,7 +13,7 @@ from infra.config_types import GpuConfig, TpuConfig
 from infra.dataflow_regions import dataflow_regions
 from infra.errors import ConfigError
 
-# The payload's default train.global_batch_size (payload/job.py TrainSpec); infra reads the
+# The payload's default train.global_batch_size (payload/schema/job.py TrainSpec); infra reads the
 # template only as far as it must (the payload validates the whole spec when it starts).
 DEFAULT_GLOBAL_BATCH = 32
 

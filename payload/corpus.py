@@ -30,8 +30,8 @@ from pathlib import Path
 from payload import readers_hub
 from payload.core import storage
 from payload.core.errors import CorpusError
-from payload.job import HF_DATASET_RE, CorpusSpec
 from payload.readers import FORMATS_HELP, CorpusStats, FileRead, bad_file, reader_for
+from payload.schema.job import HF_DATASET_RE, CorpusSpec
 
 GROUP_BYTES = 1 << 20  # a group ends after the document that brings its text to 1 MiB
 MAX_DOCUMENT_BYTES = 8 << 20

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from payload import manifest as manifest_lib
 from payload import masking
 from payload.core import records
 from payload.input_plan import PipelinePlan, masking_ratios, plan_pipeline
-from payload.manifest import special_ids_of
+from payload.schema import manifest as manifest_lib
+from payload.schema.manifest import special_ids_of
 
 if TYPE_CHECKING:
-    from payload.manifest import Manifest
+    from payload.schema.manifest import Manifest
     from payload.spec import JobSpec
 
 _SEED_MIX = 1_000_003

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from payload import encode_local
-from payload import manifest as mf
 from payload.core.errors import DataError
 from payload.encode_outputs import check_current, is_complete
+from payload.schema import manifest as mf
 from payload.spec import JobSpec
 
 if TYPE_CHECKING:

@@ -53,9 +53,9 @@ from apache_beam.transforms.combiners import ToList
 from payload import corpus
 from payload import encode_outputs as outputs
 from payload import encode_rules as rules
-from payload import manifest as mf
 from payload.core import records, storage
 from payload.core.errors import CorpusError, DataError, UserError
+from payload.schema import manifest as mf
 from payload.spec import JobSpec
 
 if TYPE_CHECKING:

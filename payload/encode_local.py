@@ -33,7 +33,6 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from payload import corpus
-from payload import manifest as mf
 from payload.core import records, storage
 from payload.core.errors import CorpusError
 from payload.encode_outputs import (
@@ -62,6 +61,7 @@ from payload.encode_rules import (
     truncated,
     within_budget,
 )
+from payload.schema import manifest as mf
 from payload.spec import JobSpec
 
 if TYPE_CHECKING:

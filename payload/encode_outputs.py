@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from payload import corpus
-from payload import manifest as mf
 from payload.core import storage
 from payload.core.errors import DataError
 from payload.encode_rules import HELD_OUT_RULE, Prepared, packing_description
+from payload.schema import manifest as mf
 from payload.spec import JobSpec
 from payload.tokenizer import tokenizer_json
 

@@ -32,7 +32,7 @@ from payload.core.tensorboard import Scalars
 
 if TYPE_CHECKING:
     from payload.core.status import StatusWriter
-    from payload.manifest import Manifest
+    from payload.schema.manifest import Manifest
     from payload.spec import JobSpec
 
 # Fixed for every run: held-out masks must not depend on train.seed.

@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from payload.core.errors import SpecError
-from payload.manifest import special_ids_of
+from payload.schema.manifest import special_ids_of
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-    from payload.job import JobSpec
+    from payload.schema.job import JobSpec
 
 # Size presets. bert and roberta share the encoder shapes of the BERT miniatures
 # (Turc et al. 2019: tiny = L2/H128, mini = L4/H256, small = L4/H512) and BERT-base.

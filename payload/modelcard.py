@@ -21,7 +21,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from payload.manifest import Manifest
+    from payload.schema.manifest import Manifest
     from payload.spec import JobSpec
 
 NOT_RECORDED = "not recorded"

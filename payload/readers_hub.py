@@ -18,7 +18,7 @@ import os
 from typing import IO, Any
 
 from payload.core.errors import CorpusError
-from payload.job import HF_DATASET_RE, HF_SCHEME
+from payload.schema.job import HF_DATASET_RE, HF_SCHEME
 
 _GLOB_CHARS = "*?["
 

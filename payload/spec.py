@@ -1,7 +1,7 @@
 """The job spec: one YAML/JSON document, read and validated once into a ``JobSpec``.
 
 What a job is (the frozen dataclasses, the closed vocabularies, the special-token styles)
-lives in payload/job.py; this module reads a document into it and re-exports those names,
+lives in payload/schema/job.py; this module reads a document into it and re-exports those names,
 so ``from payload.spec import JobSpec`` keeps working.
 
 Unknown keys and bad values raise :class:`SpecError` naming the dotted key, the value and
@@ -19,7 +19,7 @@ from typing import Any
 
 from payload.core import storage
 from payload.core.errors import SpecError
-from payload.job import (
+from payload.schema.job import (
     ATTENTIONS,
     BACKENDS,
     BEAM_RUNNERS,
@@ -60,7 +60,7 @@ from payload.job import (
 )
 from payload.sharding import REMAT_FAMILIES, SHARDINGS
 
-# What a job is comes from payload/job.py (and payload/sharding.py); importing it from here
+# What a job is comes from payload/schema/job.py (and payload/sharding.py); importing it from here
 # keeps working.
 __all__ = [
     "ATTENTIONS",
@@ -124,7 +124,7 @@ __all__ = [
     "tf_backend_refusal",
 ]
 
-# The revision of a Hub dataset path (payload/job.py HF_DATASET_RE): a full commit id.
+# The revision of a Hub dataset path (payload/schema/job.py HF_DATASET_RE): a full commit id.
 HF_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 MAX_CORPUS_SOURCES = 1024
 
@@ -134,7 +134,7 @@ MAX_CORPUS_SOURCES = 1024
 MIN_EXTRA_VOCAB = {"wordpiece": 100, "unigram": 100, "bpe": 256}
 MAX_VOCAB = 1 << 20
 MIN_SEQ_LENGTH = 8
-# Bounds of tokenizer.max_word_length (payload/job.py DEFAULT_MAX_WORD_LENGTH says why words
+# Bounds of tokenizer.max_word_length (payload/schema/job.py DEFAULT_MAX_WORD_LENGTH says why words
 # are cut).
 MIN_WORD_LENGTH = 8
 MAX_WORD_LENGTH = 1 << 16

@@ -27,12 +27,12 @@ from payload import tokenizer as tokenizer_lib
 from payload.core.errors import DataError, UserError
 from payload.core.status import StatusWriter
 from payload.core.tensorboard import Scalars
-from payload.manifest import special_ids_of
 from payload.model import ROBERTA_PADDING_IDX
+from payload.schema.manifest import special_ids_of
 from payload.spec import MASKED_OBJECTIVES
 
 if TYPE_CHECKING:
-    from payload.manifest import Manifest
+    from payload.schema.manifest import Manifest
     from payload.spec import JobSpec, TrainSpec
 
 BACKENDS = ("tf", "jax")

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from infra import jobspec
-from payload import manifest, spec
+from payload import spec
 from payload.core.errors import SpecError
+from payload.schema import manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = sorted(ROOT.glob("stacks/Pulumi.*.yaml"))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from payload import manifest as manifest_lib
 from payload.core import records
+from payload.schema import manifest as manifest_lib
 from payload.spec import parse_job
 
 SEQ = 16

@@ -12,9 +12,9 @@ from train_helpers import assert_user_error, tensorflow_env
 from train_helpers import run_cli as tpu_payload
 
 from payload import cli
-from payload import manifest as mf
 from payload.core import storage
 from payload.core.errors import DataError
+from payload.schema import manifest as mf
 
 IMPORTED = "no_tensorflow: tensorflow was imported"  # no_tensorflow/sitecustomize.py
 

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from payload import corpus, encode, readers, spec, tokenizer
-from payload import manifest as mf
 from payload.core import records, storage
 from payload.core.errors import CorpusError, DataError
 from payload.core.status import StatusWriter
+from payload.schema import manifest as mf
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))

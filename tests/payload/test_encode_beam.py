@@ -22,8 +22,8 @@ import yaml
 from test_encode import prepared, status_for
 
 from payload import corpus, encode, spec
-from payload import manifest as mf
 from payload.core.errors import SpecError
+from payload.schema import manifest as mf
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))

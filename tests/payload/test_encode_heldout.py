@@ -19,9 +19,9 @@ from test_encode import (
 )
 
 from payload import corpus, encode, readers
-from payload import manifest as mf
 from payload.core import records, storage
 from payload.core.errors import DataError, SpecError
+from payload.schema import manifest as mf
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
 

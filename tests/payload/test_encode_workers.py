@@ -21,9 +21,9 @@ import pytest
 from train_helpers import job_document, write_corpus, write_job
 
 from payload import encode, tokenizer
-from payload import manifest as mf
 from payload.core import lease
 from payload.core.status import StatusWriter
+from payload.schema import manifest as mf
 
 WORKERS = 2
 DEADLINE_S = 120.0  # generous: only a leak takes this long

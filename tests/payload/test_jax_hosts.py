@@ -225,7 +225,7 @@ def test_sigterm_to_the_non_chief_stops_both_at_the_same_step(prepared, stopped,
     port = _free_port()
     inject = (
         "default-sigterm@payload.backends.jax.runtime:checked_devices:1,"
-        "gc-sigterm@payload.manifest:verify_shards:1",
+        "gc-sigterm@payload.schema.manifest:verify_shards:1",
         "-",
     )
     workers = [

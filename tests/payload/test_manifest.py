@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from payload import manifest as mf
 from payload.core import records, storage
 from payload.core.errors import DataError
+from payload.schema import manifest as mf
 
 
 def _write_shards(root: str, count: int = 3, per_shard: int = 5, seq: int = 16) -> mf.Manifest:
@@ -145,7 +145,7 @@ def test_a_manifest_of_format_2_still_reads(tmp_path: Path) -> None:
     """Data encoded before format 3 (no held_out, no sources) is read and verified as is."""
     root = str(tmp_path / "data")
     current = _write_shards(root)
-    old = {  # the keys format 2 wrote (payload/manifest.py before format 3)
+    old = {  # the keys format 2 wrote (payload/schema/manifest.py before format 3)
         "format_version": 2,
         "objective": "mlm",
         "seq_length": 16,

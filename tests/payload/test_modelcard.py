@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from payload import manifest as mf
 from payload import modelcard
+from payload.schema import manifest as mf
 from payload.spec import parse_job
 
 REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements"

@@ -22,9 +22,9 @@ import pytest
 from train_helpers import job_document, write_job
 
 from payload import export as export_lib
-from payload import manifest as manifest_lib
 from payload import tokenizer
 from payload.core.status import StatusWriter
+from payload.schema import manifest as manifest_lib
 from payload.spec import TOKENIZER_KINDS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

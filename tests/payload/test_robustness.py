@@ -30,9 +30,9 @@ from train_helpers import PausedCli, assert_user_error
 from train_helpers import run_cli as tpu_payload
 
 from payload import encode, spec, tokenizer
-from payload import manifest as mf
 from payload.core.errors import DataError
 from payload.core.status import StatusWriter
+from payload.schema import manifest as mf
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

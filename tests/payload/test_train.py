@@ -15,13 +15,13 @@ import tensorflow as tf
 from train_helpers import copy_prepared, job_document, prepare_data, write_corpus, write_job
 
 from payload import data as data_lib
-from payload import manifest as mf
 from payload import model as model_lib
 from payload.backends.tf import model as tf_model
 from payload.backends.tf import train
 from payload.core import storage
 from payload.core.errors import DataError
 from payload.core.status import StatusWriter
+from payload.schema import manifest as mf
 from payload.spec import JobSpec
 
 

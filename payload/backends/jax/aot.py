@@ -124,7 +124,7 @@ class DataFacts:
 
 
 def data_facts(job: JobSpec) -> DataFacts:
-    from payload import manifest as manifest_lib  # noqa: PLC0415
+    from payload.schema import manifest as manifest_lib  # noqa: PLC0415
 
     data = job.paths.data
     if "://" not in data and Path(data, manifest_lib.MANIFEST_NAME).is_file():

@@ -12,14 +12,14 @@ import jax
 import numpy as np
 
 from payload import input_plan
-from payload import manifest as manifest_lib
 from payload.backends.jax import input as input_lib
 from payload.backends.jax import mesh as mesh_lib
 from payload.core import storage
+from payload.schema import manifest as manifest_lib
 
 if TYPE_CHECKING:
     from payload.backends.jax.runtime import Runtime
-    from payload.manifest import Manifest
+    from payload.schema.manifest import Manifest
     from payload.spec import JobSpec
 
 

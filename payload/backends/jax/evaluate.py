@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from payload.backends.jax.batches import Pipelines
     from payload.backends.jax.runtime import Runtime
     from payload.core.status import StatusWriter
-    from payload.manifest import Manifest
+    from payload.schema.manifest import Manifest
     from payload.spec import JobSpec
 
 

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 import grain
 import numpy as np
 
-from payload import manifest as manifest_lib
 from payload.core import records, storage
 from payload.core.errors import DataError
 from payload.input_plan import (
@@ -39,13 +38,14 @@ from payload.input_plan import (
     plan_pipeline,
     spans_of,
 )
-from payload.manifest import special_ids_of
 from payload.numpy_masking import Masker, causal_labels
+from payload.schema import manifest as manifest_lib
+from payload.schema.manifest import special_ids_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from payload.manifest import Manifest
+    from payload.schema.manifest import Manifest
     from payload.spec import JobSpec
 
 # Grain's threads compute whole batches (read, decode, mask); a few are enough on a host

@@ -23,7 +23,7 @@ from payload.evaluate import EVAL_MASK_SEED, checked_eval_batch, report
 if TYPE_CHECKING:
     from payload.backends.tf.strategy import Runtime
     from payload.core.status import StatusWriter
-    from payload.manifest import Manifest
+    from payload.schema.manifest import Manifest
     from payload.spec import JobSpec
 
 

@@ -30,7 +30,6 @@ from tqdm import tqdm
 from payload import data as data_lib
 from payload import export as export_lib
 from payload import identity as identity_lib
-from payload import manifest as manifest_lib
 from payload import model as model_lib
 from payload import training
 from payload.backends.tf import checkpoint as checkpoint_lib
@@ -41,10 +40,11 @@ from payload.backends.tf import strategy as strategy_lib
 from payload.core import storage
 from payload.core.errors import SpecError
 from payload.core.status import StatusWriter
+from payload.schema import manifest as manifest_lib
 from payload.spec import tf_backend_refusal
 
 if TYPE_CHECKING:
-    from payload.manifest import Manifest
+    from payload.schema.manifest import Manifest
     from payload.spec import JobSpec
 
 EXPORT_MARKER = training.EXPORT_MARKER

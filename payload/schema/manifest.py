@@ -19,7 +19,7 @@ from typing import Any
 
 from payload.core import storage
 from payload.core.errors import DataError
-from payload.job import OBJECTIVES
+from payload.schema.job import OBJECTIVES
 
 MANIFEST_NAME = "manifest.json"
 # 3: encoding a pure function of the documents (held-out split by a hash of each document,

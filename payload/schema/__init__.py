@@ -1,0 +1,1 @@
+"""The documents stages exchange, as dataclasses: a job and a shard set's manifest."""

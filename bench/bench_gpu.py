@@ -135,7 +135,7 @@ def markov_tokens(rng: np.random.Generator, rows: int, seq: int, vocab: int) -> 
 
 
 def causal_batch(ids: np.ndarray, pad_id: int | None) -> dict[str, np.ndarray]:
-    """payload/masking.py causal_labels in numpy (bench_llama_torch.py's)."""
+    """payload/backends/tf/masking.py causal_labels in numpy (bench_llama_torch.py's)."""
     labels = np.concatenate([ids[..., 1:], np.zeros_like(ids[..., :1])], axis=-1)
     weights = np.ones(ids.shape, np.float32)
     weights[..., -1] = 0.0

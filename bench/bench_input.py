@@ -2,8 +2,8 @@
 
 Writes a temporary shard set (random tokens, uint16, seq 128) with the payload's own record
 writer and manifest, then times, on the same shards, the TF backend's tf.data pipeline
-(`payload.data.make_dataset`: interleave, shuffle, batch, parse_batch, mask, prefetch) and
-the JAX backend's Grain pipeline (`payload.backends.jax.input.make_batches`: window reads,
+(`payload.backends.tf.data.make_dataset`: interleave, shuffle, batch, parse_batch, mask, prefetch)
+and the JAX backend's Grain pipeline (`payload.backends.jax.input.make_batches`: window reads,
 CRC checks, numpy masking on Grain's threads), alternating rounds of each so that a busy
 machine slows both alike; and, for contrast, the common reader of tf.train.Example records
 (`parse_single_example` per record, then batch, without masking). Then what a 1B Llama
@@ -119,8 +119,8 @@ def llama_1b_need() -> tuple[float, float]:
 
 def compare(job: object, manifest: object, batches: list[int], args: object, cores: int) -> dict:
     """tf.data vs Grain on the same shards, alternating rounds; the tf.data rates by batch."""
-    from payload import data as data_lib
     from payload.backends.jax import input as grain_input
+    from payload.backends.tf import data as data_lib
 
     results, grain_results = {}, {}
     for batch in batches:

@@ -8,7 +8,7 @@ What is compared (docs/performance.md has the figures):
   sequence 128) runs `tpu-payload tokenizer` and `encode` on the bundled corpus; the training
   and held-out shards are read once, here, with payload/core/records.py's pure TFRecord reader (both
   CRCs checked; .venv-pt has no TensorFlow), and both sides get the same token batches in the
-  same order, with the labels and weights of payload/masking.py causal_labels.
+  same order, with the labels and weights of payload/backends/tf/masking.py causal_labels.
 - The model: the job's LlamaForCausalLM config (payload/model.py config_for). The JAX side builds
   it with payload/backends/jax/models.py; its initial weights are written with the export's
   save_pretrained and loaded by `LlamaForCausalLM.from_pretrained` on the PyTorch side: both
@@ -100,7 +100,7 @@ def flops_per_token(config: dict, seq: int) -> float:
 
 
 def causal_batch(ids: np.ndarray, pad_id: int | None) -> dict[str, np.ndarray]:
-    """payload/masking.py causal_labels in numpy."""
+    """payload/backends/tf/masking.py causal_labels in numpy."""
     labels = np.concatenate([ids[:, 1:], np.zeros_like(ids[:, :1])], axis=1)
     weights = np.ones_like(ids, dtype=np.float32)
     weights[:, -1] = 0.0

@@ -8,7 +8,7 @@ line>`` on stderr, exit status 2, and ``last_error`` in status.json; Ctrl-C says
 run stopped and that a rerun continues (exit 130); any other exception is a bug: it is
 recorded in status.json and re-raised with its traceback. The process never dies of SIGINT
 (:class:`_CtrlC`). The frameworks' logs are hidden unless ``--verbose`` or
-``TPU_PAYLOAD_VERBOSE=1`` (payload/quiet.py).
+``TPU_PAYLOAD_VERBOSE=1`` (payload/backends/quiet.py).
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class _CtrlC:
 def _compile(args: argparse.Namespace) -> int:
     """`tpu-payload compile` (payload/backends/jax/aot.py). JAX runs on this machine's CPU:
     the TPU is a topology libtpu compiles for, not a device here."""
-    from payload import quiet  # noqa: PLC0415
+    from payload.backends import quiet  # noqa: PLC0415
 
     try:
         verbose = quiet.configure(args.verbose, os.environ)
@@ -206,7 +206,7 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:  # noqa: PLR0911
         return plan.run(args)
     if args.command == "compile":
         return _compile(args)
-    from payload import quiet  # noqa: PLC0415  (keep --help fast)
+    from payload.backends import quiet  # noqa: PLC0415  (keep --help fast)
     from payload.core import lease, storage  # noqa: PLC0415  (keep --help fast)
     from payload.core.status import StatusWriter  # noqa: PLC0415
     from payload.spec import load_job  # noqa: PLC0415

@@ -1,7 +1,7 @@
 """What each input pipeline reads, and (for the JAX backend's input) in which order.
 
 `plan_pipeline` splits the shards between input pipelines (hosts) and sizes the epoch, for
-both backends (payload/data.py's tf.data pipeline and payload/backends/jax/input.py);
+both backends (payload/backends/tf/data.py's tf.data pipeline and payload/backends/jax/input.py);
 `masking_ratios` is the dynamic masking both apply for a masked objective.
 
 The JAX backend's order is a pure function of (seed, pipeline, epoch), computed without

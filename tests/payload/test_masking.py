@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from payload import numpy_masking
-from payload.masking import causal_labels, mask_tokens, replacement_vocabulary
+from payload.backends.tf.masking import causal_labels, mask_tokens, replacement_vocabulary
 
 VOCAB = 1000
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4

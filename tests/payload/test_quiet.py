@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from train_helpers import assert_user_error, job_document, run_cli, write_corpus, write_job
 
-from payload import quiet
+from payload.backends import quiet
 
 ROOT = Path(__file__).resolve().parents[2]
 

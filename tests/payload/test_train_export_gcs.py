@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from train_helpers import job_document, prepare_data, write_corpus, write_job
 
-from payload import data as data_lib
 from payload import model as model_lib
+from payload.backends.tf import data as data_lib
 from payload.backends.tf import model as tf_model
 from payload.backends.tf import strategy as strategy_lib
 from payload.backends.tf import train

@@ -11,7 +11,8 @@
    state is read: another model's checkpoint is a one-line DataError, not a shape error deep
    in tensorstore.
 Like the TF backend's, a checkpoint holds nothing of the input pipeline: the pipeline is a
-pure function of (seed, batch index), so the step says where to resume (payload/data.py).
+pure function of (seed, batch index), so the step says where to resume
+(payload/backends/tf/data.py).
 
 Asynchronous: `save()` returns once the state's arrays are copied to host memory; the write
 (and the deletion of all but the newest `keep`) continues in a background thread, the next

@@ -29,7 +29,7 @@ array on the mesh:
   trainer's: mesh.partition_spec of each variable's path and shape, the rule by which the
   trainer's Keras distribution (mesh.sharded_distribution) creates its variables;
 - the batches are ShapeDtypeStructs of the input pipeline's features (FEATURES: the names
-  and dtypes payload/masking.py documents) split over the mesh's batch axes
+  and dtypes payload/backends/tf/masking.py documents) split over the mesh's batch axes
   (mesh.batch_sharding), for the training chunk's [steps_per_execution, B, ...] and the
   held-out batch [B, ...];
 - the loss's chunks are sized by the mesh (steps.chunked_loss_terms takes the model's mesh),
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from payload.backends.jax.runtime import Runtime
     from payload.spec import JobSpec
 
-# The input pipeline's features per objective (payload/masking.py's table): name, dtype,
+# The input pipeline's features per objective (payload/backends/tf/masking.py's table): name, dtype,
 # and whether the second axis is the sequence ("seq") or the masked slots ("pred").
 _CLM = (
     ("input_ids", "int32", "seq"),

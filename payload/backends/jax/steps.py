@@ -326,7 +326,7 @@ def rtd_inputs(batch: Mapping[str, Any], key_data: Any) -> dict[str, Any]:
 
 
 def model_inputs(objective: str, batch: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
-    """(model inputs, labels, weights) of a batch of payload.data's pipeline."""
+    """(model inputs, labels, weights) of a batch of payload.backends.tf.data's pipeline."""
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     if objective == "mlm":
         inputs["masked_lm_positions"] = batch["masked_lm_positions"]

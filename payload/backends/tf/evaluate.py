@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from payload import data as data_lib
+from payload.backends.tf import data as data_lib
 from payload.backends.tf import model as model_lib
 from payload.core import storage
 from payload.core.tensorboard import Scalars

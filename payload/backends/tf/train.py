@@ -27,12 +27,12 @@ import tensorflow as tf
 import tf_keras
 from tqdm import tqdm
 
-from payload import data as data_lib
 from payload import export as export_lib
 from payload import identity as identity_lib
 from payload import model as model_lib
 from payload import training
 from payload.backends.tf import checkpoint as checkpoint_lib
+from payload.backends.tf import data as data_lib
 from payload.backends.tf import evaluate as evaluate_lib
 from payload.backends.tf import model as tf_model
 from payload.backends.tf import schedule

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from payload import masking
+from payload.backends.tf import masking
 from payload.core import records
 from payload.input_plan import PipelinePlan, masking_ratios, plan_pipeline
 from payload.schema import manifest as manifest_lib

@@ -299,8 +299,8 @@ def trainer_programs(
     the evaluation step of `held_rows` held-out rows, as a manifest of that many would give).
     Returns them by name, with the job and its config."""
     from payload import evaluate as evaluate_lib
-    from payload import model as model_lib
     from payload.backends.jax import program, runtime
+    from payload.model import model as model_lib
     from payload.spec import parse_job
 
     job = parse_job(job_document(spec, args, work), source=str(work / "job.yaml"))
@@ -334,7 +334,7 @@ def loss_chunk(job: Any, config: Any, rt: Any) -> dict[str, int]:
     """The positions of one chunk of the chunked loss and its budget, as steps.py sizes them
     (model.loss_chunk_length of the rows one device holds, under model.loss_chunk_budget of
     the runtime's device memory)."""
-    from payload import model as model_lib
+    from payload.model import model as model_lib
 
     rows = max(1, job.train.global_batch_size // rt.num_replicas)
     length = job.data.max_predictions if job.data.objective == "mlm" else job.data.seq_length

@@ -27,11 +27,11 @@ import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from payload import model as model_lib  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import models, steps  # noqa: E402
 from payload.backends.jax.program import seed_keras  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
+from payload.model import model as model_lib  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
 SEQ, BATCH, POSITIONS = 128, 16, 20

@@ -64,7 +64,7 @@ def _parse() -> argparse.Namespace:
         "--loss-chunk-mib",
         type=int,
         help="an experiment: the chunked loss's float32 logits budget per device (default "
-        "payload/model.py LOSS_CHUNK_BYTES); the plan keeps its own",
+        "payload/model/model.py LOSS_CHUNK_BYTES); the plan keeps its own",
     )
     parser.add_argument("--hlo-dir", help="write each case's optimized HLO text here")
     parser.add_argument(
@@ -94,11 +94,11 @@ use_jax()
 import keras  # noqa: E402
 
 from payload import accelerators  # noqa: E402
-from payload import model as model_lib  # noqa: E402
 from payload import plan as plan_lib  # noqa: E402
 from payload.backends.jax import aot, steps  # noqa: E402
 from payload.backends.jax import hlo as hlo_lib  # noqa: E402
 from payload.core.errors import UserError  # noqa: E402
+from payload.model import model as model_lib  # noqa: E402
 from payload.spec import FAMILIES_FOR_OBJECTIVE, JobSpec, parse_job  # noqa: E402
 
 GIB = 2**30

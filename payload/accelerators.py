@@ -1,6 +1,6 @@
 """The accelerators the plan knows (payload/accelerators.yaml: Google's and NVIDIA's
 pages): an accelerator type's chips, memory per chip, peak FLOP/s, compute dtype and, for an
-NVIDIA GPU, its compute capability (what payload/kernels.py's table reads). The plan
+NVIDIA GPU, its compute capability (what payload/model/kernels.py's table reads). The plan
 (payload/plan.py) and `tpu-payload compile` (backends/jax/aot.py) read them through
 `accelerator(name)`; a TPU type's slice as libtpu's topology API names it (what `compile`
 asks the TPU compiler for) through `topology_of`.
@@ -17,8 +17,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from payload import kernels
 from payload.core.errors import UserError
+from payload.model import kernels
 
 
 class AcceleratorError(UserError):
@@ -38,7 +38,7 @@ class Accelerator:
     compute_capability: str = ""  # NVIDIA GPUs (accelerators.yaml)
 
     @property
-    def chip(self) -> kernels.Chip:  # what payload/kernels.py's table reads of it
+    def chip(self) -> kernels.Chip:  # what payload/model/kernels.py's table reads of it
         if self.kind != "gpu":
             return kernels.Chip(self.kind, name=self.generation)
         return kernels.Chip("gpu", "nvidia", kernels.parse_capability(self.compute_capability),

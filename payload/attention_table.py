@@ -1,6 +1,6 @@
 """Which attention every family's `train.attention: auto` gets at its presets on common
 accelerators: the tables of docs/models.md ("Attention kernels"), computed from the one table
-that the JAX trainer and the plan both read (payload/kernels.py) with the plan's case
+that the JAX trainer and the plan both read (payload/model/kernels.py) with the plan's case
 (payload/plan.py attention_case: the preset's head sizes and attention dropout,
 `train.precision: auto` on the chip, the family's usual sequence length).
 
@@ -16,8 +16,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from payload import kernels, plan
-from payload.model import PRESETS
+from payload import plan
+from payload.model import kernels
+from payload.model.model import PRESETS
 
 # The columns: GPUs of each compute capability the kernels table tells apart, and TPUs.
 ACCELERATORS = (

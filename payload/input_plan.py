@@ -29,7 +29,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from payload.core.errors import DataError
-from payload.model import ELECTRA_MASK_TOKEN_RATIO, ELECTRA_RANDOM_TOKEN_RATIO
+from payload.model.model import ELECTRA_MASK_TOKEN_RATIO, ELECTRA_RANDOM_TOKEN_RATIO
 from payload.numpy_masking import permutation
 from payload.spec import MASKED_OBJECTIVES
 

@@ -31,7 +31,7 @@ key/value heads, D head size):
                           attention output, the residual, the MLP's gate, up, act(gate) and
                           product, the down projection
   + 8H                    the two RMSNorms' float32 copies of their input
-  + 4 x A (x 128)         with a fused attention kernel (payload/kernels.py's table, as the
+  + 4 x A (x 128)         with a fused attention kernel (payload/model/kernels.py's table, as the
                           trainer: cuDNN on NVIDIA GPUs of compute capability 8.0+ in bf16,
                           splash on TPUs): its float32 softmax statistics (one log-sum-exp
                           per query and head; splash writes each across its 128 lanes);
@@ -45,7 +45,7 @@ plus the activations the policy names (saved_width: `full` none, `minimal` q, k,
 attention's output projection and the MLP's gate and up), and one layer's activations above
 exist at a time while its backward pass recomputes the rest.
 The LM head: the loss computes the logits a chunk of positions at a time
-(backends/jax/steps.py chunked_loss_terms; the chunk: payload/model.py loss_chunk_length,
+(backends/jax/steps.py chunked_loss_terms; the chunk: payload/model/model.py loss_chunk_length,
 float32 logits under loss_chunk_budget(the chip's memory): 1/64 of it, 256 MiB to 2 GiB),
 so a sequence keeps 2a x H per predicted token (the head's input and its chunked copy; for
 MLM only the masked positions), and the chip holds one chunk's logits once, whatever the
@@ -86,8 +86,6 @@ from dataclasses import asdict, dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
-from payload import kernels
-
 # The accelerator catalog (payload/accelerators.yaml), re-exported: plan.accelerator(...).
 from payload.accelerators import (  # noqa: F401
     Accelerator,
@@ -97,9 +95,10 @@ from payload.accelerators import (  # noqa: F401
     known_accelerators,
 )
 from payload.core.errors import SpecError, UserError
+from payload.model import kernels
 
-# The JAX backend's rules, from the one copy both read (payload/sharding.py).
-from payload.sharding import (
+# The JAX backend's rules, from the one copy both read (payload/model/sharding.py).
+from payload.model.sharding import (
     DATA_PARALLEL_STATE_SHARE,
     GRADIENT_BYTES,
     REMAT_ALIASES,
@@ -180,8 +179,8 @@ _CONFIG_DEFAULTS = {"type_vocab_size": 2, "n_inner": None, "tie_word_embeddings"
 
 
 def model_shape(family: str, size: str, overrides: Mapping[str, Any], vocab: int) -> Shape:
-    """The model's shape from the presets (payload/model.py), without transformers."""
-    from payload import model  # noqa: PLC0415  (pure: presets and parameter_count)
+    """The model's shape from the presets (payload/model/model.py), without transformers."""
+    from payload.model import model  # noqa: PLC0415  (pure: presets and parameter_count)
 
     settings = {**_CONFIG_DEFAULTS, **model.resolved_settings(family, size, overrides)}
     config = SimpleNamespace(vocab_size=vocab, **settings)
@@ -245,7 +244,7 @@ def attention_case(
 ) -> kernels.Case:  # fmt: skip
     """The kernels table's case of a model (the preset and model.config's head sizes and
     attention dropout) on `acc`, computing in train.precision's dtype on its chip."""
-    from payload import model  # noqa: PLC0415  (pure: presets)
+    from payload.model import model  # noqa: PLC0415  (pure: presets)
 
     settings = model.resolved_settings(family, size, overrides)
     return kernels.Case(
@@ -260,7 +259,7 @@ def attention_case(
 
 def attention(job: Any, acc: Accelerator) -> kernels.Choice:
     """The attention the JAX trainer picks for the job on `acc`: the table it reads
-    (payload/kernels.py) for the same case (backends/jax/attention.choose). A `fused` job
+    (payload/model/kernels.py) for the same case (backends/jax/attention.choose). A `fused` job
     the table refuses is the trainer's one-line error, here too."""
     model, data, precision = job.model, job.data, job.train.precision
     case = attention_case(acc, model.family, model.size, model.config, precision=precision,
@@ -322,7 +321,7 @@ class Plan:
     budget_bytes: int  # FIT_SHARE of a chip's memory
     sharding: str  # what the trainer picks for train.sharding (auto resolved)
     sharding_reason: str
-    attention: str  # what the trainer picks for train.attention (payload/kernels.py)
+    attention: str  # what the trainer picks for train.attention (payload/model/kernels.py)
     attention_reason: str
     remat: str
     layouts: tuple[Layout, ...]

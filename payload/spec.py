@@ -19,6 +19,7 @@ from typing import Any
 
 from payload.core import storage
 from payload.core.errors import SpecError
+from payload.model.sharding import REMAT_FAMILIES, SHARDINGS
 from payload.schema.job import (
     ATTENTIONS,
     BACKENDS,
@@ -58,10 +59,9 @@ from payload.schema.job import (
     default_special_tokens,
     special_roles,
 )
-from payload.sharding import REMAT_FAMILIES, SHARDINGS
 
-# What a job is comes from payload/schema/job.py (and payload/sharding.py); importing it from here
-# keeps working.
+# What a job is comes from payload/schema/job.py (and payload/model/sharding.py); importing it from
+# here keeps working.
 __all__ = [
     "ATTENTIONS",
     "BACKENDS",
@@ -712,7 +712,7 @@ def tf_backend_refusal(job: JobSpec) -> str | None:
 
 def _check_model(job: JobSpec) -> None:
     """Model-side checks that need a built config (e.g. seq_length vs positions); TF-free."""
-    from payload import model  # noqa: PLC0415  (transformers config classes only)
+    from payload.model import model  # noqa: PLC0415  (transformers config classes only)
 
     model.check_compatible(job)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from payload import kernels
 from payload.accelerators import Accelerator
-from payload.sharding import REMAT_SAVES
+from payload.model import kernels
+from payload.model.sharding import REMAT_SAVES
 
 # What the chunked loss holds per logit of its one chunk on a TPU: the float32 logits; their
 # softmax and its gradient are fused into the matmuls that read them (the TPU compiler's
@@ -181,7 +181,7 @@ def loss_chunk_bytes(
     """What the chunked loss holds at once on a chip of `memory_bytes`, besides the head's
     input: one chunk's float32 logits and what its backward pass computes from them,
     `per_logit` bytes each (loss_bytes_per_logit; module docstring)."""
-    from payload import model  # noqa: PLC0415  (pure)
+    from payload.model import model  # noqa: PLC0415  (pure)
 
     if per_chip_batch <= 0:
         return 0

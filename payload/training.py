@@ -27,7 +27,7 @@ from payload import tokenizer as tokenizer_lib
 from payload.core.errors import DataError, UserError
 from payload.core.status import StatusWriter
 from payload.core.tensorboard import Scalars
-from payload.model import ROBERTA_PADDING_IDX
+from payload.model.model import ROBERTA_PADDING_IDX
 from payload.schema.manifest import special_ids_of
 from payload.spec import MASKED_OBJECTIVES
 

@@ -36,9 +36,9 @@ MASKED_OBJECTIVES = ("mlm", "rtd")
 TOKENIZER_KINDS = ("wordpiece", "bpe", "unigram")
 FAMILIES = ("bert", "roberta", "gpt2", "llama", "electra")
 SIZES = ("tiny", "mini", "small", "base")
-# Llama's presets are named by their size (payload/model.py, docs/models.md).
+# Llama's presets are named by their size (payload/model/model.py, docs/models.md).
 LLAMA_SIZES = ("tiny", "125m", "350m", "1b", "3b")
-# ELECTRA's: the paper's small and base (payload/model.py says where each value comes from).
+# ELECTRA's: the paper's small and base (payload/model/model.py says where each value comes from).
 ELECTRA_SIZES = ("tiny", "small", "base")
 SIZES_FOR_FAMILY = {
     "bert": SIZES,
@@ -61,7 +61,7 @@ PRECISIONS = ("auto", "bf16", "fp32")
 # TPU_PAYLOAD_BACKEND, else tf (payload/training.py resolve_backend).
 BACKENDS = ("auto", "tf", "jax")
 # Activation rematerialisation (JAX backend): what each decoder layer keeps for the backward
-# pass, MaxText's remat_policy names (payload/sharding.py REMAT_SAVES says what each keeps;
+# pass, MaxText's remat_policy names (payload/model/sharding.py REMAT_SAVES says what each keeps;
 # docs/models.md): none (everything), minimal, save_dot_except_mlp, save_qkv_proj,
 # save_out_proj, full (only the layer's input); block = full (its earlier name).
 REMATS = (
@@ -72,7 +72,7 @@ REMATS = (
 # XLA's reference; fused = the kernel or a one-line error; reference = XLA's einsums.
 ATTENTIONS = ("auto", "fused", "reference")
 # train.sharding's values (SHARDINGS) and the families train.remat applies to
-# (REMAT_FAMILIES): payload/sharding.py, with the rest of the sharding rules.
+# (REMAT_FAMILIES): payload/model/sharding.py, with the rest of the sharding rules.
 ON_BAD_INPUT = ("skip", "fail")
 # The JSON field / Parquet column that holds a record's text (corpus.text_field).
 DEFAULT_TEXT_FIELD = "text"

@@ -85,9 +85,9 @@ def models() -> dict:
     import jax
     import jax.numpy as jnp
 
-    from payload import model as model_lib
     from payload.backends.jax import attention, models
     from payload.backends.jax.program import seed_keras
+    from payload.model import model as model_lib
 
     splash = attention.Attention("splash", "test", interpret=True)
     report: dict = {}
@@ -145,9 +145,9 @@ def documents() -> dict:
     from payload.backends import jax as jax_backend
 
     jax_backend.use_jax()
-    from payload import model as model_lib
     from payload.backends.jax import models
     from payload.backends.jax.program import seed_keras
+    from payload.model import model as model_lib
 
     special = {"bos": 0, "pad": 1, "eos": 2}
     config = model_lib.build_config("llama", "tiny", {}, vocab_size=300, special_ids=special)

@@ -31,9 +31,9 @@ from train_helpers import (
 )
 
 from payload import export as export_lib
-from payload import model as model_lib
 from payload import training
 from payload.core.errors import SpecError
+from payload.model import model as model_lib
 from payload.spec import parse_job, tf_backend_refusal
 
 PT_ELECTRA = Path(__file__).parent / "pt" / "electra_with_transformers5.py"

@@ -10,7 +10,7 @@ jax.nn.dot_product_attention (plain causal for padded causal rows, lengths for b
 ones, a same-document mask) run through JAX's XLA implementation instead; splash's blocks
 divide any multiple of 128; the reference's scores kept in float32 are closer to a float32
 computation than scores rounded to bf16 (the path before); the runtime's choice
-(`train.attention`, payload/kernels.py's table: every family's preset reaches a kernel on
+(`train.attention`, payload/model/kernels.py's table: every family's preset reaches a kernel on
 Ampere+ GPUs and TPUs, docs/models.md's table regenerated), the precision `auto` picks per
 chip, and the one-line refusals.
 """
@@ -31,10 +31,11 @@ import numpy as np
 import pytest
 from train_helpers import cpu_devices
 
-from payload import attention_table, kernels, plan
-from payload import model as model_lib
+from payload import attention_table, plan
 from payload.backends.jax import attention, runtime
 from payload.core.errors import SpecError
+from payload.model import kernels
+from payload.model import model as model_lib
 from payload.spec import parse_job
 
 DRIVER = Path(__file__).with_name("jax_attention_driver.py")

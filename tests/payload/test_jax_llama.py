@@ -5,7 +5,7 @@
   unexpected or mismatched keys) and give the same logits within 1e-4, with padding, for
   tied embeddings + grouped-query attention and for untied embeddings + one key/value head
   per query head, at a rope_theta other than the default.
-- The parameter count of payload/model.py equals the built model's, for tied and untied.
+- The parameter count of payload/model/model.py equals the built model's, for tied and untied.
 - The spec: presets by size, LlamaConfig overrides, unknown keys and bad shapes refused in
   one line; llama needs data.objective clm.
 """
@@ -39,9 +39,9 @@ from train_helpers import (
 )
 
 from payload import export as export_lib
-from payload import model as model_lib
 from payload import training
 from payload.core.errors import SpecError
+from payload.model import model as model_lib
 from payload.spec import parse_job
 
 DRIVER = Path(__file__).with_name("jax_export_driver.py")

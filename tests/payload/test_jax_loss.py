@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from payload import model as model_lib
 from payload.backends.jax import steps
+from payload.model import model as model_lib
 
 DRIVER = Path(__file__).with_name("jax_loss_driver.py")
 

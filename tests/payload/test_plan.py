@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from payload import model as model_lib
 from payload import plan, spec
+from payload.model import model as model_lib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -160,7 +160,7 @@ def test_fused_attention_drops_the_scores() -> None:
     of softmax statistics per head and token (splash: across 128 lanes); the reference
     (V100/T4/P100, fp32, attention dropout, train.attention: reference) keeps the [S, S]
     scores and probabilities. The plan says which, by the trainer's table
-    (payload/kernels.py)."""
+    (payload/model/kernels.py)."""
     for name in ("v6e-8", "nvidia-tesla-a100", "nvidia-h100-80gb", "nvidia-l4"):
         acc = plan.accelerator(name)
         assert plan.attention(job("125m"), acc).implementation != "reference", name

@@ -35,8 +35,8 @@ from typing import Any
 import pytest
 from train_helpers import cpu_devices
 
-from payload import model as model_lib
 from payload import plan, spec
+from payload.model import model as model_lib
 
 DRIVER = Path(__file__).with_name("jax_plan_memory_driver.py")
 EIGHT = {**cpu_devices(8), "TF_CPP_MIN_LOG_LEVEL": "3"}

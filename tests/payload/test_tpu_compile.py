@@ -39,7 +39,7 @@ TPU compile each took ~11-13 s of CPU. Asserted:
   embedding's one-hot matmul and the chunked loss's recomputed logits; 0.92 BERT: MLM's
   head runs at the masked positions only, the plan counts every position);
 - a sequence length that is a multiple of 128 but not of 512 compiles with splash on a
-  block that divides it (payload/kernels.py splash_block); never an error.
+  block that divides it (payload/model/kernels.py splash_block); never an error.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ DRIVER = Path(__file__).with_name("tpu_compile_driver.py")
 PLAN_FACTOR = 1.6
 FLOPS_FACTOR = 1.5
 # A sequence length that is a multiple of splash's 128-token lanes but not of its default
-# 512-token block (payload/kernels.py SPLASH_BLOCK): its block, 384, is no power of two.
+# 512-token block (payload/model/kernels.py SPLASH_BLOCK): its block, 384, is no power of two.
 ODD_LENGTHS = (768,)
 
 
@@ -205,7 +205,7 @@ def test_odd_lengths_compile_with_splash_on_a_block_that_divides_them(
     attention = row["runtime"]["attention"]
     kernels = row["programs"]["training chunk"]["kernels"]
     # Splash, on the largest multiple of 128 up to 512 that divides the sequence
-    # (payload/kernels.py splash_block: 768 -> 384).
+    # (payload/model/kernels.py splash_block: 768 -> 384).
     seq = job["data"]["seq_length"]
     assert attention["implementation"] == "splash", attention
     assert attention["block"] == {768: 384}[seq], attention

@@ -38,14 +38,14 @@ use_jax()
 
 import jax  # noqa: E402
 
-from payload import kernels  # noqa: E402
-from payload import model as model_lib  # noqa: E402
 from payload import plan as plan_lib  # noqa: E402
 from payload.accelerators import Topology, topology_of  # noqa: E402
 from payload.backends import quiet  # noqa: E402
 from payload.backends.jax import hlo, program  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.core.errors import SpecError, UserError  # noqa: E402
+from payload.model import kernels  # noqa: E402
+from payload.model import model as model_lib  # noqa: E402
 
 if TYPE_CHECKING:
     from payload.spec import JobSpec

@@ -19,7 +19,7 @@ Implementations (`train.attention`: auto | fused | reference; `choose`):
   src/maxtext/layers/attention_op.py `tpu_flash_attention` calls it (e591f30): a CausalMask or
   FullMask per head, `SegmentIds` from the attention mask, the kernel vmapped over the
   batch inside `shard_map` over the mesh's batch axes.
-Which one runs is payload/kernels.py's table (the plan reads the same one): `auto` takes the
+Which one runs is payload/model/kernels.py's table (the plan reads the same one): `auto` takes the
 chip's kernel where the case meets its requirements (dtype, head size, dropout, sequence),
 else the reference with the reason, and on an accelerator one warning line (log and
 status.json); `fused` insists on the kernel (a one-line error where there is none).
@@ -61,8 +61,8 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from payload import kernels
-from payload import model as model_lib
+from payload.model import kernels
+from payload.model import model as model_lib
 
 SETTINGS = kernels.SETTINGS
 IMPLEMENTATIONS = kernels.IMPLEMENTATIONS

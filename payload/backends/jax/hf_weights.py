@@ -208,7 +208,7 @@ def save_electra(
     from safetensors.numpy import save_file  # noqa: PLC0415
 
     from payload import export as export_lib  # noqa: PLC0415
-    from payload import model as model_lib  # noqa: PLC0415
+    from payload.model import model as model_lib  # noqa: PLC0415
 
     def value(variable: Any) -> np.ndarray:
         if values is not None:

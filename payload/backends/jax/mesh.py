@@ -14,7 +14,7 @@ built by `jax.make_mesh` (which orders TPU devices by their physical topology):
 `auto` = `data` while the state fits a chip with room for activations, else `fsdp`.
 
 The rule of a weight (`partition_spec`) is data, not code scattered through the trainer (the
-tables and constants live in payload/sharding.py, framework-free, which the plan reads too):
+tables and constants live in payload/model/sharding.py, framework-free, which the plan reads too):
 - a family's table (sharding.FAMILY_RULES) names, by the variable's path, the axis of each
   weight that is split over `fsdp`, and takes precedence;
 - otherwise (the families without a table: BERT, RoBERTa, GPT-2, and a table's axis that
@@ -58,7 +58,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from payload.core.errors import SpecError
-from payload.sharding import (
+from payload.model.sharding import (
     AXES,
     BATCH,
     DATA_PARALLEL_STATE_SHARE,

@@ -60,7 +60,7 @@ from keras import layers, ops
 
 from payload.backends.jax import attention as attention_lib
 from payload.backends.jax import mesh as mesh_lib
-from payload.sharding import REMAT_SAVES
+from payload.model.sharding import REMAT_SAVES
 
 
 def _gelu_exact(x: Any) -> Any:
@@ -609,7 +609,7 @@ class Electra(keras.Model):
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        from payload import model as model_lib  # noqa: PLC0415  (framework-free)
+        from payload.model import model as model_lib  # noqa: PLC0415  (framework-free)
 
         self.config, self.family = config, "electra"
         self.generator_config = model_lib.generator_config(config)

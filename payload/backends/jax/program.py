@@ -6,7 +6,7 @@
     programs.train_chunk()(state, batches, n)   # jax.stages.Compiled, compiled on first use
     programs.eval_sums()(trainable, non_trainable, batch, index, totals)
 
-`build` takes the job, the model's config (payload/model.py build_config), a Runtime (the
+`build` takes the job, the model's config (payload/model/model.py build_config), a Runtime (the
 mesh over real devices or a TPU topology's compile-only devices, and the explicit facts
 runtime.Facts: platform, chip kind, device memory, precision) and returns the LOWERED
 training chunk (steps.make_train_chunk: the trainer's attention, loss, donation, state
@@ -103,7 +103,7 @@ def batch_specs(
 
 def with_attention(job: JobSpec, config: Any, seq_length: int, rt: Runtime) -> Runtime:
     """`rt` with the job's attention kernel for this model on this chip (attention.choose,
-    payload/kernels.py's table: train.attention, the chip, the model's heads and dropout, the
+    payload/model/kernels.py's table: train.attention, the chip, the model's heads and dropout, the
     sequence, the precision, the document mask; the mesh the kernel runs on)."""
     chosen = attention_lib.choose(
         job.train.attention,

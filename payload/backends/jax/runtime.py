@@ -1,5 +1,5 @@
 """The devices of a run on the Keras 3 / JAX backend, and the rules that follow from them:
-the accelerator and its chip (payload/kernels.py: what attention kernel it has), the
+the accelerator and its chip (payload/model/kernels.py: what attention kernel it has), the
 precision (`train.precision: auto` is mixed bfloat16 where the chip computes bfloat16
 natively: TPUs and NVIDIA GPUs of compute capability 8.0+), the optimizer steps per compiled
 call and the device mesh (mesh.py). The TF backend's twin is payload/backends/tf/strategy.py.
@@ -20,12 +20,12 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from payload import kernels
 from payload.backends.jax import attention as attention_lib
 from payload.backends.jax import distributed
 from payload.backends.jax import mesh as mesh_lib
 from payload.core import hosts
 from payload.core.errors import SpecError
+from payload.model import kernels
 
 BACKEND = "jax"
 # Optimizer steps per compiled call: on a TPU a host round trip costs more than a small
@@ -60,7 +60,7 @@ class Facts:
     process_index: int = 0
     process_count: int = 1
     gpu_bf16: bool = False  # a declared GPU VM whose GPUs train in bfloat16 (payload/core/hosts.py)
-    # What the kernels table (payload/kernels.py) reads of the chip: read_facts takes it from
+    # What the kernels table (payload/model/kernels.py) reads of the chip: read_facts takes it from
     # the real device (chip_of); None: the platform and device_kind's (a TPU or the CPU; a
     # GPU's facts must state its vendor and compute capability, else no kernel is assumed).
     chip: kernels.Chip | None = None
@@ -89,7 +89,8 @@ class Runtime:
 
     @property
     def chip(self) -> kernels.Chip:
-        """What the kernels table (payload/kernels.py) reads of the accelerator (Facts.chip)."""
+        """What the kernels table (payload/model/kernels.py) reads of the accelerator
+        (Facts.chip)."""
         return self.facts.chip or kernels.CPU  # never None after Facts.__post_init__
 
     @property

@@ -50,7 +50,6 @@ from tqdm import tqdm  # noqa: E402
 
 from payload import evaluate as evaluate_lib  # noqa: E402
 from payload import identity as run_identity_lib  # noqa: E402
-from payload import model as model_lib  # noqa: E402
 from payload import training  # noqa: E402
 from payload.backends.jax import batches as batches_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
@@ -64,6 +63,7 @@ from payload.backends.jax.runtime import Runtime  # noqa: E402
 from payload.core import storage  # noqa: E402
 from payload.core.errors import SpecError  # noqa: E402
 from payload.core.status import StatusWriter  # noqa: E402
+from payload.model import model as model_lib  # noqa: E402
 from payload.schema import manifest as manifest_lib  # noqa: E402
 
 if TYPE_CHECKING:

@@ -29,7 +29,6 @@ from tqdm import tqdm
 
 from payload import export as export_lib
 from payload import identity as identity_lib
-from payload import model as model_lib
 from payload import training
 from payload.backends.tf import checkpoint as checkpoint_lib
 from payload.backends.tf import data as data_lib
@@ -40,6 +39,7 @@ from payload.backends.tf import strategy as strategy_lib
 from payload.core import storage
 from payload.core.errors import SpecError
 from payload.core.status import StatusWriter
+from payload.model import model as model_lib
 from payload.schema import manifest as manifest_lib
 from payload.spec import tf_backend_refusal
 

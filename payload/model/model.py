@@ -165,7 +165,7 @@ _ELECTRA_SIZES: dict[str, dict[str, Any]] = {
 # today's recipes train without it (ModernBERT's config attention_dropout=0.0; MosaicBERT sets
 # attention_probs_dropout_prob 0.0 so that Flash Attention runs; MaxText's base.yml
 # dropout_rate: 0.0; nanoGPT's train.py dropout = 0 "for pretraining 0 is good"; sources in
-# docs/models.md), and neither fused kernel applies it (payload/kernels.py). 0.1 stays one
+# docs/models.md), and neither fused kernel applies it (payload/model/kernels.py). 0.1 stays one
 # model.config key away, on the reference attention.
 _NO_ATTENTION_DROPOUT = {"attention_probs_dropout_prob": 0.0}
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {

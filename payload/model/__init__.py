@@ -1,0 +1,1 @@
+"""What a model is, framework-free: configs, presets, sharding rules, kernels."""

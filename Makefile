@@ -113,7 +113,7 @@ $(PTVENV)/.installed: requirements/pt-check.txt | $(UVSTAMP)
 	$(UVPIP) $(PTVENV)/bin/python $(foreach links,$(PT_FIND_LINKS),--find-links $(links)) -r requirements/pt-check.txt
 	touch $@
 
-# Apache Beam for the encode stage's `data.runner: beam` (payload/encode_beam.py): its own
+# Apache Beam for the encode stage's `data.runner: beam` (payload/data/encode/beam.py): its own
 # environment, because apache-beam pins protobuf < 7 and the payload's lock has protobuf 7
 # (requirements/beam.txt). The payload goes in without its dependencies (the file has them).
 venv-beam: $(BVENV)/.installed

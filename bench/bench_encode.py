@@ -9,7 +9,8 @@ seeded): a WordPiece tokenizer (vocab 32,000) is trained on the first few MB, th
 
 * raw: `tokenizers.Tokenizer.encode_batch` (Rust, all cores) over every document, timed
   around the encode calls only; also `encode_batch_fast` (no offsets: what the encoder uses);
-* ours: `payload.encode.encode` in a fresh child process (spawned workers, packing, framing,
+* ours: `payload.data.encode.encode.encode` in a fresh child process (spawned workers, packing,
+framing,
   sha256, shard files, manifest), timed around the call; throughput is counted in the same
   corpus tokens as raw;
 * peak RSS of the encode child (VmHWM) and of its workers (/proc sampled every 50 ms) for
@@ -39,7 +40,8 @@ VOCAB = 32_000
 CHILD = r"""
 import json, os, sys, threading, time
 from pathlib import Path
-from payload import spec, encode
+from payload import spec
+from payload.data.encode import encode
 from payload.core.status import StatusWriter
 
 def rss_kb(pid):
@@ -168,9 +170,10 @@ def main() -> None:  # noqa: PLR0915
 
     from generate_corpus import write_corpus
 
-    from payload import spec, tokenizer
+    from payload import spec
     from payload.core import records
     from payload.core.status import StatusWriter
+    from payload.data import tokenizer
 
     with tempfile.TemporaryDirectory(prefix="bench-encode-") as tmp:
         root = args.keep or Path(tmp)

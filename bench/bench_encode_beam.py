@@ -137,8 +137,9 @@ def main() -> None:
     local_python = Path(sys.executable)
 
     sys.path.insert(0, str(REPO))
-    from payload import spec, tokenizer
+    from payload import spec
     from payload.core.status import StatusWriter
+    from payload.data import tokenizer
     from payload.schema import manifest as mf
 
     with tempfile.TemporaryDirectory(prefix="bench-beam-") as tmp:

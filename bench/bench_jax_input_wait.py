@@ -33,10 +33,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=96)
     args = parser.parse_args()
 
-    from payload import encode, tokenizer
     from payload.backends.jax import train as trainer
     from payload.backends.jax.batches import Pipelines
     from payload.core.status import StatusWriter
+    from payload.data import tokenizer
+    from payload.data.encode import encode
     from payload.spec import load_job
 
     pulls: list[float] = []

@@ -47,7 +47,7 @@ RSS_CHILD = r"""
 import json, sys
 from pathlib import Path
 import pyarrow.parquet as pq
-from payload import corpus
+from payload.data import corpus
 from payload.spec import CorpusSpec
 
 mode, path = sys.argv[1], sys.argv[2]
@@ -104,7 +104,7 @@ def write_formats(root: Path, docs: list[str], stem: str) -> dict[str, Path]:
 
 
 def read_and_tokenize(tok: object, path: Path) -> dict[str, float]:
-    from payload import corpus
+    from payload.data import corpus
     from payload.spec import CorpusSpec
 
     spec = CorpusSpec(paths=(str(path),))
@@ -153,7 +153,7 @@ def main() -> None:
 
 
 def _documents(path: Path) -> list[str]:
-    from payload import corpus
+    from payload.data import corpus
     from payload.spec import CorpusSpec
 
     groups = corpus.iter_groups(CorpusSpec(paths=(str(path),)), corpus.CorpusStats())
@@ -165,8 +165,9 @@ def throughput(root: Path, mb: float, rounds: int) -> None:
     from generate_corpus import write_corpus
     from tokenizers import Tokenizer
 
-    from payload import corpus, spec, tokenizer
+    from payload import spec
     from payload.core.status import StatusWriter
+    from payload.data import corpus, tokenizer
 
     source = root / "generated.txt"
     sample = root / "sample.txt"

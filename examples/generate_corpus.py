@@ -2,7 +2,7 @@
 
 Every sentence template and word list below was written for this project. The output is
 plain UTF-8 text, one document per paragraph, documents separated by a blank line (the
-corpus format described in payload/readers.py).
+corpus format described in payload/data/readers.py).
 
     python examples/generate_corpus.py                      # rewrites examples/corpus/mixed.txt
     python examples/generate_corpus.py --mb 50 --out /tmp/c.txt --seed 1

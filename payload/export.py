@@ -57,9 +57,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from payload import tokenizer as tokenizer_lib
 from payload.core import storage
 from payload.core.errors import UserError
+from payload.data import tokenizer as tokenizer_lib
 
 if TYPE_CHECKING:
     from payload.spec import JobSpec

@@ -12,10 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from payload import backends, encode, tokenizer, training
+from payload import backends, training
 from payload.core import storage
 from payload.core.errors import UserError
 from payload.core.status import StatusWriter
+from payload.data import tokenizer
+from payload.data.encode import encode
 from payload.spec import JobSpec
 
 STAGES = ("tokenizer", "encode", "train")

@@ -78,7 +78,7 @@ ON_BAD_INPUT = ("skip", "fail")
 DEFAULT_TEXT_FIELD = "text"
 # A Hub dataset path: hf://datasets/<owner>/<name>@<revision>/<path or glob>; the revision
 # must be a full commit id (payload/spec.py HF_COMMIT_RE checks it) so that a corpus read
-# twice is the same corpus (payload/corpus.py).
+# twice is the same corpus (payload/data/corpus.py).
 HF_SCHEME = "hf://"
 HF_DATASET_RE = re.compile(
     r"^hf://datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)@(?P<revision>[^/]+)(?P<rest>/.*)?$"
@@ -161,11 +161,12 @@ class TokenizerSpec:
     max_word_length: int = DEFAULT_MAX_WORD_LENGTH
 
 
-# How the encode stage runs (payload/encode.py; payload/encode_beam.py; docs/payload.md):
+# How the encode stage runs (payload/data/encode/encode.py; payload/data/encode/beam.py;
+# docs/payload.md):
 # `local`: worker processes on this machine; `beam`: an Apache Beam pipeline with the same
 # functions and the same output, on a local Beam runner or on Dataflow.
 ENCODE_RUNNERS = ("local", "beam")
-# Beam runners we accept (Beam's names): DirectRunner runs here (payload/encode_beam.py: its
+# Beam runners we accept (Beam's names): DirectRunner runs here (payload/data/encode/beam.py: its
 # FnApiRunner, never Prism, which downloads a binary at first use), DataflowRunner on GCP.
 BEAM_RUNNERS = ("DirectRunner", "DataflowRunner")
 
@@ -191,9 +192,9 @@ class DataSpec:
     eval_min_sequences: int = 32
     eval_max_sequences: int = 2000
     # Token budget: encoding stops when it is reached (split over corpus.sources by weight;
-    # the rule: payload/encode_rules.py).
+    # the rule: payload/data/encode/rules.py).
     max_tokens: int | None = None
-    runner: str = "local"  # local | beam (payload/encode_beam.py)
+    runner: str = "local"  # local | beam (payload/data/encode/beam.py)
     beam: BeamSpec = field(default_factory=BeamSpec)
     # clm on the JAX backend: a token attends to its own packed document only (each document
     # starts with BOS; payload/backends/jax/models.py document_ids).

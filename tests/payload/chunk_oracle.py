@@ -1,6 +1,6 @@
-"""The encoder's old chunk reader, kept as a test oracle for payload/readers.py's text reader.
+"""The encoder's old chunk reader, kept as a test oracle for payload/data/readers.py's text reader.
 
-No product code reads through it: ``iter_groups`` (payload/corpus.py) replaced it. The tests
+No product code reads through it: ``iter_groups`` (payload/data/corpus.py) replaced it. The tests
 check that the text reader gives the documents and counts this reader gives, and test its own
 chunking (a file cut into chunks of about ``chunk_bytes`` at document boundaries, a document
 longer than ``MAX_DOCUMENT_BYTES`` cut at a line break).
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
-from payload import readers
 from payload.core.errors import CorpusError
-from payload.corpus import MAX_DOCUMENT_BYTES
-from payload.readers import (
+from payload.data import readers
+from payload.data.corpus import MAX_DOCUMENT_BYTES
+from payload.data.readers import (
     _BLANK_LINES,
     _BLANK_LINES_BYTES,
     _GZIP_ERRORS,

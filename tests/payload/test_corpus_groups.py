@@ -1,4 +1,5 @@
-"""Corpus groups: the document interface the encoder builds on (payload/corpus.py iter_groups)."""
+"""Corpus groups: the document interface the encoder builds on (payload/data/corpus.py
+iter_groups)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 import yaml
 from chunk_oracle import iter_document_batches
 
-from payload import corpus, readers, spec
+from payload import spec
 from payload.core.errors import CorpusError, SpecError
+from payload.data import corpus, readers
 from payload.spec import CorpusSource, CorpusSpec
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import chunk_oracle
 import pytest
 
-from payload import corpus
 from payload.core.errors import CorpusError
+from payload.data import corpus
 from payload.spec import CorpusSpec
 
 

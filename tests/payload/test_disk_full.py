@@ -28,10 +28,14 @@ import pytest
 import yaml
 from train_helpers import assert_user_error, job_document, run_cli, write_corpus
 
-from payload import cli, corpus, encode, encode_local, encode_rules, pipeline, tokenizer
+from payload import cli, pipeline
 from payload.core import records, storage
 from payload.core.errors import DiskFullError
 from payload.core.status import StatusWriter
+from payload.data import corpus, tokenizer
+from payload.data.encode import encode
+from payload.data.encode import local as encode_local
+from payload.data.encode import rules as encode_rules
 from payload.spec import JobSpec, load_job
 
 SMALL_FS = "256k"

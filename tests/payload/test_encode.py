@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 import yaml
 
-from payload import corpus, encode, readers, spec, tokenizer
+from payload import spec
 from payload.core import records, storage
 from payload.core.errors import CorpusError, DataError
 from payload.core.status import StatusWriter
+from payload.data import corpus, readers, tokenizer
+from payload.data.encode import encode
 from payload.schema import manifest as mf
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -291,9 +293,9 @@ def test_encode_without_tokenizer(tmp_path, corpus_files) -> None:
 
 def test_worker_modules_do_not_import_tensorflow() -> None:
     code = (
-        "import sys, payload.encode, payload.encode_local, payload.corpus, payload.tokenizer,"
-        " payload.core.records;"
+        "import sys, payload.data.encode.encode, payload.data.encode.local,"
+        " payload.data.corpus, payload.data.tokenizer, payload.core.records;"
         "assert 'tensorflow' not in sys.modules, 'tensorflow imported';"
-        "assert payload.encode_local.mp.get_context('spawn')"
+        "assert payload.data.encode.local.mp.get_context('spawn')"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

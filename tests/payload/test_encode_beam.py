@@ -21,8 +21,10 @@ import pytest
 import yaml
 from test_encode import prepared, status_for
 
-from payload import corpus, encode, spec
+from payload import spec
 from payload.core.errors import SpecError
+from payload.data import corpus
+from payload.data.encode import encode
 from payload.schema import manifest as mf
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -37,7 +39,8 @@ TIMEOUT_S = 600
 RUN_ENCODE = textwrap.dedent(
     """
     import sys
-    from payload import corpus, encode
+    from payload.data import corpus
+    from payload.data.encode import encode
     from payload.spec import load_job
     from payload.core.status import StatusWriter
 

@@ -10,8 +10,10 @@ import test_encode
 import yaml
 from test_encode import file_documents, prepared, status_for
 
-from payload import encode, spec, tokenizer
+from payload import spec
 from payload.core import storage
+from payload.data import tokenizer
+from payload.data.encode import encode
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
 

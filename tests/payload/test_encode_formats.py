@@ -17,8 +17,9 @@ from test_encode import (
 )
 from test_readers import COMMIT, REPO, hub, write_all_formats
 
-from payload import corpus, encode
 from payload.core import storage
+from payload.data import corpus
+from payload.data.encode import encode
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
 __all__ = ["hub"]  # the Hub fixture of test_readers (a local server speaking the Hub's API)

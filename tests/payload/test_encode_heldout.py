@@ -18,9 +18,10 @@ from test_encode import (
     status_for,
 )
 
-from payload import corpus, encode, readers
 from payload.core import records, storage
 from payload.core.errors import DataError, SpecError
+from payload.data import corpus, readers
+from payload.data.encode import encode
 from payload.schema import manifest as mf
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture

@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from train_helpers import job_document, write_corpus, write_job
 
-from payload import encode, tokenizer
 from payload.core import lease
 from payload.core.status import StatusWriter
+from payload.data import tokenizer
+from payload.data.encode import encode
 from payload.schema import manifest as mf
 
 WORKERS = 2
@@ -31,7 +32,8 @@ DEADLINE_S = 120.0  # generous: only a leak takes this long
 BLOCKED_ENCODE = textwrap.dedent(
     """
     import sys, threading
-    from payload import corpus, encode, encode_local
+    from payload.data import corpus
+    from payload.data.encode import encode, local as encode_local
     from payload.spec import load_job
     from payload.core.status import StatusWriter
 

@@ -15,7 +15,7 @@ from shard_helpers import SEQ, SPECIAL, record_ids, write_data
 from payload.backends.jax import input as input_lib
 from payload.core import records, storage
 from payload.core.errors import DataError
-from payload.numpy_masking import Masker
+from payload.data.numpy_masking import Masker
 
 
 def _originals(batch: dict[str, np.ndarray]) -> np.ndarray:
@@ -67,7 +67,7 @@ def test_a_masked_objective_needs_the_mask_token(tmp_path: Path) -> None:
     """The one check both backends' pipelines make (input_plan.masking_ratios): BERT's split
     for mlm, ELECTRA's for rtd, no masking for clm, and a vocabulary without [MASK] refused
     in one line before anything is read."""
-    from payload.input_plan import masking_ratios
+    from payload.data.input_plan import masking_ratios
     from payload.model import model
 
     assert masking_ratios("clm", {}, "d") is None

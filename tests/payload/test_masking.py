@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from payload import numpy_masking
 from payload.backends.tf.masking import causal_labels, mask_tokens, replacement_vocabulary
+from payload.data import numpy_masking
 
 VOCAB = 1000
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4

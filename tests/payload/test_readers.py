@@ -23,9 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from payload import corpus
 from payload.core import storage
 from payload.core.errors import CorpusError
+from payload.data import corpus
 from payload.spec import CorpusSource, CorpusSpec
 
 DOCS = [
@@ -114,7 +114,7 @@ def test_positions(tmp_path: Path) -> None:
 
 
 def test_long_lines_and_upper_case_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from payload import readers
+    from payload.data import readers
 
     monkeypatch.setattr(readers, "READ_BYTES", 5)  # every line spans several blocks
     docs = ["a" * 23, "b", "c" * 11]
@@ -429,8 +429,8 @@ def test_tokenizer_stage_reads_every_format(tmp_path: Path) -> None:
     trained on its text files (the same documents give the same tokenizer)."""
     from test_tokenizer import EXAMPLES, make_job
 
-    from payload import tokenizer
     from payload.core.status import StatusWriter
+    from payload.data import tokenizer
 
     groups, _ = read(sorted(str(p) for p in (EXAMPLES / "corpus").glob("*.txt")))
     docs = [d for g in groups for d in g.documents]

@@ -1,7 +1,7 @@
 """The same job gives the same run: tokenizer, shards, manifest and exported weights.
 
 `tokenizers` leaves parts of a trained vocabulary to hash-map order and to the number of
-threads (payload/tokenizer.py says where); before the stage fixed that, three trainings on
+threads (payload/data/tokenizer.py says where); before the stage fixed that, three trainings on
 the bundled corpus gave three WordPiece vocabularies and three Unigram files. Each run here
 is a fresh process (a new hash seed) with another RAYON_NUM_THREADS, so a machine with
 another core count is what the second run stands for.
@@ -22,8 +22,8 @@ import pytest
 from train_helpers import job_document, write_job
 
 from payload import export as export_lib
-from payload import tokenizer
 from payload.core.status import StatusWriter
+from payload.data import tokenizer
 from payload.schema import manifest as manifest_lib
 from payload.spec import TOKENIZER_KINDS
 
@@ -32,7 +32,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # Trains one tokenizer per kind on the bundled corpus, in one process.
 TRAIN_ALL_KINDS = """
 import sys, yaml
-from payload import spec, tokenizer
+from payload import spec
+from payload.data import tokenizer
 from payload.core.status import StatusWriter
 root, corpus = sys.argv[1], sys.argv[2]
 for kind in spec.TOKENIZER_KINDS:

@@ -29,9 +29,11 @@ import yaml
 from train_helpers import PausedCli, assert_user_error
 from train_helpers import run_cli as tpu_payload
 
-from payload import encode, spec, tokenizer
+from payload import spec
 from payload.core.errors import DataError
 from payload.core.status import StatusWriter
+from payload.data import tokenizer
+from payload.data.encode import encode
 from payload.schema import manifest as mf
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -452,8 +454,8 @@ def _no_staging_left(out: Path) -> bool:
 # Where each stage waits while the test interrupts it: before a later block of the corpus
 # is read. The encoder has by then handed two 1 MiB chunks to its two workers.
 MID_STAGE = {
-    "tokenizer": "before:payload.readers:_read:2",
-    "encode": "before:payload.readers:_read:3",
+    "tokenizer": "before:payload.data.readers:_read:2",
+    "encode": "before:payload.data.readers:_read:3",
 }
 
 
@@ -514,9 +516,9 @@ def test_ctrl_c_while_the_process_exits_changes_nothing(tmp_path: Path, command:
 @pytest.mark.parametrize(
     ("command", "point", "expected_exit"),
     [
-        ("tokenizer", "after:payload.tokenizer:_save:1", 0),
-        ("encode", "after:payload.encode_local:_publish:1", 0),
-        ("run", "after:payload.tokenizer:_save:1", 130),
+        ("tokenizer", "after:payload.data.tokenizer:_save:1", 0),
+        ("encode", "after:payload.data.encode.local:_publish:1", 0),
+        ("run", "after:payload.data.tokenizer:_save:1", 130),
     ],
 )
 def test_ctrl_c_after_the_output_is_complete(

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from payload import spec, tokenizer
+from payload import spec
 from payload.core import storage
 from payload.core.errors import CorpusError, SpecError
 from payload.core.status import StatusWriter
+from payload.data import tokenizer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

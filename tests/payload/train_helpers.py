@@ -22,8 +22,9 @@ from typing import Any
 
 import yaml
 
-from payload import encode, tokenizer
 from payload.core.status import StatusWriter
+from payload.data import tokenizer
+from payload.data.encode import encode
 from payload.spec import JobSpec, load_job
 
 SUBJECTS = {

@@ -1,9 +1,9 @@
 """The JAX backend's input pipeline, without TensorFlow: shards -> Grain -> numpy batches.
 
-One input pipeline (a host's share of the shard files, payload/input_plan.py's plan) is a
+One input pipeline (a host's share of the shard files, payload/data/input_plan.py's plan) is a
 Grain `MapDataset` of batch indices (`grain.MapDataset.range`): element k is batch k of the
-run, computed from k alone (payload/input_plan.py's EpochOrder: which records, in which
-order) by reading the records it needs and masking them (payload/numpy_masking.py). Grain's
+run, computed from k alone (payload/data/input_plan.py's EpochOrder: which records, in which
+order) by reading the records it needs and masking them (payload/data/numpy_masking.py). Grain's
 `to_iter_dataset(ReadOptions)` computes the next batches on a thread pool ahead of the
 trainer. Its position is the step: a resumed run starts the range at the checkpoint's step
 (the checkpoint holds no iterator state; the trainer reads batches ahead of the step it
@@ -30,7 +30,7 @@ import numpy as np
 
 from payload.core import records, storage
 from payload.core.errors import DataError
-from payload.input_plan import (
+from payload.data.input_plan import (
     EpochOrder,
     PipelinePlan,
     Span,
@@ -38,7 +38,7 @@ from payload.input_plan import (
     plan_pipeline,
     spans_of,
 )
-from payload.numpy_masking import Masker, causal_labels
+from payload.data.numpy_masking import Masker, causal_labels
 from payload.schema import manifest as manifest_lib
 from payload.schema.manifest import special_ids_of
 
@@ -246,7 +246,7 @@ def make_batches(
     split: str = "train",
 ) -> Batches:
     """Batches of model inputs of pipeline `pipeline_id` of `num_pipelines` (the features of
-    payload/numpy_masking.py); `start_batch` is the step to start at (resume). `split="eval"`
+    payload/data/numpy_masking.py); `start_batch` is the step to start at (resume). `split="eval"`
     reads the held-out shards, in file order."""
     paths = manifest_lib.shard_paths(job.paths.data, manifest, split=split)
     counts = [s.records for s in (manifest.eval_shards if split == "eval" else manifest.shards)]

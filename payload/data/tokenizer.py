@@ -42,9 +42,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from payload import corpus
 from payload.core import storage
 from payload.core.errors import DataError, SpecError
+from payload.data import corpus
 from payload.spec import MASKED_OBJECTIVES, JobSpec
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ The contract. A reader takes a ``FileRead`` (the file, its ``text_field``, the
 ``on_bad_input`` rule, the ``CorpusStats`` it counts in) and yields ``(document, position)``:
 each document normalised the same way in every format (``normalise``: ``\\r\\n`` read as
 ``\\n``, outer whitespace removed; an empty document is no document). It counts files, bytes
-and skips in ``read.stats`` (never documents: ``payload.corpus`` does, as it groups them), and
+and skips in ``read.stats`` (never documents: ``payload.data.corpus`` does, as it groups them), and
 opens the file with ``read.open()`` so that groups can say how many input bytes they used.
 ``reader_for`` picks the reader from the file's name (the suffix table: ``STRUCTURED``, the
 refused suffixes, and text under any other name).
@@ -57,9 +57,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import IO, Any, cast
 
-from payload import readers_hub
 from payload.core import storage
 from payload.core.errors import CorpusError
+from payload.data import readers_hub
 
 CHUNK_BYTES = 1 << 20  # fixed (not derived from the worker count) so output is deterministic
 BINARY_SNIFF_BYTES = 8192
@@ -77,7 +77,7 @@ class CorpusStats:
     documents: int = 0
     skipped_files: int = 0
     skipped_documents: int = 0
-    long_words: int = 0  # words cut by tokenizer.max_word_length (see payload.tokenizer)
+    long_words: int = 0  # words cut by tokenizer.max_word_length (see payload.data.tokenizer)
 
     def add(self, other: CorpusStats) -> None:
         for key, value in asdict(other).items():

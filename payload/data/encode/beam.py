@@ -1,10 +1,10 @@
 """The encode stage as an Apache Beam pipeline (``data.runner: beam``): same output as local.
 
-The pipeline runs the rules of ``payload/encode_rules.py`` (``GroupTokenizer``,
+The pipeline runs the rules of ``payload/data/encode/rules.py`` (``GroupTokenizer``,
 ``within_budget``, ``held_out_fraction``, ``pack_group``), ``records.frame_records`` and
-the outputs of ``payload/encode_outputs.py`` (``shard_names``, ``build_manifest``), and
+the outputs of ``payload/data/encode/outputs.py`` (``shard_names``, ``build_manifest``), and
 writes the same shards and the same manifest, byte for byte, as the local encoder
-(``payload/encode_local.py``; ``tests/payload/test_encode_beam.py`` checks 1, 2 and 4
+(``payload/data/encode/local.py``; ``tests/payload/test_encode_beam.py`` checks 1, 2 and 4
 workers); it imports neither the stage's door nor the local runner. What the local encoder
 gets from reading in order, the pipeline gets from small side inputs:
 
@@ -50,11 +50,10 @@ from apache_beam.metrics import Metrics
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.transforms.combiners import ToList
 
-from payload import corpus
-from payload import encode_outputs as outputs
-from payload import encode_rules as rules
 from payload.core import records, storage
 from payload.core.errors import CorpusError, DataError, UserError
+from payload.data import corpus
+from payload.data.encode import outputs, rules
 from payload.schema import manifest as mf
 from payload.spec import JobSpec
 
@@ -147,7 +146,7 @@ class _Tokenize(beam.DoFn):
     def setup(self) -> None:
         import hashlib  # noqa: PLC0415
 
-        from payload.tokenizer import tokenizer_json  # noqa: PLC0415
+        from payload.data.tokenizer import tokenizer_json  # noqa: PLC0415
 
         raw = tokenizer_json(self.tokenizer_path)
         if hashlib.sha256(raw).hexdigest() != self.tokenizer_sha:
@@ -504,13 +503,14 @@ def _manifest(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m payload.encode_beam --job JOB``: the encode stage on Beam, as the CLI runs it."""
+    """``python -m payload.data.encode.beam --job JOB``: the encode stage on Beam, as the CLI runs
+    it."""
     import argparse  # noqa: PLC0415
 
     from payload import spec  # noqa: PLC0415
     from payload.core.status import StatusWriter  # noqa: PLC0415
 
-    parser = argparse.ArgumentParser(prog="python -m payload.encode_beam")
+    parser = argparse.ArgumentParser(prog="python -m payload.data.encode.beam")
     parser.add_argument("--job", required=True)
     args = parser.parse_args(argv)
     try:

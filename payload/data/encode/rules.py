@@ -2,8 +2,8 @@
 tokenizer, token budgets, the held-out draw, packing), run alike by every runner.
 
 Encoding is a pure function of the documents: the same documents give the same shards and
-the same manifest from any runner (``data.runner: local`` in ``payload/encode_local.py``,
-``beam`` in ``payload/encode_beam.py``), any worker count and any input format (a text
+the same manifest from any runner (``data.runner: local`` in ``payload/data/encode/local.py``,
+``beam`` in ``payload/data/encode/beam.py``), any worker count and any input format (a text
 paragraph, a JSON line and a Parquet row are each one document). Every step below depends
 only on the documents, the tokenizer and the ``data`` settings, never on who computed it or
 when.
@@ -47,7 +47,7 @@ manifest.json. The reader still reads an exhausted source to its end (counted in
 statistics); its later groups are not packed.
 
 What comes out (shard names, stage.json, the manifest, status.json) is
-``payload/encode_outputs.py``.
+``payload/data/encode/outputs.py``.
 """
 
 from __future__ import annotations
@@ -58,11 +58,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from payload import corpus
 from payload.core import records
 from payload.core.errors import DataError
+from payload.data import corpus
+from payload.data.tokenizer import WordLimit, max_word_length_of, tokenizer_json
 from payload.spec import MASKED_OBJECTIVES, MAX_EVAL_FRACTION, JobSpec
-from payload.tokenizer import WordLimit, max_word_length_of, tokenizer_json
 
 # The held-out draw's key: fixed, so a document's split never changes between runs. A new
 # value would re-split every corpus (and is a new format of the split, documented as such).

@@ -29,8 +29,8 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from payload.core.errors import DataError
+from payload.data.numpy_masking import permutation
 from payload.model.model import ELECTRA_MASK_TOKEN_RATIO, ELECTRA_RANDOM_TOKEN_RATIO
-from payload.numpy_masking import permutation
 from payload.spec import MASKED_OBJECTIVES
 
 # A block is one read: ~256 KiB amortises a gs:// request (tens of ms) and is still small

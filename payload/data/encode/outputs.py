@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from payload import corpus
 from payload.core import storage
 from payload.core.errors import DataError
-from payload.encode_rules import HELD_OUT_RULE, Prepared, packing_description
+from payload.data import corpus
+from payload.data.encode.rules import HELD_OUT_RULE, Prepared, packing_description
+from payload.data.tokenizer import tokenizer_json
 from payload.schema import manifest as mf
 from payload.spec import JobSpec
-from payload.tokenizer import tokenizer_json
 
 if TYPE_CHECKING:
     from payload.core.status import StatusWriter

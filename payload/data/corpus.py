@@ -7,7 +7,7 @@ at the end of each file, so groups depend on the documents alone: the same docum
 text, jsonl or Parquet file give the same groups. A document is held whole in memory (the
 ``MAX_DOCUMENT_BYTES`` cut is the encoder's business: ``document_pieces``, a pure function
 of the document, the same for every format). Each file is read by its format's reader
-(``payload.readers``: the formats, the documents they give, and what happens to bad input).
+(``payload.data.readers``: the formats, the documents they give, and what happens to bad input).
 
 Inputs. ``corpus.paths`` entries are files, directories (every non-hidden file under them,
 recursively), or glob patterns; each may be local or a gs:// URI (gs:// objects are
@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from payload import readers_hub
 from payload.core import storage
 from payload.core.errors import CorpusError
-from payload.readers import FORMATS_HELP, CorpusStats, FileRead, bad_file, reader_for
+from payload.data import readers_hub
+from payload.data.readers import FORMATS_HELP, CorpusStats, FileRead, bad_file, reader_for
 from payload.schema.job import HF_DATASET_RE, CorpusSpec
 
 GROUP_BYTES = 1 << 20  # a group ends after the document that brings its text to 1 MiB

@@ -1,20 +1,20 @@
 """Stage 2: corpus -> packed fixed-length token sequences -> sharded TFRecords + manifest.
 
 The stage's door: data that is complete is checked against the job and kept; otherwise
-``data.runner`` chooses who encodes, ``local`` (``payload/encode_local.py``: worker
-processes on this machine) or ``beam`` (``payload/encode_beam.py``: an Apache Beam
-pipeline). Both run the same rules (``payload/encode_rules.py``: the plan, tokenizing,
+``data.runner`` chooses who encodes, ``local`` (``payload/data/encode/local.py``: worker
+processes on this machine) or ``beam`` (``payload/data/encode/beam.py``: an Apache Beam
+pipeline). Both run the same rules (``payload/data/encode/rules.py``: the plan, tokenizing,
 budgets, the held-out split, packing) and write the same outputs
-(``payload/encode_outputs.py``: shards, stage.json, the manifest), byte for byte.
+(``payload/data/encode/outputs.py``: shards, stage.json, the manifest), byte for byte.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from payload import encode_local
 from payload.core.errors import DataError
-from payload.encode_outputs import check_current, is_complete
+from payload.data.encode import local as encode_local
+from payload.data.encode.outputs import check_current, is_complete
 from payload.schema import manifest as mf
 from payload.spec import JobSpec
 
@@ -35,9 +35,9 @@ def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
 
 
 def _beam_module() -> Any:
-    """payload.encode_beam (Apache Beam only where asked for: its own environment)."""
+    """payload.data.encode.beam (Apache Beam only where asked for: its own environment)."""
     try:
-        from payload import encode_beam  # noqa: PLC0415
+        from payload.data.encode import beam as encode_beam  # noqa: PLC0415
     except ImportError as exc:
         if exc.name is None or not exc.name.startswith("apache_beam"):
             raise

@@ -1,6 +1,6 @@
 """The encode stage's local runner (``data.runner: local``): worker processes, assembly in the
 global order, staging, and the disk check before it starts. It runs the rules of
-``payload/encode_rules.py`` and writes the outputs of ``payload/encode_outputs.py``.
+``payload/data/encode/rules.py`` and writes the outputs of ``payload/data/encode/outputs.py``.
 
 Local runner: the main process reads groups and hands them to ``data.workers`` processes
 (spawned, so they never import TensorFlow; each runs the Rust tokenizer's
@@ -32,10 +32,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from payload import corpus
 from payload.core import records, storage
 from payload.core.errors import CorpusError
-from payload.encode_outputs import (
+from payload.data import corpus
+from payload.data.encode.outputs import (
     STAGE,
     SourceUse,
     Totals,
@@ -46,7 +46,7 @@ from payload.encode_outputs import (
     status_metrics,
     write_stage_and_manifest,
 )
-from payload.encode_rules import (
+from payload.data.encode.rules import (
     GroupKey,
     GroupTokenizer,
     Plan,
@@ -265,7 +265,7 @@ def _progress_bar(total: int) -> Any:
 
 def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
     """Encode the corpus into shards + manifest here, with worker processes (the stage's door,
-    ``payload.encode.encode``, calls this once it found no manifest)."""
+    ``payload.data.encode.encode.encode``, calls this once it found no manifest)."""
     data_dir = job.paths.data
     prepared = prepare(job)
     sources = corpus.resolve_sources(job.corpus)

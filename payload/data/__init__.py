@@ -1,0 +1,1 @@
+"""Data preparation: readers, corpus, tokenizer, input order, numpy masks, encoding."""

@@ -37,7 +37,7 @@ PyTorch never share the GPU's memory and each side's peak memory is its own.
   are evaluated on the same held-out batches.
 - Figures: tokens/s over the timed steps, after one real optimizer step on each side
   (compiles and warms up: batch 0, the schedule's step 0); MFU = tokens/s x MaxText's FLOPs
-  per token (payload/plan.py flops_per_token) over (a) the measured peak (the best of 5
+  per token (payload/plan/plan.py flops_per_token) over (a) the measured peak (the best of 5
   bf16 8192^3 matmuls, each framework its own; the higher is used) and (b) the datasheet's
   dense bf16 peak (H100 SXM and H200: 989.5 TFLOP/s); peak memory (JAX: the device's
   peak_bytes_in_use; PyTorch: max_memory_allocated; on CPU, where neither exists, XLA's
@@ -227,7 +227,7 @@ def make_batches(spec: dict[str, Any], steps: int, eval_batches: int, shards: st
 
 
 def flops_per_token(spec: dict[str, Any]) -> float:
-    from payload import plan
+    from payload.plan import plan
 
     shape = plan.model_shape(spec["family"], spec["size"], spec.get("config", {}), spec["vocab"])
     return plan.flops_per_token(shape, spec["seq"])

@@ -7,7 +7,7 @@ and the JAX backend's Grain pipeline (`payload.backends.jax.input.make_batches`:
 CRC checks, numpy masking on Grain's threads), alternating rounds of each so that a busy
 machine slows both alike; and, for contrast, the common reader of tf.train.Example records
 (`parse_single_example` per record, then batch, without masking). Then what a 1B Llama
-(seq 2048) step needs per second on one v5e chip at the plan's MFU (payload/plan.py) against
+(seq 2048) step needs per second on one v5e chip at the plan's MFU (payload/plan/plan.py) against
 the Grain pipeline's rate on causal-LM shards of that length. Bounded in time: each
 measurement stops after --seconds.
 
@@ -108,8 +108,8 @@ def measure(ds: object, batch: int, seconds: float, warmup_batches: int = 20) ->
 
 def llama_1b_need() -> tuple[float, float]:
     """(tokens/s, FLOPs per token) one v5e chip trains a Llama 1B at seq 2048 at the plan's
-    MFU (payload/plan.py: DEFAULT_MFU, MaxText's FLOPs per token, Google's peak)."""
-    from payload import plan
+    MFU (payload/plan/plan.py: DEFAULT_MFU, MaxText's FLOPs per token, Google's peak)."""
+    from payload.plan import plan
 
     shape = plan.model_shape("llama", "1b", {}, 32768)
     per_token = plan.flops_per_token(shape, LLAMA_SEQ)

@@ -15,14 +15,14 @@ without compiling again.
 How: each case is a job (the preset, the vocabulary, the sequence, a global batch of
 --batch-per-chip rows per chip, train.sharding / remat / attention, no held-out split) whose
 training chunk is built and compiled by the path `tpu-payload compile` takes
-(payload/backends/jax/aot.py: the accelerator's topology from payload/accelerators.yaml, its
+(payload/backends/jax/aot.py: the accelerator's topology from payload/plan/accelerators.yaml, its
 compile-only chips from libtpu's `jax.experimental.topologies.get_topology_desc`, as MaxText's
 train_compile.py gets them; then the trainer's one builder, program.build: the model and
 AdamW without values, the state and batches as sharded jax.ShapeDtypeStructs, the trainer's
 steps.make_train_chunk lowered for them and compiled for the TPU). Printed per case: the
 compiler's memory analysis per chip (arguments, outputs, aliased, temporaries, generated
 code; "total" = arguments + outputs - aliased + temporaries, MaxText's
-print_compiled_memory_stats), the plan's figure (payload/plan.py) beside it, compile
+print_compiled_memory_stats), the plan's figure (payload/plan/plan.py) beside it, compile
 seconds (wall and CPU), and from the optimized HLO (payload/backends/jax/hlo.py): the while
 loops and their trip counts (None: the chunk's step loop; L: the scanned decoder layers),
 Mosaic (Pallas) kernels, the weight all-gathers by dtype, and flops per step counted with
@@ -93,12 +93,12 @@ use_jax()
 
 import keras  # noqa: E402
 
-from payload import accelerators  # noqa: E402
-from payload import plan as plan_lib  # noqa: E402
 from payload.backends.jax import aot, steps  # noqa: E402
 from payload.backends.jax import hlo as hlo_lib  # noqa: E402
 from payload.core.errors import UserError  # noqa: E402
 from payload.model import model as model_lib  # noqa: E402
+from payload.plan import accelerators  # noqa: E402
+from payload.plan import plan as plan_lib  # noqa: E402
 from payload.spec import FAMILIES_FOR_OBJECTIVE, JobSpec, parse_job  # noqa: E402
 
 GIB = 2**30
@@ -193,7 +193,7 @@ def measure(args: argparse.Namespace, remat: str) -> dict[str, Any]:
 
 
 def plan_columns(job: JobSpec, acc: Any, remat: str) -> dict[str, Any]:
-    """The plan's bytes per chip and flops per step for the same job (payload/plan.py)."""
+    """The plan's bytes per chip and flops per step for the same job (payload/plan/plan.py)."""
     plan = plan_lib.plan_job(job, acc)
     layout = plan.layout(plan.sharding, plan.remat)
     tokens = job.train.global_batch_size * job.data.seq_length

@@ -1,5 +1,5 @@
 """Command line: ``tpu-payload {validate,tokenizer,encode,train,run} --job PATH [--force]``,
-``tpu-payload plan --job PATH --accelerator TYPE [--mfu F] [--json]`` (payload/plan.py),
+``tpu-payload plan --job PATH --accelerator TYPE [--mfu F] [--json]`` (payload/plan/plan.py),
 ``tpu-payload compile --job PATH --accelerator TYPE [--json]`` (payload/backends/jax/aot.py).
 
 argv (and ``TPU_PAYLOAD_GCS_RETRY_S``, ``TPU_PAYLOAD_VERBOSE``) is read here and nowhere
@@ -106,7 +106,7 @@ PLAN_HELP = "bytes per chip, largest batch and hours of the job on an accelerato
 
 
 def _plan_arguments(parser: argparse.ArgumentParser) -> None:
-    from payload import plan  # noqa: PLC0415  (stdlib + the pure spec/model modules)
+    from payload.plan import plan  # noqa: PLC0415  (stdlib + the pure spec/model modules)
 
     plan.add_arguments(parser)
 
@@ -201,7 +201,7 @@ def _ignore_sigint_until_exit() -> None:
 def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:  # noqa: PLR0911
     args = _parser().parse_args(argv)
     if args.command == "plan":
-        from payload import plan  # noqa: PLC0415
+        from payload.plan import plan  # noqa: PLC0415
 
         return plan.run(args)
     if args.command == "compile":

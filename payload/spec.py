@@ -615,7 +615,7 @@ def _train(section: _Section) -> TrainSpec:
 def parse_job(document: Any, *, source: str, check_model: bool = True) -> JobSpec:
     """Validate an already-parsed document; ``source`` is the spec's path (for relative paths).
     ``check_model=False`` skips the model-vs-data check, which needs transformers' config
-    classes (payload/plan.py, in an environment without transformers)."""
+    classes (payload/plan/plan.py, in an environment without transformers)."""
     top = _Section(document, "")
     base_dir = storage.dirname(source)
     name = top.take("name", _str, None)

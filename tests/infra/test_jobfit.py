@@ -20,16 +20,17 @@ TOO_BIG = "tests/infra/data/llama-3b-data.yaml"
 CLOSURE = """
 import contextlib, io, json, sys
 before = set(sys.modules)
-import payload.plan
+import payload.plan.plan
 with contextlib.redirect_stdout(io.StringIO()):
-    code = payload.plan.main(["--job", "stacks/jobs/gpt2-small-clm.yaml", "--accelerator", "v6e-8"])
+    code = payload.plan.plan.main(["--job", "stacks/jobs/gpt2-small-clm.yaml", "--accelerator",
+    "v6e-8"])
 roots = {m.split(".")[0] for m in set(sys.modules) - before}
 print(json.dumps([code, sorted(r for r in roots if r not in sys.stdlib_module_names)]))
 """
 
 
 def test_the_plans_import_closure_loads_here() -> None:
-    """payload.plan loads and plans a job in the Pulumi program's environment (this one) with
+    """payload.plan.plan loads and plans a job in the Pulumi program's environment (this one) with
     the standard library, PyYAML and pure payload modules only."""
     result = subprocess.run(
         [sys.executable, "-c", CLOSURE],

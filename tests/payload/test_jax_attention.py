@@ -31,11 +31,11 @@ import numpy as np
 import pytest
 from train_helpers import cpu_devices
 
-from payload import attention_table, plan
 from payload.backends.jax import attention, runtime
 from payload.core.errors import SpecError
 from payload.model import kernels
 from payload.model import model as model_lib
+from payload.plan import attention_table, plan
 from payload.spec import parse_job
 
 DRIVER = Path(__file__).with_name("jax_attention_driver.py")
@@ -371,7 +371,7 @@ def test_fused_without_a_kernel_is_one_line(
 
 
 def test_every_family_reaches_a_kernel_at_its_presets() -> None:
-    """docs/models.md's attention table is payload/attention_table.py's (regenerated here),
+    """docs/models.md's attention table is payload/plan/attention_table.py's (regenerated here),
     every cell the plan's table gives is what the trainer's attention.choose picks on the
     transformers config it builds, and on every GPU of compute capability 8.0+ and every TPU
     each family's every preset gets a kernel."""

@@ -36,7 +36,7 @@ HERE = Path(__file__).parent
 def test_a_tpu_type_names_its_topology(
     accelerator: str, name: str, bounds: tuple[int, int, int], hosts: int
 ) -> None:
-    from payload import accelerators  # the table alone: no JAX in this test's process
+    from payload.plan import accelerators  # the table alone: no JAX in this test's process
 
     topology = accelerators.topology_of(accelerators.accelerator(accelerator))
     assert (topology.name, topology.chips_per_host_bounds, topology.hosts) == (name, bounds, hosts)

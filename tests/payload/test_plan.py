@@ -1,4 +1,4 @@
-"""payload/plan.py: figures for known cases worked out here, the refusal, the command line."""
+"""payload/plan/plan.py: figures for known cases worked out here, the refusal, the command line."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from payload import plan, spec
+from payload import spec
 from payload.model import model as model_lib
+from payload.plan import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -362,7 +363,7 @@ def test_stop_cost_uses_the_trainers_chunk_rules() -> None:
     plan must not) and training.FIRST_CHUNK_STEPS: the same values."""
     import ast
 
-    from payload import stop_cost
+    from payload.plan import stop_cost
 
     tree = ast.parse((ROOT / "payload" / "backends" / "jax" / "runtime.py").read_text())
     values = {

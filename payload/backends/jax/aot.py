@@ -4,11 +4,11 @@ for a TPU type's topology on this machine, before the TPU exists.
 The `libtpu` wheel of the TPU environment (.venv-tpu-jax) compiles for any TPU topology on a
 CPU-only machine: `jax.experimental.topologies.get_topology_desc` gives the topology's
 compile-only devices (MaxText's train_compile.py does the same). The mesh over them, the
-facts of the type (payload/accelerators.yaml: chips, hosts, HBM per chip; the chip kind from
+facts of the type (payload/plan/accelerators.yaml: chips, hosts, HBM per chip; the chip kind from
 the topology) and the job go through the trainer's own builder (program.py), so what is
 compiled is what the trainer on that type compiles. Reported per chip: XLA's memory analysis
 (arguments, outputs, temporaries, generated code, their total against the chip's HBM) beside
-the plan's estimate (payload/plan.py), the attention kernel and why, the Mosaic kernels in
+the plan's estimate (payload/plan/plan.py), the attention kernel and why, the Mosaic kernels in
 the program, the collectives per step by kind and bytes, the all-gathered bytes by dtype and
 the FLOPs per step (hlo.py: read off the optimized HLO with loop trip counts; the Pallas
 kernels' FLOPs from the plan's attention term), the compile seconds, and the programs'
@@ -38,14 +38,14 @@ use_jax()
 
 import jax  # noqa: E402
 
-from payload import plan as plan_lib  # noqa: E402
-from payload.accelerators import Topology, topology_of  # noqa: E402
 from payload.backends import quiet  # noqa: E402
 from payload.backends.jax import hlo, program  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.core.errors import SpecError, UserError  # noqa: E402
 from payload.model import kernels  # noqa: E402
 from payload.model import model as model_lib  # noqa: E402
+from payload.plan import plan as plan_lib  # noqa: E402
+from payload.plan.accelerators import Topology, topology_of  # noqa: E402
 
 if TYPE_CHECKING:
     from payload.spec import JobSpec
@@ -107,7 +107,7 @@ def facts_of(acc: plan_lib.Accelerator, topology: Topology, devices: list[Any]) 
         chip=kernels.device_chip("tpu", "", kind, None),
         local_devices=acc.chips // topology.hosts,
         device_memory=acc.memory_bytes,
-        memory_source=f"{acc.generation}'s HBM per chip, payload/accelerators.yaml",
+        memory_source=f"{acc.generation}'s HBM per chip, payload/plan/accelerators.yaml",
         process_index=0,
         process_count=topology.hosts,
     )

@@ -49,7 +49,7 @@ MEMORY_ENV = "TPU_PAYLOAD_TEST_DEVICE_MEMORY"
 class Facts:
     """What a run's programs depend on about its devices, as explicit values: read from the
     real devices (`read_facts`, the trainer) or stated for a target that is not here
-    (payload/backends/jax/aot.py: a TPU type's figures from payload/accelerators.yaml).
+    (payload/backends/jax/aot.py: a TPU type's figures from payload/plan/accelerators.yaml).
     `runtime_of` and the programs (program.py) are pure functions of these."""
 
     platform: str  # tpu | gpu | cpu

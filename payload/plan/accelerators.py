@@ -1,7 +1,7 @@
-"""The accelerators the plan knows (payload/accelerators.yaml: Google's and NVIDIA's
+"""The accelerators the plan knows (payload/plan/accelerators.yaml: Google's and NVIDIA's
 pages): an accelerator type's chips, memory per chip, peak FLOP/s, compute dtype and, for an
 NVIDIA GPU, its compute capability (what payload/model/kernels.py's table reads). The plan
-(payload/plan.py) and `tpu-payload compile` (backends/jax/aot.py) read them through
+(payload/plan/plan.py) and `tpu-payload compile` (backends/jax/aot.py) read them through
 `accelerator(name)`; a TPU type's slice as libtpu's topology API names it (what `compile`
 asks the TPU compiler for) through `topology_of`.
 
@@ -47,7 +47,7 @@ class Accelerator:
 
 @cache
 def catalog() -> dict[str, Any]:
-    text = resources.files("payload").joinpath("accelerators.yaml").read_text(encoding="utf-8")
+    text = resources.files("payload.plan").joinpath("accelerators.yaml").read_text(encoding="utf-8")
     import yaml  # noqa: PLC0415
 
     data: dict[str, Any] = yaml.safe_load(text)
@@ -119,7 +119,7 @@ class Topology:
 
 
 def topology_of(acc: Accelerator) -> Topology:
-    """The topology of a TPU accelerator type (payload/accelerators.yaml `topology`)."""
+    """The topology of a TPU accelerator type (payload/plan/accelerators.yaml `topology`)."""
     if acc.kind == "gpu":
         raise AcceleratorError(
             f"--accelerator {acc.name}: the GPU compiler (XLA:GPU, cuDNN autotuning) needs a GPU "

@@ -5,7 +5,7 @@
 
 Framework-free (stdlib, PyYAML and the payload's pure modules): it runs on a laptop and in
 the Pulumi program's environment, which has no TensorFlow, JAX or transformers. The
-accelerator's figures come from payload/accelerators.yaml (Google's and NVIDIA's pages).
+accelerator's figures come from payload/plan/accelerators.yaml (Google's and NVIDIA's pages).
 
 The training state, as the JAX backend lays it out (payload/backends/jax/mesh.py):
 - weights fp32 (the master copy; bf16 is for compute only), gradients fp32, AdamW's two fp32
@@ -86,14 +86,6 @@ from dataclasses import asdict, dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
-# The accelerator catalog (payload/accelerators.yaml), re-exported: plan.accelerator(...).
-from payload.accelerators import (  # noqa: F401
-    Accelerator,
-    AcceleratorError,
-    accelerator,
-    catalog,
-    known_accelerators,
-)
 from payload.core.errors import SpecError, UserError
 from payload.model import kernels
 
@@ -108,8 +100,17 @@ from payload.model.sharding import (
     WEIGHT_BYTES,
 )
 
-# What a step keeps and executes (payload/step_costs.py), re-exported.
-from payload.step_costs import (  # noqa: F401
+# The accelerator catalog (payload/plan/accelerators.yaml), re-exported: plan.accelerator(...).
+from payload.plan.accelerators import (  # noqa: F401
+    Accelerator,
+    AcceleratorError,
+    accelerator,
+    catalog,
+    known_accelerators,
+)
+
+# What a step keeps and executes (payload/plan/step_costs.py), re-exported.
+from payload.plan.step_costs import (  # noqa: F401
     TPU_LOSS_BYTES_PER_LOGIT,
     activation_bytes_per_sequence,
     attention_flops_per_token,
@@ -751,7 +752,7 @@ def _table(args: argparse.Namespace) -> int:
         sized = replace(job, model=replace(job.model, size=size))
         plans += [plan_job(sized, acc, mfu=args.mfu) for acc in accelerators]
     if getattr(args, "stop_cost", False):
-        from payload import stop_cost  # noqa: PLC0415
+        from payload.plan import stop_cost  # noqa: PLC0415
 
         sys.stdout.write(stop_cost.markdown(plans))
     else:

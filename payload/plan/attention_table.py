@@ -1,10 +1,10 @@
 """Which attention every family's `train.attention: auto` gets at its presets on common
 accelerators: the tables of docs/models.md ("Attention kernels"), computed from the one table
 that the JAX trainer and the plan both read (payload/model/kernels.py) with the plan's case
-(payload/plan.py attention_case: the preset's head sizes and attention dropout,
+(payload/plan/plan.py attention_case: the preset's head sizes and attention dropout,
 `train.precision: auto` on the chip, the family's usual sequence length).
 
-    python -m payload.attention_table      prints the Markdown that docs/models.md holds
+    python -m payload.plan.attention_table      prints the Markdown that docs/models.md holds
 
 tests/payload/test_jax_attention.py regenerates it, compares it with the docs, and checks
 that the trainer's own `attention.choose` (on the transformers configs the trainer builds)
@@ -16,9 +16,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from payload import plan
 from payload.model import kernels
 from payload.model.model import PRESETS
+from payload.plan import plan
 
 # The columns: GPUs of each compute capability the kernels table tells apart, and TPUs.
 ACCELERATORS = (

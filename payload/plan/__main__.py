@@ -1,0 +1,7 @@
+"""`python -m payload.plan`: the plan's command line, as infra runs it (infra/jobfit.py)."""
+
+import sys
+
+from payload.plan.plan import main
+
+sys.exit(main())

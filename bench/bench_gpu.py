@@ -298,10 +298,10 @@ def trainer_programs(
     (program.build: the training chunk with the trainer's state shardings and donation, and
     the evaluation step of `held_rows` held-out rows, as a manifest of that many would give).
     Returns them by name, with the job and its config."""
-    from payload import evaluate as evaluate_lib
     from payload.backends.jax import program, runtime
     from payload.model import model as model_lib
     from payload.spec import parse_job
+    from payload.training import evaluate as evaluate_lib
 
     job = parse_job(job_document(spec, args, work), source=str(work / "job.yaml"))
     family, seq = spec["family"], int(spec["seq"])

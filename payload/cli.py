@@ -299,7 +299,7 @@ def _dispatch(
 
 
 def _backend(job: JobSpec) -> str:
-    from payload import training  # noqa: PLC0415
+    from payload.training import training  # noqa: PLC0415
 
     return training.resolve_backend(job, os.environ)
 
@@ -308,13 +308,13 @@ def _worker(job: JobSpec, command: str) -> int:
     """TPU_PRETRAIN_WORKER of a JAX slice's trainer unit (0 elsewhere)."""
     if command not in ("train", "run"):
         return 0
-    from payload import training  # noqa: PLC0415
+    from payload.training import training  # noqa: PLC0415
 
     return training.worker_index(job, os.environ)
 
 
 def _unwritten_status(path: str, job_name: str) -> StatusWriter:
-    from payload import training  # noqa: PLC0415
+    from payload.training import training  # noqa: PLC0415
 
     return training.UnwrittenStatus(path, job_name)
 
@@ -324,7 +324,8 @@ def _train_on_worker(
 ) -> None:
     """`run` on a slice worker other than 0: worker 0 makes the tokenizer and the data; this
     one waits for them, then trains as its own process of the slice."""
-    from payload import pipeline, training  # noqa: PLC0415
+    from payload import pipeline  # noqa: PLC0415
+    from payload.training import training  # noqa: PLC0415
 
     raw = os.environ.get(training.DATA_WAIT_ENV, "")
     try:
@@ -459,7 +460,7 @@ def _read_retry_deadline() -> None:
 
 
 def _export(job: JobSpec, push_to_hub: str | None) -> None:
-    from payload import export  # noqa: PLC0415
+    from payload.training import export  # noqa: PLC0415
 
     if not export.is_complete(job):
         raise export.HubError(

@@ -12,13 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from payload import backends, training
+from payload import backends
 from payload.core import storage
 from payload.core.errors import UserError
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
 from payload.data.encode import encode
 from payload.spec import JobSpec
+from payload.training import training
 
 STAGES = ("tokenizer", "encode", "train")
 Printer = Callable[[str], None]

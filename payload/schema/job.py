@@ -58,7 +58,7 @@ JAX_ONLY_OBJECTIVES = ("rtd",)
 DECAYS = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "bf16", "fp32")
 # auto: jax for a family only the JAX backend has (JAX_ONLY_FAMILIES), else the VM unit's
-# TPU_PAYLOAD_BACKEND, else tf (payload/training.py resolve_backend).
+# TPU_PAYLOAD_BACKEND, else tf (payload/training/training.py resolve_backend).
 BACKENDS = ("auto", "tf", "jax")
 # Activation rematerialisation (JAX backend): what each decoder layer keeps for the backward
 # pass, MaxText's remat_policy names (payload/model/sharding.py REMAT_SAVES says what each keeps;

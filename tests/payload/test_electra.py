@@ -30,11 +30,11 @@ from train_helpers import (
     write_job,
 )
 
-from payload import export as export_lib
-from payload import training
 from payload.core.errors import SpecError
 from payload.model import model as model_lib
 from payload.spec import parse_job, tf_backend_refusal
+from payload.training import export as export_lib
+from payload.training import training
 
 PT_ELECTRA = Path(__file__).parent / "pt" / "electra_with_transformers5.py"
 PARTS = {"discriminator": "ElectraForPreTraining", "generator": "ElectraForMaskedLM"}

@@ -29,12 +29,12 @@ import tensorflow as tf
 from pt_runner import run_script
 from train_helpers import job_document, prepare_data, write_corpus, write_job
 
-from payload import export as export_lib
 from payload.backends.tf import train
 from payload.core import records, storage
 from payload.core.status import StatusWriter
 from payload.data import tokenizer as tokenizer_lib
 from payload.schema import manifest as mf
+from payload.training import export as export_lib
 
 REPO = Path(__file__).resolve().parents[2]
 PT_SCRIPT = Path(__file__).parent / "pt" / "load_with_transformers5.py"

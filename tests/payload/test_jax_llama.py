@@ -38,11 +38,11 @@ from train_helpers import (
     write_job,
 )
 
-from payload import export as export_lib
-from payload import training
 from payload.core.errors import SpecError
 from payload.model import model as model_lib
 from payload.spec import parse_job
+from payload.training import export as export_lib
+from payload.training import training
 
 DRIVER = Path(__file__).with_name("jax_export_driver.py")
 STEPS_DRIVER = Path(__file__).with_name("jax_llama_steps_driver.py")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from test_export import PT_SCRIPT, _require_pt_python, _run_pt
 
-from payload import export as export_lib
+from payload.training import export as export_lib
 
 DRIVER = Path(__file__).with_name("jax_export_driver.py")
 TOLERANCE = 1e-4

@@ -34,9 +34,9 @@ from train_helpers import (
     write_job,
 )
 
-from payload import export as export_lib
 from payload.core import storage
 from payload.schema import manifest as manifest_lib
+from payload.training import export as export_lib
 
 DRIVER = Path(__file__).with_name("jax_pipelines_driver.py")
 HANG_GUARD_S = 900  # far above a real run: only a hung process reaches it

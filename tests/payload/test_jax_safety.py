@@ -27,10 +27,10 @@ from train_helpers import (
     write_job,
 )
 
-from payload import training
 from payload.backends.jax import distributed
 from payload.core.errors import DataError, UserError
 from payload.spec import JobSpec
+from payload.training import training
 
 
 @pytest.fixture(scope="module")

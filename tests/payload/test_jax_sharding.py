@@ -34,8 +34,8 @@ from train_helpers import (
     write_job,
 )
 
-from payload import export as export_lib
 from payload.backends.jax import mesh as mesh_lib
+from payload.training import export as export_lib
 
 DRIVER = Path(__file__).with_name("jax_sharding_driver.py")
 COLLECTIVES_DRIVER = Path(__file__).with_name("jax_collectives_driver.py")

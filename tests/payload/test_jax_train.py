@@ -23,8 +23,8 @@ import pytest
 from test_export import PT_SCRIPT, TOLERANCE, _expected_tokens, _require_pt_python, _run_pt
 from train_helpers import job_document, run_cli, write_corpus, write_job
 
-from payload import export as export_lib
 from payload.spec import JobSpec
+from payload.training import export as export_lib
 
 LOGITS_DRIVER = Path(__file__).with_name("jax_checkpoint_logits.py")
 FAMILIES = {"bert": "mlm", "roberta": "mlm", "gpt2": "clm"}

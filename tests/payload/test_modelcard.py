@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from payload import modelcard
 from payload.schema import manifest as mf
 from payload.spec import parse_job
+from payload.training import modelcard
 
 REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements"
 

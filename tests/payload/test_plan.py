@@ -377,6 +377,6 @@ def test_stop_cost_uses_the_trainers_chunk_rules() -> None:
     assert values["CHUNK_SECONDS"]["tpu"] == stop_cost.CHUNK_SECONDS
     for kind, steps in stop_cost.STEPS_PER_CALL.items():
         assert values["STEPS_PER_CALL"][kind] == steps
-    from payload import training
+    from payload.training import training
 
     assert stop_cost.FIRST_CHUNK_STEPS == training.FIRST_CHUNK_STEPS

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from train_helpers import run_cli, write_corpus
 
-from payload import export as export_lib
+from payload.training import export as export_lib
 
 TOKEN = "hf_test_secret_token_value"  # noqa: S105
 REPO_ID = "someone/tiny-bert"

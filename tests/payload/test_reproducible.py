@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from train_helpers import job_document, write_job
 
-from payload import export as export_lib
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
 from payload.schema import manifest as manifest_lib
 from payload.spec import TOKENIZER_KINDS
+from payload.training import export as export_lib
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -162,7 +162,7 @@ def build_for(
 ) -> program.Programs:
     """The trainer's programs for `job` on `devices` with `facts` (the compile path: the
     trainer's train._build/_programs do the same with its real devices and manifest)."""
-    from payload import evaluate as evaluate_lib  # noqa: PLC0415
+    from payload.training import evaluate as evaluate_lib  # noqa: PLC0415
 
     data = data or data_facts(job)
     parameters = model_lib.parameter_count(job.model.family, data.config)

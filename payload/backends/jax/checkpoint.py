@@ -36,7 +36,7 @@ code kept for one transition.
 The earlier format (`ckpt-<step>.npz`, one file written by process 0) is refused in one line
 (`refuse_npz`), not converted: those checkpoints came from the replicated single-file
 trainer of earlier releases, which had no users on a slice yet, and a converter would be
-code kept for one transition. `run.json` (payload/identity.py) records what the checkpoints
+code kept for one transition. `run.json` (payload/training/identity.py) records what the checkpoints
 are valid for, with `backend: jax`.
 """
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import jax
 
-from payload import training
 from payload.core import errors
 from payload.core.errors import UserError
+from payload.training import training
 
 ENV = "TPU_PAYLOAD_JAX_DISTRIBUTED"
 _EXPLICIT = re.compile(

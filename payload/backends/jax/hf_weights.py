@@ -185,7 +185,7 @@ def save_pretrained(
     (export.py explains the file name). No TF weights: none can be produced from here."""
     from safetensors.numpy import save_file  # noqa: PLC0415
 
-    from payload import export as export_lib  # noqa: PLC0415
+    from payload.training import export as export_lib  # noqa: PLC0415
 
     if isinstance(model, Electra):
         raise TypeError("ELECTRA has two exports: save_electra")
@@ -207,8 +207,8 @@ def save_electra(
 
     from safetensors.numpy import save_file  # noqa: PLC0415
 
-    from payload import export as export_lib  # noqa: PLC0415
     from payload.model import model as model_lib  # noqa: PLC0415
+    from payload.training import export as export_lib  # noqa: PLC0415
 
     def value(variable: Any) -> np.ndarray:
         if values is not None:

@@ -1,7 +1,8 @@
 """The `train` stage on the Keras 3 / JAX backend (`train.backend: jax`).
 
 The same job, shards, checks, status, checkpoint cadence, signals and export as the TF
-backend (payload/backends/tf/train.py; the shared parts are payload/training.py), in this order:
+backend (payload/backends/tf/train.py; the shared parts are payload/training/training.py), in this
+order:
  1. load the manifest, check it against the job and the tokenizer, verify the shard files
     this process reads (checksums on a fresh start, sizes on a resume); every process
     checks, and a user error on one is the same one-line error on all (distributed.py);
@@ -48,9 +49,6 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from payload import evaluate as evaluate_lib  # noqa: E402
-from payload import identity as run_identity_lib  # noqa: E402
-from payload import training  # noqa: E402
 from payload.backends.jax import batches as batches_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import compile_cache, distributed, hf_weights, models, steps  # noqa: E402
@@ -65,6 +63,9 @@ from payload.core.errors import SpecError  # noqa: E402
 from payload.core.status import StatusWriter  # noqa: E402
 from payload.model import model as model_lib  # noqa: E402
 from payload.schema import manifest as manifest_lib  # noqa: E402
+from payload.training import evaluate as evaluate_lib  # noqa: E402
+from payload.training import identity as run_identity_lib  # noqa: E402
+from payload.training import training  # noqa: E402
 
 if TYPE_CHECKING:
     from payload.schema.manifest import Manifest

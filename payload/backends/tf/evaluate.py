@@ -1,4 +1,5 @@
-"""The TF backend's held-out evaluation (payload/evaluate.py: the set, the batch and the report).
+"""The TF backend's held-out evaluation (payload/training/evaluate.py: the set, the batch and the
+report).
 
 Same rules as training (strategy.py): static shapes, the per-replica forward pass compiled
 with the runtime's `jit_compile`, a `tf.range` loop of `strategy.run` calls inside one
@@ -18,7 +19,7 @@ from payload.backends.tf import data as data_lib
 from payload.backends.tf import model as model_lib
 from payload.core import storage
 from payload.core.tensorboard import Scalars
-from payload.evaluate import EVAL_MASK_SEED, checked_eval_batch, report
+from payload.training.evaluate import EVAL_MASK_SEED, checked_eval_batch, report
 
 if TYPE_CHECKING:
     from payload.backends.tf.strategy import Runtime

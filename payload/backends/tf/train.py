@@ -27,9 +27,6 @@ import tensorflow as tf
 import tf_keras
 from tqdm import tqdm
 
-from payload import export as export_lib
-from payload import identity as identity_lib
-from payload import training
 from payload.backends.tf import checkpoint as checkpoint_lib
 from payload.backends.tf import data as data_lib
 from payload.backends.tf import evaluate as evaluate_lib
@@ -42,6 +39,9 @@ from payload.core.status import StatusWriter
 from payload.model import model as model_lib
 from payload.schema import manifest as manifest_lib
 from payload.spec import tf_backend_refusal
+from payload.training import export as export_lib
+from payload.training import identity as identity_lib
+from payload.training import training
 
 if TYPE_CHECKING:
     from payload.schema.manifest import Manifest
@@ -52,7 +52,7 @@ EXPORT_MARKER = training.EXPORT_MARKER
 LOSS_SCALE_INITIAL = 2.0**15
 BACKEND = "tf"
 
-# Shared with the JAX backend (payload/training.py); the names stay importable from here.
+# Shared with the JAX backend (payload/training/training.py); the names stay importable from here.
 TrainingDivergedError = training.TrainingDivergedError
 TrainingInterrupted = training.TrainingInterrupted
 is_complete = training.is_complete

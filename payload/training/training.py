@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from payload import export as export_lib
 from payload.core.errors import DataError, UserError
 from payload.core.status import StatusWriter
 from payload.core.tensorboard import Scalars
@@ -30,6 +29,7 @@ from payload.data import tokenizer as tokenizer_lib
 from payload.model.model import ROBERTA_PADDING_IDX
 from payload.schema.manifest import special_ids_of
 from payload.spec import MASKED_OBJECTIVES
+from payload.training import export as export_lib
 
 if TYPE_CHECKING:
     from payload.schema.manifest import Manifest
@@ -604,7 +604,7 @@ def export_model(
     """The export of either backend (export.write_export): the model files `save_model`
     writes, the tokenizer, the model card with this run's recorded metrics, the marker.
     `part_configs`: each part's model config, for a family of export.EXPORT_PARTS."""
-    from payload import modelcard  # noqa: PLC0415
+    from payload.training import modelcard  # noqa: PLC0415
 
     recorded = recorded_metrics(status, stats)
     backend = "jax" if runtime.get("backend") == "jax" else "tf"

@@ -1,0 +1,1 @@
+"""What both trainers share: loop rules, evaluation, identity, export, model card."""

@@ -7,7 +7,7 @@ The bundled corpus (examples/corpus) is tokenized and encoded once; then `tpu-pa
 tokenizer and shards) trains the same BERT MLM (batch 32 x 128, the example job's schedule)
 with `train.backend: tf` and `train.backend: jax` in turn, TF, JAX, TF, JAX, ... so that the
 machine's load hits both alike. Reported per run: the trainer's mean steps/s (compilation
-excluded: the first chunk is not counted, payload/training/training.py Meter) and the held-out loss
+excluded: the first chunk is not counted, payload/training/shared.py Meter) and the held-out loss
 after the same steps; then each backend's median and the JAX/TF ratio of each round. Figures
 are printed, not asserted.
 """

@@ -175,7 +175,7 @@ def _encoder_matmuls(width: int, inner: int, layers: int) -> int:
 
 def training_flops_per_step(family: str, config, tokens: int, slots: int) -> int:
     """Forward + backward FLOPs of one optimizer step (the module docstring's rule)."""
-    from payload.model import model as model_lib
+    from payload.model import configs as model_lib
 
     vocab, seq = config.vocab_size, SEQ
     if family == "bert":
@@ -279,7 +279,7 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(REPO))
-    from payload.model import model as model_lib
+    from payload.model import configs as model_lib
     from payload.schema.manifest import load_manifest, special_ids_of
     from payload.spec import load_job
 

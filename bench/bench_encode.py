@@ -9,7 +9,7 @@ seeded): a WordPiece tokenizer (vocab 32,000) is trained on the first few MB, th
 
 * raw: `tokenizers.Tokenizer.encode_batch` (Rust, all cores) over every document, timed
   around the encode calls only; also `encode_batch_fast` (no offsets: what the encoder uses);
-* ours: `payload.data.encode.encode.encode` in a fresh child process (spawned workers, packing,
+* ours: `payload.data.encode.stage.encode` in a fresh child process (spawned workers, packing,
 framing,
   sha256, shard files, manifest), timed around the call; throughput is counted in the same
   corpus tokens as raw;
@@ -41,7 +41,7 @@ CHILD = r"""
 import json, os, sys, threading, time
 from pathlib import Path
 from payload import spec
-from payload.data.encode import encode
+from payload.data.encode import stage as encode
 from payload.core.status import StatusWriter
 
 def rss_kb(pid):

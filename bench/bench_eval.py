@@ -21,7 +21,7 @@ import payload  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 from payload.backends.tf import train
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
-from payload.data.encode import encode
+from payload.data.encode import stage as encode
 from payload.spec import load_job
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -37,7 +37,7 @@ PyTorch never share the GPU's memory and each side's peak memory is its own.
   are evaluated on the same held-out batches.
 - Figures: tokens/s over the timed steps, after one real optimizer step on each side
   (compiles and warms up: batch 0, the schedule's step 0); MFU = tokens/s x MaxText's FLOPs
-  per token (payload/plan/plan.py flops_per_token) over (a) the measured peak (the best of 5
+  per token (payload/plan/estimate.py flops_per_token) over (a) the measured peak (the best of 5
   bf16 8192^3 matmuls, each framework its own; the higher is used) and (b) the datasheet's
   dense bf16 peak (H100 SXM and H200: 989.5 TFLOP/s); peak memory (JAX: the device's
   peak_bytes_in_use; PyTorch: max_memory_allocated; on CPU, where neither exists, XLA's
@@ -227,7 +227,7 @@ def make_batches(spec: dict[str, Any], steps: int, eval_batches: int, shards: st
 
 
 def flops_per_token(spec: dict[str, Any]) -> float:
-    from payload.plan import plan
+    from payload.plan import estimate as plan
 
     shape = plan.model_shape(spec["family"], spec["size"], spec.get("config", {}), spec["vocab"])
     return plan.flops_per_token(shape, spec["seq"])
@@ -299,9 +299,9 @@ def trainer_programs(
     the evaluation step of `held_rows` held-out rows, as a manifest of that many would give).
     Returns them by name, with the job and its config."""
     from payload.backends.jax import program, runtime
-    from payload.model import model as model_lib
+    from payload.model import configs as model_lib
     from payload.spec import parse_job
-    from payload.training import evaluate as evaluate_lib
+    from payload.training import heldout as evaluate_lib
 
     job = parse_job(job_document(spec, args, work), source=str(work / "job.yaml"))
     family, seq = spec["family"], int(spec["seq"])
@@ -334,7 +334,7 @@ def loss_chunk(job: Any, config: Any, rt: Any) -> dict[str, int]:
     """The positions of one chunk of the chunked loss and its budget, as steps.py sizes them
     (model.loss_chunk_length of the rows one device holds, under model.loss_chunk_budget of
     the runtime's device memory)."""
-    from payload.model import model as model_lib
+    from payload.model import configs as model_lib
 
     rows = max(1, job.train.global_batch_size // rt.num_replicas)
     length = job.data.max_predictions if job.data.objective == "mlm" else job.data.seq_length

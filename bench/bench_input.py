@@ -2,13 +2,13 @@
 
 Writes a temporary shard set (random tokens, uint16, seq 128) with the payload's own record
 writer and manifest, then times, on the same shards, the TF backend's tf.data pipeline
-(`payload.backends.tf.data.make_dataset`: interleave, shuffle, batch, parse_batch, mask, prefetch)
+(`payload.backends.tf.input.make_dataset`: interleave, shuffle, batch, parse_batch, mask, prefetch)
 and the JAX backend's Grain pipeline (`payload.backends.jax.input.make_batches`: window reads,
 CRC checks, numpy masking on Grain's threads), alternating rounds of each so that a busy
 machine slows both alike; and, for contrast, the common reader of tf.train.Example records
 (`parse_single_example` per record, then batch, without masking). Then what a 1B Llama
-(seq 2048) step needs per second on one v5e chip at the plan's MFU (payload/plan/plan.py) against
-the Grain pipeline's rate on causal-LM shards of that length. Bounded in time: each
+(seq 2048) step needs per second on one v5e chip at the plan's MFU (payload/plan/estimate.py)
+against the Grain pipeline's rate on causal-LM shards of that length. Bounded in time: each
 measurement stops after --seconds.
 
     .venv/bin/python bench/bench_input.py [--records 200000] [--batch 256] [--seconds 10]
@@ -108,8 +108,8 @@ def measure(ds: object, batch: int, seconds: float, warmup_batches: int = 20) ->
 
 def llama_1b_need() -> tuple[float, float]:
     """(tokens/s, FLOPs per token) one v5e chip trains a Llama 1B at seq 2048 at the plan's
-    MFU (payload/plan/plan.py: DEFAULT_MFU, MaxText's FLOPs per token, Google's peak)."""
-    from payload.plan import plan
+    MFU (payload/plan/estimate.py: DEFAULT_MFU, MaxText's FLOPs per token, Google's peak)."""
+    from payload.plan import estimate as plan
 
     shape = plan.model_shape("llama", "1b", {}, 32768)
     per_token = plan.flops_per_token(shape, LLAMA_SEQ)
@@ -120,7 +120,7 @@ def llama_1b_need() -> tuple[float, float]:
 def compare(job: object, manifest: object, batches: list[int], args: object, cores: int) -> dict:
     """tf.data vs Grain on the same shards, alternating rounds; the tf.data rates by batch."""
     from payload.backends.jax import input as grain_input
-    from payload.backends.tf import data as data_lib
+    from payload.backends.tf import input as data_lib
 
     results, grain_results = {}, {}
     for batch in batches:

@@ -37,7 +37,7 @@ def main() -> int:
     from payload.backends.jax.batches import Pipelines
     from payload.core.status import StatusWriter
     from payload.data import tokenizer
-    from payload.data.encode import encode
+    from payload.data.encode import stage as encode
     from payload.spec import load_job
 
     pulls: list[float] = []

@@ -9,7 +9,7 @@ copy of the same tokenizer and shards: BERT MLM, batch 32 x 128, the example job
 `train.backend: jax`, the spec's default `log_every: 10`, one checkpoint at the end, the
 held-out evaluation only at the end), alternately — baseline, current, baseline, current,
 ... — so that the machine's load hits both alike. Reported per run: the trainer's mean
-steps/s (compilation excluded: the first chunk is not counted, payload/training/training.py Meter)
+steps/s (compilation excluded: the first chunk is not counted, payload/training/shared.py Meter)
 and the held-out loss; then each side's median and the current/baseline ratio per round.
 Figures are printed, not asserted.
 """

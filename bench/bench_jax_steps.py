@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 
 from payload.backends.jax import models, steps  # noqa: E402
 from payload.backends.jax.program import seed_keras  # noqa: E402
-from payload.model import model as model_lib  # noqa: E402
+from payload.model import configs as model_lib  # noqa: E402
 
 VOCAB, SEQ, BATCH, POSITIONS = 2000, 128, 32, 20
 

@@ -9,7 +9,7 @@ What is compared (docs/performance.md has the figures):
   and held-out shards are read once, here, with payload/core/records.py's pure TFRecord reader (both
   CRCs checked; .venv-pt has no TensorFlow), and both sides get the same token batches in the
   same order, with the labels and weights of payload/backends/tf/masking.py causal_labels.
-- The model: the job's LlamaForCausalLM config (payload/model/model.py config_for). The JAX side
+- The model: the job's LlamaForCausalLM config (payload/model/configs.py config_for). The JAX side
 builds
   it with payload/backends/jax/models.py; its initial weights are written with the export's
   save_pretrained and loaded by `LlamaForCausalLM.from_pretrained` on the PyTorch side: both
@@ -337,7 +337,7 @@ class JaxSide:
 
         from payload.backends.jax import hf_weights, models, schedule, steps
         from payload.backends.jax.program import seed_keras
-        from payload.model import model as model_lib
+        from payload.model import configs as model_lib
 
         self.jax, self.jnp, self.steps = jax, jnp, steps
         self.data = data

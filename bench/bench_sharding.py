@@ -31,7 +31,7 @@ from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import models, steps  # noqa: E402
 from payload.backends.jax.program import seed_keras  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
-from payload.model import model as model_lib  # noqa: E402
+from payload.model import configs as model_lib  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
 SEQ, BATCH, POSITIONS = 128, 16, 20

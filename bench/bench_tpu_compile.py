@@ -22,7 +22,7 @@ AdamW without values, the state and batches as sharded jax.ShapeDtypeStructs, th
 steps.make_train_chunk lowered for them and compiled for the TPU). Printed per case: the
 compiler's memory analysis per chip (arguments, outputs, aliased, temporaries, generated
 code; "total" = arguments + outputs - aliased + temporaries, MaxText's
-print_compiled_memory_stats), the plan's figure (payload/plan/plan.py) beside it, compile
+print_compiled_memory_stats), the plan's figure (payload/plan/estimate.py) beside it, compile
 seconds (wall and CPU), and from the optimized HLO (payload/backends/jax/hlo.py): the while
 loops and their trip counts (None: the chunk's step loop; L: the scanned decoder layers),
 Mosaic (Pallas) kernels, the weight all-gathers by dtype, and flops per step counted with
@@ -64,7 +64,7 @@ def _parse() -> argparse.Namespace:
         "--loss-chunk-mib",
         type=int,
         help="an experiment: the chunked loss's float32 logits budget per device (default "
-        "payload/model/model.py LOSS_CHUNK_BYTES); the plan keeps its own",
+        "payload/model/configs.py LOSS_CHUNK_BYTES); the plan keeps its own",
     )
     parser.add_argument("--hlo-dir", help="write each case's optimized HLO text here")
     parser.add_argument(
@@ -96,9 +96,9 @@ import keras  # noqa: E402
 from payload.backends.jax import aot, steps  # noqa: E402
 from payload.backends.jax import hlo as hlo_lib  # noqa: E402
 from payload.core.errors import UserError  # noqa: E402
-from payload.model import model as model_lib  # noqa: E402
+from payload.model import configs as model_lib  # noqa: E402
 from payload.plan import accelerators  # noqa: E402
-from payload.plan import plan as plan_lib  # noqa: E402
+from payload.plan import estimate as plan_lib  # noqa: E402
 from payload.spec import FAMILIES_FOR_OBJECTIVE, JobSpec, parse_job  # noqa: E402
 
 GIB = 2**30
@@ -193,7 +193,7 @@ def measure(args: argparse.Namespace, remat: str) -> dict[str, Any]:
 
 
 def plan_columns(job: JobSpec, acc: Any, remat: str) -> dict[str, Any]:
-    """The plan's bytes per chip and flops per step for the same job (payload/plan/plan.py)."""
+    """The plan's bytes per chip and flops per step for the same job (payload/plan/estimate.py)."""
     plan = plan_lib.plan_job(job, acc)
     layout = plan.layout(plan.sharding, plan.remat)
     tokens = job.train.global_batch_size * job.data.seq_length

@@ -6,7 +6,7 @@ subprocess, with this interpreter and the repository root on PYTHONPATH. The pay
 module loads with the standard library, PyYAML and the payload's pure modules only (the
 Pulumi program's environment has no TensorFlow, JAX or transformers;
 tests/infra/test_jobfit.py checks its import closure in this environment). The plan mirrors
-the JAX trainer's layout (payload/plan/plan.py); its exit status 2 with one line on stderr is a
+the JAX trainer's layout (payload/plan/estimate.py); its exit status 2 with one line on stderr is a
 job that cannot fit (or a spec the payload refuses), which becomes a one-line ConfigError.
 
 `compile_job` (opt-in: `make plan COMPILE=1`, `make smoke ... COMPILE=1`) goes further: the

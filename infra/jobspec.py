@@ -199,7 +199,7 @@ def status_uri(bucket: str, job_name: str) -> str:
     return f"{run_root(bucket, job_name)}/status.json"
 
 
-# Written last by the payload's export (payload/training/training.py EXPORT_MARKER; the contract
+# Written last by the payload's export (payload/training/shared.py EXPORT_MARKER; the contract
 # test checks that the two agree): once it exists the job is finished.
 EXPORT_MARKER = "export_complete.json"
 

@@ -1,5 +1,5 @@
 """Command line: ``tpu-payload {validate,tokenizer,encode,train,run} --job PATH [--force]``,
-``tpu-payload plan --job PATH --accelerator TYPE [--mfu F] [--json]`` (payload/plan/plan.py),
+``tpu-payload plan --job PATH --accelerator TYPE [--mfu F] [--json]`` (payload/plan/estimate.py),
 ``tpu-payload compile --job PATH --accelerator TYPE [--json]`` (payload/backends/jax/aot.py).
 
 argv (and ``TPU_PAYLOAD_GCS_RETRY_S``, ``TPU_PAYLOAD_VERBOSE``) is read here and nowhere
@@ -106,7 +106,7 @@ PLAN_HELP = "bytes per chip, largest batch and hours of the job on an accelerato
 
 
 def _plan_arguments(parser: argparse.ArgumentParser) -> None:
-    from payload.plan import plan  # noqa: PLC0415  (stdlib + the pure spec/model modules)
+    from payload.plan import estimate as plan  # noqa: PLC0415  (stdlib + the pure spec/model modules)
 
     plan.add_arguments(parser)
 
@@ -201,7 +201,7 @@ def _ignore_sigint_until_exit() -> None:
 def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:  # noqa: PLR0911
     args = _parser().parse_args(argv)
     if args.command == "plan":
-        from payload.plan import plan  # noqa: PLC0415
+        from payload.plan import estimate as plan  # noqa: PLC0415
 
         return plan.run(args)
     if args.command == "compile":
@@ -299,7 +299,7 @@ def _dispatch(
 
 
 def _backend(job: JobSpec) -> str:
-    from payload.training import training  # noqa: PLC0415
+    from payload.training import shared as training  # noqa: PLC0415
 
     return training.resolve_backend(job, os.environ)
 
@@ -308,13 +308,13 @@ def _worker(job: JobSpec, command: str) -> int:
     """TPU_PRETRAIN_WORKER of a JAX slice's trainer unit (0 elsewhere)."""
     if command not in ("train", "run"):
         return 0
-    from payload.training import training  # noqa: PLC0415
+    from payload.training import shared as training  # noqa: PLC0415
 
     return training.worker_index(job, os.environ)
 
 
 def _unwritten_status(path: str, job_name: str) -> StatusWriter:
-    from payload.training import training  # noqa: PLC0415
+    from payload.training import shared as training  # noqa: PLC0415
 
     return training.UnwrittenStatus(path, job_name)
 
@@ -325,7 +325,7 @@ def _train_on_worker(
     """`run` on a slice worker other than 0: worker 0 makes the tokenizer and the data; this
     one waits for them, then trains as its own process of the slice."""
     from payload import pipeline  # noqa: PLC0415
-    from payload.training import training  # noqa: PLC0415
+    from payload.training import shared as training  # noqa: PLC0415
 
     raw = os.environ.get(training.DATA_WAIT_ENV, "")
     try:

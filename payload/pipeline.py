@@ -17,9 +17,9 @@ from payload.core import storage
 from payload.core.errors import UserError
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
-from payload.data.encode import encode
+from payload.data.encode import stage as encode
 from payload.spec import JobSpec
-from payload.training import training
+from payload.training import shared as training
 
 STAGES = ("tokenizer", "encode", "train")
 Printer = Callable[[str], None]

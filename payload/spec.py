@@ -615,7 +615,7 @@ def _train(section: _Section) -> TrainSpec:
 def parse_job(document: Any, *, source: str, check_model: bool = True) -> JobSpec:
     """Validate an already-parsed document; ``source`` is the spec's path (for relative paths).
     ``check_model=False`` skips the model-vs-data check, which needs transformers' config
-    classes (payload/plan/plan.py, in an environment without transformers)."""
+    classes (payload/plan/estimate.py, in an environment without transformers)."""
     top = _Section(document, "")
     base_dir = storage.dirname(source)
     name = top.take("name", _str, None)
@@ -712,7 +712,7 @@ def tf_backend_refusal(job: JobSpec) -> str | None:
 
 def _check_model(job: JobSpec) -> None:
     """Model-side checks that need a built config (e.g. seq_length vs positions); TF-free."""
-    from payload.model import model  # noqa: PLC0415  (transformers config classes only)
+    from payload.model import configs as model  # noqa: PLC0415  (transformers config classes only)
 
     model.check_compatible(job)
 

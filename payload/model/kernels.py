@@ -1,6 +1,6 @@
 """Which attention implementation a job's model gets, as data: the one table that the JAX
-backend's `attention.choose` (what the trainer runs) and the plan (`payload/plan/plan.py`: what a
-job is sized for, before anything exists) both read.
+backend's `attention.choose` (what the trainer runs) and the plan (`payload/plan/estimate.py`: what
+a job is sized for, before anything exists) both read.
 
 Framework-free, standard library only: the plan runs in the Pulumi program's environment,
 which has no JAX (tests/infra/test_jobfit.py checks its import closure).

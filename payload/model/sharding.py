@@ -2,7 +2,7 @@
 
 Read by the JAX backend, which applies them all (payload/backends/jax/mesh.py: the mesh, each
 weight's PartitionSpec, the `auto` choice), by the plan, which sizes a job before anything
-exists with the bytes per parameter, the `auto` share and REMAT_FAMILIES (payload/plan/plan.py),
+exists with the bytes per parameter, the `auto` share and REMAT_FAMILIES (payload/plan/estimate.py),
 and by the job's vocabularies (payload/schema/job.py: SHARDINGS, REMAT_FAMILIES). Framework-free,
 standard library only: the plan runs in the Pulumi program's environment, which has no JAX
 (tests/infra/test_jobfit.py checks its import closure).

@@ -2,6 +2,6 @@
 
 import sys
 
-from payload.plan.plan import main
+from payload.plan.estimate import main
 
 sys.exit(main())

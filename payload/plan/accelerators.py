@@ -1,7 +1,7 @@
 """The accelerators the plan knows (payload/plan/accelerators.yaml: Google's and NVIDIA's
 pages): an accelerator type's chips, memory per chip, peak FLOP/s, compute dtype and, for an
 NVIDIA GPU, its compute capability (what payload/model/kernels.py's table reads). The plan
-(payload/plan/plan.py) and `tpu-payload compile` (backends/jax/aot.py) read them through
+(payload/plan/estimate.py) and `tpu-payload compile` (backends/jax/aot.py) read them through
 `accelerator(name)`; a TPU type's slice as libtpu's topology API names it (what `compile`
 asks the TPU compiler for) through `topology_of`.
 

@@ -1,7 +1,7 @@
 """Which attention every family's `train.attention: auto` gets at its presets on common
 accelerators: the tables of docs/models.md ("Attention kernels"), computed from the one table
 that the JAX trainer and the plan both read (payload/model/kernels.py) with the plan's case
-(payload/plan/plan.py attention_case: the preset's head sizes and attention dropout,
+(payload/plan/estimate.py attention_case: the preset's head sizes and attention dropout,
 `train.precision: auto` on the chip, the family's usual sequence length).
 
     python -m payload.plan.attention_table      prints the Markdown that docs/models.md holds
@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass
 
 from payload.model import kernels
-from payload.model.model import PRESETS
-from payload.plan import plan
+from payload.model.configs import PRESETS
+from payload.plan import estimate as plan
 
 # The columns: GPUs of each compute capability the kernels table tells apart, and TPUs.
 ACCELERATORS = (

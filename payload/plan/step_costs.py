@@ -1,9 +1,9 @@
 """What one training step of a planned model executes and keeps beyond its weights, by
 train.remat policy: the activations a decoder layer keeps for its backward pass and the
-matmul FLOPs the compiled step executes (payload/plan/plan.py uses both;
+matmul FLOPs the compiled step executes (payload/plan/estimate.py uses both;
 bench/bench_tpu_compile.py and tests/payload/test_plan_memory.py compare them with compiled
 programs), and the bytes of activations and of the chunked loss a planned step holds
-(payload/plan/plan.py's docstring says what each figure counts). Framework-free, as the plan."""
+(payload/plan/estimate.py's docstring says what each figure counts). Framework-free, as the plan."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ TPU_LOSS_BYTES_PER_LOGIT = 4
 
 
 class Shape(Protocol):
-    """What these costs read of a model's shape (payload/plan/plan.py's Shape has it; this
+    """What these costs read of a model's shape (payload/plan/estimate.py's Shape has it; this
     module stands below the plan)."""
 
     @property
@@ -62,7 +62,7 @@ def saved_width(shape: Shape, remat: str) -> int:
 
 
 def flops_per_token(shape: Shape, seq_length: int) -> float:
-    """MaxText's training FLOPs per token (payload/plan/plan.py's docstring), for this model."""
+    """MaxText's training FLOPs per token (payload/plan/estimate.py's docstring), for this model."""
     h, i, layers, d = shape.hidden, shape.intermediate, shape.layers, shape.head_size
     mlp = 2 * h * i * (3 if shape.family == "llama" else 2)  # SwiGLU: gate, up, down
     qkv = 2 * h * (shape.heads + 2 * shape.kv_heads) * d
@@ -181,7 +181,7 @@ def loss_chunk_bytes(
     """What the chunked loss holds at once on a chip of `memory_bytes`, besides the head's
     input: one chunk's float32 logits and what its backward pass computes from them,
     `per_logit` bytes each (loss_bytes_per_logit; module docstring)."""
-    from payload.model import model  # noqa: PLC0415  (pure)
+    from payload.model import configs as model  # noqa: PLC0415  (pure)
 
     if per_chip_batch <= 0:
         return 0

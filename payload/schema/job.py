@@ -36,9 +36,9 @@ MASKED_OBJECTIVES = ("mlm", "rtd")
 TOKENIZER_KINDS = ("wordpiece", "bpe", "unigram")
 FAMILIES = ("bert", "roberta", "gpt2", "llama", "electra")
 SIZES = ("tiny", "mini", "small", "base")
-# Llama's presets are named by their size (payload/model/model.py, docs/models.md).
+# Llama's presets are named by their size (payload/model/configs.py, docs/models.md).
 LLAMA_SIZES = ("tiny", "125m", "350m", "1b", "3b")
-# ELECTRA's: the paper's small and base (payload/model/model.py says where each value comes from).
+# ELECTRA's: the paper's small and base (payload/model/configs.py says where each value comes from).
 ELECTRA_SIZES = ("tiny", "small", "base")
 SIZES_FOR_FAMILY = {
     "bert": SIZES,
@@ -58,7 +58,7 @@ JAX_ONLY_OBJECTIVES = ("rtd",)
 DECAYS = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "bf16", "fp32")
 # auto: jax for a family only the JAX backend has (JAX_ONLY_FAMILIES), else the VM unit's
-# TPU_PAYLOAD_BACKEND, else tf (payload/training/training.py resolve_backend).
+# TPU_PAYLOAD_BACKEND, else tf (payload/training/shared.py resolve_backend).
 BACKENDS = ("auto", "tf", "jax")
 # Activation rematerialisation (JAX backend): what each decoder layer keeps for the backward
 # pass, MaxText's remat_policy names (payload/model/sharding.py REMAT_SAVES says what each keeps;
@@ -161,7 +161,7 @@ class TokenizerSpec:
     max_word_length: int = DEFAULT_MAX_WORD_LENGTH
 
 
-# How the encode stage runs (payload/data/encode/encode.py; payload/data/encode/beam.py;
+# How the encode stage runs (payload/data/encode/stage.py; payload/data/encode/beam.py;
 # docs/payload.md):
 # `local`: worker processes on this machine; `beam`: an Apache Beam pipeline with the same
 # functions and the same output, on a local Beam runner or on Dataflow.

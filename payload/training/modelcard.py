@@ -100,7 +100,7 @@ def _architecture(family: str, config: Mapping[str, Any]) -> list[tuple[str, str
         ]
         dropout = "attention_probs_dropout_prob"
     rows = [(label, _num(config.get(key))) for label, key in keys]
-    # The presets train without it (payload/model/model.py); 0.1 is the previous recipe.
+    # The presets train without it (payload/model/configs.py); 0.1 is the previous recipe.
     return [*rows, ("attention dropout", _plain(config.get(dropout)))]
 
 

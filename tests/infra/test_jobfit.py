@@ -20,9 +20,9 @@ TOO_BIG = "tests/infra/data/llama-3b-data.yaml"
 CLOSURE = """
 import contextlib, io, json, sys
 before = set(sys.modules)
-import payload.plan.plan
+import payload.plan.estimate
 with contextlib.redirect_stdout(io.StringIO()):
-    code = payload.plan.plan.main(["--job", "stacks/jobs/gpt2-small-clm.yaml", "--accelerator",
+    code = payload.plan.estimate.main(["--job", "stacks/jobs/gpt2-small-clm.yaml", "--accelerator",
     "v6e-8"])
 roots = {m.split(".")[0] for m in set(sys.modules) - before}
 print(json.dumps([code, sorted(r for r in roots if r not in sys.stdlib_module_names)]))
@@ -30,8 +30,8 @@ print(json.dumps([code, sorted(r for r in roots if r not in sys.stdlib_module_na
 
 
 def test_the_plans_import_closure_loads_here() -> None:
-    """payload.plan.plan loads and plans a job in the Pulumi program's environment (this one) with
-    the standard library, PyYAML and pure payload modules only."""
+    """payload.plan.estimate loads and plans a job in the Pulumi program's environment (this one)
+    with the standard library, PyYAML and pure payload modules only."""
     result = subprocess.run(
         [sys.executable, "-c", CLOSURE],
         capture_output=True,

@@ -87,7 +87,7 @@ def models() -> dict:
 
     from payload.backends.jax import attention, models
     from payload.backends.jax.program import seed_keras
-    from payload.model import model as model_lib
+    from payload.model import configs as model_lib
 
     splash = attention.Attention("splash", "test", interpret=True)
     report: dict = {}
@@ -147,7 +147,7 @@ def documents() -> dict:
     jax_backend.use_jax()
     from payload.backends.jax import models
     from payload.backends.jax.program import seed_keras
-    from payload.model import model as model_lib
+    from payload.model import configs as model_lib
 
     special = {"bos": 0, "pad": 1, "eos": 2}
     config = model_lib.build_config("llama", "tiny", {}, vocab_size=300, special_ids=special)

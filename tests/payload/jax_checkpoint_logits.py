@@ -18,7 +18,7 @@ from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.backends.jax import steps  # noqa: E402
 from payload.backends.jax import train as trainer  # noqa: E402
-from payload.model import model as model_lib  # noqa: E402
+from payload.model import configs as model_lib  # noqa: E402
 from payload.schema import manifest as manifest_lib  # noqa: E402
 from payload.spec import load_job  # noqa: E402
 

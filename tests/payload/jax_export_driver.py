@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 
 from payload.backends.jax import hf_weights, models  # noqa: E402
 from payload.backends.jax.program import seed_keras  # noqa: E402
-from payload.model import model as model_lib  # noqa: E402
+from payload.model import configs as model_lib  # noqa: E402
 
 family, size, vocab, seq, out_dir, ids_path, mask_path, logits_path = sys.argv[1:9]
 special = {"pad": 1, "bos": 0, "eos": 2} if family != "bert" else {"pad": 0, "cls": 2, "sep": 3}

@@ -22,7 +22,7 @@ from payload.backends.jax import attention as attention_lib  # noqa: E402
 from payload.backends.jax import hlo, models, steps  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
-from payload.model import model as model_lib  # noqa: E402
+from payload.model import configs as model_lib  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
 

@@ -20,7 +20,7 @@ import keras  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import models  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
-from payload.model import model as model_lib  # noqa: E402
+from payload.model import configs as model_lib  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
 VOCAB = {"bert": 400, "roberta": 600, "gpt2": 600, "llama": 600, "electra": 400}

@@ -11,7 +11,7 @@ from shard_helpers import SEQ, SPECIAL
 from shard_helpers import record_ids as _record_ids
 from shard_helpers import write_data as _write_data
 
-from payload.backends.tf import data as data_lib
+from payload.backends.tf import input as data_lib
 from payload.core.errors import DataError
 
 

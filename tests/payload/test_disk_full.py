@@ -33,9 +33,9 @@ from payload.core import records, storage
 from payload.core.errors import DiskFullError
 from payload.core.status import StatusWriter
 from payload.data import corpus, tokenizer
-from payload.data.encode import encode
 from payload.data.encode import local as encode_local
 from payload.data.encode import rules as encode_rules
+from payload.data.encode import stage as encode
 from payload.spec import JobSpec, load_job
 
 SMALL_FS = "256k"

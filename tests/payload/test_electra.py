@@ -31,10 +31,10 @@ from train_helpers import (
 )
 
 from payload.core.errors import SpecError
-from payload.model import model as model_lib
+from payload.model import configs as model_lib
 from payload.spec import parse_job, tf_backend_refusal
 from payload.training import export as export_lib
-from payload.training import training
+from payload.training import shared as training
 
 PT_ELECTRA = Path(__file__).parent / "pt" / "electra_with_transformers5.py"
 PARTS = {"discriminator": "ElectraForPreTraining", "generator": "ElectraForMaskedLM"}

@@ -17,7 +17,7 @@ from payload.core import records, storage
 from payload.core.errors import CorpusError, DataError
 from payload.core.status import StatusWriter
 from payload.data import corpus, readers, tokenizer
-from payload.data.encode import encode
+from payload.data.encode import stage as encode
 from payload.schema import manifest as mf
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -293,7 +293,7 @@ def test_encode_without_tokenizer(tmp_path, corpus_files) -> None:
 
 def test_worker_modules_do_not_import_tensorflow() -> None:
     code = (
-        "import sys, payload.data.encode.encode, payload.data.encode.local,"
+        "import sys, payload.data.encode.stage, payload.data.encode.local,"
         " payload.data.corpus, payload.data.tokenizer, payload.core.records;"
         "assert 'tensorflow' not in sys.modules, 'tensorflow imported';"
         "assert payload.data.encode.local.mp.get_context('spawn')"

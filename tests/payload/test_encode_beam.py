@@ -24,7 +24,7 @@ from test_encode import prepared, status_for
 from payload import spec
 from payload.core.errors import SpecError
 from payload.data import corpus
-from payload.data.encode import encode
+from payload.data.encode import stage as encode
 from payload.schema import manifest as mf
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -40,7 +40,7 @@ RUN_ENCODE = textwrap.dedent(
     """
     import sys
     from payload.data import corpus
-    from payload.data.encode import encode
+    from payload.data.encode import stage as encode
     from payload.spec import load_job
     from payload.core.status import StatusWriter
 

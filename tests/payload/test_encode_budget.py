@@ -13,7 +13,7 @@ from test_encode import file_documents, prepared, status_for
 from payload import spec
 from payload.core import storage
 from payload.data import tokenizer
-from payload.data.encode import encode
+from payload.data.encode import stage as encode
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
 

@@ -19,7 +19,7 @@ from test_readers import COMMIT, REPO, hub, write_all_formats
 
 from payload.core import storage
 from payload.data import corpus
-from payload.data.encode import encode
+from payload.data.encode import stage as encode
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
 __all__ = ["hub"]  # the Hub fixture of test_readers (a local server speaking the Hub's API)

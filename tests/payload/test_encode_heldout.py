@@ -21,7 +21,7 @@ from test_encode import (
 from payload.core import records, storage
 from payload.core.errors import DataError, SpecError
 from payload.data import corpus, readers
-from payload.data.encode import encode
+from payload.data.encode import stage as encode
 from payload.schema import manifest as mf
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture

@@ -23,7 +23,7 @@ from train_helpers import job_document, write_corpus, write_job
 from payload.core import lease
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
-from payload.data.encode import encode
+from payload.data.encode import stage as encode
 from payload.schema import manifest as mf
 
 WORKERS = 2
@@ -33,7 +33,7 @@ BLOCKED_ENCODE = textwrap.dedent(
     """
     import sys, threading
     from payload.data import corpus
-    from payload.data.encode import encode, local as encode_local
+    from payload.data.encode import stage as encode, local as encode_local
     from payload.spec import load_job
     from payload.core.status import StatusWriter
 

@@ -33,9 +33,10 @@ from train_helpers import cpu_devices
 
 from payload.backends.jax import attention, runtime
 from payload.core.errors import SpecError
+from payload.model import configs as model_lib
 from payload.model import kernels
-from payload.model import model as model_lib
-from payload.plan import attention_table, plan
+from payload.plan import attention_table
+from payload.plan import estimate as plan
 from payload.spec import parse_job
 
 DRIVER = Path(__file__).with_name("jax_attention_driver.py")

@@ -40,7 +40,7 @@ from train_helpers import (
 )
 
 from payload.spec import JobSpec
-from payload.training import training
+from payload.training import shared as training
 
 pytestmark = pytest.mark.slow
 SIGTERM_EXIT = 128 + signal.SIGTERM
@@ -184,7 +184,7 @@ def stopped(prepared, tmp_path_factory: pytest.TempPathFactory) -> tuple[JobSpec
     port = _free_port()
     chief = _Worker(root / "job.yaml", root / "logs", port, 0)
     try:
-        point = "after:payload.training.training:Meter.log:1"
+        point = "after:payload.training.shared:Meter.log:1"
         train = ("train", "--job", str(root / "job.yaml"))
         env = _worker_env(port, 1, **TINY_CHUNKS)
         with PausedCli(root / "logs-1", point, *train, env=env) as other:

@@ -67,8 +67,8 @@ def test_a_masked_objective_needs_the_mask_token(tmp_path: Path) -> None:
     """The one check both backends' pipelines make (input_plan.masking_ratios): BERT's split
     for mlm, ELECTRA's for rtd, no masking for clm, and a vocabulary without [MASK] refused
     in one line before anything is read."""
-    from payload.data.input_plan import masking_ratios
-    from payload.model import model
+    from payload.data.input_order import masking_ratios
+    from payload.model import configs as model
 
     assert masking_ratios("clm", {}, "d") is None
     assert masking_ratios("mlm", SPECIAL, "d") == {}

@@ -5,7 +5,7 @@
   unexpected or mismatched keys) and give the same logits within 1e-4, with padding, for
   tied embeddings + grouped-query attention and for untied embeddings + one key/value head
   per query head, at a rope_theta other than the default.
-- The parameter count of payload/model/model.py equals the built model's, for tied and untied.
+- The parameter count of payload/model/configs.py equals the built model's, for tied and untied.
 - The spec: presets by size, LlamaConfig overrides, unknown keys and bad shapes refused in
   one line; llama needs data.objective clm.
 """
@@ -39,10 +39,10 @@ from train_helpers import (
 )
 
 from payload.core.errors import SpecError
-from payload.model import model as model_lib
+from payload.model import configs as model_lib
 from payload.spec import parse_job
 from payload.training import export as export_lib
-from payload.training import training
+from payload.training import shared as training
 
 DRIVER = Path(__file__).with_name("jax_export_driver.py")
 STEPS_DRIVER = Path(__file__).with_name("jax_llama_steps_driver.py")

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from payload.backends.jax import steps
-from payload.model import model as model_lib
+from payload.model import configs as model_lib
 
 DRIVER = Path(__file__).with_name("jax_loss_driver.py")
 

@@ -30,7 +30,7 @@ from train_helpers import (
 from payload.backends.jax import distributed
 from payload.core.errors import DataError, UserError
 from payload.spec import JobSpec
-from payload.training import training
+from payload.training import shared as training
 
 
 @pytest.fixture(scope="module")

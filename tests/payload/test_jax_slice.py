@@ -47,8 +47,8 @@ from test_jax_hosts import (  # noqa: F401
 from test_jax_multihost import HANG_GUARD_S, _env
 from train_helpers import PausedCli
 
-from payload.training import training
-from payload.training.evaluate import micro_batch_count
+from payload.training import shared as training
+from payload.training.heldout import micro_batch_count
 
 pytestmark = pytest.mark.slow
 SIGTERM_EXIT = 128 + signal.SIGTERM
@@ -167,7 +167,7 @@ def test_a_user_error_on_the_chief_after_the_final_evaluation_ends_every_host(
     message = "injected: the chief's status.json cannot be written"
     chief = _Worker(
         tmp_path / "job.yaml", tmp_path / "logs", port, 0,
-        inject=("user@payload.training.evaluate:report:1", message),
+        inject=("user@payload.training.heldout:report:1", message),
     )  # fmt: skip
     other = _Worker(tmp_path / "job.yaml", tmp_path / "logs", port, 1)
     results = _ended([chief, other], "a user error on the chief", 0, "user")
@@ -192,7 +192,7 @@ def test_a_bug_on_one_host_mid_training_ends_every_host(prepared, tmp_path) -> N
     chief = _Worker(tmp_path / "job.yaml", tmp_path / "logs", port, 0)
     other = _Worker(
         tmp_path / "job.yaml", tmp_path / "logs", port, 1,
-        inject=("bug@payload.training.training:Meter.record_steps:2", message),
+        inject=("bug@payload.training.shared:Meter.record_steps:2", message),
     )  # fmt: skip
     (code0, err0), (code1, err1) = _ended([chief, other], "a bug on process 1", 1, "bug")
     line = (

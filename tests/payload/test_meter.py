@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from train_helpers import job_document, write_job
 
-from payload.training import training
+from payload.training import shared as training
 
 
 def test_log_lines_inside_a_chunk(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,7 +15,7 @@ from payload.backends.tf import model as tf_model
 from payload.backends.tf import schedule
 from payload.backends.tf.masking import causal_labels, mask_tokens
 from payload.core.errors import SpecError
-from payload.model import model as model_lib
+from payload.model import configs as model_lib
 from payload.spec import parse_job
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,5 @@
-"""payload/plan/plan.py: figures for known cases worked out here, the refusal, the command line."""
+"""payload/plan/estimate.py: figures for known cases worked out here, the refusal, the command
+line."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from typing import Any
 import pytest
 
 from payload import spec
-from payload.model import model as model_lib
-from payload.plan import plan
+from payload.model import configs as model_lib
+from payload.plan import estimate as plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -363,7 +364,7 @@ def test_stop_cost_uses_the_trainers_chunk_rules() -> None:
     plan must not) and training.FIRST_CHUNK_STEPS: the same values."""
     import ast
 
-    from payload.plan import stop_cost
+    from payload.plan import stopping as stop_cost
 
     tree = ast.parse((ROOT / "payload" / "backends" / "jax" / "runtime.py").read_text())
     values = {
@@ -377,6 +378,6 @@ def test_stop_cost_uses_the_trainers_chunk_rules() -> None:
     assert values["CHUNK_SECONDS"]["tpu"] == stop_cost.CHUNK_SECONDS
     for kind, steps in stop_cost.STEPS_PER_CALL.items():
         assert values["STEPS_PER_CALL"][kind] == steps
-    from payload.training import training
+    from payload.training import shared as training
 
     assert stop_cost.FIRST_CHUNK_STEPS == training.FIRST_CHUNK_STEPS

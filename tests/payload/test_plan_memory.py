@@ -1,5 +1,5 @@
-"""Measured memory agrees with the plan (payload/plan/plan.py): the JAX backend's real train step
-for Llama models, compiled (never run) on 8 virtual CPU devices under FSDP and data
+"""Measured memory agrees with the plan (payload/plan/estimate.py): the JAX backend's real train
+step for Llama models, compiled (never run) on 8 virtual CPU devices under FSDP and data
 parallelism, with and without remat; XLA's memory analysis of the compiled program per
 device (arguments + temporaries + outputs not aliased to the donated arguments) against the
 plan's per-chip total (weights + AdamW slots + gradients + activations) for the same job on
@@ -36,14 +36,14 @@ import pytest
 from train_helpers import cpu_devices
 
 from payload import spec
-from payload.model import model as model_lib
-from payload.plan import plan
+from payload.model import configs as model_lib
+from payload.plan import estimate as plan
 
 DRIVER = Path(__file__).with_name("jax_plan_memory_driver.py")
 EIGHT = {**cpu_devices(8), "TF_CPP_MIN_LOG_LEVEL": "3"}
 # The measured figure is within this factor of the plan's, either way (module docstring).
 FACTOR = 1.5
-# The compiled step's matmul flops vs the plan's (payload/plan/plan.py step_flops_per_token).
+# The compiled step's matmul flops vs the plan's (payload/plan/estimate.py step_flops_per_token).
 FLOPS_TOLERANCE = 0.05
 CPU8 = plan.Accelerator(
     name="cpu-8",

@@ -1,7 +1,7 @@
 """SIGKILL or SIGTERM during `tpu-payload train` at a step the test picks; reruns resume.
 
 Every test runs on both training backends (`train.backend: tf` and `jax`): the same job,
-the same pause points (payload/training/training.py's Meter is shared), the same outcomes. The JAX
+the same pause points (payload/training/shared.py's Meter is shared), the same outcomes. The JAX
 backend trains in a child process (the real CLI): Keras 3 picks its backend at import.
 The resume and SIGTERM tests also run ELECTRA's objective (rtd, JAX only): its generator's
 samples are drawn from (train.seed, step), so a resumed run draws what the other drew.
@@ -50,8 +50,8 @@ OBJECTIVES = pytest.mark.parametrize(
 # restores the generator's sample keys; the JAX input position and masking are the same
 # input.make_batches as MLM's (JAX MLM resumes: test_jax_sharding.py, test_jax_multihost.py).
 RESUMED = pytest.mark.parametrize(("backend", "objective"), [("tf", "mlm"), ("jax", "rtd")])
-# Both backends log through payload.training.training.Meter: pause after its N-th log line.
-LOG_POINT = "after:payload.training.training:Meter.log:{}"
+# Both backends log through payload.training.shared.Meter: pause after its N-th log line.
+LOG_POINT = "after:payload.training.shared:Meter.log:{}"
 
 
 def _latest_step(checkpoint_dir: str, backend: str = "tf") -> int | None:

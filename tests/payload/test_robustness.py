@@ -33,7 +33,7 @@ from payload import spec
 from payload.core.errors import DataError
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
-from payload.data.encode import encode
+from payload.data.encode import stage as encode
 from payload.schema import manifest as mf
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -27,7 +27,8 @@ TPU compile each took ~11-13 s of CPU. Asserted:
   the FSDP all-gathers are mostly bf16 (hlo.py reads them off the TPU's program);
 - the step loop carries the state in the layouts of the program's arguments (hlo.py
   relaid_state: no weight or AdamW slot copied into another layout for the loop);
-- the plan (payload/plan/plan.py) agrees with the compiler: its per-chip total (weights + slots +
+- the plan (payload/plan/estimate.py) agrees with the compiler: its per-chip total (weights + slots
++
   gradients + activations + the compiler's reserve + the chunk's batches) is within
   PLAN_FACTOR of the compiler's arguments + outputs - aliased + temporaries (generated code
   apart: the plan's is one constant for the presets). Measured 2026-12-01: 0.76 and 0.68

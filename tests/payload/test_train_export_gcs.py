@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from train_helpers import job_document, prepare_data, write_corpus, write_job
 
-from payload.backends.tf import data as data_lib
+from payload.backends.tf import input as data_lib
 from payload.backends.tf import model as tf_model
 from payload.backends.tf import strategy as strategy_lib
 from payload.backends.tf import train
 from payload.core import storage
 from payload.core.status import StatusWriter
-from payload.model import model as model_lib
+from payload.model import configs as model_lib
 from payload.schema import manifest as mf
 
 

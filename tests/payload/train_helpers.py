@@ -24,7 +24,7 @@ import yaml
 
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
-from payload.data.encode import encode
+from payload.data.encode import stage as encode
 from payload.spec import JobSpec, load_job
 
 SUBJECTS = {

@@ -8,7 +8,7 @@ facts of the type (payload/plan/accelerators.yaml: chips, hosts, HBM per chip; t
 the topology) and the job go through the trainer's own builder (program.py), so what is
 compiled is what the trainer on that type compiles. Reported per chip: XLA's memory analysis
 (arguments, outputs, temporaries, generated code, their total against the chip's HBM) beside
-the plan's estimate (payload/plan/plan.py), the attention kernel and why, the Mosaic kernels in
+the plan's estimate (payload/plan/estimate.py), the attention kernel and why, the Mosaic kernels in
 the program, the collectives per step by kind and bytes, the all-gathered bytes by dtype and
 the FLOPs per step (hlo.py: read off the optimized HLO with loop trip counts; the Pallas
 kernels' FLOPs from the plan's attention term), the compile seconds, and the programs'
@@ -42,9 +42,9 @@ from payload.backends import quiet  # noqa: E402
 from payload.backends.jax import hlo, program  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.core.errors import SpecError, UserError  # noqa: E402
+from payload.model import configs as model_lib  # noqa: E402
 from payload.model import kernels  # noqa: E402
-from payload.model import model as model_lib  # noqa: E402
-from payload.plan import plan as plan_lib  # noqa: E402
+from payload.plan import estimate as plan_lib  # noqa: E402
 from payload.plan.accelerators import Topology, topology_of  # noqa: E402
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def build_for(
 ) -> program.Programs:
     """The trainer's programs for `job` on `devices` with `facts` (the compile path: the
     trainer's train._build/_programs do the same with its real devices and manifest)."""
-    from payload.training import evaluate as evaluate_lib  # noqa: PLC0415
+    from payload.training import heldout as evaluate_lib  # noqa: PLC0415
 
     data = data or data_facts(job)
     parameters = model_lib.parameter_count(job.model.family, data.config)

@@ -61,8 +61,8 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from payload.model import configs as model_lib
 from payload.model import kernels
-from payload.model import model as model_lib
 
 SETTINGS = kernels.SETTINGS
 IMPLEMENTATIONS = kernels.IMPLEMENTATIONS

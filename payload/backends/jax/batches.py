@@ -14,7 +14,7 @@ import numpy as np
 from payload.backends.jax import input as input_lib
 from payload.backends.jax import mesh as mesh_lib
 from payload.core import storage
-from payload.data import input_plan
+from payload.data import input_order as input_plan
 from payload.schema import manifest as manifest_lib
 
 if TYPE_CHECKING:

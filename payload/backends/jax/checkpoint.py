@@ -12,7 +12,7 @@
    in tensorstore.
 Like the TF backend's, a checkpoint holds nothing of the input pipeline: the pipeline is a
 pure function of (seed, batch index), so the step says where to resume
-(payload/backends/tf/data.py).
+(payload/backends/tf/input.py).
 
 Asynchronous: `save()` returns once the state's arrays are copied to host memory; the write
 (and the deletion of all but the newest `keep`) continues in a background thread, the next

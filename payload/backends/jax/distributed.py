@@ -25,7 +25,7 @@ import jax
 
 from payload.core import errors
 from payload.core.errors import UserError
-from payload.training import training
+from payload.training import shared as training
 
 ENV = "TPU_PAYLOAD_JAX_DISTRIBUTED"
 _EXPLICIT = re.compile(

@@ -1,4 +1,4 @@
-"""The JAX backend's held-out evaluation (payload/training/evaluate.py: the set, the batch and the
+"""The JAX backend's held-out evaluation (payload/training/heldout.py: the set, the batch and the
 report): the same fixed set and masks as the TF backend (payload/backends/tf/evaluate.py),
 read once and kept on the host, summed by one compiled forward pass per batch, in
 micro-batches no larger than training's (train.grad_accum_steps), the sums kept on the devices.
@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 from payload.backends.jax import steps
 from payload.core import storage
 from payload.core.tensorboard import Scalars
-from payload.training import evaluate as evaluate_lib
+from payload.training import heldout as evaluate_lib
 
 if TYPE_CHECKING:
     from payload.backends.jax.batches import Pipelines

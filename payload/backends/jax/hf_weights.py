@@ -207,7 +207,7 @@ def save_electra(
 
     from safetensors.numpy import save_file  # noqa: PLC0415
 
-    from payload.model import model as model_lib  # noqa: PLC0415
+    from payload.model import configs as model_lib  # noqa: PLC0415
     from payload.training import export as export_lib  # noqa: PLC0415
 
     def value(variable: Any) -> np.ndarray:

@@ -1,8 +1,8 @@
 """The JAX backend's input pipeline, without TensorFlow: shards -> Grain -> numpy batches.
 
-One input pipeline (a host's share of the shard files, payload/data/input_plan.py's plan) is a
+One input pipeline (a host's share of the shard files, payload/data/input_order.py's plan) is a
 Grain `MapDataset` of batch indices (`grain.MapDataset.range`): element k is batch k of the
-run, computed from k alone (payload/data/input_plan.py's EpochOrder: which records, in which
+run, computed from k alone (payload/data/input_order.py's EpochOrder: which records, in which
 order) by reading the records it needs and masking them (payload/data/numpy_masking.py). Grain's
 `to_iter_dataset(ReadOptions)` computes the next batches on a thread pool ahead of the
 trainer. Its position is the step: a resumed run starts the range at the checkpoint's step
@@ -30,7 +30,7 @@ import numpy as np
 
 from payload.core import records, storage
 from payload.core.errors import DataError
-from payload.data.input_plan import (
+from payload.data.input_order import (
     EpochOrder,
     PipelinePlan,
     Span,

@@ -219,7 +219,7 @@ def sharded_distribution(mesh: Mesh, family: str | None = None) -> Any:
             return None
 
         def distribute_dataset(self, dataset: Any) -> Any:
-            return dataset  # each process feeds its own shard files (payload/backends/tf/data.py)
+            return dataset  # each process feeds its own shard files (payload/backends/tf/input.py)
 
     return Sharded()
 

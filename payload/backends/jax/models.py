@@ -609,7 +609,7 @@ class Electra(keras.Model):
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        from payload.model import model as model_lib  # noqa: PLC0415  (framework-free)
+        from payload.model import configs as model_lib  # noqa: PLC0415  (framework-free)
 
         self.config, self.family = config, "electra"
         self.generator_config = model_lib.generator_config(config)

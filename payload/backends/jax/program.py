@@ -6,7 +6,7 @@
     programs.train_chunk()(state, batches, n)   # jax.stages.Compiled, compiled on first use
     programs.eval_sums()(trainable, non_trainable, batch, index, totals)
 
-`build` takes the job, the model's config (payload/model/model.py build_config), a Runtime (the
+`build` takes the job, the model's config (payload/model/configs.py build_config), a Runtime (the
 mesh over real devices or a TPU topology's compile-only devices, and the explicit facts
 runtime.Facts: platform, chip kind, device memory, precision) and returns the LOWERED
 training chunk (steps.make_train_chunk: the trainer's attention, loss, donation, state

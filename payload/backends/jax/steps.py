@@ -1,4 +1,4 @@
-"""The JAX backend's training step: the TF backend's loss (payload/model/model.py loss_terms) in
+"""The JAX backend's training step: the TF backend's loss (payload/model/configs.py loss_terms) in
 keras.ops, and several optimizer steps per compiled call.
 
 On JAX, Keras' own `steps_per_execution` is a Python loop around a one-step compiled
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import keras
 
 from payload.backends.jax import mesh as mesh_lib
-from payload.model import model as model_lib
+from payload.model import configs as model_lib
 
 
 @dataclass
@@ -83,7 +83,7 @@ def chunked_loss_terms(
     logits of the whole batch: the positions are cut into chunks and a `lax.scan` computes
     one chunk's logits, their logsumexp, the label's logit and the argmax at a time.
 
-    Pure in its arguments: the chunk is payload/model/model.py loss_chunk_length for the rows one
+    Pure in its arguments: the chunk is payload/model/configs.py loss_chunk_length for the rows one
     device holds (`devices`: how many the batch's rows are split over; default the size of
     `mesh`, else 1) under
     `budget` bytes of float32 logits (default model.loss_chunk_budget(`memory_bytes`), the
@@ -255,7 +255,7 @@ def lm_loss_terms(
     return terms, non_trainable
 
 
-# ELECTRA (data.objective rtd): the recipe's weights (payload/model/model.py, from
+# ELECTRA (data.objective rtd): the recipe's weights (payload/model/configs.py, from
 # google-research/electra configure_pretraining.py).
 DISC_WEIGHT = model_lib.ELECTRA_DISC_WEIGHT
 GEN_WEIGHT = model_lib.ELECTRA_GEN_WEIGHT
@@ -326,7 +326,7 @@ def rtd_inputs(batch: Mapping[str, Any], key_data: Any) -> dict[str, Any]:
 
 
 def model_inputs(objective: str, batch: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
-    """(model inputs, labels, weights) of a batch of payload.backends.tf.data's pipeline."""
+    """(model inputs, labels, weights) of a batch of payload.backends.tf.input's pipeline."""
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     if objective == "mlm":
         inputs["masked_lm_positions"] = batch["masked_lm_positions"]

@@ -1,7 +1,7 @@
 """The `train` stage on the Keras 3 / JAX backend (`train.backend: jax`).
 
 The same job, shards, checks, status, checkpoint cadence, signals and export as the TF
-backend (payload/backends/tf/train.py; the shared parts are payload/training/training.py), in this
+backend (payload/backends/tf/train.py; the shared parts are payload/training/shared.py), in this
 order:
  1. load the manifest, check it against the job and the tokenizer, verify the shard files
     this process reads (checksums on a fresh start, sizes on a resume); every process
@@ -61,11 +61,11 @@ from payload.backends.jax.runtime import Runtime  # noqa: E402
 from payload.core import storage  # noqa: E402
 from payload.core.errors import SpecError  # noqa: E402
 from payload.core.status import StatusWriter  # noqa: E402
-from payload.model import model as model_lib  # noqa: E402
+from payload.model import configs as model_lib  # noqa: E402
 from payload.schema import manifest as manifest_lib  # noqa: E402
-from payload.training import evaluate as evaluate_lib  # noqa: E402
+from payload.training import heldout as evaluate_lib  # noqa: E402
 from payload.training import identity as run_identity_lib  # noqa: E402
-from payload.training import training  # noqa: E402
+from payload.training import shared as training  # noqa: E402
 
 if TYPE_CHECKING:
     from payload.schema.manifest import Manifest

@@ -1,4 +1,4 @@
-"""The TF backend's held-out evaluation (payload/training/evaluate.py: the set, the batch and the
+"""The TF backend's held-out evaluation (payload/training/heldout.py: the set, the batch and the
 report).
 
 Same rules as training (strategy.py): static shapes, the per-replica forward pass compiled
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from payload.backends.tf import data as data_lib
+from payload.backends.tf import input as data_lib
 from payload.backends.tf import model as model_lib
 from payload.core import storage
 from payload.core.tensorboard import Scalars
-from payload.training.evaluate import EVAL_MASK_SEED, checked_eval_batch, report
+from payload.training.heldout import EVAL_MASK_SEED, checked_eval_batch, report
 
 if TYPE_CHECKING:
     from payload.backends.tf.strategy import Runtime

@@ -28,20 +28,20 @@ import tf_keras
 from tqdm import tqdm
 
 from payload.backends.tf import checkpoint as checkpoint_lib
-from payload.backends.tf import data as data_lib
 from payload.backends.tf import evaluate as evaluate_lib
+from payload.backends.tf import input as data_lib
 from payload.backends.tf import model as tf_model
 from payload.backends.tf import schedule
 from payload.backends.tf import strategy as strategy_lib
 from payload.core import storage
 from payload.core.errors import SpecError
 from payload.core.status import StatusWriter
-from payload.model import model as model_lib
+from payload.model import configs as model_lib
 from payload.schema import manifest as manifest_lib
 from payload.spec import tf_backend_refusal
 from payload.training import export as export_lib
 from payload.training import identity as identity_lib
-from payload.training import training
+from payload.training import shared as training
 
 if TYPE_CHECKING:
     from payload.schema.manifest import Manifest
@@ -52,7 +52,7 @@ EXPORT_MARKER = training.EXPORT_MARKER
 LOSS_SCALE_INITIAL = 2.0**15
 BACKEND = "tf"
 
-# Shared with the JAX backend (payload/training/training.py); the names stay importable from here.
+# Shared with the JAX backend (payload/training/shared.py); the names stay importable from here.
 TrainingDivergedError = training.TrainingDivergedError
 TrainingInterrupted = training.TrainingInterrupted
 is_complete = training.is_complete

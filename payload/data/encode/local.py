@@ -265,7 +265,7 @@ def _progress_bar(total: int) -> Any:
 
 def encode(job: JobSpec, status: StatusWriter) -> mf.Manifest:
     """Encode the corpus into shards + manifest here, with worker processes (the stage's door,
-    ``payload.data.encode.encode.encode``, calls this once it found no manifest)."""
+    ``payload.data.encode.stage.encode``, calls this once it found no manifest)."""
     data_dir = job.paths.data
     prepared = prepare(job)
     sources = corpus.resolve_sources(job.corpus)

@@ -373,7 +373,7 @@ def _bert_ids(ids: dict[str, Any], special_ids: Mapping[str, int]) -> None:
 
 
 # The JAX backend's loss (backends/jax/steps.py chunked_loss_terms) computes the logits a
-# chunk of tokens at a time; the plan (payload/plan/plan.py) counts one chunk. A chunk's float32
+# chunk of tokens at a time; the plan (payload/plan/estimate.py) counts one chunk. A chunk's float32
 # logits stay under loss_chunk_budget(device memory): LOSS_CHUNK_SHARE of a device's memory,
 # at least LOSS_CHUNK_BYTES, at most LOSS_CHUNK_MAX_BYTES. Large enough that its matmul
 # (>= ~500 tokens x hidden x vocabulary at the presets' vocabularies) keeps an accelerator's

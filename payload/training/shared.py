@@ -26,7 +26,7 @@ from payload.core.errors import DataError, UserError
 from payload.core.status import StatusWriter
 from payload.core.tensorboard import Scalars
 from payload.data import tokenizer as tokenizer_lib
-from payload.model.model import ROBERTA_PADDING_IDX
+from payload.model.configs import ROBERTA_PADDING_IDX
 from payload.schema.manifest import special_ids_of
 from payload.spec import MASKED_OBJECTIVES
 from payload.training import export as export_lib
@@ -162,7 +162,7 @@ def wait_for_data(
 ) -> None:
     """A slice worker other than 0 trains on the data worker 0 encodes: wait (bounded) for
     its manifest, the encode stage's completion marker."""
-    from payload.data.encode import encode  # noqa: PLC0415
+    from payload.data.encode import stage as encode  # noqa: PLC0415
 
     deadline = clock() + timeout_s
     announced = False

@@ -114,7 +114,7 @@ def report(
 
 def rtd_metrics(totals: Any) -> dict[str, float]:
     """ELECTRA's held-out metrics from the sums of steps.RTD_TERMS (JAX backend)."""
-    from payload.model.model import ELECTRA_DISC_WEIGHT, ELECTRA_GEN_WEIGHT  # noqa: PLC0415
+    from payload.model.configs import ELECTRA_DISC_WEIGHT, ELECTRA_GEN_WEIGHT  # noqa: PLC0415
 
     gen_loss, masked, gen_correct, disc_loss, tokens, disc_correct, tp, fp, fn = (
         float(x) for x in totals

@@ -45,7 +45,7 @@ plus the activations the policy names (saved_width: `full` none, `minimal` q, k,
 attention's output projection and the MLP's gate and up), and one layer's activations above
 exist at a time while its backward pass recomputes the rest.
 The LM head: the loss computes the logits a chunk of positions at a time
-(backends/jax/steps.py chunked_loss_terms; the chunk: payload/model/model.py loss_chunk_length,
+(backends/jax/steps.py chunked_loss_terms; the chunk: payload/model/configs.py loss_chunk_length,
 float32 logits under loss_chunk_budget(the chip's memory): 1/64 of it, 256 MiB to 2 GiB),
 so a sequence keeps 2a x H per predicted token (the head's input and its chunked copy; for
 MLM only the masked positions), and the chip holds one chunk's logits once, whatever the
@@ -180,8 +180,8 @@ _CONFIG_DEFAULTS = {"type_vocab_size": 2, "n_inner": None, "tie_word_embeddings"
 
 
 def model_shape(family: str, size: str, overrides: Mapping[str, Any], vocab: int) -> Shape:
-    """The model's shape from the presets (payload/model/model.py), without transformers."""
-    from payload.model import model  # noqa: PLC0415  (pure: presets and parameter_count)
+    """The model's shape from the presets (payload/model/configs.py), without transformers."""
+    from payload.model import configs as model  # noqa: PLC0415  (pure: presets and parameter_count)
 
     settings = {**_CONFIG_DEFAULTS, **model.resolved_settings(family, size, overrides)}
     config = SimpleNamespace(vocab_size=vocab, **settings)
@@ -245,7 +245,7 @@ def attention_case(
 ) -> kernels.Case:  # fmt: skip
     """The kernels table's case of a model (the preset and model.config's head sizes and
     attention dropout) on `acc`, computing in train.precision's dtype on its chip."""
-    from payload.model import model  # noqa: PLC0415  (pure: presets)
+    from payload.model import configs as model  # noqa: PLC0415  (pure: presets)
 
     settings = model.resolved_settings(family, size, overrides)
     return kernels.Case(
@@ -752,7 +752,7 @@ def _table(args: argparse.Namespace) -> int:
         sized = replace(job, model=replace(job.model, size=size))
         plans += [plan_job(sized, acc, mfu=args.mfu) for acc in accelerators]
     if getattr(args, "stop_cost", False):
-        from payload.plan import stop_cost  # noqa: PLC0415
+        from payload.plan import stopping as stop_cost  # noqa: PLC0415
 
         sys.stdout.write(stop_cost.markdown(plans))
     else:

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from payload.backends.tf import masking
 from payload.core import records
-from payload.data.input_plan import PipelinePlan, masking_ratios, plan_pipeline
+from payload.data.input_order import PipelinePlan, masking_ratios, plan_pipeline
 from payload.schema import manifest as manifest_lib
 from payload.schema.manifest import special_ids_of
 

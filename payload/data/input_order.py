@@ -1,7 +1,7 @@
 """What each input pipeline reads, and (for the JAX backend's input) in which order.
 
 `plan_pipeline` splits the shards between input pipelines (hosts) and sizes the epoch, for
-both backends (payload/backends/tf/data.py's tf.data pipeline and payload/backends/jax/input.py);
+both backends (payload/backends/tf/input.py's tf.data pipeline and payload/backends/jax/input.py);
 `masking_ratios` is the dynamic masking both apply for a masked objective.
 
 The JAX backend's order is a pure function of (seed, pipeline, epoch), computed without
@@ -30,7 +30,7 @@ import numpy as np
 
 from payload.core.errors import DataError
 from payload.data.numpy_masking import permutation
-from payload.model.model import ELECTRA_MASK_TOKEN_RATIO, ELECTRA_RANDOM_TOKEN_RATIO
+from payload.model.configs import ELECTRA_MASK_TOKEN_RATIO, ELECTRA_RANDOM_TOKEN_RATIO
 from payload.spec import MASKED_OBJECTIVES
 
 # A block is one read: ~256 KiB amortises a gs:// request (tens of ms) and is still small

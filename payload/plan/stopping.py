@@ -77,7 +77,7 @@ def hosts_of(kind: str, generation: str, chips: int) -> int:
 
 
 def stop_cost(plan: Any) -> StopCost:
-    """The cost of a stop for a payload.plan.plan.Plan."""
+    """The cost of a stop for a payload.plan.estimate.Plan."""
     acc = plan.accelerator
     step_s = plan.hours * 3600 / max(plan.steps, 1)
     steps_per_chunk = max(1, min(STEPS_PER_CALL[acc.kind], int(CHUNK_SECONDS // step_s)))

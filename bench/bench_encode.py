@@ -41,7 +41,7 @@ CHILD = r"""
 import json, os, sys, threading, time
 from pathlib import Path
 from payload import spec
-from payload.data.encode import stage as encode
+from payload.data.encode import stage
 from payload.core.status import StatusWriter
 
 def rss_kb(pid):

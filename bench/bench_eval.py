@@ -21,7 +21,7 @@ import payload  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 from payload.backends.tf import train
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
-from payload.data.encode import stage as encode
+from payload.data.encode import stage
 from payload.spec import load_job
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -45,7 +45,7 @@ def main() -> None:
         base = _job(Path(tmp, "data"), args.steps, 0)
         status = StatusWriter(base.paths.status, base.name)
         tokenizer.train_tokenizer(base, status)
-        manifest = encode.encode(base, status)
+        manifest = stage.encode(base, status)
         print(
             f"held-out split: {manifest.eval_records} sequences "
             f"(training: {manifest.total_records})"

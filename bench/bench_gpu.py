@@ -227,10 +227,12 @@ def make_batches(spec: dict[str, Any], steps: int, eval_batches: int, shards: st
 
 
 def flops_per_token(spec: dict[str, Any]) -> float:
-    from payload.plan import estimate as plan
+    from payload.plan import estimate
 
-    shape = plan.model_shape(spec["family"], spec["size"], spec.get("config", {}), spec["vocab"])
-    return plan.flops_per_token(shape, spec["seq"])
+    shape = estimate.model_shape(
+        spec["family"], spec["size"], spec.get("config", {}), spec["vocab"]
+    )
+    return estimate.flops_per_token(shape, spec["seq"])
 
 
 # ---- the sides (child processes) ----------------------------------------------------------
@@ -299,26 +301,24 @@ def trainer_programs(
     the evaluation step of `held_rows` held-out rows, as a manifest of that many would give).
     Returns them by name, with the job and its config."""
     from payload.backends.jax import program, runtime
-    from payload.model import configs as model_lib
+    from payload.model import configs
     from payload.spec import parse_job
-    from payload.training import heldout as evaluate_lib
+    from payload.training import heldout
 
     job = parse_job(job_document(spec, args, work), source=str(work / "job.yaml"))
     family, seq = spec["family"], int(spec["seq"])
-    config = model_lib.build_config(
+    config = configs.build_config(
         family,
         spec["size"],
         spec.get("config", {}),
         vocab_size=spec["vocab"],
         special_ids=SPECIAL[family],
     )
-    parameters = model_lib.parameter_count(family, config)
+    parameters = configs.parameter_count(family, config)
     rt = runtime.runtime(job.train.precision, job.train.sharding, parameters)
     rt = program.with_attention(job, config, seq, rt)
     model, optimizer = program.build_model(job, config, seq, rt)
-    eval_batch = evaluate_lib.eval_batch_size(
-        held_rows, job.train.global_batch_size, rt.num_replicas
-    )
+    eval_batch = heldout.eval_batch_size(held_rows, job.train.global_batch_size, rt.num_replicas)
     programs = program.build(job, config, rt, seq_length=seq, eval_batch=eval_batch or None)
     return {"job": job, "config": config, "rt": rt, "model": model, "optimizer": optimizer,
             "programs": programs}  # fmt: skip
@@ -334,12 +334,12 @@ def loss_chunk(job: Any, config: Any, rt: Any) -> dict[str, int]:
     """The positions of one chunk of the chunked loss and its budget, as steps.py sizes them
     (model.loss_chunk_length of the rows one device holds, under model.loss_chunk_budget of
     the runtime's device memory)."""
-    from payload.model import configs as model_lib
+    from payload.model import configs
 
     rows = max(1, job.train.global_batch_size // rt.num_replicas)
     length = job.data.max_predictions if job.data.objective == "mlm" else job.data.seq_length
-    budget = model_lib.loss_chunk_budget(rt.facts.device_memory)
-    positions = model_lib.loss_chunk_length(rows, length, int(config.vocab_size), budget)
+    budget = configs.loss_chunk_budget(rt.facts.device_memory)
+    positions = configs.loss_chunk_length(rows, length, int(config.vocab_size), budget)
     return {"positions": positions, "of": length, "budget_bytes": budget}
 
 

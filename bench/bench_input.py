@@ -109,12 +109,12 @@ def measure(ds: object, batch: int, seconds: float, warmup_batches: int = 20) ->
 def llama_1b_need() -> tuple[float, float]:
     """(tokens/s, FLOPs per token) one v5e chip trains a Llama 1B at seq 2048 at the plan's
     MFU (payload/plan/estimate.py: DEFAULT_MFU, MaxText's FLOPs per token, Google's peak)."""
-    from payload.plan import estimate as plan
+    from payload.plan import estimate
 
-    shape = plan.model_shape("llama", "1b", {}, 32768)
-    per_token = plan.flops_per_token(shape, LLAMA_SEQ)
-    chip = plan.accelerator("v5litepod-1")
-    return chip.peak_flops * plan.DEFAULT_MFU / per_token, per_token
+    shape = estimate.model_shape("llama", "1b", {}, 32768)
+    per_token = estimate.flops_per_token(shape, LLAMA_SEQ)
+    chip = estimate.accelerator("v5litepod-1")
+    return chip.peak_flops * estimate.DEFAULT_MFU / per_token, per_token
 
 
 def compare(job: object, manifest: object, batches: list[int], args: object, cores: int) -> dict:

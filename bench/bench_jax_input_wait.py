@@ -37,7 +37,7 @@ def main() -> int:
     from payload.backends.jax.batches import Pipelines
     from payload.core.status import StatusWriter
     from payload.data import tokenizer
-    from payload.data.encode import stage as encode
+    from payload.data.encode import stage
     from payload.spec import load_job
 
     pulls: list[float] = []
@@ -75,7 +75,7 @@ def main() -> int:
         job = load_job(str(spec))
         status = StatusWriter(job.paths.status, job.name)
         tokenizer.train_tokenizer(job, status)
-        encode.encode(job, status)
+        stage.encode(job, status)
         stats = trainer.train(job, status)
 
     first, rest = pulls[:8], pulls[8:]

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 
 from payload.backends.jax import models, steps  # noqa: E402
 from payload.backends.jax.program import seed_keras  # noqa: E402
-from payload.model import configs as model_lib  # noqa: E402
+from payload.model import configs  # noqa: E402
 
 VOCAB, SEQ, BATCH, POSITIONS = 2000, 128, 32, 20
 
@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     special = {"pad": 0, "cls": 2, "sep": 3, "mask": 4}
-    config = model_lib.build_config("bert", args.size, {}, vocab_size=VOCAB, special_ids=special)
+    config = configs.build_config("bert", args.size, {}, vocab_size=VOCAB, special_ids=special)
     seed_keras(0)
     model = models.create_model("bert", config, SEQ)
     optimizer = keras.optimizers.AdamW(learning_rate=1e-4)

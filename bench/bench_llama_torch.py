@@ -337,15 +337,15 @@ class JaxSide:
 
         from payload.backends.jax import hf_weights, models, schedule, steps
         from payload.backends.jax.program import seed_keras
-        from payload.model import configs as model_lib
+        from payload.model import configs
 
         self.jax, self.jnp, self.steps = jax, jnp, steps
         self.data = data
         spec = job.train
         if spec.decay != "linear" or spec.end_learning_rate_ratio != 0.0:
             raise SystemExit("the PyTorch loop's schedule is linear decay to 0")
-        self.config = model_lib.config_for(job, data["manifest"])
-        self.parameters = model_lib.parameter_count("llama", self.config)
+        self.config = configs.config_for(job, data["manifest"])
+        self.parameters = configs.parameter_count("llama", self.config)
         seed_keras(spec.seed)
         self.model = models.create_model("llama", self.config, SEQ)
         optimizer = schedule.create_optimizer(spec)

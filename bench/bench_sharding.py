@@ -31,7 +31,7 @@ from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import models, steps  # noqa: E402
 from payload.backends.jax.program import seed_keras  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
-from payload.model import configs as model_lib  # noqa: E402
+from payload.model import configs  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
 SEQ, BATCH, POSITIONS = 128, 16, 20
@@ -56,8 +56,8 @@ def batches(vocab: int, mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
 def measure(size: str, vocab: int, setting: str) -> dict[str, float]:
     keras.backend.clear_session()
     special = {"pad": 0, "cls": 2, "sep": 3, "mask": 4}
-    config = model_lib.build_config("bert", size, {}, vocab_size=vocab, special_ids=special)
-    parameters = model_lib.parameter_count("bert", config)
+    config = configs.build_config("bert", size, {}, vocab_size=vocab, special_ids=special)
+    parameters = configs.parameter_count("bert", config)
     plan = mesh_lib.plan(setting, parameters=parameters, devices=8, memory=None)
     mesh = mesh_lib.build_mesh(plan)
     seed_keras(0)

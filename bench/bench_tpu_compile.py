@@ -96,9 +96,8 @@ import keras  # noqa: E402
 from payload.backends.jax import aot, steps  # noqa: E402
 from payload.backends.jax import hlo as hlo_lib  # noqa: E402
 from payload.core.errors import UserError  # noqa: E402
-from payload.model import configs as model_lib  # noqa: E402
-from payload.plan import accelerators  # noqa: E402
-from payload.plan import estimate as plan_lib  # noqa: E402
+from payload.model import configs  # noqa: E402
+from payload.plan import accelerators, estimate  # noqa: E402
 from payload.spec import FAMILIES_FOR_OBJECTIVE, JobSpec, parse_job  # noqa: E402
 
 GIB = 2**30
@@ -106,7 +105,7 @@ GIB = 2**30
 
 def job_of(args: argparse.Namespace, remat: str) -> JobSpec:
     """The case as a job, as `tpu-payload compile --job` would read it (nothing is written)."""
-    chips = plan_lib.accelerator(args.accelerator).chips
+    chips = estimate.accelerator(args.accelerator).chips
     nowhere = str(Path(tempfile.gettempdir(), "bench-tpu-compile"))
     (objective,) = [o for o, families in FAMILIES_FOR_OBJECTIVE.items() if args.family in families]
     document = {
@@ -132,7 +131,7 @@ def job_of(args: argparse.Namespace, remat: str) -> JobSpec:
 def measure(args: argparse.Namespace, remat: str) -> dict[str, Any]:
     """One case: `args.accelerator` and `args.size` name one accelerator and one preset."""
     job = job_of(args, remat)  # first: a job the spec refuses fails before minutes of compiling
-    acc = plan_lib.accelerator(args.accelerator)
+    acc = estimate.accelerator(args.accelerator)
     topology = accelerators.topology_of(acc)
     devices = aot.devices_of(topology)
     facts = aot.facts_of(acc, topology, devices)
@@ -158,7 +157,7 @@ def measure(args: argparse.Namespace, remat: str) -> dict[str, Any]:
         - memory.alias_size_in_bytes
         + memory.temp_size_in_bytes
     )
-    shape = plan_lib.model_shape(args.family, args.size, json.loads(args.config), args.vocab)
+    shape = estimate.model_shape(args.family, args.size, json.loads(args.config), args.vocab)
     program = hlo_lib.summarize(text, causal=shape.causal)
     rt = programs.rt
     config = data.config
@@ -170,7 +169,7 @@ def measure(args: argparse.Namespace, remat: str) -> dict[str, Any]:
         "size": args.size,
         "remat": remat,
         "attention": rt.attention.implementation if rt.attention else "reference",
-        "parameters": int(model_lib.parameter_count(args.family, config)),
+        "parameters": int(configs.parameter_count(args.family, config)),
         "layers": int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0)),
         "chips": acc.chips,
         "mesh": rt.mesh_plan.describe(),
@@ -194,7 +193,7 @@ def measure(args: argparse.Namespace, remat: str) -> dict[str, Any]:
 
 def plan_columns(job: JobSpec, acc: Any, remat: str) -> dict[str, Any]:
     """The plan's bytes per chip and flops per step for the same job (payload/plan/estimate.py)."""
-    plan = plan_lib.plan_job(job, acc)
+    plan = estimate.plan_job(job, acc)
     layout = plan.layout(plan.sharding, plan.remat)
     tokens = job.train.global_batch_size * job.data.seq_length
     return {
@@ -240,7 +239,7 @@ def _main(args: argparse.Namespace) -> int:
             case = argparse.Namespace(**{**vars(args), "size": row["size"]})
             case.accelerator = row["accelerator"]
             case.family = row["family"]
-            acc = plan_lib.accelerator(row["accelerator"])
+            acc = estimate.accelerator(row["accelerator"])
             replanned = plan_columns(job_of(case, row["remat"]), acc, row["remat"])
             print(markdown_row({**row, **replanned}))
         return 0

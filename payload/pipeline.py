@@ -19,7 +19,7 @@ from payload.core.status import StatusWriter
 from payload.data import tokenizer
 from payload.data.encode import stage as encode
 from payload.spec import JobSpec
-from payload.training import shared as training
+from payload.training import shared
 
 STAGES = ("tokenizer", "encode", "train")
 Printer = Callable[[str], None]
@@ -27,7 +27,7 @@ Printer = Callable[[str], None]
 
 def _train_module(job: JobSpec) -> backends.Backend:
     """The training backend (imported only for training), per `train.backend`."""
-    return backends.load(training.resolve_backend(job))
+    return backends.load(shared.resolve_backend(job))
 
 
 def is_complete(job: JobSpec, stage: str) -> bool:
@@ -35,7 +35,7 @@ def is_complete(job: JobSpec, stage: str) -> bool:
         return tokenizer.is_complete(job)
     if stage == "encode":
         return encode.is_complete(job)
-    return training.is_complete(job)
+    return shared.is_complete(job)
 
 
 def outputs(job: JobSpec, stage: str) -> dict[str, str]:

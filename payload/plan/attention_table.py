@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from payload.model import kernels
 from payload.model.configs import PRESETS
-from payload.plan import estimate as plan
+from payload.plan import estimate
 
 # The columns: GPUs of each compute capability the kernels table tells apart, and TPUs.
 ACCELERATORS = (
@@ -57,13 +57,13 @@ class Row:
 def rows() -> list[Row]:
     """Every family's every preset, `auto` on each accelerator; the causal families also
     with data.document_mask."""
-    accelerators = [plan.accelerator(name) for name in ACCELERATORS]
+    accelerators = [estimate.accelerator(name) for name in ACCELERATORS]
     out = []
     for family, sizes in PRESETS.items():
         for documents in (False, True) if family in DOCUMENT_FAMILIES else (False,):
             for size in sizes:
                 cases = [
-                    plan.attention_case(
+                    estimate.attention_case(
                         acc, family, size, {}, precision="auto",
                         seq_length=SEQUENCES[family], documents=documents,
                     )

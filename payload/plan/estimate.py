@@ -752,9 +752,9 @@ def _table(args: argparse.Namespace) -> int:
         sized = replace(job, model=replace(job.model, size=size))
         plans += [plan_job(sized, acc, mfu=args.mfu) for acc in accelerators]
     if getattr(args, "stop_cost", False):
-        from payload.plan import stopping as stop_cost  # noqa: PLC0415
+        from payload.plan import stopping  # noqa: PLC0415
 
-        sys.stdout.write(stop_cost.markdown(plans))
+        sys.stdout.write(stopping.markdown(plans))
     else:
         sys.stdout.write(markdown(plans))
     return 0

@@ -181,12 +181,12 @@ def loss_chunk_bytes(
     """What the chunked loss holds at once on a chip of `memory_bytes`, besides the head's
     input: one chunk's float32 logits and what its backward pass computes from them,
     `per_logit` bytes each (loss_bytes_per_logit; module docstring)."""
-    from payload.model import configs as model  # noqa: PLC0415  (pure)
+    from payload.model import configs  # noqa: PLC0415  (pure)
 
     if per_chip_batch <= 0:
         return 0
-    budget = model.loss_chunk_budget(memory_bytes)
-    positions = model.loss_chunk_length(per_chip_batch, predictions, shape.vocab, budget)
+    budget = configs.loss_chunk_budget(memory_bytes)
+    positions = configs.loss_chunk_length(per_chip_batch, predictions, shape.vocab, budget)
     return per_logit * shape.vocab * per_chip_batch * positions
 
 

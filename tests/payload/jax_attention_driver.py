@@ -87,7 +87,7 @@ def models() -> dict:
 
     from payload.backends.jax import attention, models
     from payload.backends.jax.program import seed_keras
-    from payload.model import configs as model_lib
+    from payload.model import configs
 
     splash = attention.Attention("splash", "test", interpret=True)
     report: dict = {}
@@ -95,7 +95,7 @@ def models() -> dict:
     for family in ("llama", "bert"):
         special = {"bos": 0, "pad": 1, "eos": 2} if family == "llama" else {}
         overrides: dict = {}  # the presets have no attention dropout
-        config = model_lib.build_config(
+        config = configs.build_config(
             family, "tiny", overrides, vocab_size=300, special_ids=special
         )
         built = {}
@@ -147,10 +147,10 @@ def documents() -> dict:
     jax_backend.use_jax()
     from payload.backends.jax import models
     from payload.backends.jax.program import seed_keras
-    from payload.model import configs as model_lib
+    from payload.model import configs
 
     special = {"bos": 0, "pad": 1, "eos": 2}
-    config = model_lib.build_config("llama", "tiny", {}, vocab_size=300, special_ids=special)
+    config = configs.build_config("llama", "tiny", {}, vocab_size=300, special_ids=special)
     rng = np.random.default_rng(5)
     first = [0, *rng.integers(3, 300, size=12).tolist(), 2]
     second = [0, *rng.integers(3, 300, size=16).tolist(), 2]

@@ -18,7 +18,7 @@ from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.backends.jax import steps  # noqa: E402
 from payload.backends.jax import train as trainer  # noqa: E402
-from payload.model import configs as model_lib  # noqa: E402
+from payload.model import configs  # noqa: E402
 from payload.schema import manifest as manifest_lib  # noqa: E402
 from payload.spec import load_job  # noqa: E402
 
@@ -26,7 +26,7 @@ job_file, ids_path, mask_path, out_path = sys.argv[1:5]
 job = load_job(job_file)
 manifest = manifest_lib.load_manifest(job.paths.data)
 rt = runtime_lib.runtime(job.train.precision)
-config = model_lib.config_for(job, manifest)
+config = configs.config_for(job, manifest)
 model, optimizer = trainer._build(job, config, manifest, rt)
 layout = checkpoints.Layout.of(model, optimizer)
 store = checkpoints.Checkpoints(job.paths.checkpoints, layout, keep=job.train.keep_checkpoints)

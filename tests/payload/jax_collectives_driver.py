@@ -28,7 +28,7 @@ from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import models, steps  # noqa: E402
 from payload.backends.jax.program import seed_keras  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
-from payload.model import configs as model_lib  # noqa: E402
+from payload.model import configs  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
 VOCAB, SEQ, BATCH, SLOTS = 512, 64, 16, 8
@@ -61,7 +61,7 @@ def build(family: str, data: int, fsdp: int, remat: str = "none", accum: int = 1
     """(mesh, model, optimizer, state, chunk) as the trainer builds them, seeded."""
     keras.backend.clear_session()
     mesh = mesh_lib.build_mesh(mesh_lib.MeshPlan("fsdp", data, fsdp, "test"))
-    config = model_lib.build_config(family, "tiny", {}, vocab_size=VOCAB, special_ids={})
+    config = configs.build_config(family, "tiny", {}, vocab_size=VOCAB, special_ids={})
     seed_keras(0)
     with mesh_lib.sharded_distribution(mesh, family).scope():
         attention = attention_lib.Attention("reference", "test", mesh)

@@ -18,12 +18,12 @@ import numpy as np  # noqa: E402
 
 from payload.backends.jax import hf_weights, models  # noqa: E402
 from payload.backends.jax.program import seed_keras  # noqa: E402
-from payload.model import configs as model_lib  # noqa: E402
+from payload.model import configs  # noqa: E402
 
 family, size, vocab, seq, out_dir, ids_path, mask_path, logits_path = sys.argv[1:9]
 special = {"pad": 1, "bos": 0, "eos": 2} if family != "bert" else {"pad": 0, "cls": 2, "sep": 3}
 overrides = json.loads(sys.argv[9]) if len(sys.argv) > 9 else {}
-config = model_lib.build_config(family, size, overrides, vocab_size=int(vocab), special_ids=special)
+config = configs.build_config(family, size, overrides, vocab_size=int(vocab), special_ids=special)
 seed_keras(7)
 model = models.create_model(family, config, int(seq))
 # Random, non-trivial values everywhere (biases and LayerNorms too), so that no mapping

@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 
 from payload.backends.jax import evaluate, models, steps  # noqa: E402
 from payload.backends.jax.program import seed_keras  # noqa: E402
-from payload.model import configs as model_lib  # noqa: E402
+from payload.model import configs  # noqa: E402
 
 VOCAB, SEQ, BATCH = 96, 16, 8
 
@@ -38,7 +38,7 @@ def batch() -> dict[str, np.ndarray]:
 
 
 def build(remat: str):
-    config = model_lib.build_config(
+    config = configs.build_config(
         "llama", "tiny", {}, vocab_size=VOCAB, special_ids={"bos": 0, "pad": 1, "eos": 2}
     )
     seed_keras(5)

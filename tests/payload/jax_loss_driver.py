@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 
 from payload.backends.jax import models, steps  # noqa: E402
 from payload.backends.jax.program import seed_keras  # noqa: E402
-from payload.model import configs as model_lib  # noqa: E402
+from payload.model import configs  # noqa: E402
 
 VOCAB, SEQ, ROWS, POSITIONS = 96, 16, 4, 4
 SPECIAL = {
@@ -49,7 +49,7 @@ def batch(objective: str) -> tuple[dict, np.ndarray, np.ndarray]:
 def case(family: str, overrides: dict, policy: str) -> dict:
     keras.config.set_dtype_policy(policy)
     seed_keras(7)
-    config = model_lib.build_config(
+    config = configs.build_config(
         family, "tiny", overrides, vocab_size=VOCAB, special_ids=SPECIAL[family]
     )
     model = models.create_model(family, config, SEQ)
@@ -60,7 +60,7 @@ def case(family: str, overrides: dict, policy: str) -> dict:
     length = labels.shape[1]
     # A budget for chunks of a quarter of the positions: the scan runs 4 chunks.
     budget = ROWS * (length // 4) * VOCAB * 4
-    chunks = length // model_lib.loss_chunk_length(ROWS, length, VOCAB, budget)
+    chunks = length // configs.loss_chunk_length(ROWS, length, VOCAB, budget)
 
     def reference(trainable: list) -> jax.Array:
         logits, _ = model.stateless_call(trainable, non_trainable, inputs, training=False)

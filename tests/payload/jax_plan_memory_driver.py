@@ -22,14 +22,14 @@ from payload.backends.jax import attention as attention_lib  # noqa: E402
 from payload.backends.jax import hlo, models, steps  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
-from payload.model import configs as model_lib  # noqa: E402
+from payload.model import configs  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
 
 def measure(case: dict) -> dict:
     mesh_plan = mesh_lib.plan(case["sharding"], parameters=0, devices=8, memory=None)
     mesh = mesh_lib.build_mesh(mesh_plan)
-    config = model_lib.build_config(
+    config = configs.build_config(
         "llama", case["size"], case["config"], vocab_size=case["vocab"], special_ids={}
     )
     keras.config.set_dtype_policy("float32")  # what the trainer runs on CPU

@@ -20,7 +20,7 @@ import keras  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import models  # noqa: E402
 from payload.backends.jax.schedule import create_optimizer  # noqa: E402
-from payload.model import configs as model_lib  # noqa: E402
+from payload.model import configs  # noqa: E402
 from payload.spec import TrainSpec  # noqa: E402
 
 VOCAB = {"bert": 400, "roberta": 600, "gpt2": 600, "llama": 600, "electra": 400}
@@ -31,9 +31,7 @@ plan = mesh_lib.plan("fsdp", parameters=0, devices=8, memory=None)
 mesh = mesh_lib.build_mesh(plan)
 for family in ("bert", "roberta", "gpt2", "llama", "electra"):
     special = {"pad": 1} if family == "roberta" else {}
-    config = model_lib.build_config(
-        family, "tiny", {}, vocab_size=VOCAB[family], special_ids=special
-    )
+    config = configs.build_config(family, "tiny", {}, vocab_size=VOCAB[family], special_ids=special)
     with mesh_lib.sharded_distribution(mesh, family).scope():
         model = models.create_model(family, config, SEQ)
         optimizer = create_optimizer(TrainSpec(steps=10))
@@ -42,7 +40,7 @@ for family in ("bert", "roberta", "gpt2", "llama", "electra"):
     report = {
         "family": family,
         "parameters": int(sum(v.value.size for v in model.trainable_variables)),
-        "formula": model_lib.parameter_count(family, config),
+        "formula": configs.parameter_count(family, config),
         "variables": [
             {
                 "path": v.path,

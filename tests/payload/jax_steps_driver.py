@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 
 from payload.backends.jax import models, steps  # noqa: E402
 from payload.backends.jax.program import seed_keras  # noqa: E402
-from payload.model import configs as model_lib  # noqa: E402
+from payload.model import configs  # noqa: E402
 
 VOCAB, SEQ, BATCH, POSITIONS = 64, 16, 8, 3
 
@@ -51,7 +51,7 @@ def batches(objective: str, count: int, seed: int) -> dict[str, np.ndarray]:
 
 def build(family: str):
     special = {"pad": 0, "cls": 2, "sep": 3} if family == "bert" else {"pad": 1, "bos": 0, "eos": 2}
-    config = model_lib.build_config(family, "tiny", {}, vocab_size=VOCAB, special_ids=special)
+    config = configs.build_config(family, "tiny", {}, vocab_size=VOCAB, special_ids=special)
     seed_keras(5)
     model = models.create_model(family, config, SEQ)
     optimizer = keras.optimizers.AdamW(learning_rate=3e-3, weight_decay=0.01)

@@ -25,7 +25,7 @@ import json, sys
 from types import SimpleNamespace
 from payload.backends.jax import use_jax
 use_jax()
-from payload.model import configs as model_lib
+from payload.model import configs
 from payload.backends.jax import train as trainer
 from payload.spec import parse_job
 row = json.loads(sys.argv[1])

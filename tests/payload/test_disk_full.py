@@ -35,7 +35,7 @@ from payload.core.status import StatusWriter
 from payload.data import corpus, tokenizer
 from payload.data.encode import local as encode_local
 from payload.data.encode import rules as encode_rules
-from payload.data.encode import stage as encode
+from payload.data.encode import stage
 from payload.spec import JobSpec, load_job
 
 SMALL_FS = "256k"
@@ -85,7 +85,7 @@ def test_estimate_is_close_to_the_encoded_size(tmp_path: Path) -> None:
     sources = corpus.resolve_sources(job.corpus)
     total = Path(sources[0][0]).stat().st_size
     estimate = encode_local.estimate_output_bytes(job, encode_rules.prepare(job), sources, total)
-    manifest = encode.encode(job, StatusWriter(job.paths.status, job.name))
+    manifest = stage.encode(job, StatusWriter(job.paths.status, job.name))
     real = sum(s.bytes for s in (*manifest.shards, *manifest.eval_shards))
     assert manifest.token_dtype == records.token_dtype_for(300)  # uint16
     assert abs(estimate - real) / real < 0.10, (estimate, real)
@@ -221,7 +221,7 @@ def test_disk_full_mid_encode_with_an_injected_enospc(
     assert message.startswith(f"{job.paths.data}: no space left on device (")
     assert " free, the stage needs about " in message
     assert leftovers(job.paths.data) == []
-    assert not encode.is_complete(job)
+    assert not stage.is_complete(job)
 
 
 def test_an_error_that_is_not_a_full_disk_keeps_its_traceback(

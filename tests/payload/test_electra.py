@@ -31,7 +31,7 @@ from train_helpers import (
 )
 
 from payload.core.errors import SpecError
-from payload.model import configs as model_lib
+from payload.model import configs
 from payload.spec import parse_job, tf_backend_refusal
 from payload.training import export as export_lib
 from payload.training import shared as training
@@ -97,11 +97,11 @@ def test_config_takes_electraconfig_keys_and_the_generator_fraction(tmp_path: Pa
         tmp_path,
         model={"config": {"embedding_size": 48, "generator_hidden_size": 0.5, "hidden_size": 96}},
     )
-    config = model_lib.config_for(job, _Manifest())
-    generator = model_lib.generator_config(config)
+    config = configs.config_for(job, _Manifest())
+    generator = configs.generator_config(config)
     assert (config.embedding_size, config.hidden_size) == (48, 96)
     assert (generator.hidden_size, generator.embedding_size) == (48, 48)
-    assert "generator_hidden_size" not in model_lib.export_config(config)
+    assert "generator_hidden_size" not in configs.export_config(config)
 
 
 class _Manifest:
@@ -119,10 +119,10 @@ class _Manifest:
     ],
 )
 def test_presets_generator_follows_the_original_rule(size: str, generator: dict) -> None:
-    config = model_lib.build_config(
+    config = configs.build_config(
         "electra", size, {}, vocab_size=30522, special_ids=_Manifest.special_ids
     )
-    built = model_lib.generator_config(config)
+    built = configs.generator_config(config)
     assert {k: getattr(built, k) for k in generator} == generator
     assert built.num_hidden_layers == config.num_hidden_layers == 12
     assert built.embedding_size == config.embedding_size
@@ -180,10 +180,10 @@ def test_two_exports_and_one_marker(trained) -> None:
     assert marker["backend"] == "jax" and marker["objective"] == "rtd" and marker["step"] == 12
     assert marker["pytorch_class"] == "ElectraForPreTraining"
     manifest = json.loads(Path(job.paths.data, "manifest.json").read_text())
-    config = model_lib.build_config(
+    config = configs.build_config(
         "electra", "tiny", {}, vocab_size=manifest["vocab_size"], special_ids={}
     )
-    embeddings, discriminator, generator = model_lib.electra_parameters(config)
+    embeddings, discriminator, generator = configs.electra_parameters(config)
     expected = {"discriminator": embeddings + discriminator, "generator": embeddings + generator}
     for part, cls in PARTS.items():
         files = sorted(p.name for p in (export / part).iterdir())

@@ -17,7 +17,7 @@ from payload.core import records, storage
 from payload.core.errors import CorpusError, DataError
 from payload.core.status import StatusWriter
 from payload.data import corpus, readers, tokenizer
-from payload.data.encode import stage as encode
+from payload.data.encode import stage
 from payload.schema import manifest as mf
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -166,7 +166,7 @@ def corpus_files(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 @pytest.mark.parametrize(("objective", "kind"), [("mlm", "wordpiece"), ("clm", "bpe")])
 def test_shards_hold_exactly_the_packed_stream(tmp_path, corpus_files, objective, kind) -> None:
     job = prepared(make_job(tmp_path, corpus_files, objective=objective, kind=kind))
-    manifest = encode.encode(job, status_for(job))
+    manifest = stage.encode(job, status_for(job))
     expected = expected_rows(job, corpus_files)
     assert manifest.total_records == len(expected)
     np.testing.assert_array_equal(read_rows_python(job.paths.data), expected)
@@ -197,14 +197,14 @@ def test_output_is_independent_of_workers_and_reading(tmp_path, corpus_files, mo
     """Many groups (small ones here), 1 or 2 workers, any read size: the same bytes."""
     monkeypatch.setattr(corpus, "GROUP_BYTES", 16_384)
     one = prepared(make_job(tmp_path / "one", corpus_files, data__workers=1))
-    first = encode.encode(one, status_for(one))
+    first = stage.encode(one, status_for(one))
     np.testing.assert_array_equal(
         read_rows_python(one.paths.data), expected_rows(one, corpus_files, 16_384)
     )
     two = make_job(tmp_path / "two", corpus_files, data__workers=2)
     storage.upload_tree(one.paths.tokenizer, two.paths.tokenizer)
     monkeypatch.setattr(readers, "CHUNK_BYTES", 4_096)  # the text reader's read size
-    second = encode.encode(two, status_for(two))
+    second = stage.encode(two, status_for(two))
     assert second.shards == first.shards
     assert mf.as_dict(second) == mf.as_dict(first)
     for shard in first.shards:
@@ -223,7 +223,7 @@ def test_long_document_stays_whole(tmp_path, monkeypatch) -> None:
     job = prepared(make_job(tmp_path, [str(long_doc)]))
     monkeypatch.setattr(readers, "CHUNK_BYTES", 8_192)
     monkeypatch.setattr(corpus, "GROUP_BYTES", 10_000)  # the long document is a group alone
-    manifest = encode.encode(job, status_for(job))
+    manifest = stage.encode(job, status_for(job))
     np.testing.assert_array_equal(
         read_rows_python(job.paths.data), expected_rows(job, [str(long_doc)], 10_000)
     )
@@ -238,7 +238,7 @@ def test_bad_input_is_skipped_and_counted(tmp_path, corpus_files) -> None:
         "good document\n\ncaf\xe9 is latin-1\n\nanother good one\n".encode("latin-1")
     )
     job = prepared(make_job(tmp_path, [*corpus_files, str(bad)]))
-    manifest = encode.encode(job, status_for(job))
+    manifest = stage.encode(job, status_for(job))
     assert manifest.corpus["skipped_files"] == 1
     assert manifest.corpus["skipped_documents"] == 1
     status = yaml.safe_load(Path(job.paths.status).read_text())
@@ -251,8 +251,8 @@ def test_bad_input_fails_when_asked(tmp_path, corpus_files) -> None:
     job = prepared(make_job(tmp_path, corpus_files))
     failing = make_job(tmp_path, [*corpus_files, str(bad)], corpus__on_bad_input="fail")
     with pytest.raises(CorpusError, match=r"latin1\.txt: invalid UTF-8 at .*byte 7"):
-        encode.encode(failing, status_for(failing))
-    assert not encode.is_complete(job)
+        stage.encode(failing, status_for(failing))
+    assert not stage.is_complete(job)
     assert not any(p.suffix == ".tfrecord" for p in Path(job.paths.data).rglob("*"))
 
 
@@ -264,31 +264,31 @@ def test_corpus_too_small_for_one_sequence(tmp_path) -> None:
     )
     big = make_job(tmp_path, [str(small)], data__seq_length=512, tokenizer__vocab_size=200)
     with pytest.raises(CorpusError, match=r"corpus too small: \d+ tokens do not fill one sequence"):
-        encode.encode(big, status_for(big))
-    assert not encode.is_complete(job)
+        stage.encode(big, status_for(big))
+    assert not stage.is_complete(job)
 
 
 def test_complete_is_skipped_and_stale_data_detected(tmp_path, corpus_files) -> None:
     job = prepared(make_job(tmp_path, corpus_files[1:]))
-    first = encode.encode(job, status_for(job))
+    first = stage.encode(job, status_for(job))
     manifest_bytes = Path(mf.manifest_path(job.paths.data)).read_bytes()
-    assert encode.encode(job, status_for(job)) == first
+    assert stage.encode(job, status_for(job)) == first
     assert Path(mf.manifest_path(job.paths.data)).read_bytes() == manifest_bytes
     # Retrained: the same job trains the same tokenizer.json, so the data still matches.
     tokenizer_file = Path(job.paths.tokenizer, "tokenizer.json")
     tokenizer_file.unlink()
     tokenizer.train_tokenizer(job, status_for(job))
-    assert encode.encode(job, status_for(job)) == first
+    assert stage.encode(job, status_for(job)) == first
     # Another tokenizer (any other bytes): the finished data is not silently reused.
     tokenizer_file.write_text(tokenizer_file.read_text() + "\n")
     with pytest.raises(DataError, match="different tokenizer"):
-        encode.encode(job, status_for(job))
+        stage.encode(job, status_for(job))
 
 
 def test_encode_without_tokenizer(tmp_path, corpus_files) -> None:
     job = make_job(tmp_path, corpus_files)
     with pytest.raises(DataError, match=r"no tokenizer\.json .* run `tpu-payload tokenizer"):
-        encode.encode(job, status_for(job))
+        stage.encode(job, status_for(job))
 
 
 def test_worker_modules_do_not_import_tensorflow() -> None:

@@ -24,7 +24,7 @@ from test_encode import prepared, status_for
 from payload import spec
 from payload.core.errors import SpecError
 from payload.data import corpus
-from payload.data.encode import stage as encode
+from payload.data.encode import stage
 from payload.schema import manifest as mf
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -40,7 +40,7 @@ RUN_ENCODE = textwrap.dedent(
     """
     import sys
     from payload.data import corpus
-    from payload.data.encode import stage as encode
+    from payload.data.encode import stage
     from payload.spec import load_job
     from payload.core.status import StatusWriter
 
@@ -127,7 +127,7 @@ def local(
     prepared(job)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(corpus, "GROUP_BYTES", GROUP_BYTES)
-        manifest = encode.encode(job, status_for(job))
+        manifest = stage.encode(job, status_for(job))
     return job, manifest
 
 
@@ -180,7 +180,7 @@ def test_beam_through_the_cli_and_a_bad_file(tmp_path, corpus_dir, local) -> Non
     last = result.stderr.strip().splitlines()[-1]
     assert "latin1.txt: invalid UTF-8" in last and "Traceback" not in result.stderr, last
     assert not list(Path(beam_job.paths.data).glob("*.tfrecord"))
-    assert not encode.is_complete(beam_job)
+    assert not stage.is_complete(beam_job)
 
     (bad / "latin1.txt").unlink()
     (bad / "ok.txt").write_text("a short document\n")

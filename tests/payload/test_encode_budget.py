@@ -13,7 +13,7 @@ from test_encode import file_documents, prepared, status_for
 from payload import spec
 from payload.core import storage
 from payload.data import tokenizer
-from payload.data.encode import stage as encode
+from payload.data.encode import stage
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
 
@@ -77,7 +77,7 @@ def test_one_budget_stops_before_the_document_that_would_pass_it(
     tmp_path, corpus_files, trained
 ) -> None:
     job = _with_tokenizer(_job(tmp_path, {"paths": corpus_files}, 5000), trained)
-    manifest = encode.encode(job, status_for(job))
+    manifest = stage.encode(job, status_for(job))
     documents, tokens = _used(_lengths(job, corpus_files), 5000)
     assert 4800 < tokens <= 5000
     assert [dict(s) for s in manifest.sources] == [
@@ -95,7 +95,7 @@ def test_weighted_sources_each_get_their_share(tmp_path, corpus_files, trained) 
     a, _, c = corpus_files
     mixture = {"sources": [{"paths": [a], "weight": 1}, {"paths": [c], "weight": 3.0}]}
     job = _with_tokenizer(_job(tmp_path, mixture, 8000), trained)
-    manifest = encode.encode(job, status_for(job))
+    manifest = stage.encode(job, status_for(job))
     expected = []
     for path, budget in ((a, 2000), (c, 6000)):
         documents, tokens = _used(_lengths(job, [path]), budget)
@@ -111,7 +111,7 @@ def test_unweighted_sources_share_one_budget_in_order(tmp_path, corpus_files, tr
     job = _with_tokenizer(_job(tmp_path, mixture, 1), trained)
     c_tokens = sum(_lengths(job, [c]))
     job = _with_tokenizer(_job(tmp_path / "b", mixture, c_tokens + 100), trained)
-    manifest = encode.encode(job, status_for(job))
+    manifest = stage.encode(job, status_for(job))
     documents, tokens = _used(_lengths(job, [a]), 100)
     first, second = (dict(s) for s in manifest.sources)
     assert first["tokens"] == c_tokens and second["tokens"] == tokens
@@ -122,7 +122,7 @@ def test_unweighted_sources_share_one_budget_in_order(tmp_path, corpus_files, tr
 
 def test_a_budget_beyond_the_corpus_uses_everything(tmp_path, corpus_files, trained) -> None:
     job = _with_tokenizer(_job(tmp_path, {"paths": corpus_files}, 10**9), trained)
-    manifest = encode.encode(job, status_for(job))
+    manifest = stage.encode(job, status_for(job))
     lengths = _lengths(job, corpus_files)
     assert [dict(s) for s in manifest.sources] == [
         {"budget": 10**9, "tokens": sum(lengths), "documents": len(lengths), "exhausted": False}

@@ -19,7 +19,7 @@ from test_readers import COMMIT, REPO, hub, write_all_formats
 
 from payload.core import storage
 from payload.data import corpus
-from payload.data.encode import stage as encode
+from payload.data.encode import stage
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
 __all__ = ["hub"]  # the Hub fixture of test_readers (a local server speaking the Hub's API)
@@ -32,7 +32,7 @@ def test_every_format_of_the_same_documents_gives_the_same_shards(
     files = write_all_formats(tmp_path / "formats", documents)
     settings = {"data__eval_fraction": 0.05, "data__eval_min_sequences": 0}
     text = prepared(make_job(tmp_path / "text", [str(files["text"])], **settings))
-    reference = encode.encode(text, status_for(text))
+    reference = stage.encode(text, status_for(text))
     assert reference.eval_records > 0 and not reference.hub_revisions
     data = hub.root / "data"
     data.mkdir(parents=True)
@@ -45,7 +45,7 @@ def test_every_format_of_the_same_documents_gives_the_same_shards(
     for name, path in inputs.items():
         job = make_job(tmp_path / name, [path], **settings)
         storage.upload_tree(text.paths.tokenizer, job.paths.tokenizer)
-        manifest = encode.encode(job, status_for(job))
+        manifest = stage.encode(job, status_for(job))
         assert manifest.shards == reference.shards, name
         assert manifest.eval_shards == reference.eval_shards, name
         assert manifest.corpus["used_tokens"] == reference.corpus["used_tokens"], name
@@ -59,7 +59,7 @@ def test_a_long_document_is_tokenized_in_pieces_kept_together(tmp_path, monkeypa
     long_doc.write_text("\n".join(lines) + "\n\nshort tail document\n")
     job = prepared(make_job(tmp_path, [str(long_doc)]))
     monkeypatch.setattr(corpus, "MAX_DOCUMENT_BYTES", 1_000)  # read when the plan is made
-    manifest = encode.encode(job, status_for(job))
+    manifest = stage.encode(job, status_for(job))
     assert manifest.corpus["documents"] == 2
     # Tokens of the pieces, one separator after the whole document: here the same ids as
     # the document in one piece, since every cut falls on a line break (whitespace).

@@ -21,7 +21,7 @@ from test_encode import (
 from payload.core import records, storage
 from payload.core.errors import DataError, SpecError
 from payload.data import corpus, readers
-from payload.data.encode import stage as encode
+from payload.data.encode import stage
 from payload.schema import manifest as mf
 
 corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
@@ -52,7 +52,7 @@ def test_held_out_documents_are_those_their_hash_picks(
             data__eval_max_sequences=1000,
         )
     )
-    manifest = encode.encode(job, status_for(job))
+    manifest = stage.encode(job, status_for(job))
     assert manifest.held_out["fraction"] == 0.05  # the corpus is large enough for the floor
     train, held_out = expected_split(job, corpus_files, 0.05)
     np.testing.assert_array_equal(read_rows_python(job.paths.data), train)
@@ -75,14 +75,14 @@ def test_a_documents_split_does_not_depend_on_where_it_is(tmp_path, corpus_files
     """The same documents in another file order: each lands in the same split."""
     settings = {"data__eval_fraction": 0.05, "data__eval_min_sequences": 0}
     one = prepared(make_job(tmp_path / "one", corpus_files, **settings))
-    first = encode.encode(one, status_for(one))
+    first = stage.encode(one, status_for(one))
     moved = tmp_path / "moved"
     moved.mkdir()
     for i, name in enumerate(reversed(corpus_files)):  # c, b, a: the reading order reversed
         (moved / f"{i}-{Path(name).name}").write_bytes(Path(name).read_bytes())
     two = make_job(tmp_path / "two", [str(moved)], **settings)
     storage.upload_tree(one.paths.tokenizer, two.paths.tokenizer)
-    second = encode.encode(two, status_for(two))
+    second = stage.encode(two, status_for(two))
     assert second.corpus["eval_documents"] == first.corpus["eval_documents"]
     held_one = {tuple(r) for r in _rows(one.paths.data, first, "eval")}
     held_two = {tuple(r) for r in _rows(two.paths.data, second, "eval")}
@@ -100,7 +100,7 @@ def test_floor_and_cap_in_sequences(tmp_path, corpus_files) -> None:
             data__eval_max_sequences=100,
         )
     )
-    manifest = encode.encode(floor, status_for(floor))
+    manifest = stage.encode(floor, status_for(floor))
     used = manifest.corpus["used_tokens"]
     assert used * 0.001 < 40 * 31, "the fraction alone would give far fewer than the floor"
     assert manifest.held_out["fraction"] == pytest.approx(40 * 31 / used)
@@ -118,7 +118,7 @@ def test_floor_and_cap_in_sequences(tmp_path, corpus_files) -> None:
         data__eval_max_sequences=25,
     )
     storage.upload_tree(floor.paths.tokenizer, cap.paths.tokenizer)
-    manifest = encode.encode(cap, status_for(cap))
+    manifest = stage.encode(cap, status_for(cap))
     assert manifest.eval_records == 25  # exactly the cap; the surplus is dropped and counted
     _, held_out = expected_split(cap, small, 0.5)
     np.testing.assert_array_equal(_rows(cap.paths.data, manifest, "eval"), held_out)
@@ -131,18 +131,18 @@ def test_split_is_deterministic_across_workers_and_reading(
     settings = {"data__eval_fraction": 0.05, "data__eval_min_sequences": 10}
     monkeypatch.setattr(corpus, "GROUP_BYTES", 16_384)
     one = prepared(make_job(tmp_path / "one", corpus_files, data__workers=1, **settings))
-    first = encode.encode(one, status_for(one))
+    first = stage.encode(one, status_for(one))
     two = make_job(tmp_path / "two", corpus_files, data__workers=2, **settings)
     storage.upload_tree(one.paths.tokenizer, two.paths.tokenizer)
     monkeypatch.setattr(readers, "CHUNK_BYTES", 4_096)
-    second = encode.encode(two, status_for(two))
+    second = stage.encode(two, status_for(two))
     assert second.eval_shards == first.eval_shards and second.shards == first.shards
     assert first.eval_records > 0
 
 
 def test_altered_held_out_shard_is_caught(tmp_path, corpus_files) -> None:
     job = prepared(make_job(tmp_path, corpus_files[1:], data__eval_fraction=0.05))
-    manifest = encode.encode(job, status_for(job))
+    manifest = stage.encode(job, status_for(job))
     shard = Path(job.paths.data, manifest.eval_shards[0].name)
     raw = bytearray(shard.read_bytes())
     raw[-5] ^= 0xFF

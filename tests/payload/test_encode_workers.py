@@ -23,7 +23,7 @@ from train_helpers import job_document, write_corpus, write_job
 from payload.core import lease
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
-from payload.data.encode import stage as encode
+from payload.data.encode import stage
 from payload.schema import manifest as mf
 
 WORKERS = 2
@@ -33,7 +33,7 @@ BLOCKED_ENCODE = textwrap.dedent(
     """
     import sys, threading
     from payload.data import corpus
-    from payload.data.encode import stage as encode, local as encode_local
+    from payload.data.encode import stage, local as encode_local
     from payload.spec import load_job
     from payload.core.status import StatusWriter
 
@@ -115,8 +115,8 @@ def test_sigkill_of_encode_leaves_no_worker_behind(tmp_path: Path) -> None:
         # The killed run left its staging directory and no manifest; the next run starts
         # clean and finishes (what `rerun to continue` means for encode).
         assert list(Path(job.paths.data).glob(".staging-*"))
-        assert not encode.is_complete(job)
-        manifest = encode.encode(job, StatusWriter(job.paths.status, job.name))
+        assert not stage.is_complete(job)
+        manifest = stage.encode(job, StatusWriter(job.paths.status, job.name))
         mf.verify_shards(job.paths.data, manifest)
         assert not list(Path(job.paths.data).glob(".staging-*"))
     finally:

@@ -33,10 +33,8 @@ from train_helpers import cpu_devices
 
 from payload.backends.jax import attention, runtime
 from payload.core.errors import SpecError
-from payload.model import configs as model_lib
-from payload.model import kernels
-from payload.plan import attention_table
-from payload.plan import estimate as plan
+from payload.model import configs, kernels
+from payload.plan import attention_table, estimate
 from payload.spec import parse_job
 
 DRIVER = Path(__file__).with_name("jax_attention_driver.py")
@@ -289,7 +287,7 @@ def test_a_packed_llama_document_is_computed_as_if_alone() -> None:
 
 
 def _config(family: str, **overrides: Any) -> Any:
-    return model_lib.build_config(family, "tiny", overrides, vocab_size=300, special_ids={})
+    return configs.build_config(family, "tiny", overrides, vocab_size=300, special_ids={})
 
 
 @pytest.mark.parametrize(
@@ -381,9 +379,9 @@ def test_every_family_reaches_a_kernel_at_its_presets() -> None:
     assert text[text.index(begin) + len(begin) : text.index(end)] == attention_table.markdown()
     compared = 0
     for row in attention_table.rows():
-        config = model_lib.build_config(row.family, row.size, {}, vocab_size=32000, special_ids={})
+        config = configs.build_config(row.family, row.size, {}, vocab_size=32000, special_ids={})
         for cell in row.cells:
-            chip = plan.accelerator(cell.accelerator).chip
+            chip = estimate.accelerator(cell.accelerator).chip
             chosen = attention.choose(
                 "auto", chip=chip, family=row.family, config=config,
                 seq_length=row.seq_length, compute_dtype=kernels.compute_dtype("auto", chip),

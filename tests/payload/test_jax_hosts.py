@@ -40,7 +40,7 @@ from train_helpers import (
 )
 
 from payload.spec import JobSpec
-from payload.training import shared as training
+from payload.training import shared
 
 pytestmark = pytest.mark.slow
 SIGTERM_EXIT = 128 + signal.SIGTERM
@@ -217,7 +217,7 @@ def test_sigterm_to_the_non_chief_stops_both_at_the_same_step(prepared, stopped,
     assert _steps(job.paths.checkpoints) == [STOPPED_AT]
     status = json.loads(Path(job.paths.status).read_text())
     assert status["state"] == "failed" and "rerun to resume" in status["last_error"]["error"]
-    assert not training.is_complete(job)
+    assert not shared.is_complete(job)
 
     rerun = _job(prepared, tmp_path, steps=STOPPED_AT + STEPS_PER_CALL)
     shutil.rmtree(rerun.paths.checkpoints, ignore_errors=True)
@@ -259,7 +259,7 @@ def test_sigterm_to_the_non_chief_stops_both_at_the_same_step(prepared, stopped,
     for err in (err0, err1):
         assert f"resumed from {rerun.paths.checkpoints}/{STOPPED_AT} at step {STOPPED_AT}" in err
         assert f"step {STOPPED_AT + STEPS_PER_CALL}/{STOPPED_AT + STEPS_PER_CALL}" in err
-    assert training.is_complete(rerun)
+    assert shared.is_complete(rerun)
 
 
 def test_a_run_json_of_another_run_exits_2_on_both(prepared, stopped, tmp_path) -> None:

@@ -68,13 +68,13 @@ def test_a_masked_objective_needs_the_mask_token(tmp_path: Path) -> None:
     for mlm, ELECTRA's for rtd, no masking for clm, and a vocabulary without [MASK] refused
     in one line before anything is read."""
     from payload.data.input_order import masking_ratios
-    from payload.model import configs as model
+    from payload.model import configs
 
     assert masking_ratios("clm", {}, "d") is None
     assert masking_ratios("mlm", SPECIAL, "d") == {}
     assert masking_ratios("rtd", SPECIAL, "d") == {
-        "mask_token_ratio": model.ELECTRA_MASK_TOKEN_RATIO,
-        "random_token_ratio": model.ELECTRA_RANDOM_TOKEN_RATIO,
+        "mask_token_ratio": configs.ELECTRA_MASK_TOKEN_RATIO,
+        "random_token_ratio": configs.ELECTRA_RANDOM_TOKEN_RATIO,
     }
     job, manifest = write_data(tmp_path, "mlm", (10,))
     no_mask = dataclasses.replace(

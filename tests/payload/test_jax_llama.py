@@ -39,7 +39,7 @@ from train_helpers import (
 )
 
 from payload.core.errors import SpecError
-from payload.model import configs as model_lib
+from payload.model import configs
 from payload.spec import parse_job
 from payload.training import export as export_lib
 from payload.training import shared as training
@@ -112,17 +112,17 @@ def test_presets_counts_and_shapes() -> None:
         "3b": 2_969_742_336,
     }
     for size, count in expected.items():
-        config = model_lib.build_config("llama", size, {}, vocab_size=49152, special_ids={})
-        assert model_lib.parameter_count("llama", config) == count, size
+        config = configs.build_config("llama", size, {}, vocab_size=49152, special_ids={})
+        assert configs.parameter_count("llama", config) == count, size
     # Llama 3.2 1B's own vocabulary: its published 1.24B.
-    config = model_lib.build_config("llama", "1b", {}, vocab_size=128256, special_ids={})
-    assert model_lib.parameter_count("llama", config) == 1_235_814_400
-    untied = model_lib.build_config(
+    config = configs.build_config("llama", "1b", {}, vocab_size=128256, special_ids={})
+    assert configs.parameter_count("llama", config) == 1_235_814_400
+    untied = configs.build_config(
         "llama", "tiny", {"tie_word_embeddings": False}, vocab_size=300, special_ids={}
     )
-    tied = model_lib.build_config("llama", "tiny", {}, vocab_size=300, special_ids={})
+    tied = configs.build_config("llama", "tiny", {}, vocab_size=300, special_ids={})
     assert (
-        model_lib.parameter_count("llama", untied) - model_lib.parameter_count("llama", tied)
+        configs.parameter_count("llama", untied) - configs.parameter_count("llama", tied)
         == 300 * tied.hidden_size
     )
 
@@ -275,7 +275,7 @@ def test_llama_export_is_what_transformers5_loads(trained_llama, tmp_path: Path)
     marker = json.loads((export / export_lib.EXPORT_MARKER).read_text())
     assert marker["backend"] == "jax" and marker["step"] == 200, marker
     card = (export / export_lib.MODEL_CARD).read_text()
-    parameters = model_lib.parameter_count("llama", model_lib.build_config(
+    parameters = configs.parameter_count("llama", configs.build_config(
         "llama", "tiny", {}, vocab_size=config["vocab_size"], special_ids={}
     ))  # fmt: skip
     assert f"| parameters | {parameters:,} " in card and marker["parameters"] == parameters

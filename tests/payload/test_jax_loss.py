@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from payload.backends.jax import steps
-from payload.model import configs as model_lib
+from payload.model import configs
 
 DRIVER = Path(__file__).with_name("jax_loss_driver.py")
 
@@ -30,22 +30,22 @@ DRIVER = Path(__file__).with_name("jax_loss_driver.py")
 def test_chunk_length_rule() -> None:
     # 125m preset at batch 8 per device, sequence 2,048, vocabulary 49,152: 128 positions
     # (1,024 tokens, 192 MiB of float32 logits) per chunk.
-    assert model_lib.loss_chunk_length(8, 2048, 49152) == 128
+    assert configs.loss_chunk_length(8, 2048, 49152) == 128
     # Llama 3.2's 128,256 at batch 4: 128 positions (512 tokens, 250 MiB).
-    assert model_lib.loss_chunk_length(4, 2048, 128256) == 128
+    assert configs.loss_chunk_length(4, 2048, 128256) == 128
     # The largest divisor under the budget, never less than one position.
-    assert model_lib.loss_chunk_length(2, 20, 10, budget=2 * 7 * 10 * 4) == 5
-    assert model_lib.loss_chunk_length(1000, 16, 10**6, budget=1) == 1
+    assert configs.loss_chunk_length(2, 20, 10, budget=2 * 7 * 10 * 4) == 5
+    assert configs.loss_chunk_length(1000, 16, 10**6, budget=1) == 1
     # A small batch fits in one chunk.
-    assert model_lib.loss_chunk_length(1, 128, 2048) == 128
+    assert configs.loss_chunk_length(1, 128, 2048) == 128
     # The budget follows the device's memory: 1/64 of it, 256 MiB to 2 GiB.
-    assert model_lib.loss_chunk_budget(None) == 256 * 2**20
-    assert model_lib.loss_chunk_budget(16 * 10**9) == 256 * 2**20  # v5e
-    assert model_lib.loss_chunk_budget(80 * 2**30) == 80 * 2**30 // 64  # H100: 1.25 GiB
-    assert model_lib.loss_chunk_budget(141 * 10**9) == 2 * 2**30  # H200
+    assert configs.loss_chunk_budget(None) == 256 * 2**20
+    assert configs.loss_chunk_budget(16 * 10**9) == 256 * 2**20  # v5e
+    assert configs.loss_chunk_budget(80 * 2**30) == 80 * 2**30 // 64  # H100: 1.25 GiB
+    assert configs.loss_chunk_budget(141 * 10**9) == 2 * 2**30  # H200
     # Llama 3.2 1B's vocabulary, 4 rows of 2,048 on an 80 GB GPU: 4 chunks of 512, not 16.
-    budget = model_lib.loss_chunk_budget(80 * 2**30)
-    assert model_lib.loss_chunk_length(4, 2048, 128256, budget) == 512
+    budget = configs.loss_chunk_budget(80 * 2**30)
+    assert configs.loss_chunk_length(4, 2048, 128256, budget) == 512
 
 
 def test_chunked_loss_matches_the_whole_batch_logits() -> None:

@@ -30,7 +30,7 @@ from train_helpers import (
 from payload.backends.jax import distributed
 from payload.core.errors import DataError, UserError
 from payload.spec import JobSpec
-from payload.training import shared as training
+from payload.training import shared
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_a_nan_loss_stops_with_one_line_and_keeps_the_checkpoint(
     result = run_cli("train", "--job", str(tmp_path / "more" / "job.yaml"))
     assert_user_error(result, r"^error: loss became nan between steps 5 and 10 ")
     assert _steps_on_disk(job.paths.checkpoints) == ["5"]
-    assert not training.is_complete(job)
+    assert not shared.is_complete(job)
 
 
 def test_checkpoints_of_the_other_backend_are_refused(prepared, five_steps, tmp_path) -> None:
@@ -201,16 +201,16 @@ def test_a_worker_index_needs_the_jax_backend(prepared, tmp_path: Path) -> None:
 
 def test_backend_choice(prepared) -> None:
     job, _ = prepared  # train.backend: jax
-    assert training.resolve_backend(job, {"TPU_PAYLOAD_BACKEND": "tf"}) == "jax"
+    assert shared.resolve_backend(job, {"TPU_PAYLOAD_BACKEND": "tf"}) == "jax"
     auto = dataclasses.replace(job, train=dataclasses.replace(job.train, backend="auto"))
-    assert training.resolve_backend(auto, {}) == "tf"
-    assert training.resolve_backend(auto, {"TPU_PAYLOAD_BACKEND": "jax"}) == "jax"
+    assert shared.resolve_backend(auto, {}) == "tf"
+    assert shared.resolve_backend(auto, {"TPU_PAYLOAD_BACKEND": "jax"}) == "jax"
     with pytest.raises(UserError, match=r"TPU_PAYLOAD_BACKEND: 'torch' is not a training"):
-        training.resolve_backend(auto, {"TPU_PAYLOAD_BACKEND": "torch"})
-    assert training.worker_index(job, {}) == 0
-    assert training.worker_index(job, {"TPU_PRETRAIN_WORKER": "3"}) == 3
+        shared.resolve_backend(auto, {"TPU_PAYLOAD_BACKEND": "torch"})
+    assert shared.worker_index(job, {}) == 0
+    assert shared.worker_index(job, {"TPU_PRETRAIN_WORKER": "3"}) == 3
     with pytest.raises(UserError, match="must be a worker index"):
-        training.worker_index(job, {"TPU_PRETRAIN_WORKER": "-1"})
+        shared.worker_index(job, {"TPU_PRETRAIN_WORKER": "-1"})
 
 
 def test_distributed_settings() -> None:
@@ -234,8 +234,8 @@ def test_waiting_for_worker_0s_data_is_bounded(prepared, tmp_path: Path) -> None
         if len(sleeps) == 3:  # worker 0 finishes encoding while this one waits
             shutil.copytree(source.paths.data, job.paths.data)
 
-    training.wait_for_data(job, timeout_s=100, poll_s=10, sleep=sleep, clock=lambda: now[0])
+    shared.wait_for_data(job, timeout_s=100, poll_s=10, sleep=sleep, clock=lambda: now[0])
     assert sleeps == [10, 10, 10]
     empty = write_job(tmp_path / "never", {**doc, "output": str(tmp_path / "never" / "out")})
     with pytest.raises(DataError, match=r"no encoded data in .* after 30 s: worker 0 encodes"):
-        training.wait_for_data(empty, timeout_s=30, poll_s=10, sleep=sleep, clock=lambda: now[0])
+        shared.wait_for_data(empty, timeout_s=30, poll_s=10, sleep=sleep, clock=lambda: now[0])

@@ -47,7 +47,7 @@ from test_jax_hosts import (  # noqa: F401
 from test_jax_multihost import HANG_GUARD_S, _env
 from train_helpers import PausedCli
 
-from payload.training import shared as training
+from payload.training import shared
 from payload.training.heldout import micro_batch_count
 
 pytestmark = pytest.mark.slow
@@ -87,7 +87,7 @@ def test_hosts_that_see_different_memory_and_chunk_budgets_agree_and_finish(
         _until(lambda: line in other.stderr or other.proc.poll() is not None, "worker 1 waits")
         assert line in other.stderr, other.stderr[-3000:]
         assert other.proc.poll() is None, other.stderr[-3000:]  # waiting, not gone
-        assert not training.is_complete(job)
+        assert not shared.is_complete(job)
         gate.touch()
         results = [w.finish() for w in workers]
     finally:
@@ -98,7 +98,7 @@ def test_hosts_that_see_different_memory_and_chunk_budgets_agree_and_finish(
         assert '"mesh": {"sharding": "fsdp", "data": 1, "fsdp": 2}' in err, err[-3000:]
         assert "the smallest of 2 processes" in err, err[-3000:]
         assert "step 8/8" in err, err[-3000:]
-    assert training.is_complete(job)
+    assert shared.is_complete(job)
 
 
 def test_sigterm_to_the_chief_while_it_starts_stops_every_host(prepared, tmp_path) -> None:  # noqa: F811
@@ -134,7 +134,7 @@ def test_sigterm_to_the_chief_while_it_starts_stops_every_host(prepared, tmp_pat
     assert not Path(job.paths.checkpoints).exists() or not any(
         p.name.isdigit() for p in Path(job.paths.checkpoints).iterdir()
     )
-    assert not training.is_complete(job)
+    assert not shared.is_complete(job)
 
 
 def _ended(
@@ -179,7 +179,7 @@ def test_a_user_error_on_the_chief_after_the_final_evaluation_ends_every_host(
         lines += _errors(err)
     assert lines[0] == lines[1] == f"error: process 0 of the slice: {message}", lines
     assert "train: waiting for process 0's export" not in results[1][1]  # it was in a gather
-    assert not training.is_complete(job)
+    assert not shared.is_complete(job)
 
 
 def test_a_bug_on_one_host_mid_training_ends_every_host(prepared, tmp_path) -> None:  # noqa: F811

@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import pytest
 from train_helpers import job_document, write_job
 
-from payload.training import shared as training
+from payload.training import shared
 
 
 def test_log_lines_inside_a_chunk(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     doc = job_document(tmp_path, tmp_path / "corpus.txt", steps=10, log_every=3)
     job = write_job(tmp_path, doc)
-    status = training.UnwrittenStatus(job.paths.status, job.name)
-    meter = training.Meter(
+    status = shared.UnwrittenStatus(job.paths.status, job.name)
+    meter = shared.Meter(
         job,
         SimpleNamespace(seq_length=32),
         status,
@@ -51,8 +51,8 @@ def test_chunks_before_and_after_a_step_is_timed() -> None:
     first chunk compiles; the next is timed from its end), then what fits the bound; after
     a pause (checkpoint, evaluation) the last measure stands; no bound: steps_per_execution."""
     now = [0.0]
-    timer = training.ChunkTimer(5.0, clock=lambda: now[0])
-    assert timer.steps_per_chunk(64) == training.FIRST_CHUNK_STEPS == 1
+    timer = shared.ChunkTimer(5.0, clock=lambda: now[0])
+    assert timer.steps_per_chunk(64) == shared.FIRST_CHUNK_STEPS == 1
     now[0] = 120.0  # compiling, then one step
     timer.chunk_done(1)
     assert timer.steps_per_chunk(64) == 1  # only the clock is set
@@ -67,7 +67,7 @@ def test_chunks_before_and_after_a_step_is_timed() -> None:
     now[0] += 20 * 10.0  # 10 s a step: longer than the bound, still one step
     timer.chunk_done(20)
     assert timer.steps_per_chunk(64) == 1
-    assert training.ChunkTimer(None).steps_per_chunk(8) == 8
+    assert shared.ChunkTimer(None).steps_per_chunk(8) == 8
 
 
 def test_sigterm_is_taken_back_from_a_handler_installed_in_c() -> None:
@@ -79,17 +79,17 @@ def test_sigterm_is_taken_back_from_a_handler_installed_in_c() -> None:
 
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        training.stop_at_once_on_sigterm()
-        assert training.take_sigterm_back() is None  # nothing replaced it
+        shared.stop_at_once_on_sigterm()
+        assert shared.take_sigterm_back() is None  # nothing replaced it
         libc = ctypes.CDLL(None)
         libc.signal.restype = ctypes.c_void_p
         libc.signal(int(signal.SIGTERM), ctypes.c_void_p(1))  # SIG_IGN, behind Python's back
-        assert signal.getsignal(signal.SIGTERM) == training.STOP.record  # Python cannot tell
-        found = training.take_sigterm_back()
+        assert signal.getsignal(signal.SIGTERM) == shared.STOP.record  # Python cannot tell
+        found = shared.take_sigterm_back()
         assert found is not None and "installed in C" in found, found
-        assert training.take_sigterm_back() is None
+        assert shared.take_sigterm_back() is None
         signal.raise_signal(signal.SIGTERM)  # recorded, not raised: the test goes on
-        assert training.STOP.signum == signal.SIGTERM and training.STOP.at_once()
+        assert shared.STOP.signum == signal.SIGTERM and shared.STOP.at_once()
     finally:
         signal.signal(signal.SIGTERM, previous)
-        training.STOP.signum = None
+        shared.STOP.signum = None

@@ -15,7 +15,7 @@ from payload.backends.tf import model as tf_model
 from payload.backends.tf import schedule
 from payload.backends.tf.masking import causal_labels, mask_tokens
 from payload.core.errors import SpecError
-from payload.model import configs as model_lib
+from payload.model import configs
 from payload.spec import parse_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def _job(family: str, seq_length: int = 128, config: dict | None = None, **token
 )
 def test_presets(family: str, size: str, width: int, layers: int) -> None:
     ids = {"bert": BERT_IDS, "roberta": ROBERTA_IDS, "gpt2": GPT2_IDS}[family]
-    config = model_lib.build_config(family, size, {}, vocab_size=VOCAB, special_ids=ids)
+    config = configs.build_config(family, size, {}, vocab_size=VOCAB, special_ids=ids)
     assert config.vocab_size == VOCAB
     assert config.hidden_size == width and config.num_hidden_layers == layers
     assert config.pad_token_id == ids["pad"]
@@ -63,18 +63,18 @@ def test_presets_train_without_attention_dropout(family: str) -> None:
     have none); the hidden dropout stays 0.1, and 0.1 is one model.config key away."""
     key = "attn_pdrop" if family == "gpt2" else "attention_probs_dropout_prob"
     hidden = "resid_pdrop" if family == "gpt2" else "hidden_dropout_prob"
-    for size in model_lib.PRESETS[family]:
-        config = model_lib.build_config(family, size, {}, vocab_size=VOCAB, special_ids={})
+    for size in configs.PRESETS[family]:
+        config = configs.build_config(family, size, {}, vocab_size=VOCAB, special_ids={})
         assert getattr(config, key) == 0.0 and getattr(config, hidden) == 0.1, (size, config)
-        settings = model_lib.resolved_settings(family, size, {})
-        assert model_lib.attention_dropout(family, settings) == 0.0
-    back = model_lib.build_config(family, "tiny", {key: 0.1}, vocab_size=VOCAB, special_ids={})
+        settings = configs.resolved_settings(family, size, {})
+        assert configs.attention_dropout(family, settings) == 0.0
+    back = configs.build_config(family, "tiny", {key: 0.1}, vocab_size=VOCAB, special_ids={})
     assert getattr(back, key) == 0.1
-    assert model_lib.attention_dropout(family, back.to_dict()) == 0.1
+    assert configs.attention_dropout(family, back.to_dict()) == 0.1
 
 
 def test_overrides_and_their_errors() -> None:
-    config = model_lib.build_config(
+    config = configs.build_config(
         "bert",
         "tiny",
         {"num_hidden_layers": 3, "hidden_dropout_prob": 0.0},
@@ -83,17 +83,17 @@ def test_overrides_and_their_errors() -> None:
     )
     assert config.num_hidden_layers == 3 and config.hidden_dropout_prob == 0.0
     assert (
-        model_lib.build_config(
+        configs.build_config(
             "gpt2", "tiny", {"n_layer": 1}, vocab_size=VOCAB, special_ids=GPT2_IDS
         ).n_layer
         == 1
     )
     with pytest.raises(SpecError, match=r"model\.config\.n_embd: not a bert setting"):
-        model_lib.build_config("bert", "tiny", {"n_embd": 64}, vocab_size=VOCAB, special_ids={})
+        configs.build_config("bert", "tiny", {"n_embd": 64}, vocab_size=VOCAB, special_ids={})
     with pytest.raises(
         SpecError, match="hidden_size=130 must be a positive multiple of num_attention_heads=4"
     ):
-        model_lib.build_config(
+        configs.build_config(
             "roberta",
             "tiny",
             {"hidden_size": 130, "num_attention_heads": 4},
@@ -174,7 +174,7 @@ def _mlm_batch(vocab: int, special: dict[str, int], seed: int = 3) -> dict[str, 
 
 @pytest.mark.parametrize(("family", "special"), [("bert", BERT_IDS), ("roberta", ROBERTA_IDS)])
 def test_gathered_head_equals_full_model_logits(family: str, special: dict[str, int]) -> None:
-    config = model_lib.build_config(family, "tiny", {}, vocab_size=VOCAB, special_ids=special)
+    config = configs.build_config(family, "tiny", {}, vocab_size=VOCAB, special_ids=special)
     model = tf_model.create_model(family, config, SEQ)
     batch = _mlm_batch(VOCAB, special)
 
@@ -211,7 +211,7 @@ def test_gathered_head_equals_full_model_logits(family: str, special: dict[str, 
 
 
 def test_causal_loss_matches_hf_shifted_loss() -> None:
-    config = model_lib.build_config("gpt2", "tiny", {}, vocab_size=VOCAB, special_ids=GPT2_IDS)
+    config = configs.build_config("gpt2", "tiny", {}, vocab_size=VOCAB, special_ids=GPT2_IDS)
     model = tf_model.create_model("gpt2", config, SEQ)
     ids = np.random.default_rng(0).integers(4, VOCAB, size=(3, SEQ), dtype=np.int32)
     batch = causal_labels(tf.constant(ids), pad_id=GPT2_IDS["pad"])
@@ -226,7 +226,7 @@ def test_causal_loss_matches_hf_shifted_loss() -> None:
 
 @pytest.mark.parametrize(("family", "special"), [("bert", BERT_IDS), ("gpt2", GPT2_IDS)])
 def test_weight_decay_skips_norms_and_biases(family: str, special: dict[str, int]) -> None:
-    config = model_lib.build_config(family, "tiny", {}, vocab_size=VOCAB, special_ids=special)
+    config = configs.build_config(family, "tiny", {}, vocab_size=VOCAB, special_ids=special)
     model = tf_model.create_model(family, config, SEQ)
     job = _job(family)
     optimizer = schedule.create_optimizer(job.train, jit_compile=False)

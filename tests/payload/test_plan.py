@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from payload import spec
-from payload.model import configs as model_lib
-from payload.plan import estimate as plan
+from payload.model import configs
+from payload.plan import estimate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,14 +51,14 @@ def job(size: str, *, sharding: str = "auto", remat: str = "none", **train: Any)
     ],
 )
 def test_accelerator_types(name: str, chips: int, memory: int) -> None:
-    acc = plan.accelerator(name)
+    acc = estimate.accelerator(name)
     assert (acc.chips, acc.memory_bytes) == (chips, memory)
 
 
 @pytest.mark.parametrize("name", ["v9-8", "v4-3", "nvidia-l4x0", "v5litepod", ""])
 def test_unknown_accelerator_is_one_line(name: str) -> None:
-    with pytest.raises(plan.AcceleratorError) as error:
-        plan.accelerator(name)
+    with pytest.raises(estimate.AcceleratorError) as error:
+        estimate.accelerator(name)
     assert "\n" not in str(error.value) and repr(name) in str(error.value)
 
 
@@ -66,26 +66,26 @@ def test_the_plan_and_the_trainer_use_the_same_rule() -> None:
     from payload.backends.jax import mesh
 
     for size in ("125m", "1b", "3b"):
-        n = plan.model_shape("llama", size, {}, 32000).parameters
+        n = estimate.model_shape("llama", size, {}, 32000).parameters
         for chips in (1, 8):
             memory = 16 * 10**9
-            ours, _ = plan.resolve_sharding("auto", n, chips, memory)
+            ours, _ = estimate.resolve_sharding("auto", n, chips, memory)
             theirs = mesh.plan("auto", parameters=n, devices=chips, memory=memory)
             assert ours == theirs.sharding, (size, chips)
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "gpt2", "llama"])
 def test_parameter_count_is_the_models(family: str) -> None:
-    config = model_lib.build_config(family, "tiny", {}, vocab_size=600, special_ids={})
-    assert plan.model_shape(family, "tiny", {}, 600).parameters == model_lib.parameter_count(
+    config = configs.build_config(family, "tiny", {}, vocab_size=600, special_ids={})
+    assert estimate.model_shape(family, "tiny", {}, 600).parameters == configs.parameter_count(
         family, config
     )
 
 
 def test_figures_of_llama_1b_on_v5e_8() -> None:
-    p = plan.plan_job(
+    p = estimate.plan_job(
         job("1b", sharding="fsdp", remat="block", global_batch_size=32),
-        plan.accelerator("v5litepod-8"),
+        estimate.accelerator("v5litepod-8"),
     )
     # Llama 3.2 1B's shape with a 32,000-token vocabulary, tied: 32000 x 2048 embedding;
     # per layer q, o 2048 x 2048, k, v 2048 x 512, gate, up, down 2048 x 8192, 2 norms.
@@ -120,7 +120,9 @@ def test_figures_of_llama_1b_on_v5e_8() -> None:
     one_layer = (2 * (7 * 2048 + 3 * 512 + 4 * 8192) + 8 * 2048 + 4 * 128 * 32) * 2048
     head = 2 * 2 * 2048 * 2048
     chunk = 4 * 32000 * 4 * 512
-    assert plan.loss_chunk_bytes(plan.model_shape("llama", "1b", {}, 32000), 4, 2048) == chunk
+    assert (
+        estimate.loss_chunk_bytes(estimate.model_shape("llama", "1b", {}, 32000), 4, 2048) == chunk
+    )
     unit = 32000 * 2048 * (2 + 2)
     layers = layout.gradients + unit + 4 * one_layer
     loss = 4 * head + chunk + 32000 * 2048 * 2 + 32000 * 2048 * 4 // 8
@@ -128,9 +130,11 @@ def test_figures_of_llama_1b_on_v5e_8() -> None:
     assert layout.activations == 4 * kept + layers - layout.gradients - unit
     # The TPU compiler's reserve: its on-chip scratch and a share of the temporaries.
     temporaries = layout.gradients + layout.gathered + layout.activations
-    assert layout.reserve == plan.COMPILER_SCRATCH_BYTES + int(plan.COMPILER_SLACK * temporaries)
+    assert layout.reserve == estimate.COMPILER_SCRATCH_BYTES + int(
+        estimate.COMPILER_SLACK * temporaries
+    )
     assert layout.total == (
-        layout.weights + layout.slots + temporaries + plan.GENERATED_CODE_BYTES + layout.reserve
+        layout.weights + layout.slots + temporaries + estimate.GENERATED_CODE_BYTES + layout.reserve
     )
     assert layout.per_chip_batch == 4
     # 1000 steps x 32 x 2048 tokens at 35% of 8 x 197 TFLOP/s.
@@ -140,16 +144,16 @@ def test_figures_of_llama_1b_on_v5e_8() -> None:
 
 
 def test_gradient_accumulation_adds_an_accumulator() -> None:
-    acc = plan.accelerator("v6e-8")
-    one = plan.plan_job(job("125m"), acc).layout("data", "none")
-    two = plan.plan_job(job("125m", grad_accum_steps=2), acc).layout("data", "none")
+    acc = estimate.accelerator("v6e-8")
+    one = estimate.plan_job(job("125m"), acc).layout("data", "none")
+    two = estimate.plan_job(job("125m", grad_accum_steps=2), acc).layout("data", "none")
     assert two.gradients == 2 * one.gradients
     assert two.per_chip_batch == one.per_chip_batch // 2
     # Half the sequences; the loss's one chunk of logits per chip is the same 2,048 tokens
     # (16 x 128 positions, 8 x 256).
-    shape = plan.model_shape("llama", "125m", {}, 32000)
-    chunk = plan.loss_chunk_bytes(shape, 16, 2048)
-    assert chunk == plan.loss_chunk_bytes(shape, 8, 2048) == 4 * 32000 * 2048
+    shape = estimate.model_shape("llama", "125m", {}, 32000)
+    chunk = estimate.loss_chunk_bytes(shape, 16, 2048)
+    assert chunk == estimate.loss_chunk_bytes(shape, 8, 2048) == 4 * 32000 * 2048
     # The accumulator lives through both phases of the step: the peak grows by one set of
     # gradients, whichever phase it is in.
     grown = two.total - two.reserve - (one.total - one.reserve)
@@ -164,37 +168,37 @@ def test_fused_attention_drops_the_scores() -> None:
     scores and probabilities. The plan says which, by the trainer's table
     (payload/model/kernels.py)."""
     for name in ("v6e-8", "nvidia-tesla-a100", "nvidia-h100-80gb", "nvidia-l4"):
-        acc = plan.accelerator(name)
-        assert plan.attention(job("125m"), acc).implementation != "reference", name
-        assert plan.attention(job("125m", attention="reference"), acc).implementation == (
+        acc = estimate.accelerator(name)
+        assert estimate.attention(job("125m"), acc).implementation != "reference", name
+        assert estimate.attention(job("125m", attention="reference"), acc).implementation == (
             "reference"
         )
-        assert plan.attention(job("125m", precision="fp32"), acc).implementation == (
+        assert estimate.attention(job("125m", precision="fp32"), acc).implementation == (
             "splash" if name == "v6e-8" else "reference"
         )
     for name in ("nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100"):
-        chosen = plan.attention(job("125m"), plan.accelerator(name))
+        chosen = estimate.attention(job("125m"), estimate.accelerator(name))
         assert chosen.implementation == "reference", name
         assert "compute capability 8.0 or newer" in chosen.reason and chosen.warning
-    p = plan.plan_job(job("125m"), plan.accelerator("nvidia-h100-80gb"))
+    p = estimate.plan_job(job("125m"), estimate.accelerator("nvidia-h100-80gb"))
     assert (p.attention, p.to_dict()["attention"]) == ("cudnn", "cudnn")
-    assert "attention: cudnn (train.attention: auto on nvidia-h100-80gb" in plan.format_plan(p)
-    shape = plan.model_shape("llama", "125m", {}, 32000)
-    reference = plan.activation_bytes_per_sequence(shape, 2048, 2048, "none", 2)
-    kernel = plan.activation_bytes_per_sequence(shape, 2048, 2048, "none", 2, fused=True)
+    assert "attention: cudnn (train.attention: auto on nvidia-h100-80gb" in estimate.format_plan(p)
+    shape = estimate.model_shape("llama", "125m", {}, 32000)
+    reference = estimate.activation_bytes_per_sequence(shape, 2048, 2048, "none", 2)
+    kernel = estimate.activation_bytes_per_sequence(shape, 2048, 2048, "none", 2, fused=True)
     assert reference - kernel == 30 * 2048 * ((4 + 2) * 9 * 2048 - 4 * 9)
     # Splash writes each statistic across its 128 lanes (a TPU's plan counts them so).
-    splash = plan.activation_bytes_per_sequence(
+    splash = estimate.activation_bytes_per_sequence(
         shape,
         2048,
         2048,
         "none",
         2,
         fused=True,
-        stat_lanes=plan.stat_lanes_of(plan.accelerator("v6e-8")),
+        stat_lanes=estimate.stat_lanes_of(estimate.accelerator("v6e-8")),
     )
     assert splash - kernel == 30 * 2048 * 4 * 9 * 127
-    assert plan.stat_lanes_of(plan.accelerator("nvidia-h100-80gb")) == 1
+    assert estimate.stat_lanes_of(estimate.accelerator("nvidia-h100-80gb")) == 1
 
 
 def test_attention_dropout_is_stated_in_the_plan() -> None:
@@ -207,13 +211,13 @@ def test_attention_dropout_is_stated_in_the_plan() -> None:
         "model": {"family": "bert", "size": "base"},
         "train": {"steps": 100, "global_batch_size": 64, "backend": "jax"},
     }  # fmt: skip
-    v6e = plan.accelerator("v6e-8")
-    preset = plan.plan_job(spec.parse_job(document, source="/tmp/p.yaml"), v6e)
+    v6e = estimate.accelerator("v6e-8")
+    preset = estimate.plan_job(spec.parse_job(document, source="/tmp/p.yaml"), v6e)
     assert preset.attention == "splash"
     document["model"]["config"] = {"attention_probs_dropout_prob": 0.1}
-    old = plan.plan_job(spec.parse_job(document, source="/tmp/p.yaml"), v6e)
+    old = estimate.plan_job(spec.parse_job(document, source="/tmp/p.yaml"), v6e)
     assert old.attention == "reference"
-    assert "attention dropout 0.1 needs the attention probabilities" in plan.format_plan(old)
+    assert "attention dropout 0.1 needs the attention probabilities" in estimate.format_plan(old)
     assert old.layout("data", "none").activations > preset.layout("data", "none").activations
 
 
@@ -221,32 +225,32 @@ def test_the_loss_chunk_follows_the_chip_s_memory() -> None:
     """One chunk of logits takes 1/64 of a chip's memory (256 MiB to 2 GiB): Llama 1b's
     128,256-token vocabulary at 4 sequences per chip, 512 positions on an 80 GB GPU, 128 on
     a 16 GB v5e."""
-    shape = plan.model_shape("llama", "1b", {}, 128256)
-    h100 = plan.accelerator("nvidia-h100-80gb").memory_bytes
-    assert plan.loss_chunk_bytes(shape, 4, 2048, h100, 6) == 6 * 128256 * 4 * 512
-    v5e = plan.accelerator("v5litepod-8").memory_bytes
-    assert plan.loss_chunk_bytes(shape, 4, 2048, v5e) == 4 * 128256 * 4 * 128
+    shape = estimate.model_shape("llama", "1b", {}, 128256)
+    h100 = estimate.accelerator("nvidia-h100-80gb").memory_bytes
+    assert estimate.loss_chunk_bytes(shape, 4, 2048, h100, 6) == 6 * 128256 * 4 * 512
+    v5e = estimate.accelerator("v5litepod-8").memory_bytes
+    assert estimate.loss_chunk_bytes(shape, 4, 2048, v5e) == 4 * 128256 * 4 * 128
     # Per logit: float32 logits; off a TPU also their softmax's gradient in the compute dtype.
-    assert plan.loss_bytes_per_logit(plan.accelerator("nvidia-h100-80gb")) == 4 + 2
-    assert plan.loss_bytes_per_logit(plan.accelerator("v5litepod-8")) == 4
+    assert estimate.loss_bytes_per_logit(estimate.accelerator("nvidia-h100-80gb")) == 4 + 2
+    assert estimate.loss_bytes_per_logit(estimate.accelerator("v5litepod-8")) == 4
 
 
 def test_auto_follows_the_half_memory_rule() -> None:
-    v5e = plan.accelerator("v5litepod-8")
-    assert plan.plan_job(job("125m"), v5e).sharding == "data"  # 2.1 GB of state < 8 GB
-    assert plan.plan_job(job("1b"), v5e).sharding == "fsdp"  # 16.6 GB > 8 GB
+    v5e = estimate.accelerator("v5litepod-8")
+    assert estimate.plan_job(job("125m"), v5e).sharding == "data"  # 2.1 GB of state < 8 GB
+    assert estimate.plan_job(job("1b"), v5e).sharding == "fsdp"  # 16.6 GB > 8 GB
 
 
 def test_a_batch_that_does_not_split_over_the_chips_is_refused() -> None:
     with pytest.raises(spec.SpecError, match=r"use a multiple of 16$"):
-        plan.plan_job(
-            job("125m", global_batch_size=24, grad_accum_steps=2), plan.accelerator("v6e-8")
+        estimate.plan_job(
+            job("125m", global_batch_size=24, grad_accum_steps=2), estimate.accelerator("v6e-8")
         )
 
 
 def test_a_job_that_does_not_fit_names_what_would() -> None:
-    p = plan.plan_job(
-        job("3b", sharding="data", global_batch_size=8), plan.accelerator("v5litepod-8")
+    p = estimate.plan_job(
+        job("3b", sharding="data", global_batch_size=8), estimate.accelerator("v5litepod-8")
     )
     assert not p.fits
     assert p.refusal is not None and "\n" not in p.refusal
@@ -333,7 +337,9 @@ def test_remat_is_offered_only_where_it_exists() -> None:
         "model": {"family": "gpt2", "size": "base"},
         "train": {"steps": 10, "global_batch_size": 512},
     }
-    p = plan.plan_job(spec.parse_job(document, source="/tmp/g.yaml"), plan.accelerator("nvidia-l4"))
+    p = estimate.plan_job(
+        spec.parse_job(document, source="/tmp/g.yaml"), estimate.accelerator("nvidia-l4")
+    )
     assert {x.remat for x in p.layouts} == {"none"}
     assert p.refusal is not None
     would = p.refusal.split("would fit: ")[1]
@@ -364,7 +370,7 @@ def test_stop_cost_uses_the_trainers_chunk_rules() -> None:
     plan must not) and training.FIRST_CHUNK_STEPS: the same values."""
     import ast
 
-    from payload.plan import stopping as stop_cost
+    from payload.plan import stopping
 
     tree = ast.parse((ROOT / "payload" / "backends" / "jax" / "runtime.py").read_text())
     values = {
@@ -375,9 +381,9 @@ def test_stop_cost_uses_the_trainers_chunk_rules() -> None:
         if isinstance(target, ast.Name) and target.id in ("CHUNK_SECONDS", "STEPS_PER_CALL")
     }
     assert values["CHUNK_SECONDS"]["tpu"] == values["CHUNK_SECONDS"]["gpu"]
-    assert values["CHUNK_SECONDS"]["tpu"] == stop_cost.CHUNK_SECONDS
-    for kind, steps in stop_cost.STEPS_PER_CALL.items():
+    assert values["CHUNK_SECONDS"]["tpu"] == stopping.CHUNK_SECONDS
+    for kind, steps in stopping.STEPS_PER_CALL.items():
         assert values["STEPS_PER_CALL"][kind] == steps
-    from payload.training import shared as training
+    from payload.training import shared
 
-    assert stop_cost.FIRST_CHUNK_STEPS == training.FIRST_CHUNK_STEPS
+    assert stopping.FIRST_CHUNK_STEPS == shared.FIRST_CHUNK_STEPS

@@ -36,8 +36,8 @@ import pytest
 from train_helpers import cpu_devices
 
 from payload import spec
-from payload.model import configs as model_lib
-from payload.plan import estimate as plan
+from payload.model import configs
+from payload.plan import estimate
 
 DRIVER = Path(__file__).with_name("jax_plan_memory_driver.py")
 EIGHT = {**cpu_devices(8), "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -45,7 +45,7 @@ EIGHT = {**cpu_devices(8), "TF_CPP_MIN_LOG_LEVEL": "3"}
 FACTOR = 1.5
 # The compiled step's matmul flops vs the plan's (payload/plan/estimate.py step_flops_per_token).
 FLOPS_TOLERANCE = 0.05
-CPU8 = plan.Accelerator(
+CPU8 = estimate.Accelerator(
     name="cpu-8",
     kind="cpu",
     generation="cpu",
@@ -66,11 +66,11 @@ CASES = [
 ]
 
 
-def planned(case: dict[str, Any]) -> plan.Layout:
+def planned(case: dict[str, Any]) -> estimate.Layout:
     return planned_plan(case).layout(case["sharding"], case["remat"])
 
 
-def planned_plan(case: dict[str, Any]) -> plan.Plan:
+def planned_plan(case: dict[str, Any]) -> estimate.Plan:
     document = {
         "name": "memory",
         "output": "/tmp/unused",
@@ -86,7 +86,7 @@ def planned_plan(case: dict[str, Any]) -> plan.Plan:
         },
     }
     job = spec.parse_job(document, source="/tmp/memory.yaml")
-    return plan.plan_job(job, CPU8)
+    return estimate.plan_job(job, CPU8)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_one_scanned_layer_body_and_the_plans_flops(measured: list[dict[str, int
             # operands and XLA may compute it once (CSE: the CPU compiler does under data
             # parallelism, where the head's kernel is not gathered twice): one matmul less.
             rows = case["batch"] // CPU8.chips
-            chunk = model_lib.loss_chunk_length(rows, case["seq"], case["vocab"])
+            chunk = configs.loss_chunk_length(rows, case["seq"], case["vocab"])
             assert chunk == case["seq"], (case, ratio, chunk)
             head = 2 * case["batch"] * case["seq"] * row["hidden"] * case["vocab"]
             ratio = (measured_flops + head) / job_plan.step_flops

@@ -20,7 +20,7 @@ from payload.backends.tf import train
 from payload.core import storage
 from payload.core.errors import DataError
 from payload.core.status import StatusWriter
-from payload.model import configs as model_lib
+from payload.model import configs
 from payload.schema import manifest as mf
 from payload.spec import JobSpec
 
@@ -199,7 +199,7 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_checkpoints(
 
     # Poison the step-10 checkpoint's weights, then ask for 10 more steps.
     manifest = mf.load_manifest(job.paths.data)
-    config = model_lib.build_config(
+    config = configs.build_config(
         "bert", "tiny", {}, vocab_size=manifest.vocab_size, special_ids=manifest.special_ids
     )
     model = tf_model.create_model("bert", config, 32)

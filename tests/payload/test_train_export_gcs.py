@@ -20,7 +20,7 @@ from payload.backends.tf import strategy as strategy_lib
 from payload.backends.tf import train
 from payload.core import storage
 from payload.core.status import StatusWriter
-from payload.model import configs as model_lib
+from payload.model import configs
 from payload.schema import manifest as mf
 
 
@@ -39,7 +39,7 @@ def test_export_to_gcs_uploads_model_and_tokenizer_marker_last(
     doc["output"] = f"{gcs_root}/out"
     job = write_job(tmp_path / "remote", doc)
     storage.upload_tree(local.paths.tokenizer, job.paths.tokenizer)
-    config = model_lib.build_config(
+    config = configs.build_config(
         "bert",
         "tiny",
         {},

@@ -24,7 +24,7 @@ import yaml
 
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
-from payload.data.encode import stage as encode
+from payload.data.encode import stage
 from payload.spec import JobSpec, load_job
 
 SUBJECTS = {
@@ -87,7 +87,7 @@ def prepare_data(job: JobSpec) -> None:
     """The real tokenizer and encode stages."""
     status = StatusWriter(job.paths.status, job.name)
     tokenizer.train_tokenizer(job, status)
-    encode.encode(job, status)
+    stage.encode(job, status)
 
 
 def copy_prepared(source: JobSpec, root: Path, document: dict[str, Any]) -> JobSpec:

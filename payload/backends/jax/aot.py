@@ -42,8 +42,7 @@ from payload.backends import quiet  # noqa: E402
 from payload.backends.jax import hlo, program  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.core.errors import SpecError, UserError  # noqa: E402
-from payload.model import configs as model_lib  # noqa: E402
-from payload.model import kernels  # noqa: E402
+from payload.model import configs, kernels  # noqa: E402
 from payload.plan import estimate as plan_lib  # noqa: E402
 from payload.plan.accelerators import Topology, topology_of  # noqa: E402
 
@@ -131,12 +130,12 @@ def data_facts(job: JobSpec) -> DataFacts:
     if "://" not in data and Path(data, manifest_lib.MANIFEST_NAME).is_file():
         manifest = manifest_lib.load_manifest(data)
         return DataFacts(
-            model_lib.config_for(job, manifest),
+            configs.config_for(job, manifest),
             int(manifest.seq_length),
             int(manifest.eval_records),
             f"the manifest in {data}",
         )
-    config = model_lib.build_config(
+    config = configs.build_config(
         job.model.family,
         job.model.size,
         job.model.config,
@@ -162,10 +161,10 @@ def build_for(
 ) -> program.Programs:
     """The trainer's programs for `job` on `devices` with `facts` (the compile path: the
     trainer's train._build/_programs do the same with its real devices and manifest)."""
-    from payload.training import heldout as evaluate_lib  # noqa: PLC0415
+    from payload.training import heldout  # noqa: PLC0415
 
     data = data or data_facts(job)
-    parameters = model_lib.parameter_count(job.model.family, data.config)
+    parameters = configs.parameter_count(job.model.family, data.config)
     rt = runtime_lib.runtime_of(
         facts,
         devices,
@@ -178,7 +177,7 @@ def build_for(
     if data.eval_records is None:
         eval_batch: int | None = rows
     elif data.eval_records:
-        eval_batch = evaluate_lib.eval_batch_size(data.eval_records, rows, rt.num_replicas) or None
+        eval_batch = heldout.eval_batch_size(data.eval_records, rows, rt.num_replicas) or None
     else:
         eval_batch = None
     return program.build(

@@ -61,8 +61,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from payload.model import configs as model_lib
-from payload.model import kernels
+from payload.model import configs, kernels
 
 SETTINGS = kernels.SETTINGS
 IMPLEMENTATIONS = kernels.IMPLEMENTATIONS
@@ -334,8 +333,8 @@ def model_case(
     return kernels.Case(
         chip=chip,
         dtype=compute_dtype,
-        head_sizes=model_lib.attention_head_sizes(family, settings),
-        dropout=model_lib.attention_dropout(family, settings),
+        head_sizes=configs.attention_head_sizes(family, settings),
+        dropout=configs.attention_dropout(family, settings),
         seq_length=int(seq_length),
         documents=bool(document_mask),
     )

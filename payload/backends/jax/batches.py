@@ -14,7 +14,7 @@ import numpy as np
 from payload.backends.jax import input as input_lib
 from payload.backends.jax import mesh as mesh_lib
 from payload.core import storage
-from payload.data import input_order as input_plan
+from payload.data import input_order
 from payload.schema import manifest as manifest_lib
 
 if TYPE_CHECKING:
@@ -63,12 +63,12 @@ class Pipelines:
 
     def plans(
         self, job: JobSpec, manifest: Manifest, global_batch: int, *, split: str = "train"
-    ) -> list[input_plan.PipelinePlan]:
+    ) -> list[input_order.PipelinePlan]:
         """What every input pipeline (of every process) reads of `split`, by pipeline id."""
         paths = manifest_lib.shard_paths(job.paths.data, manifest, split=split)
         shards = manifest.eval_shards if split == "eval" else manifest.shards
         return [
-            input_plan.plan_pipeline(
+            input_order.plan_pipeline(
                 paths,
                 [s.records for s in shards],
                 batch_size=self.pipeline_batch(global_batch),

@@ -25,7 +25,7 @@ import jax
 
 from payload.core import errors
 from payload.core.errors import UserError
-from payload.training import shared as training
+from payload.training import shared
 
 ENV = "TPU_PAYLOAD_JAX_DISTRIBUTED"
 _EXPLICIT = re.compile(
@@ -137,7 +137,7 @@ class PeerFailed(SystemExit):
         return self.line
 
 
-class _PeerInterrupted(training.TrainingInterrupted):
+class _PeerInterrupted(shared.TrainingInterrupted):
     """Another process of the slice was stopped by a signal before training could agree on a
     checkpoint: this one stops too, like the signal (exit 128 + signum)."""
 
@@ -183,10 +183,10 @@ class _Abort:
         prints none)."""
         if self.kind == SIGNAL_KIND:
             text = f"process {self.index} of the slice {self.message}"
-            training.log(f"train: {text}")
+            shared.log(f"train: {text}")
             return _PeerInterrupted(self.code - 128, text)
         if self.kind == ERROR_KIND:
-            training.log(self.line)
+            shared.log(self.line)
             return PeerFailed(self.line)
         exc = _user_error(self.kind, self.message)
         exc.__cause__ = PeerAbortError(f"process {self.index}")
@@ -216,7 +216,7 @@ def _raise_if_aborted(client: Any) -> None:
     abort = _peer_abort(client)
     if abort is not None:
         raise abort.raised_here()
-    training.stop_point()
+    shared.stop_point()
 
 
 def _wait_for_all(client: Any, directory: str, timeout_s: float) -> dict[int, str]:
@@ -248,7 +248,7 @@ def gather_strings(name: str, mine: str, timeout_s: float = AGREE_TIMEOUT_S) -> 
     """Every process's `mine`, by process index: each publishes its own, then all read the
     same complete set (a process that aborts meanwhile ends the wait on every other). A stop
     signal this process recorded is acted on first (training.stop_point)."""
-    training.stop_point()
+    shared.stop_point()
     if jax.process_count() == 1:
         return [mine]
     client = _client()
@@ -341,7 +341,7 @@ def _entry_of(exc: BaseException, me: int) -> dict[str, Any]:
     """What a process publishes when `exc` ends it: its class, exit code, and the line every
     host prints."""
     code = exit_code_of(exc)
-    if isinstance(exc, training.TrainingInterrupted):
+    if isinstance(exc, shared.TrainingInterrupted):
         return {"kind": SIGNAL_KIND, "code": code, "message": exc.message, "line": exc.message}
     if isinstance(exc, KeyboardInterrupt):
         message = "stopped by signal 2 (Ctrl-C) outside the training loop"
@@ -386,7 +386,7 @@ def leave_with(exc: BaseException) -> None:
         return
     entry = _entry_of(exc, me)
     if entry["kind"] == ERROR_KIND:
-        training.log(entry["line"])
+        shared.log(entry["line"])
     _publish(client, me, entry)
 
 
@@ -412,12 +412,12 @@ def _publish(client: Any, me: int, entry: dict[str, Any]) -> None:
             if others <= done:
                 return
             time.sleep(POLL_LAST_S)
-        training.log(
+        shared.log(
             f"train: processes {sorted(others - done)} did not read this process's abort "
             f"within {ABORT_ACK_TIMEOUT_S:.0f} s"
         )
     except Exception as failure:  # the service may be gone already: the exit goes on
-        training.log(f"train: could not tell the other processes ({failure})")
+        shared.log(f"train: could not tell the other processes ({failure})")
 
 
 def _leave(code: int) -> None:
@@ -506,12 +506,12 @@ class SliceGuard:
             if self._leaving is not None:
                 code, backstop = self._leaving
                 if now > backstop and _joined():
-                    training.log(f"train: still running {self.BACKSTOP_S:.0f} s after leaving")
+                    shared.log(f"train: still running {self.BACKSTOP_S:.0f} s after leaving")
                     _leave(code)
                 continue
             try:
-                if pending is None and training.STOP.at_once():
-                    pending = self._signalled(int(training.STOP.signum or 0))
+                if pending is None and shared.STOP.at_once():
+                    pending = self._signalled(int(shared.STOP.signum or 0))
                     deadline = now + GUARD_GRACE_S
                 elif pending is None and _joined() and now >= next_poll:
                     next_poll = now + GUARD_POLL_S
@@ -520,14 +520,14 @@ class SliceGuard:
                         pending = (abort.code, abort.hard_exit_line())
                         deadline = now + GUARD_GRACE_S
             except Exception as failure:  # the service is gone: the client ends the process
-                training.log(f"train: the slice guard cannot reach the other processes ({failure})")
+                shared.log(f"train: the slice guard cannot reach the other processes ({failure})")
                 return
             if pending is not None and now > deadline and self._leaving is None:
                 self._end(*pending)
 
     def _signalled(self, signum: int) -> tuple[int, str]:
         """A stop by signal outside a loop's agreement: tell the others now."""
-        message = training.stop_message(signum)
+        message = shared.stop_message(signum)
         if _joined():
             state = _state()
             entry = {"kind": SIGNAL_KIND, "code": 128 + signum, "message": message, "line": message}
@@ -537,12 +537,12 @@ class SliceGuard:
         return 128 + signum, f"train: {message}"
 
     def _end(self, code: int, line: str) -> None:
-        training.log(line)
+        shared.log(line)
         if self.on_exit is not None:
             try:
                 self.on_exit(line)
             except Exception as failure:
-                training.log(f"train: could not record the failure ({failure})")
+                shared.log(f"train: could not record the failure ({failure})")
         self._leaving = (code, time.monotonic())
         _leave(code)
 

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 from payload.backends.jax import steps
 from payload.core import storage
 from payload.core.tensorboard import Scalars
-from payload.training import heldout as evaluate_lib
+from payload.training import heldout
 
 if TYPE_CHECKING:
     from payload.backends.jax.batches import Pipelines
@@ -48,7 +48,7 @@ class Evaluator:
         job's held-out batch); default: make_eval_sums, compiled at the first call."""
         self.job, self.status, self.pipelines = job, status, pipelines
         replicas = rt.num_replicas
-        self.global_batch = evaluate_lib.checked_eval_batch(job, manifest, replicas)
+        self.global_batch = heldout.checked_eval_batch(job, manifest, replicas)
         # Every pipeline must give the same number of batches: the smallest share decides.
         self.batches = min(
             plan.batches_per_epoch
@@ -59,7 +59,7 @@ class Evaluator:
             job,
             manifest,
             self.global_batch,
-            seed=evaluate_lib.EVAL_MASK_SEED,
+            seed=heldout.EVAL_MASK_SEED,
             training=False,
             repeat=False,
             split="eval",
@@ -107,7 +107,7 @@ class Evaluator:
             if stop(done):
                 return None
         seconds = time.perf_counter() - started  # the first call includes compiling
-        return evaluate_lib.report(
+        return heldout.report(
             self.job,
             self.status,
             self.writer,
@@ -126,7 +126,7 @@ def micro_batches_of(job: JobSpec, eval_batch: int, replicas: int) -> int:
     devices: a device never holds more rows at once than it trains on (train.
     grad_accum_steps' micro-batch), so an evaluation fits wherever a step does."""
     train_rows = job.train.global_batch_size // (replicas * job.train.grad_accum_steps)
-    return evaluate_lib.micro_batch_count(eval_batch // replicas, train_rows)
+    return heldout.micro_batch_count(eval_batch // replicas, train_rows)
 
 
 def make_eval_sums(
@@ -162,12 +162,12 @@ def make_eval_sums(
         # The generator's samples of batch `index` (and micro-batch i) are the same at every
         # evaluation.
         if count == 1:
-            key = steps.sample_key(evaluate_lib.EVAL_MASK_SEED, index)
+            key = steps.sample_key(heldout.EVAL_MASK_SEED, index)
             return totals + terms_of(trainable, non_trainable, batch, key)
 
         def body(carry: Any, indexed: tuple[Any, Any]) -> tuple[Any, None]:
             i, micro = indexed
-            key = steps.sample_key(evaluate_lib.EVAL_MASK_SEED, index, i)
+            key = steps.sample_key(heldout.EVAL_MASK_SEED, index, i)
             return carry + terms_of(trainable, non_trainable, micro, key), None
 
         totals, _ = jax.lax.scan(

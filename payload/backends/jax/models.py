@@ -609,10 +609,10 @@ class Electra(keras.Model):
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        from payload.model import configs as model_lib  # noqa: PLC0415  (framework-free)
+        from payload.model import configs  # noqa: PLC0415  (framework-free)
 
         self.config, self.family = config, "electra"
-        self.generator_config = model_lib.generator_config(config)
+        self.generator_config = configs.generator_config(config)
         gen = self.generator_config
         width, eps = int(config.embedding_size), float(config.layer_norm_eps)
         self.word_embeddings, self.position_embeddings, self.token_type_embeddings = (
@@ -640,7 +640,7 @@ class Electra(keras.Model):
         ]
         self.generator_dense = _dense(width, config, "generator_dense")
         self.generator_norm = layers.LayerNormalization(epsilon=eps, name="generator_norm")
-        self.temperature = float(model_lib.ELECTRA_TEMPERATURE)
+        self.temperature = float(configs.ELECTRA_TEMPERATURE)
         self.mesh = attention.mesh
 
     def build(self, input_shape: Any) -> None:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import keras
 
 from payload.backends.jax import mesh as mesh_lib
-from payload.model import configs as model_lib
+from payload.model import configs
 
 
 @dataclass
@@ -120,8 +120,8 @@ def chunked_loss_terms(
         devices = int(mesh.size) if mesh is not None else 1
     per_device = max(1, rows // max(1, int(devices)))
     if budget is None:
-        budget = model_lib.loss_chunk_budget(memory_bytes)
-    size = model_lib.loss_chunk_length(per_device, length, kernel.shape[-1], budget)
+        budget = configs.loss_chunk_budget(memory_bytes)
+    size = configs.loss_chunk_length(per_device, length, kernel.shape[-1], budget)
     return _chunked(features, kernel, bias, labels, weights, size=size, mesh=mesh)
 
 
@@ -257,8 +257,8 @@ def lm_loss_terms(
 
 # ELECTRA (data.objective rtd): the recipe's weights (payload/model/configs.py, from
 # google-research/electra configure_pretraining.py).
-DISC_WEIGHT = model_lib.ELECTRA_DISC_WEIGHT
-GEN_WEIGHT = model_lib.ELECTRA_GEN_WEIGHT
+DISC_WEIGHT = configs.ELECTRA_DISC_WEIGHT
+GEN_WEIGHT = configs.ELECTRA_GEN_WEIGHT
 # The sums of one RTD pass, in this order (rtd_terms): the generator's MLM loss, masked
 # positions and correct predictions; the discriminator's loss, real tokens and correct
 # decisions; replaced tokens predicted replaced (tp), original tokens predicted replaced

@@ -61,9 +61,9 @@ from payload.backends.jax.runtime import Runtime  # noqa: E402
 from payload.core import storage  # noqa: E402
 from payload.core.errors import SpecError  # noqa: E402
 from payload.core.status import StatusWriter  # noqa: E402
-from payload.model import configs as model_lib  # noqa: E402
+from payload.model import configs  # noqa: E402
 from payload.schema import manifest as manifest_lib  # noqa: E402
-from payload.training import heldout as evaluate_lib  # noqa: E402
+from payload.training import heldout  # noqa: E402
 from payload.training import identity as run_identity_lib  # noqa: E402
 from payload.training import shared as training  # noqa: E402
 
@@ -121,7 +121,7 @@ def _train(
     status.update(stage="train", message="verifying data")
     spec = job.train
     manifest = _loaded_manifest(job)
-    config = model_lib.config_for(job, manifest)
+    config = configs.config_for(job, manifest)
     rt = _runtime(job, manifest, config)
     pipelines = Pipelines(rt, input_pipelines)
     _checked_data(job, manifest, pipelines)
@@ -291,7 +291,7 @@ def _verify_own_shards(job: JobSpec, manifest: Manifest, pipelines: Pipelines) -
     spec = job.train
     names = set(pipelines.files(job, manifest, spec.global_batch_size))
     if manifest.eval_records:
-        eval_batch = evaluate_lib.checked_eval_batch(job, manifest, pipelines.rt.num_replicas)
+        eval_batch = heldout.checked_eval_batch(job, manifest, pipelines.rt.num_replicas)
         plans = pipelines.plans(job, manifest, eval_batch, split="eval")
         names |= {storage.basename(path) for i in pipelines.mine for path in plans[i].files}
     resuming = bool(checkpoints.finished_steps(job.paths.checkpoints))
@@ -326,7 +326,7 @@ def _check_run(
 def _runtime(job: JobSpec, manifest: Manifest, config: Any) -> Runtime:
     """This process's runtime for the job (runtime.runtime: the devices, the precision policy,
     the mesh for the model's parameters) with the job's attention (program.with_attention)."""
-    parameters = model_lib.parameter_count(job.model.family, config)
+    parameters = configs.parameter_count(job.model.family, config)
     rt = runtime_lib.runtime(job.train.precision, job.train.sharding, parameters)
     return program_lib.with_attention(job, config, int(manifest.seq_length), rt)
 
@@ -336,7 +336,7 @@ def _programs(job: JobSpec, manifest: Manifest, config: Any, rt: Runtime) -> pro
     `tpu-payload compile` uses: this run compiles what `compile` compiles for the same job
     and facts (their fingerprints, logged here, are what `compile --json` prints)."""
     eval_batch = (
-        evaluate_lib.checked_eval_batch(job, manifest, rt.num_replicas)
+        heldout.checked_eval_batch(job, manifest, rt.num_replicas)
         if manifest.eval_records
         else None
     )
@@ -636,7 +636,7 @@ def export(
     part_configs = None
     if isinstance(model, models.Electra):
         part_configs = {
-            "discriminator": model_lib.export_config(model.config),
+            "discriminator": configs.export_config(model.config),
             "generator": model.generator_config.to_dict(),
         }
 

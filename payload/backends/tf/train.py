@@ -36,7 +36,7 @@ from payload.backends.tf import strategy as strategy_lib
 from payload.core import storage
 from payload.core.errors import SpecError
 from payload.core.status import StatusWriter
-from payload.model import configs as model_lib
+from payload.model import configs
 from payload.schema import manifest as manifest_lib
 from payload.spec import tf_backend_refusal
 from payload.training import export as export_lib
@@ -92,7 +92,7 @@ def train(
     manifest_lib.verify_shards(job.paths.data, manifest, checksums=True)
 
     family, spec = job.model.family, job.train
-    config = model_lib.config_for(job, manifest)
+    config = configs.config_for(job, manifest)
     runtime = runtime or strategy_lib.setup(spec.precision)
     strategy_lib.check_global_batch(spec.global_batch_size, runtime)
     chief = runtime.is_chief

@@ -37,7 +37,7 @@ endef
 STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
-.PHONY: demo test test-payload test-infra lint lint-ruff lint-mypy-payload lint-mypy-infra \
+.PHONY: demo test test-payload test-infra lint lint-ruff lint-imports lint-mypy-payload lint-mypy-infra \
 	format plan smoke bench bench-tpu-install venv venv-infra venv-tpu venv-tpu-jax venv-gpu-jax \
 	venv-pt venv-beam tools clean
 
@@ -176,12 +176,17 @@ test-payload: venv venv-pt venv-beam venv-tpu-jax
 test-infra: venv-infra venv-tpu venv-tpu-jax venv-gpu-jax $(TOOLS)
 	$(IPY) -m pytest $(PYTEST_PARALLEL) tests/infra tests/policy
 
-# Three independent checks (each mypy runs on one core): `make -j3 lint` runs them side by side.
-lint: lint-ruff lint-mypy-payload lint-mypy-infra
+# Four independent checks (each mypy runs on one core): `make -j4 lint` runs them side by side.
+lint: lint-ruff lint-imports lint-mypy-payload lint-mypy-infra
 
 lint-ruff: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# The floors as contracts (pyproject.toml [tool.importlinter]): payload's floors in order, the
+# backends independent, infra, payload and the policy pack independent. Under a second.
+lint-imports: venv
+	$(VENV)/bin/lint-imports --no-cache
 
 lint-mypy-payload: venv
 	$(VENV)/bin/mypy payload

@@ -427,7 +427,7 @@ def test_every_allowed_main_type_api_and_grant_is_used_by_a_stack() -> None:
             for grant in allowlist.MAIN.grants:
                 if (
                     type_ in grant.types
-                    and closed_world._role_key(props.get("role", "")) == grant.role
+                    and closed_world.role_key(props.get("role", "")) == grant.role
                 ):
                     used.add(grant)
     assert used == set(allowlist.MAIN.grants)

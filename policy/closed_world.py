@@ -16,6 +16,7 @@ from pulumi_policy import (
     ResourceValidationArgs,
     ResourceValidationPolicy,
     StackValidationArgs,
+    StackValidationPolicy,
 )
 
 try:  # inside the repository (tests): the package "policy"
@@ -29,9 +30,10 @@ try:  # inside the repository (tests): the package "policy"
         SERVICE,
         TPU_TYPES,
         VM_TYPES,
-        _get,
-        _is_iam_type,
-        _items,
+        Rule,
+        get,
+        is_iam_type,
+        items,
     )
 except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the working directory
     import allowlist  # type: ignore[no-redef]
@@ -44,9 +46,10 @@ except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the workin
         SERVICE,
         TPU_TYPES,
         VM_TYPES,
-        _get,
-        _is_iam_type,
-        _items,
+        Rule,
+        get,
+        is_iam_type,
+        items,
     )
 
 # Provider settings that would make the provider act as another identity than the one the
@@ -107,7 +110,7 @@ def _check_allowed_api(
     profile = profile_of(urn)
     if resource_type != SERVICE or profile is None:
         return
-    api = _get(props, "service")
+    api = get(props, "service")
     if api not in profile.apis:
         report(f"{MSG_UNKNOWN_API}: {api!r} in project {profile.project}; {HOW_TO_ALLOW}")
 
@@ -115,7 +118,7 @@ def _check_allowed_api(
 _CUSTOM_ROLE_NAME = re.compile(r"^projects/[^/]+/roles/([^/]+)$")
 
 
-def _role_key(role: str) -> str:
+def role_key(role: str) -> str:
     """Predefined roles by name; project custom roles as "custom:<roleId>" (the stack's
     project). Organization custom roles keep their full name and match no entry."""
     match = _CUSTOM_ROLE_NAME.match(role)
@@ -124,16 +127,16 @@ def _role_key(role: str) -> str:
 
 def _iam_grants(props: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:
     """(role, member, condition expression or "") of an IAM member/binding/policy."""
-    role = _get(props, "role")
+    role = get(props, "role")
     role = role if isinstance(role, str) else ""
-    expression = _get(props, "condition", "expression")
+    expression = get(props, "condition", "expression")
     condition = expression if isinstance(expression, str) else ""
-    member = _get(props, "member")
+    member = get(props, "member")
     if isinstance(member, str):
         yield role, member, condition
-    for member in _items(_get(props, "members")):
+    for member in items(get(props, "members")):
         yield role, str(member), condition
-    policy_data = _get(props, "policyData")
+    policy_data = get(props, "policyData")
     if isinstance(policy_data, str) and policy_data.strip():
         try:
             policy = json.loads(policy_data)
@@ -155,7 +158,7 @@ def _grant_problem(
     member: str,
     condition: str,
 ) -> str | None:
-    key = _role_key(role)
+    key = role_key(role)
     candidates = [g for g in profile.grants if resource_type in g.types and g.role == key]
     if not candidates:
         allowed = sorted({g.role for g in profile.grants if resource_type in g.types})
@@ -163,13 +166,13 @@ def _grant_problem(
             f"{role or 'no role'} to {member} on {resource_type}: this role may not be granted "
             f"there in project {profile.project} (allowed: {', '.join(allowed) or 'none'})"
         )
-    target = str(_get(props, "serviceAccountId") or "")
+    target = str(get(props, "serviceAccountId") or "")
     for grant in candidates:
         member_match = re.fullmatch(grant.member, member)
         if not member_match:
             continue
         if grant.target is not None:
-            target = str(_get(props, grant.target_key) or "")
+            target = str(get(props, grant.target_key) or "")
             target_match = re.fullmatch(grant.target, target)
             if not target_match:
                 continue
@@ -190,7 +193,7 @@ def _check_allowed_grants(
     urn: str, resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
 ) -> None:
     profile = profile_of(urn)
-    if profile is None or not _is_iam_type(resource_type):
+    if profile is None or not is_iam_type(resource_type):
         return
     for role, member, condition in _iam_grants(props):
         problem = _grant_problem(
@@ -214,8 +217,8 @@ def _check_custom_role(
     if resource_type not in CUSTOM_ROLE_TYPES:
         return
     profile = profile_of(urn)
-    role_id = str(_get(props, "roleId") or "")
-    permissions = {str(p) for p in _items(_get(props, "permissions"))}
+    role_id = str(get(props, "roleId") or "")
+    permissions = {str(p) for p in items(get(props, "permissions"))}
     allowed = profile.custom_roles.get(role_id) if profile else None
     extra = sorted(permissions - (allowed or frozenset()))
     if allowed is not None and not extra:
@@ -236,7 +239,7 @@ def _check_vm_account(
 ) -> None:
     if resource_type not in (*VM_TYPES, *TPU_TYPES):
         return
-    email = _get(props, "serviceAccount", "email")
+    email = get(props, "serviceAccount", "email")
     if isinstance(email, str) and not re.fullmatch(allowlist.VM_ACCOUNT, email):
         report(
             f"{MSG_VM_ACCOUNT}: {resource_type} runs as {email}; a VM of "
@@ -251,7 +254,7 @@ def _check_provider(
     if not resource_type.startswith(PROVIDER_PREFIX):
         return
     for key in PROVIDER_CREDENTIAL_KEYS:
-        if _get(props, key) not in (None, "", []):
+        if get(props, key) not in (None, "", []):
             report(f"{MSG_PROVIDER}: {resource_type} sets {key}")
 
 
@@ -283,54 +286,54 @@ def _validate_own_targets(args: StackValidationArgs, report_violation: ReportVio
     allowed role on someone else's resource (the state bucket, another stack's account) is
     a grant the program never makes."""
     buckets = {
-        str(_get(r.props, "name"))
+        str(get(r.props, "name"))
         for r in args.resources
-        if r.resource_type == BUCKET and _get(r.props, "name")
+        if r.resource_type == BUCKET and get(r.props, "name")
     }
     secrets = {
-        str(_get(r.props, "secretId"))
+        str(get(r.props, "secretId"))
         for r in args.resources
-        if r.resource_type == SECRET and _get(r.props, "secretId")
+        if r.resource_type == SECRET and get(r.props, "secretId")
     }
     accounts = {
-        (str(_get(r.props, "accountId")), _get(r.props, "project"))
+        (str(get(r.props, "accountId")), get(r.props, "project"))
         for r in args.resources
         if r.resource_type == ACCOUNT
     }
     repositories = {
-        (str(_get(r.props, "repositoryId")), _get(r.props, "location"))
+        (str(get(r.props, "repositoryId")), get(r.props, "location"))
         for r in args.resources
         if r.resource_type == allowlist.REPOSITORY
     }
     for resource in args.resources:
         type_, props = resource.resource_type, resource.props
         lowered = type_.lower()
-        if not _is_iam_type(type_):
+        if not is_iam_type(type_):
             continue
         if lowered.startswith("gcp:storage/bucketiam"):
-            bucket = str(_get(props, "bucket") or "").removeprefix("b/")
+            bucket = str(get(props, "bucket") or "").removeprefix("b/")
             if bucket not in buckets:
                 report_violation(
                     f"{MSG_FOREIGN_TARGET}: bucket {bucket!r} is not a bucket of this stack",
                     resource.urn,
                 )
         elif lowered.startswith("gcp:secretmanager/secretiam"):
-            secret = str(_get(props, "secretId") or "").rsplit("/", 1)[-1]
+            secret = str(get(props, "secretId") or "").rsplit("/", 1)[-1]
             if secret not in secrets:
                 report_violation(
                     f"{MSG_FOREIGN_TARGET}: secret {secret!r} is not a secret of this stack",
                     resource.urn,
                 )
         elif lowered.startswith("gcp:artifactregistry/repositoryiam"):
-            repository = str(_get(props, "repository") or "").rsplit("/", 1)[-1]
-            if (repository, _get(props, "location")) not in repositories:
+            repository = str(get(props, "repository") or "").rsplit("/", 1)[-1]
+            if (repository, get(props, "location")) not in repositories:
                 report_violation(
                     f"{MSG_FOREIGN_TARGET}: Artifact Registry repository {repository!r} in "
-                    f"{_get(props, 'location')!r} is not a repository of this stack",
+                    f"{get(props, 'location')!r} is not a repository of this stack",
                     resource.urn,
                 )
         elif lowered.startswith("gcp:serviceaccount/iam"):
-            target = str(_get(props, "serviceAccountId") or "").rsplit("/", 1)[-1]
+            target = str(get(props, "serviceAccountId") or "").rsplit("/", 1)[-1]
             local, _, domain = target.partition("@")
             own = any(
                 local == account_id
@@ -343,3 +346,74 @@ def _validate_own_targets(args: StackValidationArgs, report_violation: ReportVio
                     "this stack",
                     resource.urn,
                 )
+
+
+def rules() -> list[Rule]:
+    """The closed world's rules, in the pack's order: the allowlists first."""
+    return [
+        Rule(
+            _any_resource_policy(
+                "allowed-resource-types",
+                "Every resource's type is on the allowlist of its Pulumi project "
+                "(policy/allowlist.py); anything else is refused (closed world).",
+                _check_allowed_type,
+            ),
+            MSG_UNKNOWN_TYPE,
+        ),
+        Rule(
+            _any_resource_policy(
+                "allowed-apis",
+                "Only the APIs the program needs may be enabled (policy/allowlist.py).",
+                _check_allowed_api,
+            ),
+            MSG_UNKNOWN_API,
+        ),
+        Rule(
+            _any_resource_policy(
+                "allowed-iam-grants",
+                "Every IAM grant (role x principal x resource) is on the allowlist; custom "
+                "roles by role id, service-account grants by the account they are on.",
+                _check_allowed_grants,
+            ),
+            MSG_IAM_GRANT,
+        ),
+        Rule(
+            _any_resource_policy(
+                "custom-role-permissions",
+                "A custom role exists only under an allowed role id and holds only the "
+                "permissions listed for it (setIamPolicy, actAs, token or key creation, role "
+                "editing are named as escalation paths).",
+                _check_custom_role,
+            ),
+            MSG_CUSTOM_ROLE,
+        ),
+        Rule(
+            _any_resource_policy(
+                "vm-accounts-are-stack-accounts",
+                "VMs and TPU VMs run as the stack's own service accounts, never as another "
+                "account of the project (a CI account, another stack's, a default one).",
+                _check_vm_account,
+            ),
+            MSG_VM_ACCOUNT,
+        ),
+        Rule(
+            _any_resource_policy(
+                "providers-without-credentials",
+                "Providers use the identity the workflow authenticated: no credentials, "
+                "access token or impersonation of their own.",
+                _check_provider,
+            ),
+            MSG_PROVIDER,
+        ),
+        Rule(
+            StackValidationPolicy(
+                name="grants-on-own-resources",
+                description="Bucket, secret, service-account and image-repository grants are "
+                "on resources the same stack creates (never on the state bucket or another "
+                "stack's account).",
+                validate=_validate_own_targets,
+                enforcement_level=EnforcementLevel.MANDATORY,
+            ),
+            MSG_FOREIGN_TARGET,
+        ),
+    ]

@@ -35,8 +35,10 @@ from pulumi_policy import (
 
 try:  # inside the repository (tests): the package "policy"
     from . import allowlist
+    from .resources import Rule
 except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the working directory
     import allowlist  # type: ignore[no-redef]
+    from resources import Rule  # type: ignore[no-redef]
 
 NAME = "vm-accounts-write-no-executables"
 MSG = "a VM or worker account could write what a VM runs"
@@ -207,16 +209,22 @@ def _validate(args: ResourceValidationArgs, report_violation: ReportViolation) -
         report(problem)
 
 
-def build_policy() -> ResourceValidationPolicy:
-    return ResourceValidationPolicy(
-        name=NAME,
-        description=(
-            "No grant lets a VM's or a Dataflow worker's account write what a VM of the stack "
-            "runs (the job pointer, startup scripts, payload archive, job specs; the "
-            "wheelhouse and Dataflow staging for all but the controller): on the bucket only "
-            "objectViewer and objectUser with the program's exact condition, no object-writing "
-            "role on the project, a managed folder or by ACL."
+def rules() -> list[Rule]:
+    return [
+        Rule(
+            ResourceValidationPolicy(
+                name=NAME,
+                description=(
+                    "No grant lets a VM's or a Dataflow worker's account write what a VM of the "
+                    "stack runs (the job pointer, startup scripts, payload archive, job specs; "
+                    "the wheelhouse and Dataflow staging for all but the controller): on the "
+                    "bucket only objectViewer and objectUser with the program's exact "
+                    "condition, no object-writing role on the project, a managed folder or by "
+                    "ACL."
+                ),
+                validate=_validate,
+                enforcement_level=EnforcementLevel.MANDATORY,
+            ),
+            MSG,
         ),
-        validate=_validate,
-        enforcement_level=EnforcementLevel.MANDATORY,
-    )
+    ]

@@ -19,23 +19,33 @@ try:  # inside the repository (tests): the package "policy"
     from .resources import (
         BUCKET_OBJECT,
         CIS,
+        PROJECT_IAM_TYPES,
+        SERVICE_ACCOUNT_KEY,
         STORAGE_ACL_TYPES,
         TPU_TYPES,
         VM_TYPES,
-        _get,
-        _iam_members,
-        _is_iam_type,
+        WIF_PROVIDER,
+        Rule,
+        get,
+        iam_members,
+        is_iam_type,
+        resource_policy,
     )
 except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the working directory
     from resources import (  # type: ignore[no-redef]
         BUCKET_OBJECT,
         CIS,
+        PROJECT_IAM_TYPES,
+        SERVICE_ACCOUNT_KEY,
         STORAGE_ACL_TYPES,
         TPU_TYPES,
         VM_TYPES,
-        _get,
-        _iam_members,
-        _is_iam_type,
+        WIF_PROVIDER,
+        Rule,
+        get,
+        iam_members,
+        is_iam_type,
+        resource_policy,
     )
 
 PUBLIC_PRINCIPALS = ("allusers", "allauthenticatedusers")
@@ -60,21 +70,21 @@ MSG_WIF_CONDITION = "workload identity provider must restrict the token with att
 def _check_default_sa(
     resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
 ) -> None:
-    if _is_iam_type(resource_type):
-        for role, member in _iam_members(resource_type, props):
+    if is_iam_type(resource_type):
+        for role, member in iam_members(resource_type, props):
             if DEFAULT_ACCOUNT.search(member):
                 report(f"{MSG_DEFAULT_SA}: {member} is granted {role or 'a role'}")
         # A grant ON a default account (e.g. actAs on it) lets the grantee run as it.
         for key in ("serviceAccountId", "name", "resource"):
-            target = _get(props, key)
+            target = get(props, key)
             if isinstance(target, str) and DEFAULT_ACCOUNT.search(target):
                 report(f"{MSG_DEFAULT_SA}: grant on the default account {target}")
         return
-    email = _get(props, "serviceAccount", "email")
+    email = get(props, "serviceAccount", "email")
     if resource_type in TPU_TYPES and not email:
         # A TPU VM without an explicit service account runs as the default compute account.
         report(f"{MSG_DEFAULT_SA}: TPU VM without serviceAccount.email runs as the default one")
-    elif isinstance(_get(props, "serviceAccount"), Mapping) and not email:
+    elif isinstance(get(props, "serviceAccount"), Mapping) and not email:
         # A GCE VM with a service_account block but no email gets the default compute
         # account (the provider leaves the email to the API, which picks the default).
         report(f"{MSG_DEFAULT_SA}: serviceAccount without email runs as the default one")
@@ -95,7 +105,7 @@ def _role_is_basic_or_admin(role: str) -> bool:
 def _check_sa_roles(
     resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
 ) -> None:
-    for role, member in _iam_members(resource_type, props):
+    for role, member in iam_members(resource_type, props):
         if member.startswith("serviceAccount:") and _role_is_basic_or_admin(role):
             report(f"{MSG_SA_ROLE}: {member} gets {role} on the project")
 
@@ -104,13 +114,13 @@ def _check_public_members(
     resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
 ) -> None:
     if resource_type == BUCKET_OBJECT:
-        acl = _get(props, "predefinedAcl")
+        acl = get(props, "predefinedAcl")
         if isinstance(acl, str) and acl.strip().lower().startswith(("public", "authenticated")):
             report(f"{MSG_PUBLIC_MEMBER}: object with predefinedAcl {acl!r}")
         return
-    if not (_is_iam_type(resource_type) or resource_type in STORAGE_ACL_TYPES):
+    if not (is_iam_type(resource_type) or resource_type in STORAGE_ACL_TYPES):
         return
-    for role, member in _iam_members(resource_type, props):
+    for role, member in iam_members(resource_type, props):
         if member.strip().lower() in PUBLIC_PRINCIPALS:
             report(f"{MSG_PUBLIC_MEMBER}: {member} gets {role or 'access'}")
 
@@ -120,8 +130,8 @@ def _check_sa_key(_t: str, _props: Mapping[str, Any], report: Callable[[str], No
 
 
 def _check_wif_condition(_t: str, props: Mapping[str, Any], report: Callable[[str], None]) -> None:
-    condition = _get(props, "attributeCondition")
-    if _get(props, "oidc") is not None and not (isinstance(condition, str) and condition.strip()):
+    condition = get(props, "attributeCondition")
+    if get(props, "oidc") is not None and not (isinstance(condition, str) and condition.strip()):
         report(f"{MSG_WIF_CONDITION}: e.g. assertion.repository == 'owner/repo'")
 
 
@@ -160,7 +170,44 @@ class DefaultServiceAccountPolicy(ResourceValidationPolicy):
 
     @staticmethod
     def _validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
-        if args.resource_type in (*VM_TYPES, *TPU_TYPES) or _is_iam_type(args.resource_type):
+        if args.resource_type in (*VM_TYPES, *TPU_TYPES) or is_iam_type(args.resource_type):
             _check_default_sa(
                 args.resource_type, args.props, lambda message: report_violation(message, None)
             )
+
+
+def rules() -> list[Rule]:
+    """The identities' rules, in the pack's order."""
+    return [
+        Rule(PublicMembersPolicy(), MSG_PUBLIC_MEMBER),
+        Rule(DefaultServiceAccountPolicy(), MSG_DEFAULT_SA),
+        Rule(
+            resource_policy(
+                "no-basic-or-admin-roles-for-service-accounts",
+                "Project-level grants never give a service account a basic or an admin role.",
+                PROJECT_IAM_TYPES,
+                _check_sa_roles,
+                cis="1.5",
+            ),
+            MSG_SA_ROLE,
+        ),
+        Rule(
+            resource_policy(
+                "no-service-account-keys",
+                "No user-managed service account keys (CI uses Workload Identity Federation).",
+                (SERVICE_ACCOUNT_KEY,),
+                _check_sa_key,
+                cis="1.4",
+            ),
+            MSG_SA_KEY,
+        ),
+        Rule(
+            resource_policy(
+                "wif-provider-attribute-condition",
+                "Workload identity OIDC providers restrict which tokens they accept.",
+                (WIF_PROVIDER,),
+                _check_wif_condition,
+            ),
+            MSG_WIF_CONDITION,
+        ),
+    ]

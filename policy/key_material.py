@@ -14,15 +14,23 @@ try:  # inside the repository (tests): the package "policy"
     from .resources import (
         PROJECT_METADATA,
         PROJECT_METADATA_ITEM,
-        _get,
-        _vm_metadata,
+        TPU_TYPES,
+        VM_TYPES,
+        Rule,
+        get,
+        resource_policy,
+        vm_metadata,
     )
 except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the working directory
     from resources import (  # type: ignore[no-redef]
         PROJECT_METADATA,
         PROJECT_METADATA_ITEM,
-        _get,
-        _vm_metadata,
+        TPU_TYPES,
+        VM_TYPES,
+        Rule,
+        get,
+        resource_policy,
+        vm_metadata,
     )
 
 # One message per rule; tests and users match on them.
@@ -67,12 +75,12 @@ def _check_key_material(
 ) -> None:
     texts: dict[str, Any] = {}
     if resource_type == PROJECT_METADATA_ITEM:
-        texts[str(_get(props, "key"))] = _get(props, "value")
+        texts[str(get(props, "key"))] = get(props, "value")
     elif resource_type == PROJECT_METADATA:
-        texts.update(dict(_get(props, "metadata") or {}))
+        texts.update(dict(get(props, "metadata") or {}))
     else:
-        texts.update(dict(_vm_metadata(props)))
-        texts["metadataStartupScript"] = _get(props, "metadataStartupScript")
+        texts.update(dict(vm_metadata(props)))
+        texts["metadataStartupScript"] = get(props, "metadataStartupScript")
     for key, value in texts.items():
         if not isinstance(value, str):
             continue
@@ -81,3 +89,18 @@ def _check_key_material(
             report(f"{MSG_KEY_MATERIAL}: metadata key {key!r} names a private key")
         for reason in find_key_material(value):
             report(f"{MSG_KEY_MATERIAL}: {reason} in {key!r}; keep keys in Secret Manager")
+
+
+def rules() -> list[Rule]:
+    return [
+        Rule(
+            resource_policy(
+                "no-key-material-in-metadata",
+                "Metadata and startup scripts carry no private keys (PEM blocks, WireGuard "
+                "keys); keys live in Secret Manager.",
+                (*VM_TYPES, *TPU_TYPES, PROJECT_METADATA, PROJECT_METADATA_ITEM),
+                _check_key_material,
+            ),
+            MSG_KEY_MATERIAL,
+        ),
+    ]

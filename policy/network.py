@@ -21,15 +21,23 @@ try:  # inside the repository (tests): the package "policy"
     from .resources import (
         FIREWALL,
         HOP_NETWORK_TAG,
-        _get,
-        _items,
+        NETWORK,
+        SUBNETWORK,
+        Rule,
+        get,
+        items,
+        resource_policy,
     )
 except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the working directory
     from resources import (  # type: ignore[no-redef]
         FIREWALL,
         HOP_NETWORK_TAG,
-        _get,
-        _items,
+        NETWORK,
+        SUBNETWORK,
+        Rule,
+        get,
+        items,
+        resource_policy,
     )
 
 # Source addresses of an ingress rule that are not "public": the RFC 1918 private ranges and
@@ -56,6 +64,11 @@ ADMIN_PORTS = ((22, 22, "SSH"), (3389, 3389, "RDP"))
 # reserved with it here as a margin (a guess: no Google page lists the whole range).
 SERVICE_PORTS = ((6006, 6006, "TensorBoard"), (8470, 8479, "TPU runtime"))
 
+# The ingress rules, each named here once: ingress_findings says which one a finding is for.
+RULE_SSH_RDP = "no-ssh-rdp-from-internet"
+RULE_SERVICE_PORTS = "no-tensorboard-tpu-from-internet"
+RULE_PUBLIC_INGRESS = "no-public-ingress"
+
 # One message per rule; tests and users match on them.
 MSG_SSH_RDP = "firewall opens SSH/RDP to the internet"
 MSG_SERVICE_PORTS = "firewall opens TensorBoard/TPU ports to the internet"
@@ -67,7 +80,7 @@ MSG_PUBLIC_INGRESS = "firewall opens ports to public addresses"
 def _port_ranges(ports: Any) -> list[tuple[int, int]] | None:
     """None means every port (no ports listed, or one that cannot be read: judged as the
     widest it could be)."""
-    listed = [str(port) for port in _items(ports)]
+    listed = [str(port) for port in items(ports)]
     if not listed:
         return None
     ranges = []
@@ -123,9 +136,9 @@ def _summary(networks: Sequence[Net]) -> str:
 
 def _firewall_sources(props: Mapping[str, Any]) -> tuple[list[Net], list[str], str]:
     """(parsed source ranges, unparseable ones, how the source reads)."""
-    ranges = [str(r) for r in _items(_get(props, "sourceRanges"))]
-    no_source = not _items(_get(props, "sourceTags")) and not _items(
-        _get(props, "sourceServiceAccounts")
+    ranges = [str(r) for r in items(get(props, "sourceRanges"))]
+    no_source = not items(get(props, "sourceTags")) and not items(
+        get(props, "sourceServiceAccounts")
     )
     if not ranges:
         if no_source:
@@ -143,28 +156,28 @@ def _firewall_sources(props: Mapping[str, Any]) -> tuple[list[Net], list[str], s
 
 
 def _active_ingress(props: Mapping[str, Any]) -> bool:
-    direction = str(_get(props, "direction") or "INGRESS").upper()
-    return direction == "INGRESS" and _get(props, "disabled") is not True
+    direction = str(get(props, "direction") or "INGRESS").upper()
+    return direction == "INGRESS" and get(props, "disabled") is not True
 
 
 def _protocol(allow: Any) -> str:
-    protocol = str(_get(allow, "protocol") or "").strip().lower()
+    protocol = str(get(allow, "protocol") or "").strip().lower()
     return _PROTOCOL_NUMBERS.get(protocol, protocol)
 
 
 def _is_vpn_entry(props: Mapping[str, Any]) -> bool:
     """The WireGuard rule's shape: one UDP port, to the VPN hop only."""
-    allows = _items(_get(props, "allows"))
-    targets = [str(t) for t in _items(_get(props, "targetTags"))]
-    ports = [str(p).strip() for a in allows for p in _items(_get(a, "ports"))]
+    allows = items(get(props, "allows"))
+    targets = [str(t) for t in items(get(props, "targetTags"))]
+    ports = [str(p).strip() for a in allows for p in items(get(a, "ports"))]
     return (
         bool(allows)
-        and all(_protocol(a) == "udp" and _items(_get(a, "ports")) for a in allows)
+        and all(_protocol(a) == "udp" and items(get(a, "ports")) for a in allows)
         and len(set(ports)) == 1
         and ports[0].isdigit()
         and bool(targets)
         and all(t == HOP_NETWORK_TAG for t in targets)
-        and not _items(_get(props, "targetServiceAccounts"))
+        and not items(get(props, "targetServiceAccounts"))
     )
 
 
@@ -216,7 +229,7 @@ def ingress_findings(resources: Sequence[PolicyResource]) -> Iterator[tuple[str,
         parsed, bad, source_text = _firewall_sources(props)
         for cidr in bad:
             yield (
-                "no-public-ingress",
+                RULE_PUBLIC_INGRESS,
                 f"{MSG_PUBLIC_INGRESS}: source range {cidr!r} is not an IP range, so what it "
                 "covers cannot be judged",
                 resource.urn,
@@ -226,13 +239,13 @@ def ingress_findings(resources: Sequence[PolicyResource]) -> Iterator[tuple[str,
             continue
         source = f"{source_text}: {_summary(residual)} outside the user CIDRs ({users_text})"
         vpn_entry = _is_vpn_entry(props)
-        for allow in _items(_get(props, "allows")):
+        for allow in items(get(props, "allows")):
             protocol = _protocol(allow)
-            ranges = _port_ranges(_get(allow, "ports"))
+            ranges = _port_ranges(get(allow, "ports"))
             if protocol in {"tcp", "all"}:
                 for rule, ports, message in (
-                    ("no-ssh-rdp-from-internet", ADMIN_PORTS, MSG_SSH_RDP),
-                    ("no-tensorboard-tpu-from-internet", SERVICE_PORTS, MSG_SERVICE_PORTS),
+                    (RULE_SSH_RDP, ADMIN_PORTS, MSG_SSH_RDP),
+                    (RULE_SERVICE_PORTS, SERVICE_PORTS, MSG_SERVICE_PORTS),
                 ):
                     for first, last, service in ports:
                         if _overlaps(ranges, first, last):
@@ -244,9 +257,9 @@ def ingress_findings(resources: Sequence[PolicyResource]) -> Iterator[tuple[str,
                     continue
             elif protocol == "udp" and vpn_entry:
                 continue  # the WireGuard endpoint: authenticated by its keys, meant to be reached
-            ports_text = "all ports" if ranges is None else ",".join(_items(_get(allow, "ports")))
+            ports_text = "all ports" if ranges is None else ",".join(items(get(allow, "ports")))
             yield (
-                "no-public-ingress",
+                RULE_PUBLIC_INGRESS,
                 f"{MSG_PUBLIC_INGRESS}: {protocol or 'no protocol'} {ports_text} from {source}; "
                 "only the WireGuard rule (UDP to the VPN hop) may face the internet",
                 resource.urn,
@@ -268,13 +281,66 @@ def _ingress_policy(name: str, description: str) -> StackValidationPolicy:
 
 
 def _check_flow_logs(_t: str, props: Mapping[str, Any], report: Callable[[str], None]) -> None:
-    purpose = _get(props, "purpose")
+    purpose = get(props, "purpose")
     if purpose not in (None, "PRIVATE", "PRIVATE_RFC_1918"):
         return  # proxy-only and similar subnets carry no VM traffic and reject logConfig
-    if not isinstance(_get(props, "logConfig"), Mapping):
+    if not isinstance(get(props, "logConfig"), Mapping):
         report(f"{MSG_FLOW_LOGS}: set log_config")
 
 
 def _check_auto_network(_t: str, props: Mapping[str, Any], report: Callable[[str], None]) -> None:
-    if _get(props, "autoCreateSubnetworks") is not False:
+    if get(props, "autoCreateSubnetworks") is not False:
         report(f"{MSG_AUTO_NETWORK}: set auto_create_subnetworks=False")
+
+
+def rules() -> list[Rule]:
+    """The network's rules, in the pack's order: the ingress ones first."""
+    return [
+        Rule(
+            _ingress_policy(
+                RULE_SSH_RDP,
+                "Ingress firewalls never let a public address reach TCP 22/3389 (or all "
+                "ports): source ranges are judged by the addresses they cover, whatever their "
+                "prefix lengths; only RFC 1918, IAP and health-check ranges, and the stack's "
+                "own user CIDRs (its WireGuard sources, a /16 at most) are not public (CIS GCP "
+                "3.6, 3.7)",
+            ),
+            MSG_SSH_RDP,
+        ),
+        Rule(
+            _ingress_policy(
+                RULE_SERVICE_PORTS,
+                "Ingress firewalls never let a public address reach TensorBoard (6006) or the "
+                "TPU runtime ports (8470-8479); they are reached over the VPN.",
+            ),
+            MSG_SERVICE_PORTS,
+        ),
+        Rule(
+            _ingress_policy(
+                RULE_PUBLIC_INGRESS,
+                "No other port or protocol faces public addresses either (closed by default): "
+                "the one exception is the WireGuard rule, UDP on listed ports to the VPN hop.",
+            ),
+            MSG_PUBLIC_INGRESS,
+        ),
+        Rule(
+            resource_policy(
+                "subnet-flow-logs",
+                "Every VM subnetwork has VPC flow logs.",
+                (SUBNETWORK,),
+                _check_flow_logs,
+                cis="3.8",
+            ),
+            MSG_FLOW_LOGS,
+        ),
+        Rule(
+            resource_policy(
+                "no-auto-mode-network",
+                "VPC networks are custom-mode (no auto-created subnetworks in every region).",
+                (NETWORK,),
+                _check_auto_network,
+                cis="3.1",
+            ),
+            MSG_AUTO_NETWORK,
+        ),
+    ]

@@ -1,13 +1,14 @@
 """What every rule of the pack reads: the resource type tokens (pulumi-gcp 10.x), the VPN
-hop's mark, the CIS framework, and the helpers that read a resource's props in the engine's
+hop's mark, the CIS framework, the helpers that read a resource's props in the engine's
 form (camelCase names, mappings and sequences that may be the policy SDK's read-only
-proxies). Imports no other module of the pack."""
+proxies), and what a rule family exports: its `Rule`s, each a policy with the message its
+violations start with. Imports no other module of the pack."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from pulumi_policy import (
     EnforcementLevel,
@@ -15,6 +16,7 @@ from pulumi_policy import (
     ReportViolation,
     ResourceValidationArgs,
     ResourceValidationPolicy,
+    StackValidationPolicy,
 )
 
 # The VPN hop is the one VM allowed an external IP and IP forwarding. The infra program
@@ -73,8 +75,16 @@ CIS = PolicyComplianceFramework(
 )
 
 
+class Rule(NamedTuple):
+    """One rule of the pack: its policy (which holds the rule's name) and the message every
+    violation it reports starts with (tests and users match on it)."""
+
+    policy: ResourceValidationPolicy | StackValidationPolicy
+    message: str
+
+
 # --- helpers ---------------------------------------------------------------------------------
-def _get(value: Any, *path: str | int) -> Any:
+def get(value: Any, *path: str | int) -> Any:
     """Walks mappings/sequences; returns None when any step is missing."""
     for step in path:
         if isinstance(step, int):
@@ -89,13 +99,13 @@ def _get(value: Any, *path: str | int) -> Any:
     return value
 
 
-def _items(value: Any) -> list[Any]:
+def items(value: Any) -> list[Any]:
     if isinstance(value, Sequence) and not isinstance(value, str):
         return list(value)
     return []
 
 
-def _metadata_true(value: Any) -> bool:
+def metadata_true(value: Any) -> bool:
     """GCE reads boolean metadata as TRUE/true/1/y/yes (case-insensitive)."""
     if isinstance(value, bool):
         return value
@@ -103,21 +113,21 @@ def _metadata_true(value: Any) -> bool:
 
 
 def _labels(props: Mapping[str, Any]) -> Mapping[str, Any]:
-    labels = _get(props, "labels")
+    labels = get(props, "labels")
     return labels if isinstance(labels, Mapping) else {}
 
 
-def _is_vpn_hop(props: Mapping[str, Any]) -> bool:
-    tags = [str(tag) for tag in _items(_get(props, "tags"))]
+def is_vpn_hop(props: Mapping[str, Any]) -> bool:
+    tags = [str(tag) for tag in items(get(props, "tags"))]
     return HOP_NETWORK_TAG in tags or _labels(props).get(HOP_LABEL_KEY) == HOP_LABEL_VALUE
 
 
-def _vm_metadata(props: Mapping[str, Any]) -> Mapping[str, Any]:
-    metadata = _get(props, "metadata")
+def vm_metadata(props: Mapping[str, Any]) -> Mapping[str, Any]:
+    metadata = get(props, "metadata")
     return metadata if isinstance(metadata, Mapping) else {}
 
 
-def _resource_policy(
+def resource_policy(
     name: str,
     description: str,
     types: Sequence[str],
@@ -141,17 +151,17 @@ def _resource_policy(
     )
 
 
-def _iam_members(resource_type: str, props: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+def iam_members(resource_type: str, props: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     """(role, member) pairs of an IAM member/binding/policy or storage ACL resource."""
-    role = _get(props, "role")
+    role = get(props, "role")
     role = role if isinstance(role, str) else ""
-    member = _get(props, "member")
+    member = get(props, "member")
     if isinstance(member, str):
         yield role, member
-    for member in _items(_get(props, "members")):
+    for member in items(get(props, "members")):
         if isinstance(member, str):
             yield role, member
-    policy_data = _get(props, "policyData")
+    policy_data = get(props, "policyData")
     if isinstance(policy_data, str) and policy_data.strip():
         try:
             policy = json.loads(policy_data)
@@ -160,15 +170,15 @@ def _iam_members(resource_type: str, props: Mapping[str, Any]) -> Iterator[tuple
         for binding in policy.get("bindings", []) if isinstance(policy, dict) else []:
             for member in binding.get("members", []):
                 yield str(binding.get("role", "")), str(member)
-    entity = _get(props, "entity")
+    entity = get(props, "entity")
     if isinstance(entity, str):
         yield role, entity
-    for role_entity in _items(_get(props, "roleEntities")):
+    for role_entity in items(get(props, "roleEntities")):
         if isinstance(role_entity, str) and ":" in role_entity:
             acl_role, acl_entity = role_entity.split(":", 1)
             yield acl_role, acl_entity
 
 
-def _is_iam_type(resource_type: str) -> bool:
+def is_iam_type(resource_type: str) -> bool:
     lowered = resource_type.lower()
     return any(kind in lowered for kind in ("iammember", "iambinding", "iampolicy"))

@@ -8,11 +8,19 @@ from typing import Any
 
 try:  # inside the repository (tests): the package "policy"
     from .resources import (
-        _get,
+        BUCKET,
+        KMS_CRYPTO_KEY,
+        Rule,
+        get,
+        resource_policy,
     )
 except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the working directory
     from resources import (  # type: ignore[no-redef]
-        _get,
+        BUCKET,
+        KMS_CRYPTO_KEY,
+        Rule,
+        get,
+        resource_policy,
     )
 
 MAX_KMS_ROTATION_SECONDS = 90 * 24 * 3600
@@ -25,12 +33,12 @@ MSG_KMS_ROTATION = "KMS keys must rotate at least every 90 days"
 
 
 def _check_uniform_access(_t: str, props: Mapping[str, Any], report: Callable[[str], None]) -> None:
-    if _get(props, "uniformBucketLevelAccess") is not True:
+    if get(props, "uniformBucketLevelAccess") is not True:
         report(f"{MSG_UNIFORM_ACCESS}: set uniform_bucket_level_access=True")
 
 
 def _check_pap(_t: str, props: Mapping[str, Any], report: Callable[[str], None]) -> None:
-    value = _get(props, "publicAccessPrevention")
+    value = get(props, "publicAccessPrevention")
     if value != "enforced":
         report(f"{MSG_PAP}: got {value!r}")
 
@@ -38,8 +46,8 @@ def _check_pap(_t: str, props: Mapping[str, Any], report: Callable[[str], None])
 def _check_bucket_recovery(
     _t: str, props: Mapping[str, Any], report: Callable[[str], None]
 ) -> None:
-    versioned = _get(props, "versioning", "enabled") is True
-    retention = _get(props, "softDeletePolicy", "retentionDurationSeconds")
+    versioned = get(props, "versioning", "enabled") is True
+    retention = get(props, "softDeletePolicy", "retentionDurationSeconds")
     # GCS applies a 7-day soft delete when softDeletePolicy is absent; 0 turns it off.
     soft_delete = retention is None or (isinstance(retention, int | float) and retention > 0)
     if not (versioned or soft_delete):
@@ -56,9 +64,55 @@ def _duration_seconds(value: Any) -> float | None:
 
 
 def _check_kms_rotation(_t: str, props: Mapping[str, Any], report: Callable[[str], None]) -> None:
-    purpose = _get(props, "purpose") or "ENCRYPT_DECRYPT"
+    purpose = get(props, "purpose") or "ENCRYPT_DECRYPT"
     if purpose != "ENCRYPT_DECRYPT":
         return  # only symmetric keys support automatic rotation
-    seconds = _duration_seconds(_get(props, "rotationPeriod"))
+    seconds = _duration_seconds(get(props, "rotationPeriod"))
     if seconds is None or seconds > MAX_KMS_ROTATION_SECONDS:
-        report(f"{MSG_KMS_ROTATION}: rotationPeriod={_get(props, 'rotationPeriod')!r}")
+        report(f"{MSG_KMS_ROTATION}: rotationPeriod={get(props, 'rotationPeriod')!r}")
+
+
+def rules() -> list[Rule]:
+    """The storage rules, in the pack's order."""
+    return [
+        Rule(
+            resource_policy(
+                "bucket-uniform-access",
+                "Buckets use uniform bucket-level access (no object ACLs).",
+                (BUCKET,),
+                _check_uniform_access,
+                cis="5.2",
+            ),
+            MSG_UNIFORM_ACCESS,
+        ),
+        Rule(
+            resource_policy(
+                "bucket-public-access-prevention",
+                "Buckets enforce public access prevention.",
+                (BUCKET,),
+                _check_pap,
+                cis="5.1",
+            ),
+            MSG_PAP,
+        ),
+        Rule(
+            resource_policy(
+                "bucket-recoverable",
+                "Buckets keep object versioning or a soft-delete window so a bad write can be "
+                "undone.",
+                (BUCKET,),
+                _check_bucket_recovery,
+            ),
+            MSG_BUCKET_RECOVERY,
+        ),
+        Rule(
+            resource_policy(
+                "kms-key-rotation",
+                "Symmetric KMS keys rotate at least every 90 days.",
+                (KMS_CRYPTO_KEY,),
+                _check_kms_rotation,
+                cis="1.10",
+            ),
+            MSG_KMS_ROTATION,
+        ),
+    ]

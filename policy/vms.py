@@ -7,7 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pulumi_policy import ReportViolation, StackValidationArgs
+from pulumi_policy import (
+    EnforcementLevel,
+    ReportViolation,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
 
 try:  # inside the repository (tests): the package "policy"
     from .resources import (
@@ -20,11 +25,13 @@ try:  # inside the repository (tests): the package "policy"
         TPU_TYPES,
         TPU_VM,
         VM_TYPES,
-        _get,
-        _is_vpn_hop,
-        _items,
-        _metadata_true,
-        _vm_metadata,
+        Rule,
+        get,
+        is_vpn_hop,
+        items,
+        metadata_true,
+        resource_policy,
+        vm_metadata,
     )
 except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the working directory
     from resources import (  # type: ignore[no-redef]
@@ -37,11 +44,13 @@ except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the workin
         TPU_TYPES,
         TPU_VM,
         VM_TYPES,
-        _get,
-        _is_vpn_hop,
-        _items,
-        _metadata_true,
-        _vm_metadata,
+        Rule,
+        get,
+        is_vpn_hop,
+        items,
+        metadata_true,
+        resource_policy,
+        vm_metadata,
     )
 
 # TPU generations whose TPU VM images support Secure Boot (v4 and later; v2/v3 hosts do
@@ -66,7 +75,7 @@ MSG_REGION = "the accelerator (TPU or GPU VM) and the training bucket must be in
 
 
 def _tpu_network_configs(props: Mapping[str, Any]) -> list[Any]:
-    configs = [_get(props, "networkConfig"), *_items(_get(props, "networkConfigs"))]
+    configs = [get(props, "networkConfig"), *items(get(props, "networkConfigs"))]
     return [config for config in configs if isinstance(config, Mapping)]
 
 
@@ -75,13 +84,13 @@ def _check_external_ip(
 ) -> None:
     if resource_type in TPU_TYPES:
         for config in _tpu_network_configs(props):
-            if _get(config, "enableExternalIps") is True:
+            if get(config, "enableExternalIps") is True:
                 report(f"{MSG_EXTERNAL_IP}: TPU VM sets networkConfig.enableExternalIps")
         return
-    if _is_vpn_hop(props):
+    if is_vpn_hop(props):
         return
-    for index, interface in enumerate(_items(_get(props, "networkInterfaces"))):
-        if _items(_get(interface, "accessConfigs")) or _items(_get(interface, "ipv6AccessConfigs")):
+    for index, interface in enumerate(items(get(props, "networkInterfaces"))):
+        if items(get(interface, "accessConfigs")) or items(get(interface, "ipv6AccessConfigs")):
             report(
                 f"{MSG_EXTERNAL_IP}: networkInterfaces[{index}] has an access config; only the "
                 f"VM with {HOP_MARK} may have one"
@@ -92,25 +101,25 @@ def _check_ip_forward(
     resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
 ) -> None:
     if resource_type in TPU_TYPES:
-        if any(_get(c, "canIpForward") is True for c in _tpu_network_configs(props)):
+        if any(get(c, "canIpForward") is True for c in _tpu_network_configs(props)):
             report(f"{MSG_IP_FORWARD}: TPU VM sets networkConfig.canIpForward")
         return
-    if _get(props, "canIpForward") is True and not _is_vpn_hop(props):
+    if get(props, "canIpForward") is True and not is_vpn_hop(props):
         report(f"{MSG_IP_FORWARD}: canIpForward on a VM without {HOP_MARK}")
 
 
 def _tpu_supports_secure_boot(props: Mapping[str, Any]) -> bool:
-    accelerator = _get(props, "acceleratorType")
+    accelerator = get(props, "acceleratorType")
     if not isinstance(accelerator, str):
-        accelerator = str(_get(props, "acceleratorConfig", "type") or "").lower()
+        accelerator = str(get(props, "acceleratorConfig", "type") or "").lower()
     return accelerator.lower().startswith(TPU_SECURE_BOOT_PREFIXES)
 
 
-def _has_gpus(props: Mapping[str, Any]) -> bool:
-    machine_type = str(_get(props, "machineType") or "").rsplit("/", 1)[-1].lower()
+def has_gpus(props: Mapping[str, Any]) -> bool:
+    machine_type = str(get(props, "machineType") or "").rsplit("/", 1)[-1].lower()
     attached = any(
-        isinstance(_get(a, "count"), (int, float)) and _get(a, "count") > 0
-        for a in _items(_get(props, "guestAccelerators"))
+        isinstance(get(a, "count"), (int, float)) and get(a, "count") > 0
+        for a in items(get(props, "guestAccelerators"))
     )
     return attached or machine_type.startswith(GPU_MACHINE_PREFIXES)
 
@@ -118,28 +127,28 @@ def _has_gpus(props: Mapping[str, Any]) -> bool:
 def _check_shielded(
     resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
 ) -> None:
-    config = _get(props, "shieldedInstanceConfig")
-    if resource_type == INSTANCE and _has_gpus(props):
+    config = get(props, "shieldedInstanceConfig")
+    if resource_type == INSTANCE and has_gpus(props):
         for key in ("enableVtpm", "enableIntegrityMonitoring"):
-            if _get(config, key) is not True:
+            if get(config, key) is not True:
                 report(f"{MSG_SHIELDED}: GPU VM: shieldedInstanceConfig.{key} is not true")
         return
     if resource_type in TPU_TYPES:
-        if _tpu_supports_secure_boot(props) and _get(config, "enableSecureBoot") is not True:
+        if _tpu_supports_secure_boot(props) and get(config, "enableSecureBoot") is not True:
             report(f"{MSG_SHIELDED}: this TPU generation supports secure boot; enable it")
         return
-    if _get(config, "enableSecureBoot") is not True:
+    if get(config, "enableSecureBoot") is not True:
         report(f"{MSG_SHIELDED}: shieldedInstanceConfig.enableSecureBoot is not true")
     for key in ("enableVtpm", "enableIntegrityMonitoring"):
-        if _get(config, key) is False:
+        if get(config, key) is False:
             report(f"{MSG_SHIELDED}: shieldedInstanceConfig.{key} is false")
 
 
 def _check_os_login(
     resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
 ) -> None:
-    metadata = _vm_metadata(props)
-    if not _metadata_true(metadata.get("enable-oslogin")):
+    metadata = vm_metadata(props)
+    if not metadata_true(metadata.get("enable-oslogin")):
         report(f"{MSG_OS_LOGIN}: got {metadata.get('enable-oslogin')!r}")
     for key in ("ssh-keys", "sshKeys"):
         if metadata.get(key):
@@ -149,8 +158,8 @@ def _check_os_login(
 def _check_project_ssh_keys(
     resource_type: str, props: Mapping[str, Any], report: Callable[[str], None]
 ) -> None:
-    metadata = _vm_metadata(props)
-    if not _metadata_true(metadata.get("block-project-ssh-keys")):
+    metadata = vm_metadata(props)
+    if not metadata_true(metadata.get("block-project-ssh-keys")):
         report(f"{MSG_PROJECT_SSH_KEYS}: got {metadata.get('block-project-ssh-keys')!r}")
 
 
@@ -159,12 +168,12 @@ def _check_serial_port(
 ) -> None:
     if resource_type in (PROJECT_METADATA, PROJECT_METADATA_ITEM):
         if resource_type == PROJECT_METADATA_ITEM:
-            entries = {str(_get(props, "key")): _get(props, "value")}
+            entries = {str(get(props, "key")): get(props, "value")}
         else:
-            entries = dict(_get(props, "metadata") or {})
+            entries = dict(get(props, "metadata") or {})
     else:
-        entries = dict(_vm_metadata(props))
-    if _metadata_true(entries.get("serial-port-enable")):
+        entries = dict(vm_metadata(props))
+    if metadata_true(entries.get("serial-port-enable")):
         report(f"{MSG_SERIAL_PORT}: metadata serial-port-enable={entries['serial-port-enable']!r}")
 
 
@@ -178,7 +187,7 @@ def _accelerators(args: StackValidationArgs) -> list[Any]:
         r
         for r in args.resources
         if r.resource_type in (TPU_VM, TPU_QUEUED)
-        or (r.resource_type == INSTANCE and _has_gpus(r.props))
+        or (r.resource_type == INSTANCE and has_gpus(r.props))
     ]
 
 
@@ -188,13 +197,13 @@ def _validate_regions(args: StackValidationArgs, report_violation: ReportViolati
     if not accelerators or not buckets:
         return
     for accelerator in accelerators:
-        zone = _get(accelerator.props, "zone")
+        zone = get(accelerator.props, "zone")
         if not isinstance(zone, str):
             continue
         region = _region_of_zone(zone)
         what = "GPU VM" if accelerator.resource_type == INSTANCE else "TPU"
         for bucket in buckets:
-            location = str(_get(bucket.props, "location") or "").lower()
+            location = str(get(bucket.props, "location") or "").lower()
             if location != region:
                 report_violation(
                     f"{MSG_REGION}: {what} {accelerator.name} is in {region} ({zone}) but "
@@ -210,7 +219,7 @@ def _validate_single_hop(args: StackValidationArgs, report_violation: ReportViol
     marked = [
         r
         for r in args.resources
-        if r.resource_type in (*VM_TYPES, *TPU_TYPES, TPU_QUEUED) and _is_vpn_hop(r.props)
+        if r.resource_type in (*VM_TYPES, *TPU_TYPES, TPU_QUEUED) and is_vpn_hop(r.props)
     ]
     instances = [r for r in marked if r.resource_type == INSTANCE]
     for resource in marked:
@@ -229,13 +238,103 @@ def _validate_single_hop(args: StackValidationArgs, report_violation: ReportViol
         _region_of_zone(zone)
         for r in args.resources
         if r.resource_type in (TPU_VM, TPU_QUEUED)
-        for zone in [_get(r.props, "zone")]
+        for zone in [get(r.props, "zone")]
         if isinstance(zone, str)
     }
     for resource in instances:
-        zone = _get(resource.props, "zone")
+        zone = get(resource.props, "zone")
         if isinstance(zone, str) and _region_of_zone(zone) in tpu_regions:
             report_violation(
                 f"{MSG_HOP}: {resource.name} is in the TPU region {_region_of_zone(zone)}",
                 resource.urn,
             )
+
+
+def rules() -> list[Rule]:
+    """The VMs' rules, in the pack's order: each VM's settings, then where the VMs stand."""
+    vm_and_tpu = (*VM_TYPES, *TPU_TYPES)
+    return [
+        Rule(
+            resource_policy(
+                "no-external-ip-except-vpn-hop",
+                f"Only the VPN hop ({HOP_MARK}) has an external IP; TPU VMs never do.",
+                vm_and_tpu,
+                _check_external_ip,
+                cis="4.9",
+            ),
+            MSG_EXTERNAL_IP,
+        ),
+        Rule(
+            resource_policy(
+                "ip-forwarding-only-on-vpn-hop",
+                f"Only the VPN hop ({HOP_MARK}) forwards IP packets.",
+                vm_and_tpu,
+                _check_ip_forward,
+                cis="4.6",
+            ),
+            MSG_IP_FORWARD,
+        ),
+        Rule(
+            resource_policy(
+                "shielded-vm",
+                "VMs are shielded (secure boot, vTPM, integrity monitoring); TPU VMs use "
+                "secure boot where the generation supports it (v4 and later); GPU VMs keep "
+                "vTPM and integrity monitoring (their NVIDIA driver is not signed for secure "
+                "boot).",
+                vm_and_tpu,
+                _check_shielded,
+                cis="4.8",
+            ),
+            MSG_SHIELDED,
+        ),
+        Rule(
+            resource_policy(
+                "os-login-enabled",
+                "VMs and TPU VMs enable OS Login and carry no ssh-keys metadata.",
+                vm_and_tpu,
+                _check_os_login,
+                cis="4.4",
+            ),
+            MSG_OS_LOGIN,
+        ),
+        Rule(
+            resource_policy(
+                "project-ssh-keys-blocked",
+                "VMs and TPU VMs block project-wide SSH keys.",
+                vm_and_tpu,
+                _check_project_ssh_keys,
+                cis="4.3",
+            ),
+            MSG_PROJECT_SSH_KEYS,
+        ),
+        Rule(
+            resource_policy(
+                "serial-port-disabled",
+                "Interactive serial port access is never enabled (instance or project metadata).",
+                (*vm_and_tpu, PROJECT_METADATA, PROJECT_METADATA_ITEM),
+                _check_serial_port,
+                cis="4.5",
+            ),
+            MSG_SERIAL_PORT,
+        ),
+        Rule(
+            StackValidationPolicy(
+                name="one-vpn-hop-outside-tpu-region",
+                description=f"At most one VM carries {HOP_MARK}: a compute instance outside "
+                "every TPU region (so the hop's exemptions cannot be claimed by another VM).",
+                validate=_validate_single_hop,
+                enforcement_level=EnforcementLevel.MANDATORY,
+            ),
+            MSG_HOP,
+        ),
+        Rule(
+            StackValidationPolicy(
+                name="accelerator-and-bucket-same-region",
+                description="Every TPU VM, every VM with GPUs and every bucket of a stack are "
+                "in one region (no cross-region reads of training data).",
+                validate=_validate_regions,
+                enforcement_level=EnforcementLevel.MANDATORY,
+            ),
+            MSG_REGION,
+        ),
+    ]

@@ -7,13 +7,14 @@ a test here (so every change to the lists is a reviewed change)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from policy_harness import Violation, run_pack, urn_for
 from test_stacks import GPU_STACKS, STACKS, Resource, resources
 
-from policy import allowlist, closed_world, identities, network
+from policy import allowlist, closed_world, executables, identities, network
 from policy.resources import BUCKET, FIREWALL, SERVICE, TPU_VM
 
 STACK = "v6e-euw4"  # one real stack per case; the six stacks pass in test_stacks.py
@@ -427,7 +428,7 @@ def test_every_allowed_main_type_api_and_grant_is_used_by_a_stack() -> None:
             for grant in allowlist.MAIN.grants:
                 if (
                     type_ in grant.types
-                    and closed_world._role_key(props.get("role", "")) == grant.role
+                    and closed_world.role_key(props.get("role", "")) == grant.role
                 ):
                     used.add(grant)
     assert used == set(allowlist.MAIN.grants)
@@ -450,21 +451,29 @@ def test_the_guard_rails_page_counts_the_rules_and_names_the_closed_world() -> N
     assert page.startswith(
         f"# Guard rails (policy/, Pulumi CrossGuard, {len(POLICY_BY_NAME)} rules,"
     )
-    named = {
-        "allowed-resource-types",
-        "allowed-apis",
-        "allowed-iam-grants",
-        "custom-role-permissions",
-        "grants-on-own-resources",
-        "providers-without-credentials",
-        "vm-accounts-are-stack-accounts",
-        "vm-accounts-write-no-executables",
-        "no-ssh-rdp-from-internet",
-        "no-tensorboard-tpu-from-internet",
-        "no-public-ingress",
+    # The closed world's rules, the executables rule and the ingress rules, by their families.
+    named = {rule.policy.name for rule in (*closed_world.rules(), *executables.rules())} | {
+        network.RULE_SSH_RDP,
+        network.RULE_SERVICE_PORTS,
+        network.RULE_PUBLIC_INGRESS,
     }
     assert named <= set(POLICY_BY_NAME)
     assert {name for name in named if f"`{name}`" not in page} == set()
+
+
+def test_the_allowlist_cites_only_rules_of_the_pack() -> None:
+    """What an allowlisted type is governed by names rules in words; every such name (a
+    hyphenated word) is a rule the families build, so a renamed rule leaves no stale name."""
+    from policy_harness import POLICY_BY_NAME
+
+    cited = {
+        (profile.project, type_, word)
+        for profile in allowlist.PROFILES.values()
+        for type_, why in profile.types.items()
+        for word in re.findall(r"(?<![\w<-])[a-z0-9]+(?:-[a-z0-9]+)+(?![\w>-])", why)
+    }
+    assert cited, "the pattern finds the rules the allowlist names"
+    assert {entry for entry in cited if entry[2] not in POLICY_BY_NAME} == set()
 
 
 def test_the_profiles_are_the_projects_of_the_two_programs() -> None:

@@ -51,7 +51,7 @@ def test_gpu_stack_has_zero_violations(stack):
     stack_resources = resources(stack)
     vm = _gpu_vm(stack_resources)
     # The pack sees a VM with GPUs whose secure boot is off: the GPU exception is exercised.
-    assert vms._has_gpus(vm)
+    assert vms.has_gpus(vm)
     assert vm["shieldedInstanceConfig"]["enableSecureBoot"] is False
     assert _violations(stack_resources) == []
 
@@ -119,7 +119,7 @@ def test_the_gpu_exception_does_not_cover_a_vm_without_gpus():
     ],
 )
 def test_what_counts_as_a_gpu_vm(props, has_gpus):
-    assert vms._has_gpus(props) is has_gpus
+    assert vms.has_gpus(props) is has_gpus
 
 
 @pytest.mark.parametrize("stack", GPU_STACKS)

@@ -205,7 +205,7 @@ def test_a_bad_backend_and_tf_on_a_slice_are_config_errors(tmp_path):
         f"{K}job: {bad!r}: train.backend 'pytorch' is not one of: tf, jax, auto"
     )
     # A slice runs JAX only: an explicit tf is refused with one line (auto and jax: see
-    # test_infra_scripts' slice tests).
+    # test_slice_startup.py).
     tf_job = job_with_backend(tmp_path, "tf", "stacks/jobs/bert-base-mlm.yaml")
     assert config_error("v4-32-usc2", {K + "job": tf_job}) == (
         f"{K}job: {tf_job!r}: train.backend: tf on a v4-32 slice is not supported: Google's TF "

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chunk_oracle import iter_document_batches
+from drivers.chunk_oracle import iter_document_batches
 
 from payload import corpus, readers, spec
 from payload.errors import CorpusError, SpecError

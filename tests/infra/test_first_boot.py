@@ -13,14 +13,8 @@ import shlex
 import pytest
 from gcloud_flags import problems
 from harness import run_offline
+from script_sandbox import Sandbox, Watch, publish_payload
 from test_gpu_watch import GpuWatch, gpu_run  # noqa: F401  (a fixture)
-from test_infra_scripts import (  # the sandbox and its helpers, shared with the TPU tests
-    Sandbox,
-    Watch,
-    _publish_payload,
-    sandbox,  # noqa: F401  (a fixture)
-    stack_run,  # noqa: F401  (a fixture)
-)
 from test_job_pointer import _loader, _pointer, _publish_startup
 
 from infra import render
@@ -36,8 +30,8 @@ def _boot_state(box: Sandbox) -> str:
     return (box.state / "guest-attributes" / BOOT).read_text()
 
 
-def test_a_pointer_unreadable_for_a_while_then_readable_boots(stack_run, sandbox):  # noqa: F811
-    _publish_payload(stack_run, sandbox)
+def test_a_pointer_unreadable_for_a_while_then_readable_boots(stack_run, sandbox):
+    publish_payload(stack_run, sandbox)
     bucket = _publish_startup(stack_run, sandbox)
     result = sandbox.run(
         _loader(stack_run, "tpu-vm"), FAIL_FIRST_DOWNLOADS="4", FAIL_MATCH="jobs/current.json"
@@ -54,7 +48,7 @@ def test_a_pointer_unreadable_for_a_while_then_readable_boots(stack_run, sandbox
     assert status["state"] == "started"
 
 
-def test_a_pointer_unreadable_throughout_fails_where_the_watchdog_reads_it(stack_run, sandbox):  # noqa: F811
+def test_a_pointer_unreadable_throughout_fails_where_the_watchdog_reads_it(stack_run, sandbox):
     result = sandbox.run(_loader(stack_run, "tpu-vm"))
     assert result.returncode == 1
     waits = _sleeps(sandbox)
@@ -100,7 +94,7 @@ def test_a_pointer_unreadable_throughout_fails_where_the_watchdog_reads_it(stack
     assert watch.status["action"] == "none"
 
 
-def test_a_slice_host_that_fails_deletes_the_whole_node(stack_run, sandbox):  # noqa: F811
+def test_a_slice_host_that_fails_deletes_the_whole_node(stack_run, sandbox):
     watch = Watch(stack_run, sandbox)
     watch.set_state("READY")
     for worker, value in (("", "ok"), ("-1", "ok"), ("-2", "failed 1700000000 no pointer")):
@@ -112,7 +106,7 @@ def test_a_slice_host_that_fails_deletes_the_whole_node(stack_run, sandbox):  # 
     assert "(worker 2: no pointer)" in watch.status["message"]
 
 
-def test_a_healthy_or_unreadable_boot_state_changes_nothing(stack_run, sandbox):  # noqa: F811
+def test_a_healthy_or_unreadable_boot_state_changes_nothing(stack_run, sandbox):
     watch = Watch(stack_run, sandbox)
     watch.set_state("READY")
     path = sandbox.state / "guest-attributes" / BOOT
@@ -124,11 +118,11 @@ def test_a_healthy_or_unreadable_boot_state_changes_nothing(stack_run, sandbox):
         assert watch.status["action"] == "none"
 
 
-def test_an_object_gone_mid_boot_makes_the_loader_read_the_pointer_again(stack_run, sandbox):  # noqa: F811
+def test_an_object_gone_mid_boot_makes_the_loader_read_the_pointer_again(stack_run, sandbox):
     """`pulumi up` switched the pointer while the VM booted: the script the old pointer named
     is gone (deleted by hand; `pulumi up` itself keeps it). The loader reads the pointer
     again and runs what the new one names."""
-    _publish_payload(stack_run, sandbox)
+    publish_payload(stack_run, sandbox)
     bucket = _publish_startup(stack_run, sandbox)
     old = _pointer(stack_run)
     (sandbox.gcs / bucket / old["script_tpu"]).unlink()
@@ -172,13 +166,13 @@ def test_an_object_gone_mid_boot_makes_the_loader_read_the_pointer_again(stack_r
     ],
 )
 def test_a_pointer_naming_objects_outside_the_deploy_prefixes_is_refused(
-    stack_run,  # noqa: F811
-    sandbox,  # noqa: F811
+    stack_run,
+    sandbox,
     key,
     value,
     what,
 ):
-    _publish_payload(stack_run, sandbox)
+    publish_payload(stack_run, sandbox)
     bucket = _publish_startup(stack_run, sandbox)
     path = sandbox.gcs / bucket / render.POINTER_OBJECT
     path.write_text(json.dumps(_pointer(stack_run) | {key: value}, indent=2, sort_keys=True) + "\n")
@@ -195,8 +189,8 @@ def test_a_pointer_naming_objects_outside_the_deploy_prefixes_is_refused(
     assert _boot_state(sandbox).endswith(line)
 
 
-def test_a_run_root_outside_runs_is_refused(stack_run, sandbox):  # noqa: F811
-    _publish_payload(stack_run, sandbox)
+def test_a_run_root_outside_runs_is_refused(stack_run, sandbox):
+    publish_payload(stack_run, sandbox)
     bucket = _publish_startup(stack_run, sandbox)
     path = sandbox.gcs / bucket / render.POINTER_OBJECT
     pointer = _pointer(stack_run) | {"run_root": f"gs://{bucket}/startup"}

@@ -23,15 +23,13 @@ import tarfile
 from pathlib import Path
 
 import pytest
-import test_infra_scripts as scripts
 import yaml
-from harness import run_offline, uv_resolver
+from harness import run_offline, startup_script, uv_resolver
+from script_sandbox import publish_payload, short_sha, unit_environment
 from test_gpu_scripts import box  # noqa: F401  (a fixture)
-from test_infra_scripts import _publish_payload, _script, _short_sha, unit_environment
 
 from infra import render
 
-sandbox = scripts.sandbox  # the script tests' sandbox fixture, shared
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-gpu-jax"
 OVERLAY = render.GPU_JAX_REQUIREMENTS_FILE
@@ -148,7 +146,7 @@ def test_render_refuses_a_gpu_jax_overlay_off_the_tested_pins(
 
 
 def _constants(run, name: str) -> dict[str, str]:
-    return dict(re.findall(r"^readonly ([A-Z_]+)=(\S*)$", _script(run, name), re.MULTILINE))
+    return dict(re.findall(r"^readonly ([A-Z_]+)=(\S*)$", startup_script(run, name), re.MULTILINE))
 
 
 def test_a_llama_job_installs_the_jax_environment_a_bert_job_the_tensorflow_one(tmp_path):
@@ -190,9 +188,9 @@ def gpu_box(box):  # noqa: F811
 
 def test_the_llama_gpu_script_installs_jax_cuda_on_uvs_python(tmp_path, gpu_box):
     run = run_offline(GPU_STACK, {K + "job": llama_job(tmp_path)})
-    bucket, _ = _publish_payload(run, gpu_box)
-    script = _script(run, "gpu-vm")
-    short = _short_sha(script)
+    bucket, _ = publish_payload(run, gpu_box)
+    script = startup_script(run, "gpu-vm")
+    short = short_sha(script)
     app = f"{gpu_box.root}/opt/tpu-pretrain"
     first = gpu_box.run(script, SMI_GPUS="1")
     assert first.returncode == 0, first.stderr

@@ -1,4 +1,4 @@
-"""The GPU VM's rendered startup script, run in the script sandbox of test_infra_scripts.py
+"""The GPU VM's rendered startup script, run in script_sandbox.py's sandbox
 (stub gcloud/pip/systemctl, a fake bucket) plus a stub nvidia-smi: the driver check, the
 install (retried, the GPU overlay), the trainer unit's environment, and "GPU not found" as
 exit 2 with the reason in the bucket's status."""
@@ -14,16 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import run_offline, uv_resolver
-from test_infra_scripts import (  # the sandbox and its helpers, shared with the TPU tests
-    Sandbox,
-    _publish_payload,
-    _script,
-    _short_sha,
-    sandbox,  # noqa: F401  (a fixture)
-    shellcheck,
-    unit_environment,
-)
+from harness import run_offline, startup_script, uv_resolver
+from script_sandbox import Sandbox, publish_payload, shellcheck, short_sha, unit_environment
 
 from infra import render
 from infra.gpu_catalog import load_gpu_catalog
@@ -97,7 +89,7 @@ def dlvm_run():
 
 
 @pytest.fixture
-def box(sandbox: Sandbox) -> Sandbox:  # noqa: F811
+def box(sandbox: Sandbox) -> Sandbox:
     recorder = 'echo "$(basename "$0") $*" >>"$CALLS"\n'
     for name, body in (
         ("nvidia-smi", NVIDIA_SMI),
@@ -141,13 +133,13 @@ def _status(box: Sandbox, bucket: str) -> dict:
 
 
 def test_gpu_script_passes_shellcheck(gpu_run, tmp_path):
-    assert shellcheck(_script(gpu_run, "gpu-vm"), tmp_path / "gpu.sh") == ""
+    assert shellcheck(startup_script(gpu_run, "gpu-vm"), tmp_path / "gpu.sh") == ""
 
 
 def test_gpu_script_installs_the_cuda_build_and_a_trainer_that_sees_the_gpus(gpu_run, box):
-    bucket, _ = _publish_payload(gpu_run, box)
-    script = _script(gpu_run, "gpu-vm")
-    short = _short_sha(script)
+    bucket, _ = publish_payload(gpu_run, box)
+    script = startup_script(gpu_run, "gpu-vm")
+    short = short_sha(script)
     first = box.run(script, SMI_GPUS="2")
     assert first.returncode == 0, first.stderr
     calls = box.calls
@@ -192,9 +184,9 @@ def test_gpu_script_installs_the_cuda_build_and_a_trainer_that_sees_the_gpus(gpu
 
 
 def test_a_failed_install_is_retried(gpu_run, box):
-    bucket, _ = _publish_payload(gpu_run, box)
+    bucket, _ = publish_payload(gpu_run, box)
     result = box.run(
-        _script(gpu_run, "gpu-vm"), FAIL_FIRST_PIP="1", TPU_PRETRAIN_INSTALL_ATTEMPTS="3"
+        startup_script(gpu_run, "gpu-vm"), FAIL_FIRST_PIP="1", TPU_PRETRAIN_INSTALL_ATTEMPTS="3"
     )
     assert result.returncode == 0, result.stderr
     assert "attempt 2/3" in result.stderr
@@ -210,8 +202,8 @@ def test_a_failed_install_is_retried(gpu_run, box):
 )
 def test_no_gpu_is_exit_2_with_the_reason_in_the_status(dlvm_run, box, env, reason):
     """The image's own driver (DLVM) fails or sees no GPU: nothing is installed or rebooted."""
-    bucket, _ = _publish_payload(dlvm_run, box)
-    result = box.run(_script(dlvm_run, "gpu-vm"), **env)
+    bucket, _ = publish_payload(dlvm_run, box)
+    result = box.run(startup_script(dlvm_run, "gpu-vm"), **env)
     assert result.returncode == 2, result.stderr
     status = _status(box, bucket)
     assert status["state"] == "failed"
@@ -224,9 +216,9 @@ def test_no_gpu_is_exit_2_with_the_reason_in_the_status(dlvm_run, box, env, reas
 
 def test_no_driver_at_all_is_exit_2(dlvm_run, box):
     """An image that should bring its driver (DLVM) and has none: nothing is installed."""
-    bucket, _ = _publish_payload(dlvm_run, box)
+    bucket, _ = publish_payload(dlvm_run, box)
     (box.bin / "nvidia-smi").unlink()
-    result = box.run(_script(dlvm_run, "gpu-vm"))
+    result = box.run(startup_script(dlvm_run, "gpu-vm"))
     assert result.returncode == 2, result.stderr
     message = _status(box, bucket)["message"]
     assert message.startswith(
@@ -236,13 +228,13 @@ def test_no_driver_at_all_is_exit_2(dlvm_run, box):
 
 
 def test_the_driver_is_installed_once_from_nvidias_repository(gpu_run, box):
-    bucket, _ = _publish_payload(gpu_run, box)
+    bucket, _ = publish_payload(gpu_run, box)
     (box.bin / "nvidia-smi").unlink()
     # The image's kernel and its flavour's metapackage are installed; linux-modules is not.
     (box.state / "dpkg").mkdir(parents=True, exist_ok=True)
     for package in (f"linux-image-{KERNEL}", "linux-image-gcp", "linux-gcp"):
         (box.state / "dpkg" / package).touch()
-    script = _script(gpu_run, "gpu-vm")
+    script = startup_script(gpu_run, "gpu-vm")
     first = box.run(script, SMI_GPUS="2")
     assert first.returncode == 0, first.stderr
     calls = box.calls
@@ -282,9 +274,9 @@ def test_the_driver_is_installed_once_from_nvidias_repository(gpu_run, box):
 
 
 def test_a_driver_that_does_not_load_reboots_once_then_reports(gpu_run, box):
-    bucket, _ = _publish_payload(gpu_run, box)
+    bucket, _ = publish_payload(gpu_run, box)
     (box.bin / "nvidia-smi").unlink()
-    script = _script(gpu_run, "gpu-vm")
+    script = startup_script(gpu_run, "gpu-vm")
     first = box.run(script, SMI_FAIL="1")
     assert first.returncode == 0, first.stderr
     assert box.calls[-1] == "systemctl reboot"
@@ -303,8 +295,8 @@ def test_a_driver_that_does_not_load_reboots_once_then_reports(gpu_run, box):
 
 
 def test_trainer_exit_2_is_reported_as_not_restarted(gpu_run, box):
-    bucket, _ = _publish_payload(gpu_run, box)
-    assert box.run(_script(gpu_run, "gpu-vm"), SMI_GPUS="2").returncode == 0
+    bucket, _ = publish_payload(gpu_run, box)
+    assert box.run(startup_script(gpu_run, "gpu-vm"), SMI_GPUS="2").returncode == 0
     helper = box.root / "opt/tpu-pretrain/bin/tpu-pretrain-helper"
     result = subprocess.run(
         [str(helper), "stopped"],

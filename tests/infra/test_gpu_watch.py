@@ -2,7 +2,7 @@
 VM that preemption stopped, under the TPU watchdog's rules (lease, never after the job's
 export, status in the bucket, re-run on a changed installer). The plan under Pulumi's mocks
 (its grant: the bootstrap's role, on the project, conditional on the one VM) and the rendered
-watchdog run tick by tick in the script sandbox of test_infra_scripts.py, against a stub
+watchdog run tick by tick in the script sandbox (script_sandbox.py), against a stub
 gcloud whose `compute instances describe/start` play the VM's status."""
 
 from __future__ import annotations
@@ -17,14 +17,8 @@ import subprocess
 import pytest
 from gcloud_flags import problems
 from harness import of_type, run_offline, startup_script
+from script_sandbox import Sandbox, publish_payload, shellcheck
 from test_infra_resources import _depends_on, by_name
-from test_infra_scripts import (  # the sandbox and its helpers, shared with the TPU tests
-    Sandbox,
-    _publish_payload,
-    _script,
-    sandbox,  # noqa: F401  (a fixture)
-    shellcheck,
-)
 
 from infra.components.recovery import GPU_RECOVERY_ROLE_ID
 
@@ -39,7 +33,7 @@ TPU_UNITS = (
 
 
 def _watchdog_of(run) -> str:
-    controller = _script(run, "controller-vm")
+    controller = startup_script(run, "controller-vm")
     encoded = re.search(r"^readonly WATCH_SCRIPT_B64=(\S*)$", controller, re.MULTILINE)
     return base64.b64decode(encoded.group(1)).decode() if encoded.group(1) != "''" else ""
 
@@ -113,11 +107,11 @@ class GpuWatch:
 
     def __init__(self, run, box: Sandbox) -> None:
         self.run, self.box = run, box
-        self.bucket, _ = _publish_payload(run, box)
-        installed = box.run(_script(run, "controller-vm"))
+        self.bucket, _ = publish_payload(run, box)
+        installed = box.run(startup_script(run, "controller-vm"))
         assert installed.returncode == 0, installed.stderr
         self.dir = box.root / "opt/tpu-pretrain/gpu-watch"
-        (box.state / "metadata").write_text(_script(run, "controller-vm"))
+        (box.state / "metadata").write_text(startup_script(run, "controller-vm"))
         vm = by_name(run, "gpu-vm")
         self.name, self.zone = vm.inputs["name"], vm.inputs["zone"]
         lease = by_name(run, "controller-tpu-watch-lease")
@@ -165,11 +159,11 @@ class GpuWatch:
 
 
 @pytest.fixture
-def watch(gpu_run, sandbox) -> GpuWatch:  # noqa: F811
+def watch(gpu_run, sandbox) -> GpuWatch:
     return GpuWatch(gpu_run, sandbox)
 
 
-def test_the_controller_installs_the_gpu_watchdog_and_removes_it_when_off(gpu_run, sandbox):  # noqa: F811
+def test_the_controller_installs_the_gpu_watchdog_and_removes_it_when_off(gpu_run, sandbox):
     watch = GpuWatch(gpu_run, sandbox)
     unit_dir = sandbox.root / "etc/systemd/system"
     service, timer = ((unit_dir / unit).read_text() for unit in GPU_UNITS)
@@ -183,12 +177,12 @@ def test_the_controller_installs_the_gpu_watchdog_and_removes_it_when_off(gpu_ru
     assert (watch.dir / "gpu-watch.sh").read_text() == _watchdog_of(gpu_run)
     assert stat.S_IMODE((watch.dir / "gpu-watch.sh").stat().st_mode) == 0o755
 
-    again = sandbox.run(_script(gpu_run, "controller-vm"))
+    again = sandbox.run(startup_script(gpu_run, "controller-vm"))
     assert again.returncode == 0, again.stderr
     assert "systemctl daemon-reload" not in sandbox.calls
 
     off = run_offline("t4-usc1", {"tpu-pretrain:gpuAutoRecover": False})
-    removed = sandbox.run(_script(off, "controller-vm"))
+    removed = sandbox.run(startup_script(off, "controller-vm"))
     assert removed.returncode == 0, removed.stderr
     assert "systemctl disable --now --quiet tpu-pretrain-gpu-watch.timer" in sandbox.calls
     assert "systemctl daemon-reload" in sandbox.calls
@@ -196,12 +190,12 @@ def test_the_controller_installs_the_gpu_watchdog_and_removes_it_when_off(gpu_ru
     assert not watch.dir.exists()
 
 
-def test_a_tpu_watchdog_left_by_an_earlier_script_is_removed(gpu_run, sandbox):  # noqa: F811
+def test_a_tpu_watchdog_left_by_an_earlier_script_is_removed(gpu_run, sandbox):
     """The controller removes every watchdog that is not its own (a stack that changed its
     accelerator keeps no TPU timer that would act on a TPU VM that is gone)."""
     tpu = run_offline("v6e-euw4")
-    _publish_payload(tpu, sandbox)
-    assert sandbox.run(_script(tpu, "controller-vm")).returncode == 0
+    publish_payload(tpu, sandbox)
+    assert sandbox.run(startup_script(tpu, "controller-vm")).returncode == 0
     unit_dir = sandbox.root / "etc/systemd/system"
     assert all((unit_dir / unit).exists() for unit in TPU_UNITS)
     GpuWatch(gpu_run, sandbox)
@@ -371,7 +365,7 @@ def test_a_changed_controller_script_is_rerun_before_anything_else(watch):
     """`pulumi up` changed the controller's script (here: the watchdog turned off): the tick
     re-runs it and leaves the VM alone."""
     off = run_offline("t4-usc1", {"tpu-pretrain:gpuAutoRecover": False})
-    (watch.box.state / "metadata").write_text(_script(off, "controller-vm"))
+    (watch.box.state / "metadata").write_text(startup_script(off, "controller-vm"))
     watch.set_state("TERMINATED")
     result = watch.tick()
     assert result.returncode == 0, result.stderr

@@ -1,7 +1,7 @@
 """Every startup script records what its VM really is and compares it with the catalog
 (templates/facts.sh): gs://…/runs/<job>/bootstrap/facts-<name>.json, one line per mismatch in
 the bootstrap status, and the local file the payload carries into status.json. Run in the
-script sandbox of test_infra_scripts.py: the metadata server, the image's units, its EFI
+script sandbox (script_sandbox.py): the metadata server, the image's units, its EFI
 variables, python3, gcloud, gsutil and the installed libtpu are the test's."""
 
 from __future__ import annotations
@@ -12,14 +12,8 @@ import shutil
 import stat
 
 import pytest
-from harness import run_offline
-from test_infra_scripts import (  # the sandbox and its helpers, shared with the TPU tests
-    Sandbox,
-    _as_worker,
-    _publish_payload,
-    _script,
-    sandbox,  # noqa: F401  (a fixture)
-)
+from harness import run_offline, startup_script
+from script_sandbox import Sandbox, as_worker, publish_payload
 
 from infra import render
 from infra.components.controller import SHIELDED_VM
@@ -95,11 +89,11 @@ def _bootstrap(box: Sandbox, bucket: str, job: str, name: str) -> dict:
     return json.loads((box.gcs / bucket / f"runs/{job}/bootstrap/{name}.json").read_text())
 
 
-def test_a_tpu_vm_that_matches_the_catalog(tpu_run, sandbox):  # noqa: F811
-    bucket, _ = _publish_payload(tpu_run, sandbox)
+def test_a_tpu_vm_that_matches_the_catalog(tpu_run, sandbox):
+    bucket, _ = publish_payload(tpu_run, sandbox)
     _metadata(sandbox, image="v2-alpha-tpuv6e", accelerator_type="v6e-8")
     _secure_boot(sandbox, on=True)
-    result = sandbox.run(_script(tpu_run, "tpu-vm"))
+    result = sandbox.run(startup_script(tpu_run, "tpu-vm"))
     assert result.returncode == 0, result.stderr
     doc = _facts(sandbox, bucket, "gpt2-small-clm", "tpu")
     facts = doc["facts"]
@@ -108,7 +102,7 @@ def test_a_tpu_vm_that_matches_the_catalog(tpu_run, sandbox):  # noqa: F811
     assert facts["gsutil"] == "5.31" and facts["image"] == "v2-alpha-tpuv6e"
     assert facts["accelerator_type"] == "v6e-8" and facts["secure_boot"] == "enabled"
     # v6e installs the JAX environment (auto): its libtpu is the JAX overlay's.
-    libtpu = _expected_libtpu(_script(tpu_run, "tpu-vm"))
+    libtpu = _expected_libtpu(startup_script(tpu_run, "tpu-vm"))
     assert libtpu == "0.0.42.1"
     assert facts["libtpu"] == libtpu
     assert facts["tpu_runtime_unit"] == "absent" and facts["tpu_env"] == ""
@@ -132,15 +126,15 @@ def test_a_tpu_vm_that_matches_the_catalog(tpu_run, sandbox):  # noqa: F811
     assert "host facts match the catalog" in result.stderr
 
 
-def test_every_mismatch_is_one_line_in_the_bootstrap_status(tpu_run, sandbox):  # noqa: F811
-    bucket, _ = _publish_payload(tpu_run, sandbox)
+def test_every_mismatch_is_one_line_in_the_bootstrap_status(tpu_run, sandbox):
+    bucket, _ = publish_payload(tpu_run, sandbox)
     _metadata(sandbox, accelerator_type="v5litepod-8")
     _secure_boot(sandbox, on=False)
     result = sandbox.run(
-        _script(tpu_run, "tpu-vm"), STUB_PYTHON_VERSION="3.12", STUB_LIBTPU_VERSION="0.0.21"
+        startup_script(tpu_run, "tpu-vm"), STUB_PYTHON_VERSION="3.12", STUB_LIBTPU_VERSION="0.0.21"
     )
     assert result.returncode == 0, result.stderr  # reported, not fatal
-    libtpu = _expected_libtpu(_script(tpu_run, "tpu-vm"))
+    libtpu = _expected_libtpu(startup_script(tpu_run, "tpu-vm"))
     lines = [
         "catalog says python 3.10 on v2-alpha-tpuv6e; this VM has 3.12",
         "catalog says accelerator type v6e-8; this VM has v5litepod-8",
@@ -158,10 +152,10 @@ def test_every_mismatch_is_one_line_in_the_bootstrap_status(tpu_run, sandbox):  
     assert "declare -- HOST_CHECKS=" in helper and "this VM has 3.12" in helper
 
 
-def test_a_slice_host_records_its_worker_endpoints_runtime_unit_and_tpu_env(sandbox):  # noqa: F811
+def test_a_slice_host_records_its_worker_endpoints_runtime_unit_and_tpu_env(sandbox):
     run = run_offline("v4-32-usc2")
-    bucket, _ = _publish_payload(run, sandbox)
-    _as_worker(sandbox, 1)
+    bucket, _ = publish_payload(run, sandbox)
+    as_worker(sandbox, 1)
     units = sandbox.state / "unit-files"
     units.mkdir()
     (units / "tpu-runtime.service").write_text(
@@ -173,7 +167,7 @@ def test_a_slice_host_records_its_worker_endpoints_runtime_unit_and_tpu_env(sand
     raw = "ACCELERATOR_TYPE: 'v4-32'\nTOPOLOGY: \"2x2x4\"\tWORKER_ID: \\1\x07\n"
     (tpu_env / "tpu-env").write_text(raw)
     # A slice installs the JAX environment: its libtpu is the JAX overlay's.
-    script = _script(run, "tpu-vm")
+    script = startup_script(run, "tpu-vm")
     libtpu = re.search(r"^readonly EXPECT_LIBTPU=(\S+)$", script, re.MULTILINE).group(1)
     assert libtpu != render.read_pins().libtpu
     result = sandbox.run(script, STUB_LIBTPU_VERSION=libtpu)
@@ -191,16 +185,16 @@ def test_a_slice_host_records_its_worker_endpoints_runtime_unit_and_tpu_env(sand
     assert facts["accelerator_type"] == "v4-32" and doc["mismatches"] == []
 
 
-def test_a_gpu_vm_checks_its_machine_type_and_gpu_count(sandbox):  # noqa: F811
+def test_a_gpu_vm_checks_its_machine_type_and_gpu_count(sandbox):
     run = run_offline("l4x2-use1")  # g2-standard-24 carries 2 x L4; secure boot off
-    bucket, _ = _publish_payload(run, sandbox)
+    bucket, _ = publish_payload(run, sandbox)
     smi = sandbox.bin / "nvidia-smi"
     smi.write_text(NVIDIA_SMI)
     smi.chmod(0o755)
     _metadata(sandbox, machine_type="projects/123/zones/us-east1-d/machineTypes/g2-standard-24")
     _secure_boot(sandbox, on=False)
     _nvidia(sandbox, OPEN_570)
-    script = _script(run, "gpu-vm")
+    script = startup_script(run, "gpu-vm")
     result = sandbox.run(script, SMI_GPUS="1")
     assert result.returncode == 0, result.stderr
     doc = _facts(sandbox, bucket, "bert-small-mlm-gpu", "gpu")
@@ -223,7 +217,7 @@ def test_a_gpu_vm_checks_its_machine_type_and_gpu_count(sandbox):  # noqa: F811
     assert _facts(sandbox, bucket, "bert-small-mlm-gpu", "gpu")["mismatches"] == []
 
 
-def test_a_gpu_vm_says_which_driver_and_nic_loaded_against_the_catalog(sandbox):  # noqa: F811
+def test_a_gpu_vm_says_which_driver_and_nic_loaded_against_the_catalog(sandbox):
     """An A3 VM (gVNIC, NVIDIA's open 570 modules installed at boot) that booted the
     proprietary 550 module on a VirtIO NIC: three lines, each naming what loaded."""
     overrides = {
@@ -232,13 +226,13 @@ def test_a_gpu_vm_says_which_driver_and_nic_loaded_against_the_catalog(sandbox):
         "tpu-pretrain:scheduling": "spot",
     }
     run = run_offline("a100x4-usc1", overrides)
-    bucket, _ = _publish_payload(run, sandbox)
+    bucket, _ = publish_payload(run, sandbox)
     smi = sandbox.bin / "nvidia-smi"
     smi.write_text(NVIDIA_SMI)
     smi.chmod(0o755)
     _nvidia(sandbox, PROPRIETARY_550)
     _nic(sandbox, "virtio_net")
-    result = sandbox.run(_script(run, "gpu-vm"), SMI_GPUS="8")
+    result = sandbox.run(startup_script(run, "gpu-vm"), SMI_GPUS="8")
     assert result.returncode == 0, result.stderr
     doc = _facts(sandbox, bucket, "gpt2-small-clm", "gpu")
     assert doc["facts"]["nic_driver"] == "virtio_net"
@@ -250,10 +244,10 @@ def test_a_gpu_vm_says_which_driver_and_nic_loaded_against_the_catalog(sandbox):
     ]
 
 
-def test_the_controller_expects_secure_boot(tpu_run, sandbox):  # noqa: F811
-    bucket, _ = _publish_payload(tpu_run, sandbox)
+def test_the_controller_expects_secure_boot(tpu_run, sandbox):
+    bucket, _ = publish_payload(tpu_run, sandbox)
     _secure_boot(sandbox, on=False)
-    result = sandbox.run(_script(tpu_run, "controller-vm"))
+    result = sandbox.run(startup_script(tpu_run, "controller-vm"))
     assert result.returncode == 0, result.stderr
     doc = _facts(sandbox, bucket, "gpt2-small-clm", "controller")
     # What the program asks of the controller VM (its shielded settings).
@@ -264,11 +258,11 @@ def test_the_controller_expects_secure_boot(tpu_run, sandbox):  # noqa: F811
     assert "Environment=TPU_PRETRAIN_HOST_FACTS=/opt/tpu-pretrain/host-facts.json\n" in unit
 
 
-def test_unknown_facts_are_recorded_and_never_called_a_mismatch(tpu_run, sandbox):  # noqa: F811
+def test_unknown_facts_are_recorded_and_never_called_a_mismatch(tpu_run, sandbox):
     """No metadata values, no EFI variables, a gsutil that cannot say its version: empty or
     "unknown", no mismatch."""
-    bucket, _ = _publish_payload(tpu_run, sandbox)
-    result = sandbox.run(_script(tpu_run, "tpu-vm"), STUB_GSUTIL_VERSION="")
+    bucket, _ = publish_payload(tpu_run, sandbox)
+    result = sandbox.run(startup_script(tpu_run, "tpu-vm"), STUB_GSUTIL_VERSION="")
     assert result.returncode == 0, result.stderr
     doc = _facts(sandbox, bucket, "gpt2-small-clm", "tpu")
     facts = doc["facts"]

@@ -11,12 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from harness import run_offline
-from test_infra_scripts import (  # the sandbox and its helpers, shared with the TPU tests
-    Sandbox,
-    _publish_payload,
-    sandbox,  # noqa: F401  (a fixture)
-    shellcheck,
-)
+from script_sandbox import Sandbox, publish_payload, shellcheck
 
 from infra import render
 
@@ -106,8 +101,8 @@ def tpu_run():
     return run_offline("v6e-euw4")
 
 
-def test_the_loader_runs_the_script_and_payload_the_pointer_names(tpu_run, sandbox):  # noqa: F811
-    _publish_payload(tpu_run, sandbox)
+def test_the_loader_runs_the_script_and_payload_the_pointer_names(tpu_run, sandbox):
+    publish_payload(tpu_run, sandbox)
     bucket = _publish_startup(tpu_run, sandbox)
     result = sandbox.run(_loader(tpu_run, "tpu-vm"))
     assert result.returncode == 0, result.stderr
@@ -124,8 +119,8 @@ def test_the_loader_runs_the_script_and_payload_the_pointer_names(tpu_run, sandb
 
 
 @pytest.mark.parametrize("tampered", ["payload", "script"])
-def test_the_loader_refuses_what_the_pointer_does_not_name(tpu_run, sandbox, tampered):  # noqa: F811
-    _, archive = _publish_payload(tpu_run, sandbox)
+def test_the_loader_refuses_what_the_pointer_does_not_name(tpu_run, sandbox, tampered):
+    _, archive = publish_payload(tpu_run, sandbox)
     bucket = _publish_startup(tpu_run, sandbox)
     pointer = _pointer(tpu_run)
     name = archive if tampered == "payload" else pointer["script_tpu"]
@@ -144,7 +139,7 @@ def test_the_loader_refuses_what_the_pointer_does_not_name(tpu_run, sandbox, tam
     assert not [c for c in sandbox.calls if c.startswith("pip ")]
 
 
-def test_a_missing_pointer_is_one_clear_line(tpu_run, sandbox):  # noqa: F811
+def test_a_missing_pointer_is_one_clear_line(tpu_run, sandbox):
     # No wait at all (the retries: tests/infra/test_first_boot.py).
     result = sandbox.run(_loader(tpu_run, "tpu-vm"), TPU_PRETRAIN_BOOT_WAIT_SECONDS="0")
     assert result.returncode == 1

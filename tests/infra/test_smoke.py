@@ -25,13 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 from gcloud_flags import problems
-from harness import run_offline
-from test_infra_scripts import (  # the sandbox and its helpers, shared with the TPU tests
-    Sandbox,
-    _publish_payload,
-    _script,
-    sandbox,  # noqa: F401  (a fixture)
-)
+from harness import run_offline, startup_script
+from script_sandbox import Sandbox, publish_payload
 
 from infra import smoke
 
@@ -225,8 +220,8 @@ class World:
         def step() -> None:
             archive = next(r for r in self.run.resources if r.name == "payload-archive")
             if not (self.box.gcs / self.bucket / archive.inputs["name"]).exists():
-                _publish_payload(self.run, self.box)
-            result = self.box.run(_script(self.run, f"{role}-vm"), **(env or {}))
+                publish_payload(self.run, self.box)
+            result = self.box.run(startup_script(self.run, f"{role}-vm"), **(env or {}))
             assert result.returncode == 0, result.stderr
 
         self.steps.append(step)
@@ -288,7 +283,7 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path, sandbox, monkeypatch):  # noqa: F811
+def world(tmp_path, sandbox, monkeypatch):
     return lambda stack="v6e-euw4", **scenario: World(
         tmp_path, sandbox, monkeypatch, stack, **scenario
     )

@@ -6,7 +6,7 @@ VM_REQUIREMENTS=requirements/tpu-vm-jax.txt) on the overlay's Python (3.11). Her
 resolves for that Python only; the
 built environment has jax, keras on JAX and TensorFlow's CPU build and nothing of TF's TPU
 line; a job with train.backend: jax (or a v6e stack, auto) renders a startup script that
-installs that environment, and the script runs in the sandbox of test_infra_scripts.py.
+installs that environment, and the script runs in the script sandbox (script_sandbox.py).
 What only a TPU VM shows (docs/jax-on-tpu-vm.md): uv's CPython download, the devices JAX
 sees, libtpu 0.0.42.1 initialising v6e/v5e chips.
 """
@@ -22,21 +22,18 @@ import tarfile
 from pathlib import Path
 
 import pytest
-import test_infra_scripts as scripts
 import yaml
-from harness import config_error, run_offline
-from test_infra_scripts import (
-    _bootstrap_status,
-    _publish_payload,
-    _script,
-    _short_sha,
+from harness import config_error, run_offline, startup_script
+from script_sandbox import (
+    bootstrap_status,
     job_with_backend,
+    publish_payload,
+    short_sha,
     unit_environment,
 )
 
 from infra import render
 
-sandbox = scripts.sandbox  # the script tests' sandbox fixture, shared
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-tpu-jax"
 OVERLAY = render.TPU_JAX_REQUIREMENTS_FILE
@@ -178,7 +175,7 @@ def jax_run():
 
 def test_backend_choice_follows_the_job_then_the_catalog(tmp_path):
     def constants(run, name: str) -> dict[str, str]:
-        text = _script(run, name)
+        text = startup_script(run, name)
         return dict(re.findall(r"^readonly ([A-Z_]+)=(\S*)$", text, re.MULTILINE))
 
     jax_job = job_with_backend(tmp_path, "jax")
@@ -209,7 +206,7 @@ def test_a_bad_backend_and_tf_on_a_slice_are_config_errors(tmp_path):
         f"{K}job: {bad!r}: train.backend 'pytorch' is not one of: tf, jax, auto"
     )
     # A slice runs JAX only: an explicit tf is refused with one line (auto and jax: see
-    # test_infra_scripts' slice tests).
+    # test_slice_startup.py).
     tf_job = job_with_backend(tmp_path, "tf", "stacks/jobs/bert-base-mlm.yaml")
     assert config_error("v4-32-usc2", {K + "job": tf_job}) == (
         f"{K}job: {tf_job!r}: train.backend: tf on a v4-32 slice is not supported: Google's TF "
@@ -219,9 +216,9 @@ def test_a_bad_backend_and_tf_on_a_slice_are_config_errors(tmp_path):
 
 
 def test_the_jax_script_installs_the_jax_environment_on_uvs_python(jax_run, sandbox):
-    bucket, _ = _publish_payload(jax_run, sandbox)
-    script = _script(jax_run, "tpu-vm")
-    short = _short_sha(script)
+    bucket, _ = publish_payload(jax_run, sandbox)
+    script = startup_script(jax_run, "tpu-vm")
+    short = short_sha(script)
     app = f"{sandbox.root}/opt/tpu-pretrain"
     first = sandbox.run(script)
     assert first.returncode == 0, first.stderr
@@ -261,7 +258,7 @@ def test_the_jax_script_installs_the_jax_environment_on_uvs_python(jax_run, sand
         f"ExecStart=/opt/tpu-pretrain/venv/bin/tpu-payload train --job gs://{bucket}/jobs/"
         "gpt2-small-clm.json\n" in unit
     )
-    assert _bootstrap_status(sandbox, bucket)["state"] == "started"
+    assert bootstrap_status(sandbox, bucket)["state"] == "started"
 
     second = sandbox.run(script)  # idempotent: nothing installed again, the unit unchanged
     assert second.returncode == 0, second.stderr
@@ -270,8 +267,8 @@ def test_the_jax_script_installs_the_jax_environment_on_uvs_python(jax_run, sand
 
 
 def test_the_controller_builds_the_jax_wheelhouse_for_python_311(jax_run, sandbox):
-    bucket, _ = _publish_payload(jax_run, sandbox)
-    controller = sandbox.run(_script(jax_run, "controller-vm"))
+    bucket, _ = publish_payload(jax_run, sandbox)
+    controller = sandbox.run(startup_script(jax_run, "controller-vm"))
     assert controller.returncode == 0, controller.stderr
     downloads = [c for c in sandbox.calls if c.startswith("pip download")]
     assert len(downloads) == 1  # the requirements only: no tf_keras --no-deps download
@@ -279,7 +276,7 @@ def test_the_controller_builds_the_jax_wheelhouse_for_python_311(jax_run, sandbo
     (wheelhouse,) = (sandbox.gcs / bucket / "wheelhouse").iterdir()
     # The TPU VM computes the same key for its environment's Python and installs from it.
     shutil.rmtree(sandbox.root / "opt")
-    tpu = sandbox.run(_script(jax_run, "tpu-vm"))
+    tpu = sandbox.run(startup_script(jax_run, "tpu-vm"))
     assert tpu.returncode == 0, tpu.stderr
     assert f"wheelhouse {wheelhouse.name}: 1 wheels downloaded" in tpu.stderr, tpu.stderr
     assert "installed from the wheelhouse" in tpu.stderr

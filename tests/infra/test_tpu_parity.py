@@ -4,7 +4,7 @@
 runs (infra/templates/tpu-install.sh `tpu_install_env`: the lock minus tensorflow/tf_keras,
 tensorflow-tpu + libtpu from requirements/tpu-vm.txt, tf_keras --no-deps, the payload).
 This test installs the current payload source into it the same way, renders the TPU VM's
-startup script for a stack, runs it in the sandbox of test_infra_scripts.py (with the
+startup script for a stack, runs it in the script sandbox (script_sandbox.py, with the
 venv's real interpreter, so libtpu's own path ends up in the unit), reads the trainer
 unit's Environment= lines and runs the real `tpu-payload` CLI with exactly them through
 tokenizer -> encode -> train (+ export) on CPU.
@@ -33,15 +33,13 @@ import tarfile
 from pathlib import Path
 
 import pytest
-import test_infra_scripts as scripts
 import yaml
-from harness import run_offline
-from test_infra_scripts import Sandbox, _publish_payload, _script, unit_environment
+from harness import run_offline, startup_script
+from script_sandbox import Sandbox, publish_payload, unit_environment
 
 from infra import render
 from infra.catalog import load_catalog
 
-sandbox = scripts.sandbox  # the script tests' sandbox fixture, shared
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-tpu"
 STACK = "v5e-euw4"
@@ -95,9 +93,9 @@ def _rendered_unit(box: Sandbox, python: Path | None = None) -> str:
     """The trainer unit the startup script writes; with `python`, the venv's interpreter is
     that real one (libtpu's path in the unit is then computed by it)."""
     run = run_offline(STACK)
-    _publish_payload(run, box)
+    publish_payload(run, box)
     extra = {"STUB_VENV_PYTHON": str(python)} if python else {}
-    result = box.run(_script(run, "tpu-vm"), **extra)
+    result = box.run(startup_script(run, "tpu-vm"), **extra)
     assert result.returncode == 0, result.stderr
     return (box.root / "etc/systemd/system/tpu-pretrain-train.service").read_text()
 

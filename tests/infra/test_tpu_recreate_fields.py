@@ -24,12 +24,7 @@ from pathlib import Path
 
 import pytest
 from harness import run_offline
-from test_infra_scripts import (  # the sandbox and its helpers, shared with the TPU tests
-    Watch,
-    _flags,
-    _pairs,
-    sandbox,  # noqa: F401  (a fixture)
-)
+from script_sandbox import Watch, flag_pairs, split_flags
 
 IMMUTABLE = {
     "zone", "name", "runtimeVersion", "acceleratorType", "cidrBlock", "networkConfig",
@@ -65,10 +60,11 @@ def _reproduced(vm: dict, flags: dict, switches: set, startup: str) -> dict[str,
         "shieldedInstanceConfig": ("--shielded-secure-boot" in switches)
         == bool(vm.get("shieldedInstanceConfig", {}).get("enableSecureBoot")),
         "description": flags["--description"] == vm["description"],
-        "labels": _pairs(flags["--labels"]) == vm["labels"] | {"goog-pulumi-provisioned": "true"},
+        "labels": flag_pairs(flags["--labels"])
+        == vm["labels"] | {"goog-pulumi-provisioned": "true"},
         "tags": flags["--tags"] == ",".join(vm["tags"]),
         "metadata": startup == metadata.pop("startup-script")
-        and _pairs(flags["--metadata"]) == metadata,
+        and flag_pairs(flags["--metadata"]) == metadata,
     }
 
 
@@ -85,7 +81,7 @@ def test_the_recreated_node_has_every_immutable_field_of_the_v2vm(
     stack,
     state,
     create,
-    sandbox,  # noqa: F811
+    sandbox,
 ):
     overrides = {"tpu-pretrain:tpuAutoRecover": True} if stack == "v3-euw4" else None
     watch = Watch(run_offline(stack, overrides), sandbox)
@@ -93,7 +89,7 @@ def test_the_recreated_node_has_every_immutable_field_of_the_v2vm(
     result = watch.tick()
     assert result.returncode == 0, result.stderr
     (argv,) = watch.creates(create)
-    positional, flags, switches = _flags(argv)
+    positional, flags, switches = split_flags(argv)
     if create == "create":
         flags["name"] = positional[-1]
     startup_path = flags["--metadata-from-file"].split("=", 1)[1]

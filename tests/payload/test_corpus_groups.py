@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chunk_oracle import iter_document_batches
+from drivers.chunk_oracle import iter_document_batches
 
 from payload import spec
 from payload.core.errors import CorpusError, SpecError

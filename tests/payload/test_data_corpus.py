@@ -5,8 +5,8 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
-import chunk_oracle
 import pytest
+from drivers import chunk_oracle
 
 from payload.core.errors import CorpusError
 from payload.data import corpus

@@ -5,7 +5,7 @@ JAX); the presets' generator follows google-research/electra's rule; one tiny ru
 the real CLI (tokenizer -> encode -> train with held-out evaluation -> two exports), whose
 exports transformers 5 (.venv-pt) loads with the plain `from_pretrained`: the
 discriminator's and the generator's logits within 1e-4 of the model as training left it
-(rebuilt from the newest checkpoint: jax_checkpoint_logits.py), the fill-mask pipeline on
+(rebuilt from the newest checkpoint: drivers/jax_checkpoint_logits.py), the fill-mask pipeline on
 the generator, and a sequence classifier built from the discriminator whose loss falls in
 a short fine-tuning run. FSDP and data parallelism on 8 virtual devices train alike:
 test_jax_sharding.py (the trainer's compiled chunk on both meshes). Resume and SIGTERM:

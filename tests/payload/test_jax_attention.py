@@ -37,7 +37,7 @@ from payload.model import configs, kernels
 from payload.plan import attention_table, estimate
 from payload.spec import parse_job
 
-DRIVER = Path(__file__).with_name("jax_attention_driver.py")
+DRIVER = Path(__file__).parent / "drivers" / "jax_attention_driver.py"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 H100 = kernels.Chip("gpu", "nvidia", (9, 0), "H100")
 A100 = kernels.Chip("gpu", "nvidia", (8, 0), "A100")

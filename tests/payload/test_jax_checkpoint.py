@@ -1,5 +1,5 @@
 """The JAX backend's Orbax checkpoints (payload/backends/jax/checkpoint.py) on 8 virtual CPU
-devices, in a fresh process (jax_checkpoint_driver.py): a state sharded over 8 devices is
+devices, in a fresh process (drivers/jax_checkpoint_driver.py): a state sharded over 8 devices is
 restored bitwise onto 4 devices (replicated) and onto a 2 x 4 mesh sharded another way; only
 the newest `keep` checkpoints stay; another layout is one line (a Llama's of earlier
 releases, one variable per decoder layer, its own line); the space check before
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from train_helpers import cpu_devices
 
-DRIVER = Path(__file__).with_name("jax_checkpoint_driver.py")
+DRIVER = Path(__file__).parent / "drivers" / "jax_checkpoint_driver.py"
 
 
 def test_a_sharded_state_restores_bitwise_onto_other_meshes(tmp_path: Path) -> None:

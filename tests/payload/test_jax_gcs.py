@@ -1,5 +1,5 @@
 """The JAX backend on gs:// without TensorFlow, against the storage emulator
-(jax_gcs_driver.py in a child process where TensorFlow is unimportable, as on a JAX VM):
+(drivers/jax_gcs_driver.py in a child process where TensorFlow is unimportable, as on a JAX VM):
 JAX's compilation cache and Orbax checkpoints go through etils.epath, which without
 TensorFlow reaches gs:// through gcsfs (fsspec); Orbax's arrays through tensorstore."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from train_helpers import tensorflow_env
 
-DRIVER = Path(__file__).with_name("jax_gcs_driver.py")
+DRIVER = Path(__file__).parent / "drivers" / "jax_gcs_driver.py"
 
 
 @pytest.mark.emulator

@@ -11,7 +11,7 @@ device each, `jax.distributed`), each the real `tpu-payload train` as a slice wo
 - a run.json of another run: exit 2 on both, with the same one line.
 
 Nothing depends on the machine's speed: the signal lands while worker 1 provably waits at
-a pause (train_helpers.PausedCli) or at a fixed call (error_driver.py), and every wait is
+a pause (train_helpers.PausedCli) or at a fixed call (drivers/error_driver.py), and every wait is
 bounded by a guard only a hung process reaches.
 """
 
@@ -75,7 +75,7 @@ def _worker_env(port: int, worker: int, processes: int = 2, **extra: str) -> dic
     )
 
 
-ERROR_DRIVER = Path(__file__).parent / "error_driver.py"
+ERROR_DRIVER = Path(__file__).parent / "drivers" / "error_driver.py"
 
 
 class _Worker:

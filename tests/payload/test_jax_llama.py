@@ -44,9 +44,9 @@ from payload.spec import parse_job
 from payload.training import export as export_lib
 from payload.training import shared as training
 
-DRIVER = Path(__file__).with_name("jax_export_driver.py")
-STEPS_DRIVER = Path(__file__).with_name("jax_llama_steps_driver.py")
-LOGITS_DRIVER = Path(__file__).with_name("jax_checkpoint_logits.py")
+DRIVER = Path(__file__).parent / "drivers" / "jax_export_driver.py"
+STEPS_DRIVER = Path(__file__).parent / "drivers" / "jax_llama_steps_driver.py"
+LOGITS_DRIVER = Path(__file__).parent / "drivers" / "jax_checkpoint_logits.py"
 TOLERANCE = 1e-4
 VOCAB, SEQ = 300, 16
 VARIANTS = {

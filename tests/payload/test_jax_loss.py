@@ -24,7 +24,7 @@ import numpy as np
 from payload.backends.jax import steps
 from payload.model import configs
 
-DRIVER = Path(__file__).with_name("jax_loss_driver.py")
+DRIVER = Path(__file__).parent / "drivers" / "jax_loss_driver.py"
 
 
 def test_chunk_length_rule() -> None:

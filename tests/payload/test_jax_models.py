@@ -18,7 +18,7 @@ from test_export import PT_SCRIPT, _require_pt_python, _run_pt
 
 from payload.training import export as export_lib
 
-DRIVER = Path(__file__).with_name("jax_export_driver.py")
+DRIVER = Path(__file__).parent / "drivers" / "jax_export_driver.py"
 TOLERANCE = 1e-4
 VOCAB, SEQ = 300, 16
 

@@ -7,7 +7,7 @@ It shows: each process reads its own training shard files (disjoint, together al
 worker 1 takes no lease, waits for worker 0's data and writes nothing but its shards of each
 Orbax checkpoint; two processes x four devices train to the same weights, train losses and
 held-out loss as ONE process with eight devices that reads the same global batches (two
-input pipelines, jax_pipelines_driver.py), within 1e-4; and a two-process run interrupted
+input pipelines, drivers/jax_pipelines_driver.py), within 1e-4; and a two-process run interrupted
 after its checkpoint resumes from it.
 """
 
@@ -38,7 +38,7 @@ from payload.core import storage
 from payload.schema import manifest as manifest_lib
 from payload.training import export as export_lib
 
-DRIVER = Path(__file__).with_name("jax_pipelines_driver.py")
+DRIVER = Path(__file__).parent / "drivers" / "jax_pipelines_driver.py"
 HANG_GUARD_S = 900  # far above a real run: only a hung process reaches it
 TOLERANCE = 1e-4
 # Both runs shard the state over all 8 devices (pure FSDP): 2 processes x 4 devices = 1 x 8.

@@ -37,9 +37,9 @@ from train_helpers import (
 from payload.backends.jax import mesh as mesh_lib
 from payload.training import export as export_lib
 
-DRIVER = Path(__file__).with_name("jax_sharding_driver.py")
-COLLECTIVES_DRIVER = Path(__file__).with_name("jax_collectives_driver.py")
-PROGRAM_DRIVER = Path(__file__).with_name("jax_program_driver.py")
+DRIVER = Path(__file__).parent / "drivers" / "jax_sharding_driver.py"
+COLLECTIVES_DRIVER = Path(__file__).parent / "drivers" / "jax_collectives_driver.py"
+PROGRAM_DRIVER = Path(__file__).parent / "drivers" / "jax_program_driver.py"
 EIGHT = cpu_devices(8)
 TOLERANCE = 1e-5
 GIB = 2**30

@@ -16,7 +16,7 @@ slice worker runs it (test_jax_hosts.py's workers).
   wait for the agreement's timeout.
 
 Nothing depends on the machine's speed: a signal lands while the process provably waits at
-a pause (train_helpers.PausedCli), errors are injected at fixed calls (error_driver.py), and
+a pause (train_helpers.PausedCli), errors are injected at fixed calls (drivers/error_driver.py), and
 every wait is bounded by a guard only a hung process reaches. How long each slice took to end
 is printed (`-s`), never asserted.
 """

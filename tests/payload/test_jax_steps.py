@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DRIVER = Path(__file__).with_name("jax_steps_driver.py")
+DRIVER = Path(__file__).parent / "drivers" / "jax_steps_driver.py"
 
 
 def test_jax_training_steps_bert_and_gpt2() -> None:

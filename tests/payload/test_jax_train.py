@@ -5,9 +5,9 @@ For each family, `tpu-payload run` trains a tiny model with held-out evaluation 
 exports; transformers 5 (PyTorch, .venv-pt) loads the export with the plain
 `AutoModelFor*.from_pretrained(path)` and `AutoTokenizer.from_pretrained(path)`, with no
 missing, unexpected or mismatched keys, and its logits match the logits of the model as
-training left it (rebuilt from the newest checkpoint in a JAX process: jax_checkpoint_logits.py)
-within 1e-4. Every record of the run names the backend: status.json's runtime, run.json,
-export_complete.json and the model card.
+training left it (rebuilt from the newest checkpoint in a JAX process:
+drivers/jax_checkpoint_logits.py) within 1e-4. Every record of the run names the backend:
+status.json's runtime, run.json, export_complete.json and the model card.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from train_helpers import job_document, run_cli, write_corpus, write_job
 from payload.spec import JobSpec
 from payload.training import export as export_lib
 
-LOGITS_DRIVER = Path(__file__).with_name("jax_checkpoint_logits.py")
+LOGITS_DRIVER = Path(__file__).parent / "drivers" / "jax_checkpoint_logits.py"
 FAMILIES = {"bert": "mlm", "roberta": "mlm", "gpt2": "clm"}
 
 

@@ -39,7 +39,7 @@ from payload import spec
 from payload.model import configs
 from payload.plan import estimate
 
-DRIVER = Path(__file__).with_name("jax_plan_memory_driver.py")
+DRIVER = Path(__file__).parent / "drivers" / "jax_plan_memory_driver.py"
 EIGHT = {**cpu_devices(8), "TF_CPP_MIN_LOG_LEVEL": "3"}
 # The measured figure is within this factor of the plan's, either way (module docstring).
 FACTOR = 1.5

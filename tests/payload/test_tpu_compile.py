@@ -54,7 +54,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DRIVER = Path(__file__).with_name("tpu_compile_driver.py")
+DRIVER = Path(__file__).parent / "drivers" / "tpu_compile_driver.py"
 PLAN_FACTOR = 1.6
 FLOPS_FACTOR = 1.5
 # A sequence length that is a multiple of splash's 128-token lanes but not of its default

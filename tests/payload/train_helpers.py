@@ -141,12 +141,12 @@ def assert_user_error(result: subprocess.CompletedProcess[str], pattern: str) ->
     return lines[0]
 
 
-PAUSE_DRIVER = Path(__file__).with_name("pause_driver.py")
+PAUSE_DRIVER = Path(__file__).parent / "drivers" / "pause_driver.py"
 HANG_GUARD_S = 600  # far above any real duration: only a hung process ever reaches it
 
 
 class PausedCli:
-    """The real CLI (`pause_driver.py`) in its own process group, paused once at `point`.
+    """The real CLI (`drivers/pause_driver.py`) in its own process group, paused once at `point`.
 
     The test waits for the pause (`wait_paused`), signals the group (a terminal's Ctrl-C
     reaches every process of the foreground group: encode workers too), opens the gate

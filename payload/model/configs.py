@@ -581,16 +581,17 @@ def electra_parameters(config: PretrainedConfig) -> tuple[int, int, int]:
     e, v = config.embedding_size, config.vocab_size
     p, t = config.max_position_embeddings, config.type_vocab_size
     embeddings = (v + p + t) * e + 2 * e
-    gen = generator_config(config)
+    # The generator's shape as generator_config gives it, from the shapes alone: the plan
+    # calls this with a plain namespace of the preset's settings (no transformers there).
+    g, _ = generator_shape(config.hidden_size, float(getattr(config, GENERATOR_FRACTION_KEY)))
 
-    def encoder(c: PretrainedConfig) -> int:
-        w = c.hidden_size
+    def encoder(w: int, inner: int) -> int:
         project = e * w + w if e != w else 0
-        return project + c.num_hidden_layers * _encoder_layer_parameters(w, c.intermediate_size)
+        return project + config.num_hidden_layers * _encoder_layer_parameters(w, inner)
 
     h = config.hidden_size
-    discriminator = encoder(config) + (h * h + h) + (h + 1)
-    generator = encoder(gen) + (gen.hidden_size * e + e) + 2 * e + v
+    discriminator = encoder(h, config.intermediate_size) + (h * h + h) + (h + 1)
+    generator = encoder(g, 4 * g) + (g * e + e) + 2 * e + v
     return embeddings, discriminator, generator
 
 

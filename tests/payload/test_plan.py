@@ -387,3 +387,64 @@ def test_stop_cost_uses_the_trainers_chunk_rules() -> None:
     from payload.training import shared
 
     assert stopping.FIRST_CHUNK_STEPS == shared.FIRST_CHUNK_STEPS
+
+
+FAMILY_OBJECTIVES = [
+    (family, objective)
+    for objective, families in spec.FAMILIES_FOR_OBJECTIVE.items()
+    for family in families
+]
+
+
+def family_job(family: str, objective: str, size: str) -> Any:
+    document = {
+        "name": f"{family}-{size}",
+        "output": "/tmp/unused",
+        "corpus": {"paths": ["/tmp/unused.txt"]},
+        "tokenizer": {"kind": "wordpiece" if objective != "clm" else "bpe", "vocab_size": 32000},
+        "data": {"objective": objective, "seq_length": 512},
+        "model": {"family": family, "size": size},
+        "train": {"steps": 1000, "global_batch_size": 64},
+    }
+    return spec.parse_job(document, source="/tmp/p.yaml")
+
+
+@pytest.mark.parametrize(("family", "objective"), FAMILY_OBJECTIVES)
+def test_every_family_plans_at_every_preset(family: str, objective: str) -> None:
+    """Every family x objective at each preset: the plan counts the model's own weights
+    (its matrices never outnumber its parameters) and no layout holds negative bytes (ELECTRA
+    was planned as a BERT of its hidden width: -4.3 MB of weights a chip under FSDP)."""
+    acc = estimate.accelerator("v5litepod-8")
+    for size in configs.PRESETS[family]:
+        shape = estimate.model_shape(family, size, {}, 32000)
+        matrices = sum(m[0] * m[1] for m in shape.matrices)
+        assert 0 < matrices <= shape.parameters, (family, size)
+        plan = estimate.plan_job(family_job(family, objective, size), acc)
+        for layout in plan.layouts:
+            assert min(layout.weights, layout.slots, layout.gradients, layout.gathered) >= 0
+            assert layout.total > 0, (family, size, layout)
+
+
+@pytest.mark.parametrize(("family", "objective"), FAMILY_OBJECTIVES)
+def test_every_family_plans_on_the_command_line(
+    tmp_path: Path, family: str, objective: str
+) -> None:
+    size = next(iter(configs.PRESETS[family]))
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        json.dumps(
+            {
+                "name": family,
+                "output": str(tmp_path / "out"),
+                "corpus": {"paths": [str(tmp_path / "c.txt")]},
+                "tokenizer": {"kind": "wordpiece", "vocab_size": 30522},
+                "data": {"objective": objective, "seq_length": 512},
+                "model": {"family": family, "size": size},
+                "train": {"steps": 100, "global_batch_size": 128},
+            }
+        )
+    )
+    result = run_cli("--job", str(path), "--accelerator", "v5litepod-8", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["family"] == family and data["parameters"] > 0 and data["fits"] is True

@@ -1,2 +1,3 @@
-"""Pulumi CrossGuard policy pack for tpu-pretrain (policy/rules.py assembles the rules, one
-module per rule family)."""
+"""Pulumi CrossGuard policy pack for tpu-pretrain: one module per rule family.
+
+policy/rules.py assembles the families' rules (each family's module exports its list)."""

@@ -7,7 +7,7 @@
 
 Everything before and after training (the job checks, run identity, chunk boundaries, stop
 handling, evaluation report, export writing and model card) is shared and framework-free
-(payload/training/shared.py, identity.py, evaluate.py, export.py, modelcard.py); a backend module
+(payload/training/: shared.py, identity.py, heldout.py, export.py, modelcard.py); a backend module
 is imported only when a job trains on it, so the other framework is never loaded.
 """
 

@@ -11,9 +11,9 @@ What is compared (docs/performance.md has the figures):
   same order, with the labels and weights of payload/backends/tf/masking.py causal_labels.
 - The model: the job's LlamaForCausalLM config (payload/model/configs.py config_for). The JAX side
 builds
-  it with payload/backends/jax/models.py; its initial weights are written with the export's
-  save_pretrained and loaded by `LlamaForCausalLM.from_pretrained` on the PyTorch side: both
-  start from the same weights.
+  it with payload/backends/jax/models/llama.py; its initial weights are written with the
+  export's save_pretrained and loaded by `LlamaForCausalLM.from_pretrained` on the PyTorch
+  side: both start from the same weights.
 - The step: ours is the JAX backend's compiled train chunk (steps.make_train_chunk, 8 steps
   per call as on CPU, runtime.STEPS_PER_CALL) with its AdamW (schedule.create_optimizer: warm-up and
   linear decay, weight decay except the RMSNorm scales, global-norm clipping 1.0). PyTorch's is a

@@ -6,7 +6,7 @@ import TensorFlow or JAX, and it checks the job's settings without building a co
 that `validate` and the encode stage do not import transformers (about 2 s of CPU in every
 such process; the tokenizer stage still does: it writes transformers' tokenizer files). The
 models themselves are the backends' (payload/backends/tf/model.py,
-payload/backends/jax/models.py).
+payload/backends/jax/models/).
 """
 
 from __future__ import annotations
@@ -482,7 +482,7 @@ def _llama_config(
     settings: Mapping[str, Any], *, vocab_size: int, ids: Mapping[str, Any]
 ) -> PretrainedConfig:
     """LlamaConfig without biases, with SiLU and the default RoPE (what LlamaForCausalLM
-    computes from it is what backends/jax/models.py computes)."""
+    computes from it is what backends/jax/models/llama.py computes)."""
     from transformers import LlamaConfig  # noqa: PLC0415
 
     return LlamaConfig(

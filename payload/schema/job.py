@@ -197,7 +197,7 @@ class DataSpec:
     runner: str = "local"  # local | beam (payload/data/encode/beam.py)
     beam: BeamSpec = field(default_factory=BeamSpec)
     # clm on the JAX backend: a token attends to its own packed document only (each document
-    # starts with BOS; payload/backends/jax/models.py document_ids).
+    # starts with BOS; payload/backends/jax/models/blocks.py document_ids).
     document_mask: bool = False
 
     @property

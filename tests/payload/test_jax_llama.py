@@ -1,4 +1,4 @@
-"""The Llama family on the JAX backend (payload/backends/jax/models.py LlamaCausalLM).
+"""The Llama family on the JAX backend (payload/backends/jax/models/llama.py LlamaCausalLM).
 
 - Random weights (every weight, the RMSNorm scales included), saved in the export layout,
   load into transformers 5's LlamaForCausalLM with the plain `from_pretrained` (no missing,

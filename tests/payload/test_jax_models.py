@@ -1,4 +1,4 @@
-"""The Keras 3 / JAX backend's models (payload/backends/jax/models.py) compute what
+"""The Keras 3 / JAX backend's models (payload/backends/jax/models/) compute what
 transformers' PyTorch classes compute: a model with random weights (every weight, biases and
 LayerNorms included, set to random values), saved in the export layout, loads into
 transformers 5 with the plain `from_pretrained` (no missing, unexpected or mismatched keys)

@@ -1,4 +1,4 @@
-"""Keras -> Hugging Face: the JAX backend's models (models.py) as transformers' PyTorch
+"""Keras -> Hugging Face: the JAX backend's models (models/) as transformers' PyTorch
 state dicts (parameter names and shapes, float32) and the files of the Hugging Face layout
 PyTorch users load with the plain `from_pretrained`. Dense kernels are Keras' [in, out];
 nn.Linear weights are [out, in]; GPT-2's Conv1D keeps [in, out].

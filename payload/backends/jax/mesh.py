@@ -226,7 +226,7 @@ def sharded_distribution(mesh: Mesh, family: str | None = None) -> Any:
 
 def keep_rows(x: Any, mesh: Mesh | None) -> Any:
     """`x` [B, ...] (an activation) constrained to the batch's layout: its rows split over both
-    axes, every other dimension whole. Applied at every block boundary (models.py): without it
+    axes, every other dimension whole. Applied at every block boundary (models/): without it
     XLA's partitioner follows the FSDP-split weights and shards activations along the hidden
     size, then all-gathers and all-reduces whole-batch activations in every layer (the
     collectives `collectives` lists; tests/payload/test_jax_sharding.py reads them from the

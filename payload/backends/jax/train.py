@@ -7,7 +7,7 @@ order:
     this process reads (checksums on a fresh start, sizes on a resume); every process
     checks, and a user error on one is the same one-line error on all (distributed.py);
  2. the devices JAX sees (runtime.py): one data-parallel mesh over every device of every
-    process; the precision (bfloat16 on TPU); the model (models.py) and AdamW (schedule.py);
+    process; the precision (bfloat16 on TPU); the model (models/) and AdamW (schedule.py);
  3. restore the newest checkpoint (checkpoint.py: Orbax, onto this run's shardings; run.json
     must match, on every process) and start the input pipeline at that step's batch;
  4. train in chunks of up to `steps_per_execution` optimizer steps per compiled call

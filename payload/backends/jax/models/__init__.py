@@ -1,5 +1,8 @@
-"""BERT / RoBERTa masked LMs and the GPT-2 causal LM as Keras 3 layers, written to compute
-exactly what transformers' PyTorch classes compute, so that one export serves both backends.
+"""The Keras 3 models, one module per family, computing what transformers' classes compute.
+
+BERT / RoBERTa masked LMs, the GPT-2 and Llama causal LMs and ELECTRA as Keras 3 layers,
+written to compute exactly what transformers' PyTorch classes compute, so that one export
+serves both backends.
 
 Why our own layers and not keras-hub's: keras-hub's BERT encoder uses the tanh approximation
 of GELU and its MLM head another LayerNorm epsilon, so its logits drift from BertForMaskedLM

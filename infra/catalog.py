@@ -1,6 +1,6 @@
 """The zone catalog: which accelerator types a zone offers, which TPU VM base images a TPU
 generation boots, and the Python each image ships. The data lives in catalog.yaml (with its
-sources); infra/config_accelerators.py turns it into config errors."""
+sources); infra/config/accelerators.py turns it into config errors."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from infra import jobfit, jobspec, offline, render
-from infra.config import GpuConfig, parse_config
+from infra.config.config import GpuConfig, parse_config
 from infra.errors import ConfigError
 
 # Per resource type, the inputs worth a glance (engine names).

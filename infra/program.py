@@ -52,7 +52,7 @@ from infra.components.tpu import (
     TpuVmArgs,
 )
 from infra.components.vpn import VpnHop, VpnHopArgs
-from infra.config_types import GpuConfig, StackConfig
+from infra.config.types import GpuConfig, StackConfig
 
 BUILD_DIR = render.REPO_ROOT / "build" / "payload"
 HOP_MACHINE_TYPE = "e2-small"

@@ -189,9 +189,9 @@ GRANTABLE_PROJECT_ROLES = (
 SERVICE_ACCOUNT_USER = "roles/iam.serviceAccountUser"
 CONTROLLER_ACTS_AS = ("workload", "dataflow")
 
-# The main program's service accounts are "tp-<stack>-<suffix>" (infra/config.py: every GCP
+# The main program's service accounts are "tp-<stack>-<suffix>" (infra/config/config.py: every GCP
 # name of a stack starts with "tp-<stack>"; SERVICE_ACCOUNT_SUFFIXES), all in the stacks'
-# project. tests/policy/test_deployability.py checks these against infra/config.py and the
+# project. tests/policy/test_deployability.py checks these against infra/config/config.py and the
 # captured accounts of every stack.
 STACK_ACCOUNT_PREFIX = STACK_PREFIX
 STACK_ACCOUNT_SUFFIXES = ("workload", "controller", "vpn-hop", "dataflow")

@@ -11,8 +11,8 @@ from harness import config_error, one, run_stack, stack_names, tpu_stack_names
 
 from infra import wgkeys
 from infra.catalog import load_catalog
-from infra.config import parse_config
-from infra.config_keys import KEYS
+from infra.config.config import parse_config
+from infra.config.keys import KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 K = "tpu-pretrain:"

@@ -321,7 +321,7 @@ def test_vm_changes_cover_the_stacks_vms_and_nothing_else(bootstrap_run) -> None
 
 def test_the_stack_account_names_match_the_program() -> None:
     sys.path.insert(0, str(ROOT))
-    from infra import config
+    from infra.config import config
 
     assert tuple(f"-{s}" for s in bootstrap_roles.STACK_ACCOUNT_SUFFIXES) == (
         config.SERVICE_ACCOUNT_SUFFIXES

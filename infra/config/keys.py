@@ -1,7 +1,7 @@
 """The stack settings: the keys Pulumi.yaml declares and how a raw value of each is read.
 
 Every reader fails with one line that names the key (`tpu-pretrain:<name>`), the value and what
-is allowed. infra/config.py and the rules beside it (config_accelerators, config_job) read
+is allowed. infra/config/config.py and the rules beside it (accelerators, job) read
 settings only through these."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from infra.config.project import cli_text
 from infra.errors import ConfigError
-from infra.project_config import cli_text
 
 NAMESPACE = "tpu-pretrain"
 
@@ -63,7 +63,7 @@ KEYS: tuple[Key, ...] = (
     Key("tpuExternalIp", "boolean", "Give the TPU VM an external IP (default: no).", False),
     # No fixed default: on for spot/preemptible scheduling, off for on-demand. Declared a
     # string: Pulumi refuses a boolean key whose default is not true or false, and "" is
-    # "unset" here (infra/project_config.py).
+    # "unset" here (infra/config/project.py).
     Key(
         "tpuAutoRecover",
         "string",

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 from infra import jobfit, jobspec
 from infra.catalog import Catalog
-from infra.config_keys import _boolean, _k
-from infra.config_types import GpuConfig, TpuConfig
+from infra.config.keys import _boolean, _k
+from infra.config.types import GpuConfig, TpuConfig
 from infra.dataflow_regions import dataflow_regions
 from infra.errors import ConfigError
 

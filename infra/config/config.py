@@ -4,9 +4,9 @@
 takes a `StackConfig`. `parse_config()` is pure so the rules can be tested directly, and
 every rule fails with one line that names the key, the value and what is allowed.
 
-The rooms beneath this door (none imports it): config_types (the dataclasses), config_keys
-(the declared settings and their readers), config_accelerators (TPU and GPU against the
-catalogs) and config_job (what the job template must satisfy). Here: the stack's names, its
+The rooms beneath this door (none imports it): types (the dataclasses), keys
+(the declared settings and their readers), accelerators (TPU and GPU against the
+catalogs) and job (what the job template must satisfy). Here: the stack's names, its
 bucket, network and VPN, and the assembly."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pulumi.runtime import config as runtime_config
 
 from infra import jobspec
 from infra.catalog import Catalog, load_catalog
-from infra.config_accelerators import _accelerator_kind, _gpu, _tpu
-from infra.config_job import _check_job_fits, _check_job_replicas, _dataflow, resolve_backend
-from infra.config_keys import (
+from infra.config.accelerators import _accelerator_kind, _gpu, _tpu
+from infra.config.job import _check_job_fits, _check_job_replicas, _dataflow, resolve_backend
+from infra.config.keys import (
     KEYS_BY_NAME,
     NAMESPACE,
     _array,
@@ -35,7 +35,7 @@ from infra.config_keys import (
     _region_of,
     _string,
 )
-from infra.config_types import (
+from infra.config.types import (
     BucketConfig,
     GpuConfig,
     NetworkConfig,
@@ -46,7 +46,7 @@ from infra.config_types import (
 from infra.errors import ConfigError
 from infra.gpu_catalog import GpuCatalog, load_gpu_catalog
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 IAP_RANGE = "35.235.240.0/20"
 _GCE_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # Every stack bucket's name ends so: the deploy account's bucket and object powers are

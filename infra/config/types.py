@@ -1,6 +1,6 @@
 """What a stack is, once its settings are validated: frozen dataclasses and nothing else.
 
-infra/config.py builds a `StackConfig` (`parse_config`); the program, its components and the
+infra/config/config.py builds a `StackConfig` (`parse_config`); the program, its components and the
 smoke run take one. No Pulumi, no catalog: a module that only needs the shapes imports
 these."""
 

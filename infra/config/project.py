@@ -31,7 +31,7 @@ import yaml
 
 from infra.errors import ConfigError
 
-PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
+PROJECT_FILE = Path(__file__).resolve().parents[2] / "Pulumi.yaml"
 _NO_DEFAULT = object()
 _ATOI = re.compile(r"^[+-]?\d+$")  # what Go's strconv.Atoi accepts
 

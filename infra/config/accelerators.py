@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 
 from infra.catalog import MIN_PYTHON, Catalog, Generation, Image
-from infra.config_keys import (
+from infra.config.keys import (
     ACCELERATORS,
     GPU_KEYS,
     SCHEDULING,
@@ -20,7 +20,7 @@ from infra.config_keys import (
     _string,
     _unset,
 )
-from infra.config_types import GpuConfig, TpuConfig
+from infra.config.types import GpuConfig, TpuConfig
 from infra.errors import ConfigError
 from infra.gpu_catalog import GpuCatalog, GpuChoiceError
 
@@ -206,7 +206,7 @@ def _accelerator_kind(values: Mapping[str, object]) -> str:
         raise ConfigError(
             f"{_k('accelerator')}: {kind!r} is not allowed; use one of: " + ", ".join(ACCELERATORS)
         )
-    # The Pulumi CLI gives every stack every project default (infra/project_config.py):
+    # The Pulumi CLI gives every stack every project default (infra/config/project.py):
     # a GPU stack sees tpuArchitecture "vm", so a foreign key at its default is unset.
     foreign = TPU_KEYS if kind == "gpu" else GPU_KEYS
     for name in foreign:

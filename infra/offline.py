@@ -25,7 +25,7 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from infra.catalog import load_catalog
+from infra.catalogs.tpu import load_catalog
 from infra.config.config import REPO_ROOT, read_stack_config
 from infra.config.project import cli_config
 from infra.program import BUILD_DIR, define
@@ -165,7 +165,7 @@ class _GcpMocks:
                 nic.setdefault("networkIp", _fake_ip(name, "10.10.0"))
             state |= {"networkInterfaces": nics}
         elif kind == "gcp:tpu/v2Vm:V2Vm":
-            # One endpoint per host: a slice (infra/catalog.yaml) has several, worker 0 first.
+            # One endpoint per host: a slice (infra/catalogs/tpu.yaml) has several, worker 0 first.
             shape = load_catalog().slice_of(inputs.get("acceleratorType", ""))
             seeds = [name] + [f"{name}-worker-{i}" for i in range(1, shape.hosts if shape else 1)]
             state |= {

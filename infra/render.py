@@ -226,7 +226,7 @@ class GpuHost:
     python_version: str  # the image's python3: the wheelhouse is built for it
     precision: str  # Keras mixed-precision policy for this GPU
     # The image's NVIDIA kernel-module flavour and, when it has no driver, what installs one
-    # (gpu_catalog.yaml images; gpu.sh install_driver).
+    # (catalogs/gpu.yaml images; gpu.sh install_driver).
     kernel_modules: str = "unknown"
     driver_repo: str = ""
     driver_packages: tuple[str, ...] = ()
@@ -373,7 +373,7 @@ def render_tpu_script(workload: Workload) -> str:
         raise TypeError("render_tpu_script needs a TpuHost workload")
     pins = read_pins()
     # The TPU VM's TensorFlow is tpu-vm.txt's (the pair with evidence of running on a TPU,
-    # infra/catalog.yaml tensorflow_tpu), not the lock's CPU one; tf_keras must follow it.
+    # infra/catalogs/tpu.yaml tensorflow_tpu), not the lock's CPU one; tf_keras must follow it.
     if _minor(pins.tpu_tf_keras) != _minor(pins.tensorflow_tpu):
         raise ValueError(
             f"{TPU_REQUIREMENTS_FILE} pins tensorflow-tpu=={pins.tensorflow_tpu} but the TPU VM "

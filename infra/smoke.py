@@ -80,13 +80,13 @@ WATCH_STOPS = ("queued", "waiting-capacity")
 # The one-line fix printed beside a host fact that does not hold (templates/facts.sh): only a
 # real VM shows which NVIDIA module loads and which NIC driver the image binds.
 FACT_FIXES = {
-    "nvidia_modules": "the driver of infra/gpu_catalog.yaml did not load: read `journalctl -t "
+    "nvidia_modules": "the driver of infra/catalogs/gpu.yaml did not load: read `journalctl -t "
     "tpu-pretrain` and `dkms status` on the GPU VM (the running kernel's headers and "
     "held kernel: gpu.sh install_driver), or boot the catalog's image",
     "nvidia_branch": "another NVIDIA branch loaded: `apt-mark showhold` and `dkms status` on "
-    "the GPU VM; fix the image's or the catalog's driver_packages (infra/gpu_catalog.yaml)",
+    "the GPU VM; fix the image's or the catalog's driver_packages (infra/catalogs/gpu.yaml)",
     "nic_driver": "the NIC is not gVNIC: the image must support GVNIC (its guestOsFeatures) "
-    "and the VM's network interface must be nic_type GVNIC (infra/gpu_catalog.yaml families)",
+    "and the VM's network interface must be nic_type GVNIC (infra/catalogs/gpu.yaml families)",
 }
 GLOBAL_QUOTAS = frozenset({"GPUS_ALL_REGIONS"})  # in `project-info describe`, not per region
 

@@ -32,7 +32,7 @@ class GpuVmArgs:
     service_account_email: pulumi.Input[str]
     startup_script: str
     labels: dict[str, str]
-    nic_type: str = ""  # GVNIC where the family needs it (gpu_catalog.yaml); "": the default
+    nic_type: str = ""  # GVNIC where the family needs it (catalogs/gpu.yaml); "": the default
 
 
 def gpu_scheduling(spot: bool) -> gcp.compute.InstanceSchedulingArgsDict:

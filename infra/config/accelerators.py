@@ -1,13 +1,14 @@
 """The accelerator a stack asks for, checked against the catalogs: a TPU VM's zone, type,
-slice and base image (infra/catalog.yaml), a GPU VM's machine type x GPU x count x zone x
-capacity x image (infra/gpu_catalog.yaml), and which kind of accelerator a stack is."""
+slice and base image (infra/catalogs/tpu.yaml), a GPU VM's machine type x GPU x count x zone x
+capacity x image (infra/catalogs/gpu.yaml), and which kind of accelerator a stack is."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 
-from infra.catalog import MIN_PYTHON, Catalog, Generation, Image
+from infra.catalogs.gpu import GpuCatalog, GpuChoiceError
+from infra.catalogs.tpu import MIN_PYTHON, Catalog, Generation, Image
 from infra.config.keys import (
     ACCELERATORS,
     GPU_KEYS,
@@ -22,7 +23,6 @@ from infra.config.keys import (
 )
 from infra.config.types import GpuConfig, TpuConfig
 from infra.errors import ConfigError
-from infra.gpu_catalog import GpuCatalog, GpuChoiceError
 
 TPU_NODE_CUTOFF = "2025-04-15"
 
@@ -42,7 +42,7 @@ def _tpu(values: Mapping[str, object], catalog: Catalog, prefix: str) -> TpuConf
     region = _region_of("tpuZone", zone)
     if zone not in catalog.zones:
         raise ConfigError(
-            f"{_k('tpuZone')}: unknown zone {zone!r}; infra/catalog.yaml lists: "
+            f"{_k('tpuZone')}: unknown zone {zone!r}; infra/catalogs/tpu.yaml lists: "
             + ", ".join(sorted(catalog.zones))
         )
     accelerator_type = _string(values, "acceleratorType")
@@ -51,7 +51,7 @@ def _tpu(values: Mapping[str, object], catalog: Catalog, prefix: str) -> TpuConf
             f"{_k('acceleratorType')}: {accelerator_type!r} is a multi-host slice that no Google "
             "doc or CI job shows running JAX on Cloud TPU VMs; supported slices: "
             + ", ".join(catalog.slices)
-            + " (infra/catalog.yaml, docs/pod-slices.md)"
+            + " (infra/catalogs/tpu.yaml, docs/pod-slices.md)"
         )
     offered = catalog.zones[zone]
     if accelerator_type not in offered:
@@ -121,12 +121,13 @@ def _runtime(
         )
     shape = catalog.slice_of(accelerator_type)
     if shape is not None and shape.image and runtime != shape.image:
-        # A slice boots the image its evidence boots (catalog.yaml slices `image:`), as a
+        # A slice boots the image its evidence boots (catalogs/tpu.yaml slices `image:`), as a
         # single host boots one of its generation's images: another image of the generation
         # has no evidence of JAX running on that multi-host type.
         raise ConfigError(
             f"{_k('runtimeVersion')}: {runtime!r} is not the image the {accelerator_type} slice's "
-            f"evidence boots; use {shape.image} (infra/catalog.yaml slices, docs/pod-slices.md)"
+            f"evidence boots; use {shape.image} (infra/catalogs/tpu.yaml slices, "
+            "docs/pod-slices.md)"
         )
     image = catalog.images[runtime]
     if not image.python_ok:
@@ -148,7 +149,7 @@ def _auto_recover(values: Mapping[str, object], scheduling: str, key: str) -> bo
 
 def _gpu(values: Mapping[str, object], catalog: GpuCatalog, prefix: str) -> GpuConfig:
     """A GPU VM: the catalog decides whether machine type x GPU x count x zone x capacity
-    exists (infra/gpu_catalog.py validate); its message names the key it is about."""
+    exists (infra/catalogs/gpu.py validate); its message names the key it is about."""
     zone = _string(values, "gpuZone")
     machine_type = _string(values, "gpuMachineType")
     gpu_type = _string(values, "gpuType") or None

@@ -21,7 +21,8 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from infra import jobspec
-from infra.catalog import Catalog, load_catalog
+from infra.catalogs.gpu import GpuCatalog, load_gpu_catalog
+from infra.catalogs.tpu import Catalog, load_catalog
 from infra.config.accelerators import _accelerator_kind, _gpu, _tpu
 from infra.config.job import _check_job_fits, _check_job_replicas, _dataflow, resolve_backend
 from infra.config.keys import (
@@ -44,7 +45,6 @@ from infra.config.types import (
     VpnConfig,
 )
 from infra.errors import ConfigError
-from infra.gpu_catalog import GpuCatalog, load_gpu_catalog
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IAP_RANGE = "35.235.240.0/20"

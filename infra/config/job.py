@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from infra import jobfit, jobspec
-from infra.catalog import Catalog
+from infra.catalogs.dataflow_regions import dataflow_regions
+from infra.catalogs.tpu import Catalog
 from infra.config.keys import _boolean, _k
 from infra.config.types import GpuConfig, TpuConfig
-from infra.dataflow_regions import dataflow_regions
 from infra.errors import ConfigError
 
 # The payload's default train.global_batch_size (payload/job.py TrainSpec); infra reads the
@@ -74,7 +74,7 @@ def resolve_backend(
     """The backend whose environment the accelerator VM installs: the job's train.backend,
     or for auto (or none) jax for a family only the JAX backend trains (jobspec
     JAX_ONLY_FAMILIES, as the payload resolves auto), jax on a slice, jax on a single-host TPU
-    VM whose image Google's TF CI does not cover (catalog.yaml tf_ci: false, e.g. v6e) and tf
+    VM whose image Google's TF CI does not cover (catalogs/tpu.yaml tf_ci: false, e.g. v6e) and tf
     everywhere else (a GPU VM included). A slice runs JAX only: Google's TF CI runs TensorFlow
     on slices only through its grpc_tpu_worker container, which is not built here
     (docs/pod-slices.md)."""
@@ -121,7 +121,7 @@ def _dataflow(
     if enabled and region not in dataflow_regions():
         raise ConfigError(
             f"{_k('dataflow')}: Dataflow has no regional endpoint in {region} (the stack's "
-            "region; infra/dataflow_regions.yaml, from Google's Dataflow locations page): "
+            "region; infra/catalogs/dataflow_regions.yaml, from Google's Dataflow locations page): "
             "use a stack in a Dataflow region, or encode with a local Beam runner"
         )
     return enabled

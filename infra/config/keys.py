@@ -35,7 +35,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "tpuZone",
         "string",
-        "Zone of the TPU VM, e.g. europe-west4-a (see infra/catalog.yaml).",
+        "Zone of the TPU VM, e.g. europe-west4-a (see infra/catalogs/tpu.yaml).",
         "",
         "tpu",
     ),
@@ -49,7 +49,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "runtimeVersion",
         "string",
-        "TPU VM base image for the generation, e.g. v2-alpha-tpuv5 (see infra/catalog.yaml).",
+        "TPU VM base image for the generation, e.g. v2-alpha-tpuv5 (see infra/catalogs/tpu.yaml).",
         "",
         "tpu",
     ),
@@ -81,7 +81,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "gpuZone",
         "string",
-        "GPU stacks: zone of the GPU VM, e.g. us-central1-a (see infra/gpu_catalog.yaml).",
+        "GPU stacks: zone of the GPU VM, e.g. us-central1-a (see infra/catalogs/gpu.yaml).",
         "",
         "gpu",
     ),
@@ -95,7 +95,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "gpuImage",
         "string",
-        "GPU stacks: boot image, a key of infra/gpu_catalog.yaml images (default: the GPU's own).",
+        "GPU stacks: boot image, a key of infra/catalogs/gpu.yaml images (default: the GPU's own).",
         "",
     ),
     Key(

@@ -352,13 +352,13 @@ def test_dataflow_in_a_region_without_a_dataflow_endpoint_is_refused(stack):
     message = config_error(stack, ON)
     assert message == (
         "tpu-pretrain:dataflow: Dataflow has no regional endpoint in us-central2 (the stack's "
-        "region; infra/dataflow_regions.yaml, from Google's Dataflow locations page): use a "
-        "stack in a Dataflow region, or encode with a local Beam runner"
+        "region; infra/catalogs/dataflow_regions.yaml, from Google's Dataflow locations page): "
+        "use a stack in a Dataflow region, or encode with a local Beam runner"
     )
 
 
 def test_every_other_stack_region_has_dataflow():
-    from infra.dataflow_regions import dataflow_regions, dataflow_source
+    from infra.catalogs.dataflow_regions import dataflow_regions, dataflow_source
 
     assert dataflow_source() == "https://docs.cloud.google.com/dataflow/docs/resources/locations"
     for region in ("us-central1", "us-east1", "europe-west4"):

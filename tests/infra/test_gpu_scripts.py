@@ -26,7 +26,7 @@ from test_infra_scripts import (  # the sandbox and its helpers, shared with the
 )
 
 from infra import render
-from infra.gpu_catalog import load_gpu_catalog
+from infra.catalogs.gpu import load_gpu_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1964,7 +1964,7 @@ def test_steps_are_mirrored_to_the_serial_console_and_the_journal(stack_run, san
 
 # --- a multi-host slice: one startup script, every host ----------------------------------
 SLICE_IPS = ("10.10.0.2", "10.10.0.3", "10.10.0.4", "10.10.0.5")
-# Every slice type infra/catalog.yaml supports, as a stack: zone and base image (the ones its
+# Every slice type infra/catalogs/tpu.yaml supports, as a stack: zone and base image (the ones its
 # evidence uses where the catalog offers them) and its hosts.
 SLICE_STACKS = {
     "v4-16": ("us-central2-b", "tpu-ubuntu2204-base", 2),

@@ -20,7 +20,7 @@ What differs from the TPU VM, on purpose and asserted here (nothing else may):
   run, which must fail with the one-line "TPU not found" error in status.json and exit 2,
   and dropped for the CPU training run.
 Only a real TPU shows that libtpu initialises the chips and TPUStrategy trains on them.
-The environment is the TF backend's TPU pin, infra/catalog.yaml `tensorflow_tpu` (the pair
+The environment is the TF backend's TPU pin, infra/catalogs/tpu.yaml `tensorflow_tpu` (the pair
 with public evidence of running on a TPU; test_tf_tpu_pin.py): checked installed here.
 """
 
@@ -39,7 +39,7 @@ from harness import run_offline
 from test_infra_scripts import Sandbox, _publish_payload, _script, unit_environment
 
 from infra import render
-from infra.catalog import load_catalog
+from infra.catalogs.tpu import load_catalog
 
 sandbox = scripts.sandbox  # the script tests' sandbox fixture, shared
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,9 +19,10 @@ import re
 import sys
 from typing import Any
 
-from infra import jobfit, jobspec, offline, render
+from infra import jobfit, jobspec, offline
 from infra.config.config import GpuConfig, parse_config
 from infra.errors import ConfigError
+from infra.render import render
 
 # Per resource type, the inputs worth a glance (engine names).
 KEY_SETTINGS: dict[str, tuple[str, ...]] = {

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import pulumi
 
-from infra import jobspec, render
+from infra import jobspec
 from infra.components import dataflow
 from infra.components.apis import REQUIRED_APIS, ProjectApis, ProjectApisArgs
 from infra.components.bucket import TrainingBucket, TrainingBucketArgs, kept_bucket_exists
@@ -53,6 +53,7 @@ from infra.components.tpu import (
 )
 from infra.components.vpn import VpnHop, VpnHopArgs
 from infra.config.types import GpuConfig, StackConfig
+from infra.render import render
 
 BUILD_DIR = render.REPO_ROOT / "build" / "payload"
 HOP_MACHINE_TYPE = "e2-small"

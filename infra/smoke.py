@@ -37,13 +37,14 @@ from typing import Any
 
 import yaml
 
-from infra import jobfit, jobspec, render
+from infra import jobfit, jobspec
 from infra.components.recovery import GPU_RECOVERY_ROLE_ID, RECOVERY_ROLE_ID
 from infra.config.config import parse_config
 from infra.config.project import cli_config
 from infra.config.types import GpuConfig, StackConfig, TpuConfig
 from infra.errors import ConfigError
 from infra.offline import STACKS_DIR, stack_names
+from infra.render import render
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SMOKE_JOB = "stacks/jobs/smoke.yaml"

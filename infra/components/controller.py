@@ -5,9 +5,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import render
 from infra.components.network import TAG_CONTROLLER
 from infra.components.tpu import CLOUD_PLATFORM, _inherited_depends_on
+from infra.render import render
 
 CONTROLLER_IMAGE = "debian-cloud/debian-12"
 
@@ -25,7 +25,7 @@ def hardened_metadata(
     startup_script: pulumi.Input[str], *, loader: bool = False
 ) -> dict[str, pulumi.Input[str]]:
     """`loader`: the VM boots the stable loader, which leaves its boot state in a guest
-    attribute for the watchdog (infra/render.py BOOT_ATTRIBUTE): guest attributes on."""
+    attribute for the watchdog (infra/render/render.py BOOT_ATTRIBUTE): guest attributes on."""
     return {
         "enable-oslogin": "TRUE",
         "block-project-ssh-keys": "TRUE",

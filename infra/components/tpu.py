@@ -5,17 +5,17 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import render
 from infra.components.network import TAG_TPU
+from infra.render import render
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 TPU_DESCRIPTION = "tpu-pretrain trainer"
 # OS Login + no project-wide keys: policy pack rules os-login-enabled and
 # project-ssh-keys-blocked (CIS 4.3, 4.4) apply to TPU VMs too. The controller's watchdog
-# recreates a preempted TPU VM with exactly these settings (infra/render.py TpuWatch).
+# recreates a preempted TPU VM with exactly these settings (infra/render/render.py TpuWatch).
 # Like every VM of the stack (controller.hardened_metadata): OS Login, no project SSH keys,
 # no interactive serial port; guest attributes on, where the loader leaves its boot state for
-# the watchdog (infra/render.py BOOT_ATTRIBUTE).
+# the watchdog (infra/render/render.py BOOT_ATTRIBUTE).
 TPU_METADATA = {
     "enable-oslogin": "TRUE",
     "block-project-ssh-keys": "TRUE",

@@ -6,10 +6,11 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_random as random
 
-from infra import render, wgkeys
+from infra import wgkeys
 from infra.components.controller import CONTROLLER_IMAGE, SHIELDED_VM, hardened_metadata
 from infra.components.network import TAG_HOP
 from infra.components.tpu import CLOUD_PLATFORM, _inherited_depends_on
+from infra.render import render
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,7 @@ def one(resources: list[Captured], type_: str) -> Captured:
     return found[0]
 
 
-# The VM a role's loader runs on (infra/render.py LOADER_ROLES).
+# The VM a role's loader runs on (infra/render/render.py LOADER_ROLES).
 _ROLE_OF_VM = {"tpu-vm": "tpu", "gpu-vm": "gpu", "controller-vm": "controller"}
 
 

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from harness import config_error, of_type, one, run_offline
 
-from infra import jobspec, render
+from infra import jobspec
+from infra.render import render
 
 ON = {"tpu-pretrain:dataflow": True}
 PROJECT = "tpu-pretrain-test"  # infra.offline.DEFAULT_TEST_PROJECT

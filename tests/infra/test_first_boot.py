@@ -23,7 +23,7 @@ from test_infra_scripts import (  # the sandbox and its helpers, shared with the
 )
 from test_job_pointer import _loader, _pointer, _publish_startup
 
-from infra import render
+from infra.render import render
 
 BOOT = "tpu-pretrain/boot"
 

@@ -25,8 +25,8 @@ from test_infra_scripts import (  # the sandbox and its helpers, shared with the
     unit_environment,
 )
 
-from infra import render
 from infra.catalogs.gpu import load_gpu_catalog
+from infra.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -327,7 +327,7 @@ def test_the_gpu_vm_requirements_resolve_for_the_images_python():
     test_tpu_parity.py, which pip runs; here uv: harness.uv_resolver)."""
     (python_version,) = {image.python for image in load_gpu_catalog().images.values()}
     pip = str(Path(sys.executable).with_name("pip"))
-    check = '. infra/templates/tpu-install.sh; tpu_check_resolves "$0" . "$1"'
+    check = '. infra/render/templates/tpu-install.sh; tpu_check_resolves "$0" . "$1"'
     result = subprocess.run(
         ["bash", "-c", check, pip, python_version],
         cwd=ROOT,

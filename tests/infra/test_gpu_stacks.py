@@ -14,8 +14,8 @@ from harness import (
     tpu_stack_names,
 )
 
-from infra import render
 from infra.components.tpu import CLOUD_PLATFORM
+from infra.render import render
 
 INSTANCE = "gcp:compute/instance:Instance"
 DLVM = (

@@ -21,8 +21,8 @@ from test_infra_scripts import (  # the sandbox and its helpers, shared with the
     sandbox,  # noqa: F401  (a fixture)
 )
 
-from infra import render
 from infra.components.controller import SHIELDED_VM
+from infra.render import render
 
 EFI_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"  # EFI_GLOBAL_VARIABLE (UEFI spec)
 NVIDIA_SMI = """#!/bin/bash

@@ -18,7 +18,7 @@ from test_infra_scripts import (  # the sandbox and its helpers, shared with the
     shellcheck,
 )
 
-from infra import render
+from infra.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 VM_TYPES = ("gcp:tpu/v2Vm:V2Vm", "gcp:compute/instance:Instance")

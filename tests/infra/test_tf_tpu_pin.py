@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import render
 from infra.catalogs.tpu import CATALOG_PATH, load_catalog
+from infra.render import render
 
 
 def test_the_tpu_vm_installs_the_catalogs_evidenced_pair():

@@ -1,7 +1,7 @@
 """The TPU VM's environment for the Keras 3 / JAX backend (requirements/tpu-vm-jax.txt).
 
 `make venv-tpu-jax` builds .venv-tpu-jax with the shell function the TPU VM's startup script
-runs (infra/templates/tpu-install.sh tpu_install_env, VM_REQUIREMENTS=requirements/tpu-vm-jax
+runs (infra/render/templates/tpu-install.sh tpu_install_env, VM_REQUIREMENTS=requirements/tpu-vm-jax
 .txt) on the overlay's Python (3.11). Here: the overlay resolves for that Python only; the
 built environment has jax, keras on JAX and TensorFlow's CPU build and nothing of TF's TPU
 line; a job with train.backend: jax (or a v6e stack, auto) renders a startup script that
@@ -33,7 +33,7 @@ from test_infra_scripts import (
     unit_environment,
 )
 
-from infra import render
+from infra.render import render
 
 sandbox = scripts.sandbox  # the script tests' sandbox fixture, shared
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ K = "tpu-pretrain:"
 
 def _install(check: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", "-c", ". infra/templates/tpu-install.sh; " + check, *args],
+        ["bash", "-c", ". infra/render/templates/tpu-install.sh; " + check, *args],
         cwd=ROOT,
         env={"PATH": "/usr/bin:/bin", "VM_REQUIREMENTS": OVERLAY},
         check=False,

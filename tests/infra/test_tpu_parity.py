@@ -1,7 +1,7 @@
 """Environment parity: the TPU VM's Python environment, built and exercised on CPU.
 
 `make venv-tpu` builds .venv-tpu with the very shell function the TPU VM's startup script
-runs (infra/templates/tpu-install.sh `tpu_install_env`: the lock minus tensorflow/tf_keras,
+runs (infra/render/templates/tpu-install.sh `tpu_install_env`: the lock minus tensorflow/tf_keras,
 tensorflow-tpu + libtpu from requirements/tpu-vm.txt, tf_keras --no-deps, the payload).
 This test installs the current payload source into it the same way, renders the TPU VM's
 startup script for a stack, runs it in the sandbox of test_infra_scripts.py (with the
@@ -38,8 +38,8 @@ import yaml
 from harness import run_offline
 from test_infra_scripts import Sandbox, _publish_payload, _script, unit_environment
 
-from infra import render
 from infra.catalogs.tpu import load_catalog
+from infra.render import render
 
 sandbox = scripts.sandbox  # the script tests' sandbox fixture, shared
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def tpu_venv(tmp_path_factory) -> Path:
     path.write_bytes(archive.data)
     with tarfile.open(path) as tar:
         tar.extractall(src / "tree", filter="data")
-    install = '. infra/templates/tpu-install.sh; tpu_install_payload "$0" "$1"'
+    install = '. infra/render/templates/tpu-install.sh; tpu_install_payload "$0" "$1"'
     subprocess.run(
         ["bash", "-c", install, str(VENV), str(src / "tree")],
         cwd=ROOT,
@@ -142,7 +142,7 @@ def test_the_tpu_vm_requirements_resolve_for_the_images_python():
     assert pythons == {"3.10"}
     pip = str(Path(sys.executable).with_name("pip"))
     for python_version in sorted(pythons):
-        check = '. infra/templates/tpu-install.sh; tpu_check_resolves "$0" . "$1"'
+        check = '. infra/render/templates/tpu-install.sh; tpu_check_resolves "$0" . "$1"'
         result = subprocess.run(
             ["bash", "-c", check, pip, python_version],
             cwd=ROOT,

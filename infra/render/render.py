@@ -24,7 +24,7 @@ from pathlib import Path
 
 from infra import jobspec
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = Path(__file__).with_name("templates")
 LOCK_FILE = "requirements/payload.lock"
 # What the payload distribution needs to be pip-installed (pyproject's readme included).

@@ -198,14 +198,14 @@ format: venv
 # also compiles the stack's job for its TPU type in the TPU environment (tpu-payload compile:
 # minutes; docs/models.md#what-the-compiler-proves-before-renting).
 plan: venv-infra $(if $(COMPILE),venv-tpu-jax)
-	$(IPY) -m infra.plan --stack $(STACK) $(if $(COMPILE),--compile $(TJVENV)/bin/python)
+	$(IPY) -m infra.commands.plan --stack $(STACK) $(if $(COMPILE),--compile $(TJVENV)/bin/python)
 
 # The first real run on GCP (docs/first-real-run.md): preflight, pulumi up with the tiny
 # smoke job, wait, verdict table, pulumi destroy (KEEP=1 keeps the stack). It creates real
 # resources, so STACK must be named on the command line: make smoke STACK=v6e-euw4
 smoke: venv-pt venv-infra $(if $(COMPILE),venv-tpu-jax)
 	@test "$(origin STACK)" = "command line" || { echo "make smoke: name the stack: make smoke STACK=<stack> [KEEP=1] [COMPILE=1]" >&2; exit 2; }
-	$(IPY) -m infra.smoke --stack $(STACK) $(if $(KEEP),--keep) $(if $(COMPILE),--compile $(TJVENV)/bin/python)
+	$(IPY) -m infra.commands.smoke --stack $(STACK) $(if $(KEEP),--keep) $(if $(COMPILE),--compile $(TJVENV)/bin/python)
 
 # Performance figures (printed, not asserted): encode vs raw tokenizers, the encode stage on
 # Beam's local runner vs the local encoder (same bytes), bytes/token,

@@ -1,7 +1,7 @@
 """The Pulumi program: one StackConfig in, every resource of the stack out.
 
-`define()` is called by __main__.py under the Pulumi engine and by infra.offline under
-Pulumi's mocks (tests and `python -m infra.plan`). It wires four parts: the shared
+`define()` is called by __main__.py under the Pulumi engine and by infra.commands.offline under
+Pulumi's mocks (tests and `python -m infra.commands.plan`). It wires four parts: the shared
 foundation (APIs, network, identities, bucket, payload), the accelerator (a TPU VM, a TPU
 slice or a GPU VM: one interface, see `Accelerator`), the controller and the VPN hop; then
 the stack outputs."""

@@ -1,5 +1,5 @@
 """Pure rendering of everything the VMs run: the payload archive, startup scripts and the
-WireGuard client configuration. No Pulumi import: `python -m infra.plan` and the tests call
+WireGuard client configuration. No Pulumi import: `python -m infra.commands.plan` and the tests call
 these functions directly, and the sandbox tests execute their output.
 
 Startup scripts are a header of shell-quoted constants followed by templates/common.sh and

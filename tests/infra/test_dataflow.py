@@ -18,7 +18,7 @@ from infra import jobspec
 from infra.render import render
 
 ON = {"tpu-pretrain:dataflow": True}
-PROJECT = "tpu-pretrain-test"  # infra.offline.DEFAULT_TEST_PROJECT
+PROJECT = "tpu-pretrain-test"  # infra.commands.offline.DEFAULT_TEST_PROJECT
 SERVICE = "gcp:projects/service:Service"
 ACCOUNT = "gcp:serviceaccount/account:Account"
 PROJECT_MEMBER = "gcp:projects/iAMMember:IAMMember"
@@ -324,7 +324,7 @@ def test_render_refuses_a_dataflow_job_without_a_target():
 
 
 def test_the_offline_plan_shows_the_dataflow_resources_and_options():
-    from infra import plan
+    from infra.commands import plan
 
     out = plan.format_plan(run_offline("v3-euw4", ON))
     lines = out.splitlines()

@@ -14,7 +14,7 @@ from harness import (
     tpu_stack_names,
 )
 
-from infra import offline
+from infra.commands import offline
 from infra.render import render
 
 

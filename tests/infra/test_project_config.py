@@ -11,7 +11,7 @@ import pytest
 import yaml
 from harness import config_error, gpu_stack_names, run_offline, stack_names
 
-from infra import offline
+from infra.commands import offline
 from infra.config.config import parse_config
 from infra.config.keys import KEYS
 from infra.config.project import cli_config, cli_text, load_project, valid_for_type

@@ -24,7 +24,7 @@ TPU_METADATA = {
 }
 
 
-def _inherited_depends_on(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
+def inherited_depends_on(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
     """A VM waits for what its component waits for (payload, job spec, bucket access), so
     its first boot finds them; children do not inherit the component's depends_on."""
     deps = opts.depends_on if opts is not None else None
@@ -91,7 +91,7 @@ class TpuVm(pulumi.ComponentResource):
             tags=[TAG_TPU],
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=_inherited_depends_on(opts),
+                depends_on=inherited_depends_on(opts),
                 replace_on_changes=list(IN_PLACE_FIELDS),
                 delete_before_replace=True,
             ),

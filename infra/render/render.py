@@ -634,7 +634,7 @@ class GpuWatch:
         return _watch_script(self.kind, self.values(workload), "gpu-watch.sh")
 
 
-def _b64(text: str) -> str:
+def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
@@ -649,8 +649,8 @@ def render_controller_script(workload: Workload, watch: TpuWatch | GpuWatch | No
             "AUTO_RECOVER": "true" if watch else "false",
             "WATCH_KIND": watch.kind if watch else "",
             "WATCH_INTERVAL": WATCH_INTERVAL,
-            "WATCH_SCRIPT_B64": _b64(watch.script(workload)) if watch else "",
-            "TPU_STARTUP_SCRIPT_B64": _b64(watch.startup_script) if watch else "",
+            "WATCH_SCRIPT_B64": b64(watch.script(workload)) if watch else "",
+            "TPU_STARTUP_SCRIPT_B64": b64(watch.startup_script) if watch else "",
             # The wheelhouse: built once per lock for the TPU image's Python (tpu-install.sh).
             "WHEELHOUSE_ROOT": workload.wheelhouse_root,
             "TPU_PYTHON_VERSION": workload.host.env_python_version,

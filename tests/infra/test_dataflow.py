@@ -307,7 +307,7 @@ def test_a_local_beam_runner_needs_no_dataflow_and_gets_no_options(tmp_path):
 
 def test_dataflow_must_be_a_boolean():
     # The Pulumi CLI's own type check (Pulumi.yaml declares the key boolean), before the
-    # program runs; the program's parse refuses the same (infra.config.keys._boolean).
+    # program runs; the program's parse refuses the same (infra.config.keys.boolean).
     message = config_error("v3-euw4", {"tpu-pretrain:dataflow": "sometimes"})
     assert message == "Stack 'v3-euw4' with configuration key 'dataflow' must be of type 'boolean'"
 

@@ -76,7 +76,7 @@ def test_the_watchdog_recreates_the_tpu_vm_with_the_loader():
     (vm,) = [r for r in run.resources if r.name == "tpu-vm"]
     controller = next(r for r in run.resources if r.name == "startup-controller-script")
     script = controller.inputs["content"]
-    embedded = render._b64(vm.inputs["metadata"]["startup-script"])
+    embedded = render.b64(vm.inputs["metadata"]["startup-script"])
     assert f"readonly TPU_STARTUP_SCRIPT_B64={embedded}\n" in script
 
 

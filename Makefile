@@ -64,14 +64,14 @@ $(IVENV)/.installed: infra/requirements.txt policy/requirements.txt requirements
 	touch $@
 
 # The TPU VM's environment (tensorflow-tpu + libtpu + the lock + the payload), built by the
-# same shell function the TPU VM's startup script runs (infra/templates/tpu-install.sh), so
+# same shell function the TPU VM's startup script runs (infra/render/templates/tpu-install.sh), so
 # tests/infra/test_tpu_parity.py can run the real CLI in it. The payload itself is
 # reinstalled by that test from the current source; this stamp covers the requirements.
 venv-tpu: $(TVENV)/.installed
-$(TVENV)/.installed: requirements/payload.lock requirements/tpu-vm.txt infra/templates/tpu-install.sh | $(UVSTAMP)
+$(TVENV)/.installed: requirements/payload.lock requirements/tpu-vm.txt infra/render/templates/tpu-install.sh | $(UVSTAMP)
 	rm -rf $(TVENV)
 	$(PYTHON) -m venv $(TVENV)
-	TPU_INSTALL_UV=$(UV) bash -c 'set -euo pipefail; . infra/templates/tpu-install.sh; tpu_install_env "$$0" .' $(TVENV)
+	TPU_INSTALL_UV=$(UV) bash -c 'set -euo pipefail; . infra/render/templates/tpu-install.sh; tpu_install_env "$$0" .' $(TVENV)
 	touch $@
 
 # The TPU VM's environment for the Keras 3 / JAX backend (jax[tpu] + libtpu + Grain + gcsfs
@@ -81,10 +81,10 @@ $(TVENV)/.installed: requirements/payload.lock requirements/tpu-vm.txt infra/tem
 # the CPU with JAX_PLATFORMS=cpu (tests/infra/test_tpu_jax_env.py).
 PYTHON_TPU_JAX ?= python$(shell sed -n -E 's/^\# tpu-python: *([0-9.]+) *$$/\1/p' requirements/tpu-vm-jax.txt)
 venv-tpu-jax: $(TJVENV)/.installed
-$(TJVENV)/.installed: requirements/payload.lock requirements/tpu-vm-jax.txt infra/templates/tpu-install.sh | $(UVSTAMP)
+$(TJVENV)/.installed: requirements/payload.lock requirements/tpu-vm-jax.txt infra/render/templates/tpu-install.sh | $(UVSTAMP)
 	rm -rf $(TJVENV)
 	$(PYTHON_TPU_JAX) -m venv $(TJVENV)
-	VM_REQUIREMENTS=requirements/tpu-vm-jax.txt TPU_INSTALL_UV=$(UV) bash -c 'set -euo pipefail; . infra/templates/tpu-install.sh; tpu_install_env "$$0" .' $(TJVENV)
+	VM_REQUIREMENTS=requirements/tpu-vm-jax.txt TPU_INSTALL_UV=$(UV) bash -c 'set -euo pipefail; . infra/render/templates/tpu-install.sh; tpu_install_env "$$0" .' $(TJVENV)
 	touch $@
 
 # The GPU VM's environment for the same backend (jax[cuda12] + NVIDIA's CUDA wheels +
@@ -94,10 +94,10 @@ $(TJVENV)/.installed: requirements/payload.lock requirements/tpu-vm-jax.txt infr
 # 6.6 GB installed (docs/gpus.md).
 PYTHON_GPU_JAX ?= python$(shell sed -n -E 's/^\# tpu-python: *([0-9.]+) *$$/\1/p' requirements/gpu-vm-jax.txt)
 venv-gpu-jax: $(GJVENV)/.installed
-$(GJVENV)/.installed: requirements/payload.lock requirements/gpu-vm-jax.txt infra/templates/tpu-install.sh | $(UVSTAMP)
+$(GJVENV)/.installed: requirements/payload.lock requirements/gpu-vm-jax.txt infra/render/templates/tpu-install.sh | $(UVSTAMP)
 	rm -rf $(GJVENV)
 	$(PYTHON_GPU_JAX) -m venv $(GJVENV)
-	VM_REQUIREMENTS=requirements/gpu-vm-jax.txt TPU_INSTALL_UV=$(UV) bash -c 'set -euo pipefail; . infra/templates/tpu-install.sh; tpu_install_env "$$0" .' $(GJVENV)
+	VM_REQUIREMENTS=requirements/gpu-vm-jax.txt TPU_INSTALL_UV=$(UV) bash -c 'set -euo pipefail; . infra/render/templates/tpu-install.sh; tpu_install_env "$$0" .' $(GJVENV)
 	touch $@
 
 # transformers 5 + PyTorch (CPU) only to check that the export loads there (test_export.py).
@@ -203,14 +203,14 @@ format: venv
 # also compiles the stack's job for its TPU type in the TPU environment (tpu-payload compile:
 # minutes; docs/models.md#what-the-compiler-proves-before-renting).
 plan: venv-infra $(if $(COMPILE),venv-tpu-jax)
-	$(IPY) -m infra.plan --stack $(STACK) $(if $(COMPILE),--compile $(TJVENV)/bin/python)
+	$(IPY) -m infra.commands.plan --stack $(STACK) $(if $(COMPILE),--compile $(TJVENV)/bin/python)
 
 # The first real run on GCP (docs/first-real-run.md): preflight, pulumi up with the tiny
 # smoke job, wait, verdict table, pulumi destroy (KEEP=1 keeps the stack). It creates real
 # resources, so STACK must be named on the command line: make smoke STACK=v6e-euw4
 smoke: venv-pt venv-infra $(if $(COMPILE),venv-tpu-jax)
 	@test "$(origin STACK)" = "command line" || { echo "make smoke: name the stack: make smoke STACK=<stack> [KEEP=1] [COMPILE=1]" >&2; exit 2; }
-	$(IPY) -m infra.smoke --stack $(STACK) $(if $(KEEP),--keep) $(if $(COMPILE),--compile $(TJVENV)/bin/python)
+	$(IPY) -m infra.commands.smoke --stack $(STACK) $(if $(KEEP),--keep) $(if $(COMPILE),--compile $(TJVENV)/bin/python)
 
 # Performance figures (printed, not asserted): encode vs raw tokenizers, the encode stage on
 # Beam's local runner vs the local encoder (same bytes), bytes/token,

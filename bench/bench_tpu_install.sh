@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Install time of the TPU VM's environment: from a wheelhouse (pip install --no-index
 # --find-links, what a recreated TPU VM does) vs from the package index (a first boot).
-# Uses the startup script's own functions (infra/templates/tpu-install.sh) for this
+# Uses the startup script's own functions (infra/render/templates/tpu-install.sh) for this
 # machine's python3; pip's cache is off for both, so each install really fetches or reads
 # every wheel. Prints figures; asserts nothing. Usage: bash bench/bench_tpu_install.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=/dev/null
-. infra/templates/tpu-install.sh
+. infra/render/templates/tpu-install.sh
 export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 out="${BENCH_OUT:-bench/out/tpu-install}"
 rm -rf "${out}"

@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pulumi
 
-from infra.config import read_stack_config
+from infra.config.config import read_stack_config
 from infra.errors import ConfigError
 from infra.program import define
 

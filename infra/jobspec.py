@@ -206,7 +206,7 @@ EXPORT_MARKER = "export_complete.json"
 
 # Families only the payload's JAX backend trains (payload/schema/job.py JAX_ONLY_FAMILIES; the
 # contract test checks that the two agree): for them `train.backend: auto` is jax, so the
-# accelerator VM installs the JAX environment (infra/config_job.py resolve_backend).
+# accelerator VM installs the JAX environment (infra/config/job.py resolve_backend).
 JAX_ONLY_FAMILIES = ("llama", "electra")
 
 

@@ -1,7 +1,7 @@
 """The Pulumi program: one StackConfig in, every resource of the stack out.
 
-`define()` is called by __main__.py under the Pulumi engine and by infra.offline under
-Pulumi's mocks (tests and `python -m infra.plan`). It wires four parts: the shared
+`define()` is called by __main__.py under the Pulumi engine and by infra.commands.offline under
+Pulumi's mocks (tests and `python -m infra.commands.plan`). It wires four parts: the shared
 foundation (APIs, network, identities, bucket, payload), the accelerator (a TPU VM, a TPU
 slice or a GPU VM: one interface, see `Accelerator`), the controller and the VPN hop; then
 the stack outputs."""
@@ -14,7 +14,7 @@ from typing import Protocol
 
 import pulumi
 
-from infra import jobspec, render
+from infra import jobspec
 from infra.components import dataflow
 from infra.components.apis import REQUIRED_APIS, ProjectApis, ProjectApisArgs
 from infra.components.bucket import TrainingBucket, TrainingBucketArgs, kept_bucket_exists
@@ -52,7 +52,8 @@ from infra.components.tpu import (
     TpuVmArgs,
 )
 from infra.components.vpn import VpnHop, VpnHopArgs
-from infra.config_types import GpuConfig, StackConfig
+from infra.config.types import GpuConfig, StackConfig
+from infra.render import render
 
 BUILD_DIR = render.REPO_ROOT / "build" / "payload"
 HOP_MACHINE_TYPE = "e2-small"

@@ -66,7 +66,7 @@ def test_infra_knows_the_payloads_export_marker():
 
 def test_infra_resolves_auto_to_jax_for_the_payloads_jax_only_families():
     """A stack installs the JAX environment for `train.backend: auto` when the payload will
-    pick jax (infra/config_job.py resolve_backend): the same families, read the same way."""
+    pick jax (infra/config/job.py resolve_backend): the same families, read the same way."""
     assert jobspec.JAX_ONLY_FAMILIES == spec.JAX_ONLY_FAMILIES
     document = rendered(STACKS[0])
     for family in spec.FAMILIES:

@@ -2,7 +2,7 @@
 
     .venv-pt/bin/python tools/load_export.py <export_dir>
 
-Run by infra/smoke.py in the PyTorch environment (.venv-pt, requirements/pt-check.txt:
+Run by infra/commands/smoke.py in the PyTorch environment (.venv-pt, requirements/pt-check.txt:
 transformers 5 + torch CPU); it lives outside infra/, which never imports transformers.
 The class is the one config.json names (`architectures`), loaded with `from_pretrained`; a
 weight the checkpoint lacks, does not use or has in another shape fails the check, because

@@ -31,7 +31,7 @@ DATAFLOW_LAUNCHER_ROLE_ID = "tpuPretrainDataflowLauncher"
 # (infra/components/dataflow.py WORKER_ROLE_ID).
 DATAFLOW_WORKER_ROLE_ID = "tpuPretrainDataflowWorker"
 
-# What the controller's TPU watchdog (infra/templates/tpu-watch.sh) calls: `gcloud compute
+# What the controller's TPU watchdog (infra/render/templates/tpu-watch.sh) calls: `gcloud compute
 # tpus tpu-vm describe/list/create/delete` and `gcloud compute tpus queued-resources
 # create/describe/list/delete`, waiting on their long-running operations. Names as in the
 # Cloud TPU REST reference (projects.locations.nodes / queuedResources / operations) and the
@@ -48,7 +48,7 @@ RECOVERY_PERMISSIONS = (
     "tpu.queuedResources.get",
     "tpu.queuedResources.list",
 )
-# What the controller's GPU watchdog (infra/templates/gpu-watch.sh) calls: `gcloud compute
+# What the controller's GPU watchdog (infra/render/templates/gpu-watch.sh) calls: `gcloud compute
 # instances describe`, `start --async` (no operation polling), `get-guest-attributes` (the
 # VM's boot state) and `stop --async` (a VM whose boot failed bills while idle). Names as in
 # the Compute Engine REST reference (instances.get, .start, .getGuestAttributes, .stop). The
@@ -189,9 +189,9 @@ GRANTABLE_PROJECT_ROLES = (
 SERVICE_ACCOUNT_USER = "roles/iam.serviceAccountUser"
 CONTROLLER_ACTS_AS = ("workload", "dataflow")
 
-# The main program's service accounts are "tp-<stack>-<suffix>" (infra/config.py: every GCP
+# The main program's service accounts are "tp-<stack>-<suffix>" (infra/config/config.py: every GCP
 # name of a stack starts with "tp-<stack>"; SERVICE_ACCOUNT_SUFFIXES), all in the stacks'
-# project. tests/policy/test_deployability.py checks these against infra/config.py and the
+# project. tests/policy/test_deployability.py checks these against infra/config/config.py and the
 # captured accounts of every stack.
 STACK_ACCOUNT_PREFIX = STACK_PREFIX
 STACK_ACCOUNT_SUFFIXES = ("workload", "controller", "vpn-hop", "dataflow")

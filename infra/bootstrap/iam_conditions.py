@@ -36,9 +36,9 @@ INSTANCE_TYPE = "compute.googleapis.com/Instance"
 SECRET_TYPE = "secretmanager.googleapis.com/Secret"  # noqa: S105 (a resource type)
 SECRET_VERSION_TYPE = "secretmanager.googleapis.com/SecretVersion"  # noqa: S105
 
-# Every GCP name of a stack starts with "tp-<stack>" (infra/config.py).
+# Every GCP name of a stack starts with "tp-<stack>" (infra/config/config.py).
 STACK_PREFIX = "tp-"
-# A stack's bucket name ends so (infra/config.py STACK_BUCKET_SUFFIX refuses any other), and
+# A stack's bucket name ends so (infra/config/config.py STACK_BUCKET_SUFFIX refuses any other), and
 # the state bucket's may not (validate_config).
 STACK_BUCKET_SUFFIX = "-tpu-pretrain"
 

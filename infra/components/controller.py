@@ -5,9 +5,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import render
 from infra.components.network import TAG_CONTROLLER
-from infra.components.tpu import CLOUD_PLATFORM, _inherited_depends_on
+from infra.components.tpu import CLOUD_PLATFORM, inherited_depends_on
+from infra.render import render
 
 CONTROLLER_IMAGE = "debian-cloud/debian-12"
 
@@ -25,7 +25,7 @@ def hardened_metadata(
     startup_script: pulumi.Input[str], *, loader: bool = False
 ) -> dict[str, pulumi.Input[str]]:
     """`loader`: the VM boots the stable loader, which leaves its boot state in a guest
-    attribute for the watchdog (infra/render.py BOOT_ATTRIBUTE): guest attributes on."""
+    attribute for the watchdog (infra/render/render.py BOOT_ATTRIBUTE): guest attributes on."""
     return {
         "enable-oslogin": "TRUE",
         "block-project-ssh-keys": "TRUE",
@@ -82,7 +82,7 @@ class ControllerVm(pulumi.ComponentResource):
             tags=[TAG_CONTROLLER],
             labels=args.labels,
             allow_stopping_for_update=True,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=_inherited_depends_on(opts)),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=inherited_depends_on(opts)),
         )
         self.internal_ip = self.instance.network_interfaces.apply(lambda nics: nics[0].network_ip)
         if args.watch_lease is not None:

@@ -110,7 +110,7 @@ def repository_id(prefix: str) -> str:
 
 def image_tag(payload_sha256: str) -> str:
     """The image's tag: the first 16 hex digits of the payload archive's sha256, the same as
-    in the archive's name (infra.render.PayloadArchive, tpu-pretrain-payload-<that>.tar.gz),
+    in the archive's name (infra.render.render.PayloadArchive, tpu-pretrain-payload-<that>.tar.gz),
     so a job names exactly the image built from the source it runs."""
     return payload_sha256[:16]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import render
+from infra.render import render
 
 
 @dataclass(frozen=True)
@@ -75,9 +75,9 @@ class StartupDeliveryArgs:
 class StartupDelivery(pulumi.ComponentResource):
     """Each role's rendered startup script as a bucket object named by its digest
     (startup/<role>-<sha>.sh), and the job pointer jobs/current.json that names them, the
-    payload archive and the job (infra/render.py render_pointer). The VMs' metadata holds only
-    the loader (templates/loader.sh), which reads the pointer on every boot: a new payload or
-    job rewrites these objects and no VM input."""
+    payload archive and the job (infra/render/render.py render_pointer). The VMs' metadata
+    holds only the loader (templates/loader.sh), which reads the pointer on every boot: a new
+    payload or job rewrites these objects and no VM input."""
 
     def __init__(
         self, name: str, args: StartupDeliveryArgs, opts: pulumi.ResourceOptions | None = None

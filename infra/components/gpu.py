@@ -7,7 +7,7 @@ import pulumi_gcp as gcp
 
 from infra.components.controller import hardened_metadata
 from infra.components.network import TAG_TPU
-from infra.components.tpu import CLOUD_PLATFORM, _inherited_depends_on
+from infra.components.tpu import CLOUD_PLATFORM, inherited_depends_on
 
 GPU_DESCRIPTION = "tpu-pretrain trainer (GPU)"
 # The Deep Learning VM image is ~50 GB; the rest holds the venv (CUDA wheels are ~4 GB), the
@@ -32,7 +32,7 @@ class GpuVmArgs:
     service_account_email: pulumi.Input[str]
     startup_script: str
     labels: dict[str, str]
-    nic_type: str = ""  # GVNIC where the family needs it (gpu_catalog.yaml); "": the default
+    nic_type: str = ""  # GVNIC where the family needs it (catalogs/gpu.yaml); "": the default
 
 
 def gpu_scheduling(spot: bool) -> gcp.compute.InstanceSchedulingArgsDict:
@@ -103,7 +103,7 @@ class GpuVm(pulumi.ComponentResource):
                 [{"type": args.gpu_type, "count": args.count}] if args.attached else None
             ),
             allow_stopping_for_update=True,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=_inherited_depends_on(opts)),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=inherited_depends_on(opts)),
         )
         self.internal_ip = self.vm.network_interfaces.apply(lambda nics: nics[0].network_ip)
         self.worker_ips = self.internal_ip.apply(lambda ip: [ip])

@@ -5,17 +5,17 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import render
 from infra.components.network import TAG_TPU
+from infra.render import render
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 TPU_DESCRIPTION = "tpu-pretrain trainer"
 # OS Login + no project-wide keys: policy pack rules os-login-enabled and
 # project-ssh-keys-blocked (CIS 4.3, 4.4) apply to TPU VMs too. The controller's watchdog
-# recreates a preempted TPU VM with exactly these settings (infra/render.py TpuWatch).
+# recreates a preempted TPU VM with exactly these settings (infra/render/render.py TpuWatch).
 # Like every VM of the stack (controller.hardened_metadata): OS Login, no project SSH keys,
 # no interactive serial port; guest attributes on, where the loader leaves its boot state for
-# the watchdog (infra/render.py BOOT_ATTRIBUTE).
+# the watchdog (infra/render/render.py BOOT_ATTRIBUTE).
 TPU_METADATA = {
     "enable-oslogin": "TRUE",
     "block-project-ssh-keys": "TRUE",
@@ -24,7 +24,7 @@ TPU_METADATA = {
 }
 
 
-def _inherited_depends_on(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
+def inherited_depends_on(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
     """A VM waits for what its component waits for (payload, job spec, bucket access), so
     its first boot finds them; children do not inherit the component's depends_on."""
     deps = opts.depends_on if opts is not None else None
@@ -91,7 +91,7 @@ class TpuVm(pulumi.ComponentResource):
             tags=[TAG_TPU],
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=_inherited_depends_on(opts),
+                depends_on=inherited_depends_on(opts),
                 replace_on_changes=list(IN_PLACE_FIELDS),
                 delete_before_replace=True,
             ),

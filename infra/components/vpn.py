@@ -6,10 +6,11 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_random as random
 
-from infra import render, wgkeys
+from infra import wgkeys
 from infra.components.controller import CONTROLLER_IMAGE, SHIELDED_VM, hardened_metadata
 from infra.components.network import TAG_HOP
-from infra.components.tpu import CLOUD_PLATFORM, _inherited_depends_on
+from infra.components.tpu import CLOUD_PLATFORM, inherited_depends_on
+from infra.render import render
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class VpnHop(pulumi.ComponentResource):
             allow_stopping_for_update=True,
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=[self.secret_version, self.secret_access, *_inherited_depends_on(opts)],
+                depends_on=[self.secret_version, self.secret_access, *inherited_depends_on(opts)],
             ),
         )
         self.endpoint = pulumi.Output.concat(self.address.address, ":", str(args.port))

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra import offline
+from infra.commands import offline
 from infra.errors import ConfigError
 
 # Archives built during tests go to a temp dir, not the repository's build/.
@@ -79,7 +79,7 @@ def run_offline(
     fresh: bool = False,
 ) -> offline.OfflineRun:
     """The full result: resources (with mock outputs and resource options), stack exports
-    and which are secret. `entry` replaces the default program (see infra.offline; never
+    and which are secret. `entry` replaces the default program (see infra.commands.offline; never
     kept); `stack_name` runs the stack file under another Pulumi stack name; `fresh` runs
     the program even if this process ran it with the same inputs before."""
     key = None
@@ -168,7 +168,7 @@ def one(resources: list[Captured], type_: str) -> Captured:
     return found[0]
 
 
-# The VM a role's loader runs on (infra/render.py LOADER_ROLES).
+# The VM a role's loader runs on (infra/render/render.py LOADER_ROLES).
 _ROLE_OF_VM = {"tpu-vm": "tpu", "gpu-vm": "gpu", "controller-vm": "controller"}
 
 

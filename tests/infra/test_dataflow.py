@@ -14,10 +14,11 @@ import pytest
 import yaml
 from harness import config_error, of_type, one, run_offline
 
-from infra import jobspec, render
+from infra import jobspec
+from infra.render import render
 
 ON = {"tpu-pretrain:dataflow": True}
-PROJECT = "tpu-pretrain-test"  # infra.offline.DEFAULT_TEST_PROJECT
+PROJECT = "tpu-pretrain-test"  # infra.commands.offline.DEFAULT_TEST_PROJECT
 SERVICE = "gcp:projects/service:Service"
 ACCOUNT = "gcp:serviceaccount/account:Account"
 PROJECT_MEMBER = "gcp:projects/iAMMember:IAMMember"
@@ -306,7 +307,7 @@ def test_a_local_beam_runner_needs_no_dataflow_and_gets_no_options(tmp_path):
 
 def test_dataflow_must_be_a_boolean():
     # The Pulumi CLI's own type check (Pulumi.yaml declares the key boolean), before the
-    # program runs; the program's parse refuses the same (infra.config_keys._boolean).
+    # program runs; the program's parse refuses the same (infra.config.keys.boolean).
     message = config_error("v3-euw4", {"tpu-pretrain:dataflow": "sometimes"})
     assert message == "Stack 'v3-euw4' with configuration key 'dataflow' must be of type 'boolean'"
 
@@ -323,7 +324,7 @@ def test_render_refuses_a_dataflow_job_without_a_target():
 
 
 def test_the_offline_plan_shows_the_dataflow_resources_and_options():
-    from infra import plan
+    from infra.commands import plan
 
     out = plan.format_plan(run_offline("v3-euw4", ON))
     lines = out.splitlines()
@@ -352,13 +353,13 @@ def test_dataflow_in_a_region_without_a_dataflow_endpoint_is_refused(stack):
     message = config_error(stack, ON)
     assert message == (
         "tpu-pretrain:dataflow: Dataflow has no regional endpoint in us-central2 (the stack's "
-        "region; infra/dataflow_regions.yaml, from Google's Dataflow locations page): use a "
-        "stack in a Dataflow region, or encode with a local Beam runner"
+        "region; infra/catalogs/dataflow_regions.yaml, from Google's Dataflow locations page): "
+        "use a stack in a Dataflow region, or encode with a local Beam runner"
     )
 
 
 def test_every_other_stack_region_has_dataflow():
-    from infra.dataflow_regions import dataflow_regions, dataflow_source
+    from infra.catalogs.dataflow_regions import dataflow_regions, dataflow_source
 
     assert dataflow_source() == "https://docs.cloud.google.com/dataflow/docs/resources/locations"
     for region in ("us-central1", "us-east1", "europe-west4"):

@@ -21,7 +21,8 @@ import pytest
 from harness import run_offline, stack_names
 from iam_cel import evaluate
 
-from infra import executables, jobspec, render
+from infra import executables, jobspec
+from infra.render import render
 
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "infra" / "bootstrap"
 sys.path.insert(0, str(BOOTSTRAP))

@@ -17,7 +17,7 @@ from script_sandbox import Sandbox, Watch, publish_payload
 from test_gpu_watch import GpuWatch, gpu_run  # noqa: F401  (a fixture)
 from test_job_pointer import _loader, _pointer, _publish_startup
 
-from infra import render
+from infra.render import render
 
 BOOT = "tpu-pretrain/boot"
 

@@ -1,4 +1,4 @@
-"""The GPU catalog (infra/gpu_catalog.yaml) and its one check, validate(): every rule with
+"""The GPU catalog (infra/catalogs/gpu.yaml) and its one check, validate(): every rule with
 the message a user sees, and the combinations of Compute Engine's own tables."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import yaml
 from harness import config_error, run_offline
 
-from infra.gpu_catalog import GPU_CATALOG_PATH, GpuChoiceError, load_gpu_catalog
+from infra.catalogs.gpu import GPU_CATALOG_PATH, GpuChoiceError, load_gpu_catalog
 
 CATALOG = load_gpu_catalog()
 K = "tpu-pretrain:"
@@ -135,7 +135,7 @@ def error_of(*args: object, image: str | None = None) -> GpuChoiceError:
         (
             ("n1-standard-8", "nvidia-tesla-t4", 1, "mars-north1-a", "spot"),
             "zone",
-            "zone 'mars-north1-a' is not in infra/gpu_catalog.yaml; listed: "
+            "zone 'mars-north1-a' is not in infra/catalogs/gpu.yaml; listed: "
             + ", ".join(sorted(CATALOG.zones)),
         ),
     ],
@@ -393,7 +393,7 @@ def test_image_refusals_name_what_the_shape_boots():
 def test_the_catalog_refuses_a_gpu_image_it_cannot_drive(tmp_path):
     raw = yaml.safe_load(GPU_CATALOG_PATH.read_text())
     raw["gpus"]["nvidia-tesla-v100"]["image"] = "ubuntu-2204-nvidia-open"
-    path = tmp_path / "gpu_catalog.yaml"
+    path = tmp_path / "gpu.yaml"
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ValueError, match="nvidia-tesla-v100: image 'ubuntu-2204-nvidia-open'"):
         load_gpu_catalog(path)
@@ -440,7 +440,7 @@ def test_the_catalog_refuses_a_gpu_image_it_cannot_drive(tmp_path):
         (
             {K + "gpuZone": None},
             "tpu-pretrain:gpuZone is required: GPU stacks: zone of the GPU VM, e.g. "
-            "us-central1-a (see infra/gpu_catalog.yaml).",
+            "us-central1-a (see infra/catalogs/gpu.yaml).",
         ),
         (
             {K + "accelerator": "fpga"},
@@ -622,7 +622,7 @@ def test_a_machine_type_zone_refusal_names_where_it_is_offered():
 def test_machine_zones_must_lie_within_the_gpus_zones(tmp_path):
     raw = yaml.safe_load(GPU_CATALOG_PATH.read_text())
     raw["machine_zones"]["a2-megagpu-16g"].append("us-east1-d")  # no A100 there
-    path = tmp_path / "gpu_catalog.yaml"
+    path = tmp_path / "gpu.yaml"
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ValueError, match=r"a2-megagpu-16g: \['us-east1-d'\] do not offer"):
         load_gpu_catalog(path)
@@ -641,7 +641,7 @@ def test_the_catalog_records_the_nic_each_family_needs_with_its_source(tmp_path)
         (text.replace("    nic: GVNIC\n", "    nic: gvnic\n", 1), "nic 'gvnic' is not one of"),
         (text.replace("    nic_source: >-\n", "    nic_source_: >-\n", 1), "has no nic_source"),
     ):
-        path = tmp_path / "gpu_catalog.yaml"
+        path = tmp_path / "gpu.yaml"
         path.write_text(broken)
         with pytest.raises(ValueError, match=message):
             load_gpu_catalog(path)

@@ -1,7 +1,7 @@
 """The GPU VM's environment for the Keras 3 / JAX backend (requirements/gpu-vm-jax.txt).
 
 `make venv-gpu-jax` builds .venv-gpu-jax with the shell function the GPU VM's startup script
-runs (infra/templates/tpu-install.sh tpu_install_env,
+runs (infra/render/templates/tpu-install.sh tpu_install_env,
 VM_REQUIREMENTS=requirements/gpu-vm-jax.txt) on the overlay's Python (3.11). Here: the overlay
 resolves for that Python only; the
 built environment has jax with its CUDA 12 plugin, keras on JAX and TensorFlow's CPU build and
@@ -28,7 +28,7 @@ from harness import run_offline, startup_script, uv_resolver
 from script_sandbox import publish_payload, short_sha, unit_environment
 from test_gpu_scripts import box  # noqa: F401  (a fixture)
 
-from infra import render
+from infra.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-gpu-jax"
@@ -41,7 +41,7 @@ def _install(
     check: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", "-c", ". infra/templates/tpu-install.sh; " + check, *args],
+        ["bash", "-c", ". infra/render/templates/tpu-install.sh; " + check, *args],
         cwd=ROOT,
         env={"PATH": "/usr/bin:/bin", "VM_REQUIREMENTS": OVERLAY, **(env or {})},
         check=False,

@@ -17,8 +17,8 @@ import pytest
 from harness import run_offline, startup_script, uv_resolver
 from script_sandbox import Sandbox, publish_payload, shellcheck, short_sha, unit_environment
 
-from infra import render
-from infra.gpu_catalog import load_gpu_catalog
+from infra.catalogs.gpu import load_gpu_catalog
+from infra.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -319,7 +319,7 @@ def test_the_gpu_vm_requirements_resolve_for_the_images_python():
     test_tpu_parity.py, which pip runs; here uv: harness.uv_resolver)."""
     (python_version,) = {image.python for image in load_gpu_catalog().images.values()}
     pip = str(Path(sys.executable).with_name("pip"))
-    check = '. infra/templates/tpu-install.sh; tpu_check_resolves "$0" . "$1"'
+    check = '. infra/render/templates/tpu-install.sh; tpu_check_resolves "$0" . "$1"'
     result = subprocess.run(
         ["bash", "-c", check, pip, python_version],
         cwd=ROOT,

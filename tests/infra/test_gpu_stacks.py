@@ -14,8 +14,8 @@ from harness import (
     tpu_stack_names,
 )
 
-from infra import render
 from infra.components.tpu import CLOUD_PLATFORM
+from infra.render import render
 
 INSTANCE = "gcp:compute/instance:Instance"
 DLVM = (
@@ -28,7 +28,7 @@ NVIDIA_REPO = (
     "cuda-keyring_1.1-1_all.deb"
 )
 # stack: boot image, kernel-module flavour, driver packages the startup script installs
-# (infra/gpu_catalog.yaml images: G2 cannot boot the Deep Learning VM image, so the L4 stack
+# (infra/catalogs/gpu.yaml images: G2 cannot boot the Deep Learning VM image, so the L4 stack
 # boots Ubuntu and installs NVIDIA's open modules; T4 and A100 keep the DLVM's driver).
 IMAGES = {
     "t4-usc1": (DLVM, "unknown", ""),
@@ -96,7 +96,7 @@ def test_gpu_vm_inputs(run):
         "scopes": [CLOUD_PLATFORM],
     }
     # Secure boot off: the image's NVIDIA kernel module is not signed for it (see
-    # infra/gpu_catalog.yaml); vTPM and integrity monitoring stay on.
+    # infra/catalogs/gpu.yaml); vTPM and integrity monitoring stay on.
     assert inputs["shieldedInstanceConfig"] == {
         "enableSecureBoot": False,
         "enableVtpm": True,
@@ -221,7 +221,7 @@ def test_render_refuses_a_gpu_overlay_with_another_tensorflow(tmp_path, monkeypa
 
 def test_an_a4_vm_boots_from_hyperdisk_balanced():
     """A4 takes no Persistent Disk (Google's accelerator-optimized machines page); the GPU VM's
-    boot disk type comes from infra/gpu_catalog.yaml."""
+    boot disk type comes from infra/catalogs/gpu.yaml."""
     overrides = {
         "tpu-pretrain:gpuMachineType": "a4-highgpu-8g",
         "tpu-pretrain:gpuZone": "us-central1-b",
@@ -258,7 +258,7 @@ def test_an_a4_vm_boots_ubuntu_and_installs_the_open_modules():
     [("a3-highgpu-8g", "GVNIC"), ("a4-highgpu-8g", "GVNIC"), ("a2-highgpu-4g", None)],
 )
 def test_a3_and_a4_vms_get_the_gvnic_interface_their_family_needs(machine_type, nic):
-    """A3 and A4 need gVNIC (infra/gpu_catalog.yaml families `nic`, with its source); the
+    """A3 and A4 need gVNIC (infra/catalogs/gpu.yaml families `nic`, with its source); the
     other families keep Compute Engine's default interface (no nic_type at all)."""
     overrides = {
         "tpu-pretrain:gpuMachineType": machine_type,

@@ -15,8 +15,8 @@ import pytest
 from harness import run_offline, startup_script
 from script_sandbox import Sandbox, as_worker, publish_payload
 
-from infra import render
 from infra.components.controller import SHIELDED_VM
+from infra.render import render
 
 EFI_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"  # EFI_GLOBAL_VARIABLE (UEFI spec)
 NVIDIA_SMI = """#!/bin/bash

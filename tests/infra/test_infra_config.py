@@ -10,9 +10,9 @@ import yaml
 from harness import config_error, one, run_stack, stack_names, tpu_stack_names
 
 from infra import wgkeys
-from infra.catalog import load_catalog
-from infra.config import parse_config
-from infra.config_keys import KEYS
+from infra.catalogs.tpu import load_catalog
+from infra.config.config import parse_config
+from infra.config.keys import KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 K = "tpu-pretrain:"
@@ -27,7 +27,8 @@ CASES = [
     (
         "v3-euw4",
         {K + "tpuZone": "mars-north1-a"},
-        f"tpu-pretrain:tpuZone: unknown zone 'mars-north1-a'; infra/catalog.yaml lists: {ZONES}",
+        "tpu-pretrain:tpuZone: unknown zone 'mars-north1-a'; infra/catalogs/tpu.yaml lists: "
+        f"{ZONES}",
     ),
     (
         "v3-euw4",
@@ -60,12 +61,13 @@ CASES = [
         "(v5litepod-8); use one of: v2-alpha-tpuv5-lite",
     ),
     (
-        # A slice boots the image its evidence boots (catalog.yaml slices `image:`), though
+        # A slice boots the image its evidence boots (catalogs/tpu.yaml slices `image:`), though
         # the generation boots others on a single host.
         "v4-32-usc2",
         {K + "runtimeVersion": "v2-alpha-tpuv5"},
         "tpu-pretrain:runtimeVersion: 'v2-alpha-tpuv5' is not the image the v4-32 slice's "
-        "evidence boots; use tpu-ubuntu2204-base (infra/catalog.yaml slices, docs/pod-slices.md)",
+        "evidence boots; use tpu-ubuntu2204-base (infra/catalogs/tpu.yaml slices, "
+        "docs/pod-slices.md)",
     ),
     (
         "v4-usc2",
@@ -238,7 +240,7 @@ def test_catalog_is_consistent():
 
 def test_catalog_images_follow_googles_tf_ci_and_docs():
     """GoogleCloudPlatform/ml-auto-solutions (TF release/nightly DAGs) and
-    cloud.google.com/tpu/docs/runtimes, as recorded in catalog.yaml."""
+    cloud.google.com/tpu/docs/runtimes, as recorded in catalogs/tpu.yaml."""
     catalog = load_catalog()
     first = {name: generation.images[0] for name, generation in catalog.generations.items()}
     assert first == {
@@ -255,8 +257,8 @@ def test_catalog_images_follow_googles_tf_ci_and_docs():
 
 
 def test_catalog_refuses_an_unusable_recommended_image(tmp_path):
-    text = (ROOT / "infra/catalog.yaml").read_text()
-    bad = tmp_path / "catalog.yaml"
+    text = (ROOT / "infra/catalogs/tpu.yaml").read_text()
+    bad = tmp_path / "tpu.yaml"
     bad.write_text(text.replace("images: [v2-alpha-tpuv5-lite]", "images: [tpu-vm-base]"))
     with pytest.raises(ValueError, match="generation v5e needs a usable first image"):
         load_catalog(bad)
@@ -269,7 +271,7 @@ def test_every_stack_boots_a_base_image_and_the_current_generation_is_in_googles
         image = config["tpu-pretrain:runtimeVersion"]
         accelerator_type = config["tpu-pretrain:acceleratorType"]
         generation = catalog.generation_of(accelerator_type)
-        # A slice boots the image its evidence boots (catalog.yaml slices), others the first.
+        # A slice boots the image its evidence boots (catalogs/tpu.yaml slices), others the first.
         shape = catalog.slice_of(accelerator_type)
         assert image == ((shape and shape.image) or generation.images[0]), stack
     assert catalog.slice_of("v4-32").image == "tpu-ubuntu2204-base"
@@ -328,7 +330,7 @@ SUPPORTED_SLICES = {
 
 def test_the_catalog_lists_only_slices_with_evidence_of_jax_on_them():
     """Hosts x chips per host: google/xpk system_characteristics; each slice names the Google
-    doc or CI job that runs JAX on exactly that type (catalog.yaml, docs/pod-slices.md)."""
+    doc or CI job that runs JAX on exactly that type (catalogs/tpu.yaml, docs/pod-slices.md)."""
     catalog = load_catalog()
     shapes = {
         name: (shape.hosts, shape.chips_per_host, shape.replicas)
@@ -351,8 +353,8 @@ def test_the_catalog_lists_only_slices_with_evidence_of_jax_on_them():
 
 
 def test_the_catalog_refuses_a_slice_of_one_host_or_without_a_source(tmp_path):
-    text = (ROOT / "infra/catalog.yaml").read_text()
-    bad = tmp_path / "catalog.yaml"
+    text = (ROOT / "infra/catalogs/tpu.yaml").read_text()
+    bad = tmp_path / "tpu.yaml"
     bad.write_text(text.replace("  v5p-32:\n    hosts: 4\n", "  v5p-32:\n    hosts: 1\n"))
     with pytest.raises(ValueError, match="slice v5p-32 needs hosts >= 2"):
         load_catalog(bad)
@@ -421,5 +423,5 @@ def test_a_slice_type_without_evidence_is_refused_naming_the_supported_ones(acce
     assert config_error("v4-32-usc2", {K + "acceleratorType": accelerator_type}) == (
         f"tpu-pretrain:acceleratorType: {accelerator_type!r} is a multi-host slice that no "
         "Google doc or CI job shows running JAX on Cloud TPU VMs; supported slices: v4-16, "
-        "v4-32, v5litepod-16, v5litepod-32, v5p-32 (infra/catalog.yaml, docs/pod-slices.md)"
+        "v4-32, v5litepod-16, v5litepod-32, v5p-32 (infra/catalogs/tpu.yaml, docs/pod-slices.md)"
     )

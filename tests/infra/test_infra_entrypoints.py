@@ -1,4 +1,5 @@
-"""The two ways in: infra/__main__.py (what the Pulumi CLI runs) and `python -m infra.plan`."""
+"""The two ways in: infra/__main__.py (what the Pulumi CLI runs) and
+`python -m infra.commands.plan`."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_main_reports_config_errors_without_a_traceback():
 
 def plan(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "infra.plan", *args],
+        [sys.executable, "-m", "infra.commands.plan", *args],
         cwd=ROOT,
         check=False,
         capture_output=True,

@@ -8,7 +8,7 @@ import re
 import pytest
 from harness import of_type, run_offline, stack_names, tpu_stack_names
 
-from infra.config import MAX_STACK_NAME, SERVICE_ACCOUNT_ID_MAX
+from infra.config.config import MAX_STACK_NAME, SERVICE_ACCOUNT_ID_MAX
 
 # Which API serves each pulumi-gcp module (the middle of "gcp:<module>/<resource>:<Type>").
 # Providers that run locally (random, time) call no Google API. A resource type of a module

@@ -12,7 +12,7 @@ import pytest
 from gcloud_flags import problems
 from harness import gpu_stack_names, run_offline, stack_names
 
-from infra import plan
+from infra.commands import plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from docs_files import doc_text

@@ -14,7 +14,8 @@ from harness import (
     tpu_stack_names,
 )
 
-from infra import offline, render
+from infra.commands import offline
+from infra.render import render
 
 
 def comparable(resources):

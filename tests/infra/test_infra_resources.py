@@ -15,9 +15,10 @@ import pytest
 import yaml
 from harness import of_type, one, run_offline, startup_script, tpu_stack_names
 
-from infra import jobspec, render, wgkeys
+from infra import jobspec, wgkeys
+from infra.commands.offline import Registered
 from infra.components.recovery import RECOVERY_ROLE_ID
-from infra.offline import Registered
+from infra.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 IAP = "35.235.240.0/20"

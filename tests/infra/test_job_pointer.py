@@ -13,7 +13,7 @@ import yaml
 from harness import run_offline
 from script_sandbox import Sandbox, publish_payload, shellcheck
 
-from infra import render
+from infra.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 VM_TYPES = ("gcp:tpu/v2Vm:V2Vm", "gcp:compute/instance:Instance")
@@ -71,7 +71,7 @@ def test_the_watchdog_recreates_the_tpu_vm_with_the_loader():
     (vm,) = [r for r in run.resources if r.name == "tpu-vm"]
     controller = next(r for r in run.resources if r.name == "startup-controller-script")
     script = controller.inputs["content"]
-    embedded = render._b64(vm.inputs["metadata"]["startup-script"])
+    embedded = render.b64(vm.inputs["metadata"]["startup-script"])
     assert f"readonly TPU_STARTUP_SCRIPT_B64={embedded}\n" in script
 
 

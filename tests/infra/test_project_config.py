@@ -1,4 +1,4 @@
-"""The config the Pulumi CLI hands the program (infra/project_config.py, after pulumi/pulumi's
+"""The config the Pulumi CLI hands the program (infra/config/project.py, after pulumi/pulumi's
 sdk/go/common/workspace): Pulumi.yaml loads under the CLI's rules, every stack gets every
 project default it does not set, and every stack plans with them, as `pulumi up` runs it."""
 
@@ -11,11 +11,11 @@ import pytest
 import yaml
 from harness import config_error, gpu_stack_names, run_offline, stack_names
 
-from infra import offline
-from infra.config import parse_config
-from infra.config_keys import KEYS
+from infra.commands import offline
+from infra.config.config import parse_config
+from infra.config.keys import KEYS
+from infra.config.project import cli_config, cli_text, load_project, valid_for_type
 from infra.errors import ConfigError
-from infra.project_config import cli_config, cli_text, load_project, valid_for_type
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = ROOT / "infra" / "__main__.py"

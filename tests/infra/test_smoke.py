@@ -1,4 +1,4 @@
-"""`make smoke` end to end, offline: infra/smoke.py drives stub `gcloud` and `pulumi`
+"""`make smoke` end to end, offline: infra/commands/smoke.py drives stub `gcloud` and `pulumi`
 executables (first on PATH) and a stub export loader (tools/load_export.py itself runs
 in .venv-pt in its own test); the bucket is a directory. What the VMs
 write there comes from the real rendered startup script run in the script sandbox
@@ -28,7 +28,7 @@ from gcloud_flags import problems
 from harness import run_offline, startup_script
 from script_sandbox import Sandbox, publish_payload
 
-from infra import smoke
+from infra.commands import smoke
 
 PROJECT = "tpu-pretrain-test"
 RUN = "smoke-20261126-001500"  # the run's name, injected (by default from the UTC time)

@@ -1,5 +1,5 @@
 """The TF backend's TPU pin: requirements/tpu-vm.txt installs the tensorflow-tpu/libtpu pair
-infra/catalog.yaml (`tensorflow_tpu`) records with public evidence of running on a TPU, with
+infra/catalogs/tpu.yaml (`tensorflow_tpu`) records with public evidence of running on a TPU, with
 the tf_keras of the same TensorFlow minor. tests/infra/test_tpu_parity.py trains on CPU in
 the environment built from that file (and checks it holds exactly this pair)."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import render
-from infra.catalog import CATALOG_PATH, load_catalog
+from infra.catalogs.tpu import CATALOG_PATH, load_catalog
+from infra.render import render
 
 
 def test_the_tpu_vm_installs_the_catalogs_evidenced_pair():
@@ -46,7 +46,7 @@ def test_the_pin_and_its_evidence_as_recorded():
 def _catalog_with(tmp_path: Path, old: str, new: str) -> Path:
     text = CATALOG_PATH.read_text(encoding="utf-8")
     assert old in text
-    path = tmp_path / "catalog.yaml"
+    path = tmp_path / "tpu.yaml"
     path.write_text(text.replace(old, new, 1), encoding="utf-8")
     return path
 

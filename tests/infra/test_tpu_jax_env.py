@@ -1,7 +1,7 @@
 """The TPU VM's environment for the Keras 3 / JAX backend (requirements/tpu-vm-jax.txt).
 
 `make venv-tpu-jax` builds .venv-tpu-jax with the shell function the TPU VM's startup script
-runs (infra/templates/tpu-install.sh tpu_install_env,
+runs (infra/render/templates/tpu-install.sh tpu_install_env,
 VM_REQUIREMENTS=requirements/tpu-vm-jax.txt) on the overlay's Python (3.11). Here: the overlay
 resolves for that Python only; the
 built environment has jax, keras on JAX and TensorFlow's CPU build and nothing of TF's TPU
@@ -32,7 +32,7 @@ from script_sandbox import (
     unit_environment,
 )
 
-from infra import render
+from infra.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-tpu-jax"
@@ -42,7 +42,7 @@ K = "tpu-pretrain:"
 
 def _install(check: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", "-c", ". infra/templates/tpu-install.sh; " + check, *args],
+        ["bash", "-c", ". infra/render/templates/tpu-install.sh; " + check, *args],
         cwd=ROOT,
         env={"PATH": "/usr/bin:/bin", "VM_REQUIREMENTS": OVERLAY},
         check=False,

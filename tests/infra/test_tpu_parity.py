@@ -1,7 +1,7 @@
 """Environment parity: the TPU VM's Python environment, built and exercised on CPU.
 
 `make venv-tpu` builds .venv-tpu with the very shell function the TPU VM's startup script
-runs (infra/templates/tpu-install.sh `tpu_install_env`: the lock minus tensorflow/tf_keras,
+runs (infra/render/templates/tpu-install.sh `tpu_install_env`: the lock minus tensorflow/tf_keras,
 tensorflow-tpu + libtpu from requirements/tpu-vm.txt, tf_keras --no-deps, the payload).
 This test installs the current payload source into it the same way, renders the TPU VM's
 startup script for a stack, runs it in the script sandbox (script_sandbox.py, with the
@@ -20,7 +20,7 @@ What differs from the TPU VM, on purpose and asserted here (nothing else may):
   run, which must fail with the one-line "TPU not found" error in status.json and exit 2,
   and dropped for the CPU training run.
 Only a real TPU shows that libtpu initialises the chips and TPUStrategy trains on them.
-The environment is the TF backend's TPU pin, infra/catalog.yaml `tensorflow_tpu` (the pair
+The environment is the TF backend's TPU pin, infra/catalogs/tpu.yaml `tensorflow_tpu` (the pair
 with public evidence of running on a TPU; test_tf_tpu_pin.py): checked installed here.
 """
 
@@ -37,8 +37,8 @@ import yaml
 from harness import run_offline, startup_script
 from script_sandbox import Sandbox, publish_payload, unit_environment
 
-from infra import render
-from infra.catalog import load_catalog
+from infra.catalogs.tpu import load_catalog
+from infra.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-tpu"
@@ -62,7 +62,7 @@ def tpu_venv(tmp_path_factory) -> Path:
     path.write_bytes(archive.data)
     with tarfile.open(path) as tar:
         tar.extractall(src / "tree", filter="data")
-    install = '. infra/templates/tpu-install.sh; tpu_install_payload "$0" "$1"'
+    install = '. infra/render/templates/tpu-install.sh; tpu_install_payload "$0" "$1"'
     subprocess.run(
         ["bash", "-c", install, str(VENV), str(src / "tree")],
         cwd=ROOT,
@@ -140,7 +140,7 @@ def test_the_tpu_vm_requirements_resolve_for_the_images_python():
     assert pythons == {"3.10"}
     pip = str(Path(sys.executable).with_name("pip"))
     for python_version in sorted(pythons):
-        check = '. infra/templates/tpu-install.sh; tpu_check_resolves "$0" . "$1"'
+        check = '. infra/render/templates/tpu-install.sh; tpu_check_resolves "$0" . "$1"'
         result = subprocess.run(
             ["bash", "-c", check, pip, python_version],
             cwd=ROOT,

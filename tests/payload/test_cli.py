@@ -212,7 +212,7 @@ def test_the_host_checks_of_the_startup_script_reach_status_json(
     tmp_path: Path, good_corpus: str
 ) -> None:
     """A VM's startup script writes its mismatches with the catalog to the file named by
-    TPU_PRETRAIN_HOST_FACTS (infra/templates/facts.sh); a stage run on that VM carries them
+    TPU_PRETRAIN_HOST_FACTS (infra/render/templates/facts.sh); a stage run on that VM carries them
     into status.json and its log, and still runs."""
     job = write_job(tmp_path, good_corpus)
     facts = tmp_path / "host-facts.json"

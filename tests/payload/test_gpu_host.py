@@ -1,7 +1,7 @@
 """The GPU VM rules of payload/backends/tf/strategy.py that a CPU machine can check for real: a
-host the trainer unit declares a GPU VM (infra/templates/gpu.sh) without a GPU fails with one line
-and exit 2 instead of training on its CPU, and precision `auto` follows the GPU's catalog
-policy (the multi-replica GPU plan itself runs in test_train_replicas.py)."""
+host the trainer unit declares a GPU VM (infra/render/templates/gpu.sh) without a GPU fails
+with one line and exit 2 instead of training on its CPU, and precision `auto` follows the
+GPU's catalog policy (the multi-replica GPU plan itself runs in test_train_replicas.py)."""
 
 from __future__ import annotations
 

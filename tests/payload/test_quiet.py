@@ -148,7 +148,7 @@ def test_the_vms_units_run_the_cli_verbose():
     """The journals keep everything: each systemd unit that runs tpu-payload sets it."""
     units = []
     for template in ("tpu.sh", "controller.sh"):
-        text = (ROOT / "infra/templates" / template).read_text()
+        text = (ROOT / "infra/render/templates" / template).read_text()
         for unit in re.split(r"\binstall_unit ", text)[1:]:
             if "/bin/tpu-payload " in unit:
                 units.append(unit.split("\n", 1)[0])

@@ -321,7 +321,7 @@ def test_vm_changes_cover_the_stacks_vms_and_nothing_else(bootstrap_run) -> None
 
 def test_the_stack_account_names_match_the_program() -> None:
     sys.path.insert(0, str(ROOT))
-    from infra import config
+    from infra.config import config
 
     assert tuple(f"-{s}" for s in bootstrap_roles.STACK_ACCOUNT_SUFFIXES) == (
         config.SERVICE_ACCOUNT_SUFFIXES
@@ -351,7 +351,7 @@ def test_the_recovery_role_is_the_bootstrap_role_the_program_binds(bootstrap_run
 def test_the_recovery_role_covers_what_the_watchdog_runs(bootstrap_run) -> None:
     """Derived from the watchdog script itself: every `gcloud compute tpus` verb it calls."""
     recovery = set(bootstrap_run.named("tpu-recovery-role").inputs["permissions"])
-    script = (ROOT / "infra" / "templates" / "tpu-watch.sh").read_text()
+    script = (ROOT / "infra" / "render" / "templates" / "tpu-watch.sh").read_text()
     calls = set(re.findall(r"compute tpus (tpu-vm|queued-resources) ([a-z-]+)", script))
     assert ("tpu-vm", "create") in calls and ("tpu-vm", "describe") in calls
     for call in calls:
@@ -385,7 +385,7 @@ def test_the_gpu_recovery_role_is_exactly_what_the_gpu_watchdog_runs(bootstrap_r
     assert gpu_recovery_role_name(PROJECT) in _grantable(
         _condition_of(bootstrap_run, bootstrap_roles.IAM_GRANTER_ROLE_ID)
     )
-    script = (ROOT / "infra" / "templates" / "gpu-watch.sh").read_text()
+    script = (ROOT / "infra" / "render" / "templates" / "gpu-watch.sh").read_text()
     verbs = set(
         re.findall(r"(?:gcloud_once|vm_state|boot_failure) compute instances ([a-z-]+)", script)
     )

@@ -1,7 +1,7 @@
 """The policy pack over the GPU stacks: each passes with zero violations, and a GPU VM with an
 external IP, the default compute account, or without vTPM/integrity monitoring is refused by
 the intended rule. Secure boot off is accepted on a VM with GPUs only (its NVIDIA kernel
-module is not signed for secure boot, infra/gpu_catalog.yaml), never on another VM."""
+module is not signed for secure boot, infra/catalogs/gpu.yaml), never on another VM."""
 
 from __future__ import annotations
 

@@ -91,12 +91,12 @@ def test_a_policy_violation_names_the_rule_and_the_resource(tmp_path):
 def test_an_error_without_violations_is_named(tmp_path):
     output = (
         "Previewing update (v2-usc1):\n\nDiagnostics:\n  pulumi:pulumi:Stack (x):\n"
-        "    error: tpu-pretrain:tpuZone: 'mars-1a' is not a zone in infra/catalog.yaml\n"
+        "    error: tpu-pretrain:tpuZone: 'mars-1a' is not a zone in infra/catalogs/tpu.yaml\n"
         "    error: an unhandled error occurred: Program exited with non-zero exit code: 2\n"
     )
     text = comment("v2-usc1", 255, "\x1b[31m" + output + "\x1b[0m", tmp_path).stdout
     assert text.startswith("#### \u274c `pulumi preview` of stack `v2-usc1` failed (exit code 255)")
-    assert "- tpu-pretrain:tpuZone: 'mars-1a' is not a zone in infra/catalog.yaml\n" in text
+    assert "- tpu-pretrain:tpuZone: 'mars-1a' is not a zone in infra/catalogs/tpu.yaml\n" in text
     assert "| rule |" not in text
     assert "\x1b[" not in text  # colours stripped
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from infra import jobfit, jobspec
-from infra.catalog import Catalog
-from infra.config_keys import _boolean, _k
-from infra.config_types import GpuConfig, TpuConfig
-from infra.dataflow_regions import dataflow_regions
+from infra.catalogs.dataflow_regions import dataflow_regions
+from infra.catalogs.tpu import Catalog
+from infra.config.keys import boolean, qualified
+from infra.config.types import GpuConfig, TpuConfig
 from infra.errors import ConfigError
 
 # The payload's default train.global_batch_size (payload/schema/job.py TrainSpec); infra reads the
@@ -36,13 +36,13 @@ def _check_replica_batch(
     if batch % replicas:
         lower = batch // replicas * replicas
         raise ConfigError(
-            f"{_k('job')}: {job_file!r}: train.global_batch_size {batch} must be a multiple "
+            f"{qualified('job')}: {job_file!r}: train.global_batch_size {batch} must be a multiple "
             f"of the {replicas} replicas of {described}; e.g. {max(lower, replicas)} or "
             f"{lower + replicas}"
         )
 
 
-def _check_job_replicas(
+def check_job_replicas(
     job_file: str,
     template: Mapping[str, object],
     accelerator: TpuConfig | GpuConfig,
@@ -74,7 +74,7 @@ def resolve_backend(
     """The backend whose environment the accelerator VM installs: the job's train.backend,
     or for auto (or none) jax for a family only the JAX backend trains (jobspec
     JAX_ONLY_FAMILIES, as the payload resolves auto), jax on a slice, jax on a single-host TPU
-    VM whose image Google's TF CI does not cover (catalog.yaml tf_ci: false, e.g. v6e) and tf
+    VM whose image Google's TF CI does not cover (catalogs/tpu.yaml tf_ci: false, e.g. v6e) and tf
     everywhere else (a GPU VM included). A slice runs JAX only: Google's TF CI runs TensorFlow
     on slices only through its grpc_tpu_worker container, which is not built here
     (docs/pod-slices.md)."""
@@ -82,7 +82,7 @@ def resolve_backend(
     value = train.get("backend", "auto") if isinstance(train, dict) else "auto"
     if value not in BACKENDS:
         raise ConfigError(
-            f"{_k('job')}: {job_file!r}: train.backend {value!r} is not one of: "
+            f"{qualified('job')}: {job_file!r}: train.backend {value!r} is not one of: "
             + ", ".join(BACKENDS)
         )
     if value == "auto" and jobspec.model_family(template) in jobspec.JAX_ONLY_FAMILIES:
@@ -92,7 +92,7 @@ def resolve_backend(
     if accelerator.hosts > 1:
         if value == "tf":
             raise ConfigError(
-                f"{_k('job')}: {job_file!r}: train.backend: tf on a "
+                f"{qualified('job')}: {job_file!r}: train.backend: tf on a "
                 f"{accelerator.accelerator_type} slice is not supported: Google's TF CI runs TF "
                 "slices only through its grpc_tpu_worker container (not built here); use "
                 "train.backend: jax"
@@ -103,7 +103,7 @@ def resolve_backend(
     return str(value)
 
 
-def _dataflow(
+def dataflow_enabled(
     values: Mapping[str, object], job_file: str, template: Mapping[str, object], region: str
 ) -> bool:
     """tpu-pretrain:dataflow, off by default: Dataflow is billed outside a TPU grant and its
@@ -111,23 +111,23 @@ def _dataflow(
     encodes on Dataflow needs it on; with it on, a job may still encode locally (the stack
     then only offers Dataflow, e.g. to a launch from your own machine: stack output
     dataflowOptions)."""
-    enabled = _boolean(values, "dataflow")
+    enabled = boolean(values, "dataflow")
     if not enabled and jobspec.uses_dataflow(template):
         raise ConfigError(
-            f"{_k('dataflow')}: the job {job_file!r} encodes on Dataflow (data.beam.runner "
-            f"{jobspec.DATAFLOW_RUNNER}); set {_k('dataflow')} to true, or use a local Beam "
+            f"{qualified('dataflow')}: the job {job_file!r} encodes on Dataflow (data.beam.runner "
+            f"{jobspec.DATAFLOW_RUNNER}); set {qualified('dataflow')} to true, or use a local Beam "
             "runner (docs/deploy-gcp.md#dataflow-encoding-at-scale)"
         )
     if enabled and region not in dataflow_regions():
         raise ConfigError(
-            f"{_k('dataflow')}: Dataflow has no regional endpoint in {region} (the stack's "
-            "region; infra/dataflow_regions.yaml, from Google's Dataflow locations page): "
+            f"{qualified('dataflow')}: Dataflow has no regional endpoint in {region} (the stack's "
+            "region; infra/catalogs/dataflow_regions.yaml, from Google's Dataflow locations page): "
             "use a stack in a Dataflow region, or encode with a local Beam runner"
         )
     return enabled
 
 
-def _check_job_fits(
+def check_job_fits(
     job_file: str,
     template: Mapping[str, object],
     accelerator: TpuConfig | GpuConfig,
@@ -152,4 +152,6 @@ def _check_job_fits(
         name = jobfit.plan_accelerator("gpu", "", accelerator.gpu_type, accelerator.count)
     else:
         name = jobfit.plan_accelerator("tpu", accelerator.accelerator_type, "", 1)
-    return jobfit.check_job_fits(f"{_k('job')}: {job_file!r}", jobspec.to_json(spec), name).summary
+    return jobfit.check_job_fits(
+        f"{qualified('job')}: {job_file!r}", jobspec.to_json(spec), name
+    ).summary

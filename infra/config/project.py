@@ -16,8 +16,9 @@ does it. Nothing here runs the CLI; it follows its source, which says:
 - the language host passes every value to the program as a string (PULUMI_CONFIG),
   structured ones as JSON.
 
-infra/offline.py (the offline plan, the tests, the policy pack's captures) and infra/smoke.py
-build a stack's config through `cli_config`, so they see what `pulumi up` gives the program."""
+infra/commands/offline.py (the offline plan, the tests, the policy pack's captures) and
+infra/commands/smoke.py build a stack's config through `cli_config`, so they see what `pulumi up`
+gives the program."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import yaml
 
 from infra.errors import ConfigError
 
-PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
+PROJECT_FILE = Path(__file__).resolve().parents[2] / "Pulumi.yaml"
 _NO_DEFAULT = object()
 _ATOI = re.compile(r"^[+-]?\d+$")  # what Go's strconv.Atoi accepts
 

@@ -1,6 +1,6 @@
 """What a stack is, once its settings are validated: frozen dataclasses and nothing else.
 
-infra/config.py builds a `StackConfig` (`parse_config`); the program, its components and the
+infra/config/config.py builds a `StackConfig` (`parse_config`); the program, its components and the
 smoke run take one. No Pulumi, no catalog: a module that only needs the shapes imports
 these."""
 
@@ -21,7 +21,7 @@ class TpuConfig:
     region: str
     accelerator_type: str
     generation: str
-    runtime_version: str  # the TPU VM base image (catalog.yaml)
+    runtime_version: str  # the TPU VM base image (catalogs/tpu.yaml)
     python_version: str  # the image's python3, e.g. "3.10" (the wheelhouse targets it)
     preemptible: bool
     spot: bool
@@ -29,7 +29,7 @@ class TpuConfig:
     shielded_boot: bool
     auto_recover: bool  # the controller's watchdog recreates a preempted TPU VM
     release_when_done: bool = False  # ...and deletes it once the job's export is complete
-    hosts: int = 1  # TPU VMs of the node: > 1 for a multi-host slice (catalog.yaml slices)
+    hosts: int = 1  # TPU VMs of the node: > 1 for a multi-host slice (catalogs/tpu.yaml slices)
     chips_per_host: int = 0  # only set for a slice
 
     @property
@@ -40,7 +40,7 @@ class TpuConfig:
 @dataclass(frozen=True)
 class GpuConfig:
     """A Compute Engine VM with NVIDIA GPUs (gcp.compute.Instance), validated against
-    infra/gpu_catalog.yaml."""
+    infra/catalogs/gpu.yaml."""
 
     kind: ClassVar[str] = "gpu"
     name: str
@@ -52,14 +52,14 @@ class GpuConfig:
     count: int
     attached: bool  # N1: guest_accelerators; A2/A3/A4/G2 carry their GPUs
     spot: bool
-    image: str  # projects/<project>/global/images/family/<family> (gpu_catalog.yaml images)
+    image: str  # projects/<project>/global/images/family/<family> (catalogs/gpu.yaml images)
     image_name: str  # its key in the catalog, ubuntu-2204-nvidia-open
     kernel_modules: (
         str  # the NVIDIA kernel-module flavour of the image: open | proprietary | unknown
     )
     driver_repo: str  # NVIDIA's apt keyring package the startup script installs ("" : none)
     driver_packages: tuple[str, ...]  # the driver packages it installs (() : preinstalled)
-    boot_disk: str  # the boot disk type the machine type takes (gpu_catalog.yaml)
+    boot_disk: str  # the boot disk type the machine type takes (catalogs/gpu.yaml)
     nic_type: str  # the vNIC the machine family needs: GVNIC on A3/A4 ("" : the default)
     python_version: str  # the image's python3
     shielded_boot: bool  # secure boot (vTPM and integrity monitoring are always on)

@@ -1,5 +1,5 @@
 """Pure rendering of everything the VMs run: the payload archive, startup scripts and the
-WireGuard client configuration. No Pulumi import: `python -m infra.plan` and the tests call
+WireGuard client configuration. No Pulumi import: `python -m infra.commands.plan` and the tests call
 these functions directly, and the sandbox tests execute their output.
 
 Startup scripts are a header of shell-quoted constants followed by templates/common.sh and
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from infra import jobspec
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = Path(__file__).with_name("templates")
 LOCK_FILE = "requirements/payload.lock"
 # What the payload distribution needs to be pip-installed (pyproject's readme included).
@@ -226,7 +226,7 @@ class GpuHost:
     python_version: str  # the image's python3: the wheelhouse is built for it
     precision: str  # Keras mixed-precision policy for this GPU
     # The image's NVIDIA kernel-module flavour and, when it has no driver, what installs one
-    # (gpu_catalog.yaml images; gpu.sh install_driver).
+    # (catalogs/gpu.yaml images; gpu.sh install_driver).
     kernel_modules: str = "unknown"
     driver_repo: str = ""
     driver_packages: tuple[str, ...] = ()
@@ -373,7 +373,7 @@ def render_tpu_script(workload: Workload) -> str:
         raise TypeError("render_tpu_script needs a TpuHost workload")
     pins = read_pins()
     # The TPU VM's TensorFlow is tpu-vm.txt's (the pair with evidence of running on a TPU,
-    # infra/catalog.yaml tensorflow_tpu), not the lock's CPU one; tf_keras must follow it.
+    # infra/catalogs/tpu.yaml tensorflow_tpu), not the lock's CPU one; tf_keras must follow it.
     if _minor(pins.tpu_tf_keras) != _minor(pins.tensorflow_tpu):
         raise ValueError(
             f"{TPU_REQUIREMENTS_FILE} pins tensorflow-tpu=={pins.tensorflow_tpu} but the TPU VM "
@@ -634,7 +634,7 @@ class GpuWatch:
         return _watch_script(self.kind, self.values(workload), "gpu-watch.sh")
 
 
-def _b64(text: str) -> str:
+def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
@@ -649,8 +649,8 @@ def render_controller_script(workload: Workload, watch: TpuWatch | GpuWatch | No
             "AUTO_RECOVER": "true" if watch else "false",
             "WATCH_KIND": watch.kind if watch else "",
             "WATCH_INTERVAL": WATCH_INTERVAL,
-            "WATCH_SCRIPT_B64": _b64(watch.script(workload)) if watch else "",
-            "TPU_STARTUP_SCRIPT_B64": _b64(watch.startup_script) if watch else "",
+            "WATCH_SCRIPT_B64": b64(watch.script(workload)) if watch else "",
+            "TPU_STARTUP_SCRIPT_B64": b64(watch.startup_script) if watch else "",
             # The wheelhouse: built once per lock for the TPU image's Python (tpu-install.sh).
             "WHEELHOUSE_ROOT": workload.wheelhouse_root,
             "TPU_PYTHON_VERSION": workload.host.env_python_version,

@@ -1,6 +1,6 @@
 """The GPU catalog: which machine types carry which GPUs, which N1 shapes a GPU can be
 attached to, which zones offer which GPU, and the image that drives them. The data lives in
-gpu_catalog.yaml (with its sources); `validate()` is the one place that decides whether a
+catalogs/gpu.yaml (with its sources); `validate()` is the one place that decides whether a
 machine type x GPU x count x zone x provisioning combination exists, and says why not in one
 line that names what is allowed. The boot image and its NVIDIA kernel modules come from the
 catalog too: each GPU names its image, and an image a GPU cannot use is refused."""
@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
-GPU_CATALOG_PATH = Path(__file__).with_name("gpu_catalog.yaml")
+GPU_CATALOG_PATH = Path(__file__).with_name("gpu.yaml")
 PROVISIONING = ("on-demand", "spot")
 # NVIDIA's kernel-module flavours; an image whose flavour is not known drives only GPUs that
-# run both (gpu_catalog.yaml "Boot images").
+# run both (catalogs/gpu.yaml "Boot images").
 KERNEL_MODULES = ("open", "proprietary")
 UNKNOWN_MODULES = "unknown"
 # Compute Engine's N1 shapes (general-purpose machine family, N1 table): vCPU counts and GB of
@@ -28,7 +28,7 @@ N1_VCPUS = (1, 2, 4, 8, 16, 32, 64, 96)
 N1_MEMORY_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
 # n1-highmem and n1-highcpu start at 2 vCPUs (the N1 table has no n1-highmem-1/-highcpu-1).
 N1_MIN_VCPUS = {"standard": 1, "highmem": 2, "highcpu": 2}
-# The boot disk of a GPU VM unless its family says otherwise (gpu_catalog.yaml boot_disk).
+# The boot disk of a GPU VM unless its family says otherwise (catalogs/gpu.yaml boot_disk).
 DEFAULT_BOOT_DISK = "pd-balanced"
 # Compute Engine's vNIC types a family may require (networkInterfaces[].nicType; pulumi-gcp
 # 10.2 Instance network_interfaces nic_type); "" leaves Compute Engine's default.
@@ -108,7 +108,7 @@ class GpuChoice:
     spot: bool
     image: GpuImage
     boot_disk: str = DEFAULT_BOOT_DISK
-    nic_type: str = ""  # the family's vNIC (gpu_catalog.yaml families `nic`)
+    nic_type: str = ""  # the family's vNIC (catalogs/gpu.yaml families `nic`)
 
     @property
     def summary(self) -> str:
@@ -226,7 +226,7 @@ class GpuCatalog:
         if name not in self.images:
             raise GpuChoiceError(
                 "image",
-                f"{name!r} is not a GPU image of infra/gpu_catalog.yaml; {gpu.name} on "
+                f"{name!r} is not a GPU image of infra/catalogs/gpu.yaml; {gpu.name} on "
                 f"{machine_type} boots: {usable}",
             )
         image = self.images[name]
@@ -327,7 +327,7 @@ class GpuCatalog:
         if zone not in self.zones:
             raise GpuChoiceError(
                 "zone",
-                f"zone {zone!r} is not in infra/gpu_catalog.yaml; listed: "
+                f"zone {zone!r} is not in infra/catalogs/gpu.yaml; listed: "
                 + ", ".join(sorted(self.zones)),
             )
         if gpu.type not in self.zones[zone]:

@@ -1,9 +1,9 @@
 """Offline plan: what a stack would create, without a cloud account or the Pulumi CLI.
 
-    python -m infra.plan --stack v6e-euw4 [--set tpu-pretrain:scheduling=spot ...]
+    python -m infra.commands.plan --stack v6e-euw4 [--set tpu-pretrain:scheduling=spot ...]
                          [--compile .venv-tpu-jax/bin/python]
 
-Runs the real program under Pulumi's mocks (infra.offline) and prints a table of every
+Runs the real program under Pulumi's mocks (infra.commands.offline) and prints a table of every
 resource with its key settings, then the rendered startup scripts and job spec. Secret
 values (WireGuard keys, the client configuration) are never printed. `--compile PYTHON`
 (`make plan COMPILE=1`) then compiles the stack's job for its TPU type with the payload's
@@ -19,9 +19,11 @@ import re
 import sys
 from typing import Any
 
-from infra import jobfit, jobspec, offline, render
-from infra.config import GpuConfig, parse_config
+from infra import jobfit, jobspec
+from infra.commands import offline
+from infra.config.config import GpuConfig, parse_config
 from infra.errors import ConfigError
+from infra.render import render
 
 # Per resource type, the inputs worth a glance (engine names).
 KEY_SETTINGS: dict[str, tuple[str, ...]] = {
@@ -163,7 +165,7 @@ def _parse_set(items: list[str]) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m infra.plan", description=__doc__.split("\n")[0]
+        prog="python -m infra.commands.plan", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "--stack", required=True, help="one of: " + ", ".join(offline.stack_names())

@@ -1,6 +1,6 @@
 """The zone catalog: which accelerator types a zone offers, which TPU VM base images a TPU
-generation boots, and the Python each image ships. The data lives in catalog.yaml (with its
-sources); infra/config_accelerators.py turns it into config errors."""
+generation boots, and the Python each image ships. The data lives in catalogs/tpu.yaml (with its
+sources); infra/config/accelerators.py turns it into config errors."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 import yaml
 
-CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
+CATALOG_PATH = Path(__file__).with_name("tpu.yaml")
 # The payload's floor (pyproject.toml requires-python); older images are refused.
 MIN_PYTHON = (3, 10)
 
@@ -42,7 +42,7 @@ class Slice:
 
     hosts: int
     chips_per_host: int
-    source: str = ""  # the Google doc or CI job (catalog.yaml)
+    source: str = ""  # the Google doc or CI job (catalogs/tpu.yaml)
     # The base image that evidence boots, where it names one the generation allows: a stack
     # of this slice boots it (tests/infra/test_infra_config.py); "" = the generation's first.
     image: str = ""
@@ -50,7 +50,7 @@ class Slice:
     @property
     def replicas(self) -> int:
         """Data-parallel replicas: one TPU device per chip on the listed generations
-        (catalog.yaml's sources; the payload checks the real count when it starts)."""
+        (catalogs/tpu.yaml's sources; the payload checks the real count when it starts)."""
         return self.hosts * self.chips_per_host
 
 
@@ -103,7 +103,7 @@ class Catalog:
     def unlisted_slice(self, accelerator_type: str) -> bool:
         """A TPU type of a listed generation (its name's prefix, e.g. v5p-16 -> v5p) larger than
         every single-host type of it, and not a listed slice: a multi-host slice without
-        evidence (catalog.yaml `slices:`)."""
+        evidence (catalogs/tpu.yaml `slices:`)."""
         match = re.fullmatch(r"(v[0-9]+[a-z]*)-([0-9]+)", accelerator_type)
         if not match or accelerator_type in self.accelerators:
             return False

@@ -1,7 +1,7 @@
 """The stack settings: the keys Pulumi.yaml declares and how a raw value of each is read.
 
 Every reader fails with one line that names the key (`tpu-pretrain:<name>`), the value and what
-is allowed. infra/config.py and the rules beside it (config_accelerators, config_job) read
+is allowed. infra/config/config.py and the rules beside it (accelerators, job) read
 settings only through these."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from infra.config.project import cli_text
 from infra.errors import ConfigError
-from infra.project_config import cli_text
 
 NAMESPACE = "tpu-pretrain"
 
@@ -35,7 +35,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "tpuZone",
         "string",
-        "Zone of the TPU VM, e.g. europe-west4-a (see infra/catalog.yaml).",
+        "Zone of the TPU VM, e.g. europe-west4-a (see infra/catalogs/tpu.yaml).",
         "",
         "tpu",
     ),
@@ -49,7 +49,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "runtimeVersion",
         "string",
-        "TPU VM base image for the generation, e.g. v2-alpha-tpuv5 (see infra/catalog.yaml).",
+        "TPU VM base image for the generation, e.g. v2-alpha-tpuv5 (see infra/catalogs/tpu.yaml).",
         "",
         "tpu",
     ),
@@ -63,7 +63,7 @@ KEYS: tuple[Key, ...] = (
     Key("tpuExternalIp", "boolean", "Give the TPU VM an external IP (default: no).", False),
     # No fixed default: on for spot/preemptible scheduling, off for on-demand. Declared a
     # string: Pulumi refuses a boolean key whose default is not true or false, and "" is
-    # "unset" here (infra/project_config.py).
+    # "unset" here (infra/config/project.py).
     Key(
         "tpuAutoRecover",
         "string",
@@ -81,7 +81,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "gpuZone",
         "string",
-        "GPU stacks: zone of the GPU VM, e.g. us-central1-a (see infra/gpu_catalog.yaml).",
+        "GPU stacks: zone of the GPU VM, e.g. us-central1-a (see infra/catalogs/gpu.yaml).",
         "",
         "gpu",
     ),
@@ -95,7 +95,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "gpuImage",
         "string",
-        "GPU stacks: boot image, a key of infra/gpu_catalog.yaml images (default: the GPU's own).",
+        "GPU stacks: boot image, a key of infra/catalogs/gpu.yaml images (default: the GPU's own).",
         "",
     ),
     Key(
@@ -181,7 +181,7 @@ SCHEDULING = ("on-demand", "preemptible", "spot")
 _ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
 
 
-def _k(name: str) -> str:
+def qualified(name: str) -> str:
     return f"{NAMESPACE}:{name}"
 
 
@@ -192,12 +192,12 @@ def _value(values: Mapping[str, object], name: str) -> object:
         if key.default is None or key.required_for:
             example = {"vpnAllowedCidrs": '["203.0.113.0/24"]'}.get(name, "")
             hint = f" (e.g. {example})" if example else ""
-            raise ConfigError(f"{_k(name)} is required{hint}: {key.description}")
+            raise ConfigError(f"{qualified(name)} is required{hint}: {key.description}")
         return key.default
     return raw
 
 
-def _unset(values: Mapping[str, object], name: str) -> bool:
+def unset(values: Mapping[str, object], name: str) -> bool:
     """Not set, or set to its Pulumi.yaml default ("" for the keys without a fixed one),
     compared as the CLI passes values (text)."""
     raw = values.get(name)
@@ -205,23 +205,23 @@ def _unset(values: Mapping[str, object], name: str) -> bool:
     return raw is None or cli_text(raw) in ("", "" if default is None else cli_text(default))
 
 
-def _string(values: Mapping[str, object], name: str) -> str:
+def string(values: Mapping[str, object], name: str) -> str:
     value = _value(values, name)
     if not isinstance(value, str):
-        raise ConfigError(f"{_k(name)}: {value!r} must be a string")
+        raise ConfigError(f"{qualified(name)}: {value!r} must be a string")
     return value.strip()
 
 
-def _boolean(values: Mapping[str, object], name: str) -> bool:
+def boolean(values: Mapping[str, object], name: str) -> bool:
     value = _value(values, name)
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise ConfigError(f"{_k(name)}: {value!r} must be true or false")
+    raise ConfigError(f"{qualified(name)}: {value!r} must be true or false")
 
 
-def _integer(values: Mapping[str, object], name: str, low: int, high: int) -> int:
+def integer(values: Mapping[str, object], name: str, low: int, high: int) -> int:
     value = _value(values, name)
     number: int | None = None
     # bool is an int to Python, not a count to a user.
@@ -231,11 +231,11 @@ def _integer(values: Mapping[str, object], name: str, low: int, high: int) -> in
         except ValueError:
             number = None
     if number is None or not low <= number <= high:
-        raise ConfigError(f"{_k(name)}: {value!r} must be an integer from {low} to {high}")
+        raise ConfigError(f"{qualified(name)}: {value!r} must be an integer from {low} to {high}")
     return number
 
 
-def _array(values: Mapping[str, object], name: str) -> list[object]:
+def array(values: Mapping[str, object], name: str) -> list[object]:
     value = _value(values, name)
     if isinstance(value, str):
         try:
@@ -243,23 +243,23 @@ def _array(values: Mapping[str, object], name: str) -> list[object]:
         except json.JSONDecodeError:
             value = None
     if not isinstance(value, list) or not value:
-        raise ConfigError(f'{_k(name)}: must be a non-empty list, e.g. ["203.0.113.0/24"]')
+        raise ConfigError(f'{qualified(name)}: must be a non-empty list, e.g. ["203.0.113.0/24"]')
     return value
 
 
-def _cidr(name: str, value: object) -> ipaddress.IPv4Network:
+def cidr(name: str, value: object) -> ipaddress.IPv4Network:
     try:
         if not isinstance(value, str) or "/" not in value:
             raise ValueError(value)
         return ipaddress.IPv4Network(value, strict=True)
     except ValueError:
         raise ConfigError(
-            f"{_k(name)}: {value!r} is not an IPv4 CIDR like 203.0.113.0/24"
+            f"{qualified(name)}: {value!r} is not an IPv4 CIDR like 203.0.113.0/24"
         ) from None
 
 
-def _region_of(name: str, zone: str) -> str:
+def region_of(name: str, zone: str) -> str:
     match = _ZONE_RE.match(zone)
     if not match:
-        raise ConfigError(f"{_k(name)}: {zone!r} is not a zone name like europe-west4-a")
+        raise ConfigError(f"{qualified(name)}: {zone!r} is not a zone name like europe-west4-a")
     return match.group(1)

@@ -4,9 +4,9 @@
 takes a `StackConfig`. `parse_config()` is pure so the rules can be tested directly, and
 every rule fails with one line that names the key, the value and what is allowed.
 
-The rooms beneath this door (none imports it): config_types (the dataclasses), config_keys
-(the declared settings and their readers), config_accelerators (TPU and GPU against the
-catalogs) and config_job (what the job template must satisfy). Here: the stack's names, its
+The rooms beneath this door (none imports it): types (the dataclasses), keys
+(the declared settings and their readers), accelerators (TPU and GPU against the
+catalogs) and job (what the job template must satisfy). Here: the stack's names, its
 bucket, network and VPN, and the assembly."""
 
 from __future__ import annotations
@@ -21,21 +21,22 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from infra import jobspec
-from infra.catalog import Catalog, load_catalog
-from infra.config_accelerators import _accelerator_kind, _gpu, _tpu
-from infra.config_job import _check_job_fits, _check_job_replicas, _dataflow, resolve_backend
-from infra.config_keys import (
+from infra.catalogs.gpu import GpuCatalog, load_gpu_catalog
+from infra.catalogs.tpu import Catalog, load_catalog
+from infra.config.accelerators import accelerator_kind, gpu_config, tpu_config
+from infra.config.job import check_job_fits, check_job_replicas, dataflow_enabled, resolve_backend
+from infra.config.keys import (
     KEYS_BY_NAME,
     NAMESPACE,
-    _array,
-    _boolean,
-    _cidr,
-    _integer,
-    _k,
-    _region_of,
-    _string,
+    array,
+    boolean,
+    cidr,
+    integer,
+    qualified,
+    region_of,
+    string,
 )
-from infra.config_types import (
+from infra.config.types import (
     BucketConfig,
     GpuConfig,
     NetworkConfig,
@@ -44,9 +45,8 @@ from infra.config_types import (
     VpnConfig,
 )
 from infra.errors import ConfigError
-from infra.gpu_catalog import GpuCatalog, load_gpu_catalog
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 IAP_RANGE = "35.235.240.0/20"
 _GCE_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # Every stack bucket's name ends so: the deploy account's bucket and object powers are
@@ -75,7 +75,7 @@ def _wireguard_key(name: str, value: str) -> str | None:
         raw = b""
     if len(raw) != 32:
         raise ConfigError(
-            f"{_k(name)}: {value!r} is not a WireGuard public key (44 base64 characters, "
+            f"{qualified(name)}: {value!r} is not a WireGuard public key (44 base64 characters, "
             "the output of `wg pubkey`)"
         )
     return value
@@ -84,49 +84,52 @@ def _wireguard_key(name: str, value: str) -> str | None:
 def _bucket(
     values: Mapping[str, object], project: str, stack: str, region: str, what: str = "TPU"
 ) -> BucketConfig:
-    bucket_name = _string(values, "bucketName") or f"{project}-{stack}{STACK_BUCKET_SUFFIX}"
+    bucket_name = string(values, "bucketName") or f"{project}-{stack}{STACK_BUCKET_SUFFIX}"
     if not _BUCKET_RE.match(bucket_name) or "goog" in bucket_name:
         raise ConfigError(
-            f"{_k('bucketName')}: {bucket_name!r} is not a valid bucket name "
+            f"{qualified('bucketName')}: {bucket_name!r} is not a valid bucket name "
             "(3-63 characters: lowercase letters, digits, '-', '_', '.')"
         )
     if not bucket_name.endswith(STACK_BUCKET_SUFFIX):
         raise ConfigError(
-            f"{_k('bucketName')}: {bucket_name!r} must end with {STACK_BUCKET_SUFFIX!r}: the "
+            f"{qualified('bucketName')}: {bucket_name!r} must end with {STACK_BUCKET_SUFFIX!r}: "
+            "the "
             "deploy account may change only buckets named so (docs/guard-rails.md)"
         )
-    location = (_string(values, "bucketLocation") or region).lower()
+    location = (string(values, "bucketLocation") or region).lower()
     if location != region:
         raise ConfigError(
-            f"{_k('bucketLocation')}: {location.upper()!r} is outside the {what} region "
+            f"{qualified('bucketLocation')}: {location.upper()!r} is outside the {what} region "
             f"{region}; set it to {region} (or leave it unset)"
         )
     return BucketConfig(
         name=bucket_name,
         location=location.upper(),
-        soft_delete_seconds=_integer(values, "bucketSoftDeleteDays", 7, 90) * 86400,
-        destroy_with_stack=_boolean(values, "destroyBucketWithStack"),
+        soft_delete_seconds=integer(values, "bucketSoftDeleteDays", 7, 90) * 86400,
+        destroy_with_stack=boolean(values, "destroyBucketWithStack"),
     )
 
 
 def _network(values: Mapping[str, object], prefix: str) -> NetworkConfig:
-    tpu_subnet = _cidr("tpuSubnetCidr", _string(values, "tpuSubnetCidr"))
-    hop_subnet = _cidr("hopSubnetCidr", _string(values, "hopSubnetCidr"))
-    client_cidr = _cidr("vpnClientCidr", _string(values, "vpnClientCidr"))
+    tpu_subnet = cidr("tpuSubnetCidr", string(values, "tpuSubnetCidr"))
+    hop_subnet = cidr("hopSubnetCidr", string(values, "hopSubnetCidr"))
+    client_cidr = cidr("vpnClientCidr", string(values, "vpnClientCidr"))
     for left, right, a, b in (
         ("tpuSubnetCidr", "hopSubnetCidr", tpu_subnet, hop_subnet),
         ("tpuSubnetCidr", "vpnClientCidr", tpu_subnet, client_cidr),
         ("hopSubnetCidr", "vpnClientCidr", hop_subnet, client_cidr),
     ):
         if a.overlaps(b):
-            raise ConfigError(f"{_k(right)}: {b} overlaps {_k(left)} {a}; use disjoint ranges")
+            raise ConfigError(
+                f"{qualified(right)}: {b} overlaps {qualified(left)} {a}; use disjoint ranges"
+            )
     for key, net in (
         ("tpuSubnetCidr", tpu_subnet),
         ("hopSubnetCidr", hop_subnet),
         ("vpnClientCidr", client_cidr),
     ):
         if not net.is_private:
-            raise ConfigError(f"{_k(key)}: {net} is not a private (RFC 1918) range")
+            raise ConfigError(f"{qualified(key)}: {net} is not a private (RFC 1918) range")
     return NetworkConfig(
         name=f"{prefix}-vpc", tpu_subnet_cidr=str(tpu_subnet), hop_subnet_cidr=str(hop_subnet)
     )
@@ -134,24 +137,25 @@ def _network(values: Mapping[str, object], prefix: str) -> NetworkConfig:
 
 def _vpn(values: Mapping[str, object], tpu_region: str, what: str = "TPU") -> VpnConfig:
     allowed_cidrs = tuple(
-        str(_cidr(f"vpnAllowedCidrs[{i}]", item))
-        for i, item in enumerate(_array(values, "vpnAllowedCidrs"))
+        str(cidr(f"vpnAllowedCidrs[{i}]", item))
+        for i, item in enumerate(array(values, "vpnAllowedCidrs"))
     )
-    vpn_zone = _string(values, "vpnZone")
-    vpn_region = _region_of("vpnZone", vpn_zone)
+    vpn_zone = string(values, "vpnZone")
+    vpn_region = region_of("vpnZone", vpn_zone)
     if vpn_region == tpu_region:
         raise ConfigError(
-            f"{_k('vpnZone')}: {vpn_zone!r} is in the {what}'s own region {tpu_region}; the hop "
+            f"{qualified('vpnZone')}: {vpn_zone!r} is in the {what}'s own region {tpu_region}; the "
+            "hop "
             "belongs in a region near you (default asia-northeast3-a)"
         )
     return VpnConfig(
         zone=vpn_zone,
         region=vpn_region,
         allowed_cidrs=allowed_cidrs,
-        client_cidr=str(_cidr("vpnClientCidr", _string(values, "vpnClientCidr"))),
-        port=_integer(values, "vpnPort", 1024, 65535),
+        client_cidr=str(cidr("vpnClientCidr", string(values, "vpnClientCidr"))),
+        port=integer(values, "vpnPort", 1024, 65535),
         client_public_key=_wireguard_key(
-            "vpnClientPublicKey", _string(values, "vpnClientPublicKey")
+            "vpnClientPublicKey", string(values, "vpnClientPublicKey")
         ),
     )
 
@@ -182,35 +186,35 @@ def parse_config(
     unknown = sorted(set(values) - set(KEYS_BY_NAME))
     if unknown:
         raise ConfigError(
-            f"{_k(unknown[0])}: unknown setting; known: " + ", ".join(sorted(KEYS_BY_NAME))
+            f"{qualified(unknown[0])}: unknown setting; known: " + ", ".join(sorted(KEYS_BY_NAME))
         )
 
     accelerator: TpuConfig | GpuConfig
-    if _accelerator_kind(values) == "gpu":
-        accelerator = _gpu(values, gpu_catalog or load_gpu_catalog(), prefix)
+    if accelerator_kind(values) == "gpu":
+        accelerator = gpu_config(values, gpu_catalog or load_gpu_catalog(), prefix)
     else:
-        accelerator = _tpu(values, catalog, prefix)
+        accelerator = tpu_config(values, catalog, prefix)
     what = accelerator.kind.upper()
     bucket = _bucket(values, project, stack, accelerator.region, what)
     network = _network(values, prefix)
     vpn = _vpn(values, accelerator.region, what)
-    machine_type = _string(values, "controllerMachineType")
+    machine_type = string(values, "controllerMachineType")
     if not _MACHINE_RE.match(machine_type):
         raise ConfigError(
-            f"{_k('controllerMachineType')}: {machine_type!r} is not a machine type like "
+            f"{qualified('controllerMachineType')}: {machine_type!r} is not a machine type like "
             "e2-standard-4"
         )
 
-    job_file_value = _string(values, "job")
+    job_file_value = string(values, "job")
     job_file = (REPO_ROOT / job_file_value).resolve()
     try:
         template = jobspec.load_template(job_file)
     except jobspec.JobTemplateError as error:
-        raise ConfigError(f"{_k('job')}: {job_file_value!r}: {error}") from None
-    _check_job_replicas(job_file_value, template, accelerator, catalog)
+        raise ConfigError(f"{qualified('job')}: {job_file_value!r}: {error}") from None
+    check_job_replicas(job_file_value, template, accelerator, catalog)
     backend = resolve_backend(job_file_value, template, accelerator, catalog)
-    dataflow = _dataflow(values, job_file_value, template, accelerator.region)
-    job_plan = _check_job_fits(job_file_value, template, accelerator, bucket.name, backend)
+    dataflow = dataflow_enabled(values, job_file_value, template, accelerator.region)
+    job_plan = check_job_fits(job_file_value, template, accelerator, bucket.name, backend)
 
     return StackConfig(
         project=project,
@@ -226,7 +230,7 @@ def parse_config(
         backend=backend,
         dataflow=dataflow,
         job_plan=job_plan,
-        accounts_from_bootstrap=_boolean(values, "accountsFromBootstrap"),
+        accounts_from_bootstrap=boolean(values, "accountsFromBootstrap"),
     )
 
 

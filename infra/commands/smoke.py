@@ -1,6 +1,6 @@
 """The first real run: `make smoke STACK=<stack> [KEEP=1]`.
 
-    python -m infra.smoke --stack v6e-euw4 [--keep] [--timeout-min 90]
+    python -m infra.commands.smoke --stack v6e-euw4 [--keep] [--timeout-min 90]
 
 For a user with a project, billing and quota: a preflight that checks what can be checked
 before anything is created (credentials, project, billing, the accelerator type and runtime
@@ -37,15 +37,16 @@ from typing import Any
 
 import yaml
 
-from infra import jobfit, jobspec, render
+from infra import jobfit, jobspec
+from infra.commands.offline import STACKS_DIR, stack_names
 from infra.components.recovery import GPU_RECOVERY_ROLE_ID, RECOVERY_ROLE_ID
-from infra.config import parse_config
-from infra.config_types import GpuConfig, StackConfig, TpuConfig
+from infra.config.config import parse_config
+from infra.config.project import cli_config
+from infra.config.types import GpuConfig, StackConfig, TpuConfig
 from infra.errors import ConfigError
-from infra.offline import STACKS_DIR, stack_names
-from infra.project_config import cli_config
+from infra.render import render
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SMOKE_JOB = "stacks/jobs/smoke.yaml"
 # Loads the export with transformers 5 + PyTorch (CPU) in .venv-pt (`make venv-pt`); a file
 # of its own outside infra/, which never imports transformers (tests/test_boundaries.py).
@@ -80,13 +81,13 @@ WATCH_STOPS = ("queued", "waiting-capacity")
 # The one-line fix printed beside a host fact that does not hold (templates/facts.sh): only a
 # real VM shows which NVIDIA module loads and which NIC driver the image binds.
 FACT_FIXES = {
-    "nvidia_modules": "the driver of infra/gpu_catalog.yaml did not load: read `journalctl -t "
+    "nvidia_modules": "the driver of infra/catalogs/gpu.yaml did not load: read `journalctl -t "
     "tpu-pretrain` and `dkms status` on the GPU VM (the running kernel's headers and "
     "held kernel: gpu.sh install_driver), or boot the catalog's image",
     "nvidia_branch": "another NVIDIA branch loaded: `apt-mark showhold` and `dkms status` on "
-    "the GPU VM; fix the image's or the catalog's driver_packages (infra/gpu_catalog.yaml)",
+    "the GPU VM; fix the image's or the catalog's driver_packages (infra/catalogs/gpu.yaml)",
     "nic_driver": "the NIC is not gVNIC: the image must support GVNIC (its guestOsFeatures) "
-    "and the VM's network interface must be nic_type GVNIC (infra/gpu_catalog.yaml families)",
+    "and the VM's network interface must be nic_type GVNIC (infra/catalogs/gpu.yaml families)",
 }
 GLOBAL_QUOTAS = frozenset({"GPUS_ALL_REGIONS"})  # in `project-info describe`, not per region
 
@@ -777,7 +778,7 @@ def _progress(status: dict[str, Any], boots: dict[str, dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m infra.smoke", description=__doc__.split("\n")[0]
+        prog="python -m infra.commands.smoke", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--stack", required=True)
     parser.add_argument("--keep", action="store_true", help="do not destroy the stack at the end")

@@ -25,10 +25,10 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from infra.catalog import load_catalog
-from infra.config import REPO_ROOT, read_stack_config
+from infra.catalogs.tpu import load_catalog
+from infra.config.config import REPO_ROOT, read_stack_config
+from infra.config.project import cli_config
 from infra.program import BUILD_DIR, define
-from infra.project_config import cli_config
 
 STACKS_DIR = REPO_ROOT / "stacks"
 PROJECT_NAME = "tpu-pretrain"
@@ -67,7 +67,7 @@ def stack_names() -> list[str]:
 def stack_config(stack: str, overrides: Mapping[str, object] | None = None) -> dict[str, str]:
     """The config the Pulumi CLI hands the program for `stack`: the stack file's `config:`
     section plus overrides (a None value removes a key), merged with Pulumi.yaml's project
-    defaults and typed as the CLI passes them (infra/project_config.py cli_config)."""
+    defaults and typed as the CLI passes them (infra/config/project.py cli_config)."""
     path = STACKS_DIR / f"Pulumi.{stack}.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"no stack file {path}; stacks: {', '.join(stack_names())}")
@@ -165,7 +165,7 @@ class _GcpMocks:
                 nic.setdefault("networkIp", _fake_ip(name, "10.10.0"))
             state |= {"networkInterfaces": nics}
         elif kind == "gcp:tpu/v2Vm:V2Vm":
-            # One endpoint per host: a slice (infra/catalog.yaml) has several, worker 0 first.
+            # One endpoint per host: a slice (infra/catalogs/tpu.yaml) has several, worker 0 first.
             shape = load_catalog().slice_of(inputs.get("acceleratorType", ""))
             seeds = [name] + [f"{name}-worker-{i}" for i in range(1, shape.hosts if shape else 1)]
             state |= {

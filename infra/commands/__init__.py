@@ -1,0 +1,1 @@
+"""The commands besides `pulumi up`: plan, smoke and offline (the program under Pulumi's mocks)."""

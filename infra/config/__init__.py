@@ -1,0 +1,1 @@
+"""Stack configuration: the door (config.py) and the rooms beneath it."""

@@ -1,0 +1,1 @@
+"""What the VMs run, rendered: render.py and the startup-script templates."""

@@ -402,7 +402,7 @@ def _refuse_tf_slice(command: str, job: JobSpec) -> None:
 
 def _note_host_checks(status: StatusWriter, env: Mapping[str, str]) -> None:
     """The VM's startup script compared this host with the catalog and left the result in
-    TPU_PRETRAIN_HOST_FACTS (infra/templates/facts.sh, set by the trainer and data units):
+    TPU_PRETRAIN_HOST_FACTS (infra/render/templates/facts.sh, set by the trainer and data units):
     each mismatch goes into status.json and the log. Not an error: the job runs on."""
     path = env.get("TPU_PRETRAIN_HOST_FACTS", "")
     if not path:
@@ -418,7 +418,7 @@ def _note_host_checks(status: StatusWriter, env: Mapping[str, str]) -> None:
 
 
 def _declare_tpu_host(command: str) -> None:
-    """The TPU or GPU VM's trainer unit names the host (infra/templates/tpu.sh, gpu.sh):
+    """The TPU or GPU VM's trainer unit names the host (infra/render/templates/tpu.sh, gpu.sh):
     then training refuses to fall back to the CPU (payload/backends/tf/strategy.py)."""
     gpu = os.environ.get("TPU_PRETRAIN_GPU", "")
     if command in ("train", "run") and gpu:

@@ -30,7 +30,7 @@ BOOTSTRAP_PROJECT = "tpu-pretrain-bootstrap"
 # --- principals ---------------------------------------------------------------------------
 # GCP project ids: 6-30 characters, [a-z][a-z0-9-]*[a-z0-9].
 _PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
-# The main program's service accounts: "tp-<stack>-<role>" (infra/config.py: every name of a
+# The main program's service accounts: "tp-<stack>-<role>" (infra/config/config.py: every name of a
 # stack starts with "tp-<stack>"; SERVICE_ACCOUNT_SUFFIXES). Group 1 is "tp-<stack>".
 # The VMs of a stack run as the first three; "dataflow" is the Dataflow worker account of a
 # stack with tpu-pretrain:dataflow (infra/components/dataflow.py), which no VM of the stack

@@ -57,7 +57,7 @@ except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the workin
 # not offer shielded boot). Accelerator types look like "v4-8", "v5litepod-8", "v6e-8".
 TPU_SECURE_BOOT_PREFIXES = ("v4", "v5", "v6", "v7")
 # Compute Engine VMs with GPUs: N1 with guestAccelerators, or a machine family that carries
-# its GPUs (infra/gpu_catalog.yaml). Their NVIDIA kernel module (Deep Learning VM image) is not
+# its GPUs (infra/catalogs/gpu.yaml). Their NVIDIA kernel module (Deep Learning VM image) is not
 # signed for Secure Boot, so secure boot may be off; vTPM and integrity monitoring may not.
 GPU_MACHINE_PREFIXES = ("a2-", "a3-", "a4-", "g2-")
 

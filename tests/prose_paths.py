@@ -2,8 +2,8 @@
 docstrings and strings of every tracked source file.
 
 A path is a run of path characters that starts with one of the repository's top-level
-folders (`payload/…`, `infra/templates/…`) or names a top-level file; a module is a dotted
-name under one of the Python packages (`payload.backends.jax.steps`, `infra.plan`). A path
+folders (`payload/…`, `infra/render/templates/…`) or names a top-level file; a module is a dotted
+name under one of the Python packages (`payload.backends.jax.steps`, `infra.commands.plan`). A path
 may hold a placeholder (`stacks/Pulumi.<stack>.yaml`), a glob (`tests/payload/test_*.py`)
 or a brace list (`{a,b}`): it must then match at least one tracked file. What follows a
 path after `::` (a test id) or `:` and digits (a line) is not part of it.

@@ -66,8 +66,10 @@ def test_readme_tree_is_the_packages_docstrings() -> None:
         if name not in entries:
             wrong.append(f"{name}/ is not in the README's tree")
         elif entries[name] != summary(package / "__init__.py"):
-            wrong.append(f"{name}/: README says {entries[name]!r}, __init__.py says "
-                         f"{summary(package / '__init__.py')!r}")
+            wrong.append(
+                f"{name}/: README says {entries[name]!r}, __init__.py says "
+                f"{summary(package / '__init__.py')!r}"
+            )
     wrong += [f"{name}/ does not exist" for name in entries if not (ROOT / name).is_dir()]
     assert not wrong, "\n".join(wrong)
 

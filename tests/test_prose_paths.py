@@ -18,12 +18,12 @@ def test_every_named_path_and_module_exists() -> None:
     ("text", "found"),
     [
         ("see payload/no_such_module.py for it", ["payload/no_such_module.py"]),
-        ("`infra/templates/nope.sh:12`", ["infra/templates/nope.sh"]),
+        ("`infra/render/templates/nope.sh:12`", ["infra/render/templates/nope.sh"]),
         ("tests/payload/test_nope_*.py", ["tests/payload/test_nope_*.py"]),
         ("stacks/Pulumi.<stack>.yaml and docs/{payload,nope}.md", ["docs/{payload,nope}.md"]),
         ("payload.no_such_module.thing", ["payload.no_such_module.thing"]),
         # Mentions that exist, and what is not a repository path.
-        ("payload/backends/jax/steps.py::test_x and infra.plan and docs/payload.md.", []),
+        ("payload/backends/jax/steps.py::test_x and infra.commands.plan and docs/payload.md.", []),
         ("gs://<bucket>/payload/tpu-pretrain-payload-<sha16>.tar.gz, runs/<job>/logs/", []),
         ("/opt/tpu-pretrain/src/infra/nope.py and payload.md", []),
     ],

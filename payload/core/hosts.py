@@ -27,7 +27,7 @@ class TpuHost:
 
 @dataclass(frozen=True)
 class GpuHost:
-    """What the GPU VM's trainer unit says this host is (infra/gpu_catalog.yaml)."""
+    """What the GPU VM's trainer unit says this host is (infra/catalogs/gpu.yaml)."""
 
     gpu: str  # e.g. T4
     count: int
@@ -63,5 +63,5 @@ def tpu_not_found(host: TpuHost, reason: str) -> TpuNotFoundError:
     return TpuNotFoundError(
         f"TPU not found: runtime {host.runtime_version} on accelerator {host.accelerator_type}: "
         f"{reason}; not training on the host CPU (check the VM's accelerator and runtime "
-        "against infra/catalog.yaml, and `journalctl -t tpu-pretrain` on the VM)"
+        "against infra/catalogs/tpu.yaml, and `journalctl -t tpu-pretrain` on the VM)"
     )

@@ -101,7 +101,7 @@ class StatusWriter:
 
     def note_host_checks(self, checks: list[str]) -> None:
         """Where this host differs from what the catalog expects (the startup script's host
-        check, infra/templates/facts.sh): kept in status.json until the next run's note."""
+        check, infra/render/templates/facts.sh): kept in status.json until the next run's note."""
         self._doc["host_checks"] = list(checks)
         self._dirty = True
 

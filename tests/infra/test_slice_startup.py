@@ -29,7 +29,7 @@ from script_sandbox import (
     unit_environment,
 )
 
-# Every slice type infra/catalog.yaml supports, as a stack: zone and base image (the ones its
+# Every slice type infra/catalogs/tpu.yaml supports, as a stack: zone and base image (the ones its
 # evidence uses where the catalog offers them) and its hosts.
 SLICE_STACKS = {
     "v4-16": ("us-central2-b", "tpu-ubuntu2204-base", 2),

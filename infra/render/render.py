@@ -337,7 +337,7 @@ def host_expectations(
 
 
 STARTUP_SCRIPT_HEADER = (
-    "startup script, rendered by infra/render.py; runs on every",
+    "startup script, rendered by infra/render/render.py; runs on every",
     "# boot and is safe to run again by hand: sudo google_metadata_script_runner startup",
 )
 
@@ -598,7 +598,7 @@ def render_tpu_watch_script(workload: Workload, watch: TpuWatch) -> str:
 
 def _watch_script(kind: str, values: Mapping[str, str], template: str) -> str:
     about = (
-        "watchdog, rendered by infra/render.py and installed by the",
+        "watchdog, rendered by infra/render/render.py and installed by the",
         f"# controller's startup script; tpu-pretrain-{kind}-watch.timer runs it every "
         + WATCH_INTERVAL,
     )
@@ -704,7 +704,8 @@ def render_loader(role: str, bucket: str) -> str:
         raise ValueError(f"no loader for role {role!r}")
     header = [
         "#!/bin/bash",
-        f"# tpu-pretrain {role} startup loader, rendered by infra/render.py; runs on every boot",
+        f"# tpu-pretrain {role} startup loader, rendered by infra/render/render.py; runs on "
+        "every boot",
         "# and is safe to run again by hand: sudo google_metadata_script_runner startup",
         "set -Eeuo pipefail",
         f"readonly ROLE={shlex.quote(role)}",

@@ -66,7 +66,7 @@ def test_plan_prints_resources_scripts_and_job_spec_but_no_secrets():
     # The TPU VM's and the controller's loaders, the scripts they run (bucket objects), the
     # hop's startup script, and the watchdog the controller installs.
     assert out.count("#!/bin/bash") == 6
-    assert out.count("startup loader, rendered by infra/render.py") == 2
+    assert out.count("startup loader, rendered by infra/render/render.py") == 2
     assert "==== watchdog installed by startup-controller-script ====" in out
     assert "==== job pointer gs://tpu-pretrain-test-v6e-euw4-tpu-pretrain/jobs/current.json" in out
     assert "compute tpus tpu-vm create" in out

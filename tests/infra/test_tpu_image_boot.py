@@ -240,7 +240,7 @@ def test_an_image_with_an_old_python_is_refused_on_the_vm(stack_run, sandbox):
     assert not [c for c in sandbox.calls if c.startswith(("pip ", "python3 -m venv"))]
     assert bootstrap_status(sandbox, bucket)["message"] == (
         "python3 is 3.8 on runtime v2-alpha-tpuv6e; the payload needs Python >= 3.10 "
-        "(use an image from infra/catalog.yaml)"
+        "(use an image from infra/catalogs/tpu.yaml)"
     )
 
 

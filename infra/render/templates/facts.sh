@@ -3,7 +3,7 @@
 # gcloud, a tpu-runtime unit, the metadata a slice host gets, libtpu, secure boot). Every
 # startup script records them once per boot in gs://…/runs/<job>/bootstrap/facts-<name>.json
 # (<name>: the role, or tpu-worker-<i> on a slice) and compares them with the EXPECT_*
-# constants rendered from the catalogs (infra/catalog.yaml, infra/gpu_catalog.yaml,
+# constants rendered from the catalogs (infra/catalogs/tpu.yaml, infra/catalogs/gpu.yaml,
 # requirements/tpu-vm.txt). A mismatch does not stop the boot: it is a line in the
 # bootstrap status and, through ${HOST_FACTS} (read by the payload's trainer and data
 # stages), in the job's status.json ("catalog says python 3.10 on v2-alpha-tpuv6e; this VM

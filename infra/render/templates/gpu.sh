@@ -3,7 +3,7 @@
 # tensorflow[and-cuda] of the lock's version; or, for the JAX backend (PAYLOAD_BACKEND=jax),
 # requirements/gpu-vm-jax.txt: jax[cuda12] + tensorflow-cpu on uv's Python 3.11), the same
 # trainer unit, helper and status as the TPU VM. The NVIDIA driver comes with the image or is
-# installed here once (install_driver; which one: infra/gpu_catalog.yaml images).
+# installed here once (install_driver; which one: infra/catalogs/gpu.yaml images).
 
 # What the payload is told about its host (payload/cli.py): a GPU VM with GPU_COUNT GPUs; a
 # backend that finds none stops with "GPU not found" (exit 2, not restarted).
@@ -36,7 +36,7 @@ gpu_driver_works() {
 # Not used: Ubuntu's prebuilt, Canonical-signed linux-modules-nvidia-<branch>-server[-open]-
 # <kernel> (packages.ubuntu.com lists them per kernel flavour, -gcp included): they pair with
 # Ubuntu's own -server userspace, not with the packages of NVIDIA's repository that Google's
-# A4 blueprint installs (infra/gpu_catalog.yaml images).
+# A4 blueprint installs (infra/catalogs/gpu.yaml images).
 install_driver() {
   local keyring reboot_marker="${APP_DIR}/driver-rebooted" kernel headers
   local -a packages
@@ -97,7 +97,7 @@ hold_kernel() {
 check_gpus() {
   local listed count
   if ! command -v nvidia-smi >/dev/null 2>&1; then
-    write_status failed "GPU not found: no nvidia-smi on image ${RUNTIME_VERSION} (the NVIDIA driver is missing; use the image of infra/gpu_catalog.yaml); not training on the CPU"
+    write_status failed "GPU not found: no nvidia-smi on image ${RUNTIME_VERSION} (the NVIDIA driver is missing; use the image of infra/catalogs/gpu.yaml); not training on the CPU"
     exit 2
   fi
   if ! listed="$(nvidia-smi -L 2>&1)"; then

@@ -2,7 +2,7 @@
 # The VM's metadata holds only this loader (its bucket, its role), so a new payload or a new
 # job changes no input of the VM: `pulumi up` rewrites the pointer object POINTER_URI
 # (jobs/current.json: the job, the payload archive and its sha256, each role's startup
-# script and its sha256; infra/render.py render_pointer), and the VM runs what it names at
+# script and its sha256; infra/render/render.py render_pointer), and the VM runs what it names at
 # its next start, or now: sudo google_metadata_script_runner startup (Pulumi's output
 # rerunStartupCommands). The role's script is the one rendered from the catalogs and the job
 # (render_tpu_script, render_gpu_script, render_controller_script): the loader checks the
@@ -16,7 +16,7 @@
 # A fresh VM's grants may not have propagated yet (Google: typically about 2 minutes, 7 or
 # longer at times: iam/docs/access-change-propagation), and `pulumi up` may switch the
 # pointer while a VM boots. So every read is retried, from the pointer on, with waits that
-# double from 5 s to 60 s and add up to at least BOOT_WAIT_SECONDS (infra/render.py
+# double from 5 s to 60 s and add up to at least BOOT_WAIT_SECONDS (infra/render/render.py
 # LOADER_WAIT_SECONDS). Then the boot has failed: the VM's guest attribute BOOT_ATTRIBUTE
 # says so (where the controller's watchdog and `make smoke` read it without the bucket; the
 # watchdog stops or deletes a VM that bills idle), the startup script runs again in 30 min.
@@ -123,7 +123,7 @@ deploy_written() {
 }
 
 # One field of the pointer: a flat JSON object, one "key": "value" per line, values of
-# [A-Za-z0-9._/:=+-] only (infra/render.py render_pointer writes and checks it), so sed reads
+# [A-Za-z0-9._/:=+-] only (infra/render/render.py render_pointer writes and checks it), so sed reads
 # it without a JSON parser on the image.
 field() {
   local value

@@ -1,6 +1,6 @@
 # ---- templates/tpu-install.sh: the TPU VM's Python environment, one definition ---------
 # Sourced by two callers, never copied: the TPU VM's startup script embeds this file
-# (infra/render.py), and `make venv-tpu` sources it to build .venv-tpu, the environment the
+# (infra/render/render.py), and `make venv-tpu` sources it to build .venv-tpu, the environment the
 # CI parity test trains in (tests/infra/test_tpu_parity.py). Inputs are files of the payload
 # source tree: requirements/payload.lock and the VM's overlay, VM_REQUIREMENTS: the TPU VM's
 # requirements/tpu-vm.txt (the default, TensorFlow's TPU build), requirements/tpu-vm-jax.txt

@@ -37,7 +37,7 @@ check_python() {
   local version
   version="$(tpu_python_version)"
   if ! python3 -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else 1)'; then
-    write_status failed "python3 is ${version} on runtime ${RUNTIME_VERSION}; the payload needs Python >= 3.10 (use an image from infra/catalog.yaml)"
+    write_status failed "python3 is ${version} on runtime ${RUNTIME_VERSION}; the payload needs Python >= 3.10 (use an image from infra/catalogs/tpu.yaml)"
     exit 1
   fi
 }
@@ -137,7 +137,7 @@ trainer_host_env() {
 }
 
 # What the training backend needs in the unit (PAYLOAD_BACKEND, from the job's train.backend:
-# infra/config_job.py resolve_backend); TPU_PAYLOAD_BACKEND is the payload's default for
+# infra/config/job.py resolve_backend); TPU_PAYLOAD_BACKEND is the payload's default for
 # train.backend: auto. TensorFlow (tf): TF_USE_LEGACY_KERAS and WRAPT_DISABLE_EXTENSIONS as
 # Google's TF TPU CI sets them, FORCE_TF_AVAILABLE for transformers (tpu-main.sh). Keras 3 on
 # JAX (jax): KERAS_BACKEND=jax, as Keras 3 defaults to the TensorFlow backend
@@ -190,7 +190,7 @@ TimeoutStartSec=infinity
 WantedBy=multi-user.target"
 }
 
-# ---- a multi-host slice (TPU_HOSTS > 1; JAX only, infra/config_job.py resolve_backend): one
+# ---- a multi-host slice (TPU_HOSTS > 1; JAX only, infra/config/job.py resolve_backend): one
 # script for every host, which reads its worker index. Every host installs the same JAX
 # environment and runs the same trainer unit, one JAX process per host, as Google documents
 # JAX on slices (https://cloud.google.com/tpu/docs/jax-pods: the same program on every
@@ -259,7 +259,7 @@ read_slice() {
   # The node's own endpoint list is the truth; the catalog's host count is what we expect.
   SLICE_NOTE=""
   if [ "${#ips[@]}" -ne "${TPU_HOSTS}" ]; then
-    SLICE_NOTE=" (the catalog expects ${TPU_HOSTS} hosts for ${ACCELERATOR_TYPE}, the node has ${#ips[@]}: going by the node; please correct infra/catalog.yaml)"
+    SLICE_NOTE=" (the catalog expects ${TPU_HOSTS} hosts for ${ACCELERATOR_TYPE}, the node has ${#ips[@]}: going by the node; please correct infra/catalogs/tpu.yaml)"
   fi
   log "worker ${WORKER} of a ${#ips[@]}-host slice (workers ${SLICE_IPS})${SLICE_NOTE}"
 }

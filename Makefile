@@ -171,7 +171,7 @@ TEST_WORKERS ?= auto
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-payload: venv venv-pt venv-beam venv-tpu-jax
-	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python PAYLOAD_BEAM_PYTHON=$(BVENV)/bin/python PAYLOAD_TPU_PYTHON=$(TJVENV)/bin/python $(PY) -m pytest $(PYTEST_PARALLEL) tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py tests/test_prose_paths.py
+	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python PAYLOAD_BEAM_PYTHON=$(BVENV)/bin/python PAYLOAD_TPU_PYTHON=$(TJVENV)/bin/python $(PY) -m pytest $(PYTEST_PARALLEL) tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py tests/test_prose_paths.py tests/test_layout.py
 
 test-infra: venv-infra venv-tpu venv-tpu-jax venv-gpu-jax $(TOOLS)
 	$(IPY) -m pytest $(PYTEST_PARALLEL) tests/infra tests/policy

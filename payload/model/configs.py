@@ -595,6 +595,23 @@ def electra_parameters(config: PretrainedConfig) -> tuple[int, int, int]:
     return embeddings, discriminator, generator
 
 
+def electra_matrices(config: PretrainedConfig, vocab: int) -> list[tuple[int, int]]:
+    """ELECTRA's matrices, for the plan (electra_parameters counts the same weights): the
+    shared embeddings embedding_size (E) wide; per network (the discriminator H wide, the
+    generator G wide) its projection from E when E differs, its encoder layers and its head's
+    dense."""
+    e, h, i = config.embedding_size, config.hidden_size, config.intermediate_size
+    g, _ = generator_shape(h, float(getattr(config, GENERATOR_FRACTION_KEY)))
+    mats = [(vocab, e), (config.max_position_embeddings, e), (config.type_vocab_size, e)]
+    for width, inner, head in ((h, i, (h, h)), (g, 4 * g, (g, e))):
+        if e != width:
+            mats.append((e, width))
+        mats += [(width, width)] * (4 * config.num_hidden_layers)
+        mats += [(width, inner), (inner, width)] * config.num_hidden_layers
+        mats.append(head)
+    return mats
+
+
 def _llama_parameters(config: PretrainedConfig) -> int:
     """LlamaForCausalLM (no biases): embed_tokens V x H; per layer q_proj H x (A x D),
     k_proj and v_proj H x (K x D), o_proj (A x D) x H, gate_proj and up_proj H x I,

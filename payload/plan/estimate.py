@@ -217,32 +217,13 @@ def model_shape(family: str, size: str, overrides: Mapping[str, Any], vocab: int
     h, layers, a = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
     i = config.intermediate_size
     if family == "electra":
-        mats = _electra_matrices(config, vocab)
+        mats = model.electra_matrices(config, vocab)
     else:
         mats = [(vocab, h), (config.max_position_embeddings, h), (config.type_vocab_size, h)]
         mats += [(h, h)] * (4 * layers) + [(h, i), (i, h)] * layers + [(h, h)]
     vectors = parameters - sum(math.prod(m) for m in mats)
     return Shape(family, parameters, tuple(mats), vectors, layers, h, i, a, a, h // a, vocab,
                  False, 4 * h * h + 2 * h * i)  # fmt: skip
-
-
-def _electra_matrices(config: Any, vocab: int) -> list[tuple[int, int]]:
-    """ELECTRA's matrices (configs.electra_parameters counts the same weights): the shared
-    embeddings embedding_size (E) wide; per network (the discriminator H wide, the generator
-    G wide) its projection from E when E differs, its encoder layers and its head's dense."""
-    from payload.model import configs  # noqa: PLC0415  (pure: the generator's shape)
-
-    e, h, i = config.embedding_size, config.hidden_size, config.intermediate_size
-    fraction = float(getattr(config, configs.GENERATOR_FRACTION_KEY))
-    g, _ = configs.generator_shape(h, fraction)
-    mats = [(vocab, e), (config.max_position_embeddings, e), (config.type_vocab_size, e)]
-    for width, inner, head in ((h, i, (h, h)), (g, 4 * g, (g, e))):
-        if e != width:
-            mats.append((e, width))
-        mats += [(width, width)] * (4 * config.num_hidden_layers)
-        mats += [(width, inner), (inner, width)] * config.num_hidden_layers
-        mats.append(head)
-    return mats
 
 
 def _split(shape: Shape, matrix: tuple[int, ...], fsdp: int) -> bool:

@@ -1,23 +1,31 @@
-"""Shared fixtures: a real fake-gcs-server on 127.0.0.1, tiny corpora and job specs."""
+"""Shared fixtures: a real fake-gcs-server on 127.0.0.1, the encode tests' corpus, a stand-in
+for the Hugging Face Hub's API (corpus_formats.py)."""
 
 from __future__ import annotations
 
 import os
 import socket
 import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from corpus_formats import Hub
 
 from payload.core import storage
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
+sys.path.insert(0, str(EXAMPLES))
+from generate_corpus import write_corpus  # noqa: E402  (the encode tests' corpus)
+
 BUCKET = "payload-tests"
 EMULATOR_START_TIMEOUT_S = 120.0  # a hang guard: the server answers within a second
 
@@ -199,3 +207,39 @@ def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def gcs_root(gcs_emulator: str) -> str:
     """A fresh gs:// prefix in the emulator bucket for one test."""
     return f"gs://{BUCKET}/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="module")
+def corpus_files(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The encode tests' corpus (test_encode*.py), one per module: two generated files and a
+    small one with a BOM, CRLF line ends and a blank line of spaces."""
+    root = tmp_path_factory.mktemp("corpus")
+    write_corpus(root / "a.txt", 150_000, seed=1)
+    (root / "b.txt").write_text(
+        "﻿첫 번째 문서입니다.\r\n둘째 줄.\r\n\r\n   \r\nSecond doc [MASK] stays text.\n\n\n",
+        encoding="utf-8",
+    )
+    write_corpus(root / "c.txt", 60_000, seed=2)
+    return [str(root / n) for n in ("a.txt", "b.txt", "c.txt")]
+
+
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hub]:
+    """corpus_formats.Hub serving tmp_path/hub on a free 127.0.0.1 port, HF_ENDPOINT pointed at
+    it (test_readers.py, test_encode_formats.py; test_push_to_hub.py has its own `hub`)."""
+    root = tmp_path / "hub"
+    handler = type("Hub", (Hub,), {"root": root, "requests": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.timeout = 5
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    try:
+        yield handler  # type: ignore[misc]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

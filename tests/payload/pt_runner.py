@@ -8,6 +8,9 @@ imports both once and runs the scripts one after another, each as its own `__mai
 its argv (what `python SCRIPT ARGS...` runs); the answer is a finished process's: exit code,
 stdout, stderr. A script that hangs past its timeout ends the interpreter (the next script
 gets a new one).
+
+require_pt_python finds that environment (PAYLOAD_PT_PYTHON, else .venv-pt): a check without
+it skips, and fails under CI; run_pt runs a script there and returns its JSON report.
 """
 
 from __future__ import annotations
@@ -21,7 +24,12 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 SERVE = Path(__file__).parent / "pt" / "serve.py"
+PT_SCRIPT = Path(__file__).parent / "pt" / "load_with_transformers5.py"
+GENERATE_SCRIPT = Path(__file__).parent / "pt" / "generate_with_transformers5.py"
 
 
 class _Interpreter:
@@ -86,3 +94,30 @@ def _close_all() -> None:
     for interpreter in _RUNNING.values():
         interpreter.close()
     _RUNNING.clear()
+
+
+def _pt_python() -> Path | None:
+    configured = os.environ.get("PAYLOAD_PT_PYTHON")
+    if configured:
+        return Path(configured)
+    default = REPO / ".venv-pt" / "bin" / "python"
+    return default if default.exists() else None
+
+
+def require_pt_python() -> Path:
+    python = _pt_python()
+    if python is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run this check: build .venv-pt with `make venv-pt`")
+        pytest.skip("no PyTorch environment: `make venv-pt` builds .venv-pt")
+    return python
+
+
+def run_pt(script: Path, *args: str) -> dict:
+    """A pt/ script's JSON report, run in the PyTorch environment (run_script: one kept
+    interpreter per test process)."""
+    result = run_script(require_pt_python(), script, *args, timeout=300)
+    assert result["returncode"] == 0, result["stderr"][-3000:]
+    report = json.loads(result["stdout"].strip().splitlines()[-1])
+    assert report["transformers"].startswith("5.")
+    return report

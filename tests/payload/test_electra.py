@@ -20,9 +20,9 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+from export_checks import TOLERANCE, checkpoint_logits
+from pt_runner import require_pt_python, run_pt
 from safetensors.numpy import load_file
-from test_export import TOLERANCE, _require_pt_python, _run_pt
-from test_jax_train import checkpoint_logits
 from train_helpers import (
     job_document,
     run_cli,
@@ -211,7 +211,7 @@ def test_two_exports_and_one_marker(trained) -> None:
 
 
 def test_transformers5_loads_both_and_fine_tunes_the_discriminator(trained) -> None:
-    _require_pt_python()
+    require_pt_python()
     root, job, _ = trained
     manifest = json.loads(Path(job.paths.data, "manifest.json").read_text())
     rng = np.random.default_rng(1)
@@ -226,7 +226,7 @@ def test_transformers5_loads_both_and_fine_tunes_the_discriminator(trained) -> N
     assert step == 12
     out = root / "pt"
     out.mkdir()
-    report = _run_pt(
+    report = run_pt(
         PT_ELECTRA, job.paths.export, str(root / "ids.npy"), str(root / "mask.npy"), str(out)
     )
     keep = mask.astype(bool)

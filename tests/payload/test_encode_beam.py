@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_encode import prepared, status_for
+from encode_helpers import prepared, status_for
 
 from payload import spec
 from payload.core.errors import SpecError

@@ -6,16 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-import test_encode
 import yaml
-from test_encode import file_documents, prepared, status_for
+from encode_helpers import file_documents, prepared, status_for
 
 from payload import spec
 from payload.core import storage
 from payload.data import tokenizer
 from payload.data.encode import stage
-
-corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
 
 
 def _job(tmp_path: Path, corpus: dict, max_tokens: int) -> spec.JobSpec:

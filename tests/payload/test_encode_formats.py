@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import test_encode
-from test_encode import (
+from corpus_formats import COMMIT, REPO, write_all_formats
+from encode_helpers import (
     expected_rows,
     file_documents,
     make_job,
@@ -15,14 +15,10 @@ from test_encode import (
     read_rows_python,
     status_for,
 )
-from test_readers import COMMIT, REPO, hub, write_all_formats
 
 from payload.core import storage
 from payload.data import corpus
 from payload.data.encode import stage
-
-corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
-__all__ = ["hub"]  # the Hub fixture of test_readers (a local server speaking the Hub's API)
 
 
 def test_every_format_of_the_same_documents_gives_the_same_shards(

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import test_encode
-from test_encode import (
+from encode_helpers import (
     draw,
     expected_split,
     file_documents,
@@ -23,8 +22,6 @@ from payload.core.errors import DataError, SpecError
 from payload.data import corpus, readers
 from payload.data.encode import stage
 from payload.schema import manifest as mf
-
-corpus_files = test_encode.corpus_files  # the same module-scoped corpus fixture
 
 
 def _rows(data_dir: str, manifest: mf.Manifest, split: str) -> np.ndarray:

@@ -19,14 +19,14 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from pt_runner import run_script
+from export_checks import CYCLE, PROMPT_WORDS, TOLERANCE, expected_tokens
+from pt_runner import GENERATE_SCRIPT, PT_SCRIPT, require_pt_python, run_pt
 from train_helpers import job_document, prepare_data, write_corpus, write_job
 
 from payload.backends.tf import train
@@ -37,37 +37,7 @@ from payload.schema import manifest as mf
 from payload.training import export as export_lib
 
 REPO = Path(__file__).resolve().parents[2]
-PT_SCRIPT = Path(__file__).parent / "pt" / "load_with_transformers5.py"
-GENERATE_SCRIPT = Path(__file__).parent / "pt" / "generate_with_transformers5.py"
-TOLERANCE = 1e-4
 FAMILIES = ("bert", "roberta", "gpt2")
-
-
-def _pt_python() -> Path | None:
-    configured = os.environ.get("PAYLOAD_PT_PYTHON")
-    if configured:
-        return Path(configured)
-    default = REPO / ".venv-pt" / "bin" / "python"
-    return default if default.exists() else None
-
-
-def _require_pt_python() -> Path:
-    python = _pt_python()
-    if python is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run this check: build .venv-pt with `make venv-pt`")
-        pytest.skip("no PyTorch environment: `make venv-pt` builds .venv-pt")
-    return python
-
-
-def _run_pt(script: Path, *args: str) -> dict:
-    """A pt/ script's JSON report, run in the PyTorch environment (pt_runner: one kept
-    interpreter per test process)."""
-    result = run_script(_require_pt_python(), script, *args, timeout=300)
-    assert result["returncode"] == 0, result["stderr"][-3000:]
-    report = json.loads(result["stdout"].strip().splitlines()[-1])
-    assert report["transformers"].startswith("5.")
-    return report
 
 
 @pytest.fixture(scope="module")
@@ -205,12 +175,12 @@ def test_pytorch_layout_loads_into_tf_with_the_same_logits(trained) -> None:
 
 
 def test_transformers5_pytorch_loads_the_export_with_the_same_logits(trained, tmp_path) -> None:
-    _require_pt_python()
+    require_pt_python()
     job, _ = trained
     ids, mask = _inputs(job)
     np.save(tmp_path / "ids.npy", ids)
     np.save(tmp_path / "mask.npy", mask)
-    report = _run_pt(
+    report = run_pt(
         PT_SCRIPT,
         job.paths.export,
         str(tmp_path / "ids.npy"),
@@ -220,20 +190,11 @@ def test_transformers5_pytorch_loads_the_export_with_the_same_logits(trained, tm
     assert report["class"] == export_lib.PYTORCH_CLASSES[job.model.family]
     assert report["missing_keys"] == [] and report["unexpected_keys"] == []
     assert report["mismatched_keys"] == []
-    assert report["tokens"] == _expected_tokens(job, "hello world")
+    assert report["tokens"] == expected_tokens(job, "hello world")
     reference = _auto_tf(job).from_pretrained(job.paths.export)
     expected = _tf_logits(reference, ids, mask)
     worst = float(np.abs(np.load(tmp_path / "logits.npy") - expected).max())
     assert worst <= TOLERANCE, worst
-
-
-def _expected_tokens(job, text: str) -> dict[str, str | None]:
-    """First and last token of `tok(text)` with the exported tokenizer."""
-    if job.model.family == "bert":
-        return {"first": "[CLS]", "last": "[SEP]"}
-    if job.model.family == "roberta":
-        return {"first": "<s>", "last": "</s>"}
-    return {"first": "<s>", "last": None}  # gpt2: BOS only, the last token is text
 
 
 def test_exported_tokenizer_special_tokens(trained) -> None:
@@ -244,7 +205,7 @@ def test_exported_tokenizer_special_tokens(trained) -> None:
     tok = AutoTokenizer.from_pretrained(job.paths.export)
     ids = tok("hello world")["input_ids"]
     tokens = tok.convert_ids_to_tokens(ids)
-    expected = _expected_tokens(job, "hello world")
+    expected = expected_tokens(job, "hello world")
     assert tokens[0] == expected["first"]
     if expected["last"] is None:
         assert tok.eos_token_id not in ids and tok.all_special_ids.count(ids[-1]) == 0
@@ -256,22 +217,6 @@ def test_exported_tokenizer_special_tokens(trained) -> None:
 
 
 # ------------------------------------------------------------ generation from a CLM export
-
-CYCLE = [
-    "alpha",
-    "bravo",
-    "charlie",
-    "delta",
-    "echo",
-    "foxtrot",
-    "golf",
-    "hotel",
-    "india",
-    "juliet",
-    "kilo",
-    "lima",
-]
-PROMPT_WORDS = 3
 
 
 def _write_cycle_corpus(path: Path, documents: int = 600, seed: int = 0) -> Path:
@@ -323,10 +268,10 @@ def test_tensorflow_generate_continues_the_prompt(generator) -> None:
 def test_transformers5_generate_continues_the_prompt(generator, tmp_path) -> None:
     """The recipe of every model card, in transformers 5 + PyTorch:
     `model.generate(**tok(prompt, return_tensors="pt"), max_new_tokens=...)`."""
-    _require_pt_python()
+    require_pt_python()
     prompts = dict(_prompt_and_continuation(offset) for offset in (2, 7, 10))
     (tmp_path / "prompts.json").write_text(json.dumps(list(prompts)))
-    report = _run_pt(GENERATE_SCRIPT, generator.paths.export, str(tmp_path / "prompts.json"))
+    report = run_pt(GENERATE_SCRIPT, generator.paths.export, str(tmp_path / "prompts.json"))
     for result in report["results"]:
         ids = result["input_ids"]
         assert ids[0] == report["bos_token_id"] and report["eos_token_id"] not in ids, result

@@ -1,6 +1,6 @@
 """Hosts of a JAX slice stop and fail together: two JAX processes on 127.0.0.1 (one CPU
 device each, `jax.distributed`), each the real `tpu-payload train` as a slice worker runs it
-(test_jax_multihost.py's helpers).
+(multihost.py's helpers).
 
 - SIGTERM to the NON-chief only, in the first chunks, the hosts told different chunk
   budgets: both processes checkpoint the same step (the chunks are agreed and bounded
@@ -18,25 +18,24 @@ bounded by a guard only a hung process reaches.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import _free_port
-from test_jax_multihost import HANG_GUARD_S, _env
+from multihost import (
+    TINY_CHUNKS,
+    Worker,
+    copy_job,
+    error_lines,
+    exits_seen,
+    injected_at,
+    prepared,  # noqa: F401  (a fixture)
+    worker_env,
+)
 from train_helpers import (
     PausedCli,
-    copy_prepared,
-    job_document,
-    prepare_data,
-    write_corpus,
-    write_job,
 )
 
 from payload.spec import JobSpec
@@ -48,104 +47,11 @@ SIGTERM_EXIT = 128 + signal.SIGTERM
 STEPS_PER_CALL = 8
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobSpec, dict]:
-    root = tmp_path_factory.mktemp("jax-hosts")
-    corpus = write_corpus(root / "corpus.txt", lines=600)
-    doc = job_document(root, corpus, "mlm", steps=8, checkpoint_every=1000, backend="jax")
-    doc["data"].update(records_per_shard=40, eval_fraction=0.1, eval_min_sequences=16)
-    job = write_job(root, doc)
-    prepare_data(job)
-    return job, doc
-
-
-def _job(prepared: tuple[JobSpec, dict], root: Path, **train: object) -> JobSpec:
-    source, doc = prepared
-    doc = json.loads(json.dumps(doc))
-    doc["train"].update(train)
-    doc["output"] = str(root / "out")
-    return copy_prepared(source, root, doc)
-
-
-def _worker_env(port: int, worker: int, processes: int = 2, **extra: str) -> dict[str, str]:
-    return _env(
-        TPU_PAYLOAD_JAX_DISTRIBUTED=f"127.0.0.1:{port},{processes},{worker}",
-        TPU_PRETRAIN_WORKER=str(worker),
-        **extra,
-    )
-
-
-ERROR_DRIVER = Path(__file__).parent / "drivers" / "error_driver.py"
-
-
-class _Worker:
-    """`tpu-payload train` as one worker of the slice, output in files; with `inject`, run
-    through error_driver.py with that injection (`[ACTION@]MODULE:ATTR:N[,...]`)."""
-
-    def __init__(
-        self,
-        job_file: Path,
-        logs: Path,
-        port: int,
-        worker: int,
-        *,
-        inject: tuple[str, str] | None = None,
-        **extra: str,
-    ):
-        logs.mkdir(parents=True, exist_ok=True)
-        self.out_path, self.err_path = logs / f"{worker}.out", logs / f"{worker}.err"
-        command = ["train", "--job", str(job_file)]
-        driver = [str(ERROR_DRIVER), *inject] if inject else ["-m", "payload"]
-        with self.out_path.open("w") as out, self.err_path.open("w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, *driver, *command],
-                stdout=out,
-                stderr=err,
-                env=_worker_env(port, worker, **extra),
-                start_new_session=True,
-            )
-
-    @property
-    def stderr(self) -> str:
-        return self.err_path.read_text()
-
-    def finish(self) -> tuple[int, str]:
-        return self.proc.wait(timeout=HANG_GUARD_S), self.stderr
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _exits(procs: list[subprocess.Popen]) -> list[tuple[int, float]]:
-    """(exit status, the time it was seen, time.time()) of each process, polled every 50 ms
-    (to report how long a slice takes to end; never asserted on); a guard only a hung
-    process reaches."""
-    seen: dict[int, tuple[int, float]] = {}
-    deadline = time.monotonic() + HANG_GUARD_S
-    while len(seen) < len(procs):
-        left = sorted(set(range(len(procs))) - set(seen))
-        assert time.monotonic() < deadline, f"processes {left} did not end (hung?)"
-        for i, proc in enumerate(procs):
-            if i not in seen and proc.poll() is not None:
-                seen[i] = (int(proc.returncode), time.time())
-        time.sleep(0.05)
-    return [seen[i] for i in range(len(procs))]
-
-
-def _injected_at(stderr: str, action: str) -> float:
-    """When error_driver.py injected `action` (its unix time)."""
-    found = re.search(rf"^injected {re.escape(action)} at \S+ at ([0-9.]+)$", stderr, re.M)
-    assert found, stderr[-3000:]
-    return float(found.group(1))
-
-
 def _both(
     job_file: Path, logs: Path, extra: dict[int, dict[str, str]] | None = None
 ) -> list[tuple[int, str]]:
     port = _free_port()
-    workers = [_Worker(job_file, logs, port, w, **(extra or {}).get(w, {})) for w in (0, 1)]
+    workers = [Worker(job_file, logs, port, w, **(extra or {}).get(w, {})) for w in (0, 1)]
     try:
         return [w.finish() for w in workers]
     finally:
@@ -153,40 +59,23 @@ def _both(
             w.kill()
 
 
-def _until(condition: Callable[[], bool], what: str) -> None:
-    """Poll `condition` until it holds; only a hung process reaches the guard."""
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {HANG_GUARD_S} s (hung?)"
-        time.sleep(0.05)
-
-
 def _steps(directory: str) -> list[int]:
     """The finished Orbax checkpoints' steps (a step directory is renamed into place last)."""
     return sorted(int(p.name) for p in Path(directory).iterdir() if p.name.isdigit())
 
 
-def _errors(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("error: ")]
-
-
-# Worker 1 is told another chunk budget than worker 0 (which has none on the CPU): the
-# chunks are agreed, one step each (runtime.CHUNK_SECONDS_ENV, training.FIRST_CHUNK_STEPS).
-TINY_CHUNKS = {"TPU_PAYLOAD_CHUNK_SECONDS": "1e-9"}
-
-
 @pytest.fixture(scope="module")
-def stopped(prepared, tmp_path_factory: pytest.TempPathFactory) -> tuple[JobSpec, list]:
+def stopped(prepared, tmp_path_factory: pytest.TempPathFactory) -> tuple[JobSpec, list]:  # noqa: F811
     """A two-process run whose worker 1 (not the chief), told a chunk budget worker 0 is not
     told, got SIGTERM while it wrote its first log line (step 1, the first chunk's)."""
     root = tmp_path_factory.mktemp("stopped")
-    job = _job(prepared, root, steps=5000, log_every=1)
+    job = copy_job(prepared, root, steps=5000, log_every=1)
     port = _free_port()
-    chief = _Worker(root / "job.yaml", root / "logs", port, 0)
+    chief = Worker(root / "job.yaml", root / "logs", port, 0)
     try:
         point = "after:payload.training.shared:Meter.log:1"
         train = ("train", "--job", str(root / "job.yaml"))
-        env = _worker_env(port, 1, **TINY_CHUNKS)
+        env = worker_env(port, 1, **TINY_CHUNKS)
         with PausedCli(root / "logs-1", point, *train, env=env) as other:
             assert other.wait_paused() == f"paused at {point}"
             other.signal(signal.SIGTERM)
@@ -204,7 +93,7 @@ def stopped(prepared, tmp_path_factory: pytest.TempPathFactory) -> tuple[JobSpec
 STOPPED_AT = 2
 
 
-def test_sigterm_to_the_non_chief_stops_both_at_the_same_step(prepared, stopped, tmp_path):
+def test_sigterm_to_the_non_chief_stops_both_at_the_same_step(prepared, stopped, tmp_path):  # noqa: F811
     """Then a SIGTERM to worker 1 during its data checks, delivered inside a garbage
     collection (a raise from the handler there would be lost) after its SIGTERM handler was
     replaced as the backend started (as libtpu does): a stop on both hosts, nothing
@@ -219,7 +108,7 @@ def test_sigterm_to_the_non_chief_stops_both_at_the_same_step(prepared, stopped,
     assert status["state"] == "failed" and "rerun to resume" in status["last_error"]["error"]
     assert not shared.is_complete(job)
 
-    rerun = _job(prepared, tmp_path, steps=STOPPED_AT + STEPS_PER_CALL)
+    rerun = copy_job(prepared, tmp_path, steps=STOPPED_AT + STEPS_PER_CALL)
     shutil.rmtree(rerun.paths.checkpoints, ignore_errors=True)
     shutil.copytree(job.paths.checkpoints, rerun.paths.checkpoints)
     port = _free_port()
@@ -229,17 +118,17 @@ def test_sigterm_to_the_non_chief_stops_both_at_the_same_step(prepared, stopped,
         "-",
     )
     workers = [
-        _Worker(tmp_path / "job.yaml", tmp_path / "logs-checks", port, 0),
-        _Worker(tmp_path / "job.yaml", tmp_path / "logs-checks", port, 1, inject=inject),
+        Worker(tmp_path / "job.yaml", tmp_path / "logs-checks", port, 0),
+        Worker(tmp_path / "job.yaml", tmp_path / "logs-checks", port, 1, inject=inject),
     ]
     try:
-        exits = _exits([w.proc for w in workers])
+        exits = exits_seen([w.proc for w in workers])
     finally:
         for w in workers:
             w.kill()
     (code0, _), (code1, _) = exits
     err0, err1 = workers[0].stderr, workers[1].stderr
-    signalled = _injected_at(err1, "gc-sigterm")
+    signalled = injected_at(err1, "gc-sigterm")
     ended = max(t for _, t in exits) - signalled
     print(f"SIGTERM in worker 1's data checks: both processes ended {ended:.1f} s after it")
     assert code1 == SIGTERM_EXIT, err1[-3000:]
@@ -249,7 +138,7 @@ def test_sigterm_to_the_non_chief_stops_both_at_the_same_step(prepared, stopped,
     assert f"train: process 1 of the slice stopped by signal {int(signal.SIGTERM)}" in err0
     for err in (err0, err1):
         assert "Exception ignored" not in err and "Traceback" not in err, err[-3000:]
-        assert "failed its data checks" not in err and not _errors(err), err[-3000:]
+        assert "failed its data checks" not in err and not error_lines(err), err[-3000:]
     assert _steps(rerun.paths.checkpoints) == [STOPPED_AT]
 
     # A rerun of both resumes from that checkpoint and finishes.
@@ -262,17 +151,17 @@ def test_sigterm_to_the_non_chief_stops_both_at_the_same_step(prepared, stopped,
     assert shared.is_complete(rerun)
 
 
-def test_a_run_json_of_another_run_exits_2_on_both(prepared, stopped, tmp_path) -> None:
+def test_a_run_json_of_another_run_exits_2_on_both(prepared, stopped, tmp_path) -> None:  # noqa: F811
     job, _ = stopped
-    other = _job(prepared, tmp_path, steps=5000, seed=7)
+    other = copy_job(prepared, tmp_path, steps=5000, seed=7)
     shutil.copytree(job.paths.checkpoints, other.paths.checkpoints)
     results = _both(tmp_path / "job.yaml", tmp_path / "logs")
     lines = []
     for code, err in results:
         assert code == 2, err[-3000:]
         assert "Traceback" not in err, err[-3000:]
-        assert len(_errors(err)) == 1, err[-3000:]
-        lines += _errors(err)
+        assert len(error_lines(err)) == 1, err[-3000:]
+        lines += error_lines(err)
         # Worker 1 leaves with the chief's error from the checks' agreement and says so: the
         # chief does not wait out ABORT_ACK_TIMEOUT_S for it (it did, 60 s, before).
         assert "did not read this process's abort" not in err, err[-3000:]

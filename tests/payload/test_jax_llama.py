@@ -21,15 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_export import (
-    CYCLE,
-    GENERATE_SCRIPT,
-    PROMPT_WORDS,
-    PT_SCRIPT,
-    _expected_tokens,
-    _require_pt_python,
-    _run_pt,
-)
+from export_checks import CYCLE, PROMPT_WORDS, expected_tokens
+from pt_runner import GENERATE_SCRIPT, PT_SCRIPT, require_pt_python, run_pt
 from train_helpers import (
     assert_user_error,
     job_document,
@@ -57,7 +50,7 @@ VARIANTS = {
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_llama_matches_transformers5(variant: str, tmp_path: Path) -> None:
-    _require_pt_python()
+    require_pt_python()
     rng = np.random.default_rng(3)
     ids = rng.integers(5, VOCAB, size=(3, SEQ)).astype("int32")
     mask = np.ones_like(ids)
@@ -77,7 +70,7 @@ def test_llama_matches_transformers5(variant: str, tmp_path: Path) -> None:
     config = json.loads((model_dir / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert config["transformers_weights"] == export_lib.PT_WEIGHTS
-    report = _run_pt(
+    report = run_pt(
         PT_SCRIPT, str(model_dir), str(tmp_path / "ids.npy"), str(tmp_path / "mask.npy"),
         str(tmp_path / "pt.npy"),
     )  # fmt: skip
@@ -267,7 +260,7 @@ def trained_llama(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_llama_export_is_what_transformers5_loads(trained_llama, tmp_path: Path) -> None:
-    _require_pt_python()
+    require_pt_python()
     job = trained_llama
     export = Path(job.paths.export)
     config = json.loads((export / "config.json").read_text())
@@ -300,14 +293,14 @@ def test_llama_export_is_what_transformers5_loads(trained_llama, tmp_path: Path)
     )  # fmt: skip
     assert driver.returncode == 0, driver.stderr[-3000:]
     assert int(driver.stdout.strip().splitlines()[-1]) == 200
-    report = _run_pt(
+    report = run_pt(
         PT_SCRIPT, job.paths.export, str(tmp_path / "ids.npy"), str(tmp_path / "mask.npy"),
         str(tmp_path / "pt.npy"),
     )  # fmt: skip
     assert report["class"] == "LlamaForCausalLM"
     assert report["missing_keys"] == [] and report["unexpected_keys"] == []
     assert report["mismatched_keys"] == []
-    assert report["tokens"] == _expected_tokens(job, "hello world")
+    assert report["tokens"] == expected_tokens(job, "hello world")
     keep = mask.astype(bool)
     jax_logits, pt_logits = np.load(tmp_path / "jax.npy"), np.load(tmp_path / "pt.npy")
     worst = float(np.abs(jax_logits[keep] - pt_logits[keep]).max())
@@ -318,13 +311,13 @@ def test_llama_export_is_what_transformers5_loads(trained_llama, tmp_path: Path)
 
 def test_llama_generate_continues_the_prompt(trained_llama, tmp_path: Path) -> None:
     """The model card's recipe in transformers 5: generate(**tok(prompt, return_tensors="pt"))."""
-    _require_pt_python()
+    require_pt_python()
     prompts = {}
     for offset in (2, 7, 10):
         words = [CYCLE[(offset + i) % len(CYCLE)] for i in range(PROMPT_WORDS + 3)]
         prompts[" ".join(words[:PROMPT_WORDS])] = words[PROMPT_WORDS:]
     (tmp_path / "prompts.json").write_text(json.dumps(list(prompts)))
-    report = _run_pt(GENERATE_SCRIPT, trained_llama.paths.export, str(tmp_path / "prompts.json"))
+    report = run_pt(GENERATE_SCRIPT, trained_llama.paths.export, str(tmp_path / "prompts.json"))
     for result in report["results"]:
         ids = result["input_ids"]
         assert ids[0] == report["bos_token_id"] and report["eos_token_id"] not in ids, result

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_export import PT_SCRIPT, _require_pt_python, _run_pt
+from pt_runner import PT_SCRIPT, require_pt_python, run_pt
 
 from payload.training import export as export_lib
 
@@ -25,7 +25,7 @@ VOCAB, SEQ = 300, 16
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "gpt2"])
 def test_jax_backend_models_match_transformers5(family: str, tmp_path: Path) -> None:
-    _require_pt_python()
+    require_pt_python()
     rng = np.random.default_rng(3)
     ids = rng.integers(5, VOCAB, size=(3, SEQ)).astype("int32")
     mask = np.ones_like(ids)
@@ -47,7 +47,7 @@ def test_jax_backend_models_match_transformers5(family: str, tmp_path: Path) -> 
     config = json.loads((model_dir / "config.json").read_text())
     assert config["architectures"] == [export_lib.PYTORCH_CLASSES[family]]
     assert config["transformers_weights"] == export_lib.PT_WEIGHTS
-    report = _run_pt(
+    report = run_pt(
         PT_SCRIPT, str(model_dir), str(tmp_path / "ids.npy"), str(tmp_path / "mask.npy"),
         str(tmp_path / "pt.npy"),
     )  # fmt: skip

@@ -14,7 +14,6 @@ after its checkpoint resumes from it.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 from conftest import _free_port
+from multihost import HANG_GUARD_S, child_env
 from safetensors.numpy import load_file
 from train_helpers import (
     copy_prepared,
@@ -39,14 +39,9 @@ from payload.schema import manifest as manifest_lib
 from payload.training import export as export_lib
 
 DRIVER = Path(__file__).parent / "drivers" / "jax_pipelines_driver.py"
-HANG_GUARD_S = 900  # far above a real run: only a hung process reaches it
 TOLERANCE = 1e-4
 # Both runs shard the state over all 8 devices (pure FSDP): 2 processes x 4 devices = 1 x 8.
 MESH = '"mesh": {"sharding": "fsdp", "data": 1, "fsdp": 8}'
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **extra}
 
 
 def _two_processes(job_file: Path, logs: Path) -> list[tuple[int, str, str]]:
@@ -57,7 +52,7 @@ def _two_processes(job_file: Path, logs: Path) -> list[tuple[int, str, str]]:
     for worker in (0, 1):
         out = (logs / f"{worker}.out").open("w")
         err = (logs / f"{worker}.err").open("w")
-        env = _env(
+        env = child_env(
             TPU_PAYLOAD_JAX_DISTRIBUTED=f"127.0.0.1:{port},2,{worker}",
             TPU_PRETRAIN_WORKER=str(worker),
             **cpu_devices(4),
@@ -110,7 +105,7 @@ def test_two_jax_processes_match_one_and_resume(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(DRIVER), str(tmp_path / "single" / "job.yaml"), "2"],
         capture_output=True, text=True, timeout=HANG_GUARD_S, check=False,
-        env=_env(**cpu_devices(8)),
+        env=child_env(**cpu_devices(8)),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert '"replicas": 8, "hosts": 1' in result.stderr

@@ -1,6 +1,6 @@
 """A slice that agrees, stops or fails together, from its first second: two JAX processes on
 127.0.0.1 (one CPU device each, `jax.distributed`), each the real `tpu-payload train` as a
-slice worker runs it (test_jax_hosts.py's workers).
+slice worker runs it (multihost.py's workers, as in test_jax_hosts.py).
 
 - hosts that see different device memory plan the same mesh (the smallest memory decides;
   backends/jax/runtime.py MEMORY_ENV injects a per-process figure, since CPU devices report
@@ -33,18 +33,19 @@ from pathlib import Path
 
 import pytest
 from conftest import _free_port
-from test_jax_hosts import (  # noqa: F401
+from multihost import (
+    HANG_GUARD_S,
     TINY_CHUNKS,
-    _errors,
-    _exits,
-    _injected_at,
-    _job,
-    _until,
-    _Worker,
-    _worker_env,
-    prepared,
+    Worker,
+    child_env,
+    copy_job,
+    error_lines,
+    exits_seen,
+    injected_at,
+    prepared,  # noqa: F401  (a fixture)
+    wait_until,
+    worker_env,
 )
-from test_jax_multihost import HANG_GUARD_S, _env
 from train_helpers import PausedCli
 
 from payload.training import shared
@@ -65,7 +66,7 @@ def test_hosts_that_see_different_memory_and_chunk_budgets_agree_and_finish(
     export (the chief waits at a gate the test opens, backends/jax/train.py
     EXPORT_GATE_ENV): the other process waits for it instead of exiting, then both exit 0
     with the export complete."""
-    job = _job(prepared, tmp_path, steps=8, sharding="auto")
+    job = copy_job(prepared, tmp_path, steps=8, sharding="auto")
     port = _free_port()
     gate = tmp_path / "export-gate"
     extra = {
@@ -74,17 +75,17 @@ def test_hosts_that_see_different_memory_and_chunk_budgets_agree_and_finish(
     }
     job_file, logs = tmp_path / "job.yaml", tmp_path / "logs"
     workers = [
-        _Worker(job_file, logs, port, w, TPU_PAYLOAD_TEST_EXPORT_GATE=str(gate), **extra[w])
+        Worker(job_file, logs, port, w, TPU_PAYLOAD_TEST_EXPORT_GATE=str(gate), **extra[w])
         for w in (0, 1)
     ]
     chief, other = workers
     try:
         # The chief holds its export at the gate; the other has finished training.
         waiting = Path(f"{gate}.waiting")
-        _until(lambda: waiting.exists() or chief.proc.poll() is not None, "chief at the gate")
+        wait_until(lambda: waiting.exists() or chief.proc.poll() is not None, "chief at the gate")
         assert waiting.exists(), chief.stderr[-3000:]
         line = "train: waiting for process 0's export"
-        _until(lambda: line in other.stderr or other.proc.poll() is not None, "worker 1 waits")
+        wait_until(lambda: line in other.stderr or other.proc.poll() is not None, "worker 1 waits")
         assert line in other.stderr, other.stderr[-3000:]
         assert other.proc.poll() is None, other.stderr[-3000:]  # waiting, not gone
         assert not shared.is_complete(job)
@@ -106,18 +107,18 @@ def test_sigterm_to_the_chief_while_it_starts_stops_every_host(prepared, tmp_pat
     the other host and ends it; both exit 143 (test_jax_hosts.py: the other host, inside a
     garbage collection during its data checks)."""
     signalled, point = 0, "before:payload.backends.jax.train:_build:1"
-    job = _job(prepared, tmp_path, steps=5000)
+    job = copy_job(prepared, tmp_path, steps=5000)
     port = _free_port()
     train = ("train", "--job", str(tmp_path / "job.yaml"))
     other = 1 - signalled
-    plain = _Worker(tmp_path / "job.yaml", tmp_path / "logs", port, other)
+    plain = Worker(tmp_path / "job.yaml", tmp_path / "logs", port, other)
     try:
-        env = _worker_env(port, signalled)
+        env = worker_env(port, signalled)
         with PausedCli(tmp_path / f"logs-{signalled}", point, *train, env=env) as paused:
             assert paused.wait_paused() == f"paused at {point}"
             paused.signal(signal.SIGTERM)
             sent = time.time()
-            exits = _exits([paused.proc, plain.proc])
+            exits = exits_seen([paused.proc, plain.proc])
             err_signalled = paused.stderr
     finally:
         plain.kill()
@@ -126,7 +127,7 @@ def test_sigterm_to_the_chief_while_it_starts_stops_every_host(prepared, tmp_pat
     err_other = plain.stderr
     for (code, _), err in zip(exits, (err_signalled, err_other), strict=True):
         assert code == SIGTERM_EXIT, err[-3000:]
-        assert "Traceback" not in err and not _errors(err), err[-3000:]
+        assert "Traceback" not in err and not error_lines(err), err[-3000:]
     line = f"stopped by signal {int(signal.SIGTERM)} outside the training loop"
     assert f"train: {line}" in err_signalled, err_signalled[-3000:]
     assert f"train: process {signalled} of the slice {line}" in err_other, err_other[-3000:]
@@ -138,17 +139,17 @@ def test_sigterm_to_the_chief_while_it_starts_stops_every_host(prepared, tmp_pat
 
 
 def _ended(
-    workers: list[_Worker], label: str, injected_on: int, action: str
+    workers: list[Worker], label: str, injected_on: int, action: str
 ) -> list[tuple[int, str]]:
     """Every worker's (exit status, stderr), once all ended; prints how long after the
     injection on `injected_on` the last one ended."""
     try:
-        exits = _exits([w.proc for w in workers])
+        exits = exits_seen([w.proc for w in workers])
     finally:
         for w in workers:
             w.kill()
     errs = [w.stderr for w in workers]
-    injected = _injected_at(errs[injected_on], action)
+    injected = injected_at(errs[injected_on], action)
     print(f"{label}: every process ended {max(t for _, t in exits) - injected:.1f} s after it")
     return [(code, err) for (code, _), err in zip(exits, errs, strict=True)]
 
@@ -162,21 +163,21 @@ def test_a_user_error_on_the_chief_after_the_final_evaluation_ends_every_host(
     the FSDP-sharded weights, which wait for the chief for ever: its guard thread reads the
     chief's abort and ends it with the same line and exit 2, and the chief, which hosts the
     coordination service, leaves last."""
-    job = _job(prepared, tmp_path, steps=8, sharding="fsdp")
+    job = copy_job(prepared, tmp_path, steps=8, sharding="fsdp")
     port = _free_port()
     message = "injected: the chief's status.json cannot be written"
-    chief = _Worker(
+    chief = Worker(
         tmp_path / "job.yaml", tmp_path / "logs", port, 0,
         inject=("user@payload.training.heldout:report:1", message),
     )  # fmt: skip
-    other = _Worker(tmp_path / "job.yaml", tmp_path / "logs", port, 1)
+    other = Worker(tmp_path / "job.yaml", tmp_path / "logs", port, 1)
     results = _ended([chief, other], "a user error on the chief", 0, "user")
     lines = []
     for code, err in results:
         assert code == 2, err[-3000:]
         assert "Traceback" not in err, err[-3000:]
-        assert len(_errors(err)) == 1, err[-3000:]
-        lines += _errors(err)
+        assert len(error_lines(err)) == 1, err[-3000:]
+        lines += error_lines(err)
     assert lines[0] == lines[1] == f"error: process 0 of the slice: {message}", lines
     assert "train: waiting for process 0's export" not in results[1][1]  # it was in a gather
     assert not shared.is_complete(job)
@@ -186,11 +187,11 @@ def test_a_bug_on_one_host_mid_training_ends_every_host(prepared, tmp_path) -> N
     """An exception that is not a user error on one host (a bug, device out of memory):
     every host exits 1 with the same line naming the host, at once (the others were
     waiting at the chunk's agreement, for up to an hour); the host's own traceback stays."""
-    _job(prepared, tmp_path, steps=5000)
+    copy_job(prepared, tmp_path, steps=5000)
     port = _free_port()
     message = "injected: a bug only process 1 has"
-    chief = _Worker(tmp_path / "job.yaml", tmp_path / "logs", port, 0)
-    other = _Worker(
+    chief = Worker(tmp_path / "job.yaml", tmp_path / "logs", port, 0)
+    other = Worker(
         tmp_path / "job.yaml", tmp_path / "logs", port, 1,
         inject=("bug@payload.training.shared:Meter.record_steps:2", message),
     )  # fmt: skip
@@ -200,7 +201,7 @@ def test_a_bug_on_one_host_mid_training_ends_every_host(prepared, tmp_path) -> N
         "its traceback is in process 1's log)"
     )
     assert code0 == code1 == 1, (err0[-3000:], err1[-3000:])
-    assert _errors(err0) == _errors(err1) == [line], (err0[-3000:], err1[-3000:])
+    assert error_lines(err0) == error_lines(err1) == [line], (err0[-3000:], err1[-3000:])
     assert "Traceback" not in err0, err0[-3000:]
     assert f"RuntimeError: {message}" in err1.split("Traceback", 1)[1]
 
@@ -209,7 +210,7 @@ def test_a_bug_on_one_host_mid_training_ends_every_host(prepared, tmp_path) -> N
 
 
 def _train(job_file: Path, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = _env(**env)
+    environ = child_env(**env)
     environ.pop("JAX_COMPILATION_CACHE_DIR", None)  # the tests' shared cache (conftest.py)
     return subprocess.run(
         [sys.executable, "-m", "payload", "train", "--job", str(job_file), *extra],
@@ -226,7 +227,7 @@ def _cache_counts(stderr: str) -> tuple[str, int, int]:
 def test_a_restart_loads_its_programs_and_a_changed_job_compiles(prepared, tmp_path) -> None:  # noqa: F811
     """JAX's persistent compilation cache in the job's output: the same job again (`--force`,
     as a restart would) loads every program it compiled; a job with another batch compiles."""
-    job = _job(prepared, tmp_path / "same", steps=8)
+    job = copy_job(prepared, tmp_path / "same", steps=8)
     every = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # tiny programs: cache all
     first = _train(tmp_path / "same" / "job.yaml", **every)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -237,7 +238,7 @@ def test_a_restart_loads_its_programs_and_a_changed_job_compiles(prepared, tmp_p
     _, loaded, compiled_again = _cache_counts(again.stderr)
     assert compiled_again == 0 and loaded >= compiled, again.stderr[-3000:]
 
-    changed = _job(prepared, tmp_path / "changed", steps=8, global_batch_size=8)
+    changed = copy_job(prepared, tmp_path / "changed", steps=8, global_batch_size=8)
     shutil.copytree(directory, f"{changed.output}/compilation-cache")
     other = _train(tmp_path / "changed" / "job.yaml", **every)
     assert other.returncode == 0, other.stderr[-3000:]
@@ -249,9 +250,9 @@ def test_sigterm_during_an_evaluation_stops_it_at_once(prepared, tmp_path) -> No
     group of batches (a group lasts at most about a chunk: here, chunks bounded in seconds
     through CHUNK_SECONDS_ENV, one batch), the step is saved and the run exits 143; it
     does not finish the evaluation and train one more chunk first."""
-    job = _job(prepared, tmp_path, steps=5000, eval_every=8, global_batch_size=4)
+    job = copy_job(prepared, tmp_path, steps=5000, eval_every=8, global_batch_size=4)
     point = "before:payload.backends.jax.train:_TrainLoop._evaluation_stop:1"
-    env = _env(**TINY_CHUNKS)
+    env = child_env(**TINY_CHUNKS)
     with PausedCli(
         tmp_path / "logs", point, "train", "--job", str(tmp_path / "job.yaml"), env=env
     ) as run:

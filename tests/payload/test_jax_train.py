@@ -13,20 +13,17 @@ status.json's runtime, run.json, export_complete.json and the model card.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_export import PT_SCRIPT, TOLERANCE, _expected_tokens, _require_pt_python, _run_pt
+from export_checks import TOLERANCE, checkpoint_logits, expected_tokens
+from pt_runner import PT_SCRIPT, require_pt_python, run_pt
 from train_helpers import job_document, run_cli, write_corpus, write_job
 
 from payload.spec import JobSpec
 from payload.training import export as export_lib
 
-LOGITS_DRIVER = Path(__file__).parent / "drivers" / "jax_checkpoint_logits.py"
 FAMILIES = {"bert": "mlm", "roberta": "mlm", "gpt2": "clm"}
 
 
@@ -48,22 +45,9 @@ def jax_job(tmp_path: Path, family: str, **train: object) -> tuple[JobSpec, dict
     return write_job(tmp_path, doc), doc
 
 
-def checkpoint_logits(job_file: Path, ids: Path, mask: Path, out: Path) -> int:
-    result = subprocess.run(
-        [sys.executable, str(LOGITS_DRIVER), str(job_file), str(ids), str(mask), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return int(result.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_jax_backend_pipeline_exports_what_transformers5_loads(family: str, tmp_path: Path) -> None:
-    _require_pt_python()
+    require_pt_python()
     job, _ = jax_job(tmp_path, family)
     result = run_cli("run", "--job", str(tmp_path / "job.yaml"), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -111,7 +95,7 @@ def test_jax_backend_pipeline_exports_what_transformers5_loads(family: str, tmp_
         tmp_path / "job.yaml", tmp_path / "ids.npy", tmp_path / "mask.npy", tmp_path / "jax.npy"
     )
     assert step == 12
-    report = _run_pt(
+    report = run_pt(
         PT_SCRIPT,
         job.paths.export,
         str(tmp_path / "ids.npy"),
@@ -121,7 +105,7 @@ def test_jax_backend_pipeline_exports_what_transformers5_loads(family: str, tmp_
     assert report["class"] == export_lib.PYTORCH_CLASSES[family]
     assert report["missing_keys"] == [] and report["unexpected_keys"] == []
     assert report["mismatched_keys"] == []
-    assert report["tokens"] == _expected_tokens(job, "hello world")
+    assert report["tokens"] == expected_tokens(job, "hello world")
     keep = mask.astype(bool)
     jax_logits, pt_logits = np.load(tmp_path / "jax.npy"), np.load(tmp_path / "pt.npy")
     worst = float(np.abs(jax_logits[keep] - pt_logits[keep]).max())

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
+from tokenizer_helpers import EXAMPLES, make_job
 
 from payload import spec
 from payload.core import storage
@@ -15,43 +15,12 @@ from payload.core.errors import CorpusError, SpecError
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
 KOREAN_ENGLISH = [
     "오늘 아침에 민아는 항구 시장에서 귤 한 봉지를 찾았다.",
     "The tokenizer splits text into pieces that the model can count.",
     "토크나이저는 글을 모델이 셀 수 있는 조각으로 나눈다 and then packs them.",
     "서준과 유나는 체크포인트 이야기를 했다. The checkpoints survive preemption.",
 ]
-
-
-def make_job(
-    tmp_path: Path,
-    *,
-    kind: str = "wordpiece",
-    objective: str = "mlm",
-    vocab_size: int = 1200,
-    corpus: list[str] | None = None,
-    lowercase: bool = False,
-    output: str | None = None,
-    **extra: object,
-) -> spec.JobSpec:
-    family = {"mlm": "bert" if kind == "wordpiece" else "roberta", "clm": "gpt2"}[objective]
-    doc = {
-        "name": "t",
-        "output": output or str(tmp_path / "out"),
-        "corpus": {"paths": corpus or [str(EXAMPLES / "corpus" / "*.txt")]},
-        "tokenizer": {"kind": kind, "vocab_size": vocab_size, "lowercase": lowercase},
-        "data": {"objective": objective, "seq_length": 64, "records_per_shard": 50},
-        "model": {"family": family, "size": "tiny"},
-        "train": {"steps": 4},
-    }
-    for dotted, value in extra.items():
-        section, key = dotted.split("__")
-        doc[section][key] = value
-    path = tmp_path / f"job-{kind}-{objective}.yaml"
-    path.write_text(yaml.safe_dump(doc, allow_unicode=True))
-    return spec.load_job(str(path))
 
 
 def status_for(job: spec.JobSpec) -> StatusWriter:

@@ -182,3 +182,29 @@ def startup_script(run: Any, vm_name: str) -> str:
         return str(vm.inputs["metadata"]["startup-script"])
     (obj,) = [r for r in run.resources if r.name == f"startup-{role}-script"]
     return str(obj.inputs["content"])
+
+
+def by_name(run, name: str) -> offline.Registered:
+    (found,) = [r for r in run.resources if r.name == name]
+    return found
+
+
+def depends_on(run, dependent: offline.Registered, target: offline.Registered) -> bool:
+    """Whether `dependent` waits for `target` (directly, or through resources it depends on,
+    their children included): Pulumi then destroys `dependent` before `target`."""
+    by_urn = {r.urn: r for r in run.resources}
+    children: dict[str, list[str]] = {}
+    for r in run.resources:
+        children.setdefault(r.options.get("parent", ""), []).append(r.urn)
+    seen, todo = set(), list(dependent.options["dependencies"])
+    while todo:
+        urn = todo.pop()
+        if urn in seen:
+            continue
+        seen.add(urn)
+        if urn == target.urn:
+            return True
+        todo += children.get(urn, [])
+        if urn in by_urn:
+            todo += by_urn[urn].options.get("dependencies", [])
+    return False

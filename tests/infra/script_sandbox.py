@@ -32,7 +32,9 @@ from pathlib import Path
 
 import yaml
 from gcloud_flags import problems
-from harness import startup_script
+from harness import by_name, startup_script
+
+from infra.render import render
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -543,6 +545,29 @@ def publish_payload(run, box: Sandbox) -> tuple[str, str]:
     return obj.inputs["bucket"], obj.inputs["name"]
 
 
+def pointer_of(run) -> dict[str, str]:
+    (obj,) = [r for r in run.resources if r.name == "startup-pointer"]
+    assert obj.inputs["name"] == render.POINTER_OBJECT
+    return json.loads(obj.inputs["content"])
+
+
+def publish_startup(run, box: Sandbox) -> str:
+    """What `pulumi up` writes for the loader: the scripts and the pointer."""
+    bucket = ""
+    for obj in run.resources:
+        if obj.name.startswith("startup-"):
+            bucket = obj.inputs["bucket"]
+            target = box.gcs / bucket / obj.inputs["name"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(obj.inputs["content"])
+    return bucket
+
+
+def loader_script(run, vm_name: str) -> str:
+    (vm,) = [r for r in run.resources if r.name == vm_name]
+    return vm.inputs["metadata"]["startup-script"]
+
+
 def _shellcheck_file(script: str, path: Path) -> str:
     path.write_text(script)
     result = subprocess.run(
@@ -745,3 +770,60 @@ def as_worker(
     entries = ips if hostnames else tuple(f"unknown:unknown:{ip}" for ip in ips)
     (md / "worker-network-endpoints").write_text(",".join(entries) + "\n")
     (md / "accelerator-type").write_text(f"{accelerator_type}\n")
+
+
+class GpuWatch:
+    """The controller of a spot GPU stack installed in the sandbox, its lease published as
+    `pulumi up` does; `tick()` runs the GPU watchdog once."""
+
+    def __init__(self, run, box: Sandbox) -> None:
+        self.run, self.box = run, box
+        self.bucket, _ = publish_payload(run, box)
+        installed = box.run(startup_script(run, "controller-vm"))
+        assert installed.returncode == 0, installed.stderr
+        self.dir = box.root / "opt/tpu-pretrain/gpu-watch"
+        (box.state / "metadata").write_text(startup_script(run, "controller-vm"))
+        vm = by_name(run, "gpu-vm")
+        self.name, self.zone = vm.inputs["name"], vm.inputs["zone"]
+        lease = by_name(run, "controller-tpu-watch-lease")
+        self.lease = box.gcs / lease.inputs["bucket"] / lease.inputs["name"]
+        self.lease.parent.mkdir(parents=True, exist_ok=True)
+        self.lease.write_text(lease.inputs["content"])
+        job = json.loads(by_name(run, "payload-job-spec").inputs["content"])
+        self.run_root = box.gcs / job["output"].removeprefix("gs://")
+        self.export_marker = self.run_root / "export/export_complete.json"
+
+    def set_state(self, state: str | None) -> None:
+        path = self.box.state / "vm-state"
+        if state is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(state + "\n")
+
+    @property
+    def state(self) -> str | None:
+        path = self.box.state / "vm-state"
+        return path.read_text().strip() if path.exists() else None
+
+    def tick(self, **extra: str) -> subprocess.CompletedProcess[str]:
+        self.box.calls_file.write_text("")
+        return subprocess.run(
+            ["bash", str(self.dir / "gpu-watch.sh")],
+            check=False,
+            env=self.box.env(**extra),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    @property
+    def vm_calls(self) -> list[str]:
+        return [c for c in self.box.calls if c.startswith("gcloud compute instances")]
+
+    @property
+    def verbs(self) -> list[str]:
+        return [c.split()[3] for c in self.vm_calls]
+
+    @property
+    def status(self) -> dict:
+        return json.loads((self.run_root / "bootstrap/gpu-watch.json").read_text())

@@ -13,9 +13,15 @@ import shlex
 import pytest
 from gcloud_flags import problems
 from harness import run_offline
-from script_sandbox import Sandbox, Watch, publish_payload
-from test_gpu_watch import GpuWatch, gpu_run  # noqa: F401  (a fixture)
-from test_job_pointer import _loader, _pointer, _publish_startup
+from script_sandbox import (
+    GpuWatch,
+    Sandbox,
+    Watch,
+    loader_script,
+    pointer_of,
+    publish_payload,
+    publish_startup,
+)
 
 from infra.render import render
 
@@ -32,9 +38,9 @@ def _boot_state(box: Sandbox) -> str:
 
 def test_a_pointer_unreadable_for_a_while_then_readable_boots(stack_run, sandbox):
     publish_payload(stack_run, sandbox)
-    bucket = _publish_startup(stack_run, sandbox)
+    bucket = publish_startup(stack_run, sandbox)
     result = sandbox.run(
-        _loader(stack_run, "tpu-vm"), FAIL_FIRST_DOWNLOADS="4", FAIL_MATCH="jobs/current.json"
+        loader_script(stack_run, "tpu-vm"), FAIL_FIRST_DOWNLOADS="4", FAIL_MATCH="jobs/current.json"
     )
     assert result.returncode == 0, result.stderr
     assert _sleeps(sandbox)[:4] == [5, 10, 20, 40]  # doubling waits, then the pointer came
@@ -49,7 +55,7 @@ def test_a_pointer_unreadable_for_a_while_then_readable_boots(stack_run, sandbox
 
 
 def test_a_pointer_unreadable_throughout_fails_where_the_watchdog_reads_it(stack_run, sandbox):
-    result = sandbox.run(_loader(stack_run, "tpu-vm"))
+    result = sandbox.run(loader_script(stack_run, "tpu-vm"))
     assert result.returncode == 1
     waits = _sleeps(sandbox)
     # At least the documented wait, in growing steps of at most a minute.
@@ -123,8 +129,8 @@ def test_an_object_gone_mid_boot_makes_the_loader_read_the_pointer_again(stack_r
     is gone (deleted by hand; `pulumi up` itself keeps it). The loader reads the pointer
     again and runs what the new one names."""
     publish_payload(stack_run, sandbox)
-    bucket = _publish_startup(stack_run, sandbox)
-    old = _pointer(stack_run)
+    bucket = publish_startup(stack_run, sandbox)
+    old = pointer_of(stack_run)
     (sandbox.gcs / bucket / old["script_tpu"]).unlink()
     newer = (
         next(r for r in stack_run.resources if r.name == "startup-tpu-script").inputs["content"]
@@ -143,7 +149,7 @@ def test_an_object_gone_mid_boot_makes_the_loader_read_the_pointer_again(stack_r
     (sandbox.state / "on-sleep").write_text(
         f"cp {switched} {sandbox.gcs / bucket / render.POINTER_OBJECT}\n"
     )
-    result = sandbox.run(_loader(stack_run, "tpu-vm"))
+    result = sandbox.run(loader_script(stack_run, "tpu-vm"))
     assert result.returncode == 0, result.stderr
     assert f"cannot read the startup script gs://{bucket}/{old['script_tpu']}" in result.stderr
     assert _sleeps(sandbox) == [5]
@@ -173,10 +179,12 @@ def test_a_pointer_naming_objects_outside_the_deploy_prefixes_is_refused(
     what,
 ):
     publish_payload(stack_run, sandbox)
-    bucket = _publish_startup(stack_run, sandbox)
+    bucket = publish_startup(stack_run, sandbox)
     path = sandbox.gcs / bucket / render.POINTER_OBJECT
-    path.write_text(json.dumps(_pointer(stack_run) | {key: value}, indent=2, sort_keys=True) + "\n")
-    result = sandbox.run(_loader(stack_run, "tpu-vm"))
+    path.write_text(
+        json.dumps(pointer_of(stack_run) | {key: value}, indent=2, sort_keys=True) + "\n"
+    )
+    result = sandbox.run(loader_script(stack_run, "tpu-vm"))
     assert result.returncode == 1
     line = (
         f"the job pointer gs://{bucket}/jobs/current.json names {what}, not an object under "
@@ -191,18 +199,18 @@ def test_a_pointer_naming_objects_outside_the_deploy_prefixes_is_refused(
 
 def test_a_run_root_outside_runs_is_refused(stack_run, sandbox):
     publish_payload(stack_run, sandbox)
-    bucket = _publish_startup(stack_run, sandbox)
+    bucket = publish_startup(stack_run, sandbox)
     path = sandbox.gcs / bucket / render.POINTER_OBJECT
-    pointer = _pointer(stack_run) | {"run_root": f"gs://{bucket}/startup"}
+    pointer = pointer_of(stack_run) | {"run_root": f"gs://{bucket}/startup"}
     path.write_text(json.dumps(pointer, indent=2, sort_keys=True) + "\n")
-    result = sandbox.run(_loader(stack_run, "tpu-vm"))
+    result = sandbox.run(loader_script(stack_run, "tpu-vm"))
     assert result.returncode == 1
     assert f"names the run root gs://{bucket}/startup, not gs://{bucket}/runs/" in result.stderr
     assert not (sandbox.gcs / bucket / "startup/bootstrap").exists()  # no status written there
 
 
-def test_the_gpu_watchdog_stops_a_vm_whose_boot_failed_and_does_not_start_it(gpu_run, sandbox):  # noqa: F811
-    loader = _loader(gpu_run, "gpu-vm")
+def test_the_gpu_watchdog_stops_a_vm_whose_boot_failed_and_does_not_start_it(gpu_run, sandbox):
+    loader = loader_script(gpu_run, "gpu-vm")
     assert sandbox.run(loader, TPU_PRETRAIN_BOOT_WAIT_SECONDS="30").returncode == 1
     failed = _boot_state(sandbox)
     watch = GpuWatch(gpu_run, sandbox)
@@ -236,7 +244,7 @@ def test_the_gpu_watchdog_stops_a_vm_whose_boot_failed_and_does_not_start_it(gpu
     assert watch.verbs[-1] == "start"
 
 
-def test_a_failed_stop_is_reported_and_retried(gpu_run, sandbox):  # noqa: F811
+def test_a_failed_stop_is_reported_and_retried(gpu_run, sandbox):
     watch = GpuWatch(gpu_run, sandbox)
     path = sandbox.state / "guest-attributes" / BOOT
     path.parent.mkdir(parents=True)

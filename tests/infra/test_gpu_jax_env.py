@@ -26,7 +26,6 @@ import pytest
 import yaml
 from harness import run_offline, startup_script, uv_resolver
 from script_sandbox import publish_payload, short_sha, unit_environment
-from test_gpu_scripts import box  # noqa: F401  (a fixture)
 
 from infra.render import render
 
@@ -177,7 +176,7 @@ def test_auto_is_jax_for_a_llama_job_on_a_tpu_stack_whose_image_tf_ci_covers(tmp
 
 
 @pytest.fixture
-def gpu_box(box):  # noqa: F811
+def gpu_box(box):
     """The GPU script sandbox (stub nvidia-smi, a venv python that names the ptxas folder),
     whose uv-installed Python makes the same venvs as the image's python3."""
     python3 = (box.bin / "python3").read_text()

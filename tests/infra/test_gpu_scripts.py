@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from gpu_stubs import KERNEL
 from harness import run_offline, startup_script, uv_resolver
 from script_sandbox import Sandbox, publish_payload, shellcheck, short_sha, unit_environment
 
@@ -22,60 +22,9 @@ from infra.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 
-NVIDIA_SMI = r"""
-echo "nvidia-smi $*" >>"$CALLS"
-if [ -n "${SMI_FAIL:-}" ]; then
-  echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
-  exit 9
-fi
-for ((i = 0; i < ${SMI_GPUS:-1}; i++)); do
-  echo "GPU $i: NVIDIA L4 (UUID: GPU-0000000$i)"
-done
-"""
-# The venv's python answers gpu.sh's ptxas question like a venv with the CUDA wheels would.
-VENV_PYTHON = r"""
-echo "$(basename "$0") $*" >>"$CALLS"
-case "$*" in
-  *cuda_nvcc*) echo "lib/python3.10/site-packages/nvidia/cuda_nvcc/bin" ;;
-esac
-"""
+# The ptxas folder the stub venv python names (gpu_stubs.VENV_PYTHON).
 PTXAS = "/opt/tpu-pretrain/venv/lib/python3.10/site-packages/nvidia/cuda_nvcc/bin"
-# The driver install (gpu.sh install_driver) on an image without one: NVIDIA's keyring
-# package comes through curl, dpkg knows what apt-get installed, and installing the driver's
-# utilities (nvidia-utils-570, or cuda-drivers-570) brings nvidia-smi.
-KEYRING_CURL = r"""
-case "$*" in
-  *cuda-keyring*)
-    echo "curl $*" >>"$CALLS"
-    out="" prev=""
-    for arg in "$@"; do [ "$prev" = -o ] && out="$arg"; prev="$arg"; done
-    echo keyring >"$out"
-    exit 0
-    ;;
-esac
-"""
-DPKG = r"""
-echo "dpkg $*" >>"$CALLS"
-if [ "$1" = -s ]; then
-  shift
-  for package in "$@"; do [ -f "$STATE/dpkg/$package" ] || exit 1; done
-fi
-"""
-APT_INSTALLS = r"""
-if [[ " $* " == *" install "* ]]; then
-  mkdir -p "$STATE/dpkg"
-  for arg in "$@"; do
-    case "$arg" in -* | install | DPkg*) ;; *) touch "$STATE/dpkg/$arg" ;; esac
-  done
-fi
-case " $* " in
-  *" nvidia-utils-570 "* | *" cuda-drivers-570 "*)
-    cp "$STUB_DIR/nvidia-smi.real" "$STUB_DIR/nvidia-smi" ;;
-esac
-"""
 DRIVER_PACKAGES = ["nvidia-open-570", "nvidia-utils-570"]
-KERNEL = "6.8.0-1015-gcp"  # what the stub uname says the running kernel is
-UNAME = f'if [ "$*" = -r ]; then echo {KERNEL}; else echo Linux; fi\n'
 
 
 @pytest.fixture(scope="module")
@@ -86,45 +35,6 @@ def gpu_run():
 @pytest.fixture(scope="module")
 def dlvm_run():
     return run_offline("t4-usc1")  # the Deep Learning VM image brings its driver
-
-
-@pytest.fixture
-def box(sandbox: Sandbox) -> Sandbox:
-    recorder = 'echo "$(basename "$0") $*" >>"$CALLS"\n'
-    for name, body in (
-        ("nvidia-smi", NVIDIA_SMI),
-        ("nvidia-smi.real", NVIDIA_SMI),
-        ("dpkg", DPKG),
-        ("apt-mark", recorder),
-        ("modprobe", recorder),
-        ("uname", UNAME),
-    ):
-        stub = sandbox.bin / name
-        stub.write_text("#!/bin/bash\nset -u\n" + body)
-        stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
-    for name, extra in (("curl", KEYRING_CURL), ("apt-get", APT_INSTALLS)):
-        stub = sandbox.bin / name
-        head, body = stub.read_text().split("\n", 1)[0], stub.read_text().split("\n", 1)[1]
-        if name == "curl":
-            stub.write_text(f"{head}\n{extra}{body}")
-        else:
-            stub.write_text(f"{head}\n{body}{extra}")
-    # `python3 -m venv` copies the recorder as every venv tool: make its python answer.
-    recorder = sandbox.bin / "recorder"
-    recorder.write_text(
-        recorder.read_text().replace('echo "lib/python3.10/site-packages/libtpu/libtpu.so"', "true")
-    )
-    python = sandbox.bin / "venv-python"
-    python.write_text("#!/bin/bash\nset -u\n" + VENV_PYTHON)
-    python.chmod(python.stat().st_mode | stat.S_IXUSR)
-    stub = sandbox.bin / "python3"
-    stub.write_text(
-        stub.read_text().replace(
-            'if [ -n "${STUB_VENV_PYTHON:-}" ]; then',
-            'cp "$STUB_DIR/venv-python" "$3/bin/python"\n  if [ -n "${STUB_VENV_PYTHON:-}" ]; then',
-        )
-    )
-    return sandbox
 
 
 def _status(box: Sandbox, bucket: str) -> dict:

@@ -12,13 +12,11 @@ import json
 import re
 import shlex
 import stat
-import subprocess
 
 import pytest
 from gcloud_flags import problems
-from harness import of_type, run_offline, startup_script
-from script_sandbox import Sandbox, publish_payload, shellcheck
-from test_infra_resources import _depends_on, by_name
+from harness import by_name, depends_on, of_type, run_offline, startup_script
+from script_sandbox import GpuWatch, publish_payload, shellcheck
 
 from infra.components.recovery import GPU_RECOVERY_ROLE_ID
 
@@ -80,8 +78,8 @@ def test_the_watchdog_and_its_grant_follow_gpu_auto_recover(stack, overrides, on
     assert not of_type(run.resources, "gcp:serviceaccount/iAMMember:IAMMember")
     # Destroy order: the lease first, then the controller (its watchdog), the GPU VM last.
     (lease,) = leases
-    assert _depends_on(run, controller, vm) and _depends_on(run, lease, controller)
-    assert not _depends_on(run, vm, controller)
+    assert depends_on(run, controller, vm) and depends_on(run, lease, controller)
+    assert not depends_on(run, vm, controller)
     watchdog = _watchdog_of(run)
     assert f"readonly VM_NAME={name}\n" in watchdog and f"readonly VM_ZONE={zone}\n" in watchdog
     bucket = run.exports["bucketUrl"]
@@ -96,68 +94,6 @@ def test_rendered_gpu_watchdog_passes_shellcheck(tmp_path):
 
 
 # --- the watchdog in the sandbox ----------------------------------------------------------
-@pytest.fixture(scope="module")
-def gpu_run():
-    return run_offline("t4-usc1")
-
-
-class GpuWatch:
-    """The controller of a spot GPU stack installed in the sandbox, its lease published as
-    `pulumi up` does; `tick()` runs the GPU watchdog once."""
-
-    def __init__(self, run, box: Sandbox) -> None:
-        self.run, self.box = run, box
-        self.bucket, _ = publish_payload(run, box)
-        installed = box.run(startup_script(run, "controller-vm"))
-        assert installed.returncode == 0, installed.stderr
-        self.dir = box.root / "opt/tpu-pretrain/gpu-watch"
-        (box.state / "metadata").write_text(startup_script(run, "controller-vm"))
-        vm = by_name(run, "gpu-vm")
-        self.name, self.zone = vm.inputs["name"], vm.inputs["zone"]
-        lease = by_name(run, "controller-tpu-watch-lease")
-        self.lease = box.gcs / lease.inputs["bucket"] / lease.inputs["name"]
-        self.lease.parent.mkdir(parents=True, exist_ok=True)
-        self.lease.write_text(lease.inputs["content"])
-        job = json.loads(by_name(run, "payload-job-spec").inputs["content"])
-        self.run_root = box.gcs / job["output"].removeprefix("gs://")
-        self.export_marker = self.run_root / "export/export_complete.json"
-
-    def set_state(self, state: str | None) -> None:
-        path = self.box.state / "vm-state"
-        if state is None:
-            path.unlink(missing_ok=True)
-        else:
-            path.write_text(state + "\n")
-
-    @property
-    def state(self) -> str | None:
-        path = self.box.state / "vm-state"
-        return path.read_text().strip() if path.exists() else None
-
-    def tick(self, **extra: str) -> subprocess.CompletedProcess[str]:
-        self.box.calls_file.write_text("")
-        return subprocess.run(
-            ["bash", str(self.dir / "gpu-watch.sh")],
-            check=False,
-            env=self.box.env(**extra),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    @property
-    def vm_calls(self) -> list[str]:
-        return [c for c in self.box.calls if c.startswith("gcloud compute instances")]
-
-    @property
-    def verbs(self) -> list[str]:
-        return [c.split()[3] for c in self.vm_calls]
-
-    @property
-    def status(self) -> dict:
-        return json.loads((self.run_root / "bootstrap/gpu-watch.json").read_text())
-
-
 @pytest.fixture
 def watch(gpu_run, sandbox) -> GpuWatch:
     return GpuWatch(gpu_run, sandbox)

@@ -13,10 +13,9 @@ from pathlib import Path
 import pulumi
 import pytest
 import yaml
-from harness import of_type, one, run_offline, startup_script, tpu_stack_names
+from harness import by_name, depends_on, of_type, one, run_offline, startup_script, tpu_stack_names
 
 from infra import jobspec, wgkeys
-from infra.commands.offline import Registered
 from infra.components.recovery import RECOVERY_ROLE_ID
 from infra.render import render
 
@@ -49,11 +48,6 @@ def stack_file(stack: str) -> dict:
 @pytest.fixture(scope="module", params=sorted(EXPECTED))
 def run(request):
     return run_offline(request.param)
-
-
-def by_name(run, name: str) -> Registered:
-    (found,) = [r for r in run.resources if r.name == name]
-    return found
 
 
 def workload_email(run) -> str:
@@ -519,27 +513,6 @@ def test_tpu_auto_recover_can_be_set_either_way(stack, value, on):
     assert run.exports["tpuRecovery"]["watchdog"].startswith("on:" if on else "off")
 
 
-def _depends_on(run, dependent: Registered, target: Registered) -> bool:
-    """Whether `dependent` waits for `target` (directly, or through resources it depends on,
-    their children included): Pulumi then destroys `dependent` before `target`."""
-    by_urn = {r.urn: r for r in run.resources}
-    children: dict[str, list[str]] = {}
-    for r in run.resources:
-        children.setdefault(r.options.get("parent", ""), []).append(r.urn)
-    seen, todo = set(), list(dependent.options["dependencies"])
-    while todo:
-        urn = todo.pop()
-        if urn in seen:
-            continue
-        seen.add(urn)
-        if urn == target.urn:
-            return True
-        todo += children.get(urn, [])
-        if urn in by_urn:
-            todo += by_urn[urn].options.get("dependencies", [])
-    return False
-
-
 def test_destroy_order_leaves_no_tpu_behind(run):
     """With the watchdog on, `pulumi destroy` deletes the lease first, then the controller
     (whose shutdown hook cancels the watchdog's queue), and the TPU VM last: nothing can
@@ -550,9 +523,9 @@ def test_destroy_order_leaves_no_tpu_behind(run):
         assert leases == []
         return
     (lease,) = leases
-    assert _depends_on(run, controller, tpu)
-    assert _depends_on(run, lease, controller)
-    assert not _depends_on(run, tpu, controller) and not _depends_on(run, controller, lease)
+    assert depends_on(run, controller, tpu)
+    assert depends_on(run, lease, controller)
+    assert not depends_on(run, tpu, controller) and not depends_on(run, controller, lease)
     bucket = run.exports["bucketUrl"].removeprefix("gs://")
     assert lease.inputs["bucket"] == bucket
     # The watchdog looks for exactly this object.
@@ -570,4 +543,4 @@ def test_the_destroy_order_check_can_fail():
     """Without the watchdog the controller does not wait for the TPU VM (created in
     parallel, as before): the helper above reports that."""
     run = run_offline("v3-euw4")
-    assert not _depends_on(run, by_name(run, "controller-vm"), by_name(run, "tpu-vm"))
+    assert not depends_on(run, by_name(run, "controller-vm"), by_name(run, "tpu-vm"))

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 from harness import run_offline
-from script_sandbox import Sandbox, publish_payload, shellcheck
+from script_sandbox import (
+    loader_script,
+    pointer_of,
+    publish_payload,
+    publish_startup,
+    shellcheck,
+)
 
 from infra.render import render
 
@@ -26,12 +32,6 @@ def _vms(run) -> dict[str, str]:
         for r in run.resources
         if r.type_ in VM_TYPES
     }
-
-
-def _pointer(run) -> dict[str, str]:
-    (obj,) = [r for r in run.resources if r.name == "startup-pointer"]
-    assert obj.inputs["name"] == render.POINTER_OBJECT
-    return json.loads(obj.inputs["content"])
 
 
 def _renamed_job(directory: Path, stack: str, name: str) -> str:
@@ -55,8 +55,10 @@ def test_a_payload_or_job_change_rewrites_the_pointer_and_no_vm(stack, tmp_path,
     monkeypatch.setattr(render, "build_payload_archive", lambda root=render.REPO_ROOT: other)
     payload = run_offline(stack)
     assert _vms(before) and _vms(job) == _vms(before) and _vms(payload) == _vms(before)
-    assert _pointer(job)["job"] == "next-job" != _pointer(before)["job"]
-    assert _pointer(payload)["payload_sha256"] == "ab" * 32 != _pointer(before)["payload_sha256"]
+    assert pointer_of(job)["job"] == "next-job" != pointer_of(before)["job"]
+    assert (
+        pointer_of(payload)["payload_sha256"] == "ab" * 32 != pointer_of(before)["payload_sha256"]
+    )
     # The loader is what every VM boots; the rendered scripts live in the bucket.
     for vm in (r for r in before.resources if r.type_ in VM_TYPES):
         if vm.name != "vpn-hop-vm":
@@ -79,23 +81,6 @@ def test_the_loader_passes_shellcheck(tmp_path):
     assert shellcheck(render.render_loader("tpu", "b"), tmp_path / "loader.sh") == ""
 
 
-def _publish_startup(run, box: Sandbox) -> str:
-    """What `pulumi up` writes for the loader: the scripts and the pointer."""
-    bucket = ""
-    for obj in run.resources:
-        if obj.name.startswith("startup-"):
-            bucket = obj.inputs["bucket"]
-            target = box.gcs / bucket / obj.inputs["name"]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(obj.inputs["content"])
-    return bucket
-
-
-def _loader(run, vm_name: str) -> str:
-    (vm,) = [r for r in run.resources if r.name == vm_name]
-    return vm.inputs["metadata"]["startup-script"]
-
-
 @pytest.fixture(scope="module")
 def tpu_run():
     return run_offline("v6e-euw4")
@@ -103,15 +88,15 @@ def tpu_run():
 
 def test_the_loader_runs_the_script_and_payload_the_pointer_names(tpu_run, sandbox):
     publish_payload(tpu_run, sandbox)
-    bucket = _publish_startup(tpu_run, sandbox)
-    result = sandbox.run(_loader(tpu_run, "tpu-vm"))
+    bucket = publish_startup(tpu_run, sandbox)
+    result = sandbox.run(loader_script(tpu_run, "tpu-vm"))
     assert result.returncode == 0, result.stderr
     assert "job gpt2-small-clm: payload " in result.stderr
     status = json.loads(
         (sandbox.gcs / bucket / "runs/gpt2-small-clm/bootstrap/tpu.json").read_text()
     )
     assert status["state"] == "started"
-    pointer = _pointer(tpu_run)
+    pointer = pointer_of(tpu_run)
     assert status["payload_sha256"] == pointer["payload_sha256"]
     # The payload came from the loader's checked copy: the script downloaded no second one.
     downloads = [c for c in sandbox.calls if c.startswith("gcloud storage cp") and "payload/" in c]
@@ -121,12 +106,12 @@ def test_the_loader_runs_the_script_and_payload_the_pointer_names(tpu_run, sandb
 @pytest.mark.parametrize("tampered", ["payload", "script"])
 def test_the_loader_refuses_what_the_pointer_does_not_name(tpu_run, sandbox, tampered):
     _, archive = publish_payload(tpu_run, sandbox)
-    bucket = _publish_startup(tpu_run, sandbox)
-    pointer = _pointer(tpu_run)
+    bucket = publish_startup(tpu_run, sandbox)
+    pointer = pointer_of(tpu_run)
     name = archive if tampered == "payload" else pointer["script_tpu"]
     path = sandbox.gcs / bucket / name
     path.write_bytes(path.read_bytes() + b"\n")
-    result = sandbox.run(_loader(tpu_run, "tpu-vm"))
+    result = sandbox.run(loader_script(tpu_run, "tpu-vm"))
     assert result.returncode == 1
     what = "the payload archive" if tampered == "payload" else "the startup script"
     status = json.loads(
@@ -141,7 +126,7 @@ def test_the_loader_refuses_what_the_pointer_does_not_name(tpu_run, sandbox, tam
 
 def test_a_missing_pointer_is_one_clear_line(tpu_run, sandbox):
     # No wait at all (the retries: tests/infra/test_first_boot.py).
-    result = sandbox.run(_loader(tpu_run, "tpu-vm"), TPU_PRETRAIN_BOOT_WAIT_SECONDS="0")
+    result = sandbox.run(loader_script(tpu_run, "tpu-vm"), TPU_PRETRAIN_BOOT_WAIT_SECONDS="0")
     assert result.returncode == 1
     assert "cannot read the job pointer gs://" in result.stderr
     assert "/jobs/current.json after 0s of retries (pulumi up writes it;" in result.stderr

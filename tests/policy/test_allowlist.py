@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from policy_harness import Violation, run_pack, urn_for
-from test_stacks import GPU_STACKS, STACKS, Resource, resources
+from stacks_harness import GPU_STACKS, STACKS, Resource, resources
 
 from policy import allowlist, closed_world, executables, identities, network
 from policy.resources import BUCKET, FIREWALL, SERVICE, TPU_VM

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from policy_harness import Violation, run_pack, urn_for
-from test_stacks import Resource, resources
+from stacks_harness import Resource, resources
 
 from policy import network
 

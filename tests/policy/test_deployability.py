@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_bootstrap import Run, run_bootstrap
+from bootstrap_harness import Run, run_bootstrap
 
 from policy import allowlist
 

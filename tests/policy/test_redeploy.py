@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from test_bootstrap import run_bootstrap
+from bootstrap_harness import run_bootstrap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
 from harness import run_offline

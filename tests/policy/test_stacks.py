@@ -5,16 +5,12 @@ the intended rule with its message."""
 
 from __future__ import annotations
 
-import copy
-import json
-import sys
 from collections.abc import Callable
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
 from policy_harness import Violation, run_pack
+from stacks_harness import GPU_STACKS, STACKS, Resource, resources
 
 from policy import rules
 from policy.resources import (
@@ -27,23 +23,7 @@ from policy.resources import (
     TPU_VM,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
-from harness import Captured, gpu_stack_names, run_stack, stack_names
-
-STACKS = stack_names()
-GPU_STACKS = gpu_stack_names()
-Resource = tuple[str, str, dict[str, Any], str]
 BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
-
-
-@cache
-def _captured(stack: str, overrides_json: str) -> tuple[Captured, ...]:
-    return tuple(run_stack(stack, json.loads(overrides_json) or None))
-
-
-def resources(stack: str, overrides: dict[str, Any] | None = None) -> list[Resource]:
-    captured = _captured(stack, json.dumps(overrides or {}, sort_keys=True))
-    return [(r.type_, r.name, copy.deepcopy(r.inputs), r.urn) for r in captured]
 
 
 def test_every_stack_is_covered() -> None:

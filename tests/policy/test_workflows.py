@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_preview_comment import CREDENTIAL, FakeGitHub
+from fake_github import CREDENTIAL, FakeGitHub
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"

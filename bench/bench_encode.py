@@ -76,7 +76,7 @@ status = StatusWriter(job.paths.status, job.name, min_interval_s=30)
 thread = threading.Thread(target=sample, daemon=True)
 thread.start()
 start = time.perf_counter()
-manifest = encode.encode(job, status)
+manifest = stage.encode(job, status)
 seconds = time.perf_counter() - start
 done.set()
 thread.join()

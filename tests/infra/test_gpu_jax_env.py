@@ -284,7 +284,7 @@ def test_without_a_gpu_the_trainer_units_environment_stops_with_gpu_not_found(ja
     user error (exit 2 from the CLI, not restarted) instead of training on the CPU; with
     JAX_PLATFORMS=cuda jax itself would end in a bare AssertionError."""
     probe = (
-        "from payload import hosts\n"
+        "from payload.core import hosts\n"
         "from payload.backends.jax import runtime\n"
         "hosts.expect_gpu(hosts.GpuHost('T4', 1, 'mixed_float16', 'dlvm-cu128'))\n"
         "runtime.runtime('auto')\n"

@@ -34,7 +34,7 @@ manifest = SimpleNamespace(
     seq_length=job.data.seq_length, vocab_size=job.tokenizer.vocab_size,
     special_ids=json.loads(sys.argv[2]), eval_records=row["held_out_rows"],
 )
-config = model_lib.config_for(job, manifest)
+config = configs.config_for(job, manifest)
 rt = trainer._runtime(job, manifest, config)
 trainer._build(job, config, manifest, rt)
 print(json.dumps(trainer._programs(job, manifest, config, rt).fingerprints()))

@@ -46,7 +46,7 @@ RUN_ENCODE = textwrap.dedent(
 
     corpus.GROUP_BYTES = int(sys.argv[2])
     job = load_job(sys.argv[1])
-    encode.encode(job, StatusWriter(job.paths.status, job.name, min_interval_s=0))
+    stage.encode(job, StatusWriter(job.paths.status, job.name, min_interval_s=0))
     """
 )
 
@@ -207,8 +207,8 @@ def test_dataflow_options_become_beam_flags(tmp_path, corpus_dir) -> None:
     )
     path = _write_job(tmp_path, document)
     code = (
-        "import sys, json; from payload import encode_beam, spec;"
-        "print(json.dumps(encode_beam.pipeline_args(spec.load_job(sys.argv[1]))))"
+        "import sys, json; from payload import spec; from payload.data.encode import beam;"
+        "print(json.dumps(beam.pipeline_args(spec.load_job(sys.argv[1]))))"
     )
     result = _run_beam("-c", code, str(path))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -226,9 +226,9 @@ def test_dataflow_options_become_beam_flags(tmp_path, corpus_dir) -> None:
     ]
     # and Beam itself parses them as the options they name (apache_beam's PipelineOptions)
     code = (
-        "import sys, json; from payload import encode_beam, spec;"
+        "import sys, json; from payload import spec; from payload.data.encode import beam;"
         "from apache_beam.options.pipeline_options import PipelineOptions;"
-        "args = encode_beam.pipeline_args(spec.load_job(sys.argv[1]));"
+        "args = beam.pipeline_args(spec.load_job(sys.argv[1]));"
         "o = PipelineOptions(args).get_all_options();"
         "print(json.dumps([o['use_public_ips'], o['max_num_workers'], o['temp_location']]))"
     )

@@ -45,7 +45,7 @@ BLOCKED_ENCODE = textwrap.dedent(
 
     encode_local._Assembler.add = stop_here
     job = load_job(sys.argv[1])
-    encode.encode(job, StatusWriter(job.paths.status, job.name))
+    stage.encode(job, StatusWriter(job.paths.status, job.name))
     """
 )
 
@@ -133,8 +133,8 @@ def test_a_worker_whose_parent_is_already_gone_exits(parent: str, survives: bool
     """The race before prctl: a worker re-parented before its initializer ran ends itself
     (here: told a parent that is not its own, as after a re-parenting)."""
     code = (
-        "import os\nfrom payload import encode_local\n"
-        f"encode_local._die_with_parent({parent})\nprint('ran')"
+        "import os\nfrom payload.data.encode import local\n"
+        f"local._die_with_parent({parent})\nprint('ran')"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],

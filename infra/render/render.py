@@ -582,6 +582,7 @@ class TpuWatch:
             "LEASE_URI": f"gs://{workload.bucket}/"
             + jobspec.watch_lease_object_name(workload.job_name),
             "EXPORT_MARKER_URI": jobspec.export_marker_uri(workload.bucket, workload.job_name),
+            "POINTER_URI": pointer_uri(workload.bucket),
             "RELEASE_WHEN_DONE": "true" if self.release_when_done else "false",
             "TPU_HOSTS": str(self.hosts),
             "BOOT_ATTRIBUTE": BOOT_ATTRIBUTE,
@@ -627,6 +628,7 @@ class GpuWatch:
             "LEASE_URI": f"gs://{workload.bucket}/"
             + jobspec.watch_lease_object_name(workload.job_name),
             "EXPORT_MARKER_URI": jobspec.export_marker_uri(workload.bucket, workload.job_name),
+            "POINTER_URI": pointer_uri(workload.bucket),
             "BOOT_ATTRIBUTE": BOOT_ATTRIBUTE,
         }
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 from gcloud_flags import problems
-from harness import by_name, startup_script
+from harness import by_name
 
 from infra.render import render
 
@@ -540,7 +540,7 @@ def job_with_backend(
 def publish_payload(run, box: Sandbox) -> tuple[str, str]:
     (obj,) = [r for r in run.resources if r.name == "payload-archive"]
     target = box.gcs / obj.inputs["bucket"] / obj.inputs["name"]
-    target.parent.mkdir(parents=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(obj.inputs["source"].path, target)
     return obj.inputs["bucket"], obj.inputs["name"]
 
@@ -647,18 +647,29 @@ BOOLEAN_FLAGS = {
 }  # fmt: skip
 
 
+def install_controller(run, box: Sandbox) -> str:
+    """The controller as the program deploys it: the bucket holds what `pulumi up` writes
+    (the payload archive, the role scripts, the job pointer), the controller's metadata holds
+    the program's loader, and the loader's first run installs the role script it names.
+    One sandbox is one metadata server: the controller's own boot state is kept out of the
+    guest attributes, where the accelerator VM's boot state is what the watchdog reads."""
+    bucket, _ = publish_payload(run, box)
+    publish_startup(run, box)
+    loader = loader_script(run, "controller-vm")
+    (box.state / "metadata").write_text(loader)
+    installed = box.run(loader, GUEST_ATTRIBUTES_OFF="1")
+    assert installed.returncode == 0, installed.stderr
+    return bucket
+
+
 class Watch:
     """The controller installed in the sandbox, its lease published as `pulumi up` does;
     `tick()` runs its watchdog once."""
 
     def __init__(self, run, box: Sandbox) -> None:
         self.run, self.box = run, box
-        self.bucket, _ = publish_payload(run, box)
-        installed = box.run(startup_script(run, "controller-vm"))
-        assert installed.returncode == 0, installed.stderr
+        self.bucket = install_controller(run, box)
         self.dir = box.root / "opt/tpu-pretrain/tpu-watch"
-        # The controller's metadata holds the startup script that installed the watchdog.
-        (box.state / "metadata").write_text(startup_script(run, "controller-vm"))
         self.vm = next(r for r in run.resources if r.type_ == "gcp:tpu/v2Vm:V2Vm")
         (lease,) = [r for r in run.resources if r.name == "controller-tpu-watch-lease"]
         self.lease = box.gcs / lease.inputs["bucket"] / lease.inputs["name"]
@@ -778,11 +789,8 @@ class GpuWatch:
 
     def __init__(self, run, box: Sandbox) -> None:
         self.run, self.box = run, box
-        self.bucket, _ = publish_payload(run, box)
-        installed = box.run(startup_script(run, "controller-vm"))
-        assert installed.returncode == 0, installed.stderr
+        self.bucket = install_controller(run, box)
         self.dir = box.root / "opt/tpu-pretrain/gpu-watch"
-        (box.state / "metadata").write_text(startup_script(run, "controller-vm"))
         vm = by_name(run, "gpu-vm")
         self.name, self.zone = vm.inputs["name"], vm.inputs["zone"]
         lease = by_name(run, "controller-tpu-watch-lease")

@@ -16,7 +16,7 @@ import stat
 import pytest
 from gcloud_flags import problems
 from harness import by_name, depends_on, of_type, run_offline, startup_script
-from script_sandbox import GpuWatch, publish_payload, shellcheck
+from script_sandbox import GpuWatch, publish_payload, publish_startup, shellcheck
 
 from infra.components.recovery import GPU_RECOVERY_ROLE_ID
 
@@ -298,10 +298,10 @@ def test_a_tick_that_finds_the_lock_held_does_nothing(watch):
 
 
 def test_a_changed_controller_script_is_rerun_before_anything_else(watch):
-    """`pulumi up` changed the controller's script (here: the watchdog turned off): the tick
-    re-runs it and leaves the VM alone."""
+    """`pulumi up` wrote a pointer to another controller script (here: the watchdog turned
+    off): the tick re-runs the startup script and leaves the VM alone."""
     off = run_offline("t4-usc1", {"tpu-pretrain:gpuAutoRecover": False})
-    (watch.box.state / "metadata").write_text(startup_script(off, "controller-vm"))
+    publish_startup(off, watch.box)
     watch.set_state("TERMINATED")
     result = watch.tick()
     assert result.returncode == 0, result.stderr

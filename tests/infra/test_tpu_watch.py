@@ -20,9 +20,12 @@ from script_sandbox import (
     Watch,
     assert_gcloud_flags_exist,
     flag_pairs,
+    publish_startup,
     shellcheck,
     split_flags,
 )
+
+from infra.render import render
 
 WATCH_UNITS = (
     "tpu-pretrain-tpu-watch-guard.service",
@@ -94,9 +97,9 @@ def test_a_ready_tpu_is_left_alone(watch):
     watch.set_state("READY")
     result = watch.tick()
     assert result.returncode == 0, result.stderr
+    # The job pointer the bucket holds now, against the one the controller's loader ran.
     assert watch.box.calls[0] == (
-        "curl -fsS -H Metadata-Flavor: Google http://metadata.google.internal/computeMetadata"
-        "/v1/instance/attributes/startup-script"
+        f"gcloud storage cp --quiet gs://{watch.bucket}/{render.POINTER_OBJECT} {watch.dir}/pointer"
     )
     bucket = f"gs://{watch.bucket}/runs/gpt2-small-clm"
     assert [c for c in watch.box.calls if c.startswith("gcloud storage ls")] == [
@@ -510,11 +513,12 @@ def test_recreation_flags_follow_the_stack(stack, overrides, switches, sandbox):
     ids=["settings-changed", "turned-off"],
 )
 def test_a_changed_controller_script_is_rerun_before_anything_else(watch, overrides):
-    """`pulumi up` changed the controller's metadata without running it: the watchdog runs
-    it (installing the current watchdog, or removing it) instead of using stale settings."""
+    """`pulumi up` wrote a job pointer that names another controller script (the metadata
+    still holds the same loader): the watchdog re-runs the startup script (installing the
+    current watchdog, or removing it) instead of using stale settings."""
     watch.set_state("PREEMPTED")
     changed = run_offline("v6e-euw4", overrides)
-    (watch.box.state / "metadata").write_text(startup_script(changed, "controller-vm"))
+    publish_startup(changed, watch.box)
     result = watch.tick()
     assert result.returncode == 0, result.stderr
     assert "google_metadata_script_runner startup" in watch.box.calls
@@ -522,20 +526,54 @@ def test_a_changed_controller_script_is_rerun_before_anything_else(watch, overri
     assert watch.status["action"] == "rerun-startup"
 
 
-def test_without_metadata_or_a_working_rerun_it_uses_the_installed_settings(watch):
+def test_without_the_pointer_or_a_working_rerun_it_uses_the_installed_settings(watch):
+    pointer = watch.box.gcs / watch.bucket / render.POINTER_OBJECT
+    kept = pointer.read_text()
     watch.set_state("PREEMPTED")
-    (watch.box.state / "metadata").unlink()
+    pointer.unlink()
     unreachable = watch.tick()
     assert unreachable.returncode == 0, unreachable.stderr
-    assert "cannot read the controller's metadata" in unreachable.stderr
+    assert "cannot read the job pointer" in unreachable.stderr
     assert watch.tpu_calls == ["describe", "qr-describe", "delete", "qr-create"]
+    pointer.write_text(kept)
 
     watch.set_state("PREEMPTED", qr=None)
     (watch.dir / "last-create").write_text("1000\n")
     changed = run_offline("v6e-euw4", {"tpu-pretrain:tpuExternalIp": True})
-    (watch.box.state / "metadata").write_text(startup_script(changed, "controller-vm"))
+    publish_startup(changed, watch.box)
     failed_rerun = watch.tick(RUNNER_EXIT="1")
     assert failed_rerun.returncode == 0, failed_rerun.stderr
     assert "google_metadata_script_runner startup" in watch.box.calls
     assert watch.tpu_calls == ["describe", "qr-describe", "delete", "qr-create"]
     assert "--internal-ips" in watch.creates("qr-create")[-1]  # the installed (older) settings
+
+
+def test_the_real_loader_in_metadata_leaves_the_tick_to_act(watch):
+    """The controller's metadata is the program's loader (no WATCH_SCRIPT_B64 in it) and the
+    pointer names the script the loader ran: the tick acts on the preempted TPU instead of
+    re-running the startup script every time (what it did since the loader landed)."""
+    assert "WATCH_SCRIPT_B64" not in (watch.box.state / "metadata").read_text()
+    watch.set_state("PREEMPTED")
+    result = watch.tick()
+    assert result.returncode == 0, result.stderr
+    assert "google_metadata_script_runner startup" not in watch.box.calls
+    assert watch.tpu_calls == ["describe", "qr-describe", "delete", "qr-create"]
+
+
+def test_no_tick_runs_while_the_startup_script_does(watch):
+    """At boot the timer's first tick can come while the guest agent's run of the startup
+    script still installs: a tick that finds the loader's lock held does nothing, and a
+    second run of the loader leaves the first to finish."""
+    lock = watch.box.root / "opt/tpu-pretrain/loader/lock"
+    watch.set_state("PREEMPTED")
+    publish_startup(run_offline("v6e-euw4", {"tpu-pretrain:tpuExternalIp": True}), watch.box)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        tick = watch.tick()
+        assert tick.returncode == 0, tick.stderr
+        assert "the controller's startup script is running" in tick.stderr
+        assert watch.box.calls == []
+        second = watch.box.run((watch.box.state / "metadata").read_text())
+    assert second.returncode == 0, second.stderr
+    assert "another run of the startup script holds" in second.stderr
+    assert not any(c.startswith("gcloud storage cp") for c in watch.box.calls)

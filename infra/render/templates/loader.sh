@@ -133,6 +133,14 @@ field() {
 }
 
 mkdir -p "${LOADER_DIR}"
+# One run at a time (the guest agent's at boot, a re-run by hand, the controller watchdog's,
+# a scheduled retry): the lock stays held through the role's script (exec keeps fd 8), whose
+# units systemd starts without it.
+exec 8>"${LOADER_DIR}/lock"
+if ! flock -n 8; then
+  log "another run of the startup script holds ${LOADER_DIR}/lock; leaving it to finish"
+  exit 0
+fi
 boot_state loading
 pointer="${LOADER_DIR}/current.json"
 script="${LOADER_DIR}/${ROLE}-startup.sh"

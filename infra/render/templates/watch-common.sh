@@ -3,12 +3,17 @@
 # systemd timer on the controller. Both act only while the lease object (LEASE_URI) exists,
 # never once the job's export is complete (EXPORT_MARKER_URI), write their status to
 # gs://…/runs/<job>/bootstrap/<role>.json, and re-run the controller's startup script when
-# `pulumi up` changed the watchdog it carries. A VM whose loader gave up (its boot state,
+# `pulumi up` wrote a job pointer that names another controller script than the one the
+# controller's loader ran. A VM whose loader gave up (its boot state,
 # boot_failure below) is deleted (TPU) or stopped (GPU) instead of billing idle, and not
 # recreated or started again by the watchdog. Each defines watch_status STATE ACTION MESSAGE
 # and WATCH_DIR (BOOT_SEEN: the boot failure last acted on; BOOT_FAILED: the VM is down
 # because of it).
-readonly METADATA_URL="http://metadata.google.internal/computeMetadata/v1/instance/attributes/startup-script"
+# The controller's loader (templates/loader.sh) keeps the job pointer it ran in LOADER_DIR
+# and holds LOADER_LOCK while a run of the startup script is in progress (the guest agent's at
+# boot, a re-run by hand or by this watchdog).
+readonly LOADER_DIR="${APP_DIR}/loader"
+readonly LOADER_LOCK="${LOADER_DIR}/lock"
 
 # One gcloud call, no retry (the next tick is the retry); its stderr is left in ${ERR_FILE}.
 gcloud_once() {
@@ -49,27 +54,45 @@ object_state() {
   fi
 }
 
-# The settings of a watchdog come from the controller startup script that installed it.
-# `pulumi up` updates that script in the controller's metadata without running it; when the
-# watchdog it carries (WATCH_SCRIPT_B64) differs from this one, or it carries none, run it
-# now (it installs the current watchdog, or removes it). Succeeds when it did: the caller
-# leaves this tick to the new watchdog.
+# One field of a job pointer: a flat JSON object, one "key": "value" per line (loader.sh
+# field); empty when the file or the field is missing.
+pointer_field() {
+  sed -n "s/^  \"$1\": \"\([A-Za-z0-9._/:=+-]*\)\",\{0,1\}\$/\1/p" "$2" 2>/dev/null || true
+}
+
+# The settings of a watchdog come from the controller script that installed it, which the
+# loader ran from the job pointer. The controller's metadata holds only the loader, which
+# `pulumi up` does not change: it writes a new pointer instead. When the pointer in the bucket
+# names another controller script than the one the loader last ran (LOADER_DIR/current.json),
+# or the loader never ran, run the startup script now (it installs the current watchdog, or
+# removes it). Succeeds when it did: the caller leaves this tick to the new watchdog.
 rerun_if_installer_changed() {
-  local current encoded
-  if ! current="$(curl -fsS -H 'Metadata-Flavor: Google' "${METADATA_URL}" 2>"${ERR_FILE}")"; then
-    log "cannot read the controller's metadata ($(last_error)); checking with the installed settings"
+  local ran current shown
+  ran="$(pointer_field script_controller_sha256 "${LOADER_DIR}/current.json")"
+  if ! gcloud_once storage cp --quiet "${POINTER_URI}" "${WATCH_DIR}/pointer" >/dev/null; then
+    log "cannot read the job pointer ${POINTER_URI} ($(last_error)); checking with the installed settings"
     return 1
   fi
-  encoded="$(sed -n 's/^readonly WATCH_SCRIPT_B64=//p' <<<"${current}")"
-  if [ "${encoded}" != "''" ] && cmp -s <(base64 -d <<<"${encoded}" 2>/dev/null) "$0"; then
+  current="$(pointer_field script_controller_sha256 "${WATCH_DIR}/pointer")"
+  if [ -z "${current}" ]; then
+    log "the job pointer ${POINTER_URI} names no controller script; checking with the installed settings"
     return 1
   fi
-  watch_status UNCHECKED rerun-startup "the controller's startup script changed (pulumi up); re-running it"
+  if [ "${current}" = "${ran}" ]; then
+    return 1
+  fi
+  shown="${ran:0:16}"
+  watch_status UNCHECKED rerun-startup "the job pointer names controller script ${current:0:16}, the loader ran ${shown:-none} (pulumi up); re-running the startup script"
   if google_metadata_script_runner startup; then
     return 0
   fi
   log "re-running the controller's startup script failed; checking with the installed settings"
   return 1
+}
+
+# Whether no run of the startup script is in progress (the loader's lock is free).
+loader_idle() {
+  [ ! -e "${LOADER_LOCK}" ] || flock -n "${LOADER_LOCK}" true
 }
 
 # Every tick: the scratch file for gcloud's errors and the lock on ${WATCH_DIR}/lock (fd 9).
@@ -80,11 +103,18 @@ watch_open() {
   exec 9>"${WATCH_DIR}/lock"
 }
 
-# A tick that finds another tick still running leaves it alone (exits 0), else it re-runs a
-# changed installer first and then exits (the new watchdog takes the next tick).
+# A tick that finds another tick, or a run of the startup script, still running leaves it
+# alone (exits 0), else it re-runs a changed installer first and then exits (the new watchdog
+# takes the next tick).
 watch_tick_start() {
   if ! flock -n 9; then
     log "another tick holds ${WATCH_DIR}/lock; nothing to do"
+    exit 0
+  fi
+  # At boot the timer's first tick may come while the guest agent's own run still installs
+  # (install_payload_once begins with rm -rf venv src): leave the tick to the next one.
+  if ! loader_idle; then
+    log "the controller's startup script is running (${LOADER_LOCK}); nothing to do until it ends"
     exit 0
   fi
   if rerun_if_installer_changed; then

@@ -106,6 +106,11 @@ def tracked_files() -> tuple[str, ...]:
 
 
 @cache
+def _tracked_set() -> frozenset[str]:
+    return frozenset(tracked_files())
+
+
+@cache
 def _tracked_dirs() -> frozenset[str]:
     dirs: set[str] = set()
     for name in tracked_files():
@@ -156,7 +161,7 @@ def module_exists(name: str) -> bool:
     parts = name.split(".")
     if parts[-1] in FILE_SUFFIXES:
         return True
-    files = set(tracked_files())
+    files = _tracked_set()
     found = 1
     for i in range(2, len(parts) + 1):
         base = "/".join(parts[:i])
@@ -241,16 +246,14 @@ def scanned_files() -> list[str]:
     return chosen
 
 
+def exists(name: str) -> bool:
+    """Whether a mentioned module (dotted) or path names something in the tree."""
+    return module_exists(name) if MODULE.fullmatch(name) else path_exists(name)
+
+
 def stale_mentions(files: list[str] | None = None) -> list[Mention]:
     stale = []
     for source in files if files is not None else scanned_files():
         text = (ROOT / source).read_text(encoding="utf-8", errors="replace")
-        for mention in mentions(source, text):
-            ok = (
-                module_exists(mention.name)
-                if MODULE.fullmatch(mention.name)
-                else path_exists(mention.name)
-            )
-            if not ok:
-                stale.append(mention)
+        stale += [m for m in mentions(source, text) if not exists(m.name)]
     return stale

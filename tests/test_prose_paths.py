@@ -30,16 +30,7 @@ def test_every_named_path_and_module_exists() -> None:
 )
 def test_a_planted_name_is_found(text: str, found: list[str]) -> None:
     mentions = prose_paths.mentions("docs/x.md", text)
-    stale = [
-        m.name
-        for m in mentions
-        if not (
-            prose_paths.module_exists(m.name)
-            if prose_paths.MODULE.fullmatch(m.name)
-            else prose_paths.path_exists(m.name)
-        )
-    ]
-    assert stale == found
+    assert [m.name for m in mentions if not prose_paths.exists(m.name)] == found
 
 
 def test_python_prose_is_comments_docstrings_and_strings() -> None:

@@ -179,8 +179,22 @@ def dataflow_options(target: DataflowTarget, bucket: str) -> dict[str, Any]:
     }
 
 
+# The folders of a run that the trainer writes and reads back, on the accelerator VM only
+# (payload/schema/job.py JobPaths, payload/backends/jax/train.py COMPILATION_CACHE; the
+# contract test checks that they agree). infra/executables.py keeps every other identity off
+# them.
+CHECKPOINTS_DIR = "checkpoints"
+EXPORT_DIR = "export"
+COMPILATION_CACHE_DIR = "compilation-cache"
+
+
+def run_prefix(job_name: str) -> str:
+    """The object-name prefix of a job's run: everything the payload writes is under it."""
+    return f"runs/{job_name}"
+
+
 def run_root(bucket: str, job_name: str) -> str:
-    return f"gs://{bucket}/runs/{job_name}"
+    return f"gs://{bucket}/{run_prefix(job_name)}"
 
 
 def job_object_name(job_name: str) -> str:
@@ -218,13 +232,13 @@ def model_family(template: Mapping[str, Any]) -> str | None:
 
 
 def export_marker_uri(bucket: str, job_name: str) -> str:
-    return f"{run_root(bucket, job_name)}/export/{EXPORT_MARKER}"
+    return f"{run_root(bucket, job_name)}/{EXPORT_DIR}/{EXPORT_MARKER}"
 
 
 def watch_lease_object_name(job_name: str) -> str:
     """The TPU watchdog acts only while this object exists: Pulumi creates it after the
     controller and, on destroy, deletes it before the controller and the TPU VM."""
-    return f"runs/{job_name}/bootstrap/tpu-watch-lease"
+    return f"{run_prefix(job_name)}/bootstrap/tpu-watch-lease"
 
 
 def render_job_spec(

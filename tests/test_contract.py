@@ -64,6 +64,21 @@ def test_infra_knows_the_payloads_export_marker():
     )
 
 
+def test_infra_knows_where_the_trainer_keeps_what_it_reads_back():
+    """infra/executables.py keeps every identity but the accelerator VM's off these folders
+    of every job (runs/<job>/...): the payload's trainer writes and reads them there."""
+    from payload.backends.jax import train
+
+    document = rendered(STACKS[0])
+    name = document["name"]
+    job = spec.parse_job(document, source=jobspec.job_uri(BUCKET, name))
+    root = jobspec.run_root(BUCKET, name)
+    assert root == f"gs://{BUCKET}/{jobspec.run_prefix(name)}"
+    assert job.paths.checkpoints == f"{root}/{jobspec.CHECKPOINTS_DIR}"
+    assert job.paths.export == f"{root}/{jobspec.EXPORT_DIR}"
+    assert train.COMPILATION_CACHE == jobspec.COMPILATION_CACHE_DIR
+
+
 def test_infra_resolves_auto_to_jax_for_the_payloads_jax_only_families():
     """A stack installs the JAX environment for `train.backend: auto` when the payload will
     pick jax (infra/config/job.py resolve_backend): the same families, read the same way."""

@@ -6,14 +6,21 @@ policy pack keeps its own copy of the table (policy/executables.py; a test check
 two agree).
 
 The deploy identity writes the job pointer, every role's startup script, the payload
-archive and the job specs (`pulumi up`). The VMs' accounts read the whole bucket
-(roles/storage.objectViewer) and write objects (roles/storage.objectUser) under an IAM
-condition that names what they may not write: every prefix below whose `writers` do not
-include them. The controller is the one account above the others by design: it holds actAs
-on the TPU/GPU VM's account and on the Dataflow worker account (recovery, launching), so it
-may already run anything as them, and what it writes for them (the wheelhouse the
+archive, the job specs and the watchdog's lease (`pulumi up`). The VMs' accounts read the
+whole bucket (roles/storage.objectViewer) and write objects (roles/storage.objectUser) under
+an IAM condition that names what they may not write: every prefix below whose `writers` do
+not include them. The controller is the one account above the others by design: it holds
+actAs on the TPU/GPU VM's account and on the Dataflow worker account (recovery, launching),
+so it may already run anything as them, and what it writes for them (the wheelhouse the
 accelerator VM installs, the Dataflow job's staged files) crosses no boundary. Nothing the
 accelerator VM or a Dataflow worker writes is executed by another identity.
+
+The other way round, what the accelerator VM's trainer reads back as its own, of every job
+(the JAX compilation cache, which JAX deserialises into programs the accelerator runs with
+no integrity check; the checkpoints it resumes from; the export users load), only that VM's
+account writes: not the workers, and not the controller's own account either, whose data
+stages (tokenizer, encoding) never write there; the controller reaches them only by acting
+as that account, i.e. by recreating the VM the way the recovery does.
 
 Why a condition that excludes these prefixes rather than one that lists where a VM may
 write: tools write where the bucket layout does not say (gcloud storage's parallel
@@ -28,6 +35,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from infra import jobspec
+
 OBJECT_TYPE = "storage.googleapis.com/Object"
 
 # The stack's identities that hold bucket grants (service accounts tp-<stack>-<identity>):
@@ -36,15 +45,24 @@ WORKLOAD, CONTROLLER, DATAFLOW = "workload", "controller", "dataflow"
 IDENTITIES = (WORKLOAD, CONTROLLER, DATAFLOW)
 
 
+# In a prefix, the place of a job's name: "runs/{job}/checkpoints/" is that folder of every
+# job (infra/jobspec.py run_prefix).
+JOB = "{job}"
+
+
 @dataclass(frozen=True)
 class Protected:
-    """Objects under `prefix` are executed or installed by `run_by`; besides the deploy
-    identity, only `writers` may write them."""
+    """Objects under `prefix` (with JOB: of any job) are executed, installed or trusted by
+    `run_by`; besides the deploy identity, only `writers` may write them."""
 
     prefix: str
     what: str
     run_by: tuple[str, ...]
     writers: tuple[str, ...] = ()
+
+
+def _of_every_job(path: str) -> str:
+    return f"{jobspec.run_prefix(JOB)}/{path}"
 
 
 PROTECTED = (
@@ -61,6 +79,31 @@ PROTECTED = (
     Protected(
         "dataflow/tmp/", "the Dataflow job's temp files", (DATAFLOW,), (CONTROLLER, DATAFLOW)
     ),
+    # What the trainer on the accelerator VM writes and reads back, of every job: only it
+    # writes them (payload/backends/jax/compile_cache.py, backends/*/checkpoint.py,
+    # training/export.py).
+    Protected(
+        _of_every_job(f"{jobspec.COMPILATION_CACHE_DIR}/"),
+        "every job's JAX compilation cache (programs JAX loads and runs unchecked)",
+        (WORKLOAD,),
+        (WORKLOAD,),
+    ),
+    Protected(
+        _of_every_job(f"{jobspec.CHECKPOINTS_DIR}/"),
+        "every job's checkpoints (the trainer resumes from them)",
+        (WORKLOAD,),
+        (WORKLOAD,),
+    ),
+    # Users load the export; its marker ends the watchdog's recovery of the accelerator VM.
+    Protected(
+        _of_every_job(f"{jobspec.EXPORT_DIR}/"),
+        "every job's export (the model users load, and its marker)",
+        (CONTROLLER,),
+        (WORKLOAD,),
+    ),
+    # Pulumi's (infra/components/controller.py WatchLease): while it exists the watchdog
+    # recreates or starts the accelerator VM; deleting it stops the watchdog.
+    Protected(jobspec.watch_lease_object_name(JOB), "every job's watchdog lease", (CONTROLLER,)),
 )
 
 
@@ -77,13 +120,40 @@ def object_name(bucket: str, name: str) -> str:
     return f"projects/_/buckets/{bucket}/objects/{name}"
 
 
+def under(bucket: str, prefix: str) -> str:
+    """The clause that holds for the objects of `bucket` under `prefix`.
+
+    A plain prefix is `resource.name.startsWith(...)`. A job-scoped one, runs/{job}/<path>,
+    is no one prefix for every job: it is IAM's extract() (Google's "Attribute reference for
+    IAM Conditions": the characters between the first occurrence of the template's prefix
+    and the first subsequent occurrence of its suffix; "" when either is missing), with the
+    template `<the bucket's objects>/runs{job}/<path>` and `!= ''`. The slash after `runs`
+    is part of what is extracted, so the clause holds whenever anything at all, a lone "/"
+    included, stands between `runs` and the first "/<path>" after it. It holds, and so the
+    grant refuses (closed by default), for runs/<any job>/<path>..., runs//<path>... (an
+    empty name), runs/a/b/<path>... (a name with "/"), runs/<job>/logs/<path>... (deeper)
+    and runsX/.../<path>...; the last four are no job's, refused all the same. It does not
+    hold for runs/<job>/checkpointsX or the bare runs/<job>/checkpoints (no "/<path>": no
+    reader takes them for the folder) nor for runs/<path>... (no job before it)."""
+    if JOB not in prefix:
+        return f"resource.name.startsWith('{object_name(bucket, prefix)}')"
+    before, _, rest = prefix.partition(JOB)
+    if before != jobspec.run_prefix("") or not rest.startswith("/") or JOB in rest:
+        raise ValueError(f"{prefix!r}: a job-scoped prefix is runs/{JOB}/<path>")
+    template = object_name(bucket, f"{before.removesuffix('/')}{JOB}{rest}")
+    return f"resource.name.extract('{template}') != ''"
+
+
 def write_expression(bucket: str, prefixes: Sequence[str]) -> str:
     """Objects of `bucket` outside `prefixes`: objects only (a bucket, a managed folder, a
     folder is another resource type, so no list, managed-folder IAM or folder permission of
-    the role comes through), and not under any of the prefixes."""
-    clauses = [f"resource.type == '{OBJECT_TYPE}'"]
-    clauses += [f"!resource.name.startsWith('{object_name(bucket, p)}')" for p in prefixes]
-    return " && ".join(clauses)
+    the role comes through), and under none of the prefixes. One negation of a disjunction,
+    not a negation per prefix: IAM allows 12 logic operators in a binding's condition
+    (Google's IAM "Quotas and limits"), and `!`, `&&` and `||` each count here."""
+    expression = f"resource.type == '{OBJECT_TYPE}'"
+    if not prefixes:
+        return expression
+    return f"{expression} && !({' || '.join(under(bucket, p) for p in prefixes)})"
 
 
 def write_condition(bucket: str, identity: str) -> dict[str, str]:
@@ -92,8 +162,9 @@ def write_condition(bucket: str, identity: str) -> dict[str, str]:
     return {
         "title": f"{identity}-writes-no-executables"[:100],
         "description": (
-            "Objects outside what another identity executes and only the deploy identity "
-            f"writes: {', '.join(p.prefix for p in protected)} (infra/executables.py)."
+            "Objects outside what another identity runs or trusts: "
+            f"{', '.join(p.prefix.replace(JOB, '<job>') for p in protected)} "
+            "(infra/executables.py)."
         )[:256],
         "expression": write_expression(bucket, [p.prefix for p in protected]),
     }

@@ -295,7 +295,7 @@ MAIN_GRANTS = (
         rf"serviceAccount:{stack_account('controller', 'workload', 'dataflow')}",
         "they write objects, never what another identity runs",
         "the stack's tp-<stack>-controller, -workload and -dataflow accounts",
-        condition="resource.type == 'storage.googleapis.com/Object' && !resource.name",
+        condition="resource.type == 'storage.googleapis.com/Object' && !(resource.name",
     ),
     # tpu-pretrain:dataflow (infra/components/dataflow.py; Google's Dataflow security and
     # access-control pages): the worker role to the worker account only, objects of the

@@ -1,6 +1,7 @@
 """The rule family "what a VM runs comes only from the deploy identity" (docs/guard-rails.md,
 "What a VM runs"): no grant lets a VM's or a Dataflow worker's account write what a VM of
-the stack executes or installs.
+the stack executes or installs, nor another identity what the accelerator VM's trainer reads
+back (every job's compilation cache, checkpoints, export), nor any the watchdog's lease.
 
 The table of protected prefixes is infra/executables.py's, copied here: the pack runs from
 policy/ without the program (its own environment, policy/requirements.txt), and
@@ -54,7 +55,13 @@ PROTECTED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("wheelhouse/", (CONTROLLER,)),
     ("dataflow/staging/", (CONTROLLER,)),
     ("dataflow/tmp/", (CONTROLLER, DATAFLOW)),
+    # Of every job ({job}): what the accelerator VM's trainer reads back, and Pulumi's lease.
+    ("runs/{job}/compilation-cache/", (WORKLOAD,)),
+    ("runs/{job}/checkpoints/", (WORKLOAD,)),
+    ("runs/{job}/export/", (WORKLOAD,)),
+    ("runs/{job}/bootstrap/tpu-watch-lease", ()),
 )
+JOB = "{job}"
 WRITE_ROLE = "roles/storage.objectUser"
 READ_ONLY_ROLES = frozenset(
     {
@@ -88,14 +95,18 @@ def protected_from(identity: str) -> list[str]:
     return [prefix for prefix, writers in PROTECTED if identity not in writers]
 
 
+def _under(bucket: str, prefix: str) -> str:
+    objects = f"projects/_/buckets/{bucket}/objects/"
+    if JOB in prefix:  # runs/{job}/<path>: extracted as runs{job}/<path>, never "" for a job's
+        return f"resource.name.extract('{objects}{prefix.replace('/' + JOB, JOB, 1)}') != ''"
+    return f"resource.name.startsWith('{objects}{prefix}')"
+
+
 def expected_expression(bucket: str, identity: str) -> str:
-    """The condition the program writes (infra/executables.py write_expression)."""
-    clauses = [f"resource.type == '{OBJECT_TYPE}'"]
-    clauses += [
-        f"!resource.name.startsWith('projects/_/buckets/{bucket}/objects/{prefix}')"
-        for prefix in protected_from(identity)
-    ]
-    return " && ".join(clauses)
+    """The condition the program writes (infra/executables.py write_expression): objects
+    only, and under none of the prefixes the identity may not write."""
+    under = " || ".join(_under(bucket, prefix) for prefix in protected_from(identity))
+    return f"resource.type == '{OBJECT_TYPE}' && !({under})"
 
 
 def identity_of(member: str) -> str | None:
@@ -216,8 +227,10 @@ def rules() -> list[Rule]:
                 name=NAME,
                 description=(
                     "No grant lets a VM's or a Dataflow worker's account write what a VM of the "
-                    "stack runs (the job pointer, startup scripts, payload archive, job specs; "
-                    "the wheelhouse and Dataflow staging for all but the controller): on the "
+                    "stack runs (the job pointer, startup scripts, payload archive, job specs, "
+                    "the watchdog's lease; the wheelhouse and Dataflow staging for all but the "
+                    "controller; every job's compilation cache, checkpoints and export for all "
+                    "but the accelerator VM): on the "
                     "bucket only objectViewer and objectUser with the program's exact "
                     "condition, no object-writing role on the project, a managed folder or by "
                     "ACL."

@@ -64,6 +64,18 @@ def functions_called(expression: str) -> set[str]:
     return called
 
 
+def logic_operators(expression: str) -> int:
+    """How many of CEL's logic operators (`&&`, `||`, `!`) an expression uses, from the parse
+    tree: IAM allows 12 in a binding's condition (Google's IAM "Quotas and limits")."""
+    count = 0
+    for node in _ENV.compile(expression).iter_subtrees():
+        if node.data in ("conditionalor", "conditionaland") and len(node.children) == 2:
+            count += 1  # one binary node per `||` / `&&` (a lone operand is one child)
+        elif node.data == "unary_not":
+            count += 1
+    return count
+
+
 def evaluate(
     expression: str,
     resource_type: str,

@@ -71,3 +71,65 @@ def test_other_principals_and_read_only_roles_are_not_its_concern() -> None:
     for role in project_roles:
         props = {"project": "p", "role": role, "member": _account("dataflow")}
         assert check_resource(POLICY, "gcp:projects/iAMMember:IAMMember", props) == []
+
+
+def _objects_write(identity: str, expression: str) -> dict[str, object]:
+    return {
+        "bucket": BUCKET,
+        "role": "roles/storage.objectUser",
+        "member": _account(identity),
+        "condition": {"title": "t", "expression": expression},
+    }
+
+
+def _variants() -> list[tuple[str, str, str]]:
+    """(identity, what was done, expression): each identity's condition with one clause
+    missing, written as a hand would (the clause cut out of the program's text)."""
+    variants = []
+    for identity in executables.IDENTITIES:
+        written = executables.write_condition(BUCKET, identity)["expression"]
+        for protected in executables.protected_from(identity):
+            clause = executables.under(BUCKET, protected.prefix)
+            cut = written.replace(f" || {clause}", "").replace(f"{clause} || ", "")
+            assert cut != written
+            variants.append((identity, f"without {protected.prefix}", cut))
+    return variants
+
+
+@pytest.mark.parametrize(("identity", "change", "expression"), _variants())
+def test_a_condition_without_any_one_clause_is_refused(
+    identity: str, change: str, expression: str
+) -> None:
+    [message] = check_resource(POLICY, BUCKET_MEMBER, _objects_write(identity, expression))
+    assert message.startswith(rule.MSG), change
+
+
+def test_the_workers_old_condition_is_refused() -> None:
+    """The condition before the trainer's folders and the lease were protected: it let the
+    workers write every job's checkpoints, compilation cache, export and the lease."""
+    objects = f"projects/_/buckets/{BUCKET}/objects/"
+    old = " && ".join(
+        ["resource.type == 'storage.googleapis.com/Object'"]
+        + [
+            f"!resource.name.startsWith('{objects}{prefix}')"
+            for prefix in ("jobs/", "startup/", "payload/", "wheelhouse/", "dataflow/staging/")
+        ]
+    )
+    [message] = check_resource(POLICY, BUCKET_MEMBER, _objects_write("dataflow", old))
+    assert (
+        "runs/{job}/checkpoints/" in message and "runs/{job}/bootstrap/tpu-watch-lease" in message
+    )
+
+
+def test_a_job_scoped_clause_narrowed_to_the_stacks_job_is_refused() -> None:
+    """startsWith on this stack's own job would leave another job's checkpoints open (the
+    bucket outlives its stacks and holds every job's runs/)."""
+    written = executables.write_condition(BUCKET, "controller")["expression"]
+    narrowed = written.replace(
+        executables.under(BUCKET, "runs/{job}/checkpoints/"),
+        f"resource.name.startsWith('projects/_/buckets/{BUCKET}/objects/runs/bert-small-mlm/"
+        "checkpoints/')",
+    )
+    assert narrowed != written
+    [message] = check_resource(POLICY, BUCKET_MEMBER, _objects_write("controller", narrowed))
+    assert message.startswith(rule.MSG)

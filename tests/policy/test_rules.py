@@ -251,7 +251,7 @@ EXECUTABLE_WRITES: list[tuple[str, tuple[str, dict[str, Any]]]] = [
     ("object-user-loosened", _iam(_BUCKET_MEMBER, "roles/storage.objectUser",
                                   f"serviceAccount:{SA}", bucket="b", condition={
                                       "title": "t", "expression": _WRITE_CONDITION.replace(
-                                          " && !resource.name.startsWith('projects/_/buckets/b/"
+                                          " || resource.name.startsWith('projects/_/buckets/b/"
                                           "objects/wheelhouse/')", "")})),
     ("object-user-for-another-bucket", _iam(_BUCKET_MEMBER, "roles/storage.objectUser",
                                             f"serviceAccount:{SA}", bucket="b2",

@@ -206,18 +206,16 @@ GPU_RECOVERY_PERMISSIONS = frozenset(
 # LAUNCHER_EXTRA_ROLE_ID; what Dataflow Admin adds to Developer, less object permissions).
 DATAFLOW_LAUNCHER_ROLE_ID = "tpuPretrainDataflowLauncher"
 DATAFLOW_LAUNCHER_PERMISSIONS = frozenset({"compute.machineTypes.get", "storage.buckets.get"})
-# The Dataflow workers' role: roles/dataflow.worker less storage.objects.create and .get
-# (infra/components/dataflow.py WORKER_ROLE_ID; policy/executables.py refuses any project
-# role that writes objects).
+# The Dataflow workers' role: roles/dataflow.worker less storage.objects.create and .get and
+# its compute.* permissions on every VM of the project (infra/bootstrap/bootstrap_roles.py
+# DATAFLOW_WORKER_PERMISSIONS says why; infra/components/dataflow.py WORKER_ROLE_ID;
+# policy/executables.py refuses any project role that writes objects).
 DATAFLOW_WORKER_ROLE_ID = "tpuPretrainDataflowWorker"
 DATAFLOW_WORKER_PERMISSIONS = frozenset(
     {
         "autoscaling.sites.readRecommendations",
         "autoscaling.sites.writeMetrics",
         "autoscaling.sites.writeState",
-        "compute.instanceGroupManagers.update",
-        "compute.instances.delete",
-        "compute.instances.setDiskAutoDelete",
         "dataflow.jobs.get",
         "dataflow.shuffle.read",
         "dataflow.shuffle.write",

@@ -67,31 +67,47 @@ DATAFLOW_LAUNCHER_PERMISSIONS = (
     "compute.machineTypes.get",
     "storage.buckets.get",
 )
-# roles/dataflow.worker as Google defines it, less storage.objects.create and .get: granted on
-# the project those reach every object of every bucket, what a VM of the stack runs included
-# (docs/guard-rails.md, "What a VM runs"); the workers' objects come from their grants on the
-# stack's bucket (infra/components/bucket.py object_grants). The list is the role's
-# includedPermissions (`gcloud iam roles describe roles/dataflow.worker`).
+# roles/dataflow.worker as Google defines it (its includedPermissions, `gcloud iam roles
+# describe roles/dataflow.worker`), less what reaches beyond the worker's own job when granted
+# on the project, as this role is:
+# - storage.objects.create and .get: every object of every bucket, what a VM of the stack runs
+#   included (docs/guard-rails.md, "What a VM runs"); the workers' objects come from their
+#   grants on the stack's bucket (infra/components/bucket.py object_grants);
+# - compute.instances.delete, compute.instances.setDiskAutoDelete and
+#   compute.instanceGroupManagers.update: every VM and instance group of the project (a
+#   compromised worker could delete the TPU VM or the controller). The workers do not manage
+#   their VMs, the service does, as its own service agent (Google's "Dataflow security and
+#   permissions", dataflow/docs/concepts/security-and-permissions): "The Dataflow service
+#   fully manages resources in Google Cloud on a per-job basis. This includes spinning up and
+#   shutting down Compute Engine instances" (Google's Dataflow quotas page,
+#   dataflow/docs/request-quotas). Only a real Dataflow job shows that no worker calls them
+#   (docs/verified-offline-vs-gcp.md, "Dataflow").
+# What remains, each for the worker's own job:
 DATAFLOW_WORKER_PERMISSIONS = (
+    # Dataflow's autoscaling: the workers report their metrics and state, read its advice
     "autoscaling.sites.readRecommendations",
     "autoscaling.sites.writeMetrics",
     "autoscaling.sites.writeState",
-    "compute.instanceGroupManagers.update",
-    "compute.instances.delete",
-    "compute.instances.setDiskAutoDelete",
+    # the job a worker runs (its description)
     "dataflow.jobs.get",
+    # Dataflow Shuffle (a batch job's group-by-key outside the workers)
     "dataflow.shuffle.read",
     "dataflow.shuffle.write",
+    # Streaming Engine's work items: a streaming job's; kept so a streaming job of the stack
+    # runs as Google's role would (the encode stage is a batch job)
     "dataflow.streamingWorkItems.ImportState",
     "dataflow.streamingWorkItems.commitWork",
     "dataflow.streamingWorkItems.getData",
     "dataflow.streamingWorkItems.getWork",
     "dataflow.streamingWorkItems.getWorkerMetadata",
+    # a batch job's work items: lease one, report progress and completion, send messages
     "dataflow.workItems.lease",
     "dataflow.workItems.sendMessage",
     "dataflow.workItems.update",
+    # the workers' logs and metrics
     "logging.logEntries.create",
     "monitoring.timeSeries.create",
+    # a bucket's metadata, no object (Beam's Cloud Storage I/O reads a bucket's settings)
     "storage.buckets.get",
 )
 

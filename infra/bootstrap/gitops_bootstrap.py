@@ -635,7 +635,7 @@ def define(cfg: BootstrapConfig) -> None:
         project=project,
         role_id=DATAFLOW_WORKER_ROLE_ID,
         title="tpu-pretrain Dataflow worker",
-        description="roles/dataflow.worker without object writes and reads on every bucket.",
+        description="roles/dataflow.worker without its object and VM permissions on the project.",
         permissions=list(DATAFLOW_WORKER_PERMISSIONS),
         stage="GA",
         opts=after_apis,

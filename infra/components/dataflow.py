@@ -63,9 +63,10 @@ from infra.components.identity import (
 DATAFLOW_API = "dataflow.googleapis.com"
 # Google's roles/dataflow.worker less storage.objects.create and .get, which on the project
 # would reach every object of every bucket (what a VM runs included: docs/guard-rails.md,
-# "What a VM runs"); a custom role the GitOps bootstrap creates
-# (infra/bootstrap/bootstrap_roles.py DATAFLOW_WORKER_PERMISSIONS, or the one-time gcloud
-# command in docs/deploy-gcp.md). The workers' objects come from the bucket grants below.
+# "What a VM runs"), and less its compute.* on every VM; a custom role the GitOps bootstrap
+# creates (infra/bootstrap/bootstrap_roles.py DATAFLOW_WORKER_PERMISSIONS, or the one-time
+# gcloud command in docs/deploy-gcp.md). The workers' objects come from the bucket grants
+# below.
 WORKER_ROLE_ID = "tpuPretrainDataflowWorker"
 LAUNCHER_ROLE = "roles/dataflow.developer"
 # What Dataflow Admin adds to Developer at project level, read-only (Google's Dataflow roles

@@ -407,3 +407,24 @@ def test_the_documented_command_creates_the_same_recovery_role(bootstrap_run) ->
     }
     roles = [bootstrap_run.named(n).inputs for n in ("tpu-recovery-role", "gpu-recovery-role")]
     assert documented == {r["roleId"]: sorted(r["permissions"]) for r in roles}
+
+
+def test_the_documented_commands_create_the_same_dataflow_roles(bootstrap_run) -> None:
+    """Without GitOps, the one-time gcloud commands of the Dataflow section (Deploy on GCP)
+    make the launcher's and the workers' roles the bootstrap would. Granted on the project,
+    the workers' role reaches no object and no VM there (Dataflow's service, not its
+    workers, creates and deletes the worker VMs: bootstrap_roles.py)."""
+    documented = {
+        role_id: sorted(permissions.split(","))
+        for role_id, permissions in re.findall(
+            r"gcloud iam roles create (tpuPretrainDataflow\w+) --project <project> "
+            r".*?--permissions ([a-zA-Z.,]+)",
+            doc_text(),
+        )
+    }
+    roles = [
+        bootstrap_run.named(n).inputs for n in ("dataflow-launcher-role", "dataflow-worker-role")
+    ]
+    assert documented == {r["roleId"]: sorted(r["permissions"]) for r in roles}
+    worker = bootstrap_run.named("dataflow-worker-role").inputs["permissions"]
+    assert [p for p in worker if p.startswith(("compute.", "storage.objects."))] == []

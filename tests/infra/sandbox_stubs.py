@@ -304,7 +304,8 @@ case " $* " in *" wireguard-tools "*) cp "$STUB_DIR/recorder" "$STUB_DIR/wg" ;; 
 STUBS["curl"] = r"""
 echo "curl $*" >>"$CALLS"
 # A guest attribute set from inside the VM (`curl -X PUT --data VALUE .../guest-attributes/
-# NAMESPACE/KEY`): $STATE/guest-attributes/NAMESPACE/KEY, unless GUEST_ATTRIBUTES_OFF.
+# NAMESPACE/KEY`): $STATE/guest-attributes/NAMESPACE/KEY (or under GUEST_ATTRIBUTES_DIR),
+# unless GUEST_ATTRIBUTES_OFF.
 if [[ " $* " == *" -X PUT "* ]]; then
   [ -z "${GUEST_ATTRIBUTES_OFF:-}" ] || { echo "curl: (22) 403" >&2; exit 22; }
   args=("$@"); value=""
@@ -312,8 +313,9 @@ if [[ " $* " == *" -X PUT "* ]]; then
     [ "${args[$i]}" = --data ] && value="${args[$((i + 1))]}"
   done
   path="${*: -1}"; path="${path#*/guest-attributes/}"
-  mkdir -p "$STATE/guest-attributes/$(dirname "$path")"
-  printf '%s' "$value" >"$STATE/guest-attributes/$path"
+  dir="${GUEST_ATTRIBUTES_DIR:-$STATE/guest-attributes}"  # the stack twin: the API's copy
+  mkdir -p "$dir/$(dirname "$path")"
+  printf '%s' "$value" >"$dir/$path"
   exit 0
 fi
 # A TPU VM's instance attributes: $STATE/md/<key> (the first FAIL_FIRST_METADATA reads fail).

@@ -391,6 +391,7 @@ def render_tpu_script(workload: Workload) -> str:
             "ACCELERATOR_TYPE": host.accelerator_type,
             "RUNTIME_VERSION": host.runtime_version,
             "WHEELHOUSE_ROOT": workload.wheelhouse_root,
+            "TRAINER_ATTRIBUTE": TRAINER_ATTRIBUTE,
             "TPU_HOSTS": str(host.hosts),
             "VM_REQUIREMENTS": host.requirements,
             "PAYLOAD_BACKEND": host.backend,
@@ -430,6 +431,7 @@ def render_gpu_script(workload: Workload) -> str:
             "ACCELERATOR_TYPE": f"{host.count}x {host.gpu_name} on {host.machine_type}",
             "RUNTIME_VERSION": host.image.rsplit("/", 1)[-1],
             "WHEELHOUSE_ROOT": workload.wheelhouse_root,
+            "TRAINER_ATTRIBUTE": TRAINER_ATTRIBUTE,
             "TPU_HOSTS": "1",
             "VM_REQUIREMENTS": host.requirements,
             "PAYLOAD_BACKEND": host.backend,
@@ -586,6 +588,7 @@ class TpuWatch:
             "RELEASE_WHEN_DONE": "true" if self.release_when_done else "false",
             "TPU_HOSTS": str(self.hosts),
             "BOOT_ATTRIBUTE": BOOT_ATTRIBUTE,
+            "TRAINER_ATTRIBUTE": TRAINER_ATTRIBUTE,
         }
 
     def script(self, workload: Workload) -> str:
@@ -630,6 +633,7 @@ class GpuWatch:
             "EXPORT_MARKER_URI": jobspec.export_marker_uri(workload.bucket, workload.job_name),
             "POINTER_URI": pointer_uri(workload.bucket),
             "BOOT_ATTRIBUTE": BOOT_ATTRIBUTE,
+            "TRAINER_ATTRIBUTE": TRAINER_ATTRIBUTE,
         }
 
     def script(self, workload: Workload) -> str:
@@ -680,9 +684,14 @@ POINTER_OBJECT = "jobs/current.json"
 # wait for a grant's creation, not its propagation.
 LOADER_WAIT_SECONDS = 600
 # Where a VM's loader leaves its boot state, read without the bucket by the controller's
-# watchdog (templates/watch-common.sh boot_failure) and `make smoke`: a guest attribute
+# watchdog (templates/watch-common.sh vm_failure) and `make smoke`: a guest attribute
 # (namespace/key) of the VM, "loading", "ok" or "failed <epoch> <message>".
 BOOT_ATTRIBUTE = "tpu-pretrain/boot"
+# Where the trainer unit's helper leaves the trainer's state (templates/tpu.sh
+# trainer_stopped): "running", or "stopped <epoch> <message>" once it stopped for good (exit 2,
+# or TRAINER_FAILURES_MAX failures in a row). The watchdog then stops the billing as for a
+# failed boot. In the boot state's namespace: one read of the namespace gets both.
+TRAINER_ATTRIBUTE = "tpu-pretrain/trainer"
 # The metadata key that turns guest attributes on (Compute Engine's "Setting and querying
 # guest attributes"); every VM that boots the loader carries it.
 GUEST_ATTRIBUTES_METADATA = {"enable-guest-attributes": "TRUE"}

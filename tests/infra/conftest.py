@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gpu_stubs import APT_INSTALLS, DPKG, KEYRING_CURL, NVIDIA_SMI, UNAME, VENV_PYTHON
+import storage_emulator
+from gpu_stubs import install_gpu_stubs
 from harness import run_offline
 from script_sandbox import Sandbox, job_with_backend, new_sandbox
 
@@ -37,38 +38,15 @@ def gpu_run():
 def box(sandbox: Sandbox) -> Sandbox:
     """The sandbox with the GPU VM's stubs (gpu_stubs.py): test_gpu_scripts.py,
     test_gpu_jax_env.py."""
-    recorder = 'echo "$(basename "$0") $*" >>"$CALLS"\n'
-    for name, body in (
-        ("nvidia-smi", NVIDIA_SMI),
-        ("nvidia-smi.real", NVIDIA_SMI),
-        ("dpkg", DPKG),
-        ("apt-mark", recorder),
-        ("modprobe", recorder),
-        ("uname", UNAME),
-    ):
-        stub = sandbox.bin / name
-        stub.write_text("#!/bin/bash\nset -u\n" + body)
-        stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
-    for name, extra in (("curl", KEYRING_CURL), ("apt-get", APT_INSTALLS)):
-        stub = sandbox.bin / name
-        head, body = stub.read_text().split("\n", 1)[0], stub.read_text().split("\n", 1)[1]
-        if name == "curl":
-            stub.write_text(f"{head}\n{extra}{body}")
-        else:
-            stub.write_text(f"{head}\n{body}{extra}")
-    # `python3 -m venv` copies the recorder as every venv tool: make its python answer.
-    recorder = sandbox.bin / "recorder"
-    recorder.write_text(
-        recorder.read_text().replace('echo "lib/python3.10/site-packages/libtpu/libtpu.so"', "true")
-    )
-    python = sandbox.bin / "venv-python"
-    python.write_text("#!/bin/bash\nset -u\n" + VENV_PYTHON)
-    python.chmod(python.stat().st_mode | stat.S_IXUSR)
-    stub = sandbox.bin / "python3"
-    stub.write_text(
-        stub.read_text().replace(
-            'if [ -n "${STUB_VENV_PYTHON:-}" ]; then',
-            'cp "$STUB_DIR/venv-python" "$3/bin/python"\n  if [ -n "${STUB_VENV_PYTHON:-}" ]; then',
-        )
-    )
+    install_gpu_stubs(sandbox)
     return sandbox
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory) -> Iterator[str]:
+    """fake-gcs-server on 127.0.0.1 for the stack twin (stack_twin.py); its URL."""
+    emulator = storage_emulator.start(tmp_path_factory.mktemp("fake-gcs"))
+    try:
+        yield emulator.url
+    finally:
+        emulator.stop()

@@ -1,8 +1,12 @@
 """The GPU VM's stubs for the script sandbox (script_sandbox.py): nvidia-smi, the venv's
-python, NVIDIA's keyring through curl, dpkg and apt-get installing the driver, uname. The
-`box` fixture (conftest.py) adds them to a sandbox (test_gpu_scripts.py, test_gpu_jax_env.py)."""
+python, NVIDIA's keyring through curl, dpkg and apt-get installing the driver, uname.
+install_gpu_stubs adds them to a sandbox: the `box` fixture (conftest.py: test_gpu_scripts.py,
+test_gpu_jax_env.py) and the stack twin's GPU VM (stack_twin.py)."""
 
 from __future__ import annotations
+
+import stat
+from typing import Any
 
 NVIDIA_SMI = r"""
 echo "nvidia-smi $*" >>"$CALLS"
@@ -56,3 +60,41 @@ esac
 """
 KERNEL = "6.8.0-1015-gcp"  # what the stub uname says the running kernel is
 UNAME = f'if [ "$*" = -r ]; then echo {KERNEL}; else echo Linux; fi\n'
+
+
+def install_gpu_stubs(sandbox: Any) -> None:
+    """A script sandbox (script_sandbox.Sandbox) with the GPU VM's stubs."""
+    recorder = 'echo "$(basename "$0") $*" >>"$CALLS"\n'
+    for name, body in (
+        ("nvidia-smi", NVIDIA_SMI),
+        ("nvidia-smi.real", NVIDIA_SMI),
+        ("dpkg", DPKG),
+        ("apt-mark", recorder),
+        ("modprobe", recorder),
+        ("uname", UNAME),
+    ):
+        stub = sandbox.bin / name
+        stub.write_text("#!/bin/bash\nset -u\n" + body)
+        stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    for name, extra in (("curl", KEYRING_CURL), ("apt-get", APT_INSTALLS)):
+        stub = sandbox.bin / name
+        head, body = stub.read_text().split("\n", 1)[0], stub.read_text().split("\n", 1)[1]
+        if name == "curl":
+            stub.write_text(f"{head}\n{extra}{body}")
+        else:
+            stub.write_text(f"{head}\n{body}{extra}")
+    # `python3 -m venv` copies the recorder as every venv tool: make its python answer.
+    recorder = sandbox.bin / "recorder"
+    recorder.write_text(
+        recorder.read_text().replace('echo "lib/python3.10/site-packages/libtpu/libtpu.so"', "true")
+    )
+    python = sandbox.bin / "venv-python"
+    python.write_text("#!/bin/bash\nset -u\n" + VENV_PYTHON)
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    stub = sandbox.bin / "python3"
+    stub.write_text(
+        stub.read_text().replace(
+            'if [ -n "${STUB_VENV_PYTHON:-}" ]; then',
+            'cp "$STUB_DIR/venv-python" "$3/bin/python"\n  if [ -n "${STUB_VENV_PYTHON:-}" ]; then',
+        )
+    )

@@ -45,7 +45,7 @@ GCLOUD_TPU_NEEDS = {
     ("tpu-vm", "list"): ("tpu.nodes.list",),
     ("tpu-vm", "create"): ("tpu.nodes.create", "tpu.operations.get"),
     ("tpu-vm", "delete"): ("tpu.nodes.delete", "tpu.operations.get"),
-    # The boot state (watch-common.sh boot_failure). Cloud TPU's permission list has no
+    # The boot state (watch-common.sh vm_failure). Cloud TPU's permission list has no
     # permission of its own for nodes.getGuestAttributes: read as tpu.nodes.get (not checked
     # on GCP).
     ("tpu-vm", "get-guest-attributes"): ("tpu.nodes.get",),
@@ -387,7 +387,7 @@ def test_the_gpu_recovery_role_is_exactly_what_the_gpu_watchdog_runs(bootstrap_r
     )
     script = (ROOT / "infra" / "render" / "templates" / "gpu-watch.sh").read_text()
     verbs = set(
-        re.findall(r"(?:gcloud_once|vm_state|boot_failure) compute instances ([a-z-]+)", script)
+        re.findall(r"(?:gcloud_once|vm_state|vm_failure) compute instances ([a-z-]+)", script)
     )
     assert verbs == {"describe", "start", "get-guest-attributes", "stop"}
     needs = {p for verb in verbs for p in GCLOUD_INSTANCE_NEEDS[verb]}

@@ -19,8 +19,8 @@
 # - It never creates or deletes the VM: with STOP the VM is never deleted by preemption, and
 #   a VM that is gone was deleted by Pulumi or by hand (`pulumi up` creates it again).
 # - SUSPENDED (someone suspended it) is left alone: resume it by hand.
-# - A RUNNING VM whose loader gave up (its boot state: watch-common.sh boot_failure) bills
-#   while idle: it is stopped (`compute instances stop --async`), and not started again by
+# - A RUNNING VM whose loader gave up, or whose trainer stopped for good (its guest
+#   attributes: watch-common.sh vm_failure), bills while idle: it is stopped (`compute instances stop --async`), and not started again by
 #   the watchdog until it runs again (started by hand once the cause is fixed: the stack
 #   output gpuRecovery.start).
 # Status: gs://…/runs/<job>/bootstrap/gpu-watch.json.
@@ -70,7 +70,7 @@ fi
 case "${state}" in
   TERMINATED | STOPPED)
     if [ -f "${BOOT_FAILED}" ]; then
-      watch_status "${state}" boot-failed "$(cat "${BOOT_FAILED}")"
+      down_status "${state}"
       exit 0
     fi
     ;;
@@ -84,16 +84,17 @@ case "${state}" in
     ;;
   RUNNING)
     rm -f "${ATTEMPTS}" "${BOOT_FAILED}"
-    if failure="$(boot_failure compute instances get-guest-attributes "${VM_NAME}" \
+    if failure="$(vm_failure compute instances get-guest-attributes "${VM_NAME}" \
       "${WHERE[@]}" --format='value(key,value)')"; then
+      cause="$(failure_cause "${failure}" "${VM_NAME}")"
       if ! gcloud_once compute instances stop "${VM_NAME}" "${WHERE[@]}" --async; then
-        watch_status RUNNING stop-failed "its boot failed ($(boot_message "${failure}")); stopping ${VM_NAME} failed, retrying on the next tick: $(last_error)"
+        watch_status RUNNING stop-failed "${cause}; stopping ${VM_NAME} failed, retrying on the next tick: $(last_error)"
         exit 1
       fi
       echo "${failure}" >"${BOOT_SEEN}"
-      why="the boot of ${VM_NAME} failed ($(boot_message "${failure}")); stopped it, which billed while idle, and it is not started again: fix the cause, then start it (the stack output gpuRecovery.start)"
-      echo "${why}" >"${BOOT_FAILED}"
-      watch_status RUNNING boot-failed "${why}"
+      why="${cause}; stopped it, which billed while idle, and it is not started again: fix the cause, then start it (the stack output gpuRecovery.start)"
+      printf '%s\n%s\n' "$(failure_action "${failure}")" "${why}" >"${BOOT_FAILED}"
+      down_status RUNNING
       exit 0
     fi
     watch_status RUNNING none "nothing to do"

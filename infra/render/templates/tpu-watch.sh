@@ -20,10 +20,10 @@
 # - It only ever creates a VM it deleted itself (the pending marker); a VM deleted by hand or
 #   by Pulumi is left alone, and a VM that exists again (created by Pulumi or the queue) ends
 #   the recovery. A VM is recreated at most once per MIN_RECREATE_SECONDS.
-# - A READY VM whose loader gave up on any host (its boot state: watch-common.sh
-#   boot_failure) bills while idle: it is deleted, not recreated (its next boot would fail
-#   the same way), and the status says why until the VM exists again (pulumi up --replace,
-#   the stack output tpuRecovery.replace).
+# - A READY VM whose loader gave up, or whose trainer stopped for good (exit 2, or failures in
+#   a row), on any host (its guest attributes: watch-common.sh vm_failure) bills while idle:
+#   it is deleted, not recreated (it would fail the same way), and the status says why until
+#   the VM exists again (pulumi up --replace, the stack output tpuRecovery.replace).
 # A multi-host slice (TPU_HOSTS > 1) is one TPU node: the same single delete and create (the
 # node's --accelerator-type, e.g. v4-32) replace every host at once; each new host's startup
 # script installs the payload again and starts its JAX process, and the processes resume
@@ -312,7 +312,7 @@ case "${state}" in
     ;;
   MISSING)
     if [ ! -f "${PENDING}" ] && [ -f "${BOOT_FAILED}" ]; then
-      watch_status MISSING boot-failed "$(cat "${BOOT_FAILED}")"
+      down_status MISSING
       exit 0
     fi
     if [ ! -f "${PENDING}" ]; then
@@ -338,17 +338,18 @@ case "${state}" in
         ;;
     esac
     rm -f "${BOOT_FAILED}"
-    if [ "${state}" = READY ] && failure="$(boot_failure compute tpus tpu-vm get-guest-attributes \
+    if [ "${state}" = READY ] && failure="$(vm_failure compute tpus tpu-vm get-guest-attributes \
       "${TPU_NAME}" "${WHERE[@]}" --format='value(worker_id,key,value)')"; then
+      cause="$(failure_cause "${failure}" "${WHAT}")"
       if ! gcloud_once compute tpus tpu-vm delete "${TPU_NAME}" "${WHERE[@]}" --quiet --async \
         && ! err_is_not_found; then
-        watch_status "${state}" delete-failed "its boot failed ($(boot_message "${failure}")); deleting ${TPU_NAME} failed, retrying on the next tick: $(last_error)"
+        watch_status "${state}" delete-failed "${cause}; deleting ${TPU_NAME} failed, retrying on the next tick: $(last_error)"
         exit 1
       fi
       echo "${failure}" >"${BOOT_SEEN}"
-      why="the boot of ${WHAT} failed ($(boot_message "${failure}")); deleted it, which billed while idle, and it is not recreated: fix the cause, then recreate it with pulumi up --replace (the stack output tpuRecovery.replace)"
-      echo "${why}" >"${BOOT_FAILED}"
-      watch_status "${state}" boot-failed "${why}"
+      why="${cause}; deleted it, which billed while idle, and it is not recreated: fix the cause, then recreate it with pulumi up --replace (the stack output tpuRecovery.replace)"
+      printf '%s\n%s\n' "$(failure_action "${failure}")" "${why}" >"${BOOT_FAILED}"
+      down_status "${state}"
       exit 0
     fi
     watch_status "${state}" none "nothing to do"

@@ -46,6 +46,8 @@ check_python() {
 # constants, written next to the venv (systemd cannot call shell functions).
 wait_manifest() {
   local waited=0 out reason previous=""
+  # A start (at boot, by systemd's restart, by hand) ends any earlier stop for good.
+  trainer_state running
   gcs_cli
   while true; do
     if out="$(gcs ls "${MANIFEST_URI}" 2>&1)"; then
@@ -78,6 +80,25 @@ wait_manifest() {
 # VM, and systemd's restart after another host's stop, stay as they are.
 readonly TRAINER_FAILURES_MAX=5
 readonly TRAINER_FAILURES="${APP_DIR}/trainer-failures"
+readonly GUEST_ATTRIBUTES_URL="http://metadata.google.internal/computeMetadata/v1/instance/guest-attributes"
+
+# The trainer's state as the VM's guest attribute TRAINER_ATTRIBUTE, beside the loader's boot
+# state (templates/loader.sh boot_state): "running" while the unit starts, "stopped <epoch>
+# <message>" once it stopped for good. The controller's watchdog reads it without the bucket
+# and deletes the TPU VM (or stops the GPU VM), which would bill while idle (watch-common.sh
+# vm_failure). A host whose attributes are off only logs it.
+trainer_state() {
+  if ! curl -fsS -X PUT --data "$1" -H 'Metadata-Flavor: Google' \
+    "${GUEST_ATTRIBUTES_URL}/${TRAINER_ATTRIBUTE}" >/dev/null 2>&1; then
+    log "could not set the guest attribute ${TRAINER_ATTRIBUTE}"
+  fi
+}
+
+# Stopped for good: the bootstrap status and the guest attribute say the same.
+trainer_gave_up() {
+  write_status stopped "$1"
+  trainer_state "stopped $(date -u +%s) $1"
+}
 
 # The newest finished checkpoint's step in the bucket: Orbax's <step>/ directories (JAX),
 # TF's ckpt-<step>.index; "none" when there is none or the bucket cannot be listed.
@@ -101,7 +122,7 @@ trainer_stopped() {
       ;;
     2)
       rm -f "${TRAINER_FAILURES}"
-      write_status stopped "trainer stopped with exit 2: a user error or no TPU (last_error in ${STATUS_URI}); not restarted (RestartPreventExitStatus=2): fix it, then sudo systemctl restart tpu-pretrain-train"
+      trainer_gave_up "trainer stopped with exit 2: a user error or no TPU (last_error in ${STATUS_URI}); not restarted (RestartPreventExitStatus=2): fix it, then sudo systemctl restart tpu-pretrain-train"
       ;;
     130 | 143 | INT | TERM)
       write_status restarting "trainer stopped by a signal (${SERVICE_RESULT:-unknown}, exit ${code}); systemd restarts it in 60s and it resumes from the last checkpoint"
@@ -118,7 +139,7 @@ trainer_stopped() {
       failures=$((failures + 1))
       if [ "${failures}" -ge "${TRAINER_FAILURES_MAX}" ]; then
         rm -f "${TRAINER_FAILURES}" # a restart by hand counts afresh
-        write_status stopped "trainer failed ${failures} times in a row without a newer checkpoint (newest: ${newest}; last: ${SERVICE_RESULT:-unknown}, exit ${code:-none}); not restarted: see journalctl -u tpu-pretrain-train and last_error in ${STATUS_URI}, fix it, then sudo systemctl restart tpu-pretrain-train"
+        trainer_gave_up "trainer failed ${failures} times in a row without a newer checkpoint (newest: ${newest}; last: ${SERVICE_RESULT:-unknown}, exit ${code:-none}); not restarted: see journalctl -u tpu-pretrain-train and last_error in ${STATUS_URI}, fix it, then sudo systemctl restart tpu-pretrain-train"
         systemctl --no-block stop tpu-pretrain-train.service || log "could not stop tpu-pretrain-train.service"
         return 0
       fi
@@ -291,8 +312,9 @@ $(declare -p ROLE RUN_ROOT MANIFEST_URI STATUS_URI PAYLOAD_SHA256)
 $(declare -p TPU_HOSTS WORKER SLICE_IPS)
 GCS_CLI=''
 STATUS_NAME=$(trainer_status_name)
-$(declare -p HOST_CHECKS TRAINER_FAILURES TRAINER_FAILURES_MAX)
-$(declare -f log retry_gcloud gcs_cli gcs write_status wait_manifest newest_checkpoint trainer_stopped)
+$(declare -p HOST_CHECKS TRAINER_FAILURES TRAINER_FAILURES_MAX TRAINER_ATTRIBUTE GUEST_ATTRIBUTES_URL)
+$(declare -f log retry_gcloud gcs_cli gcs write_status trainer_state trainer_gave_up)
+$(declare -f wait_manifest newest_checkpoint trainer_stopped)
 case \"\${1:-}\" in
   wait-manifest) wait_manifest ;;
   stopped) trainer_stopped ;;

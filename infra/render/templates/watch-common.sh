@@ -4,9 +4,9 @@
 # never once the job's export is complete (EXPORT_MARKER_URI), write their status to
 # gs://…/runs/<job>/bootstrap/<role>.json, and re-run the controller's startup script when
 # `pulumi up` wrote a job pointer that names another controller script than the one the
-# controller's loader ran. A VM whose loader gave up (its boot state,
-# boot_failure below) is deleted (TPU) or stopped (GPU) instead of billing idle, and not
-# recreated or started again by the watchdog. Each defines watch_status STATE ACTION MESSAGE
+# controller's loader ran. A VM whose loader gave up or whose trainer stopped for good (its
+# guest attributes, vm_failure below) is deleted (TPU) or stopped (GPU) instead of billing
+# idle, and not recreated or started again by the watchdog. Each defines watch_status STATE ACTION MESSAGE
 # and WATCH_DIR (BOOT_SEEN: the boot failure last acted on; BOOT_FAILED: the VM is down
 # because of it).
 # The controller's loader (templates/loader.sh) keeps the job pointer it ran in LOADER_DIR
@@ -137,33 +137,66 @@ vm_state() {
   fi
 }
 
-# The accelerator VM's boot state (templates/loader.sh boot_state): the guest attribute
-# BOOT_ATTRIBUTE ("failed <epoch> <message>" when its loader gave up), read with
-# `gcloud <get-guest-attributes command...> --format='value([worker_id,]key,value)'` over the
-# attribute's namespace. Prints the first failure not acted on yet (BOOT_SEEN holds the last
-# one acted on: a stopped and restarted VM may still show it); fails when there is none or
-# the attributes cannot be read (logged: the next tick reads again).
-boot_failure() {
+# Why the accelerator VM bills while idle, from its guest attributes in the namespace of
+# BOOT_ATTRIBUTE, read with `gcloud <get-guest-attributes command...>
+# --format='value([worker_id,]key,value)'`: its loader gave up (BOOT_ATTRIBUTE "failed <epoch>
+# <message>", templates/loader.sh boot_state), or its trainer stopped for good
+# (TRAINER_ATTRIBUTE "stopped <epoch> <message>": exit 2, or failures in a row, templates/tpu.sh
+# trainer_stopped). Prints the first such line not acted on yet (BOOT_SEEN holds the last one
+# acted on: a stopped and restarted VM may still show it); fails when there is none or the
+# attributes cannot be read (logged: the next tick reads again).
+vm_failure() {
   local values line
   if ! values="$(gcloud_once "$@" --query-path="${BOOT_ATTRIBUTE%%/*}/")"; then
-    log "cannot read the boot state (guest attribute ${BOOT_ATTRIBUTE}): $(last_error)"
+    log "cannot read the VM's state (guest attributes ${BOOT_ATTRIBUTE%%/*}/): $(last_error)"
     return 1
   fi
-  line="$(awk -F'\t' -v key="${BOOT_ATTRIBUTE#*/}" \
-    'NF >= 2 && $(NF-1) == key && $NF ~ /^failed [0-9]+ / { print; exit }' <<<"${values}")"
+  line="$(awk -F'\t' -v boot="${BOOT_ATTRIBUTE#*/}" -v trainer="${TRAINER_ATTRIBUTE#*/}" \
+    'NF >= 2 && (($(NF-1) == boot && $NF ~ /^failed [0-9]+ /) || ($(NF-1) == trainer && $NF ~ /^stopped [0-9]+ /)) { print; exit }' <<<"${values}")"
   if [ -z "${line}" ] || [ "${line}" = "$(cat "${BOOT_SEEN}" 2>/dev/null || true)" ]; then
     return 1
   fi
   echo "${line}"
 }
 
-# "[worker W: ]<message>" of a boot_failure line.
+# What a vm_failure line is: boot-failed (its loader) or trainer-stopped (its trainer).
+failure_action() {
+  if [[ "${1##*$'\t'}" == failed\ * ]]; then
+    echo boot-failed
+  else
+    echo trainer-stopped
+  fi
+}
+
+# "the boot of VM failed (…)" or "the trainer of VM stopped for good (…)" for a vm_failure line.
+failure_cause() {
+  local line="$1" vm="$2"
+  if [ "$(failure_action "${line}")" = boot-failed ]; then
+    echo "the boot of ${vm} failed ($(boot_message "${line}"))"
+  else
+    echo "the trainer of ${vm} stopped for good ($(boot_message "${line}"))"
+  fi
+}
+
+# The VM is down because of a vm_failure (BOOT_FAILED: its action, then why): say so again.
+down_status() {
+  local action why
+  action="$(sed -n 1p "${BOOT_FAILED}")"
+  why="$(sed -n 2p "${BOOT_FAILED}")"
+  if [ -z "${why}" ]; then  # written by an earlier watchdog: the message alone
+    why="${action}"
+    action=boot-failed
+  fi
+  watch_status "$1" "${action}" "${why}"
+}
+
+# "[worker W: ]<message>" of a vm_failure line.
 boot_message() {
   local line="$1" value worker=""
   value="${line##*$'\t'}"
   if [ "$(awk -F'\t' '{ print NF }' <<<"${line}")" -ge 3 ]; then
     worker="worker ${line%%$'\t'*}: "
   fi
-  value="${value#failed }"
+  value="${value#* }"  # "failed " or "stopped "
   echo "${worker}${value#* }"
 }

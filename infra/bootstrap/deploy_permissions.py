@@ -139,24 +139,6 @@ PERMISSIONS_BY_TYPE: dict[str, tuple[str, ...]] = {
         "resourcemanager.projects.getIamPolicy",  # conditional role: listed roles only
         "resourcemanager.projects.setIamPolicy",
     ),
-    "gcp:secretmanager/secret:Secret": (
-        "secretmanager.secrets.create",
-        "secretmanager.secrets.delete",
-        "secretmanager.secrets.get",
-        "secretmanager.secrets.update",
-    ),
-    "gcp:secretmanager/secretVersion:SecretVersion": (
-        "secretmanager.versions.add",
-        "secretmanager.versions.get",
-        "secretmanager.versions.access",  # the provider reads the version it wrote
-        "secretmanager.versions.enable",
-        "secretmanager.versions.disable",
-        "secretmanager.versions.destroy",
-    ),
-    "gcp:secretmanager/secretIamMember:SecretIamMember": (
-        "secretmanager.secrets.getIamPolicy",
-        "secretmanager.secrets.setIamPolicy",
-    ),
     # Local providers: no Google API call.
     "random:index/randomBytes:RandomBytes": (),
     "time:index/sleep:Sleep": (),

@@ -13,9 +13,9 @@ Creates what the workflows in .github/workflows need before any stack can be pre
              running on refs/heads/main; its permissions are derived from what the
              program's resource types need (PERMISSIONS_BY_TYPE); it acts as the stacks'
              own accounts only (no project-wide actAs) and writes no account's IAM policy,
-             changes only the stacks' own VMs, buckets (never the state bucket) and
-             secrets (conditions on resource names), never updates a TPU VM, and grants on
-             the project only the roles the stacks grant,
+             changes only the stacks' own VMs and buckets (never the state bucket;
+             conditions on resource names), never updates a TPU VM, and grants on the
+             project only the roles the stacks grant,
 - every stack's service accounts and every grant on their own allow policies (the deploy
   account's actAs, the controller's actAs on the TPU VM's and the Dataflow workers'
   accounts): the stacks adopt the accounts (tpu-pretrain:accountsFromBootstrap) and keep
@@ -61,8 +61,6 @@ from bootstrap_roles import (
     STACK_BUCKET_ROLE_ID,
     STACK_INSTANCE_PERMISSIONS,
     STACK_INSTANCE_ROLE_ID,
-    STACK_SECRET_PERMISSIONS,
-    STACK_SECRET_ROLE_ID,
     grantable_roles,
     stack_account_display_name,
     stack_account_id,
@@ -72,7 +70,6 @@ from iam_conditions import (
     modified_grants_only,
     stack_bucket_condition,
     stack_instance_condition,
-    stack_secret_condition,
     state_lock_condition,
 )
 
@@ -515,17 +512,6 @@ def define(cfg: BootstrapConfig) -> None:
                 "description": f"Buckets named <name>{STACK_BUCKET_SUFFIX} and their objects "
                 "only; never the state bucket.",
                 "expression": stack_bucket_condition(),
-            },
-        ),
-        (
-            "stack-secret-role",
-            STACK_SECRET_ROLE_ID,
-            "tpu-pretrain stack secrets",
-            STACK_SECRET_PERMISSIONS,
-            {
-                "title": "stack-secrets-only",
-                "description": "Secrets named tp-<stack>-... and their versions only.",
-                "expression": stack_secret_condition(),
             },
         ),
     )

@@ -2,7 +2,8 @@
 
 The sandbox is a temp dir used as the file system root (TPU_PRETRAIN_SANDBOX), a fake bucket
 directory, and stub executables for gcloud, python3 (venv), pip, systemctl, apt-get, sysctl,
-ip and sleep that record every call. Everything else (tar, sha256sum, cmp, ...) is real.
+ip, sleep and wg (real keys) that record every call. Everything else (tar, sha256sum, cmp,
+...) is real.
 
 Shared by the startup-script tests of tests/infra (test_startup_scripts.py, test_tpu_watch.py,
 test_tpu_image_boot.py, test_slice_startup.py, test_gpu_scripts.py, ...): pytest puts
@@ -145,15 +146,6 @@ elif [ "$1 $2 $3" = "compute tpus queued-resources" ]; then
       echo WAITING_FOR_RESOURCES >"$STATE/qr-state"
       ;;
   esac
-elif [ "$1 $2 $3" = "secrets versions access" ]; then
-  for a in "$@"; do case "$a" in --secret=*) s="${a#--secret=}" ;; esac; done
-  n="$(cat "$STATE/secret-fails" 2>/dev/null || echo 0)"
-  if [ "$n" -lt "${FAIL_FIRST_SECRETS:-0}" ]; then
-    echo $((n + 1)) >"$STATE/secret-fails"
-    echo "ERROR: (gcloud.secrets.versions.access) ${SECRET_ERROR:-PERMISSION_DENIED}: no" >&2
-    exit 1
-  fi
-  cat "$FAKE_SECRETS/$s"
 elif [ "$1 $2 $3" = "compute tpus tpu-vm" ]; then
   # The TPU API: $STATE/tpu-state holds the VM's state (no file: the VM does not exist).
   verb="$4"
@@ -333,8 +325,28 @@ if [ "$n" -lt "${FAIL_FIRST_APT:-0}" ]; then
   exit 100
 fi
 # Installing wireguard-tools provides `wg`.
-case " $* " in *" wireguard-tools "*) cp "$STUB_DIR/recorder" "$STUB_DIR/wg" ;; esac
+case " $* " in *" wireguard-tools "*) cp "$STUB_DIR/wg.installed" "$STUB_DIR/wg" ;; esac
 """
+# wireguard-tools' `wg genkey` (a new private key) and `wg pubkey` (stdin's private key ->
+# its public key), with real keys: infra/wgkeys.py (X25519, RFC 7748) in this interpreter.
+# Other verbs are only recorded. The key material itself never goes to the call log.
+_WG = r"""
+echo "wg $*" >>"$CALLS"
+case "${1:-}" in
+  genkey)
+    exec env PYTHONPATH=@REPO@ @PYTHON@ -c 'import base64, os
+from infra import wgkeys
+print(wgkeys.private_key(base64.b64encode(os.urandom(32)).decode()))' ;;
+  pubkey)
+    exec env PYTHONPATH=@REPO@ @PYTHON@ -c 'import sys
+from infra import wgkeys
+print(wgkeys.public_key(sys.stdin.read().strip()))' ;;
+esac
+"""
+STUBS["wg"] = _WG.replace("@REPO@", shlex.quote(str(REPO_ROOT))).replace(
+    "@PYTHON@", shlex.quote(sys.executable)
+)
+STUBS["wg.installed"] = STUBS["wg"]
 STUBS["curl"] = r"""
 echo "curl $*" >>"$CALLS"
 # A guest attribute set from inside the VM (`curl -X PUT --data VALUE .../guest-attributes/
@@ -457,7 +469,7 @@ fi
 # The CPython uv installs for an overlay with its own Python (requirements/tpu-vm-jax.txt): the
 # image's python3 stub under another name in the call log.
 STUBS["uv-python"] = STUBS["python3"].replace('echo "python3 $*"', 'echo "uv-python $*"')
-RECORDED = ("sysctl", "wg")
+RECORDED = ("sysctl",)
 
 
 @dataclass
@@ -465,7 +477,6 @@ class Sandbox:
     root: Path
     bin: Path
     gcs: Path
-    secrets: Path
     state: Path
     calls_file: Path
 
@@ -478,7 +489,6 @@ class Sandbox:
             "TPU_PRETRAIN_INSTALL_ATTEMPTS": "1",
             "CALLS": str(self.calls_file),
             "FAKE_GCS": str(self.gcs),
-            "FAKE_SECRETS": str(self.secrets),
             "STATE": str(self.state),
             "STUB_DIR": str(self.bin),
             "TMPDIR": str(self.state),
@@ -511,11 +521,10 @@ def new_sandbox(tmp_path: Path) -> Sandbox:
         root=tmp_path / "root",
         bin=tmp_path / "bin",
         gcs=tmp_path / "gcs",
-        secrets=tmp_path / "secrets",
         state=tmp_path / "state",
         calls_file=tmp_path / "calls.log",
     )
-    for directory in (box.root, box.bin, box.gcs, box.secrets, box.state):
+    for directory in (box.root, box.bin, box.gcs, box.state):
         directory.mkdir()
     for name in (*STUBS, *RECORDED):
         body = STUBS.get(name, 'echo "$(basename "$0") $*" >>"$CALLS"\n')

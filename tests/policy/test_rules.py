@@ -30,7 +30,6 @@ from policy.resources import (
     KMS_CRYPTO_KEY,
     NETWORK,
     PROJECT_METADATA_ITEM,
-    SECRET,
     SERVICE_ACCOUNT_KEY,
     SUBNETWORK,
     TPU_VM,
@@ -159,14 +158,6 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
         "gcp:projects/iAMMember:IAMMember",
         {"project": "proj", "role": "roles/logging.logWriter", "member": f"serviceAccount:{SA}"},
     ),
-    "secret-iam": (
-        "gcp:secretmanager/secretIamMember:SecretIamMember",
-        {
-            "secretId": "wg-key",
-            "role": "roles/secretmanager.secretAccessor",
-            "member": f"serviceAccount:{HOP_SA}",
-        },
-    ),
     "network": (NETWORK, {"autoCreateSubnetworks": False}),
     "subnet": (
         SUBNETWORK,
@@ -214,7 +205,6 @@ def test_pack_has_at_least_twelve_mandatory_rules() -> None:
 # What the baseline grants are on: a stack's grants name resources of the same stack.
 CONTEXT = [
     (BUCKET, "ctx-bucket", {**BASELINE["bucket"][1], "name": "b"}),
-    (SECRET, "ctx-secret", {"secretId": "wg-key"}),
     (ACCOUNT, "ctx-account", {"accountId": "tp-test-workload", "project": "proj-test"}),
 ]
 

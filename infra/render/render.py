@@ -60,7 +60,7 @@ OWN_CLIENT_KEY_PLACEHOLDER = "<the private key of the public key you set in vpnC
 # The VPN hop makes its own key pair at its first boot (templates/vpn-hop.sh) and publishes
 # only the public key, as this guest attribute (namespace/key) of the hop's VM. Until then
 # nobody knows it: the client configuration the stack outputs carries SERVER_KEY_PLACEHOLDER,
-# which `make vpn-config` replaces with the published key.
+# which `make vpn-config` (infra/commands/vpn_config.py) replaces with the published key.
 WG_PUBLIC_KEY_ATTRIBUTE = "tpu-pretrain/wireguard-public-key"
 SERVER_KEY_PLACEHOLDER = "<the hop's public key: make vpn-config STACK=<stack> fills it in>"
 # The accelerator watchdogs (TPU and GPU) run on the controller every WATCH_INTERVAL. A

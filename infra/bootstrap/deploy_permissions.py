@@ -139,7 +139,7 @@ PERMISSIONS_BY_TYPE: dict[str, tuple[str, ...]] = {
         "resourcemanager.projects.getIamPolicy",  # conditional role: listed roles only
         "resourcemanager.projects.setIamPolicy",
     ),
-    # Local providers: no Google API call.
-    "random:index/randomBytes:RandomBytes": (),
+    # Local providers: no Google API call. (No random:index/randomBytes:RandomBytes: a
+    # GitOps stack must set vpnClientPublicKey, so it makes no key; the VPN hop makes its own.)
     "time:index/sleep:Sleep": (),
 }

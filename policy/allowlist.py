@@ -562,7 +562,8 @@ BOOTSTRAP_GRANTS = (
         (SA_IAM_MEMBER,),
         "roles/iam.workloadIdentityUser",
         WIF_POOL_PRINCIPAL_SET,
-        "GitHub Actions jobs of the repository impersonate the CI accounts",
+        "GitHub Actions jobs of the repository impersonate the CI accounts (the preview's "
+        "callers and the deploy environment's jobs: the provider's mapping says which)",
         "a principal set of the bootstrap's GitHub workload identity pool, on a CI account",
         target=rf"projects/{_PROJECT_ID}/serviceAccounts/"
         rf"{bootstrap_account('tpu-pretrain-preview', 'tpu-pretrain-deploy')}",
@@ -571,16 +572,8 @@ BOOTSTRAP_GRANTS = (
         (BUCKET_IAM_MEMBER,),
         "roles/storage.objectViewer",
         _PREVIEW,
-        "reads the state",
+        "reads the state (no write: a preview takes no lock, so it cannot remove a deploy's)",
         "the CI preview account",
-    ),
-    Grant(
-        (BUCKET_IAM_MEMBER,),
-        "roles/storage.objectUser",
-        _PREVIEW,
-        "writes the backend's lock files only",
-        "the CI preview account",
-        condition="resource.name.startsWith",
     ),
     Grant(
         (BUCKET_IAM_MEMBER,),

@@ -72,14 +72,6 @@ def stack_bucket_condition() -> str:
     )
 
 
-def state_lock_condition(bucket: str) -> str:
-    """The backend's lock files in the state bucket, objects only."""
-    return (
-        f"resource.type == '{OBJECT_TYPE}'"
-        f" && resource.name.startsWith('projects/_/buckets/{bucket}/objects/.pulumi/locks/')"
-    )
-
-
 def modified_grants_only(roles: tuple[str, ...]) -> str:
     """Grants and revocations of these roles only (iam.googleapis.com/modifiedGrantsByRole,
     documented for the allow policies of projects, folders and organizations)."""

@@ -50,7 +50,6 @@ def test_extract_is_googles() -> None:
 # (condition, resource type, resource name, expected)
 BUCKETS = conditions.stack_bucket_condition()
 INSTANCES = conditions.stack_instance_condition(PROJECT)
-LOCKS = conditions.state_lock_condition(STATE)
 GPU_VM = instance_condition(PROJECT, "us-central1-a", "tp-t4-usc1-gpu")["expression"]
 STACK_BUCKET = "tpu-pretrain-example-v6e-euw4-tpu-pretrain"
 MATRIX = [
@@ -87,13 +86,6 @@ MATRIX = [
     (INSTANCES, DISK, f"projects/{PROJECT}/zones/us-central1-b/disks/tp-x", False),
     (INSTANCES, "compute.googleapis.com/InstanceTemplate",
      f"projects/{PROJECT}/global/instanceTemplates/tp-x", False),
-    # --- the preview account's lock files -----------------------------------------------
-    (LOCKS, OBJECT, f"projects/_/buckets/{STATE}/objects/.pulumi/locks/tpu-pretrain/a/1.json",
-     True),
-    (LOCKS, OBJECT, f"projects/_/buckets/{STATE}/objects/.pulumi/stacks/tpu-pretrain/a.json",
-     False),
-    (LOCKS, OBJECT, f"projects/_/buckets/{STACK_BUCKET}/objects/.pulumi/locks/x", False),
-    (LOCKS, BUCKET, f"projects/_/buckets/{STATE}", False),
     # --- the GPU watchdog's one VM (infra/components/recovery.py) ------------------------
     (GPU_VM, INSTANCE, f"projects/{PROJECT}/zones/us-central1-a/instances/tp-t4-usc1-gpu", True),
     (GPU_VM, INSTANCE, f"projects/{PROJECT}/zones/us-central1-a/instances/tp-t4-usc1-gpu2",
@@ -113,7 +105,6 @@ def _bootstrap_expressions() -> dict[str, str]:
     return {
         "stack-instances-only": conditions.stack_instance_condition(PROJECT),
         "stack-buckets-only": conditions.stack_bucket_condition(),
-        "pulumi-locks-only": conditions.state_lock_condition(STATE),
         "only-stack-roles": bootstrap.iam_granter_condition(PROJECT),
     }
 
@@ -131,7 +122,7 @@ def test_the_function_check_can_fail() -> None:
 
 
 @pytest.mark.parametrize(
-    "title", ["stack-instances-only", "stack-buckets-only", "pulumi-locks-only"]
+    "title", ["stack-instances-only", "stack-buckets-only"]
 )  # fmt: skip
 def test_every_name_condition_is_scoped_by_resource_type(title: str) -> None:
     expression = _bootstrap_expressions()[title]

@@ -38,7 +38,7 @@ STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
 .PHONY: demo test test-payload test-infra lint lint-ruff lint-imports lint-mypy-payload lint-mypy-infra \
-	format plan smoke bench bench-tpu-install venv venv-infra venv-tpu venv-tpu-jax venv-gpu-jax \
+	format plan smoke vpn-config bench bench-tpu-install venv venv-infra venv-tpu venv-tpu-jax venv-gpu-jax \
 	venv-pt venv-beam tools clean
 
 # uv itself, at the pin (its stamp is named after it: a new pin reinstalls it). The
@@ -211,6 +211,14 @@ plan: venv-infra $(if $(COMPILE),venv-tpu-jax)
 smoke: venv-pt venv-infra $(if $(COMPILE),venv-tpu-jax)
 	@test "$(origin STACK)" = "command line" || { echo "make smoke: name the stack: make smoke STACK=<stack> [KEEP=1] [COMPILE=1]" >&2; exit 2; }
 	$(IPY) -m infra.commands.smoke --stack $(STACK) $(if $(KEEP),--keep) $(if $(COMPILE),--compile $(TJVENV)/bin/python)
+
+# The VPN client's configuration with the hop's public key filled in (the hop makes its key
+# pair at its first boot; docs/deploy-gcp.md#connect-and-watch): build/vpn/<stack>/
+# tpu-pretrain.conf, or OUT. KEY: your private key's file, for a stack with its own
+# tpu-pretrain:vpnClientPublicKey (every GitOps stack).
+vpn-config: venv-infra
+	@test "$(origin STACK)" = "command line" || { echo "make vpn-config: name the stack: make vpn-config STACK=<stack> [KEY=<private key file>] [OUT=<file>]" >&2; exit 2; }
+	$(IPY) -m infra.commands.vpn_config --stack $(STACK) $(if $(KEY),--private-key $(KEY)) $(if $(OUT),--out $(OUT))
 
 # Performance figures (printed, not asserted): encode vs raw tokenizers, the encode stage on
 # Beam's local runner vs the local encoder (same bytes), bytes/token,

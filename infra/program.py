@@ -489,7 +489,6 @@ def _hop(cfg: StackConfig, base: Foundation) -> VpnHop:
             vpc_ranges=(cfg.network.tpu_subnet_cidr, cfg.network.hop_subnet_cidr),
             client_public_key=cfg.vpn.client_public_key,
             service_account_email=base.hop_identity.email,
-            service_account_member=base.hop_identity.member,
             labels=cfg.vm_labels,
         ),
         # Its VM boots once its account has settled (ServiceIdentity.settled).
@@ -547,7 +546,9 @@ def _export(
         # The stack does not build the workers' image (infra/components/dataflow.py): say so.
         pulumi.log.warn(dataflow_image_note(cfg.stack, target.sdk_container_image))
     pulumi.export("vpnEndpoint", hop.endpoint)
-    pulumi.export("vpnServerPublicKey", hop.server_public_key)
+    # The hop makes its key pair at its first boot: where it publishes the public key, which
+    # `make vpn-config` puts into vpnClientConfig (its placeholder until then).
+    pulumi.export("vpnServerKey", hop.server_key)
     pulumi.export("vpnClientConfig", hop.client_config)
 
 

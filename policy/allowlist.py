@@ -94,7 +94,6 @@ class Profile:
 PROJECT_IAM_MEMBER = "gcp:projects/iAMMember:IAMMember"
 SA_IAM_MEMBER = "gcp:serviceaccount/iAMMember:IAMMember"
 BUCKET_IAM_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
-SECRET_IAM_MEMBER = "gcp:secretmanager/secretIamMember:SecretIamMember"  # noqa: S105 (a type)
 CRYPTO_KEY_IAM_MEMBER = "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember"
 REPOSITORY = "gcp:artifactregistry/repository:Repository"
 REPOSITORY_IAM_MEMBER = "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"
@@ -146,13 +145,14 @@ MAIN_TYPES = {
     "bucket-recoverable, accelerator-and-bucket-same-region",
     "gcp:storage/bucketObject:BucketObject": "payload archive and job spec in the bucket",
     "gcp:serviceaccount/account:Account": "the stack's dedicated service accounts",
-    "gcp:secretmanager/secret:Secret": "the VPN hop's WireGuard key",
-    "gcp:secretmanager/secretVersion:SecretVersion": "the VPN hop's WireGuard key",
     PROJECT_IAM_MEMBER: "allowed-iam-grants",
     SA_IAM_MEMBER: "allowed-iam-grants",
     BUCKET_IAM_MEMBER: "allowed-iam-grants",
-    SECRET_IAM_MEMBER: "allowed-iam-grants",
-    "random:index/randomBytes:RandomBytes": "local random bytes (WireGuard key), no cloud call",
+    # A stack a person deploys without vpnClientPublicKey: the client's key pair, in that
+    # person's state (a GitOps stack must set the key: infra/config/config.py). The hop
+    # makes its own key on its disk (infra/components/vpn.py).
+    "random:index/randomBytes:RandomBytes": "local random bytes (the VPN client's key of a "
+    "stack a person deploys), no cloud call",
     "time:index/sleep:Sleep": "local wait (IAM propagation), no cloud call",
 }
 
@@ -168,7 +168,6 @@ MAIN_APIS = frozenset(
         "logging.googleapis.com",
         "monitoring.googleapis.com",
         "oslogin.googleapis.com",
-        "secretmanager.googleapis.com",
         "serviceusage.googleapis.com",
         "storage.googleapis.com",
         "tpu.googleapis.com",
@@ -332,13 +331,6 @@ MAIN_GRANTS = (
         target=rf"projects/{_PROJECT_ID}/serviceAccounts/{_DATAFLOW_WORKER}",
         same_stack=True,
     ),
-    Grant(
-        (SECRET_IAM_MEMBER,),
-        "roles/secretmanager.secretAccessor",
-        rf"serviceAccount:{stack_account('vpn-hop')}",
-        "the VPN hop reads its WireGuard key at boot",
-        "the stack's VPN hop account tp-<stack>-vpn-hop",
-    ),
 )
 
 MAIN = Profile(project=MAIN_PROJECT, types=MAIN_TYPES, apis=MAIN_APIS, grants=MAIN_GRANTS)
@@ -382,15 +374,15 @@ PROJECT_IAM_WRITER_ROLE_ID = "tpuPretrainIamGranter"
 STACK_ACCOUNT_USER_ROLE_ID = "tpuPretrainStackAccountUser"
 STACK_INSTANCE_ROLE_ID = "tpuPretrainStackInstances"
 STACK_BUCKET_ROLE_ID = "tpuPretrainStackBuckets"
-STACK_SECRET_ROLE_ID = "tpuPretrainStackSecrets"  # noqa: S105 (a role id)
 
 # The deploy account's unconditional permissions: what the main program's resource types
 # need (infra/bootstrap/deploy_permissions.py PERMISSIONS_BY_TYPE; tests/policy/
 # test_deployability.py checks that the two lists are the same). No IAM policy write on a
-# project or a service account, no actAs, no change to a VM, no bucket or object or secret
-# beyond creating and listing (those come with conditions), no change to a TPU VM
-# (tpu.nodes.update: every change replaces it), no token or key creation, no role editing, no
-# deleting or renaming a service account (a GitOps stack adopts the bootstrap's and keeps them).
+# project or a service account, no actAs, no change to a VM, no bucket or object beyond
+# creating and listing (those come with conditions), no Secret Manager permission, no change
+# to a TPU VM (tpu.nodes.update: every change replaces it), no token or key creation, no role
+# editing, no deleting or renaming a service account (a GitOps stack adopts the bootstrap's
+# and keeps them).
 DEPLOYER_PERMISSIONS = frozenset(
     {
         "compute.addresses.create",
@@ -433,7 +425,6 @@ DEPLOYER_PERMISSIONS = frozenset(
         "iam.serviceAccounts.create",
         "iam.serviceAccounts.get",
         "resourcemanager.projects.get",
-        "secretmanager.secrets.create",
         "serviceusage.operations.get",
         "serviceusage.services.enable",
         "serviceusage.services.get",
@@ -481,21 +472,6 @@ STACK_BUCKET_PERMISSIONS = frozenset(
         "storage.objects.list",
     }
 )
-STACK_SECRET_PERMISSIONS = frozenset(
-    {
-        "secretmanager.secrets.delete",
-        "secretmanager.secrets.get",
-        "secretmanager.secrets.getIamPolicy",
-        "secretmanager.secrets.setIamPolicy",
-        "secretmanager.secrets.update",
-        "secretmanager.versions.access",
-        "secretmanager.versions.add",
-        "secretmanager.versions.destroy",
-        "secretmanager.versions.disable",
-        "secretmanager.versions.enable",
-        "secretmanager.versions.get",
-    }
-)
 PROJECT_IAM_WRITER_PERMISSIONS = frozenset(
     {"resourcemanager.projects.getIamPolicy", "resourcemanager.projects.setIamPolicy"}
 )
@@ -511,7 +487,6 @@ _VIEWER_ROLES = (
     "roles/compute.viewer",
     "roles/tpu.viewer",
     "roles/iam.serviceAccountViewer",
-    "roles/secretmanager.viewer",
     "roles/serviceusage.serviceUsageViewer",
     "roles/storage.bucketViewer",
 )
@@ -582,18 +557,11 @@ BOOTSTRAP_GRANTS = (
         condition="resource.name",
     ),
     Grant(
-        (PROJECT_IAM_MEMBER,),
-        f"custom:{STACK_SECRET_ROLE_ID}",
-        _DEPLOY,
-        "the stacks' own secrets only",
-        "the CI deploy account",
-        condition="resource.name",
-    ),
-    Grant(
         (SA_IAM_MEMBER,),
         "roles/iam.workloadIdentityUser",
         WIF_POOL_PRINCIPAL_SET,
-        "GitHub Actions jobs of the repository impersonate the CI accounts",
+        "GitHub Actions jobs of the repository impersonate the CI accounts (the preview's "
+        "callers and the deploy environment's jobs: the provider's mapping says which)",
         "a principal set of the bootstrap's GitHub workload identity pool, on a CI account",
         target=rf"projects/{_PROJECT_ID}/serviceAccounts/"
         rf"{bootstrap_account('tpu-pretrain-preview', 'tpu-pretrain-deploy')}",
@@ -602,16 +570,8 @@ BOOTSTRAP_GRANTS = (
         (BUCKET_IAM_MEMBER,),
         "roles/storage.objectViewer",
         _PREVIEW,
-        "reads the state",
+        "reads the state (no write: a preview takes no lock, so it cannot remove a deploy's)",
         "the CI preview account",
-    ),
-    Grant(
-        (BUCKET_IAM_MEMBER,),
-        "roles/storage.objectUser",
-        _PREVIEW,
-        "writes the backend's lock files only",
-        "the CI preview account",
-        condition="resource.name.startsWith",
     ),
     Grant(
         (BUCKET_IAM_MEMBER,),
@@ -640,7 +600,6 @@ BOOTSTRAP = Profile(
         STACK_ACCOUNT_USER_ROLE_ID: STACK_ACCOUNT_USER_PERMISSIONS,
         STACK_INSTANCE_ROLE_ID: STACK_INSTANCE_PERMISSIONS,
         STACK_BUCKET_ROLE_ID: STACK_BUCKET_PERMISSIONS,
-        STACK_SECRET_ROLE_ID: STACK_SECRET_PERMISSIONS,
         RECOVERY_ROLE_ID: RECOVERY_PERMISSIONS,
         GPU_RECOVERY_ROLE_ID: GPU_RECOVERY_PERMISSIONS,
         DATAFLOW_LAUNCHER_ROLE_ID: DATAFLOW_LAUNCHER_PERMISSIONS,

@@ -64,6 +64,7 @@ CUSTOM_ROLE_TYPES = (
 )
 SERVICE = "gcp:projects/service:Service"
 SECRET = "gcp:secretmanager/secret:Secret"  # noqa: S105 (a type token)
+SECRET_VERSION = "gcp:secretmanager/secretVersion:SecretVersion"  # noqa: S105 (a type token)
 ACCOUNT = "gcp:serviceaccount/account:Account"
 BUCKET_OBJECT = "gcp:storage/bucketObject:BucketObject"
 PROVIDER_PREFIX = "pulumi:providers:"

@@ -19,7 +19,6 @@ IAM_GRANTER_ROLE_ID = "tpuPretrainIamGranter"  # project IAM writes, limited rol
 STACK_ACCOUNT_USER_ROLE_ID = "tpuPretrainStackAccountUser"  # actAs on the stacks' accounts
 STACK_INSTANCE_ROLE_ID = "tpuPretrainStackInstances"  # the stacks' own VMs only
 STACK_BUCKET_ROLE_ID = "tpuPretrainStackBuckets"  # the stacks' own buckets and objects only
-STACK_SECRET_ROLE_ID = "tpuPretrainStackSecrets"  # noqa: S105 (a role id, not a secret)
 # The main program binds this role by name (infra/components/recovery.py RECOVERY_ROLE_ID).
 RECOVERY_ROLE_ID = "tpuPretrainTpuRecovery"
 # ... and this one for GPU stacks (infra/components/recovery.py GPU_RECOVERY_ROLE_ID).
@@ -117,7 +116,6 @@ PREVIEW_PROJECT_ROLES = (
     "roles/compute.viewer",  # networks, subnets, firewalls, routers, addresses, VMs
     "roles/tpu.viewer",  # TPU VMs, accelerator types, runtime versions
     "roles/iam.serviceAccountViewer",  # the stacks' service accounts
-    "roles/secretmanager.viewer",  # secret metadata only, never the versions' payload
     "roles/serviceusage.serviceUsageViewer",  # which APIs are enabled
     # The training buckets' settings, and the program's look-up of a kept bucket
     # (storage.buckets.list; "view buckets and their metadata" in Google's role list).
@@ -149,13 +147,12 @@ STACK_INSTANCE_PERMISSIONS = tuple(
     for p in PERMISSIONS_BY_TYPE["gcp:compute/instance:Instance"]
     if p.startswith("compute.instances.")
 )
-# A bucket's IAM policy and objects, and a secret's payload and IAM policy: only the
-# stacks' own (the state bucket and every other bucket or secret of the project out of
-# reach). Cloud Storage and Secret Manager are on Google's "Resource attributes for IAM
-# Conditions" page (iam/docs/conditions-resource-attributes), with resource names
-# "projects/_/buckets/<bucket>[/objects/<object>]" and "projects/<project>/secrets/<id>
-# [/versions/<v>]". Creating and listing are checked on the project, not on a named
-# resource: those two stay in the deployer role.
+# A bucket's IAM policy and objects: only the stacks' own (the state bucket and every other
+# bucket of the project out of reach). Cloud Storage is on Google's "Resource attributes for
+# IAM Conditions" page (iam/docs/conditions-resource-attributes), with resource names
+# "projects/_/buckets/<bucket>[/objects/<object>]". Creating and listing are checked on the
+# project, not on a named resource: those two stay in the deployer role. (No Secret Manager
+# permission at all: the stacks keep no secret; the VPN hop makes its own key on its disk.)
 STACK_BUCKET_PERMISSIONS = tuple(
     p
     for t in ("gcp:storage/bucket:Bucket", "gcp:storage/bucketIAMMember:BucketIAMMember",
@@ -163,19 +160,11 @@ STACK_BUCKET_PERMISSIONS = tuple(
     for p in PERMISSIONS_BY_TYPE[t]
     if p not in ("storage.buckets.create", "storage.buckets.list")
 )  # fmt: skip
-STACK_SECRET_PERMISSIONS = tuple(
-    p
-    for t in ("gcp:secretmanager/secret:Secret", "gcp:secretmanager/secretVersion:SecretVersion",
-              "gcp:secretmanager/secretIamMember:SecretIamMember")
-    for p in PERMISSIONS_BY_TYPE[t]
-    if p != "secretmanager.secrets.create"
-)  # fmt: skip
 CONDITIONAL_PERMISSIONS = (
     frozenset(STACK_ACCOUNT_USER_PERMISSIONS)
     | frozenset(PROJECT_IAM_WRITER_PERMISSIONS)
     | frozenset(STACK_INSTANCE_PERMISSIONS)
     | frozenset(STACK_BUCKET_PERMISSIONS)
-    | frozenset(STACK_SECRET_PERMISSIONS)
 )
 
 # The deployer role: every permission of the table that is not conditional, sorted.

@@ -139,25 +139,7 @@ PERMISSIONS_BY_TYPE: dict[str, tuple[str, ...]] = {
         "resourcemanager.projects.getIamPolicy",  # conditional role: listed roles only
         "resourcemanager.projects.setIamPolicy",
     ),
-    "gcp:secretmanager/secret:Secret": (
-        "secretmanager.secrets.create",
-        "secretmanager.secrets.delete",
-        "secretmanager.secrets.get",
-        "secretmanager.secrets.update",
-    ),
-    "gcp:secretmanager/secretVersion:SecretVersion": (
-        "secretmanager.versions.add",
-        "secretmanager.versions.get",
-        "secretmanager.versions.access",  # the provider reads the version it wrote
-        "secretmanager.versions.enable",
-        "secretmanager.versions.disable",
-        "secretmanager.versions.destroy",
-    ),
-    "gcp:secretmanager/secretIamMember:SecretIamMember": (
-        "secretmanager.secrets.getIamPolicy",
-        "secretmanager.secrets.setIamPolicy",
-    ),
-    # Local providers: no Google API call.
-    "random:index/randomBytes:RandomBytes": (),
+    # Local providers: no Google API call. (No random:index/randomBytes:RandomBytes: a
+    # GitOps stack must set vpnClientPublicKey, so it makes no key; the VPN hop makes its own.)
     "time:index/sleep:Sleep": (),
 }

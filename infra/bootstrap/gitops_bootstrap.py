@@ -8,14 +8,16 @@ Creates what the workflows in .github/workflows need before any stack can be pre
   (its name AND its numeric repository and owner ids, so a re-created repository or owner of
   the same name is refused),
 - two CI service accounts with no keys:
-    preview: read-only; any workflow of the repository may use it (pull requests);
+    preview: read-only; only the preview workflow on a pull request and the deploy
+             workflow's plan job on refs/heads/main may use it (PREVIEW_CALLERS); it
+             reads the state and writes no object, so no lock of a running deploy;
     deploy:  applies stacks; only jobs in the GitHub environment that gates deploys, AND
              running on refs/heads/main; its permissions are derived from what the
              program's resource types need (PERMISSIONS_BY_TYPE); it acts as the stacks'
              own accounts only (no project-wide actAs) and writes no account's IAM policy,
-             changes only the stacks' own VMs, buckets (never the state bucket) and
-             secrets (conditions on resource names), never updates a TPU VM, and grants on
-             the project only the roles the stacks grant,
+             changes only the stacks' own VMs and buckets (never the state bucket;
+             conditions on resource names), never updates a TPU VM, and grants on the
+             project only the roles the stacks grant,
 - every stack's service accounts and every grant on their own allow policies (the deploy
   account's actAs, the controller's actAs on the TPU VM's and the Dataflow workers'
   accounts): the stacks adopt the accounts (tpu-pretrain:accountsFromBootstrap) and keep
@@ -61,8 +63,6 @@ from bootstrap_roles import (
     STACK_BUCKET_ROLE_ID,
     STACK_INSTANCE_PERMISSIONS,
     STACK_INSTANCE_ROLE_ID,
-    STACK_SECRET_PERMISSIONS,
-    STACK_SECRET_ROLE_ID,
     grantable_roles,
     stack_account_display_name,
     stack_account_id,
@@ -72,8 +72,6 @@ from iam_conditions import (
     modified_grants_only,
     stack_bucket_condition,
     stack_instance_condition,
-    stack_secret_condition,
-    state_lock_condition,
 )
 
 PROJECT_NAME = "tpu-pretrain-bootstrap"
@@ -89,6 +87,18 @@ DEPLOY_REF = "refs/heads/main"
 # A custom attribute "<token subject>@<git ref>": the deploy binding names one value of it,
 # so a job must run in the deploy environment AND on DEPLOY_REF.
 DEPLOY_ATTRIBUTE = "sub_ref"
+# The workflows whose jobs use the preview account (.github/workflows; tests/policy/
+# test_bootstrap.py ties them to the files): the preview on every pull request, and the
+# deploy workflow's read-only plan job on DEPLOY_REF (push, or by hand).
+PREVIEW_WORKFLOW = ".github/workflows/preview.yml"
+PLAN_WORKFLOW = ".github/workflows/deploy.yml"
+# A custom attribute that names which of them a token comes from (preview_caller_mapping):
+# the preview account's bindings name its two values, every other token maps to NO_CALLER.
+PREVIEW_ATTRIBUTE = "preview_caller"
+PULL_REQUEST_PREVIEW = "pull-request-preview"
+MAIN_PLAN = "main-plan"
+PREVIEW_CALLERS = (PULL_REQUEST_PREVIEW, MAIN_PLAN)
+NO_CALLER = "none"
 
 # APIs the bootstrap itself and keyless CI authentication need; left enabled on destroy.
 APIS = (
@@ -245,21 +255,61 @@ def read_config() -> BootstrapConfig:
     )
 
 
+def preview_caller_mapping(cfg: BootstrapConfig) -> str:
+    """PREVIEW_ATTRIBUTE of a token: which preview caller it comes from, or NO_CALLER.
+
+    GitHub's claims ("OIDC token claims"): `workflow_ref` is "<owner>/<repo>/<path of the
+    workflow file>@<ref>", `event_name` the event that started the run, `ref` its git ref
+    (refs/pull/<n>/merge for a pull request), `sub` "repo:<owner>/<repo>:pull_request" for
+    a pull request's job and "repo:<owner>/<repo>:ref:<ref>" for another job without an
+    environment. A pull request's preview: PREVIEW_WORKFLOW at a pull request's merge ref,
+    started by `pull_request` (not `pull_request_target`, which runs the base's workflow
+    with write access). The plan: a job without an environment of PLAN_WORKFLOW on
+    DEPLOY_REF, started by a push or by hand. Another workflow, event, branch or an
+    environment's job, including a branch that adds `push` to the preview's triggers or a
+    new workflow of its own: NO_CALLER. Only standard CEL (==, &&, in, startsWith, endsWith,
+    ?:)."""
+    repository = cfg.github_repository
+    pull_request = f"{repository}/{PREVIEW_WORKFLOW}@refs/pull/"
+    plan = f"{repository}/{PLAN_WORKFLOW}@{DEPLOY_REF}"
+    return (
+        f"(assertion.event_name == 'pull_request'"
+        f" && assertion.sub == 'repo:{repository}:pull_request'"
+        f" && assertion.workflow_ref.startsWith('{pull_request}')"
+        f" && assertion.workflow_ref.endsWith('/merge'))"
+        f" ? '{PULL_REQUEST_PREVIEW}'"
+        f" : ((assertion.event_name in ['push', 'workflow_dispatch']"
+        f" && assertion.sub == 'repo:{repository}:ref:{DEPLOY_REF}'"
+        f" && assertion.workflow_ref == '{plan}' && assertion.ref == '{DEPLOY_REF}')"
+        f" ? '{MAIN_PLAN}' : '{NO_CALLER}')"
+    )
+
+
+def deploy_subject(cfg: BootstrapConfig) -> str:
+    """The token subject of a job in the deploy environment (GitHub: an environment job's
+    subject is "repo:<owner>/<name>:environment:<env>", with no ref in it)."""
+    return f"repo:{cfg.github_repository}:environment:{cfg.deploy_environment}"
+
+
 def attribute_condition(cfg: BootstrapConfig) -> str:
     """The provider accepts only tokens minted for this repository's workflows: its name and
     the numeric ids GitHub puts in every token (claims repository_id, repository_owner_id),
-    which a deleted and re-created repository or owner of the same name does not have."""
+    which a deleted and re-created repository or owner of the same name does not have; and
+    of those only a preview caller's (PREVIEW_ATTRIBUTE, mapped by preview_caller_mapping)
+    or a deploy-environment job's. Any other job gets no federated token at all; which
+    account each may use is the bindings' to say (below)."""
     return (
         f"assertion.repository == '{cfg.github_repository}'"
         f" && assertion.repository_id == '{cfg.github_repository_id}'"
         f" && assertion.repository_owner_id == '{cfg.github_owner_id}'"
+        f" && (attribute.{PREVIEW_ATTRIBUTE} != '{NO_CALLER}'"
+        f" || assertion.sub == '{deploy_subject(cfg)}')"
     )
 
 
 def deploy_principal_value(cfg: BootstrapConfig) -> str:
-    """The DEPLOY_ATTRIBUTE value of a job in the deploy environment on DEPLOY_REF: an
-    environment job's subject is "repo:<owner>/<name>:environment:<env>" (no ref in it)."""
-    return f"repo:{cfg.github_repository}:environment:{cfg.deploy_environment}@{DEPLOY_REF}"
+    """The DEPLOY_ATTRIBUTE value of a job in the deploy environment on DEPLOY_REF."""
+    return f"{deploy_subject(cfg)}@{DEPLOY_REF}"
 
 
 def iam_granter_condition(project: str) -> str:
@@ -351,6 +401,7 @@ def define(cfg: BootstrapConfig) -> None:
             "attribute.repository_id": "assertion.repository_id",
             "attribute.ref": "assertion.ref",
             f"attribute.{DEPLOY_ATTRIBUTE}": "assertion.sub + '@' + assertion.ref",
+            f"attribute.{PREVIEW_ATTRIBUTE}": preview_caller_mapping(cfg),
         },
         attribute_condition=attribute_condition(cfg),
         oidc={"issuer_uri": GITHUB_ISSUER},
@@ -374,18 +425,19 @@ def define(cfg: BootstrapConfig) -> None:
     preview_member = preview.email.apply(lambda email: f"serviceAccount:{email}")
     deploy_member = deploy.email.apply(lambda email: f"serviceAccount:{email}")
 
-    # Any workflow run of the repository may preview (pull requests from its branches).
-    gcp.serviceaccount.IAMMember(
-        "preview-wif",
-        service_account_id=preview.name,
-        role="roles/iam.workloadIdentityUser",
-        member=pool.name.apply(
-            lambda name: (
-                f"principalSet://iam.googleapis.com/{name}"
-                f"/attribute.repository/{cfg.github_repository}"
-            )
-        ),
-    )
+    # The preview account: a pull request's preview and the deploy workflow's plan job on
+    # main, each one value of PREVIEW_ATTRIBUTE; no other workflow, event or branch.
+    for caller in PREVIEW_CALLERS:
+        gcp.serviceaccount.IAMMember(
+            f"preview-wif-{caller}",
+            service_account_id=preview.name,
+            role="roles/iam.workloadIdentityUser",
+            member=pulumi.Output.concat(
+                "principalSet://iam.googleapis.com/",
+                pool.name,
+                f"/attribute.{PREVIEW_ATTRIBUTE}/{caller}",
+            ),
+        )
     # Deploys: only jobs that run in the deploy environment AND on refs/heads/main (the
     # environment's protection rules are repository settings; this holds even if they are
     # loosened). The token's subject carries the environment, its ref claim the branch.
@@ -402,22 +454,16 @@ def define(cfg: BootstrapConfig) -> None:
     )
 
     # --- state bucket and key access (resource level, not project level) ----------------
+    # The preview account only reads: `pulumi preview` takes no lock in a self-managed
+    # backend and writes nothing there (pulumi/pulumi pkg/backend/diy/backend.go: Preview
+    # runs apply with DryRun, no Lock; only update, refresh, destroy, import do). So it can
+    # neither delete nor overwrite the lock of a running deploy (.pulumi/locks/...): that
+    # takes storage.objects.delete, which it holds on no object.
     gcp.storage.BucketIAMMember(
         "preview-state-read",
         bucket=bucket.name,
         role="roles/storage.objectViewer",
         member=preview_member,
-    )
-    gcp.storage.BucketIAMMember(
-        "preview-state-lock",
-        bucket=bucket.name,
-        role="roles/storage.objectUser",
-        member=preview_member,
-        condition={
-            "title": "pulumi-locks-only",
-            "description": "The preview account writes only the backend's lock files.",
-            "expression": state_lock_condition(cfg.state_bucket),
-        },
     )
     gcp.storage.BucketIAMMember(
         "deploy-state-write",
@@ -515,17 +561,6 @@ def define(cfg: BootstrapConfig) -> None:
                 "description": f"Buckets named <name>{STACK_BUCKET_SUFFIX} and their objects "
                 "only; never the state bucket.",
                 "expression": stack_bucket_condition(),
-            },
-        ),
-        (
-            "stack-secret-role",
-            STACK_SECRET_ROLE_ID,
-            "tpu-pretrain stack secrets",
-            STACK_SECRET_PERMISSIONS,
-            {
-                "title": "stack-secrets-only",
-                "description": "Secrets named tp-<stack>-... and their versions only.",
-                "expression": stack_secret_condition(),
             },
         ),
     )

@@ -10,11 +10,8 @@ Google's "Resource attributes for IAM Conditions" (iam/docs/conditions-resource-
     storage.googleapis.com/Bucket            projects/_/buckets/<bucket>
     storage.googleapis.com/Object            projects/_/buckets/<bucket>/objects/<object>
     compute.googleapis.com/Instance          projects/<project-id>/zones/<zone>/instances/<vm>
-    secretmanager.googleapis.com/Secret      projects/<project-NUMBER>/secrets/<id>
-    secretmanager.googleapis.com/SecretVersion  .../secrets/<id>/versions/<version>
 
-Cloud Storage names carry "_", never the project; Secret Manager names the project by its
-number, so the secret clause extracts instead of comparing a prefix with the project id.
+Cloud Storage names carry "_", never the project.
 Service accounts, Artifact Registry and Cloud TPU are not on that page ("Other services and
 resource types do not recognize resource attributes"): nothing here names them; the
 bootstrap grants on those resources themselves.
@@ -33,8 +30,6 @@ from __future__ import annotations
 BUCKET_TYPE = "storage.googleapis.com/Bucket"
 OBJECT_TYPE = "storage.googleapis.com/Object"
 INSTANCE_TYPE = "compute.googleapis.com/Instance"
-SECRET_TYPE = "secretmanager.googleapis.com/Secret"  # noqa: S105 (a resource type)
-SECRET_VERSION_TYPE = "secretmanager.googleapis.com/SecretVersion"  # noqa: S105
 
 # Every GCP name of a stack starts with "tp-<stack>" (infra/config/config.py).
 STACK_PREFIX = "tp-"
@@ -74,24 +69,6 @@ def stack_bucket_condition() -> str:
         f" || (resource.type == '{OBJECT_TYPE}'"
         " && resource.name.extract('projects/_/buckets/{bucket}/objects/')"
         f".endsWith('{STACK_BUCKET_SUFFIX}'))"
-    )
-
-
-def stack_secret_condition() -> str:
-    """The stacks' secrets and their versions: every secret id of a stack starts with
-    "tp-<stack>" (infra/components/vpn.py, "<prefix>-vpn-hop-wireguard-server-key"). The
-    project part is its number in Secret Manager's names, so it is extracted, not compared."""
-    return (
-        f"(resource.type == '{SECRET_TYPE}' || resource.type == '{SECRET_VERSION_TYPE}')"
-        f" && resource.name.extract('projects/{{project}}/secrets/{STACK_PREFIX}') != ''"
-    )
-
-
-def state_lock_condition(bucket: str) -> str:
-    """The backend's lock files in the state bucket, objects only."""
-    return (
-        f"resource.type == '{OBJECT_TYPE}'"
-        f" && resource.name.startsWith('projects/_/buckets/{bucket}/objects/.pulumi/locks/')"
     )
 
 

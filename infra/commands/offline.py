@@ -178,10 +178,6 @@ class _GcpMocks:
             state |= {"base64": base64.b64encode(raw).decode(), "hex": raw.hex()}
         elif kind == "gcp:projects/iAMCustomRole:IAMCustomRole":
             state |= {"name": f"projects/{self.project}/roles/{inputs['roleId']}"}
-        elif kind == "gcp:secretmanager/secret:Secret":
-            state |= {"name": f"projects/{self.project}/secrets/{inputs['secretId']}"}
-        elif kind == "gcp:secretmanager/secretVersion:SecretVersion":
-            state |= {"name": f"{inputs['secret']}/versions/1", "version": "1"}
         resource_id = (
             f"{name}-id"
             if kind != "gcp:compute/network:Network"

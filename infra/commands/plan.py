@@ -5,7 +5,7 @@
 
 Runs the real program under Pulumi's mocks (infra.commands.offline) and prints a table of every
 resource with its key settings, then the rendered startup scripts and job spec. Secret
-values (WireGuard keys, the client configuration) are never printed. `--compile PYTHON`
+values (a generated client key, the client configuration) are never printed. `--compile PYTHON`
 (`make plan COMPILE=1`) then compiles the stack's job for its TPU type with the payload's
 `tpu-payload compile` in the TPU environment (infra/jobfit.py compile_job; minutes), and
 exits 2 with its one line when the job does not fit."""
@@ -78,8 +78,6 @@ KEY_SETTINGS: dict[str, tuple[str, ...]] = {
         "scheduling",
     ),
     "gcp:compute/address:Address": ("region", "addressType"),
-    "gcp:secretmanager/secret:Secret": ("secretId",),
-    "gcp:secretmanager/secretIamMember:SecretIamMember": ("secretId", "role", "member"),
     "random:index/randomBytes:RandomBytes": ("length",),
 }
 HIDDEN = "[secret]"

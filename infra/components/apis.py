@@ -18,7 +18,6 @@ REQUIRED_APIS = (
     "iamcredentials.googleapis.com",
     "logging.googleapis.com",
     "monitoring.googleapis.com",
-    "secretmanager.googleapis.com",
     "iap.googleapis.com",
     "oslogin.googleapis.com",
 )

@@ -22,15 +22,16 @@ SHIELDED_VM: gcp.compute.InstanceShieldedInstanceConfigArgsDict = {
 
 
 def hardened_metadata(
-    startup_script: pulumi.Input[str], *, loader: bool = False
+    startup_script: pulumi.Input[str], *, guest_attributes: bool = False
 ) -> dict[str, pulumi.Input[str]]:
-    """`loader`: the VM boots the stable loader, which leaves its boot state in a guest
-    attribute for the watchdog (infra/render/render.py BOOT_ATTRIBUTE): guest attributes on."""
+    """`guest_attributes`: the VM writes guest attributes, so they are on. A VM that boots the
+    stable loader leaves its boot state in one for the watchdog (infra/render/render.py
+    BOOT_ATTRIBUTE); the VPN hop publishes its public key in one (WG_PUBLIC_KEY_ATTRIBUTE)."""
     return {
         "enable-oslogin": "TRUE",
         "block-project-ssh-keys": "TRUE",
         "serial-port-enable": "FALSE",
-        **(render.GUEST_ATTRIBUTES_METADATA if loader else {}),
+        **(render.GUEST_ATTRIBUTES_METADATA if guest_attributes else {}),
         "startup-script": startup_script,
     }
 
@@ -78,7 +79,7 @@ class ControllerVm(pulumi.ComponentResource):
             network_interfaces=[{"subnetwork": args.subnetwork}],
             service_account={"email": args.service_account_email, "scopes": [CLOUD_PLATFORM]},
             shielded_instance_config=SHIELDED_VM,
-            metadata=hardened_metadata(args.startup_script, loader=True),
+            metadata=hardened_metadata(args.startup_script, guest_attributes=True),
             tags=[TAG_CONTROLLER],
             labels=args.labels,
             allow_stopping_for_update=True,

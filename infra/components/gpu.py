@@ -94,7 +94,7 @@ class GpuVm(pulumi.ComponentResource):
                 "enable_vtpm": True,
                 "enable_integrity_monitoring": True,
             },
-            metadata=hardened_metadata(args.startup_script, loader=True),
+            metadata=hardened_metadata(args.startup_script, guest_attributes=True),
             # The trainer's network tag (firewall rules select the trainer by it, TPU or GPU).
             tags=[TAG_TPU],
             labels=args.labels,

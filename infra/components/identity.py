@@ -44,7 +44,7 @@ class ServiceIdentityArgs:
 class ServiceIdentity(pulumi.ComponentResource):
     """A dedicated service account (never the default compute account). It gets only log
     and metric writing at project level; data access is granted on single resources
-    (the bucket, one secret) by the components that own them. A VM that runs as it depends
+    (the bucket) by the components that own them. A VM that runs as it depends
     on the component, and so waits for `settled` (SETTLE_DURATION after the account's
     creation; only on create, a later `pulumi up` does not wait), and so does every IAM
     binding that names it through `member` or `resource_name`.

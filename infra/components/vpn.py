@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 import pulumi
@@ -26,28 +27,37 @@ class VpnHopArgs:
     vpc_ranges: tuple[str, ...]  # what the client routes through the tunnel
     client_public_key: str | None  # None: generate a client key pair
     service_account_email: pulumi.Input[str]
-    service_account_member: pulumi.Input[str]
     labels: dict[str, str]
+
+
+def server_key_command(project: str, zone: str, instance: str) -> str:
+    """The gcloud command that prints the hop's public key, as the hop publishes it."""
+    return (
+        f"gcloud compute instances get-guest-attributes {instance} --zone {zone} "
+        f"--project {project} --query-path={render.WG_PUBLIC_KEY_ATTRIBUTE} "
+        f"--format={shlex.quote('value(value)')}"
+    )
 
 
 class VpnHop(pulumi.ComponentResource):
     """A WireGuard VM near the user with a static IP that forwards and masquerades VPN
     traffic into the VPC.
 
-    Keys come from pulumi_random bytes, so they are stable across updates. The server's
-    private key lives only in Secret Manager (readable by the hop's own service account,
-    on that one secret) and is fetched by the VM at boot; metadata carries public keys only.
-    The client configuration is a secret output."""
+    The hop makes its own key pair at its first boot and keeps the private key on its own
+    disk (templates/vpn-hop.sh); only the public key leaves the VM, as a guest attribute
+    (render.WG_PUBLIC_KEY_ATTRIBUTE). So the server's private key is in no resource input or
+    output, no secret and no Pulumi state: an identity that reads and decrypts the state (the
+    GitOps preview account) never holds it, and no grant lets anyone read it. The client's
+    key is the user's own (vpnClientPublicKey, which a GitOps stack must set) or, for a stack
+    a person deploys without one, made from pulumi_random bytes in that person's state.
+
+    The client configuration is a secret output that carries render.SERVER_KEY_PLACEHOLDER
+    for the server's key; `server_key` says where the hop publishes it (`make vpn-config`
+    reads it and fills it in). A replaced hop VM (a new disk) makes a new key pair."""
 
     def __init__(self, name: str, args: VpnHopArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-pretrain:index:VpnHop", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        server_seed = random.RandomBytes(f"{name}-server-key", length=32, opts=child)
-        server_private: pulumi.Output[str] = pulumi.Output.secret(
-            server_seed.base64.apply(wgkeys.private_key)
-        )
-        # A public key is not a secret; unsecret it so the output is readable.
-        self.server_public_key = pulumi.Output.unsecret(server_private.apply(wgkeys.public_key))
         if args.client_public_key is None:
             client_seed = random.RandomBytes(f"{name}-client-key", length=32, opts=child)
             client_private: pulumi.Output[str] = pulumi.Output.secret(
@@ -58,28 +68,6 @@ class VpnHop(pulumi.ComponentResource):
             client_private = pulumi.Output.from_input(render.OWN_CLIENT_KEY_PLACEHOLDER)
             client_public = pulumi.Output.from_input(args.client_public_key)
 
-        self.secret = gcp.secretmanager.Secret(
-            f"{name}-server-key-secret",
-            project=args.project,
-            secret_id=f"{args.name}-wireguard-server-key",
-            replication={"auto": {}},
-            labels=args.labels,
-            opts=child,
-        )
-        self.secret_version = gcp.secretmanager.SecretVersion(
-            f"{name}-server-key-version",
-            secret=self.secret.id,
-            secret_data=server_private,
-            opts=child,
-        )
-        self.secret_access = gcp.secretmanager.SecretIamMember(
-            f"{name}-server-key-access",
-            project=args.project,
-            secret_id=self.secret.secret_id,
-            role="roles/secretmanager.secretAccessor",
-            member=args.service_account_member,
-            opts=child,
-        )
         self.address = gcp.compute.Address(
             f"{name}-address",
             project=args.project,
@@ -90,12 +78,7 @@ class VpnHop(pulumi.ComponentResource):
             labels=args.labels,
             opts=child,
         )
-        server = render.WireGuardServer(
-            project=args.project,
-            secret_id=f"{args.name}-wireguard-server-key",
-            port=args.port,
-            client_cidr=args.client_cidr,
-        )
+        server = render.WireGuardServer(port=args.port, client_cidr=args.client_cidr)
         startup_script = pulumi.Output.from_input(client_public).apply(
             lambda key: render.render_vpn_hop_script(server, client_public_key=key)
         )
@@ -117,22 +100,27 @@ class VpnHop(pulumi.ComponentResource):
             ],
             service_account={"email": args.service_account_email, "scopes": [CLOUD_PLATFORM]},
             shielded_instance_config=SHIELDED_VM,
-            metadata=hardened_metadata(startup_script),
+            # Guest attributes on: the hop publishes its public key as one.
+            metadata=hardened_metadata(startup_script, guest_attributes=True),
             tags=[TAG_HOP],
             labels=args.labels,
             allow_stopping_for_update=True,
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                depends_on=[self.secret_version, self.secret_access, *inherited_depends_on(opts)],
-            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=inherited_depends_on(opts)),
         )
         self.endpoint = pulumi.Output.concat(self.address.address, ":", str(args.port))
+        self.server_key = {
+            "instance": args.name,
+            "zone": args.zone,
+            "project": args.project,
+            "guestAttribute": render.WG_PUBLIC_KEY_ATTRIBUTE,
+            "command": server_key_command(args.project, args.zone, args.name),
+        }
         self.client_config: pulumi.Output[str] = pulumi.Output.secret(
-            pulumi.Output.all(client_private, self.server_public_key, self.endpoint).apply(
+            pulumi.Output.all(client_private, self.endpoint).apply(
                 lambda values: render.render_wireguard_client_config(
                     client_private_key=values[0],
-                    server_public_key=values[1],
-                    endpoint=values[2],
+                    server_public_key=render.SERVER_KEY_PLACEHOLDER,
+                    endpoint=values[1],
                     client_cidr=args.client_cidr,
                     allowed_ips=args.vpc_ranges,
                 )
@@ -141,7 +129,7 @@ class VpnHop(pulumi.ComponentResource):
         self.register_outputs(
             {
                 "endpoint": self.endpoint,
-                "serverPublicKey": self.server_public_key,
+                "serverKey": self.server_key,
                 "clientConfig": self.client_config,
             }
         )

@@ -135,7 +135,9 @@ def _network(values: Mapping[str, object], prefix: str) -> NetworkConfig:
     )
 
 
-def _vpn(values: Mapping[str, object], tpu_region: str, what: str = "TPU") -> VpnConfig:
+def _vpn(
+    values: Mapping[str, object], tpu_region: str, what: str = "TPU", *, gitops: bool = False
+) -> VpnConfig:
     allowed_cidrs = tuple(
         str(cidr(f"vpnAllowedCidrs[{i}]", item))
         for i, item in enumerate(array(values, "vpnAllowedCidrs"))
@@ -148,15 +150,23 @@ def _vpn(values: Mapping[str, object], tpu_region: str, what: str = "TPU") -> Vp
             "hop "
             "belongs in a region near you (default asia-northeast3-a)"
         )
+    client_public_key = _wireguard_key("vpnClientPublicKey", string(values, "vpnClientPublicKey"))
+    if gitops and client_public_key is None:
+        # Without it the program makes the client's key pair from random bytes, in the state,
+        # which the GitOps preview identity decrypts (docs/gitops.md).
+        raise ConfigError(
+            f"{qualified('vpnClientPublicKey')} is required with "
+            f"{qualified('accountsFromBootstrap')}: a GitOps stack keeps no private key in its "
+            "state; set it to your own WireGuard public key (`wg genkey | tee client.key | "
+            "wg pubkey`; keep client.key)"
+        )
     return VpnConfig(
         zone=vpn_zone,
         region=vpn_region,
         allowed_cidrs=allowed_cidrs,
         client_cidr=str(cidr("vpnClientCidr", string(values, "vpnClientCidr"))),
         port=integer(values, "vpnPort", 1024, 65535),
-        client_public_key=_wireguard_key(
-            "vpnClientPublicKey", string(values, "vpnClientPublicKey")
-        ),
+        client_public_key=client_public_key,
     )
 
 
@@ -197,7 +207,8 @@ def parse_config(
     what = accelerator.kind.upper()
     bucket = _bucket(values, project, stack, accelerator.region, what)
     network = _network(values, prefix)
-    vpn = _vpn(values, accelerator.region, what)
+    accounts_from_bootstrap = boolean(values, "accountsFromBootstrap")
+    vpn = _vpn(values, accelerator.region, what, gitops=accounts_from_bootstrap)
     machine_type = string(values, "controllerMachineType")
     if not _MACHINE_RE.match(machine_type):
         raise ConfigError(
@@ -230,7 +241,7 @@ def parse_config(
         backend=backend,
         dataflow=dataflow,
         job_plan=job_plan,
-        accounts_from_bootstrap=boolean(values, "accountsFromBootstrap"),
+        accounts_from_bootstrap=accounts_from_bootstrap,
     )
 
 

@@ -144,7 +144,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "vpnClientPublicKey",
         "string",
-        "Your own WireGuard public key; if unset a client key pair is generated.",
+        "Your own WireGuard public key (`wg pubkey`); required with accountsFromBootstrap. "
+        "If unset, a client key pair is generated and kept in the stack's state.",
         "",
     ),
     Key("job", "string", "Job template (YAML) relative to the repository root."),

@@ -57,6 +57,12 @@ ARCHIVE_PREFIX = "tpu-pretrain-payload"
 
 TENSORBOARD_PORT = 6006
 OWN_CLIENT_KEY_PLACEHOLDER = "<the private key of the public key you set in vpnClientPublicKey>"
+# The VPN hop makes its own key pair at its first boot (templates/vpn-hop.sh) and publishes
+# only the public key, as this guest attribute (namespace/key) of the hop's VM. Until then
+# nobody knows it: the client configuration the stack outputs carries SERVER_KEY_PLACEHOLDER,
+# which `make vpn-config` (infra/commands/vpn_config.py) replaces with the published key.
+WG_PUBLIC_KEY_ATTRIBUTE = "tpu-pretrain/wireguard-public-key"
+SERVER_KEY_PLACEHOLDER = "<the hop's public key: make vpn-config STACK=<stack> fills it in>"
 # The accelerator watchdogs (TPU and GPU) run on the controller every WATCH_INTERVAL. A
 # preempted TPU VM is recreated at most once per TPU_RECREATE_MIN_SECONDS (a VM that is
 # preempted again at once waits instead of looping).
@@ -285,8 +291,6 @@ WIREGUARD_MTU = 1460 - 80
 
 @dataclass(frozen=True)
 class WireGuardServer:
-    project: str
-    secret_id: str
     port: int
     client_cidr: str
 
@@ -752,9 +756,10 @@ def render_pointer(workload: Workload, scripts: Mapping[str, str]) -> str:
 
 
 def render_vpn_hop_script(server: WireGuardServer, *, client_public_key: str) -> str:
+    """The hop: its own key pair made at first boot, wg0.conf, forwarding, and its public key
+    published as the guest attribute WG_PUBLIC_KEY_ATTRIBUTE."""
     values = {
-        "PROJECT": server.project,
-        "WG_SECRET_ID": server.secret_id,
+        "WG_PUBLIC_KEY_ATTRIBUTE": WG_PUBLIC_KEY_ATTRIBUTE,
         "WG_PORT": str(server.port),
         "WG_MTU": str(WIREGUARD_MTU),
         "WG_SERVER_ADDRESS": server.server_address,
@@ -774,7 +779,7 @@ def render_wireguard_client_config(
     allowed_ips: tuple[str, ...],
 ) -> str:
     """The client side: only the VPC ranges go through the tunnel (split tunnel)."""
-    client = WireGuardServer(project="", secret_id="", port=0, client_cidr=client_cidr)
+    client = WireGuardServer(port=0, client_cidr=client_cidr)
     return (
         "[Interface]\n"
         f"PrivateKey = {client_private_key}\n"

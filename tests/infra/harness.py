@@ -27,7 +27,9 @@ included with empty inputs.
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
 import json
 import os
 import sys
@@ -42,6 +44,15 @@ from infra.errors import ConfigError
 
 # Archives built during tests go to a temp dir, not the repository's build/.
 _BUILD_DIR = Path(tempfile.mkdtemp(prefix="tpu-pretrain-test-build-"))
+
+# What a GitOps stack sets (docs/gitops.md): it adopts the bootstrap's accounts and brings
+# its client's own public key (32 bytes no private key belongs to: nobody can connect).
+GITOPS = {
+    "tpu-pretrain:accountsFromBootstrap": True,
+    "tpu-pretrain:vpnClientPublicKey": base64.b64encode(
+        hashlib.sha256(b"tpu-pretrain test client").digest()
+    ).decode(),
+}
 
 
 @dataclass(frozen=True)

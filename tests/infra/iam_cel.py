@@ -1,5 +1,6 @@
 """Evaluates IAM condition expressions with a real CEL evaluator (cel-python, pinned in
-requirements/infra-dev.txt), the way IAM evaluates them for one request's resource.
+requirements/infra-dev.txt), the way IAM evaluates them for one request's resource, and a
+Workload Identity provider's attribute mapping and condition over a token's claims.
 
 cel-python implements the CEL language and its standard functions (startsWith, endsWith,
 ==, &&, ||, ...). `extract()` is IAM's own, not CEL's: it is implemented here exactly as
@@ -74,6 +75,29 @@ def logic_operators(expression: str) -> int:
         elif node.data == "unary_not":
             count += 1
     return count
+
+
+def _cel(value: Any) -> Any:
+    if isinstance(value, dict):
+        return celtypes.MapType({celtypes.StringType(k): _cel(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return celtypes.ListType([_cel(v) for v in value])
+    if isinstance(value, bool):
+        return celtypes.BoolType(value)
+    return celtypes.StringType(str(value))
+
+
+def evaluate_value(expression: str, activation: dict[str, Any]) -> Any:
+    """An expression's value over plain data (names -> str, list, dict): a Workload Identity
+    provider's attribute mapping (a string) or its attribute condition (a bool), with
+    `assertion` the token's claims and `attribute` the mapped custom attributes."""
+    program = _ENV.program(_ENV.compile(expression), functions={"extract": _extract})
+    result = program.evaluate({name: _cel(value) for name, value in activation.items()})
+    if isinstance(result, Exception):
+        raise result
+    if isinstance(result, celtypes.BoolType):
+        return bool(result)
+    return str(result)
 
 
 def evaluate(

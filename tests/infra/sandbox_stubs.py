@@ -6,6 +6,12 @@ bin/. RECORDED: tools that only record."""
 
 from __future__ import annotations
 
+import shlex
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 STUBS = {
     # The bucket as a directory: `fakegcs cp SRC... DST` (a trailing / or several sources
     # copy into a folder; gs:// sources may hold a * wildcard) and `fakegcs ls URI`. Both the
@@ -111,15 +117,6 @@ elif [ "$1 $2 $3" = "compute tpus queued-resources" ]; then
       echo WAITING_FOR_RESOURCES >"$STATE/qr-state"
       ;;
   esac
-elif [ "$1 $2 $3" = "secrets versions access" ]; then
-  for a in "$@"; do case "$a" in --secret=*) s="${a#--secret=}" ;; esac; done
-  n="$(cat "$STATE/secret-fails" 2>/dev/null || echo 0)"
-  if [ "$n" -lt "${FAIL_FIRST_SECRETS:-0}" ]; then
-    echo $((n + 1)) >"$STATE/secret-fails"
-    echo "ERROR: (gcloud.secrets.versions.access) ${SECRET_ERROR:-PERMISSION_DENIED}: no" >&2
-    exit 1
-  fi
-  cat "$FAKE_SECRETS/$s"
 elif [ "$1 $2 $3" = "compute tpus tpu-vm" ]; then
   # The TPU API: $STATE/tpu-state holds the VM's state (no file: the VM does not exist).
   verb="$4"
@@ -299,8 +296,28 @@ if [ "$n" -lt "${FAIL_FIRST_APT:-0}" ]; then
   exit 100
 fi
 # Installing wireguard-tools provides `wg`.
-case " $* " in *" wireguard-tools "*) cp "$STUB_DIR/recorder" "$STUB_DIR/wg" ;; esac
+case " $* " in *" wireguard-tools "*) cp "$STUB_DIR/wg.installed" "$STUB_DIR/wg" ;; esac
 """
+# wireguard-tools' `wg genkey` (a new private key) and `wg pubkey` (stdin's private key ->
+# its public key), with real keys: infra/wgkeys.py (X25519, RFC 7748) in this interpreter.
+# Other verbs are only recorded. The key material itself never goes to the call log.
+_WG = r"""
+echo "wg $*" >>"$CALLS"
+case "${1:-}" in
+  genkey)
+    exec env PYTHONPATH=@REPO@ @PYTHON@ -c 'import base64, os
+from infra import wgkeys
+print(wgkeys.private_key(base64.b64encode(os.urandom(32)).decode()))' ;;
+  pubkey)
+    exec env PYTHONPATH=@REPO@ @PYTHON@ -c 'import sys
+from infra import wgkeys
+print(wgkeys.public_key(sys.stdin.read().strip()))' ;;
+esac
+"""
+STUBS["wg"] = _WG.replace("@REPO@", shlex.quote(str(REPO_ROOT))).replace(
+    "@PYTHON@", shlex.quote(sys.executable)
+)
+STUBS["wg.installed"] = STUBS["wg"]
 STUBS["curl"] = r"""
 echo "curl $*" >>"$CALLS"
 # A guest attribute set from inside the VM (`curl -X PUT --data VALUE .../guest-attributes/
@@ -425,4 +442,4 @@ fi
 # The CPython uv installs for an overlay with its own Python (requirements/tpu-vm-jax.txt): the
 # image's python3 stub under another name in the call log.
 STUBS["uv-python"] = STUBS["python3"].replace('echo "python3 $*"', 'echo "uv-python $*"')
-RECORDED = ("sysctl", "wg")
+RECORDED = ("sysctl",)

@@ -2,8 +2,8 @@
 
 The sandbox is a temp dir used as the file system root (TPU_PRETRAIN_SANDBOX), a fake bucket
 directory, and stub executables (sandbox_stubs.py) for gcloud, python3 (venv), pip, systemctl,
-apt-get, sysctl, ip and sleep that record every call. Everything else (tar, sha256sum, cmp, ...)
-is real.
+apt-get, sysctl, ip, sleep and wg (real keys) that record every call. Everything else (tar,
+sha256sum, cmp, ...) is real.
 
 Shared by the startup-script tests of tests/infra (test_startup_scripts.py, test_tpu_watch.py,
 test_tpu_image_boot.py, test_slice_startup.py, test_gpu_scripts.py, ...): pytest puts
@@ -49,7 +49,6 @@ class Sandbox:
     root: Path
     bin: Path
     gcs: Path
-    secrets: Path
     state: Path
     calls_file: Path
 
@@ -62,7 +61,6 @@ class Sandbox:
             "TPU_PRETRAIN_INSTALL_ATTEMPTS": "1",
             "CALLS": str(self.calls_file),
             "FAKE_GCS": str(self.gcs),
-            "FAKE_SECRETS": str(self.secrets),
             "STATE": str(self.state),
             "STUB_DIR": str(self.bin),
             "TMPDIR": str(self.state),
@@ -95,11 +93,10 @@ def new_sandbox(tmp_path: Path) -> Sandbox:
         root=tmp_path / "root",
         bin=tmp_path / "bin",
         gcs=tmp_path / "gcs",
-        secrets=tmp_path / "secrets",
         state=tmp_path / "state",
         calls_file=tmp_path / "calls.log",
     )
-    for directory in (box.root, box.bin, box.gcs, box.secrets, box.state):
+    for directory in (box.root, box.bin, box.gcs, box.state):
         directory.mkdir()
     for name in (*STUBS, *RECORDED):
         body = STUBS.get(name, 'echo "$(basename "$0") $*" >>"$CALLS"\n')

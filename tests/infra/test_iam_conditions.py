@@ -19,11 +19,9 @@ import gitops_bootstrap as bootstrap  # noqa: E402
 import iam_conditions as conditions  # noqa: E402
 
 PROJECT = "tpu-pretrain-example"
-NUMBER = "123456789012"
 STATE = "tpu-pretrain-example-pulumi-state"
 BUCKET, OBJECT = conditions.BUCKET_TYPE, conditions.OBJECT_TYPE
 INSTANCE = conditions.INSTANCE_TYPE
-SECRET, VERSION = conditions.SECRET_TYPE, conditions.SECRET_VERSION_TYPE
 DISK = "compute.googleapis.com/Disk"
 
 
@@ -51,9 +49,7 @@ def test_extract_is_googles() -> None:
 
 # (condition, resource type, resource name, expected)
 BUCKETS = conditions.stack_bucket_condition()
-SECRETS = conditions.stack_secret_condition()
 INSTANCES = conditions.stack_instance_condition(PROJECT)
-LOCKS = conditions.state_lock_condition(STATE)
 GPU_VM = instance_condition(PROJECT, "us-central1-a", "tp-t4-usc1-gpu")["expression"]
 STACK_BUCKET = "tpu-pretrain-example-v6e-euw4-tpu-pretrain"
 MATRIX = [
@@ -79,20 +75,6 @@ MATRIX = [
     (BUCKETS, "storage.googleapis.com/ManagedFolder",
      f"projects/_/buckets/{STACK_BUCKET}/managedFolders/a/", False),
     (BUCKETS, DISK, "projects/p/zones/z/disks/x-tpu-pretrain", False),
-    # --- the stacks' secrets and versions (the project by its NUMBER) -------------------
-    (SECRETS, SECRET, f"projects/{NUMBER}/secrets/tp-v6e-euw4-vpn-hop-wireguard-server-key",
-     True),
-    (SECRETS, VERSION,
-     f"projects/{NUMBER}/secrets/tp-v6e-euw4-vpn-hop-wireguard-server-key/versions/3", True),
-    (SECRETS, VERSION,
-     f"projects/{NUMBER}/secrets/tp-v6e-euw4-vpn-hop-wireguard-server-key/versions/latest",
-     True),
-    (SECRETS, SECRET, f"projects/{NUMBER}/secrets/db-password", False),
-    (SECRETS, SECRET, f"projects/{NUMBER}/secrets/tpx-key", False),
-    (SECRETS, VERSION, f"projects/{NUMBER}/secrets/ci-token/versions/1", False),
-    (SECRETS, SECRET, f"projects/{NUMBER}/secrets/xtp-key", False),
-    (SECRETS, INSTANCE, f"projects/{NUMBER}/secrets/tp-x", False),
-    (SECRETS, OBJECT, "projects/_/buckets/b/objects/projects/1/secrets/tp-x", False),
     # --- the stacks' VMs ------------------------------------------------------------------
     (INSTANCES, INSTANCE, f"projects/{PROJECT}/zones/europe-west4-a/instances/tp-v3-euw4-ctl",
      True),
@@ -104,13 +86,6 @@ MATRIX = [
     (INSTANCES, DISK, f"projects/{PROJECT}/zones/us-central1-b/disks/tp-x", False),
     (INSTANCES, "compute.googleapis.com/InstanceTemplate",
      f"projects/{PROJECT}/global/instanceTemplates/tp-x", False),
-    # --- the preview account's lock files -----------------------------------------------
-    (LOCKS, OBJECT, f"projects/_/buckets/{STATE}/objects/.pulumi/locks/tpu-pretrain/a/1.json",
-     True),
-    (LOCKS, OBJECT, f"projects/_/buckets/{STATE}/objects/.pulumi/stacks/tpu-pretrain/a.json",
-     False),
-    (LOCKS, OBJECT, f"projects/_/buckets/{STACK_BUCKET}/objects/.pulumi/locks/x", False),
-    (LOCKS, BUCKET, f"projects/_/buckets/{STATE}", False),
     # --- the GPU watchdog's one VM (infra/components/recovery.py) ------------------------
     (GPU_VM, INSTANCE, f"projects/{PROJECT}/zones/us-central1-a/instances/tp-t4-usc1-gpu", True),
     (GPU_VM, INSTANCE, f"projects/{PROJECT}/zones/us-central1-a/instances/tp-t4-usc1-gpu2",
@@ -130,8 +105,6 @@ def _bootstrap_expressions() -> dict[str, str]:
     return {
         "stack-instances-only": conditions.stack_instance_condition(PROJECT),
         "stack-buckets-only": conditions.stack_bucket_condition(),
-        "stack-secrets-only": conditions.stack_secret_condition(),
-        "pulumi-locks-only": conditions.state_lock_condition(STATE),
         "only-stack-roles": bootstrap.iam_granter_condition(PROJECT),
     }
 
@@ -149,8 +122,7 @@ def test_the_function_check_can_fail() -> None:
 
 
 @pytest.mark.parametrize(
-    "title", ["stack-instances-only", "stack-buckets-only", "stack-secrets-only",
-              "pulumi-locks-only"]
+    "title", ["stack-instances-only", "stack-buckets-only"]
 )  # fmt: skip
 def test_every_name_condition_is_scoped_by_resource_type(title: str) -> None:
     expression = _bootstrap_expressions()[title]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from harness import config_error, one, run_stack, stack_names, tpu_stack_names
+from harness import GITOPS, config_error, one, run_stack, stack_names, tpu_stack_names
 
 from infra import wgkeys
 from infra.catalogs.tpu import load_catalog
@@ -171,6 +171,21 @@ CASES = [
         "(44 base64 characters, the output of `wg pubkey`)",
     ),
     (
+        # A GitOps stack keeps no private key in its state: it brings its client's key.
+        "t4-usc1",
+        {K + "accountsFromBootstrap": True},
+        "tpu-pretrain:vpnClientPublicKey is required with tpu-pretrain:accountsFromBootstrap: "
+        "a GitOps stack keeps no private key in its state; set it to your own WireGuard public "
+        "key (`wg genkey | tee client.key | wg pubkey`; keep client.key)",
+    ),
+    (
+        "v3-euw4",
+        {K + "accountsFromBootstrap": "true", K + "vpnClientPublicKey": ""},
+        "tpu-pretrain:vpnClientPublicKey is required with tpu-pretrain:accountsFromBootstrap: "
+        "a GitOps stack keeps no private key in its state; set it to your own WireGuard public "
+        "key (`wg genkey | tee client.key | wg pubkey`; keep client.key)",
+    ),
+    (
         "v3-euw4",
         {K + "bucketSoftDeleteDays": 3},
         "tpu-pretrain:bucketSoftDeleteDays: '3' must be an integer from 7 to 90",
@@ -202,6 +217,15 @@ def test_valid_variations_render():
         "gcp:tpu/v2Vm:V2Vm",
     )
     assert vm.inputs["schedulingConfig"] == {"preemptible": True, "spot": False}
+    # A GitOps stack with its client's key, and a stack a person deploys without one.
+    own = GITOPS[K + "vpnClientPublicKey"]
+    gitops = run_stack("v3-euw4", GITOPS)
+    [hop] = [r for r in gitops if r.name == "vpn-hop-vm"]
+    assert f"readonly WG_CLIENT_PUBLIC_KEY={own}\n" in hop.inputs["metadata"]["startup-script"]
+    seeds = "random:index/randomBytes:RandomBytes"
+    assert not [r for r in gitops if r.type_ == seeds]
+    by_a_person = run_stack("v3-euw4", {K + "accountsFromBootstrap": False})
+    assert [r.name for r in by_a_person if r.type_ == seeds] == ["vpn-hop-client-key"]
 
 
 def test_pulumi_yaml_declares_every_key_with_type_and_description():

@@ -18,7 +18,6 @@ API_OF_MODULE = {
     "tpu": "tpu.googleapis.com",
     "storage": "storage.googleapis.com",
     "serviceaccount": "iam.googleapis.com",
-    "secretmanager": "secretmanager.googleapis.com",
     # projects.IAMMember reads/writes the project's IAM policy through Resource Manager
     # (projects.getIamPolicy/setIamPolicy); projects.Service goes through Service Usage.
     "projects/iAMMember": "cloudresourcemanager.googleapis.com",
@@ -180,7 +179,7 @@ def test_a_bucket_that_only_shares_the_prefix_is_not_adopted():
 
 def _iam_resources(run) -> list:
     """Every IAM grant the program registers: pulumi-gcp's *IAMMember / *IamMember /
-    *IAMBinding / *IamBinding types (project, bucket, secret, service account, ...)."""
+    *IAMBinding / *IamBinding types (project, bucket, service account, ...)."""
     return [r for r in run.resources if re.search(r":(\w*(IAM|Iam)(Member|Binding))$", r.type_)]
 
 
@@ -209,14 +208,14 @@ def test_every_iam_grant_naming_a_new_service_account_waits_for_its_settle(stack
         naming += 1
         missing = settles - set(grant.options["dependencies"])
         assert not missing, f"{grant.name} ({grant.type_}) does not wait for {missing}"
-    # Reporting roles (2 per account), the bucket (read and write for 2 accounts: 4), the
-    # hop's secret (1), and with the TPU watchdog its project role and its act-as on the TPU
-    # VM's account (2), with the GPU watchdog its conditional project role (1): all of them.
+    # Reporting roles (2 per account), the bucket (read and write for 2 accounts: 4), and
+    # with the TPU watchdog its project role and its act-as on the TPU VM's account (2), with
+    # the GPU watchdog its conditional project role (1): all of them.
     types = {r.type_ for r in run.resources}
     watchdog = 2 * ("tpu-pretrain:index:TpuAutoRecovery" in types) + (
         "tpu-pretrain:index:GpuAutoRecovery" in types
     )
-    assert naming == len(grants) == 2 * len(accounts) + 5 + watchdog, [g.name for g in grants]
+    assert naming == len(grants) == 2 * len(accounts) + 4 + watchdog, [g.name for g in grants]
 
 
 @pytest.mark.parametrize("stack", ["v6e-euw4", "t4-usc1"])

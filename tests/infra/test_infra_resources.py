@@ -140,6 +140,8 @@ def test_vpn_hop(run):
     assert vm.inputs["serviceAccount"]["email"] == hop_email(run)
     assert vm.inputs["metadata"]["enable-oslogin"] == "TRUE"
     assert vm.inputs["metadata"]["block-project-ssh-keys"] == "TRUE"
+    # where the hop publishes the public key it makes at its first boot
+    assert vm.inputs["metadata"]["enable-guest-attributes"] == "TRUE"
 
 
 def test_only_the_hop_has_an_external_ip(run):
@@ -218,12 +220,17 @@ def test_iam_is_bucket_level_for_the_dedicated_account(run):
     assert not of_type(run.resources, "gcp:projects/iAMBinding:IAMBinding")
 
 
-def test_secret_access_is_the_hop_account_on_one_secret(run):
-    secret = one(run.resources, "gcp:secretmanager/secret:Secret")
-    (access,) = of_type(run.resources, "gcp:secretmanager/secretIamMember:SecretIamMember")
-    assert access.inputs["secretId"] == secret.inputs["secretId"]
-    assert access.inputs["role"] == "roles/secretmanager.secretAccessor"
-    assert access.inputs["member"] == f"serviceAccount:{hop_email(run)}"
+def test_the_stack_keeps_no_secret(run):
+    """The hop makes its own key on its disk: no secret, no secret's grant, no Secret Manager
+    API; the hop's account holds nothing but log and metric writing (above)."""
+    assert [r.name for r in run.resources if r.type_.startswith("gcp:secretmanager/")] == []
+    services = of_type(run.resources, "gcp:projects/service:Service")
+    assert "secretmanager.googleapis.com" not in {s.inputs["service"] for s in services}
+    hop = f"serviceAccount:{hop_email(run)}"
+    assert sorted(r.inputs["role"] for r in run.resources if r.inputs.get("member") == hop) == [
+        "roles/logging.logWriter",
+        "roles/monitoring.metricWriter",
+    ]
 
 
 def test_firewall(run):
@@ -281,7 +288,7 @@ def test_network(run):
 def test_apis_stay_enabled_on_destroy(run):
     services = of_type(run.resources, "gcp:projects/service:Service")
     names = {s.inputs["service"] for s in services}
-    assert {"tpu.googleapis.com", "compute.googleapis.com", "secretmanager.googleapis.com"} <= names
+    assert {"tpu.googleapis.com", "compute.googleapis.com"} <= names
     assert {"cloudresourcemanager.googleapis.com", "serviceusage.googleapis.com"} <= names
     assert all(s.inputs["disableOnDestroy"] is False for s in services)
 
@@ -305,58 +312,61 @@ def test_components_own_every_resource(run):
             assert resource.options["parent"] in component_urns, resource.name
 
 
-def _key_material(run) -> dict[str, str]:
-    seeds = {
-        r.name: r.outputs["base64"]
-        for r in of_type(run.resources, "random:index/randomBytes:RandomBytes")
-    }
-    keys = {}
-    for name, seed in seeds.items():
-        keys[f"{name}:seed"] = seed
-        keys[f"{name}:private"] = wgkeys.private_key(seed)
-    return keys
+def _client_key(run) -> dict[str, str]:
+    """The client's generated key (a stack without vpnClientPublicKey): seed and private key."""
+    (seed,) = of_type(run.resources, "random:index/randomBytes:RandomBytes")
+    assert seed.name == "vpn-hop-client-key"
+    return {"seed": seed.outputs["base64"], "private": wgkeys.private_key(seed.outputs["base64"])}
 
 
-def test_no_key_material_outside_secret_manager(run):
-    material = _key_material(run)
-    assert len(material) == 4  # server and client: seed + private key each
-    server_private = material["vpn-hop-server-key:private"]
+def test_the_client_s_generated_key_is_only_in_its_seed_and_the_secret_config(run):
+    """The one private key of a stack a person deploys without vpnClientPublicKey is the
+    client's: in the random bytes' output and the secret client config, in no resource's
+    inputs (no metadata, no script, no object); the hop's key is made on the hop."""
+    key = _client_key(run)
     for resource in run.resources:
         text = json.dumps(resource.inputs, default=str)
-        if resource.type_ == "gcp:secretmanager/secretVersion:SecretVersion":
-            assert resource.inputs["secretData"] == server_private
-            assert "secretData" in resource.secret_inputs
-            continue
-        for label, value in material.items():
-            assert value not in text, f"{label} appears in the inputs of {resource.name}"
+        for label, value in key.items():
+            assert value not in text, f"the client's {label} appears in {resource.name}"
+    assert f"PrivateKey = {key['private']}\n" in run.exports["vpnClientConfig"]
+    assert "vpnClientConfig" in run.secret_exports
     hop_script = by_name(run, "vpn-hop-vm").inputs["metadata"]["startup-script"]
-    assert "gcloud secrets versions access latest" in hop_script
+    assert "wg genkey" in hop_script and "gcloud secrets" not in hop_script
     assert "PrivateKey = ${private_key}" in hop_script
 
 
 def test_vpn_client_config_is_a_secret_limited_to_the_vpc(run):
     assert "vpnClientConfig" in run.secret_exports
     config = run.exports["vpnClientConfig"]
-    material = _key_material(run)
-    server_public = wgkeys.public_key(material["vpn-hop-server-key:private"])
-    assert f"PrivateKey = {material['vpn-hop-client-key:private']}\n" in config
-    assert f"PublicKey = {server_public}\n" in config
-    assert run.exports["vpnServerPublicKey"] == server_public
+    key = _client_key(run)
+    assert f"PrivateKey = {key['private']}\n" in config
+    # The hop's key is made at its first boot: a placeholder until `make vpn-config`.
+    assert f"PublicKey = {render.SERVER_KEY_PLACEHOLDER}\n" in config
+    hop = by_name(run, "vpn-hop-vm").inputs
+    assert run.exports["vpnServerKey"] == {
+        "instance": hop["name"],
+        "zone": hop["zone"],
+        "project": hop["project"],
+        "guestAttribute": render.WG_PUBLIC_KEY_ATTRIBUTE,
+        "command": f"gcloud compute instances get-guest-attributes {hop['name']} --zone "
+        f"{hop['zone']} --project {hop['project']} "
+        f"--query-path={render.WG_PUBLIC_KEY_ATTRIBUTE} --format='value(value)'",
+    }
     address = by_name(run, "vpn-hop-address").outputs["address"]
     assert f"Endpoint = {address}:51820\n" in config
     assert "AllowedIPs = 10.10.0.0/20, 10.20.0.0/24\n" in config
     assert "MTU = 1380\n" in config  # Google's VPC MTU 1460 - WireGuard's 80
-    assert "readonly WG_MTU=1380" in by_name(run, "vpn-hop-vm").inputs["metadata"]["startup-script"]
-    hop_script = by_name(run, "vpn-hop-vm").inputs["metadata"]["startup-script"]
-    client_public = wgkeys.public_key(material["vpn-hop-client-key:private"])
+    hop_script = hop["metadata"]["startup-script"]
+    assert "readonly WG_MTU=1380" in hop_script
+    client_public = wgkeys.public_key(key["private"])
     assert f"readonly WG_CLIENT_PUBLIC_KEY={client_public}" in hop_script
+    assert f"readonly WG_PUBLIC_KEY_ATTRIBUTE={render.WG_PUBLIC_KEY_ATTRIBUTE}" in hop_script
 
 
 def test_a_user_supplied_client_key_replaces_the_generated_pair():
     own = base64.b64encode(bytes(range(32))).decode()
     run = run_offline("v6e-euw4", {"tpu-pretrain:vpnClientPublicKey": own})
-    seeds = [r.name for r in of_type(run.resources, "random:index/randomBytes:RandomBytes")]
-    assert seeds == ["vpn-hop-server-key"]
+    assert of_type(run.resources, "random:index/randomBytes:RandomBytes") == []
     hop_script = by_name(run, "vpn-hop-vm").inputs["metadata"]["startup-script"]
     assert f"readonly WG_CLIENT_PUBLIC_KEY={own}" in hop_script
     assert f"PrivateKey = {render.OWN_CLIENT_KEY_PLACEHOLDER}\n" in run.exports["vpnClientConfig"]

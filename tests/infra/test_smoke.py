@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 from gcloud_flags import problems
-from harness import run_offline, startup_script
+from harness import GITOPS, run_offline, startup_script
 from script_sandbox import Sandbox, publish_payload
 
 from infra.commands import smoke
@@ -743,7 +743,7 @@ CONTROLLER_GRANT = {
     "role": "roles/iam.serviceAccountUser",
     "members": ["serviceAccount:tp-v6e-euw4-controller@tpu-pretrain-test.iam.gserviceaccount.com"],
 }
-ADOPTS = {"tpu-pretrain:accountsFromBootstrap": True}
+ADOPTS = GITOPS
 
 
 def _gitops(expression: str) -> list[dict]:

@@ -9,6 +9,7 @@ test_slice_startup.py."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shlex
@@ -28,6 +29,7 @@ from script_sandbox import (
 )
 
 from infra import wgkeys
+from infra.render import render
 
 
 @pytest.mark.parametrize("stack", stack_names())
@@ -447,14 +449,18 @@ def test_a_missing_payload_is_retried_then_fails(stack_run, sandbox):
     assert "404 Not Found" in result.stderr
 
 
-def test_vpn_hop_script_configures_wireguard_once(stack_run, sandbox):
-    script = startup_script(stack_run, "vpn-hop-vm")
-    secret_id = re.search(r"readonly WG_SECRET_ID=(\S+)", script).group(1)
-    private = wgkeys.private_key("A" * 43 + "=")
-    (sandbox.secrets / secret_id).write_text(private)
+HOP_KEY = "etc/wireguard/tpu-pretrain-server.key"
+HOP_ATTRIBUTE = "guest-attributes/" + render.WG_PUBLIC_KEY_ATTRIBUTE
 
+
+def test_vpn_hop_makes_its_own_key_and_publishes_only_the_public_half(stack_run, sandbox):
+    script = startup_script(stack_run, "vpn-hop-vm")
     first = sandbox.run(script)
     assert first.returncode == 0, first.stderr
+    key_path = sandbox.root / HOP_KEY
+    private = key_path.read_text().strip()
+    assert len(base64.b64decode(private, validate=True)) == 32
+    assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
     conf_path = sandbox.root / "etc/wireguard/wg0.conf"
     conf = conf_path.read_text()
     assert stat.S_IMODE(conf_path.stat().st_mode) == 0o600
@@ -465,42 +471,60 @@ def test_vpn_hop_script_configures_wireguard_once(stack_run, sandbox):
     assert "MTU = 1380\n" in conf
     client_public = re.search(r"readonly WG_CLIENT_PUBLIC_KEY=(\S+)", script).group(1)
     assert f"PublicKey = {client_public}\n" in conf
+    # The public half, as the guest attribute `make vpn-config` reads; the private half
+    # nowhere but the hop's two files: not in its output, its calls, its journal.
+    public = wgkeys.public_key(private)
+    assert (sandbox.state / HOP_ATTRIBUTE).read_text() == public
+    assert f"public key {public} published" in first.stderr
+    journal = (sandbox.state / "journal").read_text()
+    assert private not in first.stdout + first.stderr + "\n".join(sandbox.calls) + journal
+    assert sandbox.calls.count("wg genkey") == 1
     sysctl = sandbox.root / "etc/sysctl.d/60-tpu-pretrain-forwarding.conf"
     assert sysctl.read_text() == "net.ipv4.ip_forward = 1\n"
     assert "sysctl -q -w net.ipv4.ip_forward=1" in sandbox.calls
     assert "systemctl restart wg-quick@wg0" in sandbox.calls
-    assert private not in first.stdout + first.stderr
 
+    # Every later boot keeps the key, the config and the running tunnel, and publishes again.
+    (sandbox.state / HOP_ATTRIBUTE).unlink()
     second = sandbox.run(script)
     assert second.returncode == 0, second.stderr
+    assert key_path.read_text().strip() == private
     assert conf_path.read_text() == conf
-    assert sysctl.read_text() == "net.ipv4.ip_forward = 1\n"
+    assert (sandbox.state / HOP_ATTRIBUTE).read_text() == public
+    assert "wg genkey" not in sandbox.calls
     assert "systemctl start wg-quick@wg0" in sandbox.calls
     assert not [c for c in sandbox.calls if "restart" in c or c.startswith("apt-get")]
 
 
-@pytest.mark.parametrize(
-    ("error", "transient"),
-    [("PERMISSION_DENIED", True), ("NOT_FOUND", True), ("INVALID_ARGUMENT", False)],
-)
-def test_vpn_hop_retries_only_transient_secret_errors(stack_run, sandbox, error, transient):
-    script = startup_script(stack_run, "vpn-hop-vm")
-    secret_id = re.search(r"readonly WG_SECRET_ID=(\S+)", script).group(1)
-    (sandbox.secrets / secret_id).write_text(wgkeys.private_key("B" * 43 + "="))
-    result = sandbox.run(script, FAIL_FIRST_SECRETS="1", SECRET_ERROR=error)
-    reads = [c for c in sandbox.calls if c.startswith("gcloud secrets versions access")]
-    if transient:
-        assert result.returncode == 0, result.stderr
-        assert len(reads) == 2 and "sleep 5" in sandbox.calls
-    else:
-        assert result.returncode != 0
-        assert len(reads) == 1 and not (sandbox.root / "etc/wireguard/wg0.conf").exists()
+@pytest.mark.parametrize("damaged", ["", "not a key\n"])
+def test_vpn_hop_replaces_a_key_file_it_cannot_read(stack_run, sandbox, damaged):
+    """A key file cut short (a crash between creating and writing it) is made anew."""
+    key_path = sandbox.root / HOP_KEY
+    key_path.parent.mkdir(parents=True)
+    key_path.write_text(damaged)
+    result = sandbox.run(startup_script(stack_run, "vpn-hop-vm"))
+    assert result.returncode == 0, result.stderr
+    private = key_path.read_text().strip()
+    assert private != damaged.strip()
+    assert (sandbox.state / HOP_ATTRIBUTE).read_text() == wgkeys.public_key(private)
+    assert f"PrivateKey = {private}\n" in (sandbox.root / "etc/wireguard/wg0.conf").read_text()
+
+
+def test_vpn_hop_keeps_its_tunnel_when_the_key_cannot_be_published(stack_run, sandbox):
+    result = sandbox.run(startup_script(stack_run, "vpn-hop-vm"), GUEST_ATTRIBUTES_OFF="1")
+    assert result.returncode == 0, result.stderr
+    puts = [c for c in sandbox.calls if c.startswith("curl ") and " -X PUT " in c]
+    assert len(puts) == 4  # TPU_PRETRAIN_RETRY_ATTEMPTS
+    assert "systemctl restart wg-quick@wg0" in sandbox.calls
+    public = wgkeys.public_key((sandbox.root / HOP_KEY).read_text().strip())
+    assert (
+        f"could not publish the public key {public} as the guest attribute "
+        f"{render.WG_PUBLIC_KEY_ATTRIBUTE}; on the hop: sudo wg show wg0 public-key"
+    ) in result.stderr
 
 
 def test_vpn_hop_installs_wireguard_only_when_missing(stack_run, sandbox):
     script = startup_script(stack_run, "vpn-hop-vm")
-    secret_id = re.search(r"readonly WG_SECRET_ID=(\S+)", script).group(1)
-    (sandbox.secrets / secret_id).write_text(wgkeys.private_key("C" * 43 + "="))
     (sandbox.bin / "wg").unlink()
     first = sandbox.run(script)
     assert first.returncode == 0, first.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import re
 import runpy
 import sys
 from dataclasses import dataclass
@@ -22,7 +23,9 @@ from pulumi.runtime.sync_await import _sync_await
 
 BOOTSTRAP = Path(__file__).resolve().parents[2] / "infra" / "bootstrap"
 sys.path.insert(0, str(BOOTSTRAP))
+sys.path.insert(0, str(BOOTSTRAP.parents[1] / "tests" / "infra"))
 import gitops_bootstrap as bootstrap  # noqa: E402
+from iam_cel import evaluate_value  # noqa: E402
 
 PROJECT_NUMBER = "123456789012"
 
@@ -46,6 +49,33 @@ class Run:
     def named(self, name: str) -> Registered:
         [found] = [r for r in self.resources if r.name == name]
         return found
+
+    def accounts_for(self, claims: dict[str, str]) -> set[str]:
+        """The CI accounts (account ids) a job with these token claims may impersonate: the
+        provider's attribute mapping and condition evaluated with CEL over the claims (a
+        refused token gets none), then every workloadIdentityUser principal set whose
+        attribute has the mapped value."""
+        [provider] = self.of_type(
+            "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider"
+        )
+        mapped = {
+            key: evaluate_value(expression, {"assertion": claims})
+            for key, expression in provider.inputs["attributeMapping"].items()
+        }
+        attributes = {k.removeprefix("attribute."): v for k, v in mapped.items() if "." in k}
+        activation = {"assertion": claims, "attribute": attributes}
+        if not evaluate_value(provider.inputs["attributeCondition"], activation):
+            return set()
+        accounts = set()
+        for grant in self.of_type("gcp:serviceaccount/iAMMember:IAMMember"):
+            if grant.inputs["role"] != "roles/iam.workloadIdentityUser":
+                continue
+            match = re.search(r"/attribute\.([a-z_]+)/(.+)$", grant.inputs["member"])
+            assert match, grant.inputs["member"]
+            if attributes.get(match.group(1)) == match.group(2):
+                email = grant.inputs["serviceAccountId"].rsplit("/", 1)[-1]
+                accounts.add(email.split("@")[0])
+        return accounts
 
 
 class _Mocks(pulumi_mocks.Mocks):

@@ -1,5 +1,7 @@
-"""A stand-in for GitHub's REST API on 127.0.0.1: the issue comments of one repository
-(test_preview_comment.py, test_workflows.py)."""
+"""Stand-ins for GitHub: its REST API on 127.0.0.1 (the issue comments of one repository;
+test_preview_comment.py, test_workflows.py), and the OIDC token claims it mints for a job
+(oidc_claims; test_bootstrap.py runs them through the bootstrap's Workload Identity
+provider)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,46 @@ from typing import ClassVar
 from urllib.parse import parse_qs, urlparse
 
 CREDENTIAL = "test-credential"  # what the stand-in API expects as the bearer token
+
+
+def oidc_claims(
+    repository: str,
+    workflow: str,
+    event: str,
+    ref: str,
+    *,
+    repository_id: str,
+    owner_id: str,
+    environment: str | None = None,
+) -> dict[str, str]:
+    """The claims of the OIDC token GitHub mints for a job of `workflow` (a path such as
+    ".github/workflows/preview.yml") run by `event` at `ref`, as GitHub's "OIDC token claims"
+    reference describes them: the subject names the environment of a job that has one, else
+    `pull_request` for a pull request's run, else the ref; `workflow_ref` is
+    "<repository>/<workflow>@<ref>", and so is `job_workflow_ref` for a job that calls no
+    reusable workflow."""
+    if environment is not None:
+        subject = f"repo:{repository}:environment:{environment}"
+    elif event == "pull_request":
+        subject = f"repo:{repository}:pull_request"
+    else:
+        subject = f"repo:{repository}:ref:{ref}"
+    claims = {
+        "iss": "https://token.actions.githubusercontent.com",
+        "sub": subject,
+        "repository": repository,
+        "repository_id": repository_id,
+        "repository_owner": repository.split("/", maxsplit=1)[0],
+        "repository_owner_id": owner_id,
+        "event_name": event,
+        "ref": ref,
+        "ref_type": "branch",
+        "workflow_ref": f"{repository}/{workflow}@{ref}",
+        "job_workflow_ref": f"{repository}/{workflow}@{ref}",
+    }
+    if environment is not None:
+        claims["environment"] = environment
+    return claims
 
 
 class FakeGitHub:

@@ -15,7 +15,7 @@ from policy_harness import Violation, run_pack, urn_for
 from stacks_harness import GPU_STACKS, STACKS, Resource, resources
 
 from policy import allowlist, closed_world, executables, identities, network
-from policy.resources import BUCKET, FIREWALL, SERVICE, TPU_VM
+from policy.resources import BUCKET, FIREWALL, SECRET, SERVICE, TPU_VM
 
 STACK = "v6e-euw4"  # one real stack per case; the six stacks pass in test_stacks.py
 PROJECT = "tpu-pretrain-test"  # the project the offline harness gives every stack
@@ -188,27 +188,29 @@ def test_a_stack_with_a_grant_outside_the_allowlist_is_rejected(case: str, extra
     assert all("policy/allowlist.py" in v.message for v in grants)
 
 
-@pytest.mark.parametrize(
-    ("type_", "props"),
-    [
-        (
-            "gcp:storage/bucketIAMMember:BucketIAMMember",
-            {"bucket": "tpu-pretrain-example-pulumi-state", "role": "roles/storage.objectViewer"},
-        ),
-        (
-            "gcp:secretmanager/secretIamMember:SecretIamMember",
-            {"secretId": "github-token", "role": "roles/secretmanager.secretAccessor"},
-        ),
-    ],
-    ids=["state-bucket", "foreign-secret"],
-)
-def test_an_allowed_role_on_a_resource_of_another_stack_is_rejected(
-    type_: str, props: dict[str, Any]
-) -> None:
-    member = CONTROLLER if "bucket" in props else CONTROLLER.replace("-controller@", "-vpn-hop@")
-    violations = _with(_extra(type_, {**props, "member": member}))
+def test_an_allowed_role_on_a_resource_of_another_stack_is_rejected() -> None:
+    props = {"bucket": "tpu-pretrain-example-pulumi-state", "role": "roles/storage.objectViewer"}
+    violations = _with(
+        _extra("gcp:storage/bucketIAMMember:BucketIAMMember", {**props, "member": CONTROLLER})
+    )
     assert {v.policy for v in violations} == {"grants-on-own-resources"}
     assert "is not a" in violations[0].message
+
+
+def test_the_hop_reading_a_secret_is_refused_the_stacks_keep_none() -> None:
+    """The hop makes its own WireGuard key on its disk: a secret and a grant on one are
+    outside the allowlist (the grant the hop had before, on its own stack's secret)."""
+    hop = CONTROLLER.replace("-controller@", "-vpn-hop@")
+    secret_id = f"tp-{STACK}-vpn-hop-wireguard-server-key"
+    secret = _with(_extra(SECRET, {"secretId": secret_id, "replication": {"auto": {}}}))
+    assert {v.policy for v in secret} == {"allowed-resource-types"}
+    access = _with(
+        _extra(
+            "gcp:secretmanager/secretIamMember:SecretIamMember",
+            {"secretId": secret_id, "role": "roles/secretmanager.secretAccessor", "member": hop},
+        )
+    )
+    assert {"allowed-resource-types", "allowed-iam-grants"} <= {v.policy for v in access}
 
 
 def test_the_grant_message_names_the_role_and_what_is_allowed() -> None:

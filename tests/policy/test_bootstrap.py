@@ -21,6 +21,8 @@ from bootstrap_harness import (
     run_bootstrap,
     stack_config,
 )
+from fake_github import oidc_claims
+from iam_cel import evaluate
 from policy_harness import run_pack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +78,8 @@ def test_workload_identity_provider_accepts_only_this_repository(run: Run) -> No
     assert provider.inputs["attributeCondition"] == (
         f"assertion.repository == '{REPO}' && assertion.repository_id == '987654321'"
         " && assertion.repository_owner_id == '123456'"
+        " && (attribute.preview_caller != 'none'"
+        f" || assertion.sub == 'repo:{REPO}:environment:gcp-deploy')"
     )
     assert provider.inputs["oidc"] == {"issuerUri": "https://token.actions.githubusercontent.com"}
     mapping = provider.inputs["attributeMapping"]
@@ -92,12 +96,13 @@ def test_numeric_ids_are_required(key: str) -> None:
 
 def test_who_may_impersonate_which_account(run: Run) -> None:
     pool = f"projects/{PROJECT_NUMBER}/locations/global/workloadIdentityPools/tpu-pretrain-github"
-    preview = run.named("preview-wif").inputs
-    assert preview["role"] == "roles/iam.workloadIdentityUser"
-    assert preview["serviceAccountId"].endswith(f"tpu-pretrain-preview@{SA_DOMAIN}")
-    assert (
-        preview["member"] == f"principalSet://iam.googleapis.com/{pool}/attribute.repository/{REPO}"
-    )
+    for caller in ("pull-request-preview", "main-plan"):
+        preview = run.named(f"preview-wif-{caller}").inputs
+        assert preview["role"] == "roles/iam.workloadIdentityUser"
+        assert preview["serviceAccountId"].endswith(f"tpu-pretrain-preview@{SA_DOMAIN}")
+        assert preview["member"] == (
+            f"principalSet://iam.googleapis.com/{pool}/attribute.preview_caller/{caller}"
+        )
     deploy = run.named("deploy-wif").inputs
     assert deploy["serviceAccountId"].endswith(f"tpu-pretrain-deploy@{SA_DOMAIN}")
     # Environment AND branch: one value of the attribute "<subject>@<ref>".
@@ -109,12 +114,12 @@ def test_who_may_impersonate_which_account(run: Run) -> None:
     assert provider.inputs["attributeMapping"]["attribute.sub_ref"] == (
         "assertion.sub + '@' + assertion.ref"
     )
-    # Exactly these two grants of impersonation, nothing broader; every other grant on an
+    # Exactly these three grants of impersonation, nothing broader; every other grant on an
     # account is the deploy account's stack-account role on a stack's own account, or a
     # stack controller's actAs on its own stack's accounts (below).
     on_accounts = run.of_type("gcp:serviceaccount/iAMMember:IAMMember")
     impersonation = [g for g in on_accounts if g.inputs["role"] == "roles/iam.workloadIdentityUser"]
-    assert len(impersonation) == 2
+    assert len(impersonation) == 3
     assert {g.inputs["role"] for g in on_accounts if g not in impersonation} == {
         "projects/tpu-pretrain-example/roles/tpuPretrainStackAccountUser",
         "roles/iam.serviceAccountUser",
@@ -142,13 +147,158 @@ def test_preview_account_is_read_only(run: Run) -> None:
         for r in run.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
         if "preview" in r.inputs["member"]
     }
-    assert bucket_grants["roles/storage.objectViewer"] is None
-    lock_only = bucket_grants["roles/storage.objectUser"]["expression"]
-    assert lock_only == (
-        "resource.type == 'storage.googleapis.com/Object'"
-        " && resource.name.startsWith('projects/_/buckets/tpu-pretrain-example-pulumi-state"
-        "/objects/.pulumi/locks/')"
+    assert bucket_grants == {"roles/storage.objectViewer": None}
+
+
+GITHUB_IDS = {"repository_id": "987654321", "owner_id": "123456"}
+PREVIEW_YML, DEPLOY_YML = ".github/workflows/preview.yml", ".github/workflows/deploy.yml"
+PR_REF = "refs/pull/42/merge"
+MAIN = "refs/heads/main"
+
+
+def _token(workflow: str, event: str, ref: str, **kwargs: str) -> dict[str, str]:
+    return oidc_claims(REPO, workflow, event, ref, **{**GITHUB_IDS, **kwargs})
+
+
+# (token's claims, the CI accounts the provider and the bindings let it impersonate)
+TOKENS = [
+    ("preview on a pull request", _token(PREVIEW_YML, "pull_request", PR_REF), {"preview"}),
+    ("plan on a push to main", _token(DEPLOY_YML, "push", MAIN), {"preview"}),
+    ("plan run by hand on main", _token(DEPLOY_YML, "workflow_dispatch", MAIN), {"preview"}),
+    ("deploy job on main", _token(DEPLOY_YML, "push", MAIN, environment="gcp-deploy"),
+     {"deploy"}),
+    ("destroy job on main",
+     _token(".github/workflows/destroy.yml", "workflow_dispatch", MAIN, environment="gcp-deploy"),
+     {"deploy"}),
+    # Refused: another workflow, event or branch.
+    ("ci on a pull request", _token(".github/workflows/ci.yml", "pull_request", PR_REF), set()),
+    ("ci on a push to main", _token(".github/workflows/ci.yml", "push", MAIN), set()),
+    ("a new workflow of a branch", _token(".github/workflows/x.yml", "push", "refs/heads/x"),
+     set()),
+    ("the preview pushed to a branch", _token(PREVIEW_YML, "push", "refs/heads/x"), set()),
+    ("the preview by hand on main", _token(PREVIEW_YML, "workflow_dispatch", MAIN), set()),
+    ("the preview as pull_request_target", _token(PREVIEW_YML, "pull_request_target", MAIN),
+     set()),
+    ("the plan run by hand on a branch",
+     _token(DEPLOY_YML, "workflow_dispatch", "refs/heads/x"), set()),
+    ("the plan on a pull request", _token(DEPLOY_YML, "pull_request", PR_REF), set()),
+    ("a deploy job on a branch",
+     _token(DEPLOY_YML, "workflow_dispatch", "refs/heads/x", environment="gcp-deploy"), set()),
+    ("the preview in another environment",
+     _token(PREVIEW_YML, "pull_request", PR_REF, environment="staging"), set()),
+    ("the preview of a re-created repository",
+     _token(PREVIEW_YML, "pull_request", PR_REF, repository_id="1"), set()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "claims", "accounts"), TOKENS, ids=[t[0] for t in TOKENS])
+def test_the_preview_account_serves_the_preview_on_pull_requests_and_the_plan_on_main(
+    run: Run, case: str, claims: dict[str, str], accounts: set[str]
+) -> None:
+    """GitHub's claims for each job, through the provider's attribute mapping and condition
+    (evaluated with CEL) to the bindings' principal sets."""
+    assert run.accounts_for(claims) == {f"tpu-pretrain-{a}" for a in accounts}
+
+
+def _jobs_by_account() -> dict[str, list[tuple[str, list[str], str | None]]]:
+    """Per CI account variable: (workflow path, its events, the job's environment) of every
+    job that authenticates with it."""
+    found: dict[str, list[tuple[str, list[str], str | None]]] = {}
+    for path in sorted((ROOT / ".github" / "workflows").glob("*.yml")):
+        document = yaml.safe_load(path.read_text())
+        events = list(document[True])  # YAML 1.1 reads the key `on` as True
+        for job in document["jobs"].values():
+            text = json.dumps(job)
+            for account in ("GCP_PREVIEW_SERVICE_ACCOUNT", "GCP_DEPLOY_SERVICE_ACCOUNT"):
+                if f"vars.{account}" in text:
+                    workflow = str(path.relative_to(ROOT))
+                    found.setdefault(account, []).append((workflow, events, job.get("environment")))
+    return found
+
+
+def test_every_job_that_uses_a_ci_account_gets_it_and_no_other(run: Run) -> None:
+    """The workflows as they are: each job that authenticates as an account gets a token
+    for it from every event that starts it (on main where the job runs only there), and the
+    preview account is used by the preview on pull requests and the plan on main only."""
+    jobs = _jobs_by_account()
+    assert [(w, e) for w, e, _ in jobs["GCP_PREVIEW_SERVICE_ACCOUNT"]] == [
+        (DEPLOY_YML, ["push", "workflow_dispatch"]),
+        (PREVIEW_YML, ["pull_request"]),
+    ]
+    for account, want in (("GCP_PREVIEW_SERVICE_ACCOUNT", "preview"),
+                          ("GCP_DEPLOY_SERVICE_ACCOUNT", "deploy")):  # fmt: skip
+        for workflow, events, environment in jobs[account]:
+            for event in events:
+                ref = PR_REF if event == "pull_request" else MAIN
+                kwargs = {"environment": environment} if environment else {}
+                claims = _token(workflow, event, ref, **kwargs)
+                assert f"tpu-pretrain-{want}" in run.accounts_for(claims), (workflow, event)
+
+
+# What the bootstrap's grants on the state bucket hold on objects (Google's "IAM roles for
+# Cloud Storage": objectViewer reads and lists; objectUser creates, reads, updates and deletes).
+OBJECT_PERMISSIONS = {
+    "roles/storage.objectViewer": {"storage.objects.get", "storage.objects.list"},
+    "roles/storage.objectUser": {
+        "storage.objects.create", "storage.objects.delete", "storage.objects.get",
+        "storage.objects.list", "storage.objects.restore", "storage.objects.update",
+    },
+}  # fmt: skip
+# Creating an object where one exists (overwriting it) takes storage.objects.delete too
+# (Google's "IAM permissions for Cloud Storage"): a lock is removed or replaced only so.
+LOCK_WRITES = {"storage.objects.create", "storage.objects.delete", "storage.objects.update"}
+STATE = "projects/_/buckets/tpu-pretrain-example-pulumi-state/objects/"
+# Pulumi's self-managed backend: .pulumi/locks/<org>/<project>/<stack>/<lock id>.json
+# (pulumi/pulumi pkg/backend/diy/lock.go lockPath).
+DEPLOY_LOCK = STATE + ".pulumi/locks/organization/tpu-pretrain/v6e-euw4/1f0c-lock.json"
+
+
+def _object_permissions(resources: list[Registered], account: str, name: str) -> set[str]:
+    """What `account` may do to the state bucket's object `name`: each of its grants on the
+    bucket whose condition (evaluated with CEL) holds for the object."""
+    held: set[str] = set()
+    for grant in resources:
+        if grant.type_ != "gcp:storage/bucketIAMMember:BucketIAMMember":
+            continue
+        if grant.inputs["member"] != f"serviceAccount:{account}@{SA_DOMAIN}":
+            continue
+        condition = grant.inputs.get("condition")
+        if condition and not evaluate(
+            condition["expression"], "storage.googleapis.com/Object", name
+        ):
+            continue
+        held |= OBJECT_PERMISSIONS[grant.inputs["role"]]
+    return held
+
+
+def test_the_preview_account_can_neither_delete_nor_overwrite_a_deploy_lock(run: Run) -> None:
+    preview = _object_permissions(run.resources, "tpu-pretrain-preview", DEPLOY_LOCK)
+    assert preview == {"storage.objects.get", "storage.objects.list"}
+    assert preview & LOCK_WRITES == set()
+    # The deploy account takes and removes its own locks (pulumi up, destroy, refresh).
+    assert _object_permissions(run.resources, "tpu-pretrain-deploy", DEPLOY_LOCK) >= LOCK_WRITES
+    # The check can fail: the previous release's grant (objectUser on the lock prefix, an
+    # IAM condition that holds for the deploy's lock) let the preview delete it.
+    lock_prefix = Registered(
+        "gcp:storage/bucketIAMMember:BucketIAMMember",
+        "preview-state-lock",
+        {
+            "role": "roles/storage.objectUser",
+            "member": f"serviceAccount:tpu-pretrain-preview@{SA_DOMAIN}",
+            "condition": {
+                "expression": "resource.type == 'storage.googleapis.com/Object'"
+                f" && resource.name.startsWith('{STATE}.pulumi/locks/')"
+            },
+        },
+        "",
     )
+    widened = _object_permissions(
+        [*run.resources, lock_prefix], "tpu-pretrain-preview", DEPLOY_LOCK
+    )
+    assert widened & LOCK_WRITES == LOCK_WRITES
+    assert _object_permissions(
+        [*run.resources, lock_prefix], "tpu-pretrain-preview", STATE + ".pulumi/stacks/a.json"
+    ) == {"storage.objects.get", "storage.objects.list"}
 
 
 def test_deploy_account_roles(run: Run) -> None:
@@ -158,7 +308,6 @@ def test_deploy_account_roles(run: Run) -> None:
         "projects/tpu-pretrain-example/roles/tpuPretrainIamGranter",
         "projects/tpu-pretrain-example/roles/tpuPretrainStackInstances",
         "projects/tpu-pretrain-example/roles/tpuPretrainStackBuckets",
-        "projects/tpu-pretrain-example/roles/tpuPretrainStackSecrets",
     }
     deployer = run.named("deployer-role").inputs["permissions"]
     assert len(deployer) == len(set(deployer))
@@ -310,7 +459,7 @@ REVIEWED_PROJECT_WIDE = {
     "account but one the deploy account may act as (the stacks' own, conditional)": (
         "compute.addresses.create", "compute.disks.create", "compute.firewalls.create",
         "compute.networks.create", "compute.routers.create", "compute.subnetworks.create",
-        "iam.serviceAccounts.create", "secretmanager.secrets.create", "storage.buckets.create",
+        "iam.serviceAccounts.create", "storage.buckets.create",
         "tpu.nodes.create", "serviceusage.services.enable",
     ),
     "using shared plumbing in what it creates (an image, a subnet, an address)": (
@@ -333,7 +482,6 @@ REVIEWED_PROJECT_WIDE_ROLES = {
     "roles/compute.viewer": "preview: reads Compute Engine resources",
     "roles/tpu.viewer": "preview: reads TPU VMs",
     "roles/iam.serviceAccountViewer": "preview: reads service accounts (no keys, no tokens)",
-    "roles/secretmanager.viewer": "preview: secret metadata, never a payload",
     "roles/serviceusage.serviceUsageViewer": "preview: which APIs are on",
     "roles/storage.bucketViewer": "preview: bucket settings, no objects",
 }
@@ -393,20 +541,23 @@ def test_the_checker_fails_on_an_unreviewed_permission(run: Run) -> None:
     assert sorted(deploy - reviewed) == ["storage.objects.delete"]
 
 
-def test_bucket_and_secret_powers_reach_only_the_stacks_own(run: Run) -> None:
+def test_bucket_powers_reach_only_the_stacks_own_and_no_secret_at_all(run: Run) -> None:
     buckets = run.named("deploy-stack-buckets").inputs["condition"]["expression"]
-    secrets = run.named("deploy-stack-secrets").inputs["condition"]["expression"]
-    # The expressions themselves, evaluated with CEL: tests/infra/test_iam_conditions.py.
+    # The expression itself, evaluated with CEL: tests/infra/test_iam_conditions.py.
     assert buckets == iam_conditions.stack_bucket_condition()
-    assert secrets == iam_conditions.stack_secret_condition()
-    assert "matches(" not in buckets + secrets
+    assert "matches(" not in buckets
     deployer = set(run.named("deployer-role").inputs["permissions"])
-    assert not {
-        p for p in deployer if p.startswith(("storage.objects.", "secretmanager.versions."))
-    }
-    assert {p for p in deployer if p.startswith(("storage.", "secretmanager."))} == {
-        "storage.buckets.create", "storage.buckets.list", "secretmanager.secrets.create",
+    assert not {p for p in deployer if p.startswith("storage.objects.")}
+    assert {p for p in deployer if p.startswith("storage.")} == {
+        "storage.buckets.create", "storage.buckets.list",
     }  # fmt: skip
+    # The stacks keep no secret (the VPN hop makes its own key on its disk): no account of
+    # the bootstrap holds any Secret Manager permission or role.
+    custom = [p for r in run.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+              for p in r.inputs["permissions"]]  # fmt: skip
+    assert [p for p in custom if p.startswith("secretmanager.")] == []
+    roles = [r.inputs["role"] for r in run.resources if "role" in r.inputs]
+    assert [r for r in roles if "secretmanager" in r.lower()] == []
 
 
 def test_both_accounts_only_unwrap_the_stack_data_key(run: Run) -> None:
@@ -495,6 +646,30 @@ def test_policy_pack_rejects_a_weakened_bootstrap(run: Run) -> None:
             ),
             "custom-role-permissions",
         ),
+        # The preview account writes the state bucket's lock files again (it could delete a
+        # running deploy's lock).
+        (
+            lambda r: r.resources.append(
+                Registered(
+                    "gcp:storage/bucketIAMMember:BucketIAMMember",
+                    "preview-state-lock",
+                    {
+                        "bucket": "tpu-pretrain-example-pulumi-state",
+                        "role": "roles/storage.objectUser",
+                        "member": f"serviceAccount:tpu-pretrain-preview@{SA_DOMAIN}",
+                        "condition": {
+                            "title": "pulumi-locks-only",
+                            "expression": "resource.name.startsWith('projects/_/buckets/"
+                            "tpu-pretrain-example-pulumi-state/objects/.pulumi/locks/')",
+                        },
+                    },
+                    r.named("preview-state-read").urn.replace(
+                        "preview-state-read", "preview-state-lock"
+                    ),
+                )
+            ),
+            "allowed-iam-grants",
+        ),
         # A controller's actAs on another stack's TPU VM account.
         (
             lambda r: r.named("controller-on-v6e-euw4-workload").inputs.update(
@@ -509,6 +684,7 @@ def test_policy_pack_rejects_a_weakened_bootstrap(run: Run) -> None:
         "actas-on-a-foreign-account",
         "granter-unlimited",
         "account-iam-writes",
+        "preview-writes-locks",
         "controller-on-another-stack",
     ],
 )

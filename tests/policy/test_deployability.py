@@ -26,7 +26,7 @@ from policy import allowlist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from docs_files import doc_text
-from harness import gpu_stack_names, run_offline, stack_names, tpu_stack_names
+from harness import GITOPS, gpu_stack_names, run_offline, stack_names, tpu_stack_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "infra" / "bootstrap"))
 import bootstrap_roles
@@ -38,7 +38,10 @@ PROJECT = "tpu-pretrain-example"  # the bootstrap stack's project; stacks run in
 NEEDS = deploy_permissions.PERMISSIONS_BY_TYPE
 PROJECT_GRANTS = ("gcp:projects/iAMMember:IAMMember",)
 ACCOUNT_GRANTS = ("gcp:serviceaccount/iAMMember:IAMMember",)
-GITOPS = {"tpu-pretrain:accountsFromBootstrap": True}
+# What only a stack a person deploys makes: the grants on its own accounts, and without
+# vpnClientPublicKey the client's key pair (random bytes in that person's state). A GitOps
+# stack makes neither (the bootstrap makes the grants; it must bring its client's key).
+BY_A_PERSON_ONLY = (*ACCOUNT_GRANTS, "random:index/randomBytes:RandomBytes")
 # `gcloud compute tpus <group> <verb>` -> permissions (Cloud TPU REST reference).
 GCLOUD_TPU_NEEDS = {
     ("tpu-vm", "describe"): ("tpu.nodes.get",),
@@ -212,18 +215,19 @@ def test_the_program_s_types_are_the_table_s_types() -> None:
     }
     assert created == set(NEEDS)
     # A stack a person deploys also writes its accounts' allow policies (the deploy account
-    # never does: no iam.serviceAccounts.setIamPolicy in the table).
+    # never does: no iam.serviceAccounts.setIamPolicy in the table) and may make its client's
+    # key pair.
     by_a_person = {
         r.type_
         for stack, overrides in _variants()
         for r in _run(stack, overrides, gitops=False)
         if not r.type_.startswith("tpu-pretrain:")
     }
-    assert by_a_person - created == set(ACCOUNT_GRANTS)
+    assert by_a_person - created == set(BY_A_PERSON_ONLY)
     pack_cloud_types = {
         t for t in allowlist.MAIN.types if not t.startswith(("tpu-pretrain:", "pulumi:"))
     }
-    assert pack_cloud_types == set(NEEDS) | set(ACCOUNT_GRANTS)
+    assert pack_cloud_types == set(NEEDS) | set(BY_A_PERSON_ONLY)
 
 
 @pytest.mark.parametrize(("stack", "overrides"), _variants())

@@ -29,14 +29,13 @@ import pytest
 from bootstrap_harness import run_bootstrap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
-from harness import run_offline
+from harness import GITOPS, run_offline
 
 PROJECT = "tpu-pretrain-example"  # the bootstrap's project (tests/policy/test_bootstrap.py)
 ACCOUNT = "gcp:serviceaccount/account:Account"
 ACCOUNT_GRANT = "gcp:serviceaccount/iAMMember:IAMMember"
 VMS = ("gcp:compute/instance:Instance", "gcp:tpu/v2Vm:V2Vm")
 DEPLOY = f"serviceAccount:tpu-pretrain-deploy@{PROJECT}.iam.gserviceaccount.com"
-GITOPS = {"tpu-pretrain:accountsFromBootstrap": True}
 # A TPU stack with its watchdog and Dataflow on: every grant on its accounts is in play.
 STACK, SETTINGS = "v3-euw4", {"tpu-pretrain:tpuAutoRecover": True, "tpu-pretrain:dataflow": True}
 

@@ -120,8 +120,6 @@ MUTATIONS: list[tuple[str, str, str, Callable[[dict], None]]] = [
      _set("role", "roles/storage.legacyBucketWriter")),
     ("vm-accounts-write-no-executables", "gcp:projects/iAMMember:IAMMember",
      "workload-identity-logging", _set("role", "roles/storage.objectCreator")),
-    ("no-public-principals", "gcp:secretmanager/secretIamMember:SecretIamMember", "key-access",
-     _set("member", "allAuthenticatedUsers")),
     ("no-default-compute-service-account", TPU_VM, "tpu",
      _set("serviceAccount.email", "42-compute@developer.gserviceaccount.com")),
     ("no-default-compute-service-account", INSTANCE, "controller",

@@ -216,6 +216,34 @@ def status_uri(bucket: str, job_name: str) -> str:
 # Written last by the payload's export (payload/training/shared.py EXPORT_MARKER; the contract
 # test checks that the two agree): once it exists the job is finished.
 EXPORT_MARKER = "export_complete.json"
+# What the rest of export/ may hold, as the payload's exporter writes it
+# (payload/training/export.py MODEL_FILES, PT_WEIGHTS, PYTORCH_CLASSES, EXPORT_PARTS; the
+# contract test checks that the copies agree): the files of a model's directory, the weights
+# config.json names, the PyTorch class of each family, and the families whose export is one
+# directory per part. The smoke run's download accepts nothing else.
+EXPORT_MODEL_FILES = frozenset(
+    {
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "pytorch_model.safetensors",
+        "special_tokens_map.json",
+        "tf_model.h5",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
+)
+EXPORT_WEIGHTS = "pytorch_model.safetensors"
+EXPORT_CLASSES = {
+    "bert": "BertForMaskedLM",
+    "roberta": "RobertaForMaskedLM",
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "electra": "ElectraForPreTraining",
+}
+EXPORT_PARTS = {
+    "electra": {"discriminator": "ElectraForPreTraining", "generator": "ElectraForMaskedLM"},
+}
 
 
 # Families only the payload's JAX backend trains (payload/schema/job.py JAX_ONLY_FAMILIES; the

@@ -130,6 +130,7 @@ def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
             vpn_client_cidr=cfg.vpn.client_cidr,
             wireguard_port=cfg.vpn.port,
             wireguard_source_cidrs=cfg.vpn.allowed_cidrs,
+            accelerator_hosts=cfg.accelerator.hosts,
         ),
         opts=after_apis,
     )

@@ -79,6 +79,17 @@ def test_infra_knows_where_the_trainer_keeps_what_it_reads_back():
     assert train.COMPILATION_CACHE == jobspec.COMPILATION_CACHE_DIR
 
 
+def test_infra_knows_what_the_payloads_export_holds():
+    """`make smoke` downloads only these names and classes; tests/payload/test_export.py
+    checks that a real export holds exactly MODEL_FILES."""
+    from payload.training import export
+
+    assert jobspec.EXPORT_MODEL_FILES == export.MODEL_FILES
+    assert jobspec.EXPORT_WEIGHTS == export.PT_WEIGHTS
+    assert jobspec.EXPORT_CLASSES == export.PYTORCH_CLASSES
+    assert jobspec.EXPORT_PARTS == export.EXPORT_PARTS
+
+
 def test_infra_resolves_auto_to_jax_for_the_payloads_jax_only_families():
     """A stack installs the JAX environment for `train.backend: auto` when the payload will
     pick jax (infra/config/job.py resolve_backend): the same families, read the same way."""

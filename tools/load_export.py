@@ -8,6 +8,11 @@ The class is the one config.json names (`architectures`), loaded with `from_pret
 weight the checkpoint lacks, does not use or has in another shape fails the check, because
 transformers fills a missing weight with random values and only reports it. The tokenizer
 is loaded the same way and encodes one sentence; one forward pass must give finite logits.
+Every call takes the directory as it is and runs nothing from it: `local_files_only=True`
+(never the Hub), `trust_remote_code=False` (an `auto_map` is refused, not imported, and
+not asked about: left unset, transformers prompts when there is no local class) and, for
+the weights, `use_safetensors=True` (never a pickle). `make smoke` checks the file names
+and config.json before it calls this (infra/commands/untrusted.py).
 Prints one JSON line; exit 1 with one line on stderr when something does not hold.
 """
 
@@ -29,17 +34,19 @@ def main(export_dir: str) -> dict[str, object]:
     import torch  # noqa: PLC0415  (after the cheap check)
     import transformers  # noqa: PLC0415
 
-    config = transformers.AutoConfig.from_pretrained(export_dir)
+    local = {"local_files_only": True, "trust_remote_code": False}
+    config = transformers.AutoConfig.from_pretrained(export_dir, **local)
     names = list(getattr(config, "architectures", None) or [])
-    if not names or not hasattr(transformers, names[0]):
-        raise SystemExit(f"config.json: architectures {names!r} names no transformers class")
-    model, info = getattr(transformers, names[0]).from_pretrained(
-        export_dir, output_loading_info=True
+    cls = getattr(transformers, names[0], None) if names else None
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        raise SystemExit(f"config.json: architectures {names!r} names no transformers model")
+    model, info = cls.from_pretrained(
+        export_dir, output_loading_info=True, use_safetensors=True, **local
     )
     problems = {k: v for k, v in info.items() if v and k != "error_msgs"}
     if problems or info.get("error_msgs"):
         raise SystemExit(f"{names[0]}.from_pretrained: {json.dumps(problems or info, default=str)}")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(export_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(export_dir, **local)
     inputs = tokenizer(SENTENCE, return_tensors="pt")
     model.eval()
     with torch.no_grad():

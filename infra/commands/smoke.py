@@ -17,9 +17,13 @@ is written to build/smoke/ for a bug report. Exit 0 when every verdict is ok, 1 
 something did not hold, 2 when the preflight or the settings stopped it before anything was
 created.
 
+Nothing from the bucket or the VMs is trusted (infra/commands/untrusted.py): the export is
+downloaded only as the payload's exporter writes it, and what they wrote reaches the
+terminal and the report without control characters.
+
 Every external command goes through `Smoke.run` (gcloud, pulumi, the export loader); the
 offline test puts stub executables first on PATH and injects the clock and the run's name, so
-every branch runs without a cloud (tests/infra/test_smoke.py)."""
+every branch runs without a cloud (tests/infra/test_smoke.py, test_untrusted.py)."""
 
 from __future__ import annotations
 
@@ -39,12 +43,20 @@ import yaml
 
 from infra import jobfit, jobspec
 from infra.commands.offline import STACKS_DIR, stack_names
+from infra.commands.untrusted import (
+    ExportError,
+    boot_failures,
+    clean_json,
+    download_export,
+    last_line,
+    lines,
+    one_line,
+)
 from infra.components.recovery import GPU_RECOVERY_ROLE_ID, RECOVERY_ROLE_ID
 from infra.config.config import parse_config
 from infra.config.project import cli_config
 from infra.config.types import GpuConfig, StackConfig, TpuConfig
 from infra.errors import ConfigError
-from infra.render import render
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SMOKE_JOB = "stacks/jobs/smoke.yaml"
@@ -123,7 +135,8 @@ class Report:
     log: list[str] = field(default_factory=list)
 
     def add(self, check: str, expected: str, seen: str, verdict: str) -> Row:
-        row = Row(check, expected, seen, verdict)
+        # A cell may hold what a VM or the bucket wrote: one line, no control characters.
+        row = Row(one_line(check), one_line(expected), one_line(seen), verdict)
         self.rows.append(row)
         return row
 
@@ -174,11 +187,12 @@ class Smoke:
 
     # --- commands -------------------------------------------------------------------------
     def say(self, line: str) -> None:
+        line = lines(line)  # a table and its rows are ours; each value in them is one_line
         print(f"smoke[{self.stack}]: {line}", file=self.out, flush=True)
         self.report.log.append(line)
 
     def run(self, argv: Sequence[str], *, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        self.report.log.append("$ " + shlex.join(argv))
+        self.report.log.append("$ " + one_line(shlex.join(argv)))  # argv may name objects
         try:
             result = subprocess.run(
                 list(argv), capture_output=True, text=True, timeout=timeout, check=False
@@ -189,7 +203,7 @@ class Smoke:
             raise SmokeStopError(f"`{shlex.join(argv)}` did not finish in {timeout:.0f}s") from None
         output = (result.stdout + result.stderr).strip()
         if output:
-            self.report.log.append(output[-4000:])
+            self.report.log.append(lines(output[-4000:]))
         return result
 
     def gcloud(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -206,7 +220,7 @@ class Smoke:
             doc = json.loads(result.stdout)
         except ValueError:
             return None
-        return doc if isinstance(doc, dict) else None
+        return clean_json(doc) if isinstance(doc, dict) else None
 
     # --- the stack ------------------------------------------------------------------------
     def load(self) -> tuple[StackConfig, dict[str, Any]]:
@@ -253,14 +267,14 @@ class Smoke:
         billing = self.gcloud(
             "billing", "projects", "describe", project, "--format=value(billingEnabled)"
         )
-        if billing.returncode != 0 and any(m in _last_line(billing) for m in API_OFF):
+        if billing.returncode != 0 and any(m in last_line(billing) for m in API_OFF):
             # The Cloud Billing API is off in the project gcloud bills its calls to: that
             # says nothing about this project's billing (pulumi up does not need the API).
             self.report.add(
                 "billing", "True", "not readable: the Cloud Billing API is not enabled", UNKNOWN
             )
         else:
-            seen = billing.stdout.strip() or _last_line(billing) or "not readable"
+            seen = billing.stdout.strip() or last_line(billing) or "not readable"
             self._row_ok("billing", "True", billing.stdout.strip() == "True", seen)
         accel = cfg.accelerator
         if isinstance(accel, TpuConfig):
@@ -328,7 +342,7 @@ class Smoke:
             bindings = []
         check = "GitOps: the bootstrap's IAM conditions"
         if result.returncode != 0:
-            self.report.add(check, "accepted by IAM", _last_line(result) or "not readable", UNKNOWN)
+            self.report.add(check, "accepted by IAM", last_line(result) or "not readable", UNKNOWN)
             return
         mine = [b for b in bindings if deploy in b.get("members", [])]
         if not mine:
@@ -365,7 +379,7 @@ class Smoke:
             check = f"GitOps: deploy account's actAs on {cfg.prefix}-{suffix}"
             fix = f"missing: add stacks/Pulumi.{cfg.stack}.yaml, then {BOOTSTRAP_FIX}"
             if policy.returncode != 0:
-                error = _last_line(policy)
+                error = last_line(policy)
                 missing = "NOT_FOUND" in error or "not found" in error.lower()
                 self.report.add(
                     check, "granted", fix if missing else error, FAILED if missing else UNKNOWN
@@ -401,7 +415,7 @@ class Smoke:
             f"machine type {gpu.machine_type} in {gpu.zone}",
             gpu.machine_type,
             machine.stdout.strip() == gpu.machine_type,
-            _last_line(machine) or "not offered",
+            last_line(machine) or "not offered",
         )
         self._offered(
             f"GPU {gpu.gpu_type} in {gpu.zone}",
@@ -433,7 +447,7 @@ class Smoke:
         for metric in metrics:
             check = f"quota {metric} in {where}"
             if metric not in rows:
-                seen = f"not listed for {where}" if result.returncode == 0 else _last_line(result)
+                seen = f"not listed for {where}" if result.returncode == 0 else last_line(result)
                 self.report.add(check, f">= {count} free", seen, UNKNOWN)
                 continue
             free = float(rows[metric].get("limit", 0)) - float(rows[metric].get("usage", 0))
@@ -460,7 +474,7 @@ class Smoke:
             "auto-recovery off"
         )
         if result.returncode != 0:
-            error = _last_line(result)
+            error = last_line(result)
             if "NOT_FOUND" in error or "not found" in error.lower():
                 self.report.add(check, "exists", fix, FAILED)
             else:
@@ -484,7 +498,7 @@ class Smoke:
             result = self.gcloud("alpha", *command, *flags)
         offered = result.stdout.split()
         if result.returncode != 0:
-            error = _last_line(result)
+            error = last_line(result)
             if any(m in error for m in API_OFF):
                 self.report.add(
                     check, wanted, "API not enabled yet (pulumi up enables it)", UNKNOWN
@@ -521,19 +535,21 @@ class Smoke:
                 "up", "--yes", "--skip-preview", "--config-file", str(self.config_file)
             )
             if up.returncode != 0:
-                raise SmokeStopError(f"pulumi up failed: {_last_line(up)}")
+                raise SmokeStopError(f"pulumi up failed: {last_line(up)}")
             outputs = self._outputs()
             bucket = outputs["bucketUrl"]
             self.say(f"uploading the bundled corpus to {bucket}/corpus/smoke/")
             files = sorted(str(p) for p in CORPUS_DIR.glob("*.txt"))
             copied = self.gcloud("storage", "cp", *files, f"{bucket}/corpus/smoke/")
             if copied.returncode != 0:
-                raise SmokeStopError(f"corpus upload failed: {_last_line(copied)}")
+                raise SmokeStopError(f"corpus upload failed: {last_line(copied)}")
             run_root = jobspec.run_root(bucket.removeprefix("gs://"), self.name)
             try:
                 status = self._wait(run_root, status_files(cfg))
             except SmokeStopError as stop:
-                raise SmokeStopError(f"{stop}{self._boot_failures(cfg)}") from None
+                found = boot_failures(self.gcloud, cfg)
+                failed = f"; boot failed on {'; '.join(found)}" if found else ""
+                raise SmokeStopError(f"{stop}{failed}") from None
             self._judge(run_root, status, outputs)
         except SmokeStopError as stop:
             self.report.add("run", "complete", str(stop), FAILED)
@@ -566,7 +582,7 @@ class Smoke:
         try:
             outputs = json.loads(result.stdout)
         except ValueError:
-            raise SmokeStopError(f"pulumi stack output is not JSON: {_last_line(result)}") from None
+            raise SmokeStopError(f"pulumi stack output is not JSON: {last_line(result)}") from None
         if "bucketUrl" not in outputs:
             raise SmokeStopError("pulumi stack output has no bucketUrl")
         return outputs
@@ -606,32 +622,6 @@ class Smoke:
                 )
             self.sleep(self.poll_s)
 
-    def _boot_failures(self, cfg: StackConfig) -> str:
-        """Why a VM never started its job, when its loader gave up (templates/loader.sh: the
-        VM's guest attribute render.BOOT_ATTRIBUTE, "failed <epoch> <message>"): read without
-        the bucket, for a stack without a watchdog or a controller that never booted."""
-        namespace, key = render.BOOT_ATTRIBUTE.split("/")
-        accel = cfg.accelerator
-        instances = ["compute", "instances", "get-guest-attributes"]
-        vms = [("controller", [*instances, f"{cfg.prefix}-controller"], "value(key,value)")]
-        if isinstance(accel, TpuConfig):
-            tpu = ["compute", "tpus", "tpu-vm", "get-guest-attributes", accel.name]
-            vms.append(("tpu", tpu, "value(worker_id,key,value)"))
-        else:
-            vms.append(("gpu", [*instances, accel.name], "value(key,value)"))
-        found = []
-        for who, command, fields in vms:
-            result = self.gcloud(
-                *command, "--zone", accel.zone, "--project", cfg.project,
-                f"--query-path={namespace}/", f"--format={fields}",
-            )  # fmt: skip
-            for line in result.stdout.splitlines() if result.returncode == 0 else []:
-                values = line.split("\t")
-                if len(values) >= 2 and values[-2] == key and values[-1].startswith("failed "):
-                    worker = f" worker {values[0]}" if len(values) == 3 else ""
-                    found.append(f"{who}{worker}: {values[-1].split(' ', 2)[-1]}")
-        return f"; boot failed on {'; '.join(found)}" if found else ""
-
     def _judge(self, run_root: str, status: dict[str, Any], outputs: dict[str, Any]) -> None:
         listed = self.gcloud("storage", "ls", f"{run_root}/bootstrap/facts-*.json")
         names = sorted(u for u in listed.stdout.split() if u.endswith(".json"))
@@ -639,7 +629,7 @@ class Smoke:
             self.report.add("host facts", "one file per VM", "none written", FAILED)
         for uri in names:
             doc = self.read_json(uri) or {}
-            who = doc.get("name") or uri.rsplit("/", 1)[-1]
+            who = doc.get("name") or one_line(uri.rsplit("/", 1)[-1])
             facts, expected = doc.get("facts", {}), doc.get("expected", {})
             for key, want in sorted(expected.items()):
                 if want in ("", None):
@@ -672,19 +662,23 @@ class Smoke:
         self._load_export(run_root)
 
     def _load_export(self, run_root: str) -> None:
-        """The export as a user takes it: downloaded, loaded with transformers'
-        `from_pretrained` (its tokenizer too) and run once, on CPU (tools/load_export.py)."""
+        """The export as a user takes it: downloaded (only the exporter's files, checked:
+        infra/commands/untrusted.py), loaded with transformers' `from_pretrained` (its
+        tokenizer too; no remote code, safetensors only, no download) and run once, on CPU
+        (tools/load_export.py)."""
         check = "export loads (from_pretrained + one forward pass, PyTorch CPU)"
-        local = self.report_dir / f"export-{self.name}"
-        local.mkdir(parents=True, exist_ok=True)
-        copied = self.gcloud("storage", "cp", "-r", f"{run_root}/export/*", str(local))
-        if copied.returncode != 0:
-            self.report.add(check, "loads", f"download failed: {_last_line(copied)}", FAILED)
-            return
         if not self.pt_python.exists():
             self.report.add(
                 check, "loads", f"no {self.pt_python}: `make venv-pt` builds it", FAILED
             )
+            return
+        try:
+            local = download_export(
+                self.gcloud, f"{run_root}/export", self.report_dir / f"export-{self.name}"
+            )
+        except ExportError as refused:
+            self.report.add(check, "loads", f"refused: {refused}", FAILED)
+            self.say(f"error: the export is refused: {refused}")
             return
         loaded = self.run([str(self.pt_python), str(LOAD_EXPORT), str(local)], timeout=900)
         try:
@@ -694,7 +688,7 @@ class Smoke:
         except (ValueError, IndexError):
             doc = {}
         if loaded.returncode != 0 or not doc:
-            self.report.add(check, "loads", _last_line(loaded), FAILED)
+            self.report.add(check, "loads", last_line(loaded), FAILED)
             return
         self.report.add(
             check,
@@ -713,7 +707,7 @@ class Smoke:
             "destroy", "--yes", "--skip-preview", "--config-file", str(self.config_file)
         )
         self.report.add(
-            "pulumi destroy", "exit 0", "exit 0" if down.returncode == 0 else _last_line(down),
+            "pulumi destroy", "exit 0", "exit 0" if down.returncode == 0 else last_line(down),
             OK if down.returncode == 0 else FAILED,
         )  # fmt: skip
 
@@ -730,11 +724,6 @@ class Smoke:
         )
         self.say(f"{verdict}\n{self.report.table()}\nreport: {path}")
         return path
-
-
-def _last_line(result: subprocess.CompletedProcess[str]) -> str:
-    lines = (result.stderr or result.stdout or "").strip().splitlines()
-    return lines[-1][:300] if lines else f"exit {result.returncode}"
 
 
 def status_files(cfg: StackConfig) -> list[str]:

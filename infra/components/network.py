@@ -5,13 +5,13 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-# Network tags: firewall rules select instances by role.
+# Network tags: firewall rules select instances by role. TAG_TPU is the accelerator VM's,
+# a TPU VM (every host of a slice) or a GPU VM.
 TAG_TPU = "tpu-pretrain-tpu"
 TAG_CONTROLLER = "tpu-pretrain-controller"
 TAG_HOP = "tpu-pretrain-vpn-hop"
 IAP_RANGE = "35.235.240.0/20"
-TENSORBOARD_PORT = 6006
-HOP_TCP_PORTS = ("22", str(TENSORBOARD_PORT))  # what VPN clients reach through the hop
+TENSORBOARD_PORT = 6006  # the controller's TensorBoard (templates/controller.sh)
 
 
 def subnet_name(network_name: str, region: str) -> str:
@@ -31,6 +31,7 @@ class NetworkArgs:
     vpn_client_cidr: str
     wireguard_port: int
     wireguard_source_cidrs: tuple[str, ...]
+    accelerator_hosts: int  # VMs carrying TAG_TPU: > 1 for a multi-host TPU slice
 
 
 class Network(pulumi.ComponentResource):
@@ -38,8 +39,15 @@ class Network(pulumi.ComponentResource):
 
     Private Google Access lets VMs without external IPs reach Cloud Storage; Cloud NAT in
     the TPU region lets them install packages from PyPI. Ingress is closed except: SSH from
-    the IAP range and the VPN, WireGuard from the configured sources, traffic between the
-    controller and the TPU VM, and from the hop only SSH, TensorBoard and ICMP."""
+    the IAP range and the VPN, WireGuard from the configured sources, from the hop (the VPN
+    clients it masquerades) SSH and ICMP to the controller and the accelerator VM and
+    TensorBoard to the controller only, and, on a multi-host slice, traffic between the
+    slice's hosts (JAX's coordination service on worker 0, the runtime's host traffic).
+
+    The controller and the accelerator VM do not reach each other: they meet only in the
+    bucket (job spec, status, shards, TensorBoard logs, the export) and through Google's
+    APIs (the watchdog), so the VM that runs the training code and its downloads has no
+    path to the controller, which holds the recovery rights."""
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-pretrain:index:Network", name, None, opts)
@@ -120,29 +128,45 @@ class Network(pulumi.ComponentResource):
             log_config={"metadata": "INCLUDE_ALL_METADATA"},
             opts=child,
         )
-        workers = [TAG_TPU, TAG_CONTROLLER]
-        self.internal_rule = gcp.compute.Firewall(
-            f"{name}-allow-internal",
-            project=args.project,
-            name=f"{args.name}-allow-internal",
-            network=self.vpc.id,
-            direction="INGRESS",
-            allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}],
-            source_tags=workers,
-            target_tags=workers,
-            opts=child,
+        # The hosts of a slice reach each other; a single VM has no peer to let in.
+        self.slice_rule = (
+            gcp.compute.Firewall(
+                f"{name}-allow-slice",
+                project=args.project,
+                name=f"{args.name}-allow-slice",
+                network=self.vpc.id,
+                direction="INGRESS",
+                allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}],
+                source_tags=[TAG_TPU],
+                target_tags=[TAG_TPU],
+                opts=child,
+            )
+            if args.accelerator_hosts > 1
+            else None
         )
-        # VPN clients reach the VMs through the hop (it masquerades them): SSH, TensorBoard
-        # and ping, nothing else.
+        # VPN clients reach the VMs through the hop (it masquerades them): SSH and ping, and
+        # TensorBoard on the controller, the one VM that serves it.
         self.hop_rule = gcp.compute.Firewall(
             f"{name}-allow-from-hop",
             project=args.project,
             name=f"{args.name}-allow-from-hop",
             network=self.vpc.id,
             direction="INGRESS",
-            allows=[{"protocol": "tcp", "ports": list(HOP_TCP_PORTS)}, {"protocol": "icmp"}],
+            allows=[{"protocol": "tcp", "ports": ["22"]}, {"protocol": "icmp"}],
             source_tags=[TAG_HOP],
-            target_tags=workers,
+            target_tags=[TAG_TPU, TAG_CONTROLLER],
+            log_config={"metadata": "INCLUDE_ALL_METADATA"},
+            opts=child,
+        )
+        self.tensorboard_rule = gcp.compute.Firewall(
+            f"{name}-allow-tensorboard",
+            project=args.project,
+            name=f"{args.name}-allow-tensorboard-from-hop",
+            network=self.vpc.id,
+            direction="INGRESS",
+            allows=[{"protocol": "tcp", "ports": [str(TENSORBOARD_PORT)]}],
+            source_tags=[TAG_HOP],
+            target_tags=[TAG_CONTROLLER],
             log_config={"metadata": "INCLUDE_ALL_METADATA"},
             opts=child,
         )

@@ -70,6 +70,15 @@ PT_WEIGHTS = "pytorch_model.safetensors"
 # written into the export.
 TF_PREFERRED_FILES = ("model.safetensors", "model.safetensors.index.json")
 MODEL_CARD = "README.md"
+# transformers 4.57's PreTrainedTokenizerFast.save_pretrained (no slow tokenizer to save).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# The TF backend's save_pretrained: the weights, and the generation config of a model that
+# generates (GPT-2); the JAX backend writes neither.
+TF_MODEL_FILES = ("tf_model.h5", "generation_config.json")
+# Every file a model's directory of the export may hold: write_export refuses to upload
+# anything else, and `make smoke` downloads nothing else (infra/jobspec.py keeps a copy,
+# tests/test_contract.py compares them).
+MODEL_FILES = frozenset({"config.json", PT_WEIGHTS, MODEL_CARD, *TOKENIZER_FILES, *TF_MODEL_FILES})
 PYTORCH_CLASSES = {
     "bert": "BertForMaskedLM",
     "roberta": "RobertaForMaskedLM",
@@ -202,6 +211,13 @@ def write_export(
                 raise RuntimeError(f"export would hold {preferred}: TensorFlow would load it")
             text = card(parameter_count(state), part)
             Path(target, MODEL_CARD).write_text(text, encoding="utf-8")
+            unexpected = sorted({p.name for p in target.iterdir()} - MODEL_FILES)
+            if unexpected:  # a bug: a loader (or the smoke run) would read or refuse it
+                raise RuntimeError(f"export would hold {unexpected}, not in MODEL_FILES")
+        parts = {str(part) for part in states if part}
+        beside = sorted({p.name for p in Path(tmp).iterdir()} - parts) if parts else []
+        if beside:
+            raise RuntimeError(f"export would hold {beside} beside its parts {sorted(parts)}")
         storage.upload_tree(tmp, job.paths.export)
     first = next(iter(states.values()))
     summary = {

@@ -11,12 +11,22 @@ import storage_emulator
 from gpu_stubs import install_gpu_stubs
 from harness import run_offline
 from script_sandbox import Sandbox, job_with_backend, new_sandbox
+from smoke_world import World
 
 
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Sandbox:
     """A fresh script sandbox under the test's tmp_path."""
     return new_sandbox(tmp_path)
+
+
+@pytest.fixture
+def world(tmp_path, sandbox, monkeypatch):
+    """`world(stack="v6e-euw4", **scenario)`: the offline world of one `make smoke` run
+    (smoke_world.py): test_smoke.py, test_untrusted.py."""
+    return lambda stack="v6e-euw4", **scenario: World(
+        tmp_path, sandbox, monkeypatch, stack, **scenario
+    )
 
 
 @pytest.fixture(scope="module")

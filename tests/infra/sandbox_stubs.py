@@ -335,6 +335,17 @@ if [[ " $* " == *" -X PUT "* ]]; then
   printf '%s' "$value" >"$dir/$path"
   exit 0
 fi
+# The VM's own address (network-interfaces/0/ip), which a metadata server always has:
+# $STATE/md/ip when the test sets it (the program's registered networkIp), else one of the
+# TPU subnet's; none with NO_INTERNAL_IP.
+if [[ "${*: -1}" == */network-interfaces/0/ip ]]; then
+  if [ -n "${NO_INTERNAL_IP:-}" ]; then
+    echo "curl: (22) The requested URL returned error: 404" >&2
+    exit 22
+  fi
+  if [ -f "$STATE/md/ip" ]; then cat "$STATE/md/ip"; else printf '10.164.0.9'; fi
+  exit 0
+fi
 # A TPU VM's instance attributes: $STATE/md/<key> (the first FAIL_FIRST_METADATA reads fail).
 key="${*: -1}"
 key="${key##*/}"

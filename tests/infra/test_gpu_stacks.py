@@ -165,6 +165,22 @@ def test_one_accelerator_and_the_shared_components(run):
     assert "readonly TPU_PYTHON_VERSION=3.10" in script
 
 
+def test_the_gpu_vm_is_let_in_only_from_the_hop_and_iap(run):
+    """One GPU VM, no peer: no rule lets another accelerator VM (or the controller) in; its
+    rules (all inputs: test_infra_resources.py test_firewall) carry the accelerator's tag."""
+    rules = {r.name: r.inputs for r in of_type(run.resources, "gcp:compute/firewall:Firewall")}
+    assert sorted(rules) == [
+        "network-allow-from-hop", "network-allow-ssh", "network-allow-tensorboard",
+        "network-allow-wireguard",
+    ]  # fmt: skip
+    gpu = next(r for r in run.resources if r.name == "gpu-vm")
+    (tag,) = gpu.inputs["tags"]
+    reaching = sorted(name for name, rule in rules.items() if tag in rule["targetTags"])
+    assert reaching == ["network-allow-from-hop", "network-allow-ssh"]
+    assert all(rule.get("sourceTags", []) == [] or rule["sourceTags"] == ["tpu-pretrain-vpn-hop"]
+               for rule in rules.values())  # fmt: skip
+
+
 def test_gpu_outputs(run):
     zone, _, _, spot, gpus, _ = EXPECTED[run.stack]
     exports = run.exports

@@ -234,39 +234,60 @@ def test_the_stack_keeps_no_secret(run):
 
 
 def test_firewall(run):
+    """Every rule, every input: what reaches each VM, from where. The controller and the
+    accelerator VM never reach each other (they meet in the bucket); only a slice's hosts
+    reach one another; TensorBoard is the controller's alone."""
     rules = {r.name: r.inputs for r in of_type(run.resources, FIREWALL)}
-    assert set(rules) == {
-        "network-allow-ssh",
-        "network-allow-wireguard",
-        "network-allow-internal",
-        "network-allow-from-hop",
-    }
-    ssh = rules["network-allow-ssh"]
-    assert ssh["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
-    assert ssh["sourceRanges"] == [IAP, "10.250.0.0/24"]
-    wireguard = rules["network-allow-wireguard"]
-    assert wireguard["allows"] == [{"protocol": "udp", "ports": ["51820"]}]
-    assert wireguard["sourceRanges"] == stack_file(run.stack)["tpu-pretrain:vpnAllowedCidrs"]
-    assert wireguard["targetTags"] == ["tpu-pretrain-vpn-hop"]
-    internal = rules["network-allow-internal"]
-    workers = ["tpu-pretrain-tpu", "tpu-pretrain-controller"]
-    assert internal["sourceTags"] == workers and internal["targetTags"] == workers
-    assert "sourceRanges" not in internal
-    # The hop (and the VPN clients it masquerades) reaches the VMs on SSH, TensorBoard, ICMP.
-    from_hop = rules["network-allow-from-hop"]
-    assert from_hop["sourceTags"] == ["tpu-pretrain-vpn-hop"]
-    assert from_hop["targetTags"] == workers
-    assert from_hop["allows"] == [
-        {"protocol": "tcp", "ports": ["22", "6006"]},
-        {"protocol": "icmp"},
-    ]
-    assert "sourceRanges" not in from_hop
-    for rule in rules.values():
-        if "tpu-pretrain-vpn-hop" in rule.get("sourceTags", []):
-            assert rule is from_hop
-    for rule in rules.values():
-        assert rule["direction"] == "INGRESS"
-        assert "0.0.0.0/0" not in rule.get("sourceRanges", [])
+    slice_hosts = run.stack == "v4-32-usc2"  # the one multi-host stack here (4 TPU VMs)
+    vpc = one(run.resources, "gcp:compute/network:Network").inputs["name"]
+    logged = {"logConfig": {"metadata": "INCLUDE_ALL_METADATA"}}
+    common = {"project": "tpu-pretrain-test", "direction": "INGRESS"}
+    expected = {
+        "network-allow-ssh": {
+            **common, **logged,
+            "name": f"{vpc}-allow-ssh-iap-vpn",
+            "allows": [{"protocol": "tcp", "ports": ["22"]}],
+            "sourceRanges": [IAP, "10.250.0.0/24"],
+            "targetTags": ["tpu-pretrain-tpu", "tpu-pretrain-controller", "tpu-pretrain-vpn-hop"],
+        },
+        "network-allow-wireguard": {
+            **common, **logged,
+            "name": f"{vpc}-allow-wireguard",
+            "allows": [{"protocol": "udp", "ports": ["51820"]}],
+            "sourceRanges": stack_file(run.stack)["tpu-pretrain:vpnAllowedCidrs"],
+            "targetTags": ["tpu-pretrain-vpn-hop"],
+        },
+        # The hop (and the VPN clients it masquerades): SSH and ping to both VMs...
+        "network-allow-from-hop": {
+            **common, **logged,
+            "name": f"{vpc}-allow-from-hop",
+            "allows": [{"protocol": "tcp", "ports": ["22"]}, {"protocol": "icmp"}],
+            "sourceTags": ["tpu-pretrain-vpn-hop"],
+            "targetTags": ["tpu-pretrain-tpu", "tpu-pretrain-controller"],
+        },
+        # ...and TensorBoard, which only the controller serves.
+        "network-allow-tensorboard": {
+            **common, **logged,
+            "name": f"{vpc}-allow-tensorboard-from-hop",
+            "allows": [{"protocol": "tcp", "ports": ["6006"]}],
+            "sourceTags": ["tpu-pretrain-vpn-hop"],
+            "targetTags": ["tpu-pretrain-controller"],
+        },
+    }  # fmt: skip
+    if slice_hosts:  # JAX's coordination service on worker 0, the hosts' own traffic
+        expected["network-allow-slice"] = {
+            **common,
+            "name": f"{vpc}-allow-slice",
+            "allows": [{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}],
+            "sourceTags": ["tpu-pretrain-tpu"],
+            "targetTags": ["tpu-pretrain-tpu"],
+        }
+    networks = {rule.pop("network") for rule in rules.values()}
+    assert rules == expected
+    assert networks == {f"projects/tpu-pretrain-test/global/networks/{vpc}"}
+    # The rules select VMs by these tags, one role each.
+    assert one(run.resources, V2VM).inputs["tags"] == ["tpu-pretrain-tpu"]
+    assert by_name(run, "controller-vm").inputs["tags"] == ["tpu-pretrain-controller"]
 
 
 def test_network(run):

@@ -1,6 +1,6 @@
 """`make smoke` end to end, offline: infra/commands/smoke.py drives stub `gcloud` and `pulumi`
 executables (first on PATH) and a stub export loader (tools/load_export.py itself runs
-in .venv-pt in its own test); the bucket is a directory. What the VMs
+in .venv-pt in its own test); the bucket is a directory (smoke_world.py). What the VMs
 write there comes from the real rendered startup script run in the script sandbox
 (templates/facts.sh) and is published step by step by the injected `sleep`: the wait loop
 synchronises on those steps, never on time. Every branch of the control flow runs: all good,
@@ -12,287 +12,19 @@ that does not load, a GPU stack."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import shlex
 import subprocess
-import sys
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import yaml
-from gcloud_flags import problems
-from harness import GITOPS, run_offline, startup_script
-from script_sandbox import Sandbox, publish_payload
+from harness import GITOPS
+from smoke_world import LOADS, RUN, gcloud_commands_are_real
 
 from infra.commands import smoke
-
-PROJECT = "tpu-pretrain-test"
-RUN = "smoke-20261126-001500"  # the run's name, injected (by default from the UTC time)
-LOADS = "export loads (from_pretrained + one forward pass, PyTorch CPU)"
-
-# The stub CLIs: Python scripts that answer from $SMOKE_STATE/scenario.json and log argv.
-GCLOUD = r"""
-import fnmatch, json, os, shutil, sys
-from pathlib import Path
-state = Path(os.environ["SMOKE_STATE"])
-scenario = json.loads((state / "scenario.json").read_text())
-bucket = Path(os.environ["SMOKE_GCS"])
-argv = sys.argv[1:]
-with (state / "calls.log").open("a") as log:
-    log.write(json.dumps(["gcloud", *argv]) + "\n")
-words = [a for a in argv if not a.startswith("-")]
-tpu = words[1:] if words[:1] == ["alpha"] else words  # the TPU VM lists: GA, or alpha
-def local(uri):
-    return bucket / uri.removeprefix("gs://")
-def fail(message, code=1):
-    print(f"ERROR: {message}", file=sys.stderr)
-    sys.exit(code)
-if words[:3] == ["auth", "application-default", "print-access-token"]:
-    if not scenario.get("adc", True):
-        fail("(gcloud.auth.application-default.print-access-token) File ... was not found.")
-    print("ya29.token")
-elif words[:2] == ["projects", "describe"]:
-    print(scenario.get("project_state", "ACTIVE"))
-elif words[:3] == ["billing", "projects", "describe"]:
-    if scenario.get("billing_api_off"):
-        fail("Cloud Billing API has not been used in project 7 before or it is disabled. "
-             "Enable it by visiting https://console.developers.google.com/apis/api/"
-             "cloudbilling.googleapis.com/overview?project=7")
-    print(scenario.get("billing", "True"))
-elif words[:4] in (["compute", "tpus", "tpu-vm", "accelerator-types"],
-                   ["compute", "tpus", "tpu-vm", "versions"]) and scenario.get("old_gcloud"):
-    fail(f"(gcloud.compute.tpus.tpu-vm) Invalid choice: '{words[3]}'.", 2)
-elif words[:1] == ["alpha"] and not scenario.get("old_gcloud"):
-    fail("unexpected: alpha although the GA command works", 3)
-elif tpu[:4] == ["compute", "tpus", "tpu-vm", "accelerator-types"]:
-    if scenario.get("tpu_api_off"):
-        fail("Cloud TPU API has not been used in project 1 before or it is disabled.")
-    print("\n".join(scenario.get("tpu_types", ["v6e-8", "v6e-16", "v4-32"])))
-elif tpu[:4] == ["compute", "tpus", "tpu-vm", "versions"]:
-    if scenario.get("tpu_api_off"):
-        fail("Cloud TPU API has not been used in project 1 before or it is disabled.")
-    print("\n".join(scenario.get("versions", ["v2-alpha-tpuv6e", "tpu-ubuntu2204-base"])))
-elif words[:3] == ["iam", "roles", "describe"]:
-    if words[3] not in scenario.get("roles", ["tpuPretrainTpuRecovery", "tpuPretrainGpuRecovery"]):
-        fail(f"NOT_FOUND: The role named projects/p/roles/{words[3]} was not found.")
-    print(json.dumps({"name": f"projects/p/roles/{words[3]}",
-                      "deleted": words[3] in scenario.get("deleted_roles", [])}))
-elif words[:2] == ["projects", "get-iam-policy"]:
-    print(json.dumps({"bindings": scenario.get("project_bindings", [])}))
-elif words[:3] == ["iam", "service-accounts", "get-iam-policy"]:
-    if words[3].split("@")[0] in scenario.get("missing_accounts", []):
-        fail(f"NOT_FOUND: Service account projects/-/serviceAccounts/{words[3]} does not exist.")
-    print(json.dumps({"bindings": scenario.get("account_bindings", [])}))
-elif words[:3] == ["compute", "project-info", "describe"]:
-    print(json.dumps({"quotas": scenario.get("project_quotas", [])}))
-elif words[:3] == ["compute", "machine-types", "describe"]:
-    print(words[3])
-elif words[:3] == ["compute", "accelerator-types", "list"]:
-    print("\n".join(scenario.get("gpu_types", ["nvidia-l4", "nvidia-tesla-t4"])))
-elif words[:3] == ["compute", "regions", "describe"]:
-    print(json.dumps({"quotas": scenario.get("quotas", [])}))
-elif words[:2] == ["storage", "cp"] and words[2].startswith("gs://"):  # a download
-    source, target = words[2:]
-    assert source.endswith("/*") and "-r" in argv, argv
-    found = sorted(local(source[:-2]).glob("*"))
-    if not found:
-        fail(f"The following URLs matched no objects or files: {source}")
-    for path in found:
-        (shutil.copytree if path.is_dir() else shutil.copy)(path, Path(target) / path.name)
-elif words[:2] == ["storage", "cp"]:
-    *sources, target = words[2:]
-    for source in sources:
-        dest = local(target) / Path(source).name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(source, dest)
-elif "get-guest-attributes" in words:  # a VM's boot state: scenario guest_attributes[vm]
-    vm = words[words.index("get-guest-attributes") + 1]
-    print(scenario.get("guest_attributes", {}).get(vm, ""), end="")
-elif words[:2] == ["storage", "cat"]:
-    path = local(words[2])
-    if not path.is_file():
-        fail(f"(gcloud.storage.cat) The following URLs matched no objects or files: {words[2]}")
-    sys.stdout.write(path.read_text())
-elif words[:2] == ["storage", "ls"]:
-    pattern = words[2]
-    found = sorted(
-        "gs://" + str(p.relative_to(bucket))
-        for p in bucket.rglob("*") if p.is_file()
-        and fnmatch.fnmatch("gs://" + str(p.relative_to(bucket)), pattern)
-    )
-    if not found:
-        fail("(gcloud.storage.ls) One or more URLs matched no objects.")
-    print("\n".join(found))
-else:
-    fail(f"unexpected: gcloud {' '.join(argv)}", 3)
-"""
-PULUMI = r"""
-import json, os, sys
-from pathlib import Path
-state = Path(os.environ["SMOKE_STATE"])
-scenario = json.loads((state / "scenario.json").read_text())
-argv = sys.argv[1:]
-with (state / "calls.log").open("a") as log:
-    log.write(json.dumps(["pulumi", *argv]) + "\n")
-up = state / "deployed"
-if argv[:2] == ["stack", "select"]:
-    pass
-elif argv[:2] == ["stack", "output"]:
-    deployed = up.exists() or scenario.get("already_deployed")
-    print(json.dumps(json.loads((state / "outputs.json").read_text()) if deployed else {}))
-elif argv[0] == "up":
-    config = argv[argv.index("--config-file") + 1]
-    (state / "up-config.yaml").write_text(Path(config).read_text())
-    if scenario.get("up_fails"):
-        print("error: googleapi: Error 403: Permission denied on resource", file=sys.stderr)
-        sys.exit(255)
-    up.touch()
-elif argv[0] == "destroy":
-    up.unlink(missing_ok=True)
-else:
-    print(f"unexpected: pulumi {argv}", file=sys.stderr)
-    sys.exit(3)
-"""
-LOADER = r"""
-import json, os, sys
-from pathlib import Path
-state = Path(os.environ["SMOKE_STATE"])
-with (state / "calls.log").open("a") as log:
-    log.write(json.dumps(["pt-python", *sys.argv[1:]]) + "\n")
-export = Path(sys.argv[2])
-(state / "loaded.json").write_text(json.dumps(sorted(p.name for p in export.iterdir())))
-if json.loads((state / "scenario.json").read_text()).get("export_broken"):
-    print('BertForMaskedLM.from_pretrained: {"missing_keys": "{cls.predictions.bias}"}',
-          file=sys.stderr)
-    sys.exit(1)
-print(json.dumps({"class": "BertForMaskedLM", "transformers": "5.0.0", "tokens": 9,
-                  "logits_shape": [1, 9, 2000]}))
-"""
-
-
-class World:
-    """The stubs, the bucket and the VMs' timeline for one smoke run."""
-
-    def __init__(self, tmp_path: Path, box: Sandbox, monkeypatch, stack: str, **scenario):
-        self.tmp, self.box, self.stack = tmp_path, box, stack
-        # Settings the user's stack file adds (the gcloud stub never sees them).
-        stack_config = scenario.pop("stack_config", {})
-        self.state = tmp_path / "smoke-state"
-        bin_dir = tmp_path / "smoke-bin"
-        for directory in (self.state, bin_dir):
-            directory.mkdir()
-        for name, body in (("gcloud", GCLOUD), ("pulumi", PULUMI), ("pt-python", LOADER)):
-            path = bin_dir / name
-            path.write_text(f"#!{sys.executable}\n{body}")
-            path.chmod(0o755)
-        self.pt_python = bin_dir / "pt-python"
-        (self.state / "scenario.json").write_text(json.dumps(scenario))
-        monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-        monkeypatch.setenv("SMOKE_STATE", str(self.state))
-        monkeypatch.setenv("SMOKE_GCS", str(box.gcs))
-        # The user's stack file, with their project set (never changed by the smoke run).
-        self.stacks = tmp_path / "stacks"
-        self.stacks.mkdir()
-        source = smoke.STACKS_DIR / f"Pulumi.{stack}.yaml"
-        document = yaml.safe_load(source.read_text())
-        document["config"]["gcp:project"] = PROJECT
-        document["config"].update(stack_config)
-        self.stack_file = self.stacks / f"Pulumi.{stack}.yaml"
-        self.stack_file.write_text(yaml.safe_dump(document))
-        # What `pulumi up` would create: the program itself, under Pulumi's mocks, with the
-        # job the smoke run writes for this run (the same function, the same name).
-        self.report_dir = tmp_path / "report"
-        self.job = smoke.write_run_job(self.report_dir, RUN)
-        self.run = run_offline(stack, {"tpu-pretrain:job": str(self.job), **stack_config})
-        (self.state / "outputs.json").write_text(json.dumps(self.run.exports))
-        self.bucket = self.run.exports["bucketUrl"].removeprefix("gs://")
-        self.root = box.gcs / self.bucket / "runs" / RUN
-        self.steps: list = []
-        self.clock = 0.0
-        self.out = io.StringIO()
-
-    # The VMs, step by step: each sleep of the wait loop publishes the next step.
-    def boot(self, role: str, env: dict[str, str] | None = None) -> None:
-        def step() -> None:
-            archive = next(r for r in self.run.resources if r.name == "payload-archive")
-            if not (self.box.gcs / self.bucket / archive.inputs["name"]).exists():
-                publish_payload(self.run, self.box)
-            result = self.box.run(startup_script(self.run, f"{role}-vm"), **(env or {}))
-            assert result.returncode == 0, result.stderr
-
-        self.steps.append(step)
-
-    def write(self, relative: str, doc: dict) -> None:
-        def step() -> None:
-            path = self.root / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(doc))
-
-        self.steps.append(step)
-
-    def finish_training(self, steps_per_second: float = 7.5) -> None:
-        accelerator = "gpu" if "gpuName" in self.run.exports else "tpu"
-        self.write(
-            "status.json",
-            {
-                "stage": "train", "state": "complete", "progress": 1.0,
-                "runtime": {
-                    "accelerator": accelerator, "replicas": 4, "hosts": 1, "backend": "jax",
-                },
-                "stages": {"train": {"metrics": {"steps_per_second": steps_per_second}}},
-            },
-        )  # fmt: skip
-        self.write("export/config.json", {"architectures": ["BertForMaskedLM"]})
-        self.write("export/export_complete.json", {"step": 300})
-
-    def sleep(self, seconds: float) -> None:
-        self.clock += seconds
-        if self.steps:
-            self.steps.pop(0)()
-
-    def smoke(self, **options) -> tuple[int, smoke.Smoke]:
-        runner = smoke.Smoke(
-            self.stack,
-            clock=lambda: self.clock,
-            sleep=self.sleep,
-            poll_s=60,
-            timeout_s=options.pop("timeout_s", 3600),
-            report_dir=self.report_dir,
-            pt_python=self.pt_python,
-            out=self.out,
-            stacks_dir=self.stacks,
-            name=RUN,
-            **options,
-        )
-        return runner.execute(), runner
-
-    @property
-    def calls(self) -> list[list[str]]:
-        path = self.state / "calls.log"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-    def verbs(self, tool: str) -> list[str]:
-        return [" ".join(c[1:3]) for c in self.calls if c[0] == tool]
-
-    def rows(self, runner: smoke.Smoke) -> dict[str, tuple[str, str, str]]:
-        return {r.check: (r.expected, r.seen, r.verdict) for r in runner.report.rows}
-
-
-@pytest.fixture
-def world(tmp_path, sandbox, monkeypatch):
-    return lambda stack="v6e-euw4", **scenario: World(
-        tmp_path, sandbox, monkeypatch, stack, **scenario
-    )
-
-
-def _gcloud_commands_are_real(w: World) -> None:
-    commands = [c for c in w.calls if c[0] == "gcloud"]
-    assert commands
-    assert {shlex.join(c): problems(c) for c in commands if problems(c)} == {}
 
 
 def test_all_good_up_wait_verdict_destroy_and_a_report(world):
@@ -340,7 +72,7 @@ def test_all_good_up_wait_verdict_destroy_and_a_report(world):
         ["pt-python", str(smoke.LOAD_EXPORT), str(local)]
     ]
     assert json.loads((w.state / "loaded.json").read_text()) == [
-        "config.json", "export_complete.json",
+        "config.json", "export_complete.json", "tokenizer.json",
     ]  # fmt: skip
     # The preflight: GA TPU lists, the recovery role this spot stack binds.
     assert rows["recovery role tpuPretrainTpuRecovery"] == ("exists", "yes", "ok")
@@ -352,7 +84,7 @@ def test_all_good_up_wait_verdict_destroy_and_a_report(world):
     text = report.read_text()
     assert text.startswith("# tpu-pretrain smoke run: stack v6e-euw4, PASSED")
     assert "| tpu: python | 3.10 | 3.10 | ok |" in text and "$ pulumi up --yes" in text
-    _gcloud_commands_are_real(w)
+    gcloud_commands_are_real(w)
 
 
 def test_a_host_that_does_not_match_the_catalog_fails_the_verdict(world):
@@ -433,7 +165,7 @@ def test_an_older_gcloud_reads_the_tpu_lists_on_the_alpha_track(world):
         ["compute", "tpus", "tpu-vm", "versions"],
         ["alpha", "compute", "tpus", "tpu-vm"],
     ]
-    _gcloud_commands_are_real(w)
+    gcloud_commands_are_real(w)
 
 
 def test_a_billing_api_that_is_off_is_unknown_not_a_failure(world):
@@ -574,7 +306,7 @@ def test_a_timeout_names_a_vm_whose_boot_failed(world):
         "; boot failed on controller: cannot read the job pointer gs://b/jobs/current.json after "
         "615s"
     )
-    _gcloud_commands_are_real(w)
+    gcloud_commands_are_real(w)
 
 
 def test_a_broken_export_fails_the_verdict(world):
@@ -638,7 +370,7 @@ def test_a_gpu_stack_checks_machine_type_gpu_quotas_and_its_role(world):
     assert rows["quota PREEMPTIBLE_NVIDIA_L4_GPUS in us-east1"] == (">= 2 free", "8 free", "ok")
     assert rows["recovery role tpuPretrainGpuRecovery"][2] == "FAILED"
     assert "error: preflight: quota GPUS_ALL_REGIONS in the project: 1 free" in w.out.getvalue()
-    _gcloud_commands_are_real(w)
+    gcloud_commands_are_real(w)
 
 
 def test_a_quota_gcloud_does_not_list_is_unknown(world):
@@ -666,11 +398,13 @@ def test_a_stack_without_a_project_is_one_line(world):
 
 # tools/load_export.py itself, in the PyTorch environment the smoke run uses: a real tiny
 # BERT export loads and runs; the same export with one weight missing (transformers would
-# fill it with random values and only print a report) and a directory that is no export fail
-# with one line.
+# fill it with random values and only print a report), one whose config.json names code to
+# run (auto_map), one whose weights are only a pickle (pytorch_model.bin) and a directory
+# that is no export fail with one line.
 BUILD_EXPORTS = r"""
-import sys
+import json, sys
 from pathlib import Path
+import torch
 import transformers
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -691,6 +425,24 @@ for name, drop in (("good", None), ("missing", "bert.encoder.layer.0.output.dens
         state = load_file(out / name / "model.safetensors")
         del state[drop]
         save_file(state, out / name / "model.safetensors", metadata={"format": "pt"})
+# "remote": importing modeling_evil.py (transformers would, with trust_remote_code) writes RAN.
+remote = out / "remote"
+transformers.BertForMaskedLM(config).save_pretrained(remote)
+fast.save_pretrained(remote)
+doc = json.loads((remote / "config.json").read_text())
+doc.update(model_type="evil-bert", auto_map={"AutoConfig": "modeling_evil.EvilConfig"})
+(remote / "config.json").write_text(json.dumps(doc))
+(remote / "modeling_evil.py").write_text(
+    f"from pathlib import Path\nPath({str(out / 'RAN')!r}).write_text('ran')\n"
+    "from transformers import BertConfig\n"
+    "class EvilConfig(BertConfig):\n    model_type = 'evil-bert'\n")
+# "pickle": the weights only as pytorch_model.bin, which transformers would unpickle.
+pickled = out / "pickle"
+model = transformers.BertForMaskedLM(config)
+model.save_pretrained(pickled)
+fast.save_pretrained(pickled)
+torch.save(model.state_dict(), pickled / "pytorch_model.bin")
+(pickled / "model.safetensors").unlink()
 """
 
 
@@ -710,11 +462,15 @@ def test_the_export_loader_loads_a_real_export_and_refuses_random_weights(tmp_pa
     assert built.returncode == 0, built.stderr
 
     def load(name: str) -> subprocess.CompletedProcess[str]:
+        # "y" on stdin: what a user would answer transformers' "run the custom code?" prompt.
         return subprocess.run(
             [str(python), str(smoke.LOAD_EXPORT), str(tmp_path / name)],
             check=False,
             capture_output=True,
             text=True,
+            input="y\n",
+            timeout=300,
+            env={**os.environ, "HF_HOME": str(tmp_path / "hf-home")},
         )
 
     good = load("good")
@@ -726,6 +482,18 @@ def test_the_export_loader_loads_a_real_export_and_refuses_random_weights(tmp_pa
     assert missing.stderr.strip().splitlines()[-1] == (
         "BertForMaskedLM.from_pretrained: "
         '{"missing_keys": "{\'bert.encoder.layer.0.output.dense.weight\'}"}'
+    )
+    remote = load("remote")
+    assert remote.returncode == 1 and not (tmp_path / "RAN").exists(), remote.stderr
+    assert "contains custom code which must be executed" in remote.stderr.strip().splitlines()[-1]
+    pickled = load("pickle")
+    assert pickled.returncode == 1, pickled.stdout
+    assert (
+        pickled.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"Error no file named model.safetensors found in directory {tmp_path / 'pickle'}."
+        )
     )
     nothing = load("nothing")
     assert nothing.returncode == 1

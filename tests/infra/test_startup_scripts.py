@@ -17,7 +17,7 @@ import stat
 import sys
 
 import pytest
-from harness import gpu_stack_names, run_offline, stack_names, startup_script
+from harness import by_name, gpu_stack_names, run_offline, stack_names, startup_script
 from script_sandbox import (
     Sandbox,
     bootstrap_status,
@@ -287,9 +287,49 @@ def test_a_trainer_failing_again_without_progress_is_stopped_not_restarted(stack
     assert "failure 1 of 5" in failed()["message"]
 
 
+METADATA_IP = "http://metadata.google.internal/computeMetadata/v1/instance/network-interfaces/0/ip"
+TENSORBOARD_UNIT = """[Unit]
+Description=TensorBoard for job {job} (reach it over the VPN)
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+ExecStart={venv}/bin/tensorboard --logdir {logs} --host {ip} --port 6006 --load_fast=true
+DynamicUser=yes
+NoNewPrivileges=yes
+CapabilityBoundingSet=
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+PrivateDevices=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+ProtectProc=invisible
+SystemCallArchitectures=native
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
+Restart=always
+RestartSec=30
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
 def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
     bucket, _ = publish_payload(stack_run, sandbox)
     script = startup_script(stack_run, "controller-vm")
+    # The controller's address as the program registers it (its NIC's networkIp).
+    nic = by_name(stack_run, "controller-vm").outputs["networkInterfaces"][0]
+    (sandbox.state / "md").mkdir()
+    (sandbox.state / "md" / "ip").write_text(nic["networkIp"])
     first = sandbox.run(script)
     assert first.returncode == 0, first.stderr
     pip_calls = [c for c in sandbox.calls if c.startswith("pip ")]
@@ -317,10 +357,16 @@ def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
         f"/opt/tpu-pretrain/venv/bin/tpu-payload tokenizer --job {job}",
         f"/opt/tpu-pretrain/venv/bin/tpu-payload encode --job {job}",
     ]
+    # TensorBoard: on the address the hop reaches (the controller's, from the metadata
+    # server), as a user of its own with no privileges (controller.sh says why each line).
     tensorboard = (unit_dir / "tpu-pretrain-tensorboard.service").read_text()
-    assert f"--logdir gs://{bucket}/runs/gpt2-small-clm/logs --host 0.0.0.0 --port 6006" in (
-        tensorboard
+    assert tensorboard == TENSORBOARD_UNIT.format(
+        job="gpt2-small-clm",
+        venv="/opt/tpu-pretrain/venv",
+        logs=f"gs://{bucket}/runs/gpt2-small-clm/logs",
+        ip=nic["networkIp"],
     )
+    assert f"curl -fsS -H Metadata-Flavor: Google {METADATA_IP}" in sandbox.calls
     second = sandbox.run(script)
     assert second.returncode == 0, second.stderr
     assert not [c for c in sandbox.calls if c.startswith(("pip ", "python3 -m venv"))]
@@ -334,6 +380,20 @@ def test_controller_script_installs_the_lock_and_two_units(stack_run, sandbox):
         "tpu-pretrain-tpu-watch.service",
         "tpu-pretrain-tpu-watch.timer",
     ]
+
+
+def test_tensorboard_never_listens_on_every_interface(stack_run, sandbox):
+    """Without its address from the metadata server the controller's boot fails (and says
+    so) instead of binding TensorBoard to 0.0.0.0."""
+    bucket, _ = publish_payload(stack_run, sandbox)
+    result = sandbox.run(startup_script(stack_run, "controller-vm"), NO_INTERNAL_IP="1")
+    assert result.returncode != 0
+    assert "metadata network-interfaces/0/ip: not readable after 4 attempts" in result.stderr
+    assert not (sandbox.root / "etc/systemd/system/tpu-pretrain-tensorboard.service").exists()
+    status = json.loads(
+        (sandbox.gcs / bucket / "runs/gpt2-small-clm/bootstrap/controller.json").read_text()
+    )
+    assert status["state"] == "failed" and "startup script failed at line" in status["message"]
 
 
 def _publish_job_spec(run, box: Sandbox) -> dict:

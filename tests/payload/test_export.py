@@ -87,7 +87,11 @@ def test_export_layout_config_and_card(trained) -> None:
     job, stats = trained
     export = Path(job.paths.export)
     names = {p.name for p in export.iterdir()}
-    assert {export_lib.PT_WEIGHTS, "tf_model.h5", "config.json", "README.md"} <= names
+    # Exactly MODEL_FILES, the names `make smoke` accepts (infra/jobspec.py's copy): TF's
+    # save_pretrained writes generation_config.json only for a model that generates.
+    generates = job.model.family == "gpt2"
+    expected = export_lib.MODEL_FILES - (set() if generates else {"generation_config.json"})
+    assert names == {*expected, train.EXPORT_MARKER}
     # Nothing TF's from_pretrained would take before tf_model.h5 (export.py's docstring).
     assert not names & set(export_lib.TF_PREFERRED_FILES)
     assert not [n for n in names if n.endswith(".safetensors") and n != export_lib.PT_WEIGHTS]

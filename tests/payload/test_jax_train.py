@@ -74,9 +74,13 @@ def test_jax_backend_pipeline_exports_what_transformers5_loads(family: str, tmp_
     assert run_identity["attention"] == runtime["attention"], run_identity
     assert "| attention | XLA reference (einsum): auto: cpu has no fused attention" in card
     assert "tf_model.h5" not in card.replace("no `tf_model.h5`", "")
-    exported = sorted(p.name for p in Path(job.paths.export).iterdir())
-    assert export_lib.PT_WEIGHTS in exported and "tokenizer.json" in exported, exported
-    assert not set(exported) & {"tf_model.h5", *export_lib.TF_PREFERRED_FILES}, exported
+    exported = {p.name for p in Path(job.paths.export).iterdir()}
+    # MODEL_FILES without the TF backend's own (no tf_model.h5, no generation config).
+    assert exported == {
+        *export_lib.MODEL_FILES - set(export_lib.TF_MODEL_FILES),
+        export_lib.EXPORT_MARKER,
+    }, exported
+    assert not exported & set(export_lib.TF_PREFERRED_FILES), exported
     checkpoints = sorted(p.name for p in Path(job.paths.checkpoints).iterdir())
     assert checkpoints == ["12", "6", "run.json"], checkpoints  # Orbax step directories
     assert "eval step 6/12" in result.stderr and "eval step 12/12" in result.stderr

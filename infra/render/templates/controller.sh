@@ -145,13 +145,61 @@ TimeoutStartSec=infinity
 [Install]
 WantedBy=multi-user.target"
 
+# TensorBoard for the user, over the VPN: the hop reaches the controller at its internal
+# address (infra/components/network.py lets the hop's tag in on TENSORBOARD_PORT, nothing
+# else), so it listens there and nowhere else, read from the metadata server at every boot.
+# It reads ${RUN_ROOT}/logs from the bucket itself (gs://, as the VM's account, whose token
+# any local process gets from the metadata server) and writes nothing but its /tmp: the
+# trainer on the accelerator VM writes those logs. So it runs as a user of its own
+# (DynamicUser) with no privileges and a read-only system. Each setting below was checked
+# against what TensorBoard 2.20 and its data server 0.7.2 do when serving a logdir with
+# --load_fast=true, run under the same restrictions and traced: sockets AF_UNIX, AF_INET and
+# AF_INET6 only; the data server's port file in a temp dir; /proc/sys and its own /proc/<pid>
+# read, nothing else of /proc/<pid>; native system calls only; no namespace, personality,
+# scheduler, clock, hostname, module or kernel-log call. AF_NETLINK stays for the C
+# library's resolver on the way to storage.googleapis.com (not exercised offline); no
+# system-call filter, for the same reason.
+internal_ip() {
+  local attempt=1 ip
+  while ! ip="$(curl -fsS -H 'Metadata-Flavor: Google' "${METADATA_INSTANCE}/network-interfaces/0/ip" 2>/dev/null)" \
+    || [ -z "${ip}" ]; do
+    if [ "${attempt}" -ge "${RETRY_ATTEMPTS}" ]; then
+      log "metadata network-interfaces/0/ip: not readable after ${attempt} attempts"
+      return 1
+    fi
+    sleep 5
+    attempt=$((attempt + 1))
+  done
+  printf '%s\n' "${ip}"
+}
+tensorboard_host="$(internal_ip)"
 install_unit tpu-pretrain-tensorboard.service "[Unit]
 Description=TensorBoard for job ${JOB_NAME} (reach it over the VPN)
 Wants=network-online.target
 After=network-online.target
 
 [Service]
-ExecStart=/opt/tpu-pretrain/venv/bin/tensorboard --logdir ${RUN_ROOT}/logs --host 0.0.0.0 --port ${TENSORBOARD_PORT}
+ExecStart=/opt/tpu-pretrain/venv/bin/tensorboard --logdir ${RUN_ROOT}/logs --host ${tensorboard_host} --port ${TENSORBOARD_PORT} --load_fast=true
+DynamicUser=yes
+NoNewPrivileges=yes
+CapabilityBoundingSet=
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+PrivateDevices=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+ProtectProc=invisible
+SystemCallArchitectures=native
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
 Restart=always
 RestartSec=30
 

@@ -5,6 +5,8 @@ bytes, uploaded whole at each flush."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,16 @@ def test_the_event_file_on_gs_holds_every_flush(gcs_root: str) -> None:
     events = [tf.compat.v1.Event.FromString(r) for r in records.iter_records(io.BytesIO(data))]
     assert _scalars(events) == [(1, "loss", 2.5), (1, "accuracy", 0.25), (2, "loss", 1.5)]
     assert path.path is None  # closed
+
+
+def test_the_locks_tensorboard_command_starts():
+    """The controller's TensorBoard unit runs the lock's `tensorboard` command
+    (infra/render/templates/controller.sh): it imports pkg_resources, which setuptools 82
+    removed (requirements/payload.lock pins setuptools below it)."""
+    command = Path(sys.executable).with_name("tensorboard")
+    result = subprocess.run(
+        [str(command), "--version"], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lock = (Path(__file__).resolve().parents[2] / "requirements/payload.lock").read_text()
+    assert f"tensorboard=={result.stdout.strip()}\n" in lock

@@ -737,9 +737,7 @@ def load_job(path: str) -> Any:
     except SpecError as error:
         if str(error) != "output is required":
             raise
-        import yaml  # noqa: PLC0415
-
-        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        document = spec.parse_document(Path(path).read_text(encoding="utf-8"))
         if not isinstance(document, dict):
             raise
         source = str(Path(path).resolve())

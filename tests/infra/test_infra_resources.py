@@ -33,8 +33,12 @@ EXPECTED = {
     "v4-usc2": ("us-central2-b", "v4-8", "v2-alpha-tpuv5", (False, False), True),
     "v4-32-usc2": ("us-central2-b", "v4-32", "tpu-ubuntu2204-base", (False, True), True),
     "v5e-euw4": ("europe-west4-b", "v5litepod-8", "v2-alpha-tpuv5-lite", (False, True), True),
+    "v5e-16-euw4": ("europe-west4-b", "v5litepod-16", "v2-alpha-tpuv5-lite", (False, True), True),
     "v6e-euw4": ("europe-west4-a", "v6e-8", "v2-alpha-tpuv6e", (False, True), True),
 }
+
+# The pod slices: hosts per stack (every other stack is one host).
+SLICE_HOSTS = {"v4-32-usc2": 4, "v5e-16-euw4": 4}
 
 # tpuAutoRecover defaults to on for spot/preemptible stacks, off for on-demand ones.
 AUTO_RECOVER = {stack: any(flags) for stack, (_, _, _, flags, _) in EXPECTED.items()}
@@ -431,7 +435,7 @@ def test_stack_outputs(run):
     )
     assert "--tunnel-through-iap" in exports["sshCommands"]["controller"]
     assert exports["vpnEndpoint"].endswith(":51820")
-    if run.stack != "v4-32-usc2":
+    if run.stack not in SLICE_HOSTS:
         assert exports["rerunStartupCommands"]["tpu"] == (
             exports["sshCommands"]["tpu"]
             + " --command 'sudo google_metadata_script_runner startup'"
@@ -451,7 +455,7 @@ def test_stack_outputs(run):
     )
     assert run.secret_exports == {"vpnClientConfig"}
     # Every host's IP, worker 0 (the internal IP above) first.
-    hosts = 4 if run.stack == "v4-32-usc2" else 1
+    hosts = SLICE_HOSTS.get(run.stack, 1)
     assert len(exports["tpuWorkerIps"]) == len(set(exports["tpuWorkerIps"])) == hosts
     assert exports["tpuWorkerIps"][0] == exports["tpuInternalIp"]
     if hosts > 1:

@@ -38,7 +38,7 @@ STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
 .PHONY: demo test test-payload test-infra lint lint-ruff lint-imports lint-mypy-payload lint-mypy-infra \
-	format plan smoke vpn-config bench bench-tpu-install venv venv-infra venv-tpu venv-tpu-jax venv-gpu-jax \
+	format plan preview policy-venv smoke vpn-config bench bench-tpu-install venv venv-infra venv-tpu venv-tpu-jax venv-gpu-jax \
 	venv-pt venv-beam tools clean
 
 # uv itself, at the pin (its stamp is named after it: a new pin reinstalls it). The
@@ -204,6 +204,22 @@ format: venv
 # minutes; docs/models.md#what-the-compiler-proves-before-renting).
 plan: venv-infra $(if $(COMPILE),venv-tpu-jax)
 	$(IPY) -m infra.commands.plan --stack $(STACK) $(if $(COMPILE),--compile $(TJVENV)/bin/python)
+
+# The policy pack's own environment (pulumi-policy pins protobuf ~5.29: never beside the
+# payload), where Pulumi looks for it (policy/PulumiPolicy.yaml `virtualenv: venv`); the
+# GitOps workflows build the same one (.github/actions/pulumi-env).
+PVENV := policy/venv
+policy-venv: $(PVENV)/.installed
+$(PVENV)/.installed: policy/requirements.txt | $(UVSTAMP)
+	$(call UV_VENV,$(PVENV))
+	$(UVPIP) $(PVENV)/bin/python -r policy/requirements.txt
+	touch $@
+
+# `pulumi preview` of a stack with the policy pack, as the GitOps preview runs it on a pull
+# request: your Pulumi CLI, backend and credentials, nothing created. STACK must be named.
+preview: venv-infra policy-venv
+	@test "$(origin STACK)" = "command line" || { echo "make preview: name the stack: make preview STACK=<stack>" >&2; exit 2; }
+	pulumi preview --stack $(STACK) --policy-pack policy
 
 # The first real run on GCP (docs/first-real-run.md): preflight, pulumi up with the tiny
 # smoke job, wait, verdict table, pulumi destroy (KEEP=1 keeps the stack). It creates real

@@ -11,6 +11,7 @@ the spec file, so ``examples/tiny.yaml`` can say ``output: ../runs/tiny``.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -717,6 +718,33 @@ def _check_model(job: JobSpec) -> None:
     model.check_compatible(job)
 
 
+# PyYAML (YAML 1.1) reads a number with an exponent and no dot, `1e-08`, as a string: the form
+# json.dumps gives small floats (infra renders every job spec the VMs read as JSON: an
+# adam_epsilon of 1.0e-8 arrived as '1e-08') and the form people write (`1e-4`). JSON and
+# YAML 1.2 read it as a number, and so does the payload.
+_EXPONENT_WITHOUT_DOT = re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$")
+
+
+@functools.cache
+def _job_loader() -> type:
+    import yaml  # noqa: PLC0415
+
+    class JobLoader(yaml.SafeLoader):
+        """yaml.SafeLoader that also reads 1e-08 as a float."""
+
+    JobLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float", _EXPONENT_WITHOUT_DOT, list("-+0123456789")
+    )
+    return JobLoader
+
+
+def parse_document(text: str) -> Any:
+    """A job document's YAML or JSON text as data (yaml.YAMLError when it is neither)."""
+    import yaml  # noqa: PLC0415
+
+    return yaml.load(text, Loader=_job_loader())  # noqa: S506  (a SafeLoader subclass)
+
+
 def load_job(path: str, *, check_model: bool = True) -> JobSpec:
     """Read, parse and validate a job spec (YAML or JSON; local path or gs:// URI)."""
     import os.path  # noqa: PLC0415
@@ -736,7 +764,7 @@ def load_job(path: str, *, check_model: bool = True) -> JobSpec:
     except OSError as exc:  # e.g. permission denied
         raise SpecError(f"cannot read job spec {path}: {exc.strerror or exc}") from None
     try:
-        document = yaml.safe_load(text)
+        document = parse_document(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

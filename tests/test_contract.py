@@ -22,11 +22,15 @@ STACKS = sorted(ROOT.glob("stacks/Pulumi.*.yaml"))
 BUCKET = "contract-test-bucket"
 
 
-def rendered(stack_file: Path) -> dict:
+def rendered_text(stack_file: Path) -> str:
     config = yaml.safe_load(stack_file.read_text())["config"]
     template = jobspec.load_template(ROOT / config["tpu-pretrain:job"])
     # Exactly the text infra uploads as gs://<bucket>/jobs/<job>.json.
-    return json.loads(jobspec.to_json(jobspec.render_job_spec(template, BUCKET)))
+    return jobspec.to_json(jobspec.render_job_spec(template, BUCKET))
+
+
+def rendered(stack_file: Path) -> dict:
+    return json.loads(rendered_text(stack_file))
 
 
 def test_there_are_stacks():
@@ -35,7 +39,10 @@ def test_there_are_stacks():
 
 @pytest.mark.parametrize("stack_file", STACKS, ids=[p.name for p in STACKS])
 def test_every_stack_job_spec_is_valid_for_the_payload(stack_file):
-    document = rendered(stack_file)
+    # Read as the VM's payload reads the uploaded text (spec.load_job's loader): json.dumps
+    # writes 1.0e-8 as 1e-08, which YAML 1.1 alone reads as a string.
+    document = spec.parse_document(rendered_text(stack_file))
+    assert document == rendered(stack_file)
     name = document["name"]
     source = jobspec.job_uri(BUCKET, name)
     job = spec.parse_job(document, source=source)  # raises SpecError when invalid

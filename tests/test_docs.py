@@ -1,12 +1,16 @@
 """Every relative link in the documentation (README.md, docs/*.md) points at a file that
 exists, and every `#anchor` at a heading of the page it names (or of its own page), by
-GitHub's rules for heading ids. The README's map lists every docs/ page."""
+GitHub's rules for heading ids. The README's map lists every docs/ page. Every make target,
+`tpu-payload` verb and flag, job key, stack setting, stack and job template the pages name
+exists (tests/doc_names.py; paths: tests/test_prose_paths.py)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import doc_names
+import prose_paths
 import pytest
 from docs_files import ROOT, doc_files
 
@@ -143,3 +147,94 @@ def test_a_broken_link_or_anchor_is_reported_with_file_and_line(tmp_path):
         "README.md:8: docs/a.md#not-a-heading: no heading #not-a-heading in docs/a.md",
         "README.md:8: #nowhere: no heading #nowhere in README.md",
     ]
+
+
+def test_every_name_the_docs_use_exists():
+    problems = doc_names.all_problems(doc_files(), ROOT)
+    assert not problems, "names the tree does not define:\n" + "\n".join(problems)
+
+
+def test_the_names_check_reads_the_docs_commands():
+    """The check sees the pages' commands and keys (a pattern that matched nothing would
+    pass every page)."""
+    code = [c.text for path in doc_files() for c in doc_names.code_of(path.read_text())]
+    assert sum("tpu-payload " in c for c in code) >= 20
+    assert sum(bool(re.search(r"\bmake \w", c)) for c in code) >= 20
+    assert sum(len(doc_names.JOB_KEY.findall(c)) for c in code) >= 50
+    assert {"plan", "compile", "run", "export"} <= set(doc_names.cli_options())
+    assert {"plan", "smoke", "preview", "test"} <= doc_names.make_targets()
+    assert {"train.remat", "data.beam.runner", "corpus.sources.weight"} <= doc_names.job_keys()
+    assert "vpnZone" in doc_names.stack_settings()
+
+
+PLANTED = """# A page
+Run `tpu-payload plan --job x --verbose`, `make nope STACK=v5e-euw4` and set `train.nope`.
+
+```sh
+tpu-payload compile --job j --accelerator v6e-8 --stop-cost   # a comment: --nope is not read
+python -m payload.plan --job j --force
+make -j4 lint venv-nope
+make plan STACK=nope-usc1
+tpu-payload {validate,train} --job j [--force]
+tpu-payload frobnicate --job j
+tpu-payload <command> --job …
+```
+
+Set `tpu-pretrain:vpnZoen` (tpu-pretrain:tpuZone is one, tpu-pretrain:index:Network a type).
+See docs/nope.md and `payload/backends/jax/train.py`.
+
+```yaml
+train: {steps: 10, remat: full, nope: 1}
+data: {beam: {options: {anything: 1}, runnerr: x}}
+model: {family: llama, config: {free: 1}}
+```
+
+| stack | job |
+|---|---|
+| `v5e-euw4` | gpt2-small-clm |
+| `v9-nowhere` | no-such-job |
+"""
+
+
+def test_a_planted_wrong_flag_key_or_path_fails(tmp_path):
+    """The test of the test: a wrong flag, verb, target, job key, stack setting, stack, job
+    template or path planted in a page is reported with its line; a right one is not."""
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "x.md"
+    page.write_text(PLANTED, encoding="utf-8")
+    assert doc_names.all_problems([page], tmp_path) == [
+        "docs/x.md:2: make nope: no such make target (Makefile)",
+        "docs/x.md:2: tpu-payload plan --verbose: no such option (payload/cli.py)",
+        "docs/x.md:2: train.nope: no such job key (payload/schema/job.py)",
+        "docs/x.md:5: tpu-payload compile --stop-cost: no such option (payload/cli.py)",
+        "docs/x.md:6: python -m payload.plan --force: no such option",
+        "docs/x.md:7: make venv-nope: no such make target (Makefile)",
+        "docs/x.md:8: stack nope-usc1: no stacks/Pulumi.nope-usc1.yaml",
+        "docs/x.md:10: tpu-payload frobnicate: no such command (payload/cli.py)",
+        "docs/x.md:14: tpu-pretrain:vpnZoen: no such stack setting (Pulumi.yaml)",
+        "docs/x.md:18: data.beam.runnerr: no such job key (payload/schema/job.py)",
+        "docs/x.md:18: train.nope: no such job key (payload/schema/job.py)",
+        "docs/x.md:26: job no-such-job: not in stacks/jobs/",
+        "docs/x.md:26: stack v9-nowhere: not in stacks/Pulumi.<stack>.yaml",
+    ]
+    stale = [
+        m.name for m in prose_paths.mentions("docs/x.md", PLANTED) if not prose_paths.exists(m.name)
+    ]
+    assert stale == ["docs/nope.md"]
+
+
+def test_a_planted_wrong_flag_in_a_real_page_fails(tmp_path):
+    """The whole check over a copy of the real pages: clean, then one planted flag fails it."""
+    for path in doc_files():
+        target = tmp_path / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    copies = [tmp_path / p.relative_to(ROOT) for p in doc_files()]
+    assert doc_names.all_problems(copies, tmp_path) == []
+    recipe = tmp_path / "docs" / "llama-recipe.md"
+    text = recipe.read_text(encoding="utf-8")
+    planted = text.replace("--accelerator v6e-8\n", "--accelerator v6e-8 --fast\n", 1)
+    assert planted != text
+    recipe.write_text(planted, encoding="utf-8")
+    (problem,) = doc_names.all_problems(copies, tmp_path)
+    assert problem.endswith(": tpu-payload plan --fast: no such option (payload/cli.py)")

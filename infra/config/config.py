@@ -23,6 +23,7 @@ from pulumi.runtime import config as runtime_config
 from infra import jobspec
 from infra.catalogs.gpu import GpuCatalog, load_gpu_catalog
 from infra.catalogs.tpu import Catalog, load_catalog
+from infra.catalogs.vpn_hop import default_hop_zones
 from infra.config.accelerators import accelerator_kind, gpu_config, tpu_config
 from infra.config.job import check_job_fits, check_job_replicas, dataflow_enabled, resolve_backend
 from infra.config.keys import (
@@ -142,13 +143,14 @@ def _vpn(
         str(cidr(f"vpnAllowedCidrs[{i}]", item))
         for i, item in enumerate(array(values, "vpnAllowedCidrs"))
     )
-    vpn_zone = string(values, "vpnZone")
+    vpn_zone = string(values, "vpnZone") or _default_hop_zone(tpu_region, what)
     vpn_region = region_of("vpnZone", vpn_zone)
     if vpn_region == tpu_region:
         raise ConfigError(
             f"{qualified('vpnZone')}: {vpn_zone!r} is in the {what}'s own region {tpu_region}; the "
-            "hop "
-            "belongs in a region near you (default asia-northeast3-a)"
+            "hop belongs in a region near you, outside it (the policy pack's "
+            "one-vpn-hop-outside-tpu-region; unset, a stack here gets "
+            f"{_default_hop_zone(tpu_region, what)})"
         )
     client_public_key = _wireguard_key("vpnClientPublicKey", string(values, "vpnClientPublicKey"))
     if gitops and client_public_key is None:
@@ -168,6 +170,19 @@ def _vpn(
         port=integer(values, "vpnPort", 1024, 65535),
         client_public_key=client_public_key,
     )
+
+
+def _default_hop_zone(region: str, what: str) -> str:
+    """The hop's zone for a stack that does not set vpnZone: the catalog's zone beside the
+    accelerator's region (infra/catalogs/vpn_hop.yaml says why not in it)."""
+    zone = default_hop_zones().get(region)
+    if zone is None:
+        raise ConfigError(
+            f"{qualified('vpnZone')} is required for a {what} in {region} (infra/catalogs/"
+            "vpn_hop.yaml has no default zone for that region): set a zone near you outside "
+            f"{region}, e.g. pulumi config set {qualified('vpnZone')} <zone>"
+        )
+    return zone
 
 
 def parse_config(

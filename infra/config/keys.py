@@ -137,7 +137,13 @@ KEYS: tuple[Key, ...] = (
     Key("controllerMachineType", "string", "Machine type of the controller VM.", "e2-standard-4"),
     Key("tpuSubnetCidr", "string", "Subnet for the TPU VM and controller.", "10.10.0.0/20"),
     Key("hopSubnetCidr", "string", "Subnet of the VPN hop.", "10.20.0.0/24"),
-    Key("vpnZone", "string", "Zone of the WireGuard hop, near you.", "asia-northeast3-a"),
+    Key(
+        "vpnZone",
+        "string",
+        "Zone of the WireGuard hop, near you, outside the accelerator's region (default: the "
+        "zone infra/catalogs/vpn_hop.yaml names for that region).",
+        "",
+    ),
     Key("vpnAllowedCidrs", "array", "Source CIDRs allowed to reach WireGuard (UDP)."),
     Key("vpnClientCidr", "string", "Addresses of VPN clients inside the tunnel.", "10.250.0.0/24"),
     Key("vpnPort", "integer", "WireGuard UDP port.", 51820),

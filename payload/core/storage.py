@@ -43,9 +43,15 @@ RETRY_DEADLINE_S = 120.0
 # close misspellings such as "g00gle" (we check those two; others are Google's call).
 _BUCKET_CHARS = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
 _GOOGLE_LIKE = re.compile(r"g[o0][o0]gle")
+# What the stack grants (infra/components/bucket.py, infra/executables.py) and how to mend a
+# missing grant within the policy pack's rules, which refuse objectAdmin to a stack account.
 SA_ROLE_HINT = (
-    "grant the job's service account roles/storage.objectAdmin on the bucket "
-    "(roles/storage.objectViewer is enough for inputs)"
+    "the stack's accounts hold roles/storage.objectViewer and roles/storage.objectUser on its "
+    "bucket, the latter with an IAM condition that leaves jobs/, startup/ and payload/ to "
+    "`pulumi up` and a job's checkpoints/, export/ and compilation-cache/ to the TPU/GPU VM: "
+    "run `pulumi up` to restore a missing grant; your own account needs "
+    "roles/storage.objectUser on the bucket (roles/storage.objectViewer to read only), not "
+    "objectAdmin (docs/bad-input.md)"
 )
 LOGIN_HINT = (
     "run `gcloud auth application-default login` (on a laptop) or give the VM its service "

@@ -716,7 +716,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stop-cost",
         action="store_true",
-        help="with --sizes: print what a stop by SIGTERM costs instead (docs/preemption.md)",
+        help="print what a stop by SIGTERM costs instead, one Markdown row per plan "
+        "(docs/preemption.md); not with --json",
     )
 
 
@@ -737,9 +738,7 @@ def load_job(path: str) -> Any:
     except SpecError as error:
         if str(error) != "output is required":
             raise
-        import yaml  # noqa: PLC0415
-
-        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        document = spec.parse_document(Path(path).read_text(encoding="utf-8"))
         if not isinstance(document, dict):
             raise
         source = str(Path(path).resolve())
@@ -766,6 +765,8 @@ def _table(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """`tpu-payload plan`: 0 fits, 2 does not fit (or bad input), as one line on stderr."""
     try:
+        if getattr(args, "stop_cost", False) and args.json:
+            raise UserError("--stop-cost prints a Markdown table: drop --json")
         if args.sizes:
             return _table(args)
         acc = accelerator(args.accelerator)
@@ -773,6 +774,11 @@ def run(args: argparse.Namespace) -> int:
     except UserError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    if getattr(args, "stop_cost", False):
+        from payload.plan import stopping  # noqa: PLC0415
+
+        sys.stdout.write(stopping.markdown([plan]))
+        return 0
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 
 import pytest
@@ -110,7 +111,8 @@ CASES = [
         "v3-euw4",
         {K + "vpnZone": "europe-west4-b"},
         "tpu-pretrain:vpnZone: 'europe-west4-b' is in the TPU's own region europe-west4; the hop "
-        "belongs in a region near you (default asia-northeast3-a)",
+        "belongs in a region near you, outside it (the policy pack's "
+        "one-vpn-hop-outside-tpu-region; unset, a stack here gets europe-west1-b)",
     ),
     (
         "v3-euw4",
@@ -448,4 +450,60 @@ def test_a_slice_type_without_evidence_is_refused_naming_the_supported_ones(acce
         f"tpu-pretrain:acceleratorType: {accelerator_type!r} is a multi-host slice that no "
         "Google doc or CI job shows running JAX on Cloud TPU VMs; supported slices: v4-16, "
         "v4-32, v5litepod-16, v5litepod-32, v5p-32 (infra/catalogs/tpu.yaml, docs/pod-slices.md)"
+    )
+
+
+def _hop(resources: list) -> tuple[str, str, str]:
+    """(the hop VM's zone, its address's region, its subnet's region)."""
+    by = {r.name: r for r in resources}
+    return (
+        by["vpn-hop-vm"].inputs["zone"],
+        by["vpn-hop-address"].inputs["region"],
+        by["network-hop-subnet"].inputs["region"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("stack", "zone"),
+    [("v5e-euw4", "europe-west1-b"), ("v4-usc2", "us-south1-a"), ("l4x2-use1", "us-east4-a")],
+)
+def test_the_hop_defaults_to_a_zone_beside_the_accelerators_region(stack, zone):
+    """No stack file sets vpnZone: the hop gets the catalog's zone for the accelerator's region
+    (TPU and GPU stacks alike), outside that region (the policy pack's rule)."""
+    assert (
+        "tpu-pretrain:vpnZone"
+        not in yaml.safe_load((ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"]
+    )
+    assert _hop(run_stack(stack)) == (zone, zone[:-2], zone[:-2])
+
+
+def test_vpn_zone_overrides_the_default():
+    resources = run_stack("v5e-euw4", {K + "vpnZone": "europe-west2-a"})
+    assert _hop(resources) == ("europe-west2-a", "europe-west2", "europe-west2")
+
+
+def test_every_accelerator_region_has_a_default_hop_zone_outside_it():
+    from infra.catalogs.gpu import load_gpu_catalog
+    from infra.catalogs.vpn_hop import default_hop_zones
+
+    region = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
+    regions = {region.match(z).group(1) for z in load_catalog().zones} | {
+        region.match(z).group(1) for z in load_gpu_catalog().zones
+    }
+    zones = default_hop_zones()
+    assert regions <= set(zones), sorted(regions - set(zones))
+    for accelerator_region, zone in zones.items():
+        assert region.match(zone) and region.match(zone).group(1) != accelerator_region, zone
+
+
+def test_a_region_without_a_default_hop_zone_asks_for_vpn_zone():
+    from infra.config import config as stack_config
+    from infra.errors import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        stack_config._default_hop_zone("mars-north1", "TPU")
+    assert str(raised.value) == (
+        "tpu-pretrain:vpnZone is required for a TPU in mars-north1 (infra/catalogs/vpn_hop.yaml "
+        "has no default zone for that region): set a zone near you outside mars-north1, e.g. "
+        "pulumi config set tpu-pretrain:vpnZone <zone>"
     )

@@ -84,7 +84,8 @@ def test_plan_errors_are_one_line_with_exit_2():
     assert unknown.returncode == 2
     assert unknown.stderr == (
         "error: --stack 'nope': no stacks/Pulumi.nope.yaml; stacks: a100x4-usc1, l4x2-use1, "
-        "t4-usc1, v2-usc1, v3-euw4, v4-32-usc2, v4-usc2, v5e-euw4, v6e-euw4\n"
+        "t4-usc1, v2-usc1, v3-euw4, v4-32-usc2, v4-usc2, v5e-16-euw4, v5e-euw4, "
+        "v6e-euw4\n"
     )
     bad = plan("--stack", "v3-euw4", "--set", "tpu-pretrain:acceleratorType=v5p-8")
     assert bad.returncode == 2

@@ -40,6 +40,7 @@ def test_stack_names_come_from_the_stacks_folder():
         "v3-euw4",
         "v4-32-usc2",
         "v4-usc2",
+        "v5e-16-euw4",
         "v5e-euw4",
         "v6e-euw4",
     ]

@@ -16,6 +16,7 @@ import yaml
 from harness import by_name, depends_on, of_type, one, run_offline, startup_script, tpu_stack_names
 
 from infra import jobspec, wgkeys
+from infra.catalogs.vpn_hop import default_hop_zones
 from infra.components.recovery import RECOVERY_ROLE_ID
 from infra.render import render
 
@@ -32,8 +33,12 @@ EXPECTED = {
     "v4-usc2": ("us-central2-b", "v4-8", "v2-alpha-tpuv5", (False, False), True),
     "v4-32-usc2": ("us-central2-b", "v4-32", "tpu-ubuntu2204-base", (False, True), True),
     "v5e-euw4": ("europe-west4-b", "v5litepod-8", "v2-alpha-tpuv5-lite", (False, True), True),
+    "v5e-16-euw4": ("europe-west4-b", "v5litepod-16", "v2-alpha-tpuv5-lite", (False, True), True),
     "v6e-euw4": ("europe-west4-a", "v6e-8", "v2-alpha-tpuv6e", (False, True), True),
 }
+
+# The pod slices: hosts per stack (every other stack is one host).
+SLICE_HOSTS = {"v4-32-usc2": 4, "v5e-16-euw4": 4}
 
 # tpuAutoRecover defaults to on for spot/preemptible stacks, off for on-demand ones.
 AUTO_RECOVER = {stack: any(flags) for stack, (_, _, _, flags, _) in EXPECTED.items()}
@@ -131,8 +136,12 @@ def test_controller_vm(run):
 def test_vpn_hop(run):
     vm = by_name(run, "vpn-hop-vm")
     address = by_name(run, "vpn-hop-address")
-    assert vm.inputs["zone"] == "asia-northeast3-a"
-    assert address.inputs["region"] == "asia-northeast3"
+    # No stack sets tpu-pretrain:vpnZone: the hop stands in the zone the catalog names for the
+    # accelerator's region (infra/catalogs/vpn_hop.yaml), never in that region.
+    region = EXPECTED[run.stack][0][:-2]
+    zone = default_hop_zones()[region]
+    assert vm.inputs["zone"] == zone and not zone.startswith(region)
+    assert address.inputs["region"] == zone[:-2]
     assert vm.inputs["canIpForward"] is True
     (nic,) = vm.inputs["networkInterfaces"]
     assert nic["accessConfigs"] == [{"natIp": address.outputs["address"], "networkTier": "PREMIUM"}]
@@ -297,7 +306,10 @@ def test_network(run):
         r.name: r.inputs for r in of_type(run.resources, "gcp:compute/subnetwork:Subnetwork")
     }
     assert subnets["network-tpu-subnet"]["region"] == EXPECTED[run.stack][0][:-2]
-    assert subnets["network-hop-subnet"]["region"] == "asia-northeast3"
+    assert (
+        subnets["network-hop-subnet"]["region"]
+        == default_hop_zones()[EXPECTED[run.stack][0][:-2]][:-2]
+    )
     for subnet in subnets.values():
         assert subnet["privateIpGoogleAccess"] is True
         assert subnet["logConfig"]["flowSampling"] > 0
@@ -454,7 +466,7 @@ def test_stack_outputs(run):
     )
     assert "--tunnel-through-iap" in exports["sshCommands"]["controller"]
     assert exports["vpnEndpoint"].endswith(":51820")
-    if run.stack != "v4-32-usc2":
+    if run.stack not in SLICE_HOSTS:
         assert exports["rerunStartupCommands"]["tpu"] == (
             exports["sshCommands"]["tpu"]
             + " --command 'sudo google_metadata_script_runner startup'"
@@ -474,7 +486,7 @@ def test_stack_outputs(run):
     )
     assert run.secret_exports == {"vpnClientConfig"}
     # Every host's IP, worker 0 (the internal IP above) first.
-    hosts = 4 if run.stack == "v4-32-usc2" else 1
+    hosts = SLICE_HOSTS.get(run.stack, 1)
     assert len(exports["tpuWorkerIps"]) == len(set(exports["tpuWorkerIps"])) == hosts
     assert exports["tpuWorkerIps"][0] == exports["tpuInternalIp"]
     if hosts > 1:

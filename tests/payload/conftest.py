@@ -65,6 +65,7 @@ LONGEST_FIRST = (
     "test_jax_multihost.py",
     "test_jax_llama.py",
     "test_jax_train.py",
+    "test_llama_recipe.py",
     "test_tpu_compile.py",
     "test_jax_safety.py",
     "test_train.py",

@@ -365,6 +365,18 @@ def test_docs_stop_cost_table_is_the_commands_output() -> None:
     assert "| 3b | v5litepod-8 | 1 |" in result.stdout and "no: back to the last" in result.stdout
 
 
+def test_stop_cost_without_sizes_is_one_row(tmp_path: Path) -> None:
+    """--stop-cost on one job and accelerator: the table's row for it; with --json, one line."""
+    args = ("--job", "examples/llama-plan.yaml", "--accelerator", "v5litepod-8")
+    one = run_cli(*args, "--stop-cost")
+    assert one.returncode == 0, one.stderr
+    table = run_cli(*args, "--sizes", "125m", "--stop-cost")
+    assert one.stdout == table.stdout and one.stdout.count("\n") == 3
+    refused = run_cli(*args, "--stop-cost", "--json")
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr == "error: --stop-cost prints a Markdown table: drop --json\n"
+
+
 def test_stop_cost_uses_the_trainers_chunk_rules() -> None:
     """stop_cost.py restates two rules of backends/jax/runtime.py (which imports JAX, and the
     plan must not) and training.FIRST_CHUNK_STEPS: the same values."""

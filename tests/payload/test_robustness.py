@@ -380,8 +380,10 @@ def test_forbidden_bucket_names_the_role(tmp_path: Path) -> None:
     assert_user_error(
         result,
         r"^error: gs://locked-bucket: permission denied \(after retrying for 2s\) "
-        r"\(.*does not have storage\.objects\.create access.*\): grant the job's service "
-        r"account roles/storage\.objectAdmin on the bucket",
+        r"\(.*does not have storage\.objects\.create access.*\): the stack's accounts hold "
+        r"roles/storage\.objectViewer and roles/storage\.objectUser on its bucket, .*: run "
+        r"`pulumi up` to restore a missing grant; your own account needs "
+        r"roles/storage\.objectUser on the bucket",
     )
 
 

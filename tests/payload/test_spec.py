@@ -86,6 +86,27 @@ def test_json_and_name_from_file(tmp_path: Path) -> None:
     assert job.name == "my-job"
 
 
+def test_an_exponent_without_a_dot_is_a_number(tmp_path: Path) -> None:
+    """1e-08 is what json.dumps writes for 1.0e-8 (infra renders the VMs' job specs as JSON)
+    and what people write in YAML; PyYAML alone reads it as a string."""
+    doc = _with(train__adam_epsilon=1.0e-8, train__learning_rate=0.00001)
+    text = json.dumps(doc)
+    assert '"adam_epsilon": 1e-08' in text and '"learning_rate": 1e-05' in text
+    (tmp_path / "job.json").write_text(text)
+    job = spec.load_job(str(tmp_path / "job.json"))
+    assert (job.train.adam_epsilon, job.train.learning_rate) == (1e-8, 1e-5)
+    (tmp_path / "job.yaml").write_text(
+        yaml.safe_dump(_with(train=...)) + "train: {steps: 20, learning_rate: 3e-4}\n"
+    )
+    assert spec.load_job(str(tmp_path / "job.yaml")).train.learning_rate == 3e-4
+    assert spec.parse_document("a: 1e5\nb: '1e5'\nc: 1_000\nd: e5") == {
+        "a": 1e5,
+        "b": "1e5",
+        "c": 1000,
+        "d": "e5",
+    }
+
+
 def test_gcs_output_and_clm_defaults(tmp_path: Path) -> None:
     doc = _with(
         output="gs://bucket/runs/x/",

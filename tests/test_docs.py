@@ -238,3 +238,26 @@ def test_a_planted_wrong_flag_in_a_real_page_fails(tmp_path):
     recipe.write_text(planted, encoding="utf-8")
     (problem,) = doc_names.all_problems(copies, tmp_path)
     assert problem.endswith(": tpu-payload plan --fast: no such option (payload/cli.py)")
+
+
+def test_the_changelog_opens_with_this_release():
+    """CHANGELOG.md's newest section is the payload's version (pyproject.toml and
+    payload.__version__), with a date; every section has both."""
+    import tomllib
+
+    import payload
+
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    heads = re.findall(r"^## (\S+)(?: and \S+)? — (\d{4}-\d{2}-\d{2})", changelog, re.MULTILINE)
+    sections = re.findall(r"^## ", changelog, re.MULTILINE)
+    assert heads and len(heads) == len(sections), "a release section without a version or date"
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert heads[0][0] == version == payload.__version__
+
+
+def test_the_readme_is_a_front_door():
+    """At most ~120 lines, with the two set-up commands, and no release notes."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 120
+    assert "make demo   #" in readme and "make test   #" in readme
+    assert "What changed" not in readme and "CHANGELOG.md" in readme

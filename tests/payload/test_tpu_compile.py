@@ -15,9 +15,11 @@ chosen by `train.attention: auto`; and a sequence length at which splash's block
 (768: a 384-token block, the one that is not a power of two; one-layer Llama) on v5e:2x2;
 and the tiny Llama 144 wide on v5e:2x2, whose shards are narrow enough that the layer stacks'
 default layout puts the layer axis inside (as 125m's and 350m's on v5e:4x4).
-Each chip and each family compiles here; the other pairs are bench/bench_tpu_compile.py's
-(BERT on v6e: `--family bert --size tiny --remat none --accelerator v6e-4 --seq 256
---config '{"attention_probs_dropout_prob": 0.0}'`: the same three kernels, bf16 gathers).
+Every family's tiny preset also compiles through `tpu-payload compile --json` on v5litepod-4,
+one process each (~33 s of CPU a family). Each chip and each family compiles here; the
+other pairs are bench/bench_tpu_compile.py's (BERT on v6e: `--family bert --size tiny
+--remat none --accelerator v6e-4 --seq 256 --config '{"attention_probs_dropout_prob": 0.0}'`:
+the same three kernels, bf16 gathers).
 The other lengths' blocks (640 -> 128, 1280 -> 256) are chosen by the same rule
 (test_jax_attention.py: splash_block, and the kernel built on them in interpret mode); one
 TPU compile each took ~11-13 s of CPU. Asserted:
@@ -227,3 +229,54 @@ def test_narrow_stacks_stay_in_their_own_layout_through_the_step_loop(
     assert chunk["relaid_state"] == 0, chunk["relaid_state"]
     gathered = chunk["all_gathers_per_step"]
     assert gathered.get("f32", 0) <= gathered["bf16"] / 100, gathered
+
+
+# One objective per family, as a user names it (payload/spec.py FAMILIES_FOR_OBJECTIVE).
+FAMILY_OBJECTIVE = {
+    "bert": "mlm",
+    "roberta": "mlm",
+    "gpt2": "clm",
+    "llama": "clm",
+    "electra": "rtd",
+}
+
+
+@pytest.mark.parametrize(("family", "objective"), sorted(FAMILY_OBJECTIVE.items()))
+def test_every_family_compiles_on_the_command_line(
+    tmp_path: Path, family: str, objective: str
+) -> None:
+    """`tpu-payload compile` as a user runs it, for every family's tiny preset on one TPU
+    type: exit 0 with the compiler's bytes per chip for each program (ELECTRA's plan and
+    compile crashed on a config without to_dict)."""
+    from payload import spec
+
+    assert family in spec.FAMILIES_FOR_OBJECTIVE[objective]
+    job = {
+        "name": f"cli-{family}",
+        "output": str(tmp_path / "out"),
+        "corpus": {"paths": [str(tmp_path / "corpus.txt")]},
+        "tokenizer": {"kind": "bpe" if objective == "clm" else "wordpiece", "vocab_size": 512},
+        "data": {"objective": objective, "seq_length": 128},
+        "model": {"family": family, "size": "tiny"},
+        "train": {"backend": "jax", "steps": 10, "global_batch_size": 8},
+    }
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(job))
+    done = subprocess.run(
+        [
+            *(str(_tpu_python()), "-m", "payload", "compile", "--job", str(path)),
+            *("--accelerator", "v5litepod-4", "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["fits"] is True and report["accelerator"] == "v5litepod-4"
+    assert report["programs"], report
+    for name, program in report["programs"].items():
+        assert program["memory"]["total"] > 0, (name, program)

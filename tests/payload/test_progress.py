@@ -1,17 +1,19 @@
 """The bounds of a slice's waits, in one process (the slices themselves:
 test_slice_bounds.py): the progress watchdog's phases and bounds (backends/jax/progress.py),
 the guard thread that keeps watching when the coordination service does not answer
-(distributed.SliceGuard), and the export's scratch directory (training/export.py)."""
+(distributed.SliceGuard), the join's line naming the host waited for (joining.py) and the
+export's scratch directory (training/export.py)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from payload.backends.jax import distributed, progress
+from payload.backends.jax import distributed, joining, progress
 from payload.core.errors import UserError
 from payload.training import export
 
@@ -198,6 +200,29 @@ def test_the_guard_ends_a_process_that_made_no_progress(joined, capfd) -> None:
     assert recorded[0][1].startswith("error: process 1 of the slice hung: no progress in train")
     assert "thread 0x" in err and "(most recent call first)" in err  # faulthandler's stacks
     assert "test_the_guard_ends_a_process_that_made_no_progress" in err
+
+
+# -------------------------------------------------------------------------- the join
+
+
+def test_the_join_names_worker_0_when_its_coordinator_is_not_up() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        up = SimpleNamespace(process_id=2, num_processes=4, coordinator_address=f"127.0.0.1:{port}")
+        line = joining.failure_line(20, up)
+        assert "process 0 (worker 0, the coordinator at" in line and "is up, but not all 4" in line
+    down = joining.failure_line(20, up)  # the port closed: nothing listens there
+    assert down.startswith(
+        f"error: process 2 of the slice could not join it within 20 s ({joining.ENV}): process "
+        f"0 (worker 0, the coordinator at 127.0.0.1:{port}) is not up"
+    )
+    chief = SimpleNamespace(process_id=0, num_processes=4, coordinator_address="10.0.0.2:8476")
+    assert "did not see all 4 processes join" in joining.failure_line(20, chief)
+    assert joining.timeout({}) == joining.TIMEOUT_S
+    with pytest.raises(UserError, match=joining.ENV):
+        joining.timeout({joining.ENV: "0"})
 
 
 # ------------------------------------------------------------------ the export's scratch

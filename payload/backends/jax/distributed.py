@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 
-from payload.backends.jax import progress
+from payload.backends.jax import joining, progress
 from payload.core import errors, storage
 from payload.core.errors import UserError
 from payload.training import export as export_lib
@@ -54,19 +54,26 @@ def parse(value: str) -> tuple[str, int, int] | None:
 def initialize_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     """Join the other processes if the environment says so (before any other JAX call), with
     the coordination service's heartbeat and shutdown timeouts of this module (a host that
-    dies without a word ends the others within HEARTBEAT_TIMEOUT_S)."""
+    dies without a word ends the others within HEARTBEAT_TIMEOUT_S). The join itself is
+    bounded (joining.py): a process that is not joined by then says which host it waits for
+    and exits 1."""
     value = environ.get(ENV, "")
     if not value:
         return False
     explicit = parse(value)
     address, count, index = explicit if explicit is not None else (None, None, None)
+    timeout = joining.timeout(environ)
+    joined = joining.watch(timeout, _state)
     jax.distributed.initialize(
         coordinator_address=address,
         num_processes=count,
         process_id=index,
+        # JAX's own bound (it aborts the process, SIGABRT, naming nobody) comes after ours.
+        initialization_timeout=int(timeout + joining.MARGIN_S),
         heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
         shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
     )
+    joined.set()
     return True
 
 

@@ -54,6 +54,7 @@ from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import (  # noqa: E402  # noqa: E402
     compile_cache,
     distributed,
+    finish,
     hf_weights,
     models,
     progress,
@@ -183,6 +184,7 @@ def _train(
         if manifest.eval_records
         else None
     )
+    group = None  # the length of the loop's last chunk: the final evaluation's groups
     try:
         if step < spec.steps:
             loop = _TrainLoop(
@@ -192,11 +194,17 @@ def _train(
             with loop:  # waits for the last checkpoint's write, also on SIGTERM or an error
                 state, results = loop.run(state, status, step)
             stats.update(results)
+            group = loop.group
         stats["step"] = int(np.asarray(state.optimizer[0]))  # iterations, the step counter
         training.stop_point()  # a signal after the loop's last agreement
-        if evaluator is not None:  # the final evaluation
-            with watch.during("evaluate"):
-                stats.update(evaluator.evaluate(stats["step"], state) or {})
+        if evaluator is not None:  # the final evaluation: a stop point that resumes
+            stats.update(
+                finish.final_evaluation(
+                    evaluator, stats["step"], state, group=group or rt.steps_per_execution,
+                    checkpoint=storage.join(job.paths.checkpoints, str(stats["step"])),
+                    status=status, watch=watch,
+                ) or {}
+            )  # fmt: skip
     finally:
         if evaluator is not None:
             evaluator.close()
@@ -433,6 +441,7 @@ class _TrainLoop:
     ):
         self.job, self.manifest, self.rt = job, manifest, rt
         self.watch = watch
+        self.group: int | None = None  # the last agreed chunk length
         self.model, self.optimizer, self.layout = model, optimizer, layout
         self.pipelines, self.evaluator = pipelines, evaluator
         self.spec = job.train
@@ -498,6 +507,17 @@ class _TrainLoop:
         distributed.barrier(f"stopped/{step}")
         return training.interrupted(signum, step, self.last_checkpoint or "(process 0's)", status)
 
+    def _committed(self, step: int, status: StatusWriter) -> None:
+        """The final checkpoint's write, inside the loop's deferred stop: a signal while it
+        is in flight (after the loop's last agreement) is agreed once it is written, as in
+        the loop, and every process exits 128 + the signal with it committed (before, the
+        guard ended every process within GUARD_GRACE_S and the write was lost)."""
+        self.watch.enter("checkpoint")
+        self.store.wait()
+        signum, _ = distributed.agree_on_stop(f"stop/final/{step}", training.STOP.signum, None)
+        if signum is not None:
+            raise self._stopped(signum, step, status)
+
     def run(
         self, state: steps.TrainState, status: StatusWriter, start_step: int
     ) -> tuple[steps.TrainState, dict[str, Any]]:
@@ -511,7 +531,9 @@ class _TrainLoop:
         length whatever it measured. An in-loop evaluation agrees on stopping between groups
         of batches too (`_evaluate`)."""
         with training.deferred_stop():
-            return self._run(state, status, start_step)
+            state, results = self._run(state, status, start_step)
+            self._committed(self.spec.steps, status)
+        return state, results
 
     def _run(
         self, state: steps.TrainState, status: StatusWriter, start_step: int
@@ -558,6 +580,7 @@ class _TrainLoop:
         def agree(step: int) -> tuple[int | None, int]:
             proposal = chunk_after(step) if step < total else None
             signum, n = distributed.agree_on_stop(f"stop/{step}", training.STOP.signum, proposal)
+            self.group = n or self.group
             return signum, n or 0
 
         try:

@@ -1,11 +1,13 @@
 """The bounds of a slice's waits, in one process (the slices themselves:
 test_slice_bounds.py): the progress watchdog's phases and bounds (backends/jax/progress.py),
 the guard thread that keeps watching when the coordination service does not answer
-(distributed.SliceGuard), the join's line naming the host waited for (joining.py) and the
-export's scratch directory (training/export.py)."""
+(distributed.SliceGuard), the join's line naming the host waited for (joining.py), the
+export's scratch directory (training/export.py), and docs/pod-slices.md's table of the ways
+a host leaves against the constants it names."""
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 from types import SimpleNamespace
@@ -268,3 +270,54 @@ def test_what_a_leaving_process_still_does_is_cut_before_the_shutdown_barrier(jo
     finally:
         distributed.SliceGuard._current = None
         storage.set_retry_deadline(before)
+
+
+# ----------------------------------------------------- docs/pod-slices.md's table
+
+TABLE = re.compile(r"<!-- leaving:begin -->\n(.*?)<!-- leaving:end -->", re.S)
+CONSTANT = re.compile(r"`(distributed|progress|joining)\.([A-Z_]+)` \(([0-9.]+)(?: s)?\)")
+TEST_NAME = re.compile(r"`(test_\w+)`")
+
+
+def _test_functions() -> dict[str, set[str]]:
+    """Every test function of tests/payload, by file."""
+    return {
+        path.name: set(re.findall(r"^def (test_\w+)\(", path.read_text(), re.M))
+        for path in (ROOT / "tests" / "payload").glob("test_*.py")
+    }
+
+
+def test_the_ways_a_host_leaves_are_the_codes_bounds_and_the_tests_cases() -> None:
+    """docs/pod-slices.md "When a host leaves": every bound and exit code it names is the
+    code's, every test it names exists, and every case of test_slice_bounds.py is a row."""
+    page = (ROOT / "docs" / "pod-slices.md").read_text()
+    found = TABLE.search(page)
+    assert found, "docs/pod-slices.md: no <!-- leaving:begin --> table"
+    rows = [line for line in found.group(1).splitlines() if line.startswith("| ")][1:]
+    assert len(rows) >= 15
+    modules = {"distributed": distributed, "progress": progress, "joining": joining}
+    tests = _test_functions()
+    every_test = set().union(*tests.values())
+    named: set[str] = set()
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert len(cells) == 7, row
+        phase, event, _, within, exit_, kept, tested_by = cells
+        assert phase and event and within and exit_ and kept, row
+        for module, name, value in CONSTANT.findall(row):
+            assert float(getattr(modules[module], name)) == float(value), (module, name, row)
+        names = TEST_NAME.findall(tested_by)
+        assert names, f"no test for: {phase} / {event}"
+        for name in names:
+            assert name in every_test, f"{name} (docs/pod-slices.md) is no test in tests/payload"
+        named |= set(names)
+    assert tests["test_slice_bounds.py"] <= named, tests["test_slice_bounds.py"] - named
+    section = page.split("## When a host leaves", 1)[1].split("\n## ", 1)[0]
+    settings = set(re.findall(r"`(TPU_PAYLOAD_[A-Z_]+)", section))
+    assert {joining.ENV, progress.HANG_ENV, progress.STALL_ENV} <= settings
+    assert settings <= {
+        joining.ENV,
+        progress.HANG_ENV,
+        progress.STALL_ENV,
+        "TPU_PAYLOAD_JAX_DISTRIBUTED",
+    }

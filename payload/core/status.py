@@ -3,6 +3,10 @@
 Writes go through :mod:`payload.core.storage` (atomic locally, google-cloud-storage for gs://)
 and are throttled: at most one every ``min_interval_s`` seconds unless the stage or state
 changes, so a training loop can call :meth:`StatusWriter.update` every step.
+
+A run that made no progress within its bound ends with state ``hung`` (:meth:`StatusWriter.hung`:
+``last_error`` names the phase; the trainer unit restarts it, and the next run's ``running``
+replaces it), one that failed with ``failed``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from typing import Any
 
 from payload.core import storage
 
-STATES = ("pending", "running", "complete", "skipped", "failed")
+STATES = ("pending", "running", "complete", "skipped", "failed", "hung")
+ENDED = ("complete", "skipped", "failed", "hung")
 
 
 def _now() -> str:
@@ -74,7 +79,7 @@ class StatusWriter:
             if state == "running":
                 history["started_at"] = now
                 history.pop("finished_at", None)
-            elif state in ("complete", "skipped", "failed"):
+            elif state in ENDED:
                 history["finished_at"] = now
         if message:
             history["message"] = message
@@ -114,6 +119,14 @@ class StatusWriter:
     def fail(self, *, stage: str, error: str) -> None:
         self._doc["last_error"] = {"stage": stage, "error": error, "at": _now()}
         self.update(stage=stage, state="failed", message=error)
+        self.flush()
+
+    def hung(self, *, stage: str, phase: str, error: str) -> None:
+        """The run made no progress in `phase` within its bound (the JAX backend's progress
+        watchdog, payload/backends/jax/progress.py) and ends: state `hung`, the phase in
+        `last_error`."""
+        self._doc["last_error"] = {"stage": stage, "phase": phase, "error": error, "at": _now()}
+        self.update(stage=stage, state="hung", message=error)
         self.flush()
 
     def flush(self) -> None:

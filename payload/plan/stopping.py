@@ -6,11 +6,13 @@ after the chunk that was dispatched when it arrived, so the devices finish at mo
 (the running one and the one queued behind it); a chunk holds as many steps as fit
 CHUNK_SECONDS (at least one step), and FIRST_CHUNK_STEPS until a step has been timed (the
 first chunks after a start); then every process writes its shards of the checkpoint (Orbax)
-and exits 143. Compute Engine sends the preemption notice about 30 s before it stops
-a spot or preemptible VM (Compute Engine's "Preemption process" pages: "30 seconds"), then
-systemd's SIGKILL ends whatever is left. Within the notice, no step is lost; a stop that does
-not finish in it loses what was trained since the last periodic checkpoint
-(train.checkpoint_every).
+and exits 143. A stop can need two checkpoint writes (WRITES_AT_A_STOP): Orbax starts a save
+only once the one before it is written, so a stop that comes while a periodic checkpoint is
+still being written waits for that write, then writes its own. Compute Engine sends the
+preemption notice about 30 s before it stops a spot or preemptible VM (Compute Engine's
+"Preemption process" pages: "30 seconds"), then systemd's SIGKILL ends whatever is left.
+Within the notice, no step is lost; a stop that does not finish in it loses what was trained
+since the last periodic checkpoint (train.checkpoint_every).
 
 The figures are estimates, not measurements: the step time is the plan's at its MFU, and the
 checkpoint write speed per host (WRITE_BYTES_PER_S_PER_HOST) is an assumption this project has
@@ -31,6 +33,9 @@ STEPS_PER_CALL = {"tpu": 64, "gpu": 8}
 # training.FIRST_CHUNK_STEPS: a chunk's steps until one has been timed.
 FIRST_CHUNK_STEPS = 1
 NOTICE_S = 30.0
+# The writes a stop may wait for: a periodic checkpoint's still in flight, then its own
+# (backends/jax/checkpoint.py: `save` waits for the save before it).
+WRITES_AT_A_STOP = 2
 # ASSUMED, not measured: what one host writes to Cloud Storage per second through Orbax
 # (tensorstore, many parallel requests). Only a real slice tells.
 WRITE_BYTES_PER_S_PER_HOST = 1e9
@@ -51,12 +56,17 @@ class StopCost:
     step_s: float
     steps_per_chunk: int
     chunks_s: float  # the at most two chunks that finish after the signal
-    write_s: float
+    write_s: float  # one checkpoint write
     hosts: int
 
     @property
+    def writes_s(self) -> float:
+        """The writes a stop may wait for (WRITES_AT_A_STOP)."""
+        return WRITES_AT_A_STOP * self.write_s
+
+    @property
     def total_s(self) -> float:
-        return self.chunks_s + self.write_s
+        return self.chunks_s + self.writes_s
 
     @property
     def fits(self) -> bool:
@@ -65,7 +75,7 @@ class StopCost:
     @property
     def first_s(self) -> float:
         """A stop while the first chunks after a start are timed (FIRST_CHUNK_STEPS each)."""
-        return 2 * FIRST_CHUNK_STEPS * self.step_s + self.write_s
+        return 2 * FIRST_CHUNK_STEPS * self.step_s + self.writes_s
 
 
 def hosts_of(kind: str, generation: str, chips: int) -> int:
@@ -99,9 +109,9 @@ def stop_cost(plan: Any) -> StopCost:
 def markdown(plans: Sequence[Any]) -> str:
     rows = [
         "| size | accelerator | hosts | step (s) | steps a chunk | 2 chunks (s) | "
-        f"checkpoint write (s) | stop (s) | within {NOTICE_S:.0f} s | "
-        "stop in the first chunks (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"checkpoint write (s) | {WRITES_AT_A_STOP} writes (s) | stop (s) | "
+        f"within {NOTICE_S:.0f} s | stop in the first chunks (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for plan in plans:
         cost = stop_cost(plan)
@@ -109,6 +119,6 @@ def markdown(plans: Sequence[Any]) -> str:
         rows.append(
             f"| {cost.size} | {cost.accelerator} | {cost.hosts} | {cost.step_s:.2f} | "
             f"{cost.steps_per_chunk} | {cost.chunks_s:.1f} | {cost.write_s:.1f} | "
-            f"{cost.total_s:.1f} | {lost} | {cost.first_s:.1f} |"
+            f"{cost.writes_s:.1f} | {cost.total_s:.1f} | {lost} | {cost.first_s:.1f} |"
         )
     return "\n".join(rows) + "\n"

@@ -42,16 +42,26 @@ fill-mask). The completion marker stays where it is for every family, `export/` 
 EXPORT_MARKER, written after both (infra's watchdog and `is_complete` look only there).
 
 The completion marker is written last; an export without it is replaced, never mixed.
+
+The files are made in a scratch directory of the job's own (`scratch_directory`: one per
+job, under the system's temporary directory), removed when the export ends, whatever ends
+it: an exception (a stop by signal at one of the export's stop points included), the slice
+guard's exit (backends/jax/distributed.py `_leave` calls `remove_scratch`), or, after a
+SIGKILL, the next export of the job, which removes what an earlier one left before it
+starts. No export leaves a directory behind to fill the disk.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -180,6 +190,38 @@ def save_tf_model(model: Any, family: str) -> Callable[[str], dict[str, np.ndarr
     return save
 
 
+SCRATCH_PREFIX = "tpu-payload-export-"
+_SCRATCH: set[Path] = set()
+
+
+def scratch_path(job: JobSpec) -> Path:
+    """The job's export scratch directory: the same at every start, so the next export
+    removes what one cut short by SIGKILL left."""
+    digest = hashlib.sha256(job.paths.export.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir(), f"{SCRATCH_PREFIX}{digest}")
+
+
+@contextlib.contextmanager
+def scratch_directory(job: JobSpec) -> Iterator[str]:
+    """A fresh, empty scratch directory for the export of `job`, removed afterwards."""
+    path = scratch_path(job)
+    shutil.rmtree(path, ignore_errors=True)  # an export cut short by SIGKILL
+    path.mkdir(parents=True)
+    _SCRATCH.add(path)
+    try:
+        yield str(path)
+    finally:
+        _SCRATCH.discard(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_scratch() -> None:
+    """Remove the scratch directory of an export in progress (a process that ends now, from
+    another thread, without unwinding the export)."""
+    for path in list(_SCRATCH):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def write_export(
     job: JobSpec,
     save_model: Callable[[str], Any],
@@ -187,18 +229,22 @@ def write_export(
     *,
     card: Any,
     summary: dict[str, Any],
+    stop_point: Callable[[], None] = lambda: None,
 ) -> None:
     """The model files (`save_model(directory)` writes them and returns the PyTorch state:
     `save_tf_model` on the TF backend, backends/jax/hf_weights.save_pretrained on JAX; for a
     family of EXPORT_PARTS, one subdirectory per part and {part: state}), the tokenizer and
     the model card in each model's directory, uploaded to `export/`, then the completion
     marker last, at `export/` itself. `card(parameters, part) -> str` renders a model card
-    once the parameter count is known (`part` None for a one-model family)."""
+    once the parameter count is known (`part` None for a one-model family). `stop_point()`
+    runs between the steps (the training's: a stop by signal raises there, and the scratch
+    directory goes with it); the marker is never written after one."""
     family = job.model.family
     marker = storage.join(job.paths.export, EXPORT_MARKER)
     storage.remove_tree(job.paths.export)
-    with tempfile.TemporaryDirectory(prefix="tpu-payload-export-") as tmp:
+    with scratch_directory(job) as tmp:
         saved = save_model(tmp)
+        stop_point()
         states: dict[str | None, dict[str, np.ndarray]] = (
             dict(saved) if family in EXPORT_PARTS else {None: saved}
         )
@@ -218,7 +264,9 @@ def write_export(
         beside = sorted({p.name for p in Path(tmp).iterdir()} - parts) if parts else []
         if beside:
             raise RuntimeError(f"export would hold {beside} beside its parts {sorted(parts)}")
+        stop_point()
         storage.upload_tree(tmp, job.paths.export)
+        stop_point()
     first = next(iter(states.values()))
     summary = {
         **summary,

@@ -628,4 +628,5 @@ def export_model(
         tokenizer_lib.load_tokenizer(job.paths.tokenizer),
         card=card,
         summary=export_summary(job, stats, backend),
+        stop_point=stop_point,
     )

@@ -224,6 +224,14 @@ def test_the_data_unit_waits_for_every_sources_bucket_paths_not_the_hub(stack_ru
     [
         ("2", "stopped", "not restarted (RestartPreventExitStatus=2)"),
         ("1", "restarting", "systemd restarts it in 60s"),
+        # The progress watchdog's exit (payload/backends/jax/progress.py HUNG_EXIT): a
+        # failure, restarted and counted, that says what it was.
+        (
+            "75",
+            "restarting",
+            "trainer ended (hung: no progress within its bound, the stacks in journalctl -u "
+            "tpu-pretrain-train; exit 75; failure 1 of 5",
+        ),
         ("0", "finished", "trainer finished"),
     ],
 )

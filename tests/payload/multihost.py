@@ -69,6 +69,7 @@ class Worker:
         worker: int,
         *,
         inject: tuple[str, str] | None = None,
+        processes: int = 2,
         **extra: str,
     ):
         logs.mkdir(parents=True, exist_ok=True)
@@ -80,7 +81,7 @@ class Worker:
                 [sys.executable, *driver, *command],
                 stdout=out,
                 stderr=err,
-                env=worker_env(port, worker, **extra),
+                env=worker_env(port, worker, processes, **extra),
                 start_new_session=True,
             )
 

@@ -61,3 +61,20 @@ def test_rejects_unknown_state(tmp_path: Path) -> None:
     status = StatusWriter(str(tmp_path / "s.json"), "j")
     with pytest.raises(ValueError, match="state"):
         status.update(stage="x", state="done")
+
+
+def test_a_hang_is_its_own_state_naming_the_phase(status_path: str) -> None:
+    """The progress watchdog's end (payload/backends/jax/progress.py): state `hung`, the
+    phase in last_error, the stage ended; the restart's `running` replaces it."""
+    status = StatusWriter(status_path, "job-h", min_interval_s=3600)
+    status.update(stage="train", progress=0.25, step=4)
+    status.hung(stage="train", phase="checkpoint", error="error: process 1 of the slice hung")
+    doc = _read(status_path)
+    assert (doc["stage"], doc["state"]) == ("train", "hung")
+    assert doc["last_error"]["phase"] == "checkpoint"
+    assert doc["last_error"]["error"] == "error: process 1 of the slice hung"
+    assert doc["stages"]["train"]["state"] == "hung" and "finished_at" in doc["stages"]["train"]
+    again = StatusWriter(status_path, "job-h")
+    again.update(stage="train", message="starting")
+    doc = _read(status_path)
+    assert doc["state"] == "running" and doc["last_error"]["phase"] == "checkpoint"

@@ -114,7 +114,7 @@ newest_checkpoint() {
 # job sets forbid_restart even while the unit runs its ExecStopPost (systemd
 # src/core/service.c service_stop: "Don't create restart jobs from manual stops").
 trainer_stopped() {
-  local code="${EXIT_STATUS:-}" failures=0 seen="" newest
+  local code="${EXIT_STATUS:-}" failures=0 seen="" newest why
   case "${code}" in
     0)
       rm -f "${TRAINER_FAILURES}"
@@ -128,6 +128,13 @@ trainer_stopped() {
       write_status restarting "trainer stopped by a signal (${SERVICE_RESULT:-unknown}, exit ${code}); systemd restarts it in 60s and it resumes from the last checkpoint"
       ;;
     *)
+      # 75: the payload's progress watchdog (payload/backends/jax/progress.py HUNG_EXIT): no
+      # progress within its bound, every thread's stack in the journal. A failure like any
+      # other: restarted, and counted (a host that hangs at every start is stopped).
+      why="${SERVICE_RESULT:-unknown}, exit ${code:-none}"
+      if [ "${code}" = 75 ]; then
+        why="hung: no progress within its bound, the stacks in journalctl -u tpu-pretrain-train; exit 75"
+      fi
       newest="$(newest_checkpoint)"
       if [ -f "${TRAINER_FAILURES}" ]; then
         read -r failures seen <"${TRAINER_FAILURES}" || true
@@ -139,12 +146,12 @@ trainer_stopped() {
       failures=$((failures + 1))
       if [ "${failures}" -ge "${TRAINER_FAILURES_MAX}" ]; then
         rm -f "${TRAINER_FAILURES}" # a restart by hand counts afresh
-        trainer_gave_up "trainer failed ${failures} times in a row without a newer checkpoint (newest: ${newest}; last: ${SERVICE_RESULT:-unknown}, exit ${code:-none}); not restarted: see journalctl -u tpu-pretrain-train and last_error in ${STATUS_URI}, fix it, then sudo systemctl restart tpu-pretrain-train"
+        trainer_gave_up "trainer failed ${failures} times in a row without a newer checkpoint (newest: ${newest}; last: ${why}); not restarted: see journalctl -u tpu-pretrain-train and last_error in ${STATUS_URI}, fix it, then sudo systemctl restart tpu-pretrain-train"
         systemctl --no-block stop tpu-pretrain-train.service || log "could not stop tpu-pretrain-train.service"
         return 0
       fi
       printf '%s %s\n' "${failures}" "${newest}" >"${TRAINER_FAILURES}"
-      write_status restarting "trainer ended (${SERVICE_RESULT:-unknown}, exit ${code:-none}; failure ${failures} of ${TRAINER_FAILURES_MAX} in a row without a newer checkpoint, newest: ${newest}); systemd restarts it in 60s and it resumes from the last checkpoint"
+      write_status restarting "trainer ended (${why}; failure ${failures} of ${TRAINER_FAILURES_MAX} in a row without a newer checkpoint, newest: ${newest}); systemd restarts it in 60s and it resumes from the last checkpoint"
       ;;
   esac
 }

@@ -23,8 +23,10 @@ from typing import Any
 
 import jax
 
-from payload.core import errors
+from payload.backends.jax import joining, progress
+from payload.core import errors, storage
 from payload.core.errors import UserError
+from payload.training import export as export_lib
 from payload.training import shared
 
 ENV = "TPU_PAYLOAD_JAX_DISTRIBUTED"
@@ -52,19 +54,26 @@ def parse(value: str) -> tuple[str, int, int] | None:
 def initialize_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     """Join the other processes if the environment says so (before any other JAX call), with
     the coordination service's heartbeat and shutdown timeouts of this module (a host that
-    dies without a word ends the others within HEARTBEAT_TIMEOUT_S)."""
+    dies without a word ends the others within HEARTBEAT_TIMEOUT_S). The join itself is
+    bounded (joining.py): a process that is not joined by then says which host it waits for
+    and exits 1."""
     value = environ.get(ENV, "")
     if not value:
         return False
     explicit = parse(value)
     address, count, index = explicit if explicit is not None else (None, None, None)
+    timeout = joining.timeout(environ)
+    joined = joining.watch(timeout, _state)
     jax.distributed.initialize(
         coordinator_address=address,
         num_processes=count,
         process_id=index,
+        # JAX's own bound (it aborts the process, SIGABRT, naming nobody) comes after ours.
+        initialization_timeout=int(timeout + joining.MARGIN_S),
         heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
         shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
     )
+    joined.set()
     return True
 
 
@@ -116,6 +125,9 @@ ABORT_SEEN = f"{PREFIX}/abort-seen"
 # ERROR_KIND (anything else: a bug, device out of memory, a timeout).
 SIGNAL_KIND = "signal"
 ERROR_KIND = "error"
+# A process whose progress watchdog fired (progress.py): every process leaves at once with
+# progress.HUNG_EXIT and the same line; the chief's status.json says `hung` and the phase.
+HUNG_KIND = "hung"
 # Exit codes by class, as the CLI gives them (payload/cli.py).
 USER_ERROR_EXIT, ERROR_EXIT = 2, 1
 
@@ -177,6 +189,7 @@ class _Abort:
         doc = json.loads(entry)
         self.index, self.kind, self.code = index, str(doc["kind"]), int(doc["code"])
         self.message, self.line = str(doc["message"]), str(doc["line"])
+        self.phase: str | None = str(doc["phase"]) if self.kind == HUNG_KIND else None
 
     def raised_here(self) -> BaseException:
         """The exception this process leaves with (its line logged first where the CLI
@@ -188,6 +201,8 @@ class _Abort:
         if self.kind == ERROR_KIND:
             shared.log(self.line)
             return PeerFailed(self.line)
+        if self.kind == HUNG_KIND:  # nothing to save: this process ends here, as its guard would
+            SliceGuard.end_now(self.code, self.line, self.phase)
         exc = _user_error(self.kind, self.message)
         exc.__cause__ = PeerAbortError(f"process {self.index}")
         return exc
@@ -383,11 +398,12 @@ def leave_with(exc: BaseException) -> None:
         _name_host(exc, me)
     if _from_peer(exc):
         _acknowledge(client, me)
-        return
-    entry = _entry_of(exc, me)
-    if entry["kind"] == ERROR_KIND:
-        shared.log(entry["line"])
-    _publish(client, me, entry)
+    else:
+        entry = _entry_of(exc, me)
+        if entry["kind"] == ERROR_KIND:
+            shared.log(entry["line"])
+        _publish(client, me, entry)
+    SliceGuard.published()
 
 
 def _acknowledge(client: Any, me: int) -> None:
@@ -428,6 +444,7 @@ def _leave(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed stream: nothing to flush
             stream.flush()
+    export_lib.remove_scratch()  # an export cut short here leaves no directory behind
     if _joined():
         with contextlib.suppress(Exception):  # the service is gone: nothing to wait for
             jax.distributed.shutdown()
@@ -451,27 +468,47 @@ class SliceGuard:
     - another process's abort (its exit, any class): read within GUARD_POLL_S, marked as
       read; if the main thread has not left with it within GUARD_GRACE_S (it may wait inside
       a device collective for the process that left, which no abort reaches), the guard
-      prints the same line and exits with the same code;
+      prints the same line and exits with the same code (a hang: at once, status `hung`);
+    - no progress within the bound of the main thread's phase (`watch`, progress.py; also
+      with one process): every thread's stack to the log, the other processes told (an
+      abort of class hung), exit progress.HUNG_EXIT (`_hung`);
     - once the main thread is leaving (`leaving`), only a backstop: a process still alive
-      long after it should have ended is ended.
+      long after it should have ended is ended; and once it has published its exit
+      (`published`), what it still does before the shutdown barrier (the chief's status
+      write, the lease) is cut after LEAVE_WORK_S, so it reaches the barrier in time.
+
+    A failed call to the coordination service (an RPC) does not end the guard: it tries
+    again at every poll and ends the process (exit 1) once the service has not answered for
+    GUARD_GIVE_UP_S (by then the service has declared this process dead anyway).
 
     Ending the process from here passes the coordination service's shutdown barrier with
     the other processes (`_leave`) and skips the rest of Python's cleanup; nothing is
     half-written by that (outputs are written whole and moved into place, an unfinished
-    Orbax checkpoint is ignored at the next start), and a hook may record the failure
-    (`on_exit`: the chief's status.json)."""
+    Orbax checkpoint is ignored at the next start, the export's scratch directory is removed
+    in `_leave`), and hooks record the failure (`on_exit`, `on_hang`: the chief's
+    status.json), bounded by STATUS_WRITE_S."""
 
     _current: SliceGuard | None = None
 
-    def __init__(self, on_exit: Callable[[str], None] | None = None):
-        self.on_exit = on_exit
+    def __init__(
+        self,
+        on_exit: Callable[[str], None] | None = None,
+        *,
+        on_hang: Callable[[str, str], None] | None = None,
+        watch: progress.Watch | None = None,
+    ):
+        self.on_exit, self.on_hang, self.watch = on_exit, on_hang, watch
         self._closed = threading.Event()
-        self._leaving: tuple[int, float] | None = None
+        self._leaving: tuple[int, float] | None = None  # (exit code, backstop time)
+        self._work_deadline: float | None = None  # set once the exit is published
+        self._pending: tuple[int, str, str | None] | None = None  # (code, line, hung phase)
+        self._deadline = self._next_poll = 0.0
+        self._failing_since: float | None = None
         self._thread = threading.Thread(target=self._run, name="slice-guard", daemon=True)
 
     @classmethod
-    def start(cls) -> SliceGuard:
-        guard = cls()
+    def start(cls, watch: progress.Watch | None = None) -> SliceGuard:
+        guard = cls(watch=watch)
         cls._current = guard
         guard._thread.start()
         return guard
@@ -488,6 +525,17 @@ class SliceGuard:
             guard._leaving = (code, time.monotonic() + cls.BACKSTOP_S)
 
     @classmethod
+    def published(cls) -> None:
+        """The main thread has told the other processes (or read their abort): they are on
+        their way into the shutdown barrier, which waits SHUTDOWN_TIMEOUT_S for this one.
+        What it still does first is cut after LEAVE_WORK_S; storage's retries are shortened
+        to fit."""
+        guard = cls._current
+        if guard is not None and guard._work_deadline is None:
+            guard._work_deadline = time.monotonic() + LEAVE_WORK_S
+        storage.set_retry_deadline(min(storage.RETRY_DEADLINE_S, LEAVE_WORK_S / 2))
+
+    @classmethod
     def stop(cls) -> None:
         """Close the current guard, if any."""
         if cls._current is not None:
@@ -499,52 +547,149 @@ class SliceGuard:
             SliceGuard._current = None
 
     def _run(self) -> None:
-        pending: tuple[int, str] | None = None  # (exit code, line) the guard would end with
-        deadline = next_poll = 0.0
         while not self._closed.wait(POLL_LAST_S):
-            now = time.monotonic()
-            if self._leaving is not None:
-                code, backstop = self._leaving
-                if now > backstop and _joined():
-                    shared.log(f"train: still running {self.BACKSTOP_S:.0f} s after leaving")
-                    _leave(code)
-                continue
-            try:
-                if pending is None and shared.STOP.at_once():
-                    pending = self._signalled(int(shared.STOP.signum or 0))
-                    deadline = now + GUARD_GRACE_S
-                elif pending is None and _joined() and now >= next_poll:
-                    next_poll = now + GUARD_POLL_S
-                    abort = _peer_abort(_state().client)
-                    if abort is not None:
-                        pending = (abort.code, abort.hard_exit_line())
-                        deadline = now + GUARD_GRACE_S
-            except Exception as failure:  # the service is gone: the client ends the process
-                shared.log(f"train: the slice guard cannot reach the other processes ({failure})")
-                return
-            if pending is not None and now > deadline and self._leaving is None:
-                self._end(*pending)
+            self._tick(time.monotonic())
 
-    def _signalled(self, signum: int) -> tuple[int, str]:
-        """A stop by signal outside a loop's agreement: tell the others now."""
+    def _tick(self, now: float) -> None:
+        """One look: the main thread's exit, its progress, a signal, the others' aborts."""
+        if self._leaving is not None:
+            code, backstop = self._leaving
+            if now > backstop and _joined():
+                shared.log(f"train: still running {self.BACKSTOP_S:.0f} s after leaving")
+                _leave(code)
+            work = self._work_deadline
+            if work is not None and now > work and _joined():
+                shared.log(
+                    f"train: leaving now: the work after this process told the others took "
+                    f"over {LEAVE_WORK_S:.0f} s (the shutdown barrier waits "
+                    f"{SHUTDOWN_TIMEOUT_S:.0f} s)"
+                )
+                _leave(code)
+            return
+        late = self.watch.overdue() if self.watch is not None else None
+        if late is not None and self._pending is None:
+            self._hung(late)
+            return
+        try:
+            self._look(now)
+        except Exception as failure:  # the service does not answer: again at the next poll
+            self._unreachable(now, failure)
+        else:
+            self._failing_since = None
+        pending = self._pending
+        if pending is not None and (now > self._deadline or pending[2] is not None):
+            self._end(*pending)
+
+    def _look(self, now: float) -> None:
+        if self._pending is None and shared.STOP.at_once():
+            self._deadline = now + GUARD_GRACE_S
+            self._signalled(int(shared.STOP.signum or 0))
+        elif self._pending is None and _joined() and now >= self._next_poll:
+            self._next_poll = now + GUARD_POLL_S
+            abort = _peer_abort(_state().client)
+            if abort is not None:
+                self._pending = (abort.code, abort.hard_exit_line(), abort.phase)
+                self._deadline = now + GUARD_GRACE_S
+
+    def _unreachable(self, now: float, failure: Exception) -> None:
+        if self._failing_since is None:
+            self._failing_since = now
+            shared.log(
+                f"train: the slice guard cannot reach the coordination service ({failure}); "
+                f"trying again every {GUARD_POLL_S} s for up to {GUARD_GIVE_UP_S:.0f} s"
+            )
+        elif now - self._failing_since > GUARD_GIVE_UP_S and self._pending is None:
+            me = _state().process_id
+            line = (
+                f"error: process {me} of the slice cannot reach the coordination service "
+                f"(process 0) for {GUARD_GIVE_UP_S:.0f} s ({_one_line(failure)}); leaving, "
+                f"exit {ERROR_EXIT}"
+            )
+            self._end(ERROR_EXIT, line, None)
+
+    def _signalled(self, signum: int) -> None:
+        """A stop by signal outside a loop's agreement: tell the others now (the exit does
+        not wait for that call: it is decided first)."""
         message = shared.stop_message(signum)
+        self._pending = (128 + signum, f"train: {message}", None)
         if _joined():
             state = _state()
             entry = {"kind": SIGNAL_KIND, "code": 128 + signum, "message": message, "line": message}
             state.client.key_value_set(
                 f"{ABORT}/{state.process_id}", json.dumps(entry), allow_overwrite=True
             )
-        return 128 + signum, f"train: {message}"
 
-    def _end(self, code: int, line: str) -> None:
+    def _hung(self, late: progress.Late) -> None:
+        """No progress within the phase's bound: the stacks, the others told, exit. When
+        another process's hang is already published (every host of a slice waits on the
+        same stalled collective), this one leaves with that one's line."""
+        joined = _joined()
+        me, count = (_state().process_id, _state().num_processes) if joined else (0, 1)
+        with contextlib.suppress(Exception):  # the service does not answer: our own line
+            first = _peer_abort(_state().client) if joined else None
+            if first is not None and first.kind == HUNG_KIND:
+                self._end(first.code, first.line, first.phase)
+        line = late.line(me, count)
         shared.log(line)
-        if self.on_exit is not None:
-            try:
-                self.on_exit(line)
-            except Exception as failure:
-                shared.log(f"train: could not record the failure ({failure})")
-        self._leaving = (code, time.monotonic())
+        progress.dump_stacks()
+        self._leaving = (progress.HUNG_EXIT, time.monotonic() + self.BACKSTOP_S)
+        self._record(line, late.phase)
+        if joined:
+            entry = {"kind": HUNG_KIND, "code": progress.HUNG_EXIT, "message": line,
+                     "line": line, "phase": late.phase}  # fmt: skip
+            _publish(_state().client, me, entry)
+        _leave(progress.HUNG_EXIT)
+
+    def _end(self, code: int, line: str, phase: str | None) -> None:
+        shared.log(line)
+        if phase is not None:  # another process hung: where this one waited for it
+            progress.dump_stacks()
+        self._leaving = (code, time.monotonic() + self.BACKSTOP_S)
+        self._record(line, phase)
         _leave(code)
+
+    def _record(self, line: str, phase: str | None) -> None:
+        """The failure in the chief's status.json (hung, with the phase, or failed),
+        bounded: a status write that hangs must not keep the process from the barrier."""
+        if phase is not None and self.on_hang is not None:
+            hang = self.on_hang
+            _bounded(lambda: hang(phase, line), STATUS_WRITE_S, "record the hang")
+        elif phase is None and self.on_exit is not None:
+            on_exit = self.on_exit
+            _bounded(lambda: on_exit(line), STATUS_WRITE_S, "record the failure")
+
+    @classmethod
+    def end_now(cls, code: int, line: str, phase: str | None) -> None:
+        """End this process now, from the main thread, as the guard would (a peer's hang
+        read at an agreement: nothing is left to save)."""
+        guard = cls._current or cls()
+        guard._end(code, line, phase)
+
+
+# What a process that leaves still does after it told the others (the chief's status.json,
+# the lease's release), at most, before it enters the shutdown barrier.
+LEAVE_WORK_S = 20.0
+# How long the guard keeps trying to reach the coordination service before it ends the
+# process (the service declares a process dead after HEARTBEAT_TIMEOUT_S without a word).
+GUARD_GIVE_UP_S = float(HEARTBEAT_TIMEOUT_S)
+# How long a status write may take when the guard records a failure or a hang.
+STATUS_WRITE_S = 15.0
+
+
+def _bounded(work: Callable[[], None], seconds: float, what: str) -> None:
+    """Run `work` in a daemon thread and wait for it at most `seconds`."""
+
+    def run() -> None:
+        try:
+            work()
+        except Exception as failure:
+            shared.log(f"train: could not {what} ({failure})")
+
+    thread = threading.Thread(target=run, name=what, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        shared.log(f"train: could not {what} within {seconds:.0f} s; leaving without it")
 
 
 def after_chief(name: str, is_chief: bool, work: Callable[[], None], *, timeout_s: float) -> None:

@@ -51,7 +51,15 @@ from tqdm import tqdm  # noqa: E402
 
 from payload.backends.jax import batches as batches_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
-from payload.backends.jax import compile_cache, distributed, hf_weights, models, steps  # noqa: E402
+from payload.backends.jax import (  # noqa: E402  # noqa: E402
+    compile_cache,
+    distributed,
+    finish,
+    hf_weights,
+    models,
+    progress,
+    steps,
+)
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import program as program_lib  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
@@ -103,8 +111,12 @@ def train(
             training.log(f"train: SIGTERM's handler was replaced by {replaced} {where}")
         written = status  # the chief's status.json (the others' is never written)
         guard.on_exit = lambda line: written.fail(stage="train", error=line)
+        guard.on_hang = lambda phase, line: written.hung(stage="train", phase=phase, error=line)
+        # The progress watchdog (progress.py), read by the guard: bounds for a state of no
+        # size until the model is known (_train sets them).
+        guard.watch = watch = progress.Watch(progress.Bounds.of(0, 1))
         cache = compile_cache.enable(storage.join(job.output, COMPILATION_CACHE))
-        stats = _train(job, status, input_pipelines, cache)
+        stats = _train(job, status, input_pipelines, cache, watch)
     except BaseException as exc:
         distributed.leave_with(exc)
         raise
@@ -117,6 +129,7 @@ def _train(
     status: StatusWriter,
     input_pipelines: int | None,
     cache: tuple[str, compile_cache.CacheCounts],
+    watch: progress.Watch,
 ) -> dict[str, Any]:
     status.update(stage="train", message="verifying data")
     spec = job.train
@@ -138,16 +151,19 @@ def _train(
     distributed.agree_on_checks(
         "run checks", lambda: _check_run(job, manifest, config, layout=layout, rt=rt)
     )
+    watch.bounds = _bounds(layout, rt)
 
-    step, restored = _restore_or_start(
-        job, manifest, config, model=model, optimizer=optimizer, layout=layout, rt=rt
-    )
+    with watch.during("restore"):
+        step, restored = _restore_or_start(
+            job, manifest, config, model=model, optimizer=optimizer, layout=layout, rt=rt
+        )
     files = pipelines.files(job, manifest, spec.global_batch_size)
     training.log(
         f"train: process {rt.process_index} of {rt.process_count} reads {len(files)} of "
         f"{len(manifest.shards)} training shards: {', '.join(files)}"
     )
     training.stop_point()
+    watch.enter("compile")  # tracing and compiling, up to the first finished chunk
     programs = _programs(job, manifest, config, rt)
     # Created sharded (mesh.sharded_distribution) as the programs expect; a value Keras left
     # uncommitted (on one device) goes where the programs take it.
@@ -168,41 +184,56 @@ def _train(
         if manifest.eval_records
         else None
     )
+    group = None  # the length of the loop's last chunk: the final evaluation's groups
     try:
         if step < spec.steps:
             loop = _TrainLoop(
-                job,
-                manifest,
-                rt,
-                model=model,
-                optimizer=optimizer,
-                layout=layout,
-                pipelines=pipelines,
-                evaluator=evaluator,
-                programs=programs,
-            )
+                job, manifest, rt, model=model, optimizer=optimizer, layout=layout,
+                pipelines=pipelines, evaluator=evaluator, programs=programs, watch=watch,
+            )  # fmt: skip
             with loop:  # waits for the last checkpoint's write, also on SIGTERM or an error
                 state, results = loop.run(state, status, step)
             stats.update(results)
+            group = loop.group
         stats["step"] = int(np.asarray(state.optimizer[0]))  # iterations, the step counter
         training.stop_point()  # a signal after the loop's last agreement
-        if evaluator is not None:
-            stats.update(evaluator.evaluate(stats["step"], state) or {})  # the final evaluation
+        if evaluator is not None:  # the final evaluation: a stop point that resumes
+            stats.update(
+                finish.final_evaluation(
+                    evaluator, stats["step"], state, group=group or rt.steps_per_execution,
+                    checkpoint=storage.join(job.paths.checkpoints, str(stats["step"])),
+                    status=status, watch=watch,
+                ) or {}
+            )  # fmt: skip
     finally:
         if evaluator is not None:
             evaluator.close()
 
-    directory, counts = cache
-    training.log(
-        f"train: compilation cache {directory}: {counts.describe()['loaded']} programs loaded, "
-        f"{counts.describe()['compiled']} compiled (JAX's persistent cache; "
-        f"{counts.describe()['saved_s']} s of compiling saved)"
-    )
+    _log_cache(*cache)
     # Every process: the weights the export writes, gathered one at a time (with sharded
     # state a gather is a collective every process joins before the chief writes).
-    weights = _gathered_weights(model, state)
-    _export_together(job, model, stats, weights=weights, manifest=manifest, rt=rt, status=status)
+    with watch.during("export"):  # the gathers, the chief's write and upload, the others' wait
+        weights = _gathered_weights(model, state)
+        _export_together(
+            job, model, stats, weights=weights, manifest=manifest, rt=rt, status=status
+        )
     return stats
+
+
+def _bounds(layout: checkpoints.Layout, rt: Runtime) -> progress.Bounds:
+    """The progress watchdog's bounds for this run's state (logged)."""
+    bounds = progress.Bounds.of(layout.nbytes(), rt.process_count)
+    training.log(f"train: progress bounds (progress.py): {json.dumps(bounds.describe())}")
+    return bounds
+
+
+def _log_cache(directory: str, counts: compile_cache.CacheCounts) -> None:
+    described = counts.describe()
+    training.log(
+        f"train: compilation cache {directory}: {described['loaded']} programs loaded, "
+        f"{described['compiled']} compiled (JAX's persistent cache; "
+        f"{described['saved_s']} s of compiling saved)"
+    )
 
 
 def _join(status: StatusWriter) -> StatusWriter:
@@ -406,8 +437,11 @@ class _TrainLoop:
         pipelines: Pipelines,
         evaluator: Evaluator | None,
         programs: program_lib.Programs,
+        watch: progress.Watch,
     ):
         self.job, self.manifest, self.rt = job, manifest, rt
+        self.watch = watch
+        self.group: int | None = None  # the last agreed chunk length
         self.model, self.optimizer, self.layout = model, optimizer, layout
         self.pipelines, self.evaluator = pipelines, evaluator
         self.spec = job.train
@@ -468,9 +502,21 @@ class _TrainLoop:
     ) -> training.TrainingInterrupted:
         """Preemption/shutdown: this step's checkpoint is being written; once it is, on every
         process, exit like the signal."""
+        self.watch.enter("checkpoint")
         self.store.wait()
         distributed.barrier(f"stopped/{step}")
         return training.interrupted(signum, step, self.last_checkpoint or "(process 0's)", status)
+
+    def _committed(self, step: int, status: StatusWriter) -> None:
+        """The final checkpoint's write, inside the loop's deferred stop: a signal while it
+        is in flight (after the loop's last agreement) is agreed once it is written, as in
+        the loop, and every process exits 128 + the signal with it committed (before, the
+        guard ended every process within GUARD_GRACE_S and the write was lost)."""
+        self.watch.enter("checkpoint")
+        self.store.wait()
+        signum, _ = distributed.agree_on_stop(f"stop/final/{step}", training.STOP.signum, None)
+        if signum is not None:
+            raise self._stopped(signum, step, status)
 
     def run(
         self, state: steps.TrainState, status: StatusWriter, start_step: int
@@ -485,7 +531,9 @@ class _TrainLoop:
         length whatever it measured. An in-loop evaluation agrees on stopping between groups
         of batches too (`_evaluate`)."""
         with training.deferred_stop():
-            return self._run(state, status, start_step)
+            state, results = self._run(state, status, start_step)
+            self._committed(self.spec.steps, status)
+        return state, results
 
     def _run(
         self, state: steps.TrainState, status: StatusWriter, start_step: int
@@ -521,6 +569,7 @@ class _TrainLoop:
 
         def report(start: int, n: int, metrics: dict[str, Any]) -> None:
             self._report(meter, start, n, metrics)
+            self.watch.finished()
             timer.chunk_done(n)
             bar.update(n)
             bar.set_postfix(loss=f"{meter.loss:.4f}")
@@ -531,6 +580,7 @@ class _TrainLoop:
         def agree(step: int) -> tuple[int | None, int]:
             proposal = chunk_after(step) if step < total else None
             signum, n = distributed.agree_on_stop(f"stop/{step}", training.STOP.signum, proposal)
+            self.group = n or self.group
             return signum, n or 0
 
         try:
@@ -540,6 +590,7 @@ class _TrainLoop:
             ready = load(n)
             pending: tuple[int, int, dict[str, Any]] | None = None  # dispatched, not reported
             while step < total:
+                progress.stall_point(step)  # a test hook (progress.STALL_ENV)
                 state, metrics = self.train_chunk(state, ready, np.int32(n))  # dispatched
                 chunk, step = (step, n, metrics), step + n
                 if pending is not None:
@@ -586,14 +637,18 @@ class _TrainLoop:
         """A chunk ended at a checkpoint, an evaluation or an agreed stop: save, evaluate
         (which a stop may cut short: then this step is saved), or stop."""
         if checkpoint or signum is not None:
-            self.save(state, step)
-        if signum is None and evaluation:
-            signum = self._evaluate(step, state, group=group)
-            if signum is not None and not checkpoint:
+            with self.watch.during("checkpoint"):  # a save waits for the write before it
                 self.save(state, step)
+        if signum is None and evaluation:
+            with self.watch.during("evaluate"):
+                signum = self._evaluate(step, state, group=group)
+            if signum is not None and not checkpoint:
+                with self.watch.during("checkpoint"):
+                    self.save(state, step)
             meter.exclude_pause()
         if signum is not None:
             raise self._stopped(signum, step, status)
+        self.watch.enter("train")
 
     def _evaluate(self, step: int, state: steps.TrainState, *, group: int) -> int | None:
         """The in-loop evaluation at `step`, in groups of `group` batches (the agreed chunk
@@ -606,6 +661,7 @@ class _TrainLoop:
         stopped: list[int] = []
 
         def stop(done: int) -> bool:
+            self.watch.finished()  # a group of batches
             signum = self._evaluation_stop(step, done)
             if signum is not None:
                 stopped.append(signum)

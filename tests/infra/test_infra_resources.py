@@ -16,6 +16,7 @@ import yaml
 from harness import by_name, depends_on, of_type, one, run_offline, startup_script, tpu_stack_names
 
 from infra import jobspec, wgkeys
+from infra.catalogs import tpu as tpu_catalog
 from infra.catalogs.vpn_hop import default_hop_zones
 from infra.components.recovery import RECOVERY_ROLE_ID
 from infra.render import render
@@ -247,7 +248,11 @@ def test_firewall(run):
     accelerator VM never reach each other (they meet in the bucket); only a slice's hosts
     reach one another; TensorBoard is the controller's alone."""
     rules = {r.name: r.inputs for r in of_type(run.resources, FIREWALL)}
-    slice_hosts = run.stack == "v4-32-usc2"  # the one multi-host stack here (4 TPU VMs)
+    tpus = of_type(run.resources, V2VM)
+    slice_hosts = (
+        bool(tpus)
+        and tpu_catalog.load_catalog().slice_of(tpus[0].inputs["acceleratorType"]) is not None
+    )  # a multi-host slice (catalogs/tpu.yaml `slices:`)
     vpc = one(run.resources, "gcp:compute/network:Network").inputs["name"]
     logged = {"logConfig": {"metadata": "INCLUDE_ALL_METADATA"}}
     common = {"project": "tpu-pretrain-test", "direction": "INGRESS"}

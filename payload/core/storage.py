@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from payload.core.errors import DiskFullError, StorageError, StorageUnavailableError
+from payload.core.errors import DiskFullError, StorageError, StorageUnavailableError, UserError
 
 GCS_SCHEME = "gs://"
 RETRY_DEADLINE_S = 120.0
@@ -767,6 +767,17 @@ def is_disk_full(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def as_disk_full(exc: BaseException, where: str) -> DiskFullError | None:
+    """`exc` as the DiskFullError the user must fix when it is a full disk that is not one
+    already (`disk_full` under the directory of the file it names, else `where`); None for
+    anything else. One rule for every stage and every host of a slice: a full disk is
+    never published as a bug."""
+    if not isinstance(exc, Exception) or isinstance(exc, UserError) or not is_disk_full(exc):
+        return None
+    filename = getattr(exc, "filename", None)
+    return disk_full(exc, str(Path(filename).parent) if filename else where)
 
 
 def disk_full(exc: BaseException, path: str, *, need: int | None = None) -> DiskFullError:

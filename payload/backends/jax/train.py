@@ -106,8 +106,13 @@ def train(
         cache = compile_cache.enable(storage.join(job.output, COMPILATION_CACHE))
         stats = _train(job, status, input_pipelines, cache)
     except BaseException as exc:
-        distributed.leave_with(exc)
-        raise
+        # A full disk is the user's to fix on this host as on every other (not a bug first,
+        # relabelled later), and the slice leaves with the class of the first abort.
+        full = storage.as_disk_full(exc, job.paths.checkpoints)
+        leaving = distributed.leave_with(full or exc)
+        if leaving is exc:
+            raise
+        raise leaving from (exc if leaving is full else leaving.__cause__)
     guard.close()
     return stats
 

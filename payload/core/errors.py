@@ -39,6 +39,11 @@ class DiskFullError(StorageError):
     """No space left (ENOSPC, EDQUOT) where a stage writes, or too little before it starts."""
 
 
+class SliceError(UserError):
+    """The hosts of a slice do not run one program (payload, job, data, restored step,
+    programs) or do not share one output."""
+
+
 class TransientError(Exception):
     """An infrastructure failure a restart may fix, not the user's to fix and not a bug: the
     CLI prints 'error: <msg>' and exits TRANSIENT_EXIT."""

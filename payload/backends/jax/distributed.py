@@ -362,7 +362,10 @@ def _classified_error(kind: str, code: int, message: str) -> UserError | Transie
 
 def _name_host(exc: UserError | TransientError, index: int) -> None:
     """On a slice a user error's (or a transient failure's) line names the process it
-    happened on, the same on every host (`error: process 1 of the slice: ...`)."""
+    happened on, the same on every host (`error: process 1 of the slice: ...`); not a
+    SliceError's, which compares every host."""
+    if isinstance(exc, errors.SliceError):  # every host found it, none caused it alone
+        return
     if _joined() and not str(exc).startswith("process "):
         exc.args = (f"process {index} of the slice: {exc}",)
 

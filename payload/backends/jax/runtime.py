@@ -24,7 +24,7 @@ from payload.backends.jax import attention as attention_lib
 from payload.backends.jax import distributed
 from payload.backends.jax import mesh as mesh_lib
 from payload.core import hosts
-from payload.core.errors import SpecError
+from payload.core.errors import SliceError, SpecError
 from payload.model import kernels
 
 BACKEND = "jax"
@@ -231,7 +231,7 @@ def check_same_mesh(mesh_plan: mesh_lib.MeshPlan) -> None:
     plans = distributed.gather_strings("mesh-plan", mine)
     if len(set(plans)) > 1:
         listed = "; ".join(f"process {i}: {p}" for i, p in enumerate(plans))
-        raise SpecError(
+        raise SliceError(
             f"the processes of this slice planned different meshes ({listed}); every host "
             "must run the same payload and job"
         )

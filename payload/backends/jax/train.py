@@ -49,9 +49,16 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from payload.backends.jax import (  # noqa: E402
+    agreement,
+    compile_cache,
+    distributed,
+    hf_weights,
+    models,
+    steps,
+)
 from payload.backends.jax import batches as batches_lib  # noqa: E402
 from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
-from payload.backends.jax import compile_cache, distributed, hf_weights, models, steps  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import program as program_lib  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
@@ -103,6 +110,7 @@ def train(
             training.log(f"train: SIGTERM's handler was replaced by {replaced} {where}")
         written = status  # the chief's status.json (the others' is never written)
         guard.on_exit = lambda line: written.fail(stage="train", error=line)
+        agreement.check_shared_output(job)
         cache = compile_cache.enable(storage.join(job.output, COMPILATION_CACHE))
         stats = _train(job, status, input_pipelines, cache)
     except BaseException as exc:
@@ -126,6 +134,7 @@ def _train(
     status.update(stage="train", message="verifying data")
     spec = job.train
     manifest = _loaded_manifest(job)
+    digest = agreement.agree_on_start(job, manifest)  # one payload, job, data, checkpoint
     config = configs.config_for(job, manifest)
     rt = _runtime(job, manifest, config)
     pipelines = Pipelines(rt, input_pipelines)
@@ -154,6 +163,7 @@ def _train(
     )
     training.stop_point()
     programs = _programs(job, manifest, config, rt)
+    agreement.agree_on_programs(digest, programs.fingerprints(), restored)
     # Created sharded (mesh.sharded_distribution) as the programs expect; a value Keras left
     # uncommitted (on one device) goes where the programs take it.
     state = jax.device_put(steps.TrainState.of(model, optimizer), programs.state_shardings)

@@ -67,10 +67,12 @@ def test_hosts_that_see_different_memory_and_chunk_budgets_agree_and_finish(
     """Process 0 sees a large chip, process 1 a small one: alone, 0 would plan data
     parallelism and 1 FSDP, compile different programs and hang in the first collective.
     Process 1 is also told a chunk budget (one step a chunk) that process 0 is not (8): a
-    chunk of another length on one host would hang both in its collectives. Both log the
-    same digest of what shapes the run (backends/jax/agreement.py). Then a slow export (the
-    chief waits at a gate the test opens, backends/jax/train.py EXPORT_GATE_ENV): the other
-    process waits for it instead of exiting, then both exit 0 with the export complete."""
+    chunk of another length on one host would hang both in its collectives. Process 1's
+    SIGTERM handler is replaced during its compile and again by its first step (as libtpu
+    may): it is taken back, and said, each time. Both log the same digest of what shapes
+    the run (backends/jax/agreement.py). Then a slow export (the chief waits at a gate the
+    test opens, backends/jax/train.py EXPORT_GATE_ENV): the other process waits for it
+    instead of exiting, then both exit 0 with the export complete."""
     job = copy_job(prepared, tmp_path, steps=8, sharding="auto")
     port = _free_port()
     gate = tmp_path / "export-gate"
@@ -79,10 +81,18 @@ def test_hosts_that_see_different_memory_and_chunk_budgets_agree_and_finish(
         1: {"TPU_PAYLOAD_TEST_DEVICE_MEMORY": str(2**20), **TINY_CHUNKS},
     }
     job_file, logs = tmp_path / "job.yaml", tmp_path / "logs"
+    replaced = (
+        "default-sigterm@payload.backends.jax.program:build:1,"
+        "default-sigterm@payload.training.shared:Meter.record_steps:1",
+        "-",
+    )
     workers = [
-        Worker(job_file, logs, port, w, TPU_PAYLOAD_TEST_EXPORT_GATE=str(gate), **extra[w])
+        Worker(
+            job_file, logs, port, w, inject=replaced if w == 1 else None,
+            TPU_PAYLOAD_TEST_EXPORT_GATE=str(gate), **extra[w],
+        )
         for w in (0, 1)
-    ]
+    ]  # fmt: skip
     chief, other = workers
     try:
         # The chief holds its export at the gate; the other has finished training.
@@ -109,6 +119,10 @@ def test_hosts_that_see_different_memory_and_chunk_budgets_agree_and_finish(
         assert len(found) == 1, err[-3000:]
         digests |= set(found)
     assert len(digests) == 1, digests
+    err1 = results[1][1]
+    for when in ("during the compile", "by the first step"):
+        assert re.search(rf"SIGTERM's handler was replaced by .* {when}; taken back", err1), err1
+    assert "replaced by" not in results[0][1], results[0][1][-3000:]
     assert shared.is_complete(job)
 
 

@@ -104,10 +104,7 @@ def train(
     guard = distributed.SliceGuard.start()
     try:
         status = _join(status)
-        replaced = training.take_sigterm_back()
-        if replaced:
-            where = "as the backend started; taken back"
-            training.log(f"train: SIGTERM's handler was replaced by {replaced} {where}")
+        training.keep_sigterm("as the backend started")
         written = status  # the chief's status.json (the others' is never written)
         guard.on_exit = lambda line: written.fail(stage="train", error=line)
         agreement.check_shared_output(job)
@@ -196,6 +193,7 @@ def _train(
                 evaluator=evaluator,
                 programs=programs,
             )
+            training.keep_sigterm("during the compile")
             with loop:  # waits for the last checkpoint's write, also on SIGTERM or an error
                 state, results = loop.run(state, status, step)
             stats.update(results)
@@ -536,6 +534,8 @@ class _TrainLoop:
 
         def report(start: int, n: int, metrics: dict[str, Any]) -> None:
             self._report(meter, start, n, metrics)
+            if start == start_step:
+                training.keep_sigterm("by the first step")
             timer.chunk_done(n)
             bar.update(n)
             bar.set_postfix(loss=f"{meter.loss:.4f}")

@@ -201,14 +201,10 @@ def _access_error(where: str, exc: BaseException, *, retried: bool) -> Exception
     from google.auth import exceptions as auth_exc  # noqa: PLC0415
 
     message = _access_message(where, exc, retried=retried)
-    user = (
-        auth_exc.DefaultCredentialsError,
-        auth_exc.RefreshError,
-        gexc.Forbidden,
-        gexc.Unauthorized,
-        gexc.NotFound,
-    )
-    return StorageError(message) if isinstance(exc, user) else StorageUnavailableError(message)
+    user = (auth_exc.DefaultCredentialsError, auth_exc.RefreshError, gexc.Forbidden)
+    if isinstance(exc, (*user, gexc.Unauthorized, gexc.NotFound)):
+        return StorageError(message)
+    return StorageUnavailableError(message)
 
 
 def _access_message(where: str, exc: BaseException, *, retried: bool) -> str:
@@ -770,10 +766,9 @@ def is_disk_full(exc: BaseException) -> bool:
 
 
 def as_disk_full(exc: BaseException, where: str) -> DiskFullError | None:
-    """`exc` as the DiskFullError the user must fix when it is a full disk that is not one
-    already (`disk_full` under the directory of the file it names, else `where`); None for
-    anything else. One rule for every stage and every host of a slice: a full disk is
-    never published as a bug."""
+    """`exc` as the DiskFullError the user must fix when it is a full disk (`disk_full` under
+    the directory of the file it names, else `where`); None for anything else (a UserError
+    already). One rule for every stage and every host of a slice."""
     if not isinstance(exc, Exception) or isinstance(exc, UserError) or not is_disk_full(exc):
         return None
     filename = getattr(exc, "filename", None)

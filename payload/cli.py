@@ -4,7 +4,9 @@
 
 argv (and ``TPU_PAYLOAD_GCS_RETRY_S``, ``TPU_PAYLOAD_VERBOSE``) is read here and nowhere
 else. ``output`` is checked before any stage. A :class:`UserError` becomes ``error: <one
-line>`` on stderr, exit status 2, and ``last_error`` in status.json; Ctrl-C says where the
+line>`` on stderr, exit status 2, and ``last_error`` in status.json; a :class:`TransientError`
+(Cloud Storage still failing after its retries, a TPU attached but not initialised) the same
+line with exit status 75 (errors.TRANSIENT_EXIT), which the units restart; Ctrl-C says where the
 run stopped and that a rerun continues (exit 130); any other exception is a bug: it is
 recorded in status.json and re-raised with its traceback. The process never dies of SIGINT
 (:class:`_CtrlC`). The frameworks' logs are hidden unless ``--verbose`` or
@@ -24,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from payload.core.errors import UserError
+from payload.core.errors import TRANSIENT_EXIT, TransientError, UserError
 
 if TYPE_CHECKING:
     from payload.core.status import StatusWriter
@@ -230,6 +232,9 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:  # noqa: PLR0911
     except UserError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except TransientError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return TRANSIENT_EXIT
     except KeyboardInterrupt:
         print("interrupted before any stage started", file=sys.stderr)
         return INTERRUPTED_EXIT
@@ -260,11 +265,11 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:  # noqa: PLR0911
             ),
         )
         ctrl_c.armed = False  # done: a Ctrl-C from here on changes nothing
-    except UserError as exc:
+    except (UserError, TransientError) as exc:
         ctrl_c.armed = False  # first, in every handler: a Ctrl-C must not cut a report short
         _record_failure(status, args.command, _one_line(exc))
         print(f"error: {_one_line(exc)}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(exc, UserError) else TRANSIENT_EXIT
     except KeyboardInterrupt:
         ctrl_c.armed = False
         return _interrupted(job, status, args.command, args.job)

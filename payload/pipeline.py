@@ -9,12 +9,10 @@ before running it again.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from payload import backends
 from payload.core import storage
-from payload.core.errors import UserError
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
 from payload.data.encode import stage as encode
@@ -90,9 +88,10 @@ def run_stage(
     try:
         summary = _run(job, stage, status)
     except Exception as exc:
-        if isinstance(exc, UserError) or not storage.is_disk_full(exc):
+        full = storage.as_disk_full(exc, _full_path(job, stage))
+        if full is None:
             raise
-        raise storage.disk_full(exc, _full_path(job, stage, exc)) from exc
+        raise full from exc
     details = ", ".join(f"{k}={_fmt(v)}" for k, v in summary.items())
     status.update(stage=stage, state="complete", message=details or "complete")
     status.flush()
@@ -119,12 +118,9 @@ def _run(job: JobSpec, stage: str, status: StatusWriter) -> dict[str, Any]:
     return summary
 
 
-def _full_path(job: JobSpec, stage: str, exc: BaseException) -> str:
-    """Where a stage found the disk full: the directory of the file the error names, else
-    the stage's output (TensorFlow's errors name no path we rely on)."""
-    filename = getattr(exc, "filename", None)
-    if filename:
-        return str(Path(filename).parent)
+def _full_path(job: JobSpec, stage: str) -> str:
+    """Where a stage found the disk full when the error names no file (TensorFlow's errors
+    name no path we rely on): the stage's output."""
     paths = job.paths
     return {"tokenizer": paths.tokenizer, "encode": paths.data}.get(stage, paths.checkpoints)
 

@@ -1,9 +1,18 @@
-"""Errors a user can cause and fix. Everything else is a bug and keeps its traceback.
+"""Errors by class: what the user must fix, what a restart may fix, and bugs.
 
-The CLI prints a ``UserError`` as ``error: <message>`` on one line and exits with status 2.
+The CLI prints a ``UserError`` as ``error: <message>`` on one line and exits with status 2
+(the trainer unit does not restart it). A ``TransientError`` is an infrastructure failure that
+a restart may fix: one line too, exit TRANSIENT_EXIT, which the unit restarts (and counts among
+its failures without a newer checkpoint). Everything else is a bug and keeps its traceback
+(exit 1).
 """
 
 from __future__ import annotations
+
+# sysexits.h EX_TEMPFAIL ("temporary failure, indicating something that is not really an
+# error"): not 2, which the trainer unit never restarts (RestartPreventExitStatus=2), and not
+# 1, a bug's.
+TRANSIENT_EXIT = 75
 
 
 class UserError(Exception):
@@ -28,3 +37,17 @@ class StorageError(UserError):
 
 class DiskFullError(StorageError):
     """No space left (ENOSPC, EDQUOT) where a stage writes, or too little before it starts."""
+
+
+class SliceError(UserError):
+    """The hosts of a slice do not run one program (payload, job, data, restored step,
+    programs) or do not share one output."""
+
+
+class TransientError(Exception):
+    """An infrastructure failure a restart may fix, not the user's to fix and not a bug: the
+    CLI prints 'error: <msg>' and exits TRANSIENT_EXIT."""
+
+
+class StorageUnavailableError(TransientError):
+    """Cloud Storage still failing when its retries ran out: unreachable, 5xx, 429."""

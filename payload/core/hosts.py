@@ -6,11 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from payload.core.errors import UserError
+from payload.core.errors import TransientError, UserError
 
 
 class TpuNotFoundError(UserError):
     """This is a TPU VM, but the backend finds no TPU: training on its CPU would be useless."""
+
+
+class TpuUnavailableError(TransientError):
+    """This TPU VM's chips are attached, but the backend could not initialise them (held by
+    another process, a slice whose other hosts are not up, a driver that is not ready): a
+    restart may fix it."""
 
 
 class GpuNotFoundError(UserError):
@@ -64,4 +70,13 @@ def tpu_not_found(host: TpuHost, reason: str) -> TpuNotFoundError:
         f"TPU not found: runtime {host.runtime_version} on accelerator {host.accelerator_type}: "
         f"{reason}; not training on the host CPU (check the VM's accelerator and runtime "
         "against infra/catalogs/tpu.yaml, and `journalctl -t tpu-pretrain` on the VM)"
+    )
+
+
+def tpu_unavailable(host: TpuHost, chips: int, reason: str) -> TpuUnavailableError:
+    return TpuUnavailableError(
+        f"TPU unavailable: runtime {host.runtime_version} on accelerator {host.accelerator_type}: "
+        f"{chips} TPU chips are on this VM's PCI bus but {reason}; a restart may fix it (another "
+        "process holding the TPU, a slice whose other hosts are not up yet); the trainer unit "
+        "restarts it (check `journalctl -t tpu-pretrain` on the VM if it does not)"
     )

@@ -9,9 +9,11 @@ use ``if_generation_match=0``. Transient errors (429, 5xx, connection resets) an
 (``RETRY_DEADLINE_S``, or ``TPU_PAYLOAD_GCS_RETRY_S`` read by the CLI).
 
 What the user must fix becomes a one-line :class:`StorageError` naming the bucket and what to
-do: no credentials, credentials refused, 403 after the retries, a bucket that does not exist,
-an endpoint that cannot be reached; a local output below a regular file or in a directory
-that cannot be written (:func:`check_output`, run before any stage).
+do: no credentials, credentials refused, 403 after the retries, a bucket that does not exist;
+a local output below a regular file or in a directory that cannot be written
+(:func:`check_output`, run before any stage). Cloud Storage still failing when the retries
+ran out (an endpoint that cannot be reached, 5xx, 429) is a one-line
+:class:`StorageUnavailableError`: not the user's to fix, so a unit restarts it.
 
 TensorFlow (checkpoints, TensorBoard, reading shards) does not use this module: it takes
 the path strings directly and reads gs:// natively.
@@ -33,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from payload.core.errors import DiskFullError, StorageError
+from payload.core.errors import DiskFullError, StorageError, StorageUnavailableError, UserError
 
 GCS_SCHEME = "gs://"
 RETRY_DEADLINE_S = 120.0
@@ -187,13 +189,28 @@ def _access(uri: str) -> Iterator[None]:
         yield
     except (gexc.RetryError, auth_exc.DefaultCredentialsError, auth_exc.RefreshError) as exc:
         cause = exc.cause if isinstance(exc, gexc.RetryError) and exc.cause else exc
-        raise StorageError(_access_message(where, cause, retried=cause is not exc)) from None
+        raise _access_error(where, cause, retried=cause is not exc) from None
     except (gexc.Forbidden, gexc.Unauthorized) as exc:
-        raise StorageError(_access_message(where, exc, retried=True)) from None
+        raise _access_error(where, exc, retried=True) from None
     except Exception as exc:
         if _retryable(exc):  # transient, but still failing when the retries ran out
-            raise StorageError(_access_message(where, exc, retried=True)) from None
+            raise _access_error(where, exc, retried=True) from None
         raise
+
+
+def _access_error(where: str, exc: BaseException, *, retried: bool) -> Exception:
+    """What the user must fix (credentials, a permission still refused after the retries, a
+    missing bucket) is a StorageError (exit 2, not restarted); Cloud Storage itself failing
+    when the retries ran out (unreachable, 5xx, 429, a timeout) is a StorageUnavailableError,
+    which a restart may fix (errors.TRANSIENT_EXIT)."""
+    from google.api_core import exceptions as gexc  # noqa: PLC0415
+    from google.auth import exceptions as auth_exc  # noqa: PLC0415
+
+    message = _access_message(where, exc, retried=retried)
+    user = (auth_exc.DefaultCredentialsError, auth_exc.RefreshError, gexc.Forbidden)
+    if isinstance(exc, (*user, gexc.Unauthorized, gexc.NotFound)):
+        return StorageError(message)
+    return StorageUnavailableError(message)
 
 
 def _access_message(where: str, exc: BaseException, *, retried: bool) -> str:
@@ -752,6 +769,16 @@ def is_disk_full(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def as_disk_full(exc: BaseException, where: str) -> DiskFullError | None:
+    """`exc` as the DiskFullError the user must fix when it is a full disk (`disk_full` under
+    the directory of the file it names, else `where`); None for anything else (a UserError
+    already). One rule for every stage and every host of a slice."""
+    if not isinstance(exc, Exception) or isinstance(exc, UserError) or not is_disk_full(exc):
+        return None
+    filename = getattr(exc, "filename", None)
+    return disk_full(exc, str(Path(filename).parent) if filename else where)
 
 
 def disk_full(exc: BaseException, path: str, *, need: int | None = None) -> DiskFullError:

@@ -86,7 +86,7 @@ from dataclasses import asdict, dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
-from payload.core.errors import SpecError, UserError
+from payload.core.errors import TRANSIENT_EXIT, SpecError, TransientError, UserError
 from payload.model import kernels
 
 # The JAX backend's rules, from the one copy both read (payload/model/sharding.py).
@@ -771,9 +771,9 @@ def run(args: argparse.Namespace) -> int:
             return _table(args)
         acc = accelerator(args.accelerator)
         plan = plan_job(load_job(args.job), acc, mfu=args.mfu)
-    except UserError as exc:
+    except (UserError, TransientError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(exc, UserError) else TRANSIENT_EXIT
     if getattr(args, "stop_cost", False):
         from payload.plan import stopping  # noqa: PLC0415
 

@@ -381,6 +381,16 @@ def take_sigterm_back() -> str | None:
     return found
 
 
+def keep_sigterm(when: str) -> None:
+    """Take SIGTERM's handler back if anything replaced it (`take_sigterm_back`), and say so:
+    as the backend starts, during the compile and by the first step (libtpu installs its
+    own handlers as its backend starts; what a compile or the first execution loads may do
+    the same)."""
+    replaced = take_sigterm_back()
+    if replaced:
+        log(f"train: SIGTERM's handler was replaced by {replaced} {when}; taken back")
+
+
 def stop_message(signum: int) -> str:
     """What a stop at once by `signum` says (outside a training loop, or a second signal)."""
     where = "at once (a second signal)" if STOP.urgent else "outside the training loop"

@@ -30,10 +30,14 @@ if [ "$verb" = ls ]; then
     done
     [ "$listed" = 0 ] || exit 0
   fi
-  # The URI may hold a * wildcard, as gcloud storage ls takes it.
+  # The URI may hold a * wildcard, as gcloud storage ls takes it: each match, as a URI.
+  listed=0
   for f in $(local_of "$1"); do
-    if [ -e "$f" ]; then echo "$1"; exit 0; fi
+    [ -e "$f" ] || continue
+    listed=1
+    echo "gs://${f#"$FAKE_GCS"/}"
   done
+  [ "$listed" = 0 ] || exit 0
   echo "ERROR: (gcloud.storage.ls) One or more URLs matched no objects." >&2
   exit 1
 fi

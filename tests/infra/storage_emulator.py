@@ -252,8 +252,8 @@ def listing(uri: str) -> int:
         if shown:
             print("\n".join(shown))
             return 0
-    elif any(_matches(uri)):
-        print(uri)
+    elif found := sorted(_matches(uri)):  # each match, as gcloud storage ls prints it
+        print("\n".join(f"gs://{bucket}/{o}" for o in found))
         return 0
     print("ERROR: (gcloud.storage.ls) One or more URLs matched no objects.", file=sys.stderr)
     return 1

@@ -121,8 +121,10 @@ def test_preemption_queues_a_new_vm_that_boots_the_same_pointer_and_checkpoints(
     _ok(twin.boot_controller())
     first = twin.boot_accelerator()
     _ok(first.result)
-    # The trainer wrote a checkpoint (Orbax's <step>/ directory under the job's output).
-    twin.store.put(f"{_output(twin)}/checkpoints/40/_CHECKPOINT_METADATA", b"{}")
+    # The trainer wrote a checkpoint (Orbax's <step>/ directory under the job's output, on
+    # gs:// committed by its commit_success.txt, written last).
+    for name in ("_CHECKPOINT_METADATA", "commit_success.txt"):
+        twin.store.put(f"{_output(twin)}/checkpoints/40/{name}", b"{}")
     twin.preempt()
     _ok(twin.tick())
     assert twin.api_calls == ["describe", "qr-describe", "delete", "qr-create"]

@@ -253,9 +253,11 @@ def test_the_trainer_end_is_written_to_the_bootstrap_status(
 def test_a_trainer_failing_again_without_progress_is_stopped_not_restarted(stack_run, sandbox):
     """A trainer that fails 5 times in a row without a newer checkpoint in the bucket is
     stopped with a status that says so (`systemctl stop` from ExecStopPost keeps systemd
-    from restarting it); a newer checkpoint counts afresh, a stop by a signal (preemption,
-    shutdown, another host's stop) is not counted, and the stop resets the count for a
-    restart by hand."""
+    from restarting it); a newer committed checkpoint counts afresh (an Orbax step directory
+    counts once its commit_success.txt is there: a write in progress or cut short holds
+    _CHECKPOINT_METADATA from its start), a stop by a signal (preemption, shutdown, another
+    host's stop) is not counted, a transient failure (exit 75) is restarted and counted,
+    and the stop resets the count for a restart by hand."""
     bucket, _ = publish_payload(stack_run, sandbox)
     assert sandbox.run(startup_script(stack_run, "tpu-vm")).returncode == 0
     stop_call = "systemctl --no-block stop tpu-pretrain-train.service"
@@ -276,9 +278,15 @@ def test_a_trainer_failing_again_without_progress_is_stopped_not_restarted(stack
         )
     assert stop_call not in sandbox.calls
     assert failed("143")["state"] == "restarting"  # a stop by signal: not counted
+    # Orbax's step directory on gs:// as its write starts (orbax-checkpoint 0.12.8
+    # CommitFileTemporaryPath: the metadata first, commit_success.txt last): not progress.
     checkpoint = sandbox.gcs / bucket / "runs/gpt2-small-clm/checkpoints/10"
-    checkpoint.mkdir(parents=True)
+    (checkpoint / "state").mkdir(parents=True)
     (checkpoint / "_CHECKPOINT_METADATA").write_text("{}")
+    transient = failed("75")  # a transient failure (errors.TRANSIENT_EXIT): restarted, counted
+    assert transient["state"] == "restarting", transient
+    assert "failure 4 of 5 in a row without a newer checkpoint, newest: none" in str(transient)
+    (checkpoint / "commit_success.txt").write_text("Checkpoint commit was successful")
     assert "failure 1 of 5" in failed()["message"]  # progress since the last failure
     for _ in (2, 3, 4):
         assert failed()["state"] == "restarting"

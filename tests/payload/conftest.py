@@ -72,6 +72,7 @@ LONGEST_FIRST = (
     "test_train.py",
     "test_export.py",
     "test_jax_hosts.py",
+    "test_jax_one_program.py",
     "test_jax_steps.py",
     "test_train_fp16.py",
     "test_electra.py",

@@ -58,8 +58,9 @@ ERROR_DRIVER = Path(__file__).parent / "drivers" / "error_driver.py"
 
 
 class Worker:
-    """`tpu-payload train` as one worker of the slice, output in files; with `inject`, run
-    through error_driver.py with that injection (`[ACTION@]MODULE:ATTR:N[,...]`)."""
+    """`tpu-payload train` as one worker of a slice of `processes`, output in files; with
+    `inject`, run through error_driver.py with that injection (`[ACTION@]MODULE:ATTR:N[,...]`
+    and its message)."""
 
     def __init__(
         self,
@@ -70,18 +71,21 @@ class Worker:
         *,
         inject: tuple[str, str] | None = None,
         processes: int = 2,
+        cwd: Path | None = None,
         **extra: str,
     ):
         logs.mkdir(parents=True, exist_ok=True)
         self.out_path, self.err_path = logs / f"{worker}.out", logs / f"{worker}.err"
         command = ["train", "--job", str(job_file)]
         driver = [str(ERROR_DRIVER), *inject] if inject else ["-m", "payload"]
+        self.started = time.time()
         with self.out_path.open("w") as out, self.err_path.open("w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, *driver, *command],
                 stdout=out,
                 stderr=err,
                 env=worker_env(port, worker, processes, **extra),
+                cwd=cwd,
                 start_new_session=True,
             )
 

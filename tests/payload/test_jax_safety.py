@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -28,7 +31,7 @@ from train_helpers import (
 )
 
 from payload.backends.jax import distributed
-from payload.core.errors import DataError, UserError
+from payload.core.errors import TRANSIENT_EXIT, DataError, UserError
 from payload.spec import JobSpec
 from payload.training import shared
 
@@ -92,12 +95,48 @@ def test_a_tpu_vm_whose_jax_finds_no_tpu_is_one_line(prepared, tmp_path: Path) -
         },
     )
     line = assert_user_error(
-        result, r"^error: TPU not found: runtime v2-alpha-tpuv6e on accelerator v6e-8: JAX "
+        result,
+        r"^error: TPU not found: runtime v2-alpha-tpuv6e on accelerator v6e-8: no TPU chip on "
+        r"this VM's PCI bus and JAX ",
     )
     assert "could not initialise it" in line and "not training on the host CPU" in line
     status = json.loads(Path(job.paths.status).read_text())
     assert status["state"] == "failed" and "TPU not found" in status["last_error"]["error"]
     assert not _steps_on_disk(job.paths.checkpoints)
+
+
+ERROR_DRIVER = Path(__file__).parent / "drivers" / "error_driver.py"
+
+
+def test_a_tpu_attached_but_not_initialised_is_restarted_not_stopped(prepared, tmp_path) -> None:
+    """The same VM, but JAX's own count of the TPU chips on the PCI bus finds four (the
+    driver answers for the hardware this machine lacks): libtpu failing to open chips that
+    are there (held by another process, a slice's other hosts not up) is a transient
+    failure, exit 75, which the trainer unit restarts; not `TPU not found`, exit 2, which
+    stops it for good."""
+    job = _job(prepared, tmp_path)
+    chips = "tpu-chips@jax._src.hardware_utils:num_available_tpu_chips_and_device_id:1"
+    train = ("train", "--job", str(tmp_path / "job.yaml"))
+    result = subprocess.run(
+        [sys.executable, str(ERROR_DRIVER), chips, "-", *train],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={
+            **os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
+            "TPU_PRETRAIN_ACCELERATOR_TYPE": "v6e-8",
+            "TPU_PRETRAIN_RUNTIME_VERSION": "v2-alpha-tpuv6e",
+            "JAX_PLATFORMS": "tpu",
+        },
+    )  # fmt: skip
+    assert result.returncode == TRANSIENT_EXIT, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith(
+        "error: TPU unavailable: runtime v2-alpha-tpuv6e on accelerator v6e-8: 4 TPU chips are "
+        f"on this VM's PCI bus but JAX {jax.__version__} could not initialise them ("
+    ), lines[0]
+    status = json.loads(Path(job.paths.status).read_text())
+    assert "TPU unavailable" in status["last_error"]["error"], status
 
 
 def test_a_nan_loss_stops_with_one_line_and_keeps_the_checkpoint(

@@ -53,6 +53,11 @@ from payload.training.heldout import micro_batch_count
 
 pytestmark = pytest.mark.slow
 SIGTERM_EXIT = 128 + signal.SIGTERM
+ONE_PROGRAM = (
+    r"^train: the 2 processes of this slice run one program \(digest ([0-9a-f]{16}): 0\.1\.0 "
+    r"source [0-9a-f]{12}, restored step none, programs train_chunk [0-9a-f]{16}, eval_step "
+    r"[0-9a-f]{16}\)$"
+)
 
 
 def test_hosts_that_see_different_memory_and_chunk_budgets_agree_and_finish(
@@ -62,10 +67,12 @@ def test_hosts_that_see_different_memory_and_chunk_budgets_agree_and_finish(
     """Process 0 sees a large chip, process 1 a small one: alone, 0 would plan data
     parallelism and 1 FSDP, compile different programs and hang in the first collective.
     Process 1 is also told a chunk budget (one step a chunk) that process 0 is not (8): a
-    chunk of another length on one host would hang both in its collectives. Then a slow
-    export (the chief waits at a gate the test opens, backends/jax/train.py
-    EXPORT_GATE_ENV): the other process waits for it instead of exiting, then both exit 0
-    with the export complete."""
+    chunk of another length on one host would hang both in its collectives. Process 1's
+    SIGTERM handler is replaced during its compile and again by its first step (as libtpu
+    may): it is taken back, and said, each time. Both log the same digest of what shapes
+    the run (backends/jax/agreement.py). Then a slow export (the chief waits at a gate the
+    test opens, backends/jax/train.py EXPORT_GATE_ENV): the other process waits for it
+    instead of exiting, then both exit 0 with the export complete."""
     job = copy_job(prepared, tmp_path, steps=8, sharding="auto")
     port = _free_port()
     gate = tmp_path / "export-gate"
@@ -74,10 +81,18 @@ def test_hosts_that_see_different_memory_and_chunk_budgets_agree_and_finish(
         1: {"TPU_PAYLOAD_TEST_DEVICE_MEMORY": str(2**20), **TINY_CHUNKS},
     }
     job_file, logs = tmp_path / "job.yaml", tmp_path / "logs"
+    replaced = (
+        "default-sigterm@payload.backends.jax.program:build:1,"
+        "default-sigterm@payload.training.shared:Meter.record_steps:1",
+        "-",
+    )
     workers = [
-        Worker(job_file, logs, port, w, TPU_PAYLOAD_TEST_EXPORT_GATE=str(gate), **extra[w])
+        Worker(
+            job_file, logs, port, w, inject=replaced if w == 1 else None,
+            TPU_PAYLOAD_TEST_EXPORT_GATE=str(gate), **extra[w],
+        )
         for w in (0, 1)
-    ]
+    ]  # fmt: skip
     chief, other = workers
     try:
         # The chief holds its export at the gate; the other has finished training.
@@ -94,11 +109,20 @@ def test_hosts_that_see_different_memory_and_chunk_budgets_agree_and_finish(
     finally:
         for w in workers:
             w.kill()
+    digests = set()
     for code, err in results:
         assert code == 0, err[-3000:]
         assert '"mesh": {"sharding": "fsdp", "data": 1, "fsdp": 2}' in err, err[-3000:]
         assert "the smallest of 2 processes" in err, err[-3000:]
         assert "step 8/8" in err, err[-3000:]
+        found = re.findall(ONE_PROGRAM, err, re.M)
+        assert len(found) == 1, err[-3000:]
+        digests |= set(found)
+    assert len(digests) == 1, digests
+    err1 = results[1][1]
+    for when in ("during the compile", "by the first step"):
+        assert re.search(rf"SIGTERM's handler was replaced by .* {when}; taken back", err1), err1
+    assert "replaced by" not in results[0][1], results[0][1][-3000:]
     assert shared.is_complete(job)
 
 

@@ -30,7 +30,7 @@ from train_helpers import PausedCli, assert_user_error
 from train_helpers import run_cli as tpu_payload
 
 from payload import spec
-from payload.core.errors import DataError
+from payload.core.errors import TRANSIENT_EXIT, DataError
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
 from payload.data.encode import stage as encode
@@ -351,16 +351,43 @@ def test_missing_bucket_is_one_line(gcs_emulator: str, tmp_path: Path) -> None:
     )
 
 
+def _assert_transient(result: subprocess.CompletedProcess[str], pattern: str) -> str:
+    """A transient failure: exit 75 (errors.TRANSIENT_EXIT, which the units restart; 2 would
+    stop them for good), no traceback, exactly one `error:` line matching `pattern`."""
+    assert result.returncode == TRANSIENT_EXIT, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and re.search(pattern, lines[0]), result.stderr
+    return lines[0]
+
+
 def test_unreachable_endpoint_gives_up_with_one_line(tmp_path: Path) -> None:
     endpoint = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
     job = write_job(tmp_path, [str(tmp_path / "c.txt")], output="gs://some-bucket/runs/x")
     result = _run_bounded(
         ["tokenizer", "--job", str(job)], {**os.environ, "STORAGE_EMULATOR_HOST": endpoint}
     )
-    assert_user_error(
+    _assert_transient(
         result,
         rf"^error: gs://some-bucket: cannot reach Cloud Storage at {endpoint} "
         r"\(after retrying for 2s\)",
+    )
+
+
+def test_cloud_storage_still_failing_after_its_retries_is_restarted_not_stopped(
+    tmp_path: Path,
+) -> None:
+    """503 on every request: not the user's to fix (exit 2 would stop the unit for good)."""
+    unavailable = {"error": {"code": 503, "message": "Backend Error"}}
+    job = write_job(tmp_path, [str(tmp_path / "c.txt")], output="gs://busy-bucket/runs/x")
+    with fixed_reply_server(503, unavailable) as endpoint:
+        result = _run_bounded(
+            ["encode", "--job", str(job)], {**os.environ, "STORAGE_EMULATOR_HOST": endpoint}
+        )
+    _assert_transient(
+        result,
+        rf"^error: gs://busy-bucket: cannot reach Cloud Storage at {endpoint} "
+        r"\(after retrying for 2s\): .*Backend Error",
     )
 
 

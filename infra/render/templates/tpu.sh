@@ -75,7 +75,10 @@ wait_manifest() {
 # A trainer that fails again and again without writing a newer checkpoint (the same bug at
 # every start, a host that cannot join the others, a device out of memory) is stopped after
 # TRAINER_FAILURES_MAX failures in a row, with a status that says so, instead of being
-# restarted every minute for ever. A stop by SIGTERM or SIGINT (exit 143/130: a preemption,
+# restarted every minute for ever. Exit 75 (the payload's transient failures: Cloud Storage
+# still failing after its retries, a TPU attached but not initialised) is restarted and
+# counted like any other failure: a slice whose storage is down for good stops after
+# TRAINER_FAILURES_MAX. A stop by SIGTERM or SIGINT (exit 143/130: a preemption,
 # a shutdown, another host's stop) is not counted: the watchdog's recovery of a preempted
 # VM, and systemd's restart after another host's stop, stay as they are.
 readonly TRAINER_FAILURES_MAX=5
@@ -100,12 +103,19 @@ trainer_gave_up() {
   trainer_state "stopped $(date -u +%s) $1"
 }
 
-# The newest finished checkpoint's step in the bucket: Orbax's <step>/ directories (JAX),
-# TF's ckpt-<step>.index; "none" when there is none or the bucket cannot be listed.
+# The newest committed checkpoint's step in the bucket; "none" when there is none or the
+# bucket cannot be listed. An Orbax step (JAX) counts once Orbax committed it: on gs:// it
+# writes <step>/commit_success.txt last (orbax-checkpoint 0.12.8 _src/path/atomicity.py,
+# CommitFileTemporaryPath.finalize); <step>/_CHECKPOINT_METADATA is written when the step's
+# directory is created (_create_tmp_directory), so a step directory alone is a write in
+# progress or one a stop cut short, not progress. TF's: ckpt-<step>.index.
 newest_checkpoint() {
-  local listing newest
-  listing="$(gcs ls "${RUN_ROOT}/checkpoints/" 2>/dev/null)" || listing=""
-  newest="$(sed -nE 's#.*/checkpoints/(ckpt-)?([0-9]+)(/|[.]index)$#\2#p' <<<"${listing}" | sort -n | tail -n 1)"
+  local orbax tf newest
+  orbax="$(gcs ls "${RUN_ROOT}/checkpoints/*/commit_success.txt" 2>/dev/null)" || orbax=""
+  tf="$(gcs ls "${RUN_ROOT}/checkpoints/ckpt-*.index" 2>/dev/null)" || tf=""
+  newest="$(printf '%s\n%s\n' "${orbax}" "${tf}" \
+    | sed -nE 's#.*/checkpoints/(([0-9]+)/commit_success[.]txt|ckpt-([0-9]+)[.]index)$#\2\3#p' \
+    | sort -n | tail -n 1)"
   printf '%s\n' "${newest:-none}"
 }
 

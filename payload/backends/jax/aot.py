@@ -41,7 +41,7 @@ import jax  # noqa: E402
 from payload.backends import quiet  # noqa: E402
 from payload.backends.jax import hlo, program  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
-from payload.core.errors import SpecError, UserError  # noqa: E402
+from payload.core.errors import TRANSIENT_EXIT, SpecError, TransientError, UserError  # noqa: E402
 from payload.model import configs, kernels  # noqa: E402
 from payload.plan import estimate as plan_lib  # noqa: E402
 from payload.plan.accelerators import Topology, topology_of  # noqa: E402
@@ -461,9 +461,9 @@ def run(job_path: str, accelerator: str, *, as_json: bool, verbose: bool = False
                 "compiles its own (set train.backend: jax or auto)"
             )
         report = compile_job(job, accelerator, verbose=verbose)
-    except UserError as exc:
+    except (UserError, TransientError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(exc, UserError) else TRANSIENT_EXIT
     if as_json:
         print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     else:

@@ -18,14 +18,15 @@ import re
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 
 from payload.backends.jax import joining, progress
-from payload.core import errors, storage
-from payload.core.errors import UserError
+from payload.core import errors, hosts, storage
+from payload.core.errors import TRANSIENT_EXIT, TransientError, UserError
 from payload.training import export as export_lib
 from payload.training import shared
 
@@ -121,8 +122,15 @@ GUARD_POLL_S = 0.5
 GUARD_GRACE_S = 2.0
 ABORT = f"{PREFIX}/abort"
 ABORT_SEEN = f"{PREFIX}/abort-seen"
-# An abort's kind: the name of a UserError class of payload.core.errors, SIGNAL_KIND, or
-# ERROR_KIND (anything else: a bug, device out of memory, a timeout).
+# The abort that decides how every process leaves: the first one the coordination service
+# records (a key set once: `key_value_set` without overwrite answers ALREADY_EXISTS to every
+# later one). Two hosts that abort at once with different classes (a user error on one, a bug
+# on another) would otherwise each leave with its own, and a third with whichever it read
+# first: the units then disagree on whether to restart.
+DECIDED = f"{PREFIX}/abort-decided"
+# An abort's kind: the name of a UserError or TransientError class (payload.core.errors,
+# payload.core.hosts), SIGNAL_KIND, or ERROR_KIND (anything else: a bug, device out of
+# memory, a timeout).
 SIGNAL_KIND = "signal"
 ERROR_KIND = "error"
 # A process whose progress watchdog fired (progress.py): every process leaves at once with
@@ -133,7 +141,13 @@ USER_ERROR_EXIT, ERROR_EXIT = 2, 1
 
 
 class PeerAbortError(Exception):
-    """Marks an exception raised because another process aborted (nothing to re-publish)."""
+    """Marks an exception raised because another process aborted: `index`, the process it
+    came from; `decided`, read from the deciding abort (DECIDED) rather than from an
+    agreement's outcome (agree_on_checks)."""
+
+    def __init__(self, index: int, *, decided: bool):
+        super().__init__(f"process {index}")
+        self.index, self.decided = index, decided
 
 
 class PeerFailed(SystemExit):
@@ -194,17 +208,19 @@ class _Abort:
     def raised_here(self) -> BaseException:
         """The exception this process leaves with (its line logged first where the CLI
         prints none)."""
+        exc: BaseException
         if self.kind == SIGNAL_KIND:
             text = f"process {self.index} of the slice {self.message}"
             shared.log(f"train: {text}")
-            return _PeerInterrupted(self.code - 128, text)
-        if self.kind == ERROR_KIND:
+            exc = _PeerInterrupted(self.code - 128, text)
+        elif self.kind == ERROR_KIND:
             shared.log(self.line)
-            return PeerFailed(self.line)
-        if self.kind == HUNG_KIND:  # nothing to save: this process ends here, as its guard would
-            SliceGuard.end_now(self.code, self.line, self.phase)
-        exc = _user_error(self.kind, self.message)
-        exc.__cause__ = PeerAbortError(f"process {self.index}")
+            exc = PeerFailed(self.line)
+        else:
+            if self.kind == HUNG_KIND:  # nothing to save: this process ends here, as its guard would
+                SliceGuard.end_now(self.code, self.line, self.phase)
+            exc = _classified_error(self.kind, self.code, self.message)
+        exc.__cause__ = PeerAbortError(self.index, decided=True)
         return exc
 
     def hard_exit_line(self) -> str:
@@ -215,14 +231,37 @@ class _Abort:
 
 
 def _peer_abort(client: Any) -> _Abort | None:
-    """The abort another process published (the lowest index's), marked as read by this one."""
+    """The abort that decides how the slice leaves (DECIDED), once another process published
+    one, marked as read by this one."""
     me = _state().process_id
     others = {i: v for i, v in _entries(client, f"{ABORT}/").items() if i != me}
     if not others:
         return None
-    index = min(others)
-    client.key_value_set(f"{ABORT_SEEN}/{me}", str(index), allow_overwrite=True)
-    return _Abort(index, others[index])
+    abort = _decided(client) or _Abort(min(others), others[min(others)])
+    if abort.index == me:  # this process's own abort decides: its main thread is leaving
+        return None
+    client.key_value_set(f"{ABORT_SEEN}/{me}", str(abort.index), allow_overwrite=True)
+    return abort
+
+
+def _decided(client: Any) -> _Abort | None:
+    """The deciding abort, if one was recorded (every publisher records it first)."""
+    try:
+        doc = json.loads(client.key_value_try_get(DECIDED))
+    except Exception:  # NOT_FOUND (none yet) or the service gone: nothing decided here
+        return None
+    return _Abort(int(doc["index"]), json.dumps(doc))
+
+
+def _decide(client: Any, origin: int, entry: dict[str, Any]) -> _Abort:
+    """Record `entry` (an abort of process `origin`) as the deciding abort unless one was
+    recorded first; the one that decides."""
+    mine = _Abort(origin, json.dumps(entry))
+    try:
+        client.key_value_set(DECIDED, json.dumps({**entry, "index": origin}))
+    except Exception:  # ALREADY_EXISTS: another abort came first (or the service is gone)
+        return _decided(client) or mine
+    return mine
 
 
 def _raise_if_aborted(client: Any) -> None:
@@ -319,32 +358,41 @@ def agree_on_checks(name: str, check: Callable[[], None]) -> None:
             continue
         if failure is not None and index == jax.process_index():
             raise failure
-        peer = _user_error(kind, message)
-        peer.__cause__ = PeerAbortError(f"process {index}")  # published by its own process
+        peer = _classified_error(kind, USER_ERROR_EXIT, message)
+        peer.__cause__ = PeerAbortError(index, decided=False)  # published by its own process
         _name_host(peer, index)
         raise peer
 
 
-def _user_error(kind: str, message: str) -> UserError:
-    """The UserError of class `kind` (payload.core.errors; UserError for any other name)."""
-    error_class = getattr(errors, kind, UserError)
-    if not (isinstance(error_class, type) and issubclass(error_class, UserError)):
-        error_class = UserError
-    return error_class(message)
+def _classified_error(kind: str, code: int, message: str) -> UserError | TransientError:
+    """The UserError or TransientError of class `kind` (payload.core.errors or
+    payload.core.hosts); for another name, the base class its exit `code` stands for."""
+    found = getattr(errors, kind, None) or getattr(hosts, kind, None)
+    if code == TRANSIENT_EXIT:
+        transient = found if isinstance(found, type) and issubclass(found, TransientError) else None
+        return (transient or TransientError)(message)
+    user = found if isinstance(found, type) and issubclass(found, UserError) else None
+    return (user or UserError)(message)
 
 
-def _name_host(exc: UserError, index: int) -> None:
-    """On a slice a user error's line names the process it happened on, the same on every
-    host (`error: process 1 of the slice: ...`)."""
+def _name_host(exc: UserError | TransientError, index: int) -> None:
+    """On a slice a user error's (or a transient failure's) line names the process it
+    happened on, the same on every host (`error: process 1 of the slice: ...`); not a
+    SliceError's, which compares every host."""
+    if isinstance(exc, errors.SliceError):  # every host found it, none caused it alone
+        return
     if _joined() and not str(exc).startswith("process "):
         exc.args = (f"process {index} of the slice: {exc}",)
 
 
 def exit_code_of(exc: BaseException) -> int:
-    """The exit code the CLI gives `exc` (payload/cli.py): 2 for a user error, 128 + the
-    signal for a stop, a SystemExit's own, 130 for Ctrl-C, else 1."""
+    """The exit code the CLI gives `exc` (payload/cli.py): 2 for a user error, 75 for a
+    transient failure, 128 + the signal for a stop, a SystemExit's own, 130 for Ctrl-C,
+    else 1."""
     if isinstance(exc, UserError):
         return USER_ERROR_EXIT
+    if isinstance(exc, TransientError):
+        return TRANSIENT_EXIT
     if isinstance(exc, KeyboardInterrupt):
         return 130
     if isinstance(exc, SystemExit):
@@ -361,7 +409,7 @@ def _entry_of(exc: BaseException, me: int) -> dict[str, Any]:
     if isinstance(exc, KeyboardInterrupt):
         message = "stopped by signal 2 (Ctrl-C) outside the training loop"
         return {"kind": SIGNAL_KIND, "code": code, "message": message, "line": message}
-    if isinstance(exc, UserError):
+    if isinstance(exc, (UserError, TransientError)):
         return {
             "kind": type(exc).__name__,
             "code": code,
@@ -375,34 +423,76 @@ def _entry_of(exc: BaseException, me: int) -> dict[str, Any]:
     return {"kind": ERROR_KIND, "code": code, "message": line, "line": line}
 
 
-def leave_with(exc: BaseException) -> None:
+def leave_with(exc: BaseException) -> BaseException:
     """This process is leaving the slice with `exc` (any exception, a stop by signal, a user
-    error): publish it with its class, so every other process leaves with the same class of
-    exit code and the same line, at its next agreement or, if it cannot get there (inside a
-    device collective), from its guard; then wait (bounded) until each has read it (the
+    error): the exception it leaves with, which is `exc` unless another process's abort was
+    recorded first (DECIDED: one rule for every host, so two hosts that abort at once with
+    different classes do not end the slice with different exit codes). Its own abort is
+    published with its class, so every other process leaves with the same class of exit
+    code and the same line, at its next agreement or, if it cannot get there (inside a
+    device collective), from its guard; then it waits (bounded) until each has read it (the
     coordination service lives in process 0, and the others must read the abort before it
     is gone). All of them then pass the service's shutdown barrier at their exit, within
     seconds of each other, and end there (`_leave`, at exit, before JAX's own clean-up: the
     rest of the interpreter's teardown takes seconds and decides nothing). Nothing with one
     process; not re-published for an exception that came from another process's abort. A
-    user error's message gets the process's name (`_name_host`)."""
+    user error's message gets the process's name (`_name_host`). A bug of this process that
+    leaves with another's abort keeps its traceback in this process's log."""
+    if SliceGuard.ending():
+        _wait_for_the_guard()
     if not _joined():
         SliceGuard.stop()
-        return
+        return exc
+    state = _state()
+    me, client = state.process_id, state.client
+    if isinstance(exc, (UserError, TransientError)):
+        _name_host(exc, me)
+    cause = exc.__cause__ if isinstance(exc.__cause__, PeerAbortError) else None
+    if cause is not None and cause.decided:  # read from DECIDED: the slice's own class
+        _left(exc, client, me, publish=None)
+        return exc
+    origin = cause.index if cause is not None else me
+    entry = _entry_of(exc, origin)
+    decided = _decide(client, origin, entry)
+    if decided.line == entry["line"] and decided.code == entry["code"]:  # this abort decides
+        if cause is None and entry["kind"] == ERROR_KIND:
+            shared.log(entry["line"])
+        _left(exc, client, me, publish=entry if cause is None else None)
+        return exc
+    if cause is None:
+        shared.log(
+            f"train: this process's own failure ({type(exc).__name__}: {_one_line(exc)}) is "
+            f"not what the slice leaves with: process {decided.index}'s abort came first"
+        )
+        if entry["kind"] == ERROR_KIND:  # a bug: its traceback stays in this log
+            traceback.print_exception(exc, file=sys.stderr)
+    leaving = decided.raised_here()
+    _left(leaving, client, me, publish=None)
+    return leaving
+
+
+def _wait_for_the_guard() -> None:
+    """The guard is ending this process (SliceGuard._end: the shutdown barrier, then
+    `os._exit`) and an exception reached the main thread meanwhile (the collective it was in,
+    cancelled by the shutdown): the main thread waits for that exit (bounded) instead of
+    tearing the interpreter down under it (process 0, inside the model build's first
+    collective when two others aborted, ended with SIGSEGV so)."""
+    deadline = time.monotonic() + SliceGuard.BACKSTOP_S
+    while time.monotonic() < deadline:
+        time.sleep(POLL_LAST_S)
+
+
+def _left(exc: BaseException, client: Any, me: int, *, publish: dict[str, Any] | None) -> None:
+    """This process leaves with `exc`: the guard keeps only a backstop, the exit passes the
+    shutdown barrier (`_leave`), and the others are told (`publish`: its own abort) or the
+    abort it leaves with is marked read."""
     code = exit_code_of(exc)
     SliceGuard.leaving(code)
     atexit.register(_leave, code)  # registered after JAX's clean_up: runs before it
-    state = _state()
-    me, client = state.process_id, state.client
-    if isinstance(exc, UserError):
-        _name_host(exc, me)
-    if _from_peer(exc):
+    if publish is None:
         _acknowledge(client, me)
     else:
-        entry = _entry_of(exc, me)
-        if entry["kind"] == ERROR_KIND:
-            shared.log(entry["line"])
-        _publish(client, me, entry)
+        _publish(client, me, publish)
     SliceGuard.published()
 
 
@@ -449,12 +539,6 @@ def _leave(code: int) -> None:
         with contextlib.suppress(Exception):  # the service is gone: nothing to wait for
             jax.distributed.shutdown()
     os._exit(code)
-
-
-def _from_peer(exc: BaseException) -> bool:
-    return isinstance(exc, (_PeerInterrupted, PeerFailed)) or isinstance(
-        exc.__cause__, PeerAbortError
-    )
 
 
 class SliceGuard:
@@ -504,6 +588,7 @@ class SliceGuard:
         self._pending: tuple[int, str, str | None] | None = None  # (code, line, hung phase)
         self._deadline = self._next_poll = 0.0
         self._failing_since: float | None = None
+        self._ending = False  # `_end` runs: this process's exit is on its way
         self._thread = threading.Thread(target=self._run, name="slice-guard", daemon=True)
 
     @classmethod
@@ -614,15 +699,24 @@ class SliceGuard:
         self._pending = (128 + signum, f"train: {message}", None)
         if _joined():
             state = _state()
+            me, client = state.process_id, state.client
             entry = {"kind": SIGNAL_KIND, "code": 128 + signum, "message": message, "line": message}
-            state.client.key_value_set(
-                f"{ABORT}/{state.process_id}", json.dumps(entry), allow_overwrite=True
-            )
+            decided = _decide(client, me, entry)
+            client.key_value_set(f"{ABORT}/{me}", json.dumps(entry), allow_overwrite=True)
+            if decided.index != me:  # another process's abort came first: leave with it
+                self._pending = (decided.code, decided.hard_exit_line(), decided.phase)
+
+    @classmethod
+    def ending(cls) -> bool:
+        """Whether the guard is ending this process now (`_end`, `_hung`)."""
+        guard = cls._current
+        return guard is not None and guard._ending
 
     def _hung(self, late: progress.Late) -> None:
         """No progress within the phase's bound: the stacks, the others told, exit. When
         another process's hang is already published (every host of a slice waits on the
         same stalled collective), this one leaves with that one's line."""
+        self._ending = True
         joined = _joined()
         me, count = (_state().process_id, _state().num_processes) if joined else (0, 1)
         with contextlib.suppress(Exception):  # the service does not answer: our own line
@@ -637,10 +731,15 @@ class SliceGuard:
         if joined:
             entry = {"kind": HUNG_KIND, "code": progress.HUNG_EXIT, "message": line,
                      "line": line, "phase": late.phase}  # fmt: skip
-            _publish(_state().client, me, entry)
+            client = _state().client
+            decided = _decide(client, me, entry)  # the first abort recorded decides the class
+            _publish(client, me, entry)
+            if decided.index != me:
+                self._end(decided.code, decided.hard_exit_line(), decided.phase)
         _leave(progress.HUNG_EXIT)
 
     def _end(self, code: int, line: str, phase: str | None) -> None:
+        self._ending = True
         shared.log(line)
         if phase is not None:  # another process hung: where this one waited for it
             progress.dump_stacks()

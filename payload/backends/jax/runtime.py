@@ -24,7 +24,7 @@ from payload.backends.jax import attention as attention_lib
 from payload.backends.jax import distributed
 from payload.backends.jax import mesh as mesh_lib
 from payload.core import hosts
-from payload.core.errors import SpecError
+from payload.core.errors import SliceError, SpecError
 from payload.model import kernels
 
 BACKEND = "jax"
@@ -231,7 +231,7 @@ def check_same_mesh(mesh_plan: mesh_lib.MeshPlan) -> None:
     plans = distributed.gather_strings("mesh-plan", mine)
     if len(set(plans)) > 1:
         listed = "; ".join(f"process {i}: {p}" for i, p in enumerate(plans))
-        raise SpecError(
+        raise SliceError(
             f"the processes of this slice planned different meshes ({listed}); every host "
             "must run the same payload and job"
         )
@@ -255,13 +255,10 @@ def checked_devices() -> list[Any]:
     tpu, gpu = hosts.expected_tpu(), hosts.expected_gpu()
     try:
         devices = jax.devices()
-    except RuntimeError as exc:  # JAX_PLATFORMS=tpu (the TPU VM's unit) and no TPU
+    except RuntimeError as exc:  # JAX_PLATFORMS=tpu (the TPU VM's unit) and no TPU backend
         if tpu is None:
             raise
-        detail = " ".join(str(exc).split())[:300]
-        raise hosts.tpu_not_found(
-            tpu, f"JAX {jax.__version__} could not initialise it ({detail})"
-        ) from None
+        raise tpu_init_failure(tpu, exc, attached_tpu_chips()) from None
     kind = _platform(devices[0])
     seen = ", ".join(sorted({f"{d.platform} ({d.device_kind})" for d in devices}))
     if tpu is not None and kind != "tpu":
@@ -275,6 +272,35 @@ def checked_devices() -> list[Any]:
             "nvidia-smi and `journalctl -t tpu-pretrain` on the VM)"
         )
     return list(devices)
+
+
+def attached_tpu_chips() -> int:
+    """The TPU chips on this host's PCI bus, as JAX itself counts them before it loads libtpu
+    (jax 0.10.2 jax/_src/hardware_utils.py `num_available_tpu_chips_and_device_id`: Google's
+    PCI vendor id and the TPU device ids under /sys/bus/pci/devices)."""
+    from jax._src import hardware_utils  # noqa: PLC0415  (no public API counts them)
+
+    return int(hardware_utils.num_available_tpu_chips_and_device_id()[0])
+
+
+def tpu_init_failure(tpu: hosts.TpuHost, exc: RuntimeError, chips: int) -> Exception:
+    """What JAX's RuntimeError on a TPU VM is (jax 0.10.2 xla_bridge.backends: "Unable to
+    initialize backend 'tpu': <libtpu's error>", whatever libtpu raised): no TPU chip on the
+    PCI bus is a VM without its TPU (TpuNotFoundError, a user error: another accelerator
+    type or runtime is needed); chips there that libtpu could not open is a transient
+    failure (TpuUnavailableError: another process holding the TPU, a slice whose hosts are
+    not all up, a driver not ready), which the unit restarts and, if it lasts, its
+    failure count stops (infra/render/templates/tpu.sh `trainer_stopped`)."""
+    detail = " ".join(str(exc).split())[:300]
+    if chips == 0:
+        return hosts.tpu_not_found(
+            tpu,
+            f"no TPU chip on this VM's PCI bus and JAX {jax.__version__} could not initialise "
+            f"it ({detail})",
+        )
+    return hosts.tpu_unavailable(
+        tpu, chips, f"JAX {jax.__version__} could not initialise them ({detail})"
+    )
 
 
 def _env(name: str) -> str:

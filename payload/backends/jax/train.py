@@ -49,9 +49,8 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from payload.backends.jax import batches as batches_lib  # noqa: E402
-from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
-from payload.backends.jax import (  # noqa: E402  # noqa: E402
+from payload.backends.jax import (  # noqa: E402
+    agreement,
     compile_cache,
     distributed,
     finish,
@@ -60,6 +59,8 @@ from payload.backends.jax import (  # noqa: E402  # noqa: E402
     progress,
     steps,
 )
+from payload.backends.jax import batches as batches_lib  # noqa: E402
+from payload.backends.jax import checkpoint as checkpoints  # noqa: E402
 from payload.backends.jax import mesh as mesh_lib  # noqa: E402
 from payload.backends.jax import program as program_lib  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
@@ -105,21 +106,24 @@ def train(
     guard = distributed.SliceGuard.start()
     try:
         status = _join(status)
-        replaced = training.take_sigterm_back()
-        if replaced:
-            where = "as the backend started; taken back"
-            training.log(f"train: SIGTERM's handler was replaced by {replaced} {where}")
+        training.keep_sigterm("as the backend started")
         written = status  # the chief's status.json (the others' is never written)
         guard.on_exit = lambda line: written.fail(stage="train", error=line)
         guard.on_hang = lambda phase, line: written.hung(stage="train", phase=phase, error=line)
         # The progress watchdog (progress.py), read by the guard: bounds for a state of no
         # size until the model is known (_train sets them).
         guard.watch = watch = progress.Watch(progress.Bounds.of(0, 1))
+        agreement.check_shared_output(job)
         cache = compile_cache.enable(storage.join(job.output, COMPILATION_CACHE))
         stats = _train(job, status, input_pipelines, cache, watch)
     except BaseException as exc:
-        distributed.leave_with(exc)
-        raise
+        # A full disk is the user's to fix on this host as on every other (not a bug first,
+        # relabelled later), and the slice leaves with the class of the first abort.
+        full = storage.as_disk_full(exc, job.paths.checkpoints)
+        leaving = distributed.leave_with(full or exc)
+        if leaving is exc:
+            raise
+        raise leaving from (exc if leaving is full else leaving.__cause__)
     guard.close()
     return stats
 
@@ -134,6 +138,7 @@ def _train(
     status.update(stage="train", message="verifying data")
     spec = job.train
     manifest = _loaded_manifest(job)
+    digest = agreement.agree_on_start(job, manifest)  # one payload, job, data, checkpoint
     config = configs.config_for(job, manifest)
     rt = _runtime(job, manifest, config)
     pipelines = Pipelines(rt, input_pipelines)
@@ -165,6 +170,7 @@ def _train(
     training.stop_point()
     watch.enter("compile")  # tracing and compiling, up to the first finished chunk
     programs = _programs(job, manifest, config, rt)
+    agreement.agree_on_programs(digest, programs.fingerprints(), restored)
     # Created sharded (mesh.sharded_distribution) as the programs expect; a value Keras left
     # uncommitted (on one device) goes where the programs take it.
     state = jax.device_put(steps.TrainState.of(model, optimizer), programs.state_shardings)
@@ -191,6 +197,7 @@ def _train(
                 job, manifest, rt, model=model, optimizer=optimizer, layout=layout,
                 pipelines=pipelines, evaluator=evaluator, programs=programs, watch=watch,
             )  # fmt: skip
+            training.keep_sigterm("during the compile")
             with loop:  # waits for the last checkpoint's write, also on SIGTERM or an error
                 state, results = loop.run(state, status, step)
             stats.update(results)
@@ -570,6 +577,8 @@ class _TrainLoop:
         def report(start: int, n: int, metrics: dict[str, Any]) -> None:
             self._report(meter, start, n, metrics)
             self.watch.finished()
+            if start == start_step:
+                training.keep_sigterm("by the first step")
             timer.chunk_done(n)
             bar.update(n)
             bar.set_postfix(loss=f"{meter.loss:.4f}")

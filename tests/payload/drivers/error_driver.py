@@ -14,7 +14,16 @@ At the N-th call of ``MODULE.ATTR`` (ATTR may be ``Class.method``), ACTION:
   "Exception ignored in: ..." and lost);
 - ``default-sigterm``: after the call returns, SIGTERM gets its default action back, as a
   library that installs its own handler would leave it (libtpu does when the TPU backend
-  starts).
+  starts);
+- ``lagging``: the call's result (a list) without its last item, as a listing that does not
+  show the newest entry yet (a host whose file system lags the others');
+- ``unreachable``: the call runs with Cloud Storage unreachable (STORAGE_EMULATOR_HOST
+  pointed at a port nothing listens on, a fresh client), as a host whose network to the
+  bucket is down; the real error of the real retries ends it;
+- ``enospc``: ``OSError(ENOSPC)`` for the file MESSAGE is raised instead (a full disk);
+- ``tpu-chips``: the call answers ``(4, None)``: JAX's count of the TPU chips on the PCI bus
+  (``jax._src.hardware_utils.num_available_tpu_chips_and_device_id``) says four are
+  attached, on a machine that has none.
 
 Each injection prints ``injected ACTION at MODULE:ATTR:N at <unix time>`` to stderr (the
 tests measure from it how long the slice takes to end). Everything else is
@@ -23,16 +32,28 @@ tests measure from it how long the slice takes to end). Everything else is
 
 from __future__ import annotations
 
+import errno
 import functools
 import gc
 import importlib
+import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-ACTIONS = ("user", "bug", "gc-sigterm", "default-sigterm")
+ACTIONS = (
+    "user",
+    "bug",
+    "gc-sigterm",
+    "default-sigterm",
+    "lagging",
+    "unreachable",
+    "enospc",
+    "tpu-chips",
+)
 
 
 def _announce(action: str, where: str) -> None:
@@ -47,6 +68,25 @@ def _sigterm_inside_a_gc_callback() -> None:
 
     gc.callbacks.append(callback)
     gc.collect()
+
+
+def _unreachable(target: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    from payload.core import storage
+
+    with socket.socket() as sock:  # a free port, closed again: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    previous = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
+    storage.reset_client()
+    try:
+        return target(*args, **kwargs)
+    finally:
+        if previous is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = previous
+        storage.reset_client()
 
 
 def _injected(target: Callable[..., Any], action: str, nth: int, where: str, message: str):
@@ -65,7 +105,15 @@ def _injected(target: Callable[..., Any], action: str, nth: int, where: str, mes
             raise SpecError(message)
         if action == "bug":
             raise RuntimeError(message)
+        if action == "enospc":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), message)
+        if action == "tpu-chips":
+            return 4, None
+        if action == "unreachable":
+            return _unreachable(target, *args, **kwargs)
         result = target(*args, **kwargs)
+        if action == "lagging":
+            return result[:-1]
         if action == "gc-sigterm":
             _sigterm_inside_a_gc_callback()
         else:
@@ -81,6 +129,10 @@ def _install(spec: str, message: str) -> None:
     if action not in ACTIONS:
         raise SystemExit(f"error_driver: {spec!r}: the action must be one of {ACTIONS}")
     module_name, attr, nth = where.split(":")
+    if module_name.startswith("payload.backends.jax."):
+        from payload.backends.jax import use_jax  # Keras on JAX before a module imports it
+
+        use_jax()
     owner: Any = importlib.import_module(module_name)
     *path, name = attr.split(".")
     for part in path:

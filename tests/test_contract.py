@@ -6,6 +6,7 @@ so this test renders exactly what the Pulumi program uploads, without Pulumi."""
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -73,9 +74,16 @@ def test_infra_knows_the_payloads_export_marker():
 
 def test_infra_knows_where_the_trainer_keeps_what_it_reads_back():
     """infra/executables.py keeps every identity but the accelerator VM's off these folders
-    of every job (runs/<job>/...): the payload's trainer writes and reads them there."""
-    from payload.backends.jax import train
-
+    of every job (runs/<job>/...): the payload's trainer writes and reads them there. The
+    JAX trainer's folder name is read from its source: importing the JAX backend in a
+    process that imported Keras on TensorFlow is refused (payload/backends/jax/__init__.py)."""
+    trainer = ast.parse((ROOT / "payload/backends/jax/train.py").read_text(encoding="utf-8"))
+    (cache,) = [
+        ast.literal_eval(node.value)
+        for node in trainer.body
+        if isinstance(node, ast.Assign)
+        and [getattr(target, "id", None) for target in node.targets] == ["COMPILATION_CACHE"]
+    ]
     document = rendered(STACKS[0])
     name = document["name"]
     job = spec.parse_job(document, source=jobspec.job_uri(BUCKET, name))
@@ -83,7 +91,7 @@ def test_infra_knows_where_the_trainer_keeps_what_it_reads_back():
     assert root == f"gs://{BUCKET}/{jobspec.run_prefix(name)}"
     assert job.paths.checkpoints == f"{root}/{jobspec.CHECKPOINTS_DIR}"
     assert job.paths.export == f"{root}/{jobspec.EXPORT_DIR}"
-    assert train.COMPILATION_CACHE == jobspec.COMPILATION_CACHE_DIR
+    assert cache == jobspec.COMPILATION_CACHE_DIR
 
 
 def test_infra_knows_what_the_payloads_export_holds():

@@ -46,6 +46,7 @@ from multihost import (
 )
 from train_helpers import tensorflow_env
 
+from payload import __version__ as payload_version
 from payload.backends.jax import agreement
 from payload.core import storage
 from payload.core.errors import TRANSIENT_EXIT
@@ -133,8 +134,9 @@ def test_hosts_on_another_job_payload_or_checkpoint_stop_every_host(
     line = _one_line_each(results, 2)
     assert line.startswith("error: the hosts of this slice do not run one program: "), line
     # Each field's values in the order of the first process that has them.
-    payload = re.search(r"payload differs \(processes 0, 1, 3: 0\.1\.0 source ([0-9a-f]{12}); "
-                        r"process 2: 0\.1\.0 source ([0-9a-f]{12})\)", line)  # fmt: skip
+    version = re.escape(payload_version)
+    payload = re.search(rf"payload differs \(processes 0, 1, 3: {version} source ([0-9a-f]{{12}}); "
+                        rf"process 2: {version} source ([0-9a-f]{{12}})\)", line)  # fmt: skip
     assert payload and payload.group(1) != payload.group(2), line
     assert re.search(r"job differs \(processes 0, 2, 3: sha256 [0-9a-f]{12}; process 1: sha256 "
                      r"[0-9a-f]{12}\)", line), line  # fmt: skip

@@ -48,14 +48,16 @@ from multihost import (
 )
 from train_helpers import PausedCli
 
+from payload import __version__ as payload_version
 from payload.training import shared
 from payload.training.heldout import micro_batch_count
 
 pytestmark = pytest.mark.slow
 SIGTERM_EXIT = 128 + signal.SIGTERM
 ONE_PROGRAM = (
-    r"^train: the 2 processes of this slice run one program \(digest ([0-9a-f]{16}): 0\.1\.0 "
-    r"source [0-9a-f]{12}, restored step none, programs train_chunk [0-9a-f]{16}, eval_step "
+    r"^train: the 2 processes of this slice run one program \(digest ([0-9a-f]{16}): "
+    + re.escape(payload_version)
+    + r" source [0-9a-f]{12}, restored step none, programs train_chunk [0-9a-f]{16}, eval_step "
     r"[0-9a-f]{16}\)$"
 )
 

@@ -217,7 +217,7 @@ class _Abort:
             shared.log(self.line)
             exc = PeerFailed(self.line)
         else:
-            if self.kind == HUNG_KIND:  # nothing to save: this process ends here, as its guard would
+            if self.kind == HUNG_KIND:  # nothing to save: this process ends here, as the guard
                 SliceGuard.end_now(self.code, self.line, self.phase)
             exc = _classified_error(self.kind, self.code, self.message)
         exc.__cause__ = PeerAbortError(self.index, decided=True)

@@ -143,11 +143,7 @@ def _train(
     rt = _runtime(job, manifest, config)
     pipelines = Pipelines(rt, input_pipelines)
     _checked_data(job, manifest, pipelines)
-    described = rt.describe()
-    training.log(f"train: {json.dumps(described)}")
-    if rt.attention is not None and rt.attention.warning:
-        training.log(f"warning: {rt.attention.warning}")  # also in status.json's runtime
-    status.note_runtime(described)  # the devices JAX sees, beside the host checks
+    _describe(rt, status)
 
     training.stop_point()
     model, optimizer = _build(job, config, manifest, rt)
@@ -225,6 +221,16 @@ def _train(
             job, model, stats, weights=weights, manifest=manifest, rt=rt, status=status
         )
     return stats
+
+
+def _describe(rt: Runtime, status: StatusWriter) -> None:
+    """The runtime in the log and in status.json (the devices JAX sees, beside the host
+    checks), and its attention warning."""
+    described = rt.describe()
+    training.log(f"train: {json.dumps(described)}")
+    if rt.attention is not None and rt.attention.warning:
+        training.log(f"warning: {rt.attention.warning}")  # also in status.json's runtime
+    status.note_runtime(described)
 
 
 def _bounds(layout: checkpoints.Layout, rt: Runtime) -> progress.Bounds:

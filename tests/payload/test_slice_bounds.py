@@ -194,13 +194,13 @@ def test_a_stall_on_one_host_ends_every_host_within_the_watchdogs_bound(
 ) -> None:
     """Four processes; process 2 stalls before the chunk from step 16 (progress.STALL_ENV:
     its main thread never comes back, as if its chip had stalled). The others wait for it
-    at the chunk's agreement. Its progress watchdog (a 30 s floor here; the others' 90 s,
-    so that the host that stalled is the one named) writes every thread's stack to its log,
-    tells the others and exits HUNG_EXIT; they leave with its line and exit code and their
-    own stacks; status.json says `hung` in `train`."""
+    at the chunk's agreement. Its progress watchdog (a 30 s floor here; the others' 300 s,
+    so that the host that stalled is the one named, however loaded the machine) writes every
+    thread's stack to its log, tells the others and exits HUNG_EXIT; they leave with its line
+    and exit code and their own stacks; status.json says `hung` in `train`."""
     job = copy_job(prepared, tmp_path, steps=5000, global_batch_size=BATCH)
     port, processes, stalled, floor = _free_port(), 4, 2, 30.0
-    extra = {w: {progress.HANG_ENV: str(floor if w == stalled else 3 * floor)} for w in range(4)}
+    extra = {w: {progress.HANG_ENV: str(floor if w == stalled else 10 * floor)} for w in range(4)}
     extra[stalled][progress.STALL_ENV] = "16"  # after a chunk finished: the train phase
     workers = [
         Worker(tmp_path / "job.yaml", tmp_path / "logs", port, w, processes=processes, **extra[w])
@@ -225,7 +225,7 @@ def test_a_stall_on_one_host_ends_every_host_within_the_watchdogs_bound(
         assert "Traceback" not in err, err[-3000:]
         if index == stalled:
             assert "in _stalled_here" in err, err[-3000:]
-    assert ended < floor + SLACK_S
+    assert ended < floor + 2 * SLACK_S  # four processes on a loaded 2-core machine
     status = json.loads(Path(job.paths.status).read_text())
     assert (status["state"], status["last_error"]["phase"]) == ("hung", "train"), status
     assert status["last_error"]["error"] == line

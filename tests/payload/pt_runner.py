@@ -99,7 +99,9 @@ def _close_all() -> None:
 def _pt_python() -> Path | None:
     configured = os.environ.get("PAYLOAD_PT_PYTHON")
     if configured:
-        return Path(configured)
+        # `make` names it relative to the repository (.venv-pt/bin/python); a test that runs
+        # it in another directory needs it whole (not resolved: a venv's python is a link).
+        return Path(configured) if Path(configured).is_absolute() else REPO / configured
     default = REPO / ".venv-pt" / "bin" / "python"
     return default if default.exists() else None
 

@@ -124,6 +124,54 @@ write_status() {
   rm -f "${file}"
 }
 
+# A run event (the table: payload/core/events.py EVENTS, docs/operating.md) for Cloud Logging,
+# where the stack's alert policies match it: the scripts' only
+# writer of events, as payload.core.events.emit is the payload's.
+#   emit_event EVENT SOURCE MESSAGE [FIELD=VALUE ...]
+# The entry goes to the journal and to `gcloud logging write tpu-pretrain-events` (resource
+# global, the VM's logWriter role); a failed write is logged and never fails the caller.
+# event_severity mirrors EVENTS' severities (tests/test_contract.py keeps them equal).
+event_severity() {
+  case "$1" in
+    preempted | capacity-wait | unhealthy | eta-past-grant) echo WARNING ;;
+    recreated | finished) echo NOTICE ;;
+    hung | stopped) echo ERROR ;;
+    *) return 1 ;;
+  esac
+}
+
+emit_event() {
+  local event="$1" source="$2" message="$3" severity payload project=()
+  shift 3
+  if ! severity="$(event_severity "${event}")"; then
+    log "emit_event: unknown event ${event}"
+    return 0
+  fi
+  payload="$(python3 - "${event}" "${source}" "${message}" "${RUN_ROOT:-}" "${JOB_NAME:-}" \
+    "$(hostname)" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$@" <<'PY'
+import json, sys
+event, source, message, run_root, job, host, at, *pairs = sys.argv[1:]
+bucket = run_root[len("gs://"):].split("/", 1)[0] if run_root.startswith("gs://") else ""
+doc = {"schema": "tpu-pretrain.event/1", "event": event, "bucket": bucket, "job": job,
+       "source": source, "host": host, "message": " ".join(message.split())[:500], "at": at}
+for pair in pairs:
+    key, _, value = pair.partition("=")
+    doc[key] = int(value) if value.isdigit() else value
+print(json.dumps(doc, sort_keys=True))
+PY
+  )" || { log "emit_event: cannot build the ${event} event"; return 0; }
+  log "event ${payload}"
+  if [ -n "${PROJECT:-}" ]; then
+    project=(--project "${PROJECT}")
+  fi
+  if [ -n "${RUN_ROOT:-}" ] && [ "${TPU_PRETRAIN_EVENTS:-on}" != off ]; then
+    retry_gcloud gcloud logging write tpu-pretrain-events "${payload}" --payload-type=json \
+      --severity="${severity}" "${project[@]}" >/dev/null \
+      || log "emit_event: ${event} not written to Cloud Logging"
+  fi
+  return 0
+}
+
 # Write a file only when its content changes; returns 0 if it was (re)written.
 write_if_changed() {
   local path="$1" mode="$2" content="$3" tmp

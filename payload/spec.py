@@ -11,6 +11,7 @@ the spec file, so ``examples/tiny.yaml`` can say ``output: ../runs/tiny``.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import math
 import re
@@ -312,6 +313,18 @@ def _str(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise SpecError(f"{key}: expected a non-empty string, got {_show(value)}")
     return value.strip()
+
+
+def _iso_date(key: str, value: Any) -> str:
+    """A calendar date, YYYY-MM-DD (YAML reads an unquoted one as a date)."""
+    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        return value.isoformat()
+    if isinstance(value, str):
+        try:
+            return datetime.date.fromisoformat(value).isoformat()
+        except ValueError:
+            pass
+    raise SpecError(f"{key}: {_show(value)} is not a date (allowed: YYYY-MM-DD, e.g. 2027-01-31)")
 
 
 def _str_list(key: str, value: Any) -> tuple[str, ...]:
@@ -641,6 +654,7 @@ def parse_job(document: Any, *, source: str, check_model: bool = True) -> JobSpe
         model=model,
         train=top.take("train", lambda key, v: _train(_Section(v, key))),
         source=source,
+        grant_ends=top.take("grant_ends", _iso_date, None),
     )
     top.finish()
     _check_mixture(job)

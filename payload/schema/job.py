@@ -270,6 +270,9 @@ class JobSpec:
     model: ModelSpec
     train: TrainSpec
     source: str
+    # The grant's last day (ISO date, UTC; the stack's `grantEnds`): the ETA is checked
+    # against its end (docs/operating.md).
+    grant_ends: str | None = None
 
     @property
     def paths(self) -> JobPaths:

@@ -107,6 +107,14 @@ def test_an_exponent_without_a_dot_is_a_number(tmp_path: Path) -> None:
     }
 
 
+def test_grant_ends_is_a_date(tmp_path: Path) -> None:
+    assert spec.load_job(_write(tmp_path, _with())).grant_ends is None
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_with()) + "grant_ends: 2027-01-31\n")
+    assert spec.load_job(str(tmp_path / "job.yaml")).grant_ends == "2027-01-31"
+    with pytest.raises(SpecError, match=r"^grant_ends: '31/01/2027' is not a date \(allowed: YYYY"):
+        spec.load_job(_write(tmp_path, _with(grant_ends="31/01/2027")))
+
+
 def test_gcs_output_and_clm_defaults(tmp_path: Path) -> None:
     doc = _with(
         output="gs://bucket/runs/x/",

@@ -118,9 +118,7 @@ def _vm_line(book: PriceBook, item: str, inputs: Mapping[str, Any]) -> list[Cost
         hourly = shape.vcpus * vcpu + shape.memory_gib * memory
         note = f"{shape.vcpus:g} vCPU x ${vcpu}/h + {shape.memory_gib:g} GiB x ${memory}/h"
         fallback = _fallback_note(book, region, used)
-        lines.append(
-            CostLine(item, f"{machine}, {zone}", hourly * 24, _join(note, fallback))
-        )
+        lines.append(CostLine(item, f"{machine}, {zone}", hourly * 24, _join(note, fallback)))
     disk = (inputs.get("bootDisk") or {}).get("initializeParams") or {}
     if disk:
         lines.append(
@@ -197,18 +195,20 @@ def estimate(
             f"{int(g.get('count', 0))} x {g.get('type')}"
             for g in vm.inputs.get("guestAccelerators") or []
         )
-        for line in _vm_line(book, "GPU VM", vm.inputs):
-            if line.item == "GPU VM":
-                detail = f"{line.detail} + {gpus}" if gpus else line.detail
-                line = CostLine(
-                    line.item,
-                    detail,
+        for host in _vm_line(book, "GPU VM", vm.inputs):
+            if host.item != "GPU VM":
+                lines.append(host)  # its boot disk
+                continue
+            lines.append(
+                CostLine(
+                    host.item,
+                    f"{host.detail} + {gpus}" if gpus else host.detail,
                     None,
                     f"{NOT_GRANT}; unknown: GPU prices are not in the file "
                     f"({book.unpriced['gpu']})"
-                    + (f"; the host alone: ${line.usd:,.2f}/day" if line.usd else ""),
+                    + (f"; the host alone: ${host.usd:,.2f}/day" if host.usd else ""),
                 )
-            lines.append(line)
+            )
     for address in by_type.get("gcp:compute/address:Address", []):
         if address.inputs.get("addressType") != "EXTERNAL":
             continue

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from harness import run_offline
+from harness import gpu_stack_names, run_offline, stack_names
 
 from infra.catalogs import prices
 from infra.catalogs.prices import PriceFileError, load_prices, parse_prices
@@ -67,6 +67,21 @@ def test_the_daily_total_is_the_sum_of_the_stacks_lines(tpu_estimate):
     text = costs.format_text(tpu_estimate)
     (total,) = [line for line in text.splitlines() if line.strip().startswith("per day")]
     assert f"${tpu_estimate.daily_total:,.2f}" in total
+
+
+@pytest.mark.parametrize("stack", stack_names())
+def test_every_stack_is_priced_and_only_a_tpu_is_the_grants(stack):
+    estimate = _estimate(stack)
+    known = [line.usd for line in estimate.daily if line.usd is not None and not line.grant]
+    assert estimate.daily_total == pytest.approx(sum(known)) and estimate.daily_total > 0
+    for item in ("controller VM", "VPN hop VM", "VPN hop static external IP", "bucket storage"):
+        assert _line(estimate, item).usd is not None  # every stack's are in the price file
+    granted = [line for line in estimate.lines if line.grant]
+    if stack in gpu_stack_names():
+        assert granted == [] and _line(estimate, "GPU VM").note.startswith(costs.NOT_GRANT)
+    else:
+        (tpu,) = granted
+        assert tpu.item.startswith("TPU ") and tpu.usd is None
 
 
 def test_the_bucket_is_sized_from_the_plans_tokens_and_parameters(tpu_estimate):

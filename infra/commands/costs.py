@@ -82,7 +82,7 @@ def _region_of_zone(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
 
 
-def _fallback_note(book: PriceBook, asked: str, used: str) -> str:
+def _fallback_note(asked: str, used: str) -> str:
     return "" if asked == used else f"no {asked} price read: {used}'s shown"
 
 
@@ -117,7 +117,7 @@ def _vm_line(book: PriceBook, item: str, inputs: Mapping[str, Any]) -> list[Cost
         _, memory, _ = book.rate(f"{shape.family}-memory", region)
         hourly = shape.vcpus * vcpu + shape.memory_gib * memory
         note = f"{shape.vcpus:g} vCPU x ${vcpu}/h + {shape.memory_gib:g} GiB x ${memory}/h"
-        fallback = _fallback_note(book, region, used)
+        fallback = _fallback_note(region, used)
         lines.append(CostLine(item, f"{machine}, {zone}", hourly * 24, _join(note, fallback)))
     disk = (inputs.get("bootDisk") or {}).get("initializeParams") or {}
     if disk:
@@ -219,7 +219,7 @@ def estimate(
                 "VPN hop static external IP",
                 region,
                 hourly * 24,
-                _join(f"${hourly}/{price.unit}, {price.what}", _fallback_note(book, region, used)),
+                _join(f"${hourly}/{price.unit}, {price.what}", _fallback_note(region, used)),
             )
         )
     sizes = bucket_sizes(book, template, fit)
@@ -237,7 +237,7 @@ def estimate(
                     f"{sizes.shards_gib:,.1f}, checkpoints {sizes.checkpoints_gib:,.1f}, export "
                     f"{sizes.export_gib:,.1f} (a full run's, from the plan's "
                     f"{fit.tokens:,} tokens and {fit.parameters:,} parameters)",
-                    _fallback_note(book, region, used),
+                    _fallback_note(region, used),
                 ),
             )
         )
@@ -248,7 +248,7 @@ def estimate(
             "egress: VPN sessions",
             f"{vpn_gib:g} GiB/day out of {cfg.vpn.region} (assumed)",
             vpn_gib * per_gib,
-            _join(f"${per_gib}/GiB, {price.what}", _fallback_note(book, cfg.vpn.region, used)),
+            _join(f"${per_gib}/GiB, {price.what}", _fallback_note(cfg.vpn.region, used)),
         )
     )
     price, per_gib, used = book.rate("internet-egress-premium", cfg.bucket.location.lower())
@@ -260,7 +260,7 @@ def estimate(
             downloads * sizes.export_gib * per_gib,
             _join(
                 f"${per_gib}/GiB, {price.what}",
-                _fallback_note(book, cfg.bucket.location.lower(), used),
+                _fallback_note(cfg.bucket.location.lower(), used),
             ),
             once=True,
         )

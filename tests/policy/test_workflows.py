@@ -597,8 +597,9 @@ def test_the_preview_comment_carries_what_the_grant_does_not_pay(tmp_path: Path)
     virtualenv (.github/actions/pulumi-env builds .venv-infra): the comment on the pull
     request holds the stack's cost table, TPU time marked as the grant's; a stack the
     estimate cannot price gets a line that says so, and the step still passes."""
-    for name in (".github", "infra", ".venv-infra"):
+    for name in (".github", "infra"):
         (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / ".venv-infra").symlink_to(sys.prefix)  # the program's environment: this one
     (tmp_path / "preview.txt").write_text("Previewing update (v6e-euw4):\n    42 unchanged\n")
     summary = tmp_path / "summary"
     env = {

@@ -40,9 +40,13 @@ TPU_PYTHON = ".venv-tpu-jax/bin/python"
 
 @dataclass(frozen=True)
 class JobFit:
-    """The plan's verdict in a line for the stack's outputs."""
+    """The plan's verdict in a line for the stack's outputs, and the figures the cost
+    estimate sizes the bucket from (infra/commands/costs.py)."""
 
     summary: str
+    parameters: int = 0
+    tokens: int = 0  # train.steps x global batch x sequence length
+    hours: float = 0.0  # the plan's training time at its MFU
 
 
 def plan_accelerator(kind: str, accelerator_type: str, gpu_type: str, count: int) -> str:
@@ -97,11 +101,16 @@ def _plan(key: str, spec_json: str, accelerator: str) -> JobFit:
             f"{layout['total'] / 2**30:.1f} of {plan['budget_bytes'] / 2**30:.1f} GiB per chip, "
             f"{plan['hours']:.1f} h at {plan['mfu']:.0%} MFU"
         )
+        return JobFit(
+            summary,
+            parameters=int(plan["parameters"]),
+            tokens=int(plan["steps"]) * int(plan["global_batch_size"]) * int(plan["seq_length"]),
+            hours=float(plan["hours"]),
+        )
     except (ValueError, KeyError, StopIteration) as error:
         raise ConfigError(
             f"{key}: the payload's plan printed no plan this program reads ({error!r})"
         ) from None
-    return JobFit(summary)
 
 
 def compile_job(spec_json: str, accelerator: str, python: str) -> tuple[int, str]:

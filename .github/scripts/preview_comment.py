@@ -4,17 +4,19 @@ ONE such comment per stack on the pull request, edited in place on every push. A
 failed gets one too: pulumi/actions comments only after a successful command, so a policy
 violation or an error would otherwise leave the pull request without a word.
 
-    preview_comment.py render --stack v6e-euw4 --exit-code 255 [--log-url URL] preview.txt \
-        > comment.md
+    preview_comment.py render --stack v6e-euw4 --exit-code 255 [--log-url URL] \
+        [--costs costs.md] preview.txt > comment.md
     preview_comment.py publish --stack v6e-euw4 --repo owner/name --pr 7 comment.md
 
 `render` names every policy violation (rule, enforcement level, resource type and name,
 message) and every error line, then shows the whole output, folded, trimmed from the front
 with a line that says so when the comment would pass GitHub's limit on a comment body
 (65,536 characters; measured here in UTF-8 bytes, which are never fewer). It ends with a
-hidden marker naming the stack. The violation lines follow the Pulumi CLI's own rendering
-(pulumi/pulumi pkg/backend/display/progress.go printPolicies and diff.go
-renderDiffPolicyViolationEvent):
+hidden marker naming the stack. `--costs` adds what the grant does not pay above the output:
+the Markdown table of `python -m infra.commands.costs --markdown` (docs/operating.md, "What
+the grant does not pay"), as the workflow's Costs step wrote it. The violation lines follow
+the Pulumi CLI's own rendering (pulumi/pulumi pkg/backend/display/progress.go printPolicies
+and diff.go renderDiffPolicyViolationEvent):
 
     Policies:
         ❌ <pack>@v<version> (local: <path>)
@@ -123,7 +125,7 @@ def _fit(lines: list[str], budget: int, what: str) -> list[str]:
     return kept
 
 
-def render(stack: str, exit_code: int, output: str, log_url: str = "") -> str:
+def render(stack: str, exit_code: int, output: str, log_url: str = "", costs: str = "") -> str:
     text = ANSI.sub("", output)
     found = violations(text)
     failed = exit_code != 0
@@ -156,6 +158,10 @@ def render(stack: str, exit_code: int, output: str, log_url: str = "") -> str:
         parts.append("")
     if failed and not found and not problems:
         parts += ["The preview failed without a policy violation or an error line; see below.", ""]
+    if costs.strip():
+        table = ANSI.sub("", costs).strip().replace("```", "`\u200b``").splitlines()
+        parts += _fit(table, MAX_COMMENT // 8, "cost lines")
+        parts.append("")
     head = "\n".join(parts) + "\n"
     opening = ["<details><summary>Full preview output</summary>", "", "```"]
     closing = ["```", "</details>", "", marker(stack)]
@@ -265,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     render_args.add_argument("--stack", required=True)
     render_args.add_argument("--exit-code", required=True, type=int)
     render_args.add_argument("--log-url", default="", help="where the full output is")
+    render_args.add_argument(
+        "--costs", type=Path, help="the cost table (python -m infra.commands.costs --markdown)"
+    )
     render_args.add_argument("output", type=Path, help="the captured output of pulumi preview")
     publish_args = commands.add_parser("publish", help="create or edit the stack's PR comment")
     publish_args.add_argument("--stack", required=True)
@@ -281,7 +290,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "publish":
         return _publish_main(args, text)
-    sys.stdout.write(render(args.stack, args.exit_code, text, args.log_url))
+    costs = ""
+    if args.costs is not None:
+        try:
+            costs = args.costs.read_text(encoding="utf-8", errors="replace")
+        except OSError as error:
+            print(f"error: cannot read the cost table {args.costs}: {error}", file=sys.stderr)
+            return 2
+    sys.stdout.write(render(args.stack, args.exit_code, text, args.log_url, costs))
     return 0
 
 

@@ -28,6 +28,7 @@ from pulumi.runtime.sync_await import _sync_await
 from infra.catalogs.tpu import load_catalog
 from infra.config.config import REPO_ROOT, read_stack_config
 from infra.config.project import cli_config
+from infra.errors import ConfigError
 from infra.program import BUILD_DIR, define
 
 STACKS_DIR = REPO_ROOT / "stacks"
@@ -62,6 +63,19 @@ def stack_names() -> list[str]:
     return sorted(
         path.name[len("Pulumi.") : -len(".yaml")] for path in STACKS_DIR.glob("Pulumi.*.yaml")
     )
+
+
+def parse_overrides(items: list[str]) -> dict[str, object]:
+    """`--set namespace:key=value` arguments (make plan, the cost estimate) as overrides."""
+    overrides: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or ":" not in key:
+            raise ConfigError(
+                f"--set {item!r}: use namespace:key=value, e.g. tpu-pretrain:scheduling=spot"
+            )
+        overrides[key] = value
+    return overrides
 
 
 def stack_config(stack: str, overrides: Mapping[str, object] | None = None) -> dict[str, str]:

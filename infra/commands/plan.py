@@ -4,7 +4,9 @@
                          [--compile .venv-tpu-jax/bin/python]
 
 Runs the real program under Pulumi's mocks (infra.commands.offline) and prints a table of every
-resource with its key settings, then the rendered startup scripts and job spec. Secret
+resource with its key settings, then the rendered startup scripts and job spec, then what
+the grant does not pay (infra/commands/costs.py: the daily cost of the controller, the hop,
+the bucket's storage, egress and Dataflow; TPU time marked as paid by the grant). Secret
 values (a generated client key, the client configuration) are never printed. `--compile PYTHON`
 (`make plan COMPILE=1`) then compiles the stack's job for its TPU type with the payload's
 `tpu-payload compile` in the TPU environment (infra/jobfit.py compile_job; minutes), and
@@ -20,7 +22,7 @@ import sys
 from typing import Any
 
 from infra import jobfit, jobspec
-from infra.commands import offline
+from infra.commands import costs, offline
 from infra.config.config import GpuConfig, parse_config
 from infra.errors import ConfigError
 from infra.render import render
@@ -150,15 +152,7 @@ def format_plan(run: offline.OfflineRun) -> str:
 
 
 def _parse_set(items: list[str]) -> dict[str, object]:
-    overrides: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or ":" not in key:
-            raise ConfigError(
-                f"--set {item!r}: use namespace:key=value, e.g. tpu-pretrain:scheduling=spot"
-            )
-        overrides[key] = value
-    return overrides
+    return offline.parse_overrides(items)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,10 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         overrides = _parse_set(args.set)
         run = offline.run_offline(args.stack, overrides)
+        estimate = costs.stack_estimate(args.stack, overrides, run)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     sys.stdout.write(format_plan(run))
+    sys.stdout.write("\n" + costs.format_text(estimate))
     if args.compile:
         sys.stdout.flush()
         return compile_stack_job(args.stack, overrides, args.compile)

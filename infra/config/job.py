@@ -135,8 +135,19 @@ def check_job_fits(
     backend: str,
 ) -> str:
     """The payload's plan of the rendered job on the stack's accelerator (infra/jobfit.py):
-    a job that cannot fit is refused here, before any resource exists. The TF backend
-    trains data-parallel only, so its jobs are planned with train.sharding: data."""
+    a job that cannot fit is refused here, before any resource exists."""
+    return plan_job(job_file, template, accelerator, bucket, backend).summary
+
+
+def plan_job(
+    job_file: str,
+    template: Mapping[str, object],
+    accelerator: TpuConfig | GpuConfig,
+    bucket: str,
+    backend: str,
+) -> jobfit.JobFit:
+    """check_job_fits' plan with its figures (parameters, hours). The TF backend trains
+    data-parallel only, so its jobs are planned with train.sharding: data."""
     # Where the corpus is encoded (data.runner, data.beam) does not change what training
     # holds in memory; the Dataflow options are rendered with the stack's resources later.
     raw_data = template.get("data")
@@ -152,6 +163,4 @@ def check_job_fits(
         name = jobfit.plan_accelerator("gpu", "", accelerator.gpu_type, accelerator.count)
     else:
         name = jobfit.plan_accelerator("tpu", accelerator.accelerator_type, "", 1)
-    return jobfit.check_job_fits(
-        f"{qualified('job')}: {job_file!r}", jobspec.to_json(spec), name
-    ).summary
+    return jobfit.check_job_fits(f"{qualified('job')}: {job_file!r}", jobspec.to_json(spec), name)

@@ -243,3 +243,33 @@ def test_publish_names_the_api_error(tmp_path):
     assert failed.returncode == 1
     assert failed.stderr.startswith("error: GitHub API: GET ")
     assert "HTTP 404" in failed.stderr and len(failed.stderr.strip().splitlines()) == 1
+
+
+COSTS = """\
+**What the grant does not pay (stack v6e-euw4): list prices in USD read 2026-12-02**
+
+| item | detail | USD | note |
+|---|---|---:|---|
+| TPU v6e-8 (spot) | europe-west4-a | paid by the grant (TRC) | TPU time |
+| controller VM | e2-standard-4, europe-west4-a | $3.22 / day | 4 vCPU x $0.021811/h |
+| **per day** | | **$3.22** | the daily lines' sum |
+"""
+
+
+def test_the_cost_table_comes_before_the_output(tmp_path):
+    (tmp_path / "costs.md").write_text(COSTS)
+    output = "Previewing update (v6e-euw4):\nResources:\n    42 unchanged\n"
+    result = comment("v6e-euw4", 0, output, tmp_path, "--costs", str(tmp_path / "costs.md"))
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "| TPU v6e-8 (spot) | europe-west4-a | paid by the grant (TRC) | TPU time |" in text
+    assert text.index("**per day**") < text.index("<details><summary>Full preview output")
+    without = comment("v6e-euw4", 0, output, tmp_path).stdout
+    assert "grant" not in without
+
+
+def test_an_unreadable_cost_table_is_one_line(tmp_path):
+    result = comment("v6e-euw4", 0, "Resources:\n", tmp_path, "--costs", str(tmp_path / "no.md"))
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: cannot read the cost table ")
+    assert result.stderr.count("\n") == 1

@@ -577,3 +577,54 @@ def test_a_trimmed_preview_comment_points_to_this_runs_log(tmp_path: Path) -> No
         body
     )
     assert "line 1999 " in body and "line 0 " not in body
+
+
+def _run_step(fragment: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    script = _step_named(WORKFLOWS / "preview.yml", "preview", fragment)
+    return subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+        check=False,
+        cwd=cwd,
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_preview_comment_carries_what_the_grant_does_not_pay(tmp_path: Path) -> None:
+    """The Costs and Comment steps as the runner runs them, in a checkout with the program's
+    virtualenv (.github/actions/pulumi-env builds .venv-infra): the comment on the pull
+    request holds the stack's cost table, TPU time marked as the grant's; a stack the
+    estimate cannot price gets a line that says so, and the step still passes."""
+    for name in (".github", "infra"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / ".venv-infra").symlink_to(sys.prefix)  # the program's environment: this one
+    (tmp_path / "preview.txt").write_text("Previewing update (v6e-euw4):\n    42 unchanged\n")
+    summary = tmp_path / "summary"
+    env = {
+        "GITHUB_STEP_SUMMARY": str(summary),
+        "GITHUB_REPOSITORY": "owner/repo",
+        "GITHUB_SERVER_URL": "https://github.com",
+        "GITHUB_RUN_ID": "42",
+        "STACK": "v6e-euw4",
+        "PR": "7",
+        "EXIT_CODE": "0",
+        "GH_TOKEN": CREDENTIAL,
+    }
+    costs = _run_step("Costs", tmp_path, env)
+    assert costs.returncode == 0, costs.stderr
+    with FakeGitHub() as github:
+        commented = _run_step("Comment", tmp_path, {**env, "GITHUB_API_URL": github.url})
+        assert commented.returncode == 0, commented.stderr
+        (body,) = [c["body"] for c in github.comments[7]]
+    assert "**What the grant does not pay (stack v6e-euw4)" in body
+    assert "| TPU v6e-8 (spot) | europe-west4-a | paid by the grant (TRC) |" in body
+    assert "| controller VM | e2-standard-4, europe-west4-a | $" in body
+    assert body.index("**per day**") < body.index("Full preview output")
+
+    failed = _run_step("Costs", tmp_path, {**env, "STACK": "no-such-stack"})
+    assert failed.returncode == 0, failed.stderr
+    table = (tmp_path / "costs.md").read_text()
+    assert table.startswith("**What the grant does not pay**: no estimate")
+    assert "--stack 'no-such-stack': no stacks/Pulumi.no-such-stack.yaml" in table

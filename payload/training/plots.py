@@ -140,15 +140,14 @@ def goodput(plot_id: str, categories: Mapping[str, float], wall_s: float | None)
     total = float(wall_s) if wall_s else sum(v for _, v in items)
     with _figure(plot_id) as fig:
         ax = fig.add_subplot()
+        unit, per = ("hours", 3600.0) if total >= 3600 else ("minutes", 60.0)
         names = [k for k, _ in items][::-1]
-        values = [v / 3600 for _, v in items][::-1]
+        seconds = [v for _, v in items][::-1]
         colours = ["#2b8a3e" if n == "productive" else "#868e96" for n in names]
-        bars = ax.barh(names, values, color=colours)
-        labels = [
-            f"{hours(v * 3600)} ({100 * v * 3600 / total:.1f} %)" if total else "" for v in values
-        ]
+        bars = ax.barh(names, [v / per for v in seconds], color=colours)
+        labels = [f"{hours(v)} ({100 * v / total:.1f} %)" if total else "" for v in seconds]
         ax.bar_label(bars, labels=labels, padding=3, fontsize=8)
-        ax.set_xlabel("hours")
+        ax.set_xlabel(unit)
         ax.margins(x=0.3)
         ax.grid(axis="y", visible=False)
         return _svg(fig)

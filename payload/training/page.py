@@ -406,7 +406,7 @@ class PageWriter:
         run_root: str,
         *,
         min_interval_s: float = 60.0,
-        close_timeout_s: float = 60.0,
+        close_timeout_s: float = 20.0,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.run_root = run_root

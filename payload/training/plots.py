@@ -10,9 +10,11 @@ Deterministic: the same input gives the same bytes. matplotlib's SVG backend sal
 hashes with a random uuid unless ``svg.hashsalt`` is set, and writes the time as metadata unless
 ``metadata={"Date": None}`` (matplotlib/backends/backend_svg.py, ``_make_id`` and
 ``_write_metadata``; the matplotlibrc's ``svg.hashsalt``). Text is kept as SVG ``<text>``
-(``svg.fonttype: none``): one font, DejaVu Sans, which matplotlib ships, lays the text out, and
-the browser draws it in that font or its sans-serif; ``text.parse_math`` is off so a ``$`` in a
-label from the status is text, not mathtext.
+(``svg.fonttype: none``): one font, DejaVu Sans, lays the text out, and the browser draws it in
+that font or its sans-serif. It is matplotlib's own copy on every machine, whatever fonts the
+system has: the font manager lists its bundled fonts before the system's and keeps the first of
+equal scores (matplotlib/font_manager.py, ``FontManager.__init__`` and ``_findfont_cached``).
+``text.parse_math`` is off so a ``$`` in a label from the status is text, not mathtext.
 """
 
 from __future__ import annotations

@@ -69,6 +69,7 @@ def test_the_page_shows_every_part_of_a_full_status() -> None:
     markup = page.render(status, {"tpu-watch.json": watch})
     for plot in ("plot-loss", "plot-throughput", "plot-goodput", "plot-timeline"):
         assert re.search(rf'<svg [^>]*id="{plot}"', markup), plot
+    assert "<image" not in markup  # vectors only: nothing rasterized (by Agg) into the SVG
     assert text_of(markup, "step") == "6"
     assert text_of(markup, "loss") == "4.6910"
     assert text_of(markup, "eta") == "2026-12-02 07:20 UTC"

@@ -1,5 +1,8 @@
-"""The status page's plots: matplotlib figures saved as SVG (its SVG backend, never Agg), for
-inlining into runs/<job>/status.html (page.py).
+"""The status page's plots: matplotlib figures saved as SVG (its SVG backend), for inlining into
+runs/<job>/status.html (page.py). Everything is drawn as vectors: the SVG backend imports Agg
+only to rasterize artists marked rasterized (matplotlib/backends/backend_mixed.py
+``MixedModeRenderer``, whose raster renderer is ``RendererAgg``), and none here is, so the SVG
+holds no ``<image>`` (test_status_page.py checks).
 
 matplotlib is imported inside the functions: commands that never draw a page never import it.
 The figures are drawn through the object-oriented API (``Figure`` with ``FigureCanvasSVG``),

@@ -217,7 +217,7 @@ def _page(args: argparse.Namespace) -> int:
     try:
         _read_retry_deadline()
         print(page.write(args.run.rstrip("/")))
-    except (FileNotFoundError, ValueError, UserError) as exc:
+    except UserError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except TransientError as exc:

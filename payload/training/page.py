@@ -37,6 +37,7 @@ from datetime import timezone
 from typing import Any
 
 from payload.core import storage
+from payload.core.errors import UserError
 from payload.training import plots
 
 PAGE = "status.html"
@@ -386,9 +387,9 @@ def write(run_root: str, status: Mapping[str, Any] | None = None) -> str:
         try:
             status = _read_json(path)
         except ValueError as exc:
-            raise ValueError(f"{path} is not JSON: {exc}") from None
+            raise UserError(f"{path} is not JSON: {exc}") from None
         if status is None:
-            raise FileNotFoundError(f"{path} does not exist: no run has written its status yet")
+            raise UserError(f"{path} does not exist: no run has written its status yet")
     page = storage.join(run_root, PAGE)
     storage.write_text(page, render(status, watch_statuses(run_root)))
     return page

@@ -38,7 +38,7 @@ STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
 .PHONY: demo test test-payload test-infra lint lint-ruff lint-imports lint-mypy-payload lint-mypy-infra \
-	format plan preview policy-venv smoke vpn-config bench bench-tpu-install venv venv-infra venv-tpu venv-tpu-jax venv-gpu-jax \
+	format plan preview policy-venv smoke vpn-config status browser bench bench-tpu-install venv venv-infra venv-tpu venv-tpu-jax venv-gpu-jax \
 	venv-pt venv-beam tools clean
 
 # uv itself, at the pin (its stamp is named after it: a new pin reinstalls it). The
@@ -150,7 +150,7 @@ demo: venv
 # Nothing waits for a download it does not need (docs/tests.md has the figures).
 INFRA_BESIDE_WORKERS ?= 2
 test:
-	$(MAKE) --no-print-directory -j5 lint venv-pt venv-beam venv-tpu-jax
+	$(MAKE) --no-print-directory -j5 lint venv-pt venv-beam venv-tpu-jax browser
 	@mkdir -p build; \
 	( if $(MAKE) --no-print-directory -j3 venv-tpu venv-gpu-jax tools > build/test-envs.log 2>&1; \
 	  then $(MAKE) --no-print-directory test-infra TEST_WORKERS=$(INFRA_BESIDE_WORKERS); \
@@ -170,7 +170,7 @@ test:
 TEST_WORKERS ?= auto
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-test-payload: venv venv-pt venv-beam venv-tpu-jax
+test-payload: venv venv-pt venv-beam venv-tpu-jax browser
 	PAYLOAD_PT_PYTHON=$(PTVENV)/bin/python PAYLOAD_BEAM_PYTHON=$(BVENV)/bin/python PAYLOAD_TPU_PYTHON=$(TJVENV)/bin/python $(PY) -m pytest $(PYTEST_PARALLEL) tests/payload tests/test_boundaries.py tests/test_contract.py tests/test_docs.py tests/test_prose_paths.py tests/test_layout.py
 
 test-infra: venv-infra venv-tpu venv-tpu-jax venv-gpu-jax $(TOOLS)
@@ -235,6 +235,22 @@ smoke: venv-pt venv-infra $(if $(COMPILE),venv-tpu-jax)
 vpn-config: venv-infra
 	@test "$(origin STACK)" = "command line" || { echo "make vpn-config: name the stack: make vpn-config STACK=<stack> [KEY=<private key file>] [OUT=<file>]" >&2; exit 2; }
 	$(IPY) -m infra.commands.vpn_config --stack $(STACK) $(if $(KEY),--private-key $(KEY)) $(if $(OUT),--out $(OUT))
+
+# The run's status page (runs/<job>/status.html, payload/training/page.py) from the stack's
+# bucket with gcloud storage cp, opened in your browser (or its path printed):
+# build/status/<stack>/status.html. docs/operating.md#the-status-page.
+status: venv-infra
+	@test "$(origin STACK)" = "command line" || { echo "make status: name the stack: make status STACK=<stack>" >&2; exit 2; }
+	$(IPY) -m infra.commands.status_page --stack $(STACK)
+
+# Debian's chromium, for the status page's browser test (tests/payload/
+# test_status_page_browser.py): installed when missing, as root (CI, .ci/run); elsewhere
+# the test is skipped until you install it (sudo apt-get install chromium).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "make test: chromium is not installed: the status page's browser test is skipped (sudo apt-get install chromium)" >&2; fi; }
 
 # Performance figures (printed, not asserted): encode vs raw tokenizers, the encode stage on
 # Beam's local runner vs the local encoder (same bytes), bytes/token,

@@ -1,6 +1,7 @@
 """Command line: ``tpu-payload {validate,tokenizer,encode,train,run} --job PATH [--force]``,
 ``tpu-payload plan --job PATH --accelerator TYPE [--mfu F] [--json]`` (payload/plan/estimate.py),
-``tpu-payload compile --job PATH --accelerator TYPE [--json]`` (payload/backends/jax/aot.py).
+``tpu-payload compile --job PATH --accelerator TYPE [--json]`` (payload/backends/jax/aot.py),
+``tpu-payload page --run ROOT`` (payload/training/page.py).
 
 argv (and ``TPU_PAYLOAD_GCS_RETRY_S``, ``TPU_PAYLOAD_VERBOSE``) is read here and nowhere
 else. ``output`` is checked before any stage. A :class:`UserError` becomes ``error: <one
@@ -95,7 +96,19 @@ def _parser() -> argparse.ArgumentParser:
     compile_.add_argument(
         "--verbose", action="store_true", help="also show libtpu's and XLA's logs"
     )
+    page = commands.add_parser("page", help=PAGE_HELP, description=PAGE_HELP)
+    page.add_argument(
+        "--run", required=True, help="the run's root (runs/<job>), local path or gs:// URI"
+    )
     return parser
+
+
+PAGE_HELP = (
+    "write <run>/status.html from its status.json and the watchdog's status "
+    "(payload/training/page.py)"
+)
+# The commands whose chief also writes the status page as it goes (page.PageWriter).
+PAGE_COMMANDS = ("train", "run")
 
 
 COMPILE_HELP = (
@@ -175,6 +188,12 @@ class _CtrlC:
         return main
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from payload.plan import estimate as plan  # noqa: PLC0415
+
+    return plan.run(args)
+
+
 def _compile(args: argparse.Namespace) -> int:
     """`tpu-payload compile` (payload/backends/jax/aot.py). JAX runs on this machine's CPU:
     the TPU is a topology libtpu compiles for, not a device here."""
@@ -191,6 +210,30 @@ def _compile(args: argparse.Namespace) -> int:
     return aot.run(args.job, args.accelerator, as_json=args.json, verbose=verbose)
 
 
+def _page(args: argparse.Namespace) -> int:
+    """`tpu-payload page --run ROOT`: write ROOT/status.html now."""
+    from payload.training import page  # noqa: PLC0415
+
+    try:
+        _read_retry_deadline()
+        print(page.write(args.run.rstrip("/")))
+    except UserError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except TransientError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return TRANSIENT_EXIT
+    return 0
+
+
+# The commands that run before (and without) a job spec, status.json or a lease.
+_WITHOUT_A_JOB: dict[str, Callable[[argparse.Namespace], int]] = {
+    "plan": _plan,
+    "compile": _compile,
+    "page": _page,
+}
+
+
 def _ignore_sigint_until_exit() -> None:
     # Blocked first, so no SIGINT can arrive between the two handlers; a pending one is
     # discarded when the block is lifted (POSIX: setting SIG_IGN discards it).
@@ -202,12 +245,8 @@ def _ignore_sigint_until_exit() -> None:
 @_CtrlC.guard
 def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:  # noqa: PLR0911
     args = _parser().parse_args(argv)
-    if args.command == "plan":
-        from payload.plan import estimate as plan  # noqa: PLC0415
-
-        return plan.run(args)
-    if args.command == "compile":
-        return _compile(args)
+    if args.command in _WITHOUT_A_JOB:
+        return _WITHOUT_A_JOB[args.command](args)
     from payload.backends import quiet  # noqa: PLC0415  (keep --help fast)
     from payload.core import lease, storage  # noqa: PLC0415  (keep --help fast)
     from payload.core.status import StatusWriter  # noqa: PLC0415
@@ -249,6 +288,7 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:  # noqa: PLR0911
         else _unwritten_status(job.paths.status, job.name)
     )
     _note_host_checks(status, os.environ)
+    close_pages = _page_writer(job, status, args.command, worker)
     try:
         _declare_tpu_host(args.command)
         _refuse_tf_slice(args.command, job)
@@ -278,9 +318,24 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:  # noqa: PLR0911
         _record_failure(status, args.command, f"{type(exc).__name__}: {_one_line(exc)}")
         raise
     finally:
+        close_pages()  # the last page's write, bounded
         if held is not None:
             held.release()
     return 0
+
+
+def _page_writer(
+    job: JobSpec, status: StatusWriter, command: str, worker: int
+) -> Callable[[], None]:
+    """The chief's status page, written at its status.json's writes (throttled) and
+    milestones, for the commands that train; what waits for its last write."""
+    if worker != 0 or command not in PAGE_COMMANDS:
+        return lambda: None
+    from payload.training import page  # noqa: PLC0415  (matplotlib only once it draws)
+
+    pages = page.PageWriter(job.paths.root)
+    status.on_flush = pages
+    return pages.close
 
 
 def _dispatch(

@@ -94,7 +94,7 @@ def run_stage(
         raise full from exc
     details = ", ".join(f"{k}={_fmt(v)}" for k, v in summary.items())
     status.update(stage=stage, state="complete", message=details or "complete")
-    status.flush()
+    status.flush(milestone=True)
     echo(f"{stage}: complete ({details})" if details else f"{stage}: complete")
     _echo_outputs(job, stage, echo)
     return summary
@@ -149,6 +149,6 @@ def run(
             job, stage, status, force=force, echo=echo, before_train=before_train
         )
     status.update(stage="run", state="complete", message="all stages complete")
-    status.flush()
+    status.flush(milestone=True)
     echo(f"status: {job.paths.status}")
     return results

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -33,6 +34,9 @@ class StatusWriter:
         self.min_interval_s = min_interval_s
         self._last_write = 0.0
         self._dirty = False
+        # Called with the document after each write, and at each milestone (flush's): the
+        # status page (payload/training/page.py PageWriter) hangs here; it must not raise.
+        self.on_flush: Callable[[dict[str, Any], bool], None] | None = None
         self._doc: dict[str, Any] = {
             "job": job_name,
             "stage": None,
@@ -119,7 +123,7 @@ class StatusWriter:
     def fail(self, *, stage: str, error: str) -> None:
         self._doc["last_error"] = {"stage": stage, "error": error, "at": _now()}
         self.update(stage=stage, state="failed", message=error)
-        self.flush()
+        self.flush(milestone=True)
 
     def hung(self, *, stage: str, phase: str, error: str) -> None:
         """The run made no progress in `phase` within its bound (the JAX backend's progress
@@ -127,11 +131,17 @@ class StatusWriter:
         `last_error`."""
         self._doc["last_error"] = {"stage": stage, "phase": phase, "error": error, "at": _now()}
         self.update(stage=stage, state="hung", message=error)
-        self.flush()
+        self.flush(milestone=True)
 
-    def flush(self) -> None:
-        if not self._dirty:
+    def flush(self, *, milestone: bool = False) -> None:
+        """Write status.json if anything changed. A milestone (an evaluation, a checkpoint, a
+        stage's end or failure) also tells `on_flush` that it should not wait out its own
+        throttle."""
+        if self._dirty:
+            storage.write_text(self.path, json.dumps(self._doc, indent=2, sort_keys=True) + "\n")
+            self._last_write = time.monotonic()
+            self._dirty = False
+        elif not milestone:
             return
-        storage.write_text(self.path, json.dumps(self._doc, indent=2, sort_keys=True) + "\n")
-        self._last_write = time.monotonic()
-        self._dirty = False
+        if self.on_flush is not None:
+            self.on_flush(self.document, milestone)

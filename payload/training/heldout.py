@@ -81,7 +81,25 @@ def report(
     """The metrics of one evaluation from its sums (loss, weight, correct), to the log,
     TensorBoard (`writer`: logs/eval) and status.json; both backends report through it."""
     if job.data.objective == "rtd":
-        return _report_rtd(job, status, writer, step, totals, sequences=sequences, seconds=seconds)
+        metrics = _report_rtd(
+            job, status, writer, step, totals, sequences=sequences, seconds=seconds
+        )
+    else:
+        metrics = _report(job, status, writer, step, totals, sequences=sequences, seconds=seconds)
+    status.flush(milestone=True)  # status.json and the status page (page.py) show it now
+    return metrics
+
+
+def _report(
+    job: JobSpec,
+    status: StatusWriter,
+    writer: Scalars,
+    step: int,
+    totals: Any,
+    *,
+    sequences: int,
+    seconds: float,
+) -> dict[str, float]:
     loss_sum, weight_sum, correct = (float(x) for x in totals)
     loss = loss_sum / max(weight_sum, 1.0)
     metrics: dict[str, Any] = {

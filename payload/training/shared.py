@@ -268,7 +268,7 @@ def log(message: str) -> None:
 class UnwrittenStatus(StatusWriter):
     """status.json as a worker that is not the chief sees it: kept in memory, never written."""
 
-    def flush(self) -> None:
+    def flush(self, *, milestone: bool = False) -> None:
         self._dirty = False
 
 

@@ -70,6 +70,7 @@ LONGEST_FIRST = (
     "test_tpu_compile.py",
     "test_jax_safety.py",
     "test_train.py",
+    "test_status_page_browser.py",  # a real run, then Chromium twice
     "test_export.py",
     "test_jax_hosts.py",
     "test_jax_one_program.py",

@@ -654,6 +654,7 @@ class _TrainLoop:
         if checkpoint or signum is not None:
             with self.watch.during("checkpoint"):  # a save waits for the write before it
                 self.save(state, step)
+            status.flush(milestone=True)  # the status page (page.py) at a checkpoint
         if signum is None and evaluation:
             with self.watch.during("evaluate"):
                 signum = self._evaluate(step, state, group=group)

@@ -292,11 +292,14 @@ class _TrainLoop:
                 meter.record(step, n, float(loss.numpy()), float(accuracy.numpy()))
                 if not math.isfinite(meter.loss):
                     raise training.diverged(meter.loss, step, n, spec, manager.latest_checkpoint)
-                if chief and (step % spec.checkpoint_every == 0 or step == total):
+                saved = chief and (step % spec.checkpoint_every == 0 or step == total)
+                if saved:
                     manager.save(checkpoint_number=step)
                 if step % spec.log_every == 0 or step == total:
                     meter.log(step, float(norm.numpy()))
                     bar.set_postfix(loss=f"{meter.loss:.4f}")
+                if saved:
+                    status.flush(milestone=True)  # the status page (page.py) at a checkpoint
                 # The final evaluation follows the loop.
                 if (
                     self.evaluator is not None

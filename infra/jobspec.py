@@ -270,13 +270,20 @@ def watch_lease_object_name(job_name: str) -> str:
 
 
 def render_job_spec(
-    template: Mapping[str, Any], bucket: str, dataflow: DataflowTarget | None = None
+    template: Mapping[str, Any],
+    bucket: str,
+    dataflow: DataflowTarget | None = None,
+    grant_ends: str | None = None,
 ) -> dict[str, Any]:
     """The job spec the payload runs on GCP: gs:// output and corpus in the bucket; for a
     job that encodes on Dataflow, the Beam options that name the stack's resources
-    (`dataflow`: the stack's Dataflow target, None when the stack has no Dataflow access)."""
+    (`dataflow`: the stack's Dataflow target, None when the stack has no Dataflow access);
+    the stack's grant end as `grant_ends` when it sets one (tpu-pretrain:grantEnds,
+    YYYY-MM-DD; the payload checks the run's ETA against it)."""
     spec = copy.deepcopy(dict(template))
     spec["output"] = run_root(bucket, spec["name"])
+    if grant_ends is not None:  # infra/config/config.py refuses a template that has its own
+        spec["grant_ends"] = grant_ends
     corpus = spec["corpus"]
     for source in corpus.get("sources", [corpus]):
         source["paths"] = [_in_bucket(bucket, p) for p in source["paths"]]

@@ -16,6 +16,7 @@ import pulumi
 
 from infra import jobspec
 from infra.components import dataflow
+from infra.components.alerts import RunAlerts, RunAlertsArgs
 from infra.components.apis import REQUIRED_APIS, ProjectApis, ProjectApisArgs
 from infra.components.bucket import TrainingBucket, TrainingBucketArgs, kept_bucket_exists
 from infra.components.controller import ControllerVm, ControllerVmArgs, WatchLease
@@ -111,7 +112,27 @@ def define(cfg: StackConfig, *, build_dir: Path = BUILD_DIR) -> None:
     )
     controller = _controller(cfg, base, accelerator)
     hop = _hop(cfg, base)
+    _alerts(cfg, base)
     _export(cfg, base, accelerator, controller, hop)
+
+
+def _alerts(cfg: StackConfig, base: Foundation) -> RunAlerts | None:
+    """tpu-pretrain:alertEmails: e-mail channels and an alert policy per event of the run;
+    without an address, no alerting resource at all."""
+    if not cfg.alert_emails:
+        return None
+    return RunAlerts(
+        "alerts",
+        RunAlertsArgs(
+            project=cfg.project,
+            stack=cfg.stack,
+            bucket=cfg.bucket.name,
+            emails=cfg.alert_emails,
+            labels=cfg.vm_labels,
+        ),
+        # The Monitoring API is one of the stack's (components/apis.py REQUIRED_APIS).
+        opts=pulumi.ResourceOptions(depends_on=[base.apis]),
+    )
 
 
 def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
@@ -175,6 +196,7 @@ def _foundation(cfg: StackConfig, build_dir: Path) -> Foundation:
         jobspec.load_template(cfg.job_file),
         cfg.bucket.name,
         _dataflow_target(cfg, archive.sha256),
+        grant_ends=cfg.grant_ends,
     )
     delivery = PayloadDelivery(
         "payload",

@@ -98,6 +98,7 @@ CRYPTO_KEY_IAM_MEMBER = "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember"
 REPOSITORY = "gcp:artifactregistry/repository:Repository"
 REPOSITORY_IAM_MEMBER = "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"
 CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
+NOTIFICATION_CHANNEL = "gcp:monitoring/notificationChannel:NotificationChannel"
 
 _COMMON_TYPES = {
     "pulumi:pulumi:Stack": "the stack itself (no cloud resource)",
@@ -120,6 +121,7 @@ MAIN_TYPES = {
             "Network",
             "PayloadDelivery",
             "ProjectApis",
+            "RunAlerts",
             "ServiceIdentity",
             "StartupDelivery",
             "TpuAutoRecovery",
@@ -154,6 +156,10 @@ MAIN_TYPES = {
     "random:index/randomBytes:RandomBytes": "local random bytes (the VPN client's key of a "
     "stack a person deploys), no cloud call",
     "time:index/sleep:Sleep": "local wait (IAM propagation), no cloud call",
+    # tpu-pretrain:alertEmails (infra/components/alerts.py): the run's alerts.
+    NOTIFICATION_CHANNEL: "notification-channels-email-only",
+    "gcp:monitoring/alertPolicy:AlertPolicy": "an alert on one event of the run, to the "
+    "stack's mail channels (no code, no secret)",
 }
 
 MAIN_APIS = frozenset(
@@ -424,6 +430,18 @@ DEPLOYER_PERMISSIONS = frozenset(
         "compute.zones.get",
         "iam.serviceAccounts.create",
         "iam.serviceAccounts.get",
+        "logging.notificationRules.create",
+        "logging.notificationRules.delete",
+        "logging.notificationRules.get",
+        "logging.notificationRules.update",
+        "monitoring.alertPolicies.create",
+        "monitoring.alertPolicies.delete",
+        "monitoring.alertPolicies.get",
+        "monitoring.alertPolicies.update",
+        "monitoring.notificationChannels.create",
+        "monitoring.notificationChannels.delete",
+        "monitoring.notificationChannels.get",
+        "monitoring.notificationChannels.update",
         "resourcemanager.projects.get",
         "serviceusage.operations.get",
         "serviceusage.services.enable",

@@ -67,6 +67,7 @@ SECRET = "gcp:secretmanager/secret:Secret"  # noqa: S105 (a type token)
 SECRET_VERSION = "gcp:secretmanager/secretVersion:SecretVersion"  # noqa: S105 (a type token)
 ACCOUNT = "gcp:serviceaccount/account:Account"
 BUCKET_OBJECT = "gcp:storage/bucketObject:BucketObject"
+NOTIFICATION_CHANNEL = "gcp:monitoring/notificationChannel:NotificationChannel"
 PROVIDER_PREFIX = "pulumi:providers:"
 
 CIS = PolicyComplianceFramework(

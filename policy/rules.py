@@ -24,7 +24,8 @@ rules, `rules()` (a policy, which names the rule, and the message of its violati
 module only joins the lists, in this order (no family imports it): closed_world (the
 allowlists, grants on the stack's own resources), identities (principals and accounts),
 network (ingress, VPC), vms (VM and TPU VM settings, the hop, regions), key_material, storage
-(buckets, KMS keys) and executables (what a VM runs); all read props through resources. Each
+(buckets, KMS keys), executables (what a VM runs) and alerting (e-mail channels only); all
+read props through resources. Each
 imports its siblings in two forms: from the package "policy" (the tests) and as top-level
 modules (the pack as the CLI runs it, from policy/).
 """
@@ -35,6 +36,7 @@ from pulumi_policy import ResourceValidationPolicy, StackValidationPolicy
 
 try:  # inside the repository (tests): the package "policy"
     from . import (
+        alerting,
         closed_world,
         executables,
         identities,
@@ -45,6 +47,7 @@ try:  # inside the repository (tests): the package "policy"
     )
     from .resources import Rule
 except ImportError:  # the pack as the Pulumi CLI runs it: policy/ is the working directory
+    import alerting  # type: ignore[no-redef]
     import closed_world  # type: ignore[no-redef]
     import executables  # type: ignore[no-redef]
     import identities  # type: ignore[no-redef]
@@ -66,6 +69,7 @@ def build_rules() -> list[Rule]:
         *key_material.rules(),
         *storage.rules(),
         *executables.rules(),
+        *alerting.rules(),
     ]
 
 

@@ -55,6 +55,19 @@ def test_every_stack_job_spec_is_valid_for_the_payload(stack_file):
     assert all(p.startswith(f"gs://{BUCKET}/corpus/") for p in job.corpus.paths)
 
 
+def test_the_stacks_grant_end_is_one_the_payload_reads():
+    """tpu-pretrain:grantEnds (validated YYYY-MM-DD by infra/config/config.py) rendered into
+    the job spec as grant_ends: the payload accepts and keeps it."""
+    config = yaml.safe_load(STACKS[0].read_text())["config"]
+    template = jobspec.load_template(ROOT / config["tpu-pretrain:job"])
+    text = jobspec.to_json(jobspec.render_job_spec(template, BUCKET, grant_ends="2027-01-31"))
+    document = spec.parse_document(text)
+    job = spec.parse_job(document, source=jobspec.job_uri(BUCKET, document["name"]))
+    assert job.grant_ends == "2027-01-31"
+    without = spec.parse_job(rendered(STACKS[0]), source=jobspec.job_uri(BUCKET, job.name))
+    assert without.grant_ends is None
+
+
 def test_the_payload_rejects_what_infra_must_not_produce():
     document = rendered(STACKS[0])
     document["train"]["steps"] = 0

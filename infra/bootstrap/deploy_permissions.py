@@ -139,6 +139,30 @@ PERMISSIONS_BY_TYPE: dict[str, tuple[str, ...]] = {
         "resourcemanager.projects.getIamPolicy",  # conditional role: listed roles only
         "resourcemanager.projects.setIamPolicy",
     ),
+    # tpu-pretrain:alertEmails (infra/components/alerts.py): create, read, update and delete of
+    # the e-mail channels and the log-match policies. Google's Logging access-control page
+    # ("Permissions for log-based alerting policies"): creating a log-based policy needs
+    # monitoring.alertPolicies.create, monitoring.notificationChannels.create and
+    # logging.notificationRules.create (Cloud Logging keeps a notification rule for each
+    # log-match policy); the rule's update and delete follow the policy's. No .list: the
+    # provider reads each by its name (pike's google_monitoring_* maps). No secret: an e-mail
+    # channel has no token.
+    "gcp:monitoring/notificationChannel:NotificationChannel": (
+        "monitoring.notificationChannels.create",
+        "monitoring.notificationChannels.delete",
+        "monitoring.notificationChannels.get",
+        "monitoring.notificationChannels.update",
+    ),
+    "gcp:monitoring/alertPolicy:AlertPolicy": (
+        "monitoring.alertPolicies.create",
+        "monitoring.alertPolicies.delete",
+        "monitoring.alertPolicies.get",
+        "monitoring.alertPolicies.update",
+        "logging.notificationRules.create",
+        "logging.notificationRules.delete",
+        "logging.notificationRules.get",
+        "logging.notificationRules.update",
+    ),
     # Local providers: no Google API call. (No random:index/randomBytes:RandomBytes: a
     # GitOps stack must set vpnClientPublicKey, so it makes no key; the VPN hop makes its own.)
     "time:index/sleep:Sleep": (),

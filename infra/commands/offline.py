@@ -117,6 +117,12 @@ def _unwrap_secrets(value: Any) -> Any:
 GET_BUCKETS = "gcp:storage/getBuckets:getBuckets"  # the invoke kept_bucket_exists() calls
 
 
+_MONITORING_COLLECTIONS = {
+    "gcp:monitoring/notificationChannel:NotificationChannel": "notificationChannels",
+    "gcp:monitoring/alertPolicy:AlertPolicy": "alertPolicies",
+}
+
+
 def _fake_ip(seed: str, prefix: str) -> str:
     digest = hashlib.sha256(seed.encode()).digest()
     return f"{prefix}.{digest[0] % 250 + 2}"
@@ -192,6 +198,12 @@ class _GcpMocks:
             state |= {"base64": base64.b64encode(raw).decode(), "hex": raw.hex()}
         elif kind == "gcp:projects/iAMCustomRole:IAMCustomRole":
             state |= {"name": f"projects/{self.project}/roles/{inputs['roleId']}"}
+        elif kind in _MONITORING_COLLECTIONS:
+            # Cloud Monitoring names a channel or policy by an id it assigns (REST
+            # projects.notificationChannels / projects.alertPolicies `name`).
+            assigned = hashlib.sha256(f"{kind}:{args.name}".encode()).hexdigest()[:16]
+            collection = _MONITORING_COLLECTIONS[kind]
+            state |= {"name": f"projects/{self.project}/{collection}/{assigned}"}
         resource_id = (
             f"{name}-id"
             if kind != "gcp:compute/network:Network"

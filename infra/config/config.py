@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,6 +37,7 @@ from infra.config.keys import (
     qualified,
     region_of,
     string,
+    string_list,
 )
 from infra.config.types import (
     BucketConfig,
@@ -172,6 +174,49 @@ def _vpn(
     )
 
 
+# An address as Cloud Monitoring's e-mail channel takes it (labels.email_address): one "@",
+# no spaces, a dot in the domain. Whether it receives mail only GCP shows
+# (docs/verified-offline-vs-gcp.md).
+_EMAIL_RE = re.compile(r"^[^@\s\"]+@[^@\s\"]+\.[^@\s\".]+$")
+_EMAIL_EXAMPLE = '["you@example.com"]'
+
+
+def _alert_emails(values: Mapping[str, object]) -> tuple[str, ...]:
+    """tpu-pretrain:alertEmails: the addresses the alert policies notify (none: no alerts)."""
+    name = "alertEmails"
+    emails: list[str] = []
+    for i, item in enumerate(string_list(values, name, _EMAIL_EXAMPLE)):
+        address = item.strip() if isinstance(item, str) else item
+        if not isinstance(address, str) or not _EMAIL_RE.match(address):
+            raise ConfigError(
+                f"{qualified(name)}[{i}]: {item!r} is not an e-mail address (allowed: a list of "
+                f"addresses like {_EMAIL_EXAMPLE}; [] or unset: no alerts)"
+            )
+        if address.lower() in (e.lower() for e in emails):
+            raise ConfigError(f"{qualified(name)}[{i}]: {address!r} is listed twice; list it once")
+        emails.append(address)
+    return tuple(emails)
+
+
+_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def _grant_ends(values: Mapping[str, object]) -> str | None:
+    """tpu-pretrain:grantEnds: the grant's last day, YYYY-MM-DD (None: not set)."""
+    value = string(values, "grantEnds")
+    if not value:
+        return None
+    try:
+        if not _DATE_RE.match(value):
+            raise ValueError(value)
+        return datetime.date.fromisoformat(value).isoformat()
+    except ValueError:
+        raise ConfigError(
+            f"{qualified('grantEnds')}: {value!r} is not a date (allowed: YYYY-MM-DD, e.g. "
+            "2027-01-31; unset: no grant end)"
+        ) from None
+
+
 def _default_hop_zone(region: str, what: str) -> str:
     """The hop's zone for a stack that does not set vpnZone: the catalog's zone beside the
     accelerator's region (infra/catalogs/vpn_hop.yaml says why not in it)."""
@@ -237,6 +282,12 @@ def parse_config(
         template = jobspec.load_template(job_file)
     except jobspec.JobTemplateError as error:
         raise ConfigError(f"{qualified('job')}: {job_file_value!r}: {error}") from None
+    grant_ends = _grant_ends(values)
+    if grant_ends is not None and "grant_ends" in template:
+        raise ConfigError(
+            f"{qualified('job')}: {job_file_value!r}: grant_ends is set by the stack's "
+            f"{qualified('grantEnds')} ({grant_ends}); remove it from the template"
+        )
     check_job_replicas(job_file_value, template, accelerator, catalog)
     backend = resolve_backend(job_file_value, template, accelerator, catalog)
     dataflow = dataflow_enabled(values, job_file_value, template, accelerator.region)
@@ -257,6 +308,8 @@ def parse_config(
         dataflow=dataflow,
         job_plan=job_plan,
         accounts_from_bootstrap=accounts_from_bootstrap,
+        alert_emails=_alert_emails(values),
+        grant_ends=grant_ends,
     )
 
 

@@ -170,6 +170,19 @@ KEYS: tuple[Key, ...] = (
         "their IAM policies (default: the stack creates and deletes its own).",
         False,
     ),
+    Key(
+        "alertEmails",
+        "array",
+        "E-mail addresses the stack's alert policies notify of the run's events (docs/"
+        "operating.md#alerts); empty: no alerts.",
+        [],
+    ),
+    Key(
+        "grantEnds",
+        "string",
+        "The grant's last day, YYYY-MM-DD: the run's ETA is checked against it (default: none).",
+        "",
+    ),
 )
 KEYS_BY_NAME = {key.name: key for key in KEYS}
 # Settings that belong to one kind of accelerator; a stack of the other kind refuses them.
@@ -251,6 +264,19 @@ def array(values: Mapping[str, object], name: str) -> list[object]:
             value = None
     if not isinstance(value, list) or not value:
         raise ConfigError(f'{qualified(name)}: must be a non-empty list, e.g. ["203.0.113.0/24"]')
+    return value
+
+
+def string_list(values: Mapping[str, object], name: str, example: str) -> list[object]:
+    """A list that may be empty (a list in the stack file, or the CLI's JSON text of one)."""
+    value = _value(values, name)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = None
+    if not isinstance(value, list):
+        raise ConfigError(f"{qualified(name)}: must be a list, e.g. {example} (or [] for none)")
     return value
 
 

@@ -122,6 +122,12 @@ class StackConfig:
     accounts_from_bootstrap: bool = False
     # The payload's plan of the job on the accelerator, in a line (infra/jobfit.py).
     job_plan: str = ""
+    # tpu-pretrain:alertEmails: who the alert policies notify (): no alerting resources at all
+    # (infra/components/alerts.py).
+    alert_emails: tuple[str, ...] = ()
+    # tpu-pretrain:grantEnds: the grant's last day (YYYY-MM-DD), rendered into the job spec as
+    # grant_ends (infra/jobspec.py render_job_spec); None: not set.
+    grant_ends: str | None = None
 
     @property
     def labels(self) -> dict[str, str]:

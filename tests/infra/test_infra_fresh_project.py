@@ -18,6 +18,9 @@ API_OF_MODULE = {
     "tpu": "tpu.googleapis.com",
     "storage": "storage.googleapis.com",
     "serviceaccount": "iam.googleapis.com",
+    # Notification channels and alert policies (tpu-pretrain:alertEmails): Cloud Monitoring's
+    # projects.notificationChannels and projects.alertPolicies.
+    "monitoring": "monitoring.googleapis.com",
     # projects.IAMMember reads/writes the project's IAM policy through Resource Manager
     # (projects.getIamPolicy/setIamPolicy); projects.Service goes through Service Usage.
     "projects/iAMMember": "cloudresourcemanager.googleapis.com",
@@ -37,10 +40,13 @@ def _api_of(resource_type: str) -> str | None:
 
 
 def _variants() -> list[tuple[str, dict[str, object]]]:
-    """Every stack, and each TPU stack with the watchdog on (its resources differ)."""
-    return [(s, {}) for s in stack_names()] + [
-        (s, {"tpu-pretrain:tpuAutoRecover": True}) for s in tpu_stack_names()
-    ]
+    """Every stack, each TPU stack with the watchdog on (its resources differ), and a TPU and
+    a GPU stack with alerts."""
+    return (
+        [(s, {}) for s in stack_names()]
+        + [(s, {"tpu-pretrain:tpuAutoRecover": True}) for s in tpu_stack_names()]
+        + [(s, {"tpu-pretrain:alertEmails": ["ops@example.com"]}) for s in ("v3-euw4", "t4-usc1")]
+    )
 
 
 @pytest.mark.parametrize(("stack", "overrides"), _variants())

@@ -1,8 +1,12 @@
-"""Job templates: what infra owns in a job spec (name, output, corpus location)."""
+"""Job templates: what infra owns in a job spec (name, output, corpus location, the grant's
+end)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from harness import by_name, config_error, run_offline
 
 from infra import jobspec
 
@@ -99,3 +103,35 @@ def test_rendering_fills_in_the_bucket_layout_and_leaves_the_template_alone(tmp_
     assert jobspec.job_uri("bkt", "demo") == "gs://bkt/jobs/demo.json"
     assert jobspec.manifest_uri("bkt", "demo") == "gs://bkt/runs/demo/data/manifest.json"
     assert jobspec.status_uri("bkt", "demo") == "gs://bkt/runs/demo/status.json"
+
+
+# --- tpu-pretrain:grantEnds: the grant's last day, in the job spec the payload reads ----------
+def _uploaded_spec(overrides: dict) -> dict:
+    run = run_offline("v3-euw4", overrides)
+    return json.loads(by_name(run, "payload-job-spec").inputs["content"])
+
+
+def test_grant_ends_goes_into_the_uploaded_job_spec_only_when_set():
+    assert _uploaded_spec({"tpu-pretrain:grantEnds": "2027-01-31"})["grant_ends"] == "2027-01-31"
+    assert "grant_ends" not in _uploaded_spec({})
+    assert "grant_ends" not in _uploaded_spec({"tpu-pretrain:grantEnds": ""})
+
+
+@pytest.mark.parametrize("value", ["2027-02-30", "31.01.2027", "20270131", "2027-1-31", "soon"])
+def test_grant_ends_is_a_date(value):
+    assert config_error("v3-euw4", {"tpu-pretrain:grantEnds": value}) == (
+        f"tpu-pretrain:grantEnds: {value!r} is not a date (allowed: YYYY-MM-DD, e.g. "
+        "2027-01-31; unset: no grant end)"
+    )
+
+
+def test_a_template_with_its_own_grant_end_is_refused_when_the_stack_sets_one(tmp_path):
+    template = tmp_path / "job.yaml"
+    template.write_text("name: x1\ngrant_ends: 2027-03-01\ncorpus: {paths: [a]}\n")
+    message = config_error(
+        "v3-euw4", {"tpu-pretrain:job": str(template), "tpu-pretrain:grantEnds": "2027-01-31"}
+    )
+    assert message == (
+        f"tpu-pretrain:job: {str(template)!r}: grant_ends is set by the stack's "
+        "tpu-pretrain:grantEnds (2027-01-31); remove it from the template"
+    )

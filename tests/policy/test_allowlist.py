@@ -406,12 +406,17 @@ def _all_variants() -> list[list[Resource]]:
             for flag in (True, False)
         ]
         + [resources(s, DATAFLOW_ON) for s in DATAFLOW_STACKS]
+        + [resources(s, ALERTS_ON) for s in ALERT_STACKS]
     )
 
 
 # Dataflow is off by default; these stacks run with it on (tests/policy/test_dataflow_policy.py).
 DATAFLOW_ON = {"tpu-pretrain:dataflow": True}
 DATAFLOW_STACKS = ("v6e-euw4", "t4-usc1")
+# Alerts are off by default (no tpu-pretrain:alertEmails); these stacks run with an address
+# (tests/policy/test_stacks.py).
+ALERTS_ON = {"tpu-pretrain:alertEmails": ["ops@example.com"]}
+ALERT_STACKS = ("v6e-euw4", "t4-usc1")
 
 
 def test_every_allowed_main_type_api_and_grant_is_used_by_a_stack() -> None:

@@ -476,6 +476,17 @@ REVIEWED_PROJECT_WIDE = {
     ),
     "ESCALATION (docs/guard-rails.md): deletes any TPU VM; Cloud TPU is not on Google's list "
     "of resources an IAM condition can name": ("tpu.nodes.delete",),
+    "alerting (tpu-pretrain:alertEmails): changes or deletes any alert policy and channel of "
+    "the project, which tells people, runs nothing and holds no secret (e-mail only: the "
+    "pack's notification-channels-email-only); Cloud Monitoring is not on Google's list of "
+    "resources an IAM condition can name": (
+        "logging.notificationRules.create", "logging.notificationRules.delete",
+        "logging.notificationRules.get", "logging.notificationRules.update",
+        "monitoring.alertPolicies.create", "monitoring.alertPolicies.delete",
+        "monitoring.alertPolicies.get", "monitoring.alertPolicies.update",
+        "monitoring.notificationChannels.create", "monitoring.notificationChannels.delete",
+        "monitoring.notificationChannels.get", "monitoring.notificationChannels.update",
+    ),
 }  # fmt: skip
 # Predefined roles bound project-wide (their permissions are Google's): read-only only.
 REVIEWED_PROJECT_WIDE_ROLES = {

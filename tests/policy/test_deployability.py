@@ -14,6 +14,7 @@ it (bootstrap_roles.py)."""
 from __future__ import annotations
 
 import functools
+import json
 import re
 import sys
 from pathlib import Path
@@ -124,10 +125,13 @@ def _variants() -> list[tuple[str, dict[str, object]]]:
         + [(s, {"tpu-pretrain:tpuAutoRecover": not_default}) for s, not_default in _flipped()]
         # Dataflow (off by default): one TPU and one GPU stack with it on.
         + [(s, {"tpu-pretrain:dataflow": True}) for s in DATAFLOW_STACKS]
+        # Alerts (off by default): one TPU and one GPU stack with an address.
+        + [(s, {"tpu-pretrain:alertEmails": ["ops@example.com"]}) for s in ALERT_STACKS]
     )
 
 
 DATAFLOW_STACKS = ("v3-euw4", "t4-usc1")
+ALERT_STACKS = ("v6e-euw4", "l4x2-use1")
 
 
 def _flipped() -> list[tuple[str, bool]]:
@@ -143,12 +147,13 @@ def _run(stack: str, overrides: dict[str, object] | None = None, *, gitops: bool
     """The stack as the deploy account deploys it (a GitOps stack), or with gitops=False as
     a person deploys it (the stack creates its own accounts and the grants on them). Each
     variant runs once per session: the tests here read the same runs."""
-    return list(_cached_run(stack, tuple(sorted((overrides or {}).items())), gitops))
+    # As JSON text: a cache key, whatever the values (alertEmails is a list).
+    return list(_cached_run(stack, json.dumps(overrides or {}, sort_keys=True), gitops))
 
 
 @functools.cache
-def _cached_run(stack: str, overrides: tuple[tuple[str, object], ...], gitops: bool):
-    config = {"gcp:project": PROJECT, **(GITOPS if gitops else {}), **dict(overrides)}
+def _cached_run(stack: str, overrides: str, gitops: bool):
+    config = {"gcp:project": PROJECT, **(GITOPS if gitops else {}), **json.loads(overrides)}
     return tuple(run_offline(stack, config).resources)
 
 

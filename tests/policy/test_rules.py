@@ -29,6 +29,7 @@ from policy.resources import (
     INSTANCE_TEMPLATE,
     KMS_CRYPTO_KEY,
     NETWORK,
+    NOTIFICATION_CHANNEL,
     PROJECT_METADATA_ITEM,
     SERVICE_ACCOUNT_KEY,
     SUBNETWORK,
@@ -185,6 +186,10 @@ BASELINE: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "api": ("gcp:projects/service:Service", {"service": "tpu.googleapis.com"}),
+    "email-channel": (
+        NOTIFICATION_CHANNEL,
+        {"type": "email", "labels": {"email_address": "ops@example.com"}},
+    ),
 }
 # Types of the bootstrap program: their URN names its Pulumi project.
 BOOTSTRAP_KEYS = {"kms-key", "wif-provider"}
@@ -427,6 +432,16 @@ FAILING: list[tuple[str, str, tuple[str, dict[str, Any]]]] = [
     ("no-auto-mode-network", "default", _variant("network", ("autoCreateSubnetworks", DELETE))),
     ("wif-provider-attribute-condition", "none",
      _variant("wif-provider", ("attributeCondition", DELETE))),
+    # Alerts go out as mail only (policy/alerting.py): no webhook, no token.
+    ("notification-channels-email-only", "webhook",
+     (NOTIFICATION_CHANNEL, {"type": "webhook_tokenauth", "labels": {"url": "https://x.example"}})),
+    ("notification-channels-email-only", "slack-token",
+     _variant("email-channel", ("type", "slack"),
+              ("sensitiveLabels", {"authToken": "xoxb-1"}))),
+    ("notification-channels-email-only", "email-with-a-token",
+     _variant("email-channel", ("sensitiveLabels", {"password": "p"}))),
+    ("notification-channels-email-only", "email-to-no-address",
+     _variant("email-channel", ("labels", {}))),
     # What a VM runs (policy/executables.py): any way a stack account could write it.
     *[("vm-accounts-write-no-executables", case, grant) for case, grant in EXECUTABLE_WRITES],
 ]  # fmt: skip

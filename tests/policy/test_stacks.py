@@ -42,6 +42,26 @@ def test_stack_has_zero_violations(stack: str) -> None:
     assert run_pack(stack_resources) == []
 
 
+ALERT_TYPES = {
+    "gcp:monitoring/notificationChannel:NotificationChannel",
+    "gcp:monitoring/alertPolicy:AlertPolicy",
+}
+
+
+@pytest.mark.parametrize("stack", ["v6e-euw4", "t4-usc1"])
+def test_a_stack_with_alerts_has_zero_violations(stack: str) -> None:
+    stack_resources = resources(stack, {"tpu-pretrain:alertEmails": ["ops@example.com"]})
+    assert {type_ for type_, _, _, _ in stack_resources} >= ALERT_TYPES
+    assert run_pack(stack_resources) == []
+    # Its channel turned into a webhook is refused.
+    [channel] = [r for r in stack_resources if r[0] in ALERT_TYPES and "email" in r[1]]
+    channel[2]["type"] = "webhook_tokenauth"
+    channel[2]["labels"] = {"url": "https://collector.example/hook"}
+    [violation] = run_pack(stack_resources)
+    assert violation.policy == "notification-channels-email-only"
+    assert violation.urn == channel[3]
+
+
 def _only(
     violations: list[Violation],
     rule: str,

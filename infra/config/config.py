@@ -224,6 +224,7 @@ def parse_config(
     network = _network(values, prefix)
     accounts_from_bootstrap = boolean(values, "accountsFromBootstrap")
     vpn = _vpn(values, accelerator.region, what, gitops=accounts_from_bootstrap)
+    capacity_wait_minutes = integer(values, "capacityWaitMinutes", 1, 7 * 24 * 60)
     machine_type = string(values, "controllerMachineType")
     if not _MACHINE_RE.match(machine_type):
         raise ConfigError(
@@ -257,6 +258,7 @@ def parse_config(
         dataflow=dataflow,
         job_plan=job_plan,
         accounts_from_bootstrap=accounts_from_bootstrap,
+        capacity_wait_minutes=capacity_wait_minutes,
     )
 
 

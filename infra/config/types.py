@@ -122,6 +122,8 @@ class StackConfig:
     accounts_from_bootstrap: bool = False
     # The payload's plan of the job on the accelerator, in a line (infra/jobfit.py).
     job_plan: str = ""
+    # tpu-pretrain:capacityWaitMinutes: the watchdog reports a longer wait for capacity.
+    capacity_wait_minutes: int = 60
 
     @property
     def labels(self) -> dict[str, str]:

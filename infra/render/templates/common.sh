@@ -127,7 +127,7 @@ write_status() {
 # A run event (the table: payload/core/events.py EVENTS, docs/operating.md) for Cloud Logging,
 # where the stack's alert policies match it: the scripts' only
 # writer of events, as payload.core.events.emit is the payload's.
-#   emit_event EVENT SOURCE MESSAGE [FIELD=VALUE ...]
+#   emit_event EVENT SOURCE MESSAGE [FIELD=VALUE ...]   (EVENT_LOG=FILE: also append it there)
 # The entry goes to the journal and to `gcloud logging write tpu-pretrain-events` (resource
 # global, the VM's logWriter role); a failed write is logged and never fails the caller.
 # event_severity mirrors EVENTS' severities (tests/test_contract.py keeps them equal).
@@ -161,6 +161,10 @@ print(json.dumps(doc, sort_keys=True))
 PY
   )" || { log "emit_event: cannot build the ${event} event"; return 0; }
   log "event ${payload}"
+  # A watchdog keeps the events it wrote for its status's timeline (watch-common.sh).
+  if [ -n "${EVENT_LOG:-}" ]; then
+    printf '%s\n' "${payload}" >>"${EVENT_LOG}" || log "emit_event: cannot keep ${event} in ${EVENT_LOG}"
+  fi
   if [ -n "${PROJECT:-}" ]; then
     project=(--project "${PROJECT}")
   fi

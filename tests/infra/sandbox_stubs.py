@@ -113,7 +113,8 @@ elif [ "$1 $2 $3" = "compute tpus queued-resources" ]; then
     # two from $STATE/qr-detail ("SERVICE|", "|Quota … exceeded"; none: empty).
     describe)
       if [[ "$*" == *failedData* ]]; then
-        printf '%s|%s\n' "$(cat "$STATE/qr-state")" "$(cat "$STATE/qr-detail" 2>/dev/null || echo '|')"
+        detail="$(cat "$STATE/qr-detail" 2>/dev/null || echo '|')"
+        printf '%s|%s\n' "$(cat "$STATE/qr-state")" "$detail"
       else
         cat "$STATE/qr-state"
       fi

@@ -96,7 +96,7 @@ def logged_events(state: Path) -> list[dict]:
     """The `gcloud logging write LOG JSON --payload-type=json --severity=S` entries the
     sandbox's gcloud stub kept under `state`/logging, oldest first."""
     directory = state / "logging"
-    files = sorted(directory.glob("*.args"), key=lambda p: int(p.stem)) if directory.exists() else []
+    files = sorted(directory.glob("*.args"), key=lambda p: int(p.stem))
     entries = []
     for path in files:
         args = path.read_text().splitlines()

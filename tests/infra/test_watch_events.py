@@ -275,7 +275,7 @@ def test_capacity_wait_minutes_is_rendered_and_checked():
 
 
 @pytest.fixture
-def gpu_watch(spot_gpu_run, sandbox) -> GpuWatch:  
+def gpu_watch(spot_gpu_run, sandbox) -> GpuWatch:
     return GpuWatch(spot_gpu_run, sandbox)
 
 

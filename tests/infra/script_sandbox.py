@@ -103,8 +103,12 @@ def logged_events(state: Path) -> list[dict]:
         assert args[:2] == ["logging", "write"], args
         flags = dict(a.removeprefix("--").split("=", 1) for a in args[4:] if "=" in a)
         entries.append(
-            {"log": args[2], "payload": json.loads(args[3]), "severity": flags.get("severity"),
-             "flags": args[4:]}
+            {
+                "log": args[2],
+                "payload": json.loads(args[3]),
+                "severity": flags.get("severity"),
+                "flags": args[4:],
+            }
         )
     return entries
 

@@ -236,6 +236,9 @@ def test_the_status_is_json_for_any_message_and_events_never_fail_a_tick(watch):
     result = watch.tick(LOGGING_WRITE_ERROR="PERMISSION_DENIED: logging.logEntries.create")
     assert result.returncode == 0, result.stderr
     assert "not written to Cloud Logging" in result.stderr
+    # Two tries per event at most: recovery does not wait on Cloud Logging.
+    writes = [c for c in watch.box.calls if c.startswith("gcloud logging write ")]
+    assert len(writes) == 4 and watch.creates("qr-create") != []
     assert [e["event"] for e in watch.status["events"]] == ["preempted", "recreated"]
 
 

@@ -25,7 +25,8 @@ log() {
 
 # Run a Google Cloud command, retrying errors that are transient on fresh resources:
 # IAM grants and new buckets/secrets answer 403/404 (PERMISSION_DENIED, NOT_FOUND) for a
-# while, and 429/5xx happen. Any other error fails at once.
+# while, and 429/5xx happen. Any other error fails at once. RETRY_LIMIT=N for one call
+# tries at most N times (an event must not hold up what its writer does next).
 readonly TRANSIENT_ERRORS='(403|404|429|500|502|503|504|forbidden|permission[ _]denied|not[ _]?found|too many|resource[ _]exhausted|timed? ?out|deadline|connection|unavailable)'
 retry_gcloud() {
   local attempt=1 delay=5 err
@@ -35,7 +36,7 @@ retry_gcloud() {
       rm -f "${err}"
       return 0
     fi
-    if [ "${attempt}" -ge "${RETRY_ATTEMPTS}" ] \
+    if [ "${attempt}" -ge "${RETRY_LIMIT:-${RETRY_ATTEMPTS}}" ] \
       || ! grep -Eqi "${TRANSIENT_ERRORS}" "${err}"; then
       cat "${err}" >&2
       rm -f "${err}"

@@ -103,7 +103,7 @@ trainer_state() {
 trainer_gave_up() {
   write_status stopped "$1"
   trainer_state "stopped $(date -u +%s) $1"
-  emit_event stopped trainer-unit "$1" "reason=$2"
+  RETRY_LIMIT=2 emit_event stopped trainer-unit "$1" "reason=$2"  # ExecStopPost: briefly
 }
 
 # The newest committed checkpoint's step in the bucket; "none" when there is none or the

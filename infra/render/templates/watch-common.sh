@@ -212,7 +212,8 @@ readonly EVENTS_KEPT=20
 watch_event() {
   local event="$1" message="$2" log="${WATCH_DIR}/events.jsonl"
   shift 2
-  EVENT_LOG="${log}" emit_event "${event}" watchdog "${message}" "$@"
+  # Two tries at most: the next step of the tick (a delete, a create) must not wait on it.
+  EVENT_LOG="${log}" RETRY_LIMIT=2 emit_event "${event}" watchdog "${message}" "$@"
   if [ -f "${log}" ] && [ "$(wc -l <"${log}")" -gt "${EVENTS_KEPT}" ]; then
     tail -n "${EVENTS_KEPT}" "${log}" >"${log}.new" && mv -f "${log}.new" "${log}"
   fi

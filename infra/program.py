@@ -351,7 +351,12 @@ def _watch(
         gpu = cfg.gpu
         if not gpu.auto_recover:
             return None
-        return render.GpuWatch(project=cfg.project, name=gpu.name, zone=gpu.zone)
+        return render.GpuWatch(
+            project=cfg.project,
+            name=gpu.name,
+            zone=gpu.zone,
+            capacity_wait_minutes=cfg.capacity_wait_minutes,
+        )
     if not cfg.tpu.auto_recover:
         return None
     tpu_args = _tpu_args(cfg, base)
@@ -363,6 +368,7 @@ def _watch(
             *v,
             release_when_done=cfg.tpu.release_when_done,
             hosts=cfg.tpu.hosts,
+            capacity_wait_minutes=cfg.capacity_wait_minutes,
         )
     )
 
@@ -698,6 +704,7 @@ def _tpu_watch(
     *,
     release_when_done: bool,
     hosts: int = 1,
+    capacity_wait_minutes: int = render.CAPACITY_WAIT_MINUTES,
 ) -> render.TpuWatch:
     """The watchdog recreates the TPU VM from the very arguments of its gcp.tpu.V2Vm."""
     return render.TpuWatch(
@@ -721,4 +728,5 @@ def _tpu_watch(
         startup_script=args.startup_script,
         release_when_done=release_when_done,
         hosts=hosts,
+        capacity_wait_minutes=capacity_wait_minutes,
     )

@@ -269,6 +269,7 @@ def parse_config(
     network = _network(values, prefix)
     accounts_from_bootstrap = boolean(values, "accountsFromBootstrap")
     vpn = _vpn(values, accelerator.region, what, gitops=accounts_from_bootstrap)
+    capacity_wait_minutes = integer(values, "capacityWaitMinutes", 1, 7 * 24 * 60)
     machine_type = string(values, "controllerMachineType")
     if not _MACHINE_RE.match(machine_type):
         raise ConfigError(
@@ -310,6 +311,7 @@ def parse_config(
         accounts_from_bootstrap=accounts_from_bootstrap,
         alert_emails=_alert_emails(values),
         grant_ends=grant_ends,
+        capacity_wait_minutes=capacity_wait_minutes,
     )
 
 

@@ -121,6 +121,13 @@ KEYS: tuple[Key, ...] = (
         "",
     ),
     Key(
+        "capacityWaitMinutes",
+        "integer",
+        "With a watchdog (tpuAutoRecover, gpuAutoRecover): minutes a request for the "
+        "accelerator may wait for capacity before a capacity-wait event reports it (1-10080).",
+        60,
+    ),
+    Key(
         "bucketName",
         "string",
         "Bucket name, ending with -tpu-pretrain (default <project>-<stack>-tpu-pretrain).",

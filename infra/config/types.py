@@ -128,6 +128,8 @@ class StackConfig:
     # tpu-pretrain:grantEnds: the grant's last day (YYYY-MM-DD), rendered into the job spec as
     # grant_ends (infra/jobspec.py render_job_spec); None: not set.
     grant_ends: str | None = None
+    # tpu-pretrain:capacityWaitMinutes: the watchdog reports a longer wait for capacity.
+    capacity_wait_minutes: int = 60
 
     @property
     def labels(self) -> dict[str, str]:

@@ -72,6 +72,9 @@ TPU_RECREATE_MIN_SECONDS = 900
 # failing every tick; gcloud's GA `queued-resources create` has no --preemptible, so a
 # preemptible VM is created directly, retried at these growing intervals (seconds).
 TPU_CAPACITY_BACKOFF = (240, 3600)  # first wait, longest wait
+# How long a request for the accelerator may wait for capacity before the watchdog reports it
+# (a capacity-wait event): the stack's tpu-pretrain:capacityWaitMinutes, this by default.
+CAPACITY_WAIT_MINUTES = 60
 # pulumi-gcp >= 8 puts this label on every resource it creates (effectiveLabels); a recreated
 # VM carries it too, so `pulumi refresh` sees the VM Pulumi created.
 PULUMI_ATTRIBUTION_LABEL = ("goog-pulumi-provisioned", "true")
@@ -543,6 +546,7 @@ class TpuWatch:
     startup_script: str
     release_when_done: bool = False  # delete the TPU VM once the job's export is complete
     hosts: int = 1  # a slice: one node of several hosts, deleted and recreated as one
+    capacity_wait_minutes: int = CAPACITY_WAIT_MINUTES  # then a capacity-wait event
     kind = "tpu"
 
     @property
@@ -591,6 +595,7 @@ class TpuWatch:
             "POINTER_URI": pointer_uri(workload.bucket),
             "RELEASE_WHEN_DONE": "true" if self.release_when_done else "false",
             "TPU_HOSTS": str(self.hosts),
+            "CAPACITY_WAIT_SECONDS": str(self.capacity_wait_minutes * 60),
             "BOOT_ATTRIBUTE": BOOT_ATTRIBUTE,
             "TRAINER_ATTRIBUTE": TRAINER_ATTRIBUTE,
         }
@@ -623,6 +628,7 @@ class GpuWatch:
     project: str
     name: str
     zone: str
+    capacity_wait_minutes: int = CAPACITY_WAIT_MINUTES  # then a capacity-wait event
     startup_script = ""  # nothing to recreate from: the stopped VM keeps its metadata
 
     def values(self, workload: Workload) -> dict[str, str]:
@@ -638,6 +644,7 @@ class GpuWatch:
             "POINTER_URI": pointer_uri(workload.bucket),
             "BOOT_ATTRIBUTE": BOOT_ATTRIBUTE,
             "TRAINER_ATTRIBUTE": TRAINER_ATTRIBUTE,
+            "CAPACITY_WAIT_SECONDS": str(self.capacity_wait_minutes * 60),
         }
 
     def script(self, workload: Workload) -> str:
@@ -730,7 +737,31 @@ def render_loader(role: str, bucket: str) -> str:
         f"readonly BOOT_ATTRIBUTE={BOOT_ATTRIBUTE}",
     ]
     body = (TEMPLATES / "loader.sh").read_text(encoding="utf-8")
-    return "\n".join(header) + "\n\n" + body
+    return "\n".join(header) + "\n\n" + _loader_events() + body
+
+
+# The loader's `stopped` event goes through the scripts' one writer of events, common.sh
+# emit_event, and the retries it writes with: those definitions, copied from common.sh.
+LOADER_EVENT_FUNCTIONS = ("retry_gcloud", "event_severity", "emit_event")
+LOADER_RETRY_ATTEMPTS = 3  # a failed boot waited long already: a short retry of the write
+
+
+def _loader_events() -> str:
+    common = (TEMPLATES / "common.sh").read_text(encoding="utf-8")
+    transient = re.search(r"^readonly TRANSIENT_ERRORS=.*$", common, re.MULTILINE)
+    if transient is None:
+        raise ValueError("templates/common.sh has no TRANSIENT_ERRORS")
+    parts = [
+        "# ---- from templates/common.sh (render.py render_loader): the event writer ----",
+        f"readonly RETRY_ATTEMPTS={LOADER_RETRY_ATTEMPTS}",
+        transient.group(0),
+    ]
+    for name in LOADER_EVENT_FUNCTIONS:
+        found = re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", common, re.MULTILINE | re.DOTALL)
+        if found is None:
+            raise ValueError(f"templates/common.sh has no function {name}")
+        parts.append(found.group(0))
+    return "\n".join(parts) + "# ---- end of the event writer ----\n\n"
 
 
 def render_pointer(workload: Workload, scripts: Mapping[str, str]) -> str:

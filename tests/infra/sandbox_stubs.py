@@ -91,6 +91,16 @@ elif [ "$1 $2" = "storage ls" ]; then
     exit 1
   fi
   exec "$STUB_DIR/fakegcs" ls "$3"
+elif [ "$1 $2" = "logging write" ]; then
+  # Cloud Logging: each entry written, its arguments one a line, in $STATE/logging/<n>.args
+  # (script_sandbox.logged_events reads them); LOGGING_WRITE_ERROR refuses the write.
+  if [ -n "${LOGGING_WRITE_ERROR:-}" ]; then
+    echo "ERROR: (gcloud.logging.write) $LOGGING_WRITE_ERROR" >&2
+    exit 1
+  fi
+  mkdir -p "$STATE/logging"
+  n="$(ls "$STATE/logging" | wc -l)"
+  printf '%s\n' "$@" >"$STATE/logging/$n.args"
 elif [ "$1 $2 $3" = "compute tpus queued-resources" ]; then
   # $STATE/qr-state holds the queued resource's state (no file: there is none).
   verb="$4"
@@ -99,7 +109,16 @@ elif [ "$1 $2 $3" = "compute tpus queued-resources" ]; then
     exit 1
   fi
   case "$verb" in
-    describe) cat "$STATE/qr-state" ;;
+    # With the watchdog's format: state|stateInitiator|failedData.error.message, the last
+    # two from $STATE/qr-detail ("SERVICE|", "|Quota … exceeded"; none: empty).
+    describe)
+      if [[ "$*" == *failedData* ]]; then
+        detail="$(cat "$STATE/qr-detail" 2>/dev/null || echo '|')"
+        printf '%s|%s\n' "$(cat "$STATE/qr-state")" "$detail"
+      else
+        cat "$STATE/qr-state"
+      fi
+      ;;
     delete)
       if [ "$(cat "$STATE/qr-state")" = ACTIVE ] && [[ " $* " != *" --force "* ]]; then
         echo "ERROR: (gcloud.compute.tpus.queued-resources.delete) FAILED_PRECONDITION" >&2
@@ -133,7 +152,17 @@ elif [ "$1 $2 $3" = "compute tpus tpu-vm" ]; then
     exit 1
   fi
   case "$verb" in
-    describe) cat "$STATE/tpu-state" ;;
+    # With the watchdog's format: state|health|healthDescription, the last two from
+    # $STATE/tpu-health ("TIMEOUT|…"; none: HEALTHY for a READY node, else empty).
+    describe)
+      if [[ "$*" == *healthDescription* ]]; then
+        health="$(cat "$STATE/tpu-health" 2>/dev/null || true)"
+        if [ -z "$health" ] && [ "$(cat "$STATE/tpu-state")" = READY ]; then health="HEALTHY|"; fi
+        printf '%s|%s\n' "$(cat "$STATE/tpu-state")" "${health:-|}"
+      else
+        cat "$STATE/tpu-state"
+      fi
+      ;;
     # The hosts' guest attributes: $STATE/guest-attributes[-<worker>]/<namespace>/<key>
     # (the loader's curl PUT writes worker 0's), as `value(worker_id,key,value)` prints them.
     get-guest-attributes)
@@ -219,6 +248,11 @@ exec "$STUB_DIR/fakegcs" "${args[@]}"
     # The image's python3 (STUB_PYTHON_VERSION, default 3.10). `-m venv` makes a venv of
     # recorders; with STUB_VENV_PYTHON its bin/python is that real interpreter.
     "python3": r"""
+# A program on stdin (`python3 - ARGS <<'PY'`: the scripts' JSON, common.sh emit_event,
+# watch-common.sh put_status) runs on a real interpreter, unrecorded.
+if [ "${1:-}" = - ]; then
+  exec "$STUB_REAL_PYTHON" "$@"
+fi
 echo "python3 $*" >>"$CALLS"
 version="${STUB_PYTHON_VERSION:-3.10}"
 if [ "$1" = "-c" ]; then

@@ -64,6 +64,7 @@ class Sandbox:
             "STATE": str(self.state),
             "STUB_DIR": str(self.bin),
             "TMPDIR": str(self.state),
+            "STUB_REAL_PYTHON": sys.executable,
         }
         env.update(extra)
         return env
@@ -84,6 +85,32 @@ class Sandbox:
     @property
     def calls(self) -> list[str]:
         return self.calls_file.read_text().splitlines()
+
+    def logged(self) -> list[dict]:
+        """The entries written with `gcloud logging write` (the stub keeps them in order):
+        {"log", "payload" (the jsonPayload), "severity", "flags"}."""
+        return logged_events(self.state)
+
+
+def logged_events(state: Path) -> list[dict]:
+    """The `gcloud logging write LOG JSON --payload-type=json --severity=S` entries the
+    sandbox's gcloud stub kept under `state`/logging, oldest first."""
+    directory = state / "logging"
+    files = sorted(directory.glob("*.args"), key=lambda p: int(p.stem))
+    entries = []
+    for path in files:
+        args = path.read_text().splitlines()
+        assert args[:2] == ["logging", "write"], args
+        flags = dict(a.removeprefix("--").split("=", 1) for a in args[4:] if "=" in a)
+        entries.append(
+            {
+                "log": args[2],
+                "payload": json.loads(args[3]),
+                "severity": flags.get("severity"),
+                "flags": args[4:],
+            }
+        )
+    return entries
 
 
 def new_sandbox(tmp_path: Path) -> Sandbox:

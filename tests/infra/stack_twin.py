@@ -22,6 +22,7 @@ metadata startup-script for real.
     twin.boot_controller()                   -> the controller's first boot (loader, script)
     vm = twin.boot_accelerator()             -> a TPU or GPU VM's boot (an Accelerator)
     twin.tick()                              -> one watchdog tick on the controller
+    twin.events                              -> the run events the watchdog wrote
     twin.deploy(other_run)                   -> `pulumi up` of another program run
 """
 
@@ -39,7 +40,7 @@ from pathlib import Path
 import storage_emulator
 from gpu_stubs import install_gpu_stubs
 from harness import by_name
-from script_sandbox import Sandbox, flag_pairs, new_sandbox, split_flags
+from script_sandbox import Sandbox, flag_pairs, logged_events, new_sandbox, split_flags
 from storage_emulator import Store, install_stub
 
 from infra.render import render
@@ -270,6 +271,12 @@ class StackTwin:
         """One tick of the controller's watchdog (its timer's service runs the script)."""
         script = self.controller.root / f"opt/tpu-pretrain/{self.kind}-watch/{self.kind}-watch.sh"
         return self._run(self.controller, ["bash", str(script), *args], **extra)
+
+    @property
+    def events(self) -> list[dict]:
+        """The run events the controller's watchdog wrote to Cloud Logging (the gcloud stub's
+        `logging write`s, oldest first: script_sandbox.logged_events)."""
+        return logged_events(self.cloud)
 
     @property
     def api_calls(self) -> list[str]:

@@ -193,6 +193,11 @@ CASES = [
         "tpu-pretrain:bucketSoftDeleteDays: '3' must be an integer from 7 to 90",
     ),
     (
+        "v6e-euw4",
+        {K + "capacityWaitMinutes": 0},
+        "tpu-pretrain:capacityWaitMinutes: '0' must be an integer from 1 to 10080",
+    ),
+    (
         "v3-euw4",
         {K + "job": "stacks/jobs/missing.yaml"},
         "tpu-pretrain:job: 'stacks/jobs/missing.yaml': cannot read job template: "

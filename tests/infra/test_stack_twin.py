@@ -130,9 +130,20 @@ def test_preemption_queues_a_new_vm_that_boots_the_same_pointer_and_checkpoints(
     assert twin.api_calls == ["describe", "qr-describe", "delete", "qr-create"]
     assert twin.watch_status()["action"] == "queued"
     assert twin.cloud_state("tpu-state") is None
+    # Told in Cloud Logging, where the stack's alerts match them, and in the status.
+    events = [entry["payload"] for entry in twin.events]
+    job = twin.read_json(render.POINTER_OBJECT)["job"]
+    assert [(e["event"], e["source"], e["job"]) for e in events] == [
+        ("preempted", "watchdog", job),
+        ("recreated", "watchdog", job),
+    ]
+    assert [entry["severity"] for entry in twin.events] == ["WARNING", "NOTICE"]
+    assert events[0]["state"] == "PREEMPTED" and events[1]["reason"] == "preempted"
+    assert twin.watch_status()["events"] == events
     _ok(twin.tick())
     assert twin.watch_status()["action"] == "queued"  # waiting for capacity
     assert twin.api_calls == ["describe", "qr-describe"]
+    assert len(twin.events) == 2  # once per preemption, not per tick
 
     metadata = twin.provision()
     # The new node's metadata is the program's: the loader, byte for byte, and its keys.
@@ -148,6 +159,9 @@ def test_preemption_queues_a_new_vm_that_boots_the_same_pointer_and_checkpoints(
     _ok(twin.tick())
     assert twin.watch_status()["action"] == "none"
     assert twin.cloud_state("qr-state") == "ACTIVE"
+    status = twin.watch_status()
+    assert [e["event"] for e in status["events"]] == ["preempted", "recreated"]
+    assert status["capacity_exhausted"] == "" and isinstance(status["capacity_wait_s"], int)
 
 
 def test_release_when_done_deletes_the_vm_once_the_export_is_complete(tmp_path, gcs_emulator):

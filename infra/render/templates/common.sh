@@ -25,7 +25,8 @@ log() {
 
 # Run a Google Cloud command, retrying errors that are transient on fresh resources:
 # IAM grants and new buckets/secrets answer 403/404 (PERMISSION_DENIED, NOT_FOUND) for a
-# while, and 429/5xx happen. Any other error fails at once.
+# while, and 429/5xx happen. Any other error fails at once. RETRY_LIMIT=N for one call
+# tries at most N times (an event must not hold up what its writer does next).
 readonly TRANSIENT_ERRORS='(403|404|429|500|502|503|504|forbidden|permission[ _]denied|not[ _]?found|too many|resource[ _]exhausted|timed? ?out|deadline|connection|unavailable)'
 retry_gcloud() {
   local attempt=1 delay=5 err
@@ -35,7 +36,7 @@ retry_gcloud() {
       rm -f "${err}"
       return 0
     fi
-    if [ "${attempt}" -ge "${RETRY_ATTEMPTS}" ] \
+    if [ "${attempt}" -ge "${RETRY_LIMIT:-${RETRY_ATTEMPTS}}" ] \
       || ! grep -Eqi "${TRANSIENT_ERRORS}" "${err}"; then
       cat "${err}" >&2
       rm -f "${err}"
@@ -127,7 +128,7 @@ write_status() {
 # A run event (the table: payload/core/events.py EVENTS, docs/operating.md) for Cloud Logging,
 # where the stack's alert policies match it: the scripts' only
 # writer of events, as payload.core.events.emit is the payload's.
-#   emit_event EVENT SOURCE MESSAGE [FIELD=VALUE ...]
+#   emit_event EVENT SOURCE MESSAGE [FIELD=VALUE ...]   (EVENT_LOG=FILE: also append it there)
 # The entry goes to the journal and to `gcloud logging write tpu-pretrain-events` (resource
 # global, the VM's logWriter role); a failed write is logged and never fails the caller.
 # event_severity mirrors EVENTS' severities (tests/test_contract.py keeps them equal).
@@ -161,6 +162,10 @@ print(json.dumps(doc, sort_keys=True))
 PY
   )" || { log "emit_event: cannot build the ${event} event"; return 0; }
   log "event ${payload}"
+  # A watchdog keeps the events it wrote for its status's timeline (watch-common.sh).
+  if [ -n "${EVENT_LOG:-}" ]; then
+    printf '%s\n' "${payload}" >>"${EVENT_LOG}" || log "emit_event: cannot keep ${event} in ${EVENT_LOG}"
+  fi
   if [ -n "${PROJECT:-}" ]; then
     project=(--project "${PROJECT}")
   fi

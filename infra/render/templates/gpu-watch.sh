@@ -23,6 +23,12 @@
 #   attributes: watch-common.sh vm_failure), bills while idle: it is stopped (`compute instances stop --async`), and not started again by
 #   the watchdog until it runs again (started by hand once the cause is fixed: the stack
 #   output gpuRecovery.start).
+# - Events (common.sh emit_event, docs/operating.md), each once per occurrence: `preempted` when
+#   a VM that ran is found TERMINATED or STOPPED, `recreated` at the first start request after
+#   it, `capacity-wait` once the start has been refused (or undone) for longer than
+#   CAPACITY_WAIT_SECONDS (tpu-pretrain:capacityWaitMinutes), `stopped` when a failed VM is
+#   stopped. The status keeps the last 20 and capacity_wait_s, the seconds this job has waited
+#   for capacity (from the first start request until the VM runs).
 # Status: gs://…/runs/<job>/bootstrap/gpu-watch.json.
 readonly WATCH_DIR="${APP_DIR}/gpu-watch"
 readonly LAST_START="${WATCH_DIR}/last-start"  # epoch seconds of the last start request
@@ -31,21 +37,18 @@ readonly BOOT_SEEN="${WATCH_DIR}/boot-seen"  # the boot failure last acted on
 readonly BOOT_FAILED="${WATCH_DIR}/boot-failed"  # the VM was stopped because of it
 readonly WHERE=(--zone "${VM_ZONE}" --project "${PROJECT}")
 
-# {"vm_state": seen, "action": taken, "message", "start_attempts", "last_start_at", ...}
+# {"vm_state": seen, "action": taken, "message", "start_attempts", "last_start_at",
+#  ...watch-common.sh put_status: capacity_wait_s, capacity_exhausted, events, updated_at}
 watch_status() {
-  local vm_state="$1" action="$2" message="$3" file last="" attempts
+  local vm_state="$1" action="$2" message="$3" last="" attempts
   log "GPU VM ${VM_NAME}: state ${vm_state}, action ${action}: ${message}"
   if [ -f "${LAST_START}" ]; then
     last="$(date -u -d "@$(cat "${LAST_START}")" +%Y-%m-%dT%H:%M:%SZ)"
   fi
   attempts="$(cat "${ATTEMPTS}" 2>/dev/null || echo 0)"
-  file="$(mktemp)"
-  printf '{"role": "%s", "host": "%s", "job": "%s", "vm": "%s", "zone": "%s", "vm_state": "%s", "action": "%s", "message": "%s", "start_attempts": %s, "last_start_at": "%s", "updated_at": "%s"}\n' \
-    "${ROLE}" "$(hostname)" "${JOB_NAME}" "${VM_NAME}" "${VM_ZONE}" "${vm_state}" "${action}" \
-    "${message//\"/\'}" "${attempts}" "${last}" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"${file}"
-  retry_gcloud gcloud storage cp --quiet "${file}" "${RUN_ROOT}/bootstrap/${ROLE}.json" \
-    || log "could not write status ${action}"
-  rm -f "${file}"
+  put_status "${action}" "role=${ROLE}" "host=$(hostname)" "job=${JOB_NAME}" "vm=${VM_NAME}" \
+    "zone=${VM_ZONE}" "vm_state=${vm_state}" "action=${action}" "message=${message}" \
+    "start_attempts:=${attempts}" "last_start_at=${last}"
 }
 
 watch_open
@@ -53,6 +56,7 @@ watch_tick_start
 
 lease="$(object_state "${LEASE_URI}" lease)" || exit 1
 if [ "${lease}" = missing ]; then
+  capacity_wait_end
   watch_status UNCHECKED stopped "no lease ${LEASE_URI}: the stack is not deployed yet or is being destroyed; nothing to do"
   exit 0
 fi
@@ -63,6 +67,7 @@ state="$(vm_state compute instances describe "${VM_NAME}" "${WHERE[@]}" \
 
 if [ "${export_state}" = present ]; then
   rm -f "${ATTEMPTS}"
+  capacity_wait_end
   watch_status "${state}" complete "the job's export is complete; ${VM_NAME} is not started again"
   exit 0
 fi
@@ -84,6 +89,8 @@ case "${state}" in
     ;;
   RUNNING)
     rm -f "${ATTEMPTS}" "${BOOT_FAILED}"
+    capacity_wait_end
+    event_over preempted
     if failure="$(vm_failure compute instances get-guest-attributes "${VM_NAME}" \
       "${WHERE[@]}" --format='value(key,value)')"; then
       cause="$(failure_cause "${failure}" "${VM_NAME}")"
@@ -94,6 +101,7 @@ case "${state}" in
       echo "${failure}" >"${BOOT_SEEN}"
       why="${cause}; stopped it, which billed while idle, and it is not started again: fix the cause, then start it (the stack output gpuRecovery.start)"
       printf '%s\n%s\n' "$(failure_action "${failure}")" "${why}" >"${BOOT_FAILED}"
+      watch_event stopped "${why}" "reason=$(failure_action "${failure}")"
       down_status RUNNING
       exit 0
     fi
@@ -110,17 +118,28 @@ esac
 attempts="$(cat "${ATTEMPTS}" 2>/dev/null || echo 0)"
 if [ "${attempts}" -gt 0 ]; then
   why="start request ${attempts} did not keep it running (a spot VM without capacity in ${VM_ZONE} goes back to TERMINATED); "
+  capacity_waiting "$(cat "${WATCH_DIR}/capacity-exhausted" 2>/dev/null || echo capacity)"
 else
   why=""
+  event_once preempted preempted "${VM_NAME} is ${state} (a spot VM's preemption stops it); the watchdog starts it again" \
+    "state=${state}"
+  capacity_wait_begin
 fi
 if ! gcloud_once compute instances start "${VM_NAME}" "${WHERE[@]}" --async; then
   if err_is_not_found; then
     watch_status MISSING none "${VM_NAME} was deleted meanwhile; run pulumi up to create it"
     exit 0
   fi
+  if err_is_capacity; then
+    capacity_waiting "$(exhausted_of "$(last_error)")"
+  fi
   watch_status "${state}" start-failed "${why}starting ${VM_NAME} failed, retrying on the next tick: $(last_error)"
   exit 1
 fi
 date -u +%s >"${LAST_START}"
 echo $((attempts + 1)) >"${ATTEMPTS}"
+if [ "${attempts}" = 0 ]; then
+  watch_event recreated "asked Compute Engine to start ${VM_NAME} again; its startup script starts the trainer, which resumes from the checkpoints" \
+    reason=preempted
+fi
 watch_status "${state}" started "${why}asked Compute Engine to start ${VM_NAME} (attempt $((attempts + 1))); its startup script starts the trainer, which resumes from the checkpoints"

@@ -19,7 +19,8 @@
 # double from 5 s to 60 s and add up to at least BOOT_WAIT_SECONDS (infra/render/render.py
 # LOADER_WAIT_SECONDS). Then the boot has failed: the VM's guest attribute BOOT_ATTRIBUTE
 # says so (where the controller's watchdog and `make smoke` read it without the bucket; the
-# watchdog stops or deletes a VM that bills idle), the startup script runs again in 30 min.
+# watchdog stops or deletes a VM that bills idle), a `stopped` event says so (source loader),
+# the startup script runs again in 30 min.
 readonly SANDBOX_ROOT="${TPU_PRETRAIN_SANDBOX:-}"
 readonly APP_DIR="${SANDBOX_ROOT}/opt/tpu-pretrain"
 readonly LOADER_DIR="${APP_DIR}/loader"
@@ -92,6 +93,12 @@ fail() {
   local message="$1" file
   log "${message}"
   boot_state "failed $(date -u +%s) ${message}"
+  # The `stopped` event (emit_event, from common.sh), once per failure: a re-run that fails
+  # the same way says nothing new. Before the pointer named a job, the bucket alone.
+  if [ "$(cat "${LOADER_DIR}/stopped-event" 2>/dev/null || true)" != "${message}" ]; then
+    RUN_ROOT="${RUN_ROOT:-${BUCKET_URI}}" emit_event stopped loader "${message}" reason=boot-failed
+    printf '%s\n' "${message}" >"${LOADER_DIR}/stopped-event" || true
+  fi
   if [ -n "${RUN_ROOT:-}" ]; then
     file="$(mktemp)"
     printf '{"role": "%s", "host": "%s", "state": "failed", "message": "%s", "updated_at": "%s"}\n' \
@@ -199,5 +206,6 @@ for old in "${LOADER_DIR}"/payload-*.tar.gz; do
   fi
 done
 boot_state ok
+rm -f "${LOADER_DIR}/stopped-event"
 export TPU_PRETRAIN_PAYLOAD_ARCHIVE="${archive}"
 exec bash "${script}"

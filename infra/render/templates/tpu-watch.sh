@@ -24,14 +24,36 @@
 #   a row), on any host (its guest attributes: watch-common.sh vm_failure) bills while idle:
 #   it is deleted, not recreated (it would fail the same way), and the status says why until
 #   the VM exists again (pulumi up --replace, the stack output tpuRecovery.replace).
+# - The node's health (Cloud TPU v2 API Node.health, "as reported by Health Monitor"):
+#   UNHEALTHY_MAINTENANCE is waited out ("the node is under maintenance/priority boost caused
+#   rescheduling and will resume running once rescheduled"); TIMEOUT ("the resource is
+#   unresponsive") or UNHEALTHY_TENSORFLOW ("the in-guest ML stack is unhealthy") for longer
+#   than UNHEALTHY_RECREATE_SECONDS has the node deleted and queued again as for a preemption
+#   (the trainer resumes from the checkpoints). The status names the health and its
+#   healthDescription; an `unhealthy` event says what was done.
+# - A queued resource that waits longer than CAPACITY_WAIT_SECONDS (the stack's
+#   tpu-pretrain:capacityWaitMinutes) is reported once per wait (a `capacity-wait` event, the
+#   status's capacity_exhausted: capacity, or the quota a failed request named); the status's
+#   capacity_wait_s adds up every wait of the job (watch-common.sh capacity_waiting).
+# - Events (common.sh emit_event, docs/operating.md): `preempted` when the node is found
+#   PREEMPTED or TERMINATED, or gone under a queued resource the service suspended;
+#   `recreated` when a new node is asked for; `stopped` when a failed VM is deleted. Each once
+#   per occurrence (watch-common.sh event_once), and the last 20 in the status's `events`.
 # A multi-host slice (TPU_HOSTS > 1) is one TPU node: the same single delete and create (the
 # node's --accelerator-type, e.g. v4-32) replace every host at once; each new host's startup
 # script installs the payload again and starts its JAX process, and the processes resume
 # together from worker 0's checkpoints once they have joined (jax.distributed.initialize).
 # Status: gs://…/runs/<job>/bootstrap/tpu-watch.json.
 readonly WATCH_DIR="${APP_DIR}/tpu-watch"
+# How long a node may stay TIMEOUT or UNHEALTHY_TENSORFLOW before it is recreated: 15 ticks
+# of 2 min. Long enough that a host's restart (a reboot, the runtime or the trainer unit
+# restarting: minutes) is not taken for a broken node; short against what a broken node
+# costs (nothing trains while the grant's hours go on), and a recreation costs a boot, the
+# install and a compile (~10-20 min) plus the steps since the last checkpoint.
+readonly UNHEALTHY_RECREATE_SECONDS=1800
+readonly UNHEALTHY_SINCE="${WATCH_DIR}/unhealthy-since"  # epoch: first tick it was seen so
 readonly STARTUP_FILE="${WATCH_DIR}/tpu-startup.sh"
-readonly PENDING="${WATCH_DIR}/pending-create"  # deleted by us, not yet created again
+readonly PENDING="${WATCH_DIR}/pending-create"  # deleted by us, not yet created again (why)
 readonly LAST_CREATE="${WATCH_DIR}/last-create"  # epoch seconds of the last recreation
 readonly NEXT_ATTEMPT="${WATCH_DIR}/next-attempt"  # preemptible: no create before (epoch, wait)
 readonly BOOT_SEEN="${WATCH_DIR}/boot-seen"  # the boot failure last acted on
@@ -44,31 +66,64 @@ else
   readonly WHAT="${TPU_NAME}"
 fi
 
-# {"tpu_state": seen, "action": taken, "message", "last_recreate_at", "updated_at"}
+# {"tpu_state": seen, "health", "health_description", "action": taken, "message",
+#  "last_recreate_at", ...watch-common.sh put_status: capacity_wait_s, events, updated_at}
+HEALTH=""
+HEALTH_DESCRIPTION=""
 watch_status() {
-  local tpu_state="$1" action="$2" message="$3" file last=""
+  local tpu_state="$1" action="$2" message="$3" last=""
   log "TPU ${TPU_NAME}: state ${tpu_state}, action ${action}: ${message}"
   if [ -f "${LAST_CREATE}" ]; then
     last="$(date -u -d "@$(cat "${LAST_CREATE}")" +%Y-%m-%dT%H:%M:%SZ)"
   fi
-  file="$(mktemp)"
-  printf '{"role": "%s", "host": "%s", "job": "%s", "tpu": "%s", "zone": "%s", "queued_resource": "%s", "tpu_state": "%s", "action": "%s", "message": "%s", "last_recreate_at": "%s", "updated_at": "%s"}\n' \
-    "${ROLE}" "$(hostname)" "${JOB_NAME}" "${TPU_NAME}" "${TPU_ZONE}" "${QUEUED_RESOURCE}" \
-    "${tpu_state}" "${action}" "${message//\"/\'}" "${last}" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"${file}"
-  retry_gcloud gcloud storage cp --quiet "${file}" "${RUN_ROOT}/bootstrap/${ROLE}.json" \
-    || log "could not write status ${action}"
-  rm -f "${file}"
+  put_status "${action}" "role=${ROLE}" "host=$(hostname)" "job=${JOB_NAME}" "tpu=${TPU_NAME}" \
+    "zone=${TPU_ZONE}" "queued_resource=${QUEUED_RESOURCE}" "tpu_state=${tpu_state}" \
+    "health=${HEALTH}" "health_description=${HEALTH_DESCRIPTION}" "action=${action}" \
+    "message=${message}" "last_recreate_at=${last}"
 }
 
-# The queued resource's state (MISSING when there is none); fails when it cannot be read.
-queued_state() {
-  local state
-  if state="$(gcloud_once compute tpus queued-resources describe "${QUEUED_RESOURCE}" \
-    "${WHERE[@]}" --format='value(state.state)')"; then
-    state="$(tr -d '[:space:]' <<<"${state}")"
-    echo "${state:-UNKNOWN}"
+# The node's state, health and healthDescription (Cloud TPU v2 Node; gcloud's value format
+# prints several fields with its separator attribute between them:
+# googlecloudsdk/core/resource/csv_printer.py ValuePrinter). Sets NODE_STATE, HEALTH and
+# HEALTH_DESCRIPTION (MISSING when there is no node); fails (status written) when the
+# describe fails otherwise.
+read_node() {
+  if gcloud_once compute tpus tpu-vm describe "${TPU_NAME}" "${WHERE[@]}" \
+    --format='value[separator="|"](state,health,healthDescription)' >"${WATCH_DIR}/state"; then
+    IFS='|' read -r NODE_STATE HEALTH HEALTH_DESCRIPTION <"${WATCH_DIR}/state" || true
+    NODE_STATE="$(tr -d '[:space:]' <<<"${NODE_STATE:-}")"
+    NODE_STATE="${NODE_STATE:-UNKNOWN}"
+    HEALTH="$(tr -d '[:space:]' <<<"${HEALTH:-}")"
+    HEALTH_DESCRIPTION="${HEALTH_DESCRIPTION:-}"
   elif err_is_not_found; then
-    echo MISSING
+    NODE_STATE=MISSING HEALTH="" HEALTH_DESCRIPTION=""
+  else
+    watch_status UNKNOWN describe-failed "describe failed, retrying on the next tick: $(last_error)"
+    return 1
+  fi
+}
+
+# The queued resource's state in QR (MISSING when there is none), its QR_INITIATOR
+# (state.stateInitiator: USER or SERVICE) and QR_ERROR (state.failedData.error.message of a
+# FAILED request: what it ran out of, e.g. a quota): Cloud TPU v2 API QueuedResourceState.
+# Fails when it cannot be read.
+QR=MISSING
+QR_INITIATOR=""
+QR_ERROR=""
+read_queued() {
+  local line
+  QR_INITIATOR="" QR_ERROR=""
+  if gcloud_once compute tpus queued-resources describe "${QUEUED_RESOURCE}" "${WHERE[@]}" \
+    --format='value[separator="|"](state.state,state.stateInitiator,state.failedData.error.message)' \
+    >"${WATCH_DIR}/qr"; then
+    line="$(head -n 1 "${WATCH_DIR}/qr")"
+    IFS='|' read -r QR QR_INITIATOR QR_ERROR <<<"${line}" || true
+    QR="$(tr -d '[:space:]' <<<"${QR:-}")"
+    QR="${QR:-UNKNOWN}"
+    QR_INITIATOR="$(tr -d '[:space:]' <<<"${QR_INITIATOR:-}")"
+    QR_ERROR="${QR_ERROR:-}"
+  elif err_is_not_found; then
+    QR=MISSING
   else
     return 1
   fi
@@ -84,18 +139,19 @@ delete_queued() {
 # The stack is not deployed yet, or `pulumi destroy` is under way: cancel what is queued
 # (it would create a TPU nobody owns) and forget the recovery.
 stand_down() {
-  local why="$1" qr
-  rm -f "${PENDING}" "${NEXT_ATTEMPT}"
-  if ! qr="$(queued_state)"; then
+  local why="$1"
+  rm -f "${PENDING}" "${NEXT_ATTEMPT}" "${UNHEALTHY_SINCE}"
+  capacity_wait_end
+  if ! read_queued; then
     watch_status UNCHECKED stand-down-failed "${why}; cannot read ${QUEUED_RESOURCE}, retrying: $(last_error)"
     return 1
   fi
-  if [ "${qr}" != MISSING ]; then
+  if [ "${QR}" != MISSING ]; then
     if ! delete_queued --force --async; then
-      watch_status UNCHECKED stand-down-failed "${why}; deleting ${QUEUED_RESOURCE} (${qr}) failed, retrying: $(last_error)"
+      watch_status UNCHECKED stand-down-failed "${why}; deleting ${QUEUED_RESOURCE} (${QR}) failed, retrying: $(last_error)"
       return 1
     fi
-    watch_status UNCHECKED stopped "${why}; deleted the queued resource ${QUEUED_RESOURCE} (${qr})"
+    watch_status UNCHECKED stopped "${why}; deleted the queued resource ${QUEUED_RESOURCE} (${QR})"
   else
     watch_status UNCHECKED stopped "${why}; nothing to do"
   fi
@@ -138,20 +194,37 @@ workers_gone() {
   rm -f "${file}"
 }
 
+# Why the node is asked for again (the pending marker's reason: preempted, unhealthy).
+pending_reason() {
+  local reason
+  reason="$(head -n 1 "${PENDING}" 2>/dev/null || true)"
+  echo "${reason:-preempted}"
+}
+
+# What the current capacity wait is for: what the last refusal named, else capacity.
+exhausted_now() {
+  local exhausted
+  exhausted="$(cat "${WATCH_DIR}/capacity-exhausted" 2>/dev/null || true)"
+  echo "${exhausted:-capacity}"
+}
+
 # Preemptible: `tpu-vm create --preemptible`; without capacity, wait CAPACITY_BACKOFF_FIRST
 # seconds, doubling up to CAPACITY_BACKOFF_MAX, and exit 0 (waiting is not a failure).
 create_directly() {
-  local now delay=0 next=0
+  local now delay=0 next=0 reason
   now="$(date -u +%s)"
+  reason="$(pending_reason)"
   if [ -f "${NEXT_ATTEMPT}" ]; then
     read -r next delay <"${NEXT_ATTEMPT}"
     if [ "${now}" -lt "${next}" ]; then
-      watch_status MISSING waiting-capacity "no capacity at the last attempt; next attempt in $((next - now))s"
+      capacity_waiting "$(exhausted_now)"
+      watch_status MISSING waiting-capacity "no capacity at the last attempt ($(exhausted_now)); next attempt in $((next - now))s"
       return 0
     fi
   fi
   check_startup_file || return 1
   node_flags
+  capacity_wait_begin
   watch_status MISSING creating "creating ${WHAT} (${ACCELERATOR_TYPE}, ${SCHEDULING})"
   if ! gcloud_once compute tpus tpu-vm create "${TPU_NAME}" "${WHERE[@]}" \
     --version "${RUNTIME_VERSION}" "${NODE_FLAGS[@]}" --preemptible; then
@@ -159,6 +232,7 @@ create_directly() {
       delay=$((delay > 0 ? delay * 2 : CAPACITY_BACKOFF_FIRST))
       delay=$((delay > CAPACITY_BACKOFF_MAX ? CAPACITY_BACKOFF_MAX : delay))
       echo "$((now + delay)) ${delay}" >"${NEXT_ATTEMPT}"
+      capacity_waiting "$(exhausted_of "$(last_error)")"
       watch_status MISSING waiting-capacity "no capacity, trying again in ${delay}s: $(last_error)"
       return 0
     fi
@@ -167,14 +241,16 @@ create_directly() {
   fi
   date -u +%s >"${LAST_CREATE}"
   rm -f "${PENDING}" "${NEXT_ATTEMPT}"
+  capacity_wait_end
+  watch_event recreated "${WHAT} created again (${reason}); its startup script installs the payload and training resumes from the checkpoints" "reason=${reason}"
   watch_status CREATED recreated "${WHAT} recreated; its startup script installs the payload and training resumes from the checkpoints"
 }
 
 # Spot and on-demand: wait in the queued resource, which creates the node ${TPU_NAME} when
 # capacity frees up (a tick that then finds the VM ends the recovery).
 create_queued() {
-  local qr="$1"
-  case "${qr}" in
+  local reason
+  case "${QR}" in
     MISSING)
       check_startup_file || return 1
       node_flags
@@ -182,17 +258,101 @@ create_queued() {
       if [ "${SCHEDULING}" = spot ]; then
         tier=(--spot)
       fi
+      reason="$(pending_reason)"
       if ! gcloud_once compute tpus queued-resources create "${QUEUED_RESOURCE}" "${WHERE[@]}" \
         --node-id "${TPU_NAME}" --runtime-version "${RUNTIME_VERSION}" "${NODE_FLAGS[@]}" \
         "${tier[@]}" --async; then
+        if err_is_capacity; then
+          capacity_waiting "$(exhausted_of "$(last_error)")"
+        fi
         watch_status MISSING create-failed "queued resource ${QUEUED_RESOURCE} not created, retrying on the next tick: $(last_error)"
         return 1
       fi
       date -u +%s >"${LAST_CREATE}"
+      capacity_wait_begin
+      watch_event recreated \
+        "queued ${QUEUED_RESOURCE} for ${WHAT} (${reason}); the node is created when capacity frees up" \
+        "reason=${reason}"
       watch_status MISSING queued "queued ${QUEUED_RESOURCE} for ${WHAT} (${ACCELERATOR_TYPE}, ${SCHEDULING}); the node is created when capacity frees up"
       ;;
     *)
-      watch_status MISSING queued "waiting in ${QUEUED_RESOURCE} (${qr}) for ${TPU_NAME}"
+      capacity_waiting "$(exhausted_now)"
+      watch_status MISSING queued "waiting in ${QUEUED_RESOURCE} (${QR}) for ${TPU_NAME} ($(exhausted_now)), $(($(capacity_waited) / 60)) min so far"
+      ;;
+  esac
+}
+
+# Delete the node (and its queued resource) to create it again: a preempted or terminated
+# VM (it holds quota and cannot restart), or one unhealthy past its bound. REASON goes with
+# the pending marker to the `recreated` event.
+delete_for_recreation() {
+  local reason="$1" why="$2" now last
+  now="$(date -u +%s)"
+  last="$(cat "${LAST_CREATE}" 2>/dev/null || echo 0)"
+  if [ $((now - last)) -lt "${MIN_RECREATE_SECONDS}" ]; then
+    watch_status "${NODE_STATE}" waiting "${why}; recreated $((now - last))s ago; recreating again after ${MIN_RECREATE_SECONDS}s"
+    exit 0
+  fi
+  # Marked before the delete: if this tick dies after it, the next one creates the VM.
+  echo "${reason}" >"${PENDING}"
+  watch_status "${NODE_STATE}" deleting "${why}; deleting it"
+  if [ "${QR}" != MISSING ] && ! delete_queued --force; then
+    # ACTIVE: the VM came from our queued resource, --force deletes both; any other state:
+    # a stale request that must not race the new one (the name is queued again below).
+    watch_status "${NODE_STATE}" delete-failed "deleting ${QUEUED_RESOURCE} (${QR}) failed, retrying on the next tick: $(last_error)"
+    exit 1
+  fi
+  if [ "${QR}" != ACTIVE ] && ! gcloud_once compute tpus tpu-vm delete "${TPU_NAME}" \
+    "${WHERE[@]}" --quiet && ! err_is_not_found; then
+    watch_status "${NODE_STATE}" delete-failed "delete failed, retrying on the next tick: $(last_error)"
+    exit 1
+  fi
+  rm -f "${UNHEALTHY_SINCE}"
+  if [ "${TPU_HOSTS}" -gt 1 ]; then
+    workers_gone "${NODE_STATE}"
+  fi
+  QR=MISSING
+}
+
+# A READY node's health. HEALTHY (or none reported): nothing. UNHEALTHY_MAINTENANCE: waited
+# out, said in the status (exit 0). TIMEOUT, UNHEALTHY_TENSORFLOW: counted from the first tick
+# that saw it; within UNHEALTHY_RECREATE_SECONDS said in the status (exit 0), past it the
+# node is recreated (returns 0: the caller deletes it). Anything else is reported and waited.
+unhealthy_past_bound() {
+  local since waited about
+  about="${HEALTH}${HEALTH_DESCRIPTION:+: ${HEALTH_DESCRIPTION}}"
+  case "${HEALTH}" in
+    "" | HEALTHY | HEALTH_UNSPECIFIED)
+      rm -f "${UNHEALTHY_SINCE}"
+      event_over unhealthy-maintenance unhealthy-recreate
+      return 1
+      ;;
+    UNHEALTHY_MAINTENANCE)
+      rm -f "${UNHEALTHY_SINCE}"
+      event_once unhealthy-maintenance unhealthy \
+        "${WHAT} is under maintenance (${about}); the watchdog waits: the TPU API says it resumes once rescheduled" \
+        "health=${HEALTH}" "health_description=${HEALTH_DESCRIPTION}" action=wait
+      watch_status "${NODE_STATE}" maintenance "${about}; waiting it out: the node resumes running once rescheduled (Cloud TPU API)"
+      exit 0
+      ;;
+    TIMEOUT | UNHEALTHY_TENSORFLOW)
+      if [ ! -f "${UNHEALTHY_SINCE}" ]; then
+        date -u +%s >"${UNHEALTHY_SINCE}"
+      fi
+      since="$(cat "${UNHEALTHY_SINCE}")"
+      waited=$(($(date -u +%s) - since))
+      if [ "${waited}" -lt "${UNHEALTHY_RECREATE_SECONDS}" ]; then
+        watch_status "${NODE_STATE}" unhealthy "${about} for $((waited / 60)) min; recreated once it lasts $((UNHEALTHY_RECREATE_SECONDS / 60)) min"
+        exit 0
+      fi
+      event_once unhealthy-recreate unhealthy \
+        "${WHAT} has been ${HEALTH} for $((waited / 60)) min (${about}); deleting and recreating it, training resumes from the checkpoints" \
+        "health=${HEALTH}" "health_description=${HEALTH_DESCRIPTION}" action=recreate
+      return 0
+      ;;
+    *)
+      watch_status "${NODE_STATE}" unhealthy "health ${about}, not one the watchdog acts on; checking again on the next tick"
+      exit 0
       ;;
   esac
 }
@@ -241,32 +401,49 @@ if [ "${lease}" = missing ]; then
 fi
 export_state="$(object_state "${EXPORT_MARKER_URI}" "the export marker")" || exit 1
 
-state="$(vm_state compute tpus tpu-vm describe "${TPU_NAME}" "${WHERE[@]}" \
-  --format='value(state)')" || exit 1
+read_node || exit 1
+state="${NODE_STATE}"
 
-qr=MISSING
+QR=MISSING
 if [ "${SCHEDULING}" != preemptible ]; then
-  if ! qr="$(queued_state)"; then
+  if ! read_queued; then
     watch_status "${state}" describe-failed "cannot read ${QUEUED_RESOURCE}, retrying on the next tick: $(last_error)"
     exit 1
   fi
-  case "${qr}" in
+  case "${QR}" in
     FAILED | SUSPENDED)
+      # A node gone under a queued resource the service suspended (stateInitiator SERVICE:
+      # "the resources specified in the QueuedResource request have been deleted") was taken
+      # back: a spot node's preemption. It was ours (only this watchdog queues ${QUEUED_RESOURCE}).
+      if [ "${QR}" = SUSPENDED ] && [ "${QR_INITIATOR}" = SERVICE ] && [ "${state}" = MISSING ] \
+        && [ "${export_state}" != present ] && [ ! -f "${BOOT_FAILED}" ]; then
+        event_once preempted preempted \
+          "${WHAT} was taken back: the service suspended ${QUEUED_RESOURCE} and deleted the node" \
+          state=SUSPENDED
+        [ -f "${PENDING}" ] || echo preempted >"${PENDING}"
+      fi
+      if [ "${QR}" = FAILED ] && [ -n "${QR_ERROR}" ]; then
+        log "the queued resource ${QUEUED_RESOURCE} FAILED: ${QR_ERROR}"
+        if [ -f "${WATCH_DIR}/capacity-since" ]; then
+          exhausted_of "${QR_ERROR}" >"${WATCH_DIR}/capacity-exhausted"
+        fi
+      fi
       # Nothing more comes from it (and it can hold quota): delete it, queue again if needed.
       if ! delete_queued; then
-        watch_status "${state}" cleanup-failed "deleting the ${qr} queued resource ${QUEUED_RESOURCE} failed, retrying: $(last_error)"
+        watch_status "${state}" cleanup-failed "deleting the ${QR} queued resource ${QUEUED_RESOURCE} failed, retrying: $(last_error)"
         exit 1
       fi
-      log "deleted the ${qr} queued resource ${QUEUED_RESOURCE}"
-      qr=MISSING
+      log "deleted the ${QR} queued resource ${QUEUED_RESOURCE}"
+      QR=MISSING
       ;;
   esac
 fi
 
 if [ "${export_state}" = present ]; then
   # The job is finished: nothing to resume, never recreate the VM.
-  rm -f "${PENDING}" "${NEXT_ATTEMPT}"
-  case "${qr}" in
+  rm -f "${PENDING}" "${NEXT_ATTEMPT}" "${UNHEALTHY_SINCE}"
+  capacity_wait_end
+  case "${QR}" in
     MISSING | ACTIVE) ;;
     *) delete_queued --force --async || log "could not cancel ${QUEUED_RESOURCE}: $(last_error)" ;;
   esac
@@ -285,30 +462,9 @@ fi
 
 case "${state}" in
   PREEMPTED | TERMINATED)
-    now="$(date -u +%s)"
-    last="$(cat "${LAST_CREATE}" 2>/dev/null || echo 0)"
-    if [ $((now - last)) -lt "${MIN_RECREATE_SECONDS}" ]; then
-      watch_status "${state}" waiting "recreated $((now - last))s ago; recreating again after ${MIN_RECREATE_SECONDS}s"
-      exit 0
-    fi
-    # Marked before the delete: if this tick dies after it, the next one creates the VM.
-    touch "${PENDING}"
-    watch_status "${state}" deleting "deleting the ${state} VM (it holds quota and cannot restart)"
-    if [ "${qr}" != MISSING ] && ! delete_queued --force; then
-      # ACTIVE: the VM came from our queued resource, --force deletes both; any other state:
-      # a stale request that must not race the new one (the name is queued again below).
-      watch_status "${state}" delete-failed "deleting ${QUEUED_RESOURCE} (${qr}) failed, retrying on the next tick: $(last_error)"
-      exit 1
-    fi
-    if [ "${qr}" != ACTIVE ] && ! gcloud_once compute tpus tpu-vm delete "${TPU_NAME}" \
-      "${WHERE[@]}" --quiet && ! err_is_not_found; then
-      watch_status "${state}" delete-failed "delete failed, retrying on the next tick: $(last_error)"
-      exit 1
-    fi
-    if [ "${TPU_HOSTS}" -gt 1 ]; then
-      workers_gone "${state}"
-    fi
-    qr=MISSING
+    event_once preempted preempted "${WHAT} is ${state}: taken back by Compute Engine; the watchdog deletes and recreates it" \
+      "state=${state}"
+    delete_for_recreation preempted "the ${state} VM holds quota and cannot restart"
     ;;
   MISSING)
     if [ ! -f "${PENDING}" ] && [ -f "${BOOT_FAILED}" ]; then
@@ -325,12 +481,14 @@ case "${state}" in
     # The VM exists (recreated by the queue or by `pulumi up`, or a create that timed out on
     # our side went through): a later deletion is not ours, so forget the pending create.
     rm -f "${PENDING}" "${NEXT_ATTEMPT}"
-    case "${qr}" in
+    capacity_wait_end
+    event_over preempted
+    case "${QR}" in
       WAITING_FOR_RESOURCES | ACCEPTED | CREATING)
         # Someone else (pulumi up) created the VM first: the queue is not needed any more.
         # No --force: a queued resource that has a node is never deleted here.
         if delete_queued; then
-          watch_status "${state}" dequeued "${TPU_NAME} exists; cancelled ${QUEUED_RESOURCE} (${qr})"
+          watch_status "${state}" dequeued "${TPU_NAME} exists; cancelled ${QUEUED_RESOURCE} (${QR})"
         else
           watch_status "${state}" cleanup-failed "${TPU_NAME} exists; cancelling ${QUEUED_RESOURCE} failed, retrying: $(last_error)"
         fi
@@ -349,16 +507,21 @@ case "${state}" in
       echo "${failure}" >"${BOOT_SEEN}"
       why="${cause}; deleted it, which billed while idle, and it is not recreated: fix the cause, then recreate it with pulumi up --replace (the stack output tpuRecovery.replace)"
       printf '%s\n%s\n' "$(failure_action "${failure}")" "${why}" >"${BOOT_FAILED}"
+      rm -f "${UNHEALTHY_SINCE}"
+      watch_event stopped "${why}" "reason=$(failure_action "${failure}")"
       down_status "${state}"
       exit 0
     fi
-    watch_status "${state}" none "nothing to do"
-    exit 0
+    if [ "${state}" != READY ] || ! unhealthy_past_bound; then
+      watch_status "${state}" none "nothing to do"
+      exit 0
+    fi
+    delete_for_recreation unhealthy "${HEALTH} for longer than $((UNHEALTHY_RECREATE_SECONDS / 60)) min (${HEALTH_DESCRIPTION:-no description})"
     ;;
 esac
 
 if [ "${SCHEDULING}" = preemptible ]; then
   create_directly
 else
-  create_queued "${qr}"
+  create_queued
 fi

@@ -97,10 +97,13 @@ trainer_state() {
   fi
 }
 
-# Stopped for good: the bootstrap status and the guest attribute say the same.
+# Stopped for good: the bootstrap status, the guest attribute and a `stopped` event (source
+# trainer-unit; common.sh emit_event) say the same. Called once per stop: the unit is not
+# restarted after it.
 trainer_gave_up() {
   write_status stopped "$1"
   trainer_state "stopped $(date -u +%s) $1"
+  RETRY_LIMIT=2 emit_event stopped trainer-unit "$1" "reason=$2"  # ExecStopPost: briefly
 }
 
 # The newest committed checkpoint's step in the bucket; "none" when there is none or the
@@ -132,7 +135,7 @@ trainer_stopped() {
       ;;
     2)
       rm -f "${TRAINER_FAILURES}"
-      trainer_gave_up "trainer stopped with exit 2: a user error or no TPU (last_error in ${STATUS_URI}); not restarted (RestartPreventExitStatus=2): fix it, then sudo systemctl restart tpu-pretrain-train"
+      trainer_gave_up "trainer stopped with exit 2: a user error or no TPU (last_error in ${STATUS_URI}); not restarted (RestartPreventExitStatus=2): fix it, then sudo systemctl restart tpu-pretrain-train" user-error
       ;;
     130 | 143 | INT | TERM)
       write_status restarting "trainer stopped by a signal (${SERVICE_RESULT:-unknown}, exit ${code}); systemd restarts it in 60s and it resumes from the last checkpoint"
@@ -156,7 +159,7 @@ trainer_stopped() {
       failures=$((failures + 1))
       if [ "${failures}" -ge "${TRAINER_FAILURES_MAX}" ]; then
         rm -f "${TRAINER_FAILURES}" # a restart by hand counts afresh
-        trainer_gave_up "trainer failed ${failures} times in a row without a newer checkpoint (newest: ${newest}; last: ${why}); not restarted: see journalctl -u tpu-pretrain-train and last_error in ${STATUS_URI}, fix it, then sudo systemctl restart tpu-pretrain-train"
+        trainer_gave_up "trainer failed ${failures} times in a row without a newer checkpoint (newest: ${newest}; last: ${why}); not restarted: see journalctl -u tpu-pretrain-train and last_error in ${STATUS_URI}, fix it, then sudo systemctl restart tpu-pretrain-train" failures-in-a-row
         systemctl --no-block stop tpu-pretrain-train.service || log "could not stop tpu-pretrain-train.service"
         return 0
       fi
@@ -325,12 +328,13 @@ install_helper() {
 set -Euo pipefail
 export PATH=${sdk_path}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 $(declare -p SANDBOX_ROOT APP_DIR RETRY_ATTEMPTS LOG_TAG CONSOLE TRANSIENT_ERRORS)
-$(declare -p ROLE RUN_ROOT MANIFEST_URI STATUS_URI PAYLOAD_SHA256)
+$(declare -p ROLE JOB_NAME RUN_ROOT MANIFEST_URI STATUS_URI PAYLOAD_SHA256)
 $(declare -p TPU_HOSTS WORKER SLICE_IPS)
 GCS_CLI=''
 STATUS_NAME=$(trainer_status_name)
 $(declare -p HOST_CHECKS TRAINER_FAILURES TRAINER_FAILURES_MAX TRAINER_ATTRIBUTE GUEST_ATTRIBUTES_URL)
 $(declare -f log retry_gcloud gcs_cli gcs write_status trainer_state trainer_gave_up)
+$(declare -f event_severity emit_event)
 $(declare -f wait_manifest newest_checkpoint trainer_stopped)
 case \"\${1:-}\" in
   wait-manifest) wait_manifest ;;

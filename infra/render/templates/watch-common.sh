@@ -105,7 +105,7 @@ watch_open() {
 
 # A tick that finds another tick, or a run of the startup script, still running leaves it
 # alone (exits 0), else it re-runs a changed installer first and then exits (the new watchdog
-# takes the next tick).
+# takes the next tick). A tick that goes on writes the status page when it ends (write_page).
 watch_tick_start() {
   if ! flock -n 9; then
     log "another tick holds ${WATCH_DIR}/lock; nothing to do"
@@ -120,6 +120,7 @@ watch_tick_start() {
   if rerun_if_installer_changed; then
     exit 0
   fi
+  trap 'write_page; rm -f "${ERR_FILE}"' EXIT
 }
 
 # The VM's state from `gcloud <describe command...> --format='value(<field>)'`; MISSING when
@@ -199,4 +200,161 @@ boot_message() {
   fi
   value="${value#* }"  # "failed " or "stopped "
   echo "${worker}${value#* }"
+}
+
+# ---- events, capacity and the status object ---------------------------------------------
+# The events a watchdog wrote (common.sh emit_event, source watchdog) are kept in
+# ${WATCH_DIR}/events.jsonl, the newest EVENTS_KEPT of them, for its status's `events` (the
+# status page's timeline). An event is written once per occurrence, not once per tick: the
+# callers keep what they reported in WATCH_DIR (event_once).
+readonly EVENTS_KEPT=20
+
+watch_event() {
+  local event="$1" message="$2" log="${WATCH_DIR}/events.jsonl"
+  shift 2
+  # Two tries at most: the next step of the tick (a delete, a create) must not wait on it.
+  EVENT_LOG="${log}" RETRY_LIMIT=2 emit_event "${event}" watchdog "${message}" "$@"
+  if [ -f "${log}" ] && [ "$(wc -l <"${log}")" -gt "${EVENTS_KEPT}" ]; then
+    tail -n "${EVENTS_KEPT}" "${log}" >"${log}.new" && mv -f "${log}.new" "${log}"
+  fi
+}
+
+# event_once NAME EVENT MESSAGE [FIELD=VALUE ...]: the event, unless the occurrence NAME was
+# already reported (event_over NAME ends it; the next one is reported again).
+event_once() {
+  local name="$1"
+  shift
+  if [ -f "${WATCH_DIR}/reported-${name}" ]; then
+    return 0
+  fi
+  watch_event "$@"
+  touch "${WATCH_DIR}/reported-${name}"
+}
+
+event_over() {
+  local name
+  for name in "$@"; do
+    rm -f "${WATCH_DIR}/reported-${name}"
+  done
+}
+
+# Waiting for capacity: from the request for the accelerator (a queued resource, a create,
+# a start) until it exists. ${WATCH_DIR}/capacity-since holds when the current wait began,
+# capacity-total the seconds of the earlier ones (the status's capacity_wait_s, the goodput's
+# "waiting for capacity"), capacity-exhausted what the last refusal named.
+capacity_wait_begin() {
+  if [ ! -f "${WATCH_DIR}/capacity-since" ]; then
+    date -u +%s >"${WATCH_DIR}/capacity-since"
+    rm -f "${WATCH_DIR}/capacity-exhausted"
+    event_over capacity-wait
+  fi
+}
+
+capacity_wait_end() {
+  local since total
+  if [ -f "${WATCH_DIR}/capacity-since" ]; then
+    since="$(cat "${WATCH_DIR}/capacity-since")"
+    total="$(cat "${WATCH_DIR}/capacity-total" 2>/dev/null || echo 0)"
+    echo $((total + $(date -u +%s) - since)) >"${WATCH_DIR}/capacity-total"
+    rm -f "${WATCH_DIR}/capacity-since" "${WATCH_DIR}/capacity-exhausted"
+    event_over capacity-wait
+  fi
+}
+
+# Seconds of this wait so far (0 when none is under way).
+capacity_waited() {
+  local since
+  since="$(cat "${WATCH_DIR}/capacity-since" 2>/dev/null || true)"
+  if [[ "${since}" =~ ^[0-9]+$ ]]; then
+    echo $(($(date -u +%s) - since))
+  else
+    echo 0
+  fi
+}
+
+# What a refusal's text names as exhausted: the quota it quotes ("quota NAME"), a quota, or
+# capacity (a stockout: ZONE_RESOURCE_POOL_EXHAUSTED, "no more capacity", a queued resource
+# WAITING_FOR_RESOURCES).
+exhausted_of() {
+  local text="$1" quota
+  quota="$(grep -oEi "quota (limit |metric )?'[^']+'" <<<"${text}" | head -n 1 | cut -d"'" -f2 || true)"
+  if [ -n "${quota}" ]; then
+    echo "quota ${quota}"
+  elif grep -qi quota <<<"${text}"; then
+    echo quota
+  else
+    echo capacity
+  fi
+}
+
+# Still waiting, for EXHAUSTED: once the wait passes CAPACITY_WAIT_SECONDS (the stack's
+# tpu-pretrain:capacityWaitMinutes), one capacity-wait event for this wait.
+capacity_waiting() {
+  local exhausted="$1" waited
+  capacity_wait_begin
+  echo "${exhausted}" >"${WATCH_DIR}/capacity-exhausted"
+  waited="$(capacity_waited)"
+  if [ "${waited}" -ge "${CAPACITY_WAIT_SECONDS}" ]; then
+    event_once capacity-wait capacity-wait \
+      "the accelerator has waited $((waited / 60)) min for ${exhausted} (more than the stack's capacityWaitMinutes, $((CAPACITY_WAIT_SECONDS / 60)))" \
+      "waited_s=${waited}" "exhausted=${exhausted}"
+  fi
+}
+
+# The watchdog's status object (gs://…/runs/<job>/bootstrap/<role>.json), valid JSON for any
+# message (python3 builds it, as emit_event does): the role's fields as KEY=VALUE (a string)
+# or KEY:=NUMBER, then what every watchdog keeps: capacity_wait_s (the seconds this job has
+# waited for capacity, a number), capacity_exhausted (what the current wait is for, "" when
+# none), events (the last EVENTS_KEPT events, each its entry's JSON object) and updated_at.
+put_status() {
+  local action="$1" file total
+  shift
+  total="$(cat "${WATCH_DIR}/capacity-total" 2>/dev/null || echo 0)"
+  [[ "${total}" =~ ^[0-9]+$ ]] || total=0
+  file="$(mktemp)"
+  if python3 - "$((total + $(capacity_waited)))" \
+    "$(cat "${WATCH_DIR}/capacity-exhausted" 2>/dev/null || true)" \
+    "${WATCH_DIR}/events.jsonl" "$@" >"${file}" <<'PY'; then
+import json, sys, time
+wait_s, exhausted, log, *pairs = sys.argv[1:]
+doc = {}
+for pair in pairs:
+    key, _, value = pair.partition("=")
+    if key.endswith(":"):
+        doc[key[:-1]] = int(value) if value.lstrip("-").isdigit() else None
+    else:
+        doc[key] = value
+events = []
+try:
+    with open(log, encoding="utf-8") as lines:
+        for line in lines.read().splitlines()[-20:]:
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                pass
+except OSError:
+    pass
+doc.update(capacity_wait_s=int(wait_s), capacity_exhausted=exhausted, events=events,
+           updated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+print(json.dumps(doc))
+PY
+    retry_gcloud gcloud storage cp --quiet "${file}" "${RUN_ROOT}/bootstrap/${ROLE}.json" \
+      || log "could not write status ${action}"
+  else
+    log "could not build status ${action}"
+  fi
+  rm -f "${file}"
+}
+
+# The run's status page, runs/<job>/status.html, at the end of every tick that got past
+# watch_tick_start: the payload's `tpu-payload page` (it reads runs/<job>/status.json and
+# bootstrap/*.json), where the controller has the payload installed. Bounded (120 s) and never
+# failing the tick.
+write_page() {
+  local cli="${APP_DIR}/venv/bin/tpu-payload"
+  if [ -x "${cli}" ]; then
+    timeout 120 "${cli}" page --run "${RUN_ROOT}" >/dev/null 2>"${ERR_FILE}.page" \
+      || log "the status page was not written: $(tail -n 1 "${ERR_FILE}.page" 2>/dev/null)"
+    rm -f "${ERR_FILE}.page"
+  fi
 }

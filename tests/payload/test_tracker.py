@@ -28,6 +28,7 @@ from train_helpers import (
 
 from payload import spec
 from payload.core.errors import SpecError
+from payload.core.tensorboard import Scalars
 from payload.training import tracker
 
 LOG_POINT = "after:payload.training.shared:Meter.log:{}"
@@ -104,6 +105,38 @@ def _offline_runs(wandb_dir: Path) -> list[tuple[str, list[int], dict[int, set[s
                 names[step] = {k for k in items if not k.startswith("_")}
         runs.append((run_id, steps, names))
     return runs
+
+
+def test_a_restart_resumes_the_run_and_sends_no_step_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer both backends log through, in this process: two starts of one job."""
+    for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    job = _load(tmp_path, tracker="wandb")
+    logs = str(tmp_path / "logs")
+    assert type(tracker.scalars(job, logs, chief=False)) is Scalars  # only the chief logs
+    first = tracker.scalars(job, logs, chief=True, prefix="train")
+    evaluation = tracker.scalars(job, logs, chief=True, prefix="eval")  # the same run
+    for step in (1, 2, 3):
+        first.write(step, {"loss": float(step)})
+    evaluation.write(3, {"loss": 0.5})
+    first.close()
+    evaluation.close()
+    state = json.loads(Path(tracker.state_path(job)).read_text())
+    assert state["last_step"] == 3
+    # A restart from checkpoint 1: steps 2 and 3 again, then 4.
+    second = tracker.scalars(job, logs, chief=True, prefix="train")
+    for step in (2, 3, 4):
+        second.write(step, {"loss": 10.0 + step})
+    second.close()
+    runs = _offline_runs(tmp_path)
+    assert [(run_id, steps) for run_id, steps, _ in runs] == [
+        (state["run_id"], [1, 2, 3]), (state["run_id"], [4])
+    ]  # fmt: skip
+    assert runs[0][2][3] == {"train/loss", "eval/loss"}  # one row per step
+    assert list(Path(logs).glob("events.out.tfevents.*"))  # TensorBoard as always
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from payload.core.status import StatusWriter
 from payload.data import tokenizer
 from payload.data.encode import stage as encode
 from payload.spec import JobSpec
-from payload.training import shared, tracker
+from payload.training import shared
 
 STAGES = ("tokenizer", "encode", "train")
 Printer = Callable[[str], None]
@@ -56,7 +56,7 @@ def clear(job: JobSpec, stage: str) -> None:
     targets = {
         "tokenizer": [paths.tokenizer],
         "encode": [paths.data],
-        "train": [paths.checkpoints, paths.logs, paths.export, paths.profile],
+        "train": [paths.checkpoints, paths.logs, paths.export],
     }[stage]
     for target in targets:
         storage.remove_tree(target)
@@ -114,7 +114,6 @@ def _run(job: JobSpec, stage: str, status: StatusWriter) -> dict[str, Any]:
             **dict(manifest.corpus),
         }
     else:
-        tracker.require(job)  # train.tracker: wandb where wandb is not installed: one line
         summary = dict(_train_module(job).train(job, status) or {})
     return summary
 

@@ -49,7 +49,6 @@ from payload.schema.job import (
     SIZES,
     SIZES_FOR_FAMILY,
     TOKENIZER_KINDS,
-    TRACKERS,
     BeamSpec,
     CorpusSource,
     CorpusSpec,
@@ -57,7 +56,6 @@ from payload.schema.job import (
     JobPaths,
     JobSpec,
     ModelSpec,
-    ProfileSpec,
     TokenizerSpec,
     TrainSpec,
     default_special_tokens,
@@ -617,33 +615,12 @@ def _train(section: _Section) -> TrainSpec:
         eval_every=section.take("eval_every", _int(0, 1 << 40), 500),
         shuffle_buffer=section.take("shuffle_buffer", _int(1, 1 << 24), 10000),
         seed=section.take("seed", _int(0, (1 << 31) - 1), 0),
-        tracker=section.take("tracker", _choice(TRACKERS), "tensorboard"),
-        wandb_project=section.take("wandb_project", _str, None),
-        wandb_entity=section.take("wandb_entity", _str, None),
-        profile=section.take("profile", lambda key, v: _profile(_Section(v, key), steps), None),
     )
-    if spec.tracker != "wandb" and (spec.wandb_project or spec.wandb_entity):
-        key = "wandb_project" if spec.wandb_project else "wandb_entity"
-        raise SpecError(f"{section.key(key)}: applies with train.tracker: wandb only")
     if spec.global_batch_size % spec.grad_accum_steps:
         raise SpecError(
             f"{section.key('grad_accum_steps')}: {spec.grad_accum_steps} does not divide "
             f"{section.key('global_batch_size')}: {spec.global_batch_size} (each optimizer step "
             "splits the global batch into that many equal micro-batches)"
-        )
-    section.finish()
-    return spec
-
-
-def _profile(section: _Section, steps: int) -> ProfileSpec:
-    spec = ProfileSpec(
-        start_step=section.take("start_step", _int(1, steps)),
-        steps=section.take("steps", _int(1, steps), 5),
-    )
-    if spec.last_step > steps:
-        raise SpecError(
-            f"{section.key('steps')}: the window ends at step {spec.last_step}, past "
-            f"train.steps: {steps} (allowed: start_step + steps - 1 <= train.steps)"
         )
     section.finish()
     return spec
@@ -730,11 +707,6 @@ def tf_backend_refusal(job: JobSpec) -> str | None:
             "train.sharding: fsdp shards the training state over the devices, which only the "
             "JAX backend does, not train.backend: tf; use train.backend: jax, or "
             "train.sharding: data (or auto)"
-        )
-    if spec.profile is not None:
-        return (
-            "train.profile: a JAX profiler trace of the JAX backend's compiled steps, not one of "
-            "train.backend: tf; use train.backend: jax, or remove train.profile"
         )
     # Settings only the JAX backend has, with the value the TF backend computes anyway.
     for name, value, tf_value in (

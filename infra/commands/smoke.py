@@ -42,7 +42,6 @@ from typing import Any
 import yaml
 
 from infra import jobfit, jobspec
-from infra.commands import smoke_speed
 from infra.commands.offline import STACKS_DIR, stack_names
 from infra.commands.untrusted import (
     ExportError,
@@ -247,8 +246,6 @@ class Smoke:
         given = cli_config(self.stack, config)
         values = {k.split(":", 1)[1]: v for k, v in given.items() if k.startswith(f"{NAMESPACE}:")}
         cfg = parse_config(project=str(project), stack=self.stack, values=values)
-        smoke_speed.add_profile(job, cfg.backend)  # one profile window, on the JAX backend
-        self.speed = smoke_speed.Speed.of(cfg)  # the plan's steps/s and MFU, for the verdict
         document["config"] = config
         return cfg, document
 
@@ -659,9 +656,9 @@ class Smoke:
         # Which backend trained (the stack's choice, docs/backends.md): a steps/s figure is
         # that backend's, to compare with the other backend's run on the same stack.
         self.report.add("training backend", "(recorded)", str(runtime.get("backend", "tf")), OK)
-        # steps/s and MFU beside the plan's, and the profile window (smoke_speed.py).
-        for row in self.speed.rows(status, smoke_speed.profile_files(run_root, self.gcloud)):
-            self.report.add(*row)
+        metrics = (status.get("stages", {}).get("train", {}) or {}).get("metrics", {})
+        speed = metrics.get("steps_per_second")
+        self.report.add("steps/s", "(measured)", str(speed), OK if speed else UNKNOWN)
         self._load_export(run_root)
 
     def _load_export(self, run_root: str) -> None:

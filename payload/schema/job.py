@@ -74,10 +74,6 @@ ATTENTIONS = ("auto", "fused", "reference")
 # train.sharding's values (SHARDINGS) and the families train.remat applies to
 # (REMAT_FAMILIES): payload/model/sharding.py, with the rest of the sharding rules.
 ON_BAD_INPUT = ("skip", "fail")
-# Where the training scalars go (payload/training/tracker.py; docs/operating.md "Trackers and
-# profiles"): tensorboard = the chief's event files in logs/ (always written); wandb = those and
-# the same scalars to a Weights & Biases run that a restart resumes (the optional `wandb` extra).
-TRACKERS = ("tensorboard", "wandb")
 # The JSON field / Parquet column that holds a record's text (corpus.text_field).
 DEFAULT_TEXT_FIELD = "text"
 # A Hub dataset path: hf://datasets/<owner>/<name>@<revision>/<path or glob>; the revision
@@ -225,19 +221,6 @@ class ModelSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ProfileSpec:
-    """`train.profile`: a JAX profiler trace of optimizer steps start_step .. start_step +
-    steps - 1 (the log lines' numbering) in profile/ (payload/backends/jax/profile.py)."""
-
-    start_step: int
-    steps: int = 5
-
-    @property
-    def last_step(self) -> int:
-        return self.start_step + self.steps - 1
-
-
-@dataclass(frozen=True, kw_only=True)
 class TrainSpec:
     steps: int
     global_batch_size: int = 32
@@ -264,12 +247,6 @@ class TrainSpec:
     eval_every: int = 500  # 0: evaluate on the held-out split only at the end
     shuffle_buffer: int = 10000
     seed: int = 0
-    tracker: str = "tensorboard"  # TRACKERS
-    # The W&B project and entity of train.tracker: wandb (None: wandb's own WANDB_PROJECT /
-    # WANDB_ENTITY environment variables, else its defaults); never an API key.
-    wandb_project: str | None = None
-    wandb_entity: str | None = None
-    profile: ProfileSpec | None = None  # JAX backend only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -281,7 +258,6 @@ class JobPaths:
     logs: str
     export: str
     status: str
-    profile: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -309,7 +285,6 @@ class JobSpec:
             logs=storage.join(root, "logs"),
             export=storage.join(root, "export"),
             status=storage.join(root, "status.json"),
-            profile=storage.join(root, "profile"),
         )
 
     @property

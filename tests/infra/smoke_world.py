@@ -184,9 +184,6 @@ print(json.dumps({"class": scenario.get("loader_class", "BertForMaskedLM"),
 """
 
 
-PROFILE_TIME = "2026_12_02_07_00_00"  # jax.profiler's folder name: the trace's start
-
-
 class World:
     """The stubs, the bucket and the VMs' timeline for one smoke run."""
 
@@ -250,16 +247,10 @@ class World:
         self.steps.append(step)
 
     def finish_training(
-        self,
-        steps_per_second: float = 7.5,
-        export: dict[str, dict | str] | None = None,
-        profile: bool = True,
+        self, steps_per_second: float = 7.5, export: dict[str, dict | str] | None = None
     ) -> None:
         """status.json says the training is complete, then the export is written: `export`,
-        {path under export/: JSON document or text}, or EXPORT by default; `profile`: the
-        trainer's profile window under profile/ first (a JAX run's plugins/profile/ layout)."""
-        if profile:
-            self.write(f"profile/plugins/profile/{PROFILE_TIME}/t1v-n-0-w-0.xplane.pb", "xplane")
+        {path under export/: JSON document or text}, or EXPORT by default."""
         accelerator = "gpu" if "gpuName" in self.run.exports else "tpu"
         self.write(
             "status.json",

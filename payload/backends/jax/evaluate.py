@@ -18,7 +18,8 @@ from jax.sharding import PartitionSpec as P
 
 from payload.backends.jax import steps
 from payload.core import storage
-from payload.training import heldout, tracker
+from payload.core.tensorboard import Scalars
+from payload.training import heldout
 
 if TYPE_CHECKING:
     from payload.backends.jax.batches import Pipelines
@@ -74,8 +75,7 @@ class Evaluator:
 
         self._sums = sums if sums is not None else make_eval_sums(model, objective, count)
         self.terms = len(steps.RTD_TERMS) if objective == "rtd" else 3
-        logdir = storage.join(job.paths.logs, "eval")
-        self.writer = tracker.scalars(job, logdir, chief=rt.is_chief, prefix="eval")
+        self.writer = Scalars(storage.join(job.paths.logs, "eval"), enabled=rt.is_chief)
         self._replicated = NamedSharding(rt.mesh, P())
 
     def evaluate(

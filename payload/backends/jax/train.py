@@ -56,7 +56,6 @@ from payload.backends.jax import (  # noqa: E402
     finish,
     hf_weights,
     models,
-    profile,
     progress,
     steps,
 )
@@ -466,7 +465,6 @@ class _TrainLoop:
         self.store = checkpoints.Checkpoints(
             job.paths.checkpoints, layout, keep=job.train.keep_checkpoints
         )
-        self.profile = profile.Window(job, chief=rt.is_chief)  # train.profile (profile.py)
 
     def batches(self, start_step: int) -> list[Any]:
         spec = self.spec
@@ -491,7 +489,6 @@ class _TrainLoop:
     def __exit__(self, *exc: object) -> None:
         """Wait for the last checkpoint's write: before the final evaluation and the export,
         and before a SIGTERM exit or an error leaves the process."""
-        self.profile.close()  # a stop inside the profile window keeps its trace so far
         self.store.close()
 
     def _load(self, batches: list[Any], n: int) -> dict[str, Any]:
@@ -572,10 +569,7 @@ class _TrainLoop:
             return training.chunk_length(
                 step,
                 spec.steps,
-                min(
-                    timer.steps_per_chunk(self.rt.steps_per_execution),
-                    self.profile.until_edge(step),
-                ),
+                timer.steps_per_chunk(self.rt.steps_per_execution),
                 0,
                 spec.checkpoint_every,
                 eval_every=eval_every,
@@ -612,8 +606,7 @@ class _TrainLoop:
             pending: tuple[int, int, dict[str, Any]] | None = None  # dispatched, not reported
             while step < total:
                 progress.stall_point(step)  # a test hook (progress.STALL_ENV)
-                # Dispatched; inside train.profile's window, traced (profile.py).
-                state, metrics = self.profile.run(self.train_chunk, step, n, state, ready)
+                state, metrics = self.train_chunk(state, ready, np.int32(n))  # dispatched
                 chunk, step = (step, n, metrics), step + n
                 if pending is not None:
                     report(*pending)  # the previous chunk's host I/O, while this one runs

@@ -74,7 +74,11 @@ def test_the_alerts_are_the_payloads_events():
 def test_a_channel_per_address_and_a_policy_per_event(stack):
     run = _run(stack)
     project, bucket = _project(run), _bucket(run)
-    channels = _of(run, CHANNEL)
+    # The mocks register resources as their inputs resolve, in no fixed order: take them in
+    # the program's order (the addresses', the events') by what they are.
+    channels = sorted(
+        _of(run, CHANNEL), key=lambda c: EMAILS.index(c.inputs["labels"]["email_address"])
+    )
     assert [c.inputs for c in channels] == [
         {
             "project": project,
@@ -88,7 +92,8 @@ def test_a_channel_per_address_and_a_policy_per_event(stack):
     channel_names = [c.outputs["name"] for c in channels]
     assert all(n.startswith(f"projects/{project}/notificationChannels/") for n in channel_names)
     policies = _of(run, POLICY)
-    assert [p.name for p in policies] == [f"alerts-{e}" for e in events.EVENTS]
+    assert sorted(p.name for p in policies) == sorted(f"alerts-{e}" for e in events.EVENTS)
+    policies = [by_name(run, f"alerts-{e}") for e in events.EVENTS]
     for policy, event in zip(policies, events.EVENTS.values(), strict=True):
         inputs = policy.inputs
         [condition] = inputs["conditions"]

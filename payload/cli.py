@@ -217,13 +217,15 @@ def _page(args: argparse.Namespace) -> int:
     try:
         _read_retry_deadline()
         print(page.write(args.run.rstrip("/")))
-    except UserError as exc:
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    except TransientError as exc:
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
-        return TRANSIENT_EXIT
+    except (UserError, TransientError) as exc:
+        return _error_exit(exc)
     return 0
+
+
+def _error_exit(exc: UserError | TransientError) -> int:
+    """One line for a user's mistake (exit 2) or a transient failure (75: the unit restarts)."""
+    print(f"error: {_one_line(exc)}", file=sys.stderr)
+    return TRANSIENT_EXIT if isinstance(exc, TransientError) else 2
 
 
 # The commands that run before (and without) a job spec, status.json or a lease.
@@ -268,12 +270,8 @@ def main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:  # noqa: PLR0911
             if worker == 0
             else None
         )
-    except UserError as exc:
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    except TransientError as exc:
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
-        return TRANSIENT_EXIT
+    except (UserError, TransientError) as exc:
+        return _error_exit(exc)
     except KeyboardInterrupt:
         print("interrupted before any stage started", file=sys.stderr)
         return INTERRUPTED_EXIT

@@ -151,10 +151,6 @@ def format_plan(run: offline.OfflineRun) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _parse_set(items: list[str]) -> dict[str, object]:
-    return offline.parse_overrides(items)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m infra.commands.plan", description=__doc__.split("\n")[0]
@@ -176,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--stack {args.stack!r}: no stacks/Pulumi.{args.stack}.yaml; stacks: "
                 + ", ".join(offline.stack_names())
             )
-        overrides = _parse_set(args.set)
+        overrides = offline.parse_overrides(args.set)
         run = offline.run_offline(args.stack, overrides)
         estimate = costs.stack_estimate(args.stack, overrides, run)
     except ConfigError as error:

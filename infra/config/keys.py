@@ -262,13 +262,20 @@ def integer(values: Mapping[str, object], name: str, low: int, high: int) -> int
     return number
 
 
-def array(values: Mapping[str, object], name: str) -> list[object]:
+def _list_value(values: Mapping[str, object], name: str) -> object:
+    """A list key's value: a list in the stack file, or the CLI's JSON text of one (None when
+    that text is not JSON)."""
     value = _value(values, name)
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            return json.loads(value)
         except json.JSONDecodeError:
-            value = None
+            return None
+    return value
+
+
+def array(values: Mapping[str, object], name: str) -> list[object]:
+    value = _list_value(values, name)
     if not isinstance(value, list) or not value:
         raise ConfigError(f'{qualified(name)}: must be a non-empty list, e.g. ["203.0.113.0/24"]')
     return value
@@ -276,12 +283,7 @@ def array(values: Mapping[str, object], name: str) -> list[object]:
 
 def string_list(values: Mapping[str, object], name: str, example: str) -> list[object]:
     """A list that may be empty (a list in the stack file, or the CLI's JSON text of one)."""
-    value = _value(values, name)
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            value = None
+    value = _list_value(values, name)
     if not isinstance(value, list):
         raise ConfigError(f"{qualified(name)}: must be a list, e.g. {example} (or [] for none)")
     return value

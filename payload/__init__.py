@@ -43,4 +43,4 @@ def _declare_unlisted_tensorflow() -> None:
 
 _declare_unlisted_tensorflow()
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"

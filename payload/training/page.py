@@ -382,6 +382,7 @@ def watch_statuses(run_root: str) -> dict[str, dict[str, Any]]:
 def write(run_root: str, status: Mapping[str, Any] | None = None) -> str:
     """Render `run_root`/status.html from its status.json (or `status`, the document the
     trainer holds) and the watchdog statuses; write it atomically; return its path."""
+    watching = watch_statuses(run_root)
     if status is None:
         path = storage.join(run_root, STATUS)
         try:
@@ -389,10 +390,31 @@ def write(run_root: str, status: Mapping[str, Any] | None = None) -> str:
         except ValueError as exc:
             raise UserError(f"{path} is not JSON: {exc}") from None
         if status is None:
-            raise UserError(f"{path} does not exist: no run has written its status yet")
+            if not watching:
+                raise UserError(
+                    f"{path} does not exist and no watchdog status is under "
+                    f"{storage.join(run_root, 'bootstrap')}: nothing has run yet"
+                )
+            status = before_the_trainer(run_root, watching)
     page = storage.join(run_root, PAGE)
-    storage.write_text(page, render(status, watch_statuses(run_root)))
+    storage.write_text(page, render(status, watching))
     return page
+
+
+def before_the_trainer(run_root: str, watching: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The status a page shows before the trainer wrote one (the node is being created, waits
+    for capacity, or was preempted before its first log): state ``pending``, the job the
+    watchdog names (else the run root's last part) and what the watchdog is doing."""
+    newest = max(watching.values(), key=lambda w: str(w.get("updated_at") or ""))
+    job = str(newest.get("job") or run_root.rstrip("/").rsplit("/", 1)[-1])
+    doing = newest.get("message") or newest.get("action") or "watching"
+    return {
+        "job": job,
+        "stage": None,
+        "state": "pending",
+        "message": f"the trainer has not written its status yet; the watchdog: {doing}",
+        "updated_at": newest.get("updated_at"),
+    }
 
 
 class PageWriter:

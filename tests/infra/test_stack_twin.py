@@ -5,7 +5,10 @@ sandbox's `sleep` stub: nothing sleeps."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
+from pathlib import Path
 
 import pytest
 from harness import by_name, run_offline
@@ -16,6 +19,11 @@ from infra import jobspec
 from infra.render import render
 
 pytestmark = pytest.mark.emulator
+
+REPO = Path(__file__).resolve().parents[2]
+# The environment of the TPU VM's payload (the lock + the payload: `make venv-tpu`), the one
+# the controller's own venv is built from; the page is drawn by this checkout's payload.
+PAYLOAD_PYTHON = REPO / ".venv-tpu" / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +133,7 @@ def test_preemption_queues_a_new_vm_that_boots_the_same_pointer_and_checkpoints(
     # gs:// committed by its commit_success.txt, written last).
     for name in ("_CHECKPOINT_METADATA", "commit_success.txt"):
         twin.store.put(f"{_output(twin)}/checkpoints/40/{name}", b"{}")
+    _real_page_command(twin)
     twin.preempt()
     _ok(twin.tick())
     assert twin.api_calls == ["describe", "qr-describe", "delete", "qr-create"]
@@ -162,6 +171,22 @@ def test_preemption_queues_a_new_vm_that_boots_the_same_pointer_and_checkpoints(
     status = twin.watch_status()
     assert [e["event"] for e in status["events"]] == ["preempted", "recreated"]
     assert status["capacity_exhausted"] == "" and isinstance(status["capacity_wait_s"], int)
+    # The page in the bucket, drawn by the watchdog's tick (`tpu-payload page`), shows the
+    # restart: both events in its table and on its timeline.
+    markup = twin.store.get(f"{twin.run_root}/status.html").decode()
+    rows = re.findall(r"<tr><td>[^<]*</td><td>([^<]*)</td><td>([^<]*)</td>", markup)
+    assert rows == [("recreated", "watchdog"), ("preempted", "watchdog")]  # newest first
+    assert re.search(r'<svg [^>]*id="plot-timeline"', markup)
+    assert html.escape(events[0]["message"]) in markup
+
+
+def _real_page_command(twin: StackTwin) -> None:
+    """The controller's `tpu-payload` (a recorder in the sandbox) as the real payload CLI, on
+    the bucket in the emulator: the watchdog's ticks draw the real page."""
+    assert PAYLOAD_PYTHON.exists(), f"{PAYLOAD_PYTHON} is missing: `make venv-tpu` builds it"
+    cli = twin.controller.root / "opt/tpu-pretrain/venv/bin/tpu-payload"
+    assert cli.exists(), "the controller's boot installs the payload"
+    cli.write_text(f'#!/bin/bash\nPYTHONPATH="{REPO}" exec "{PAYLOAD_PYTHON}" -m payload "$@"\n')
 
 
 def test_release_when_done_deletes_the_vm_once_the_export_is_complete(tmp_path, gcs_emulator):

@@ -161,9 +161,25 @@ def test_write_reads_the_run_root_and_writes_status_html(tmp_path: Path) -> None
     assert "gpu-watch.json" in markup and "preempted" in markup
 
 
+def test_before_the_trainer_the_page_shows_what_the_watchdog_does(tmp_path: Path) -> None:
+    # A node waiting for capacity, or preempted before the trainer's first status: the page
+    # is the watchdog's (its events, its message), the run pending.
+    _, watch = full_status()
+    watch["message"] = "no capacity at the last attempt (v5litepod-16); next attempt in 60s"
+    (tmp_path / "bootstrap").mkdir()
+    (tmp_path / "bootstrap" / "tpu-watch.json").write_text(json.dumps(watch))
+    page.write(str(tmp_path))
+    markup = (tmp_path / "status.html").read_text()
+    assert "state-pending" in markup
+    assert "the trainer has not written its status yet; the watchdog: no capacity" in markup
+    for event in watch["events"]:
+        assert f">{event['event']}<" in markup
+    assert not (tmp_path / "status.json").exists()
+
+
 def test_the_cli_writes_the_page_or_names_the_missing_status(tmp_path: Path) -> None:
     missing = run_cli("page", "--run", str(tmp_path / "nowhere"), timeout=120)
-    assert_user_error(missing, r"status\.json does not exist")
+    assert_user_error(missing, r"status\.json does not exist and no watchdog status")
     (tmp_path / "status.json").write_text("{not json")
     assert_user_error(run_cli("page", "--run", str(tmp_path), timeout=120), r"is not JSON")
     (tmp_path / "status.json").write_text(json.dumps(base_status()))

@@ -12,7 +12,7 @@ Beside where the job is, the trainer keeps what the status page draws (payload/t
 ``history`` (series of [step, value]: :meth:`StatusWriter.add_point`, each at most MAX_POINTS,
 thinned evenly as it grows), ``events`` (the trainer's events, the last MAX_EVENTS:
 :meth:`StatusWriter.note_event`) and whole sections it computes (``goodput``, ``eta``:
-:meth:`StatusWriter.note`). ``stages``, ``last_error``, ``history``, ``events`` and ``eta`` are
+:meth:`StatusWriter.note`). ``stages``, ``last_error``, ``history``, ``events``, ``eta`` and ``goodput`` are
 kept from the previous status.json of the same job, so a restart continues them; the trainer
 cuts the history back to the step it restored (:meth:`StatusWriter.trim_history`).
 """
@@ -31,7 +31,7 @@ STATES = ("pending", "running", "complete", "skipped", "failed", "hung")
 ENDED = ("complete", "skipped", "failed", "hung")
 MAX_POINTS = 500  # per history series: status.json stays small (a few tens of kB)
 MAX_EVENTS = 20
-KEPT = ("last_error", "history", "events", "eta")  # carried over from the previous status.json
+KEPT = ("last_error", "history", "events", "eta", "goodput")  # kept from the previous status.json
 
 
 def _now() -> str:

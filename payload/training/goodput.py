@@ -15,7 +15,7 @@ Here, in seconds (CATEGORIES):
 - ``capacity_wait``: the controller's watchdog waiting for the accelerator (its status's
   ``capacity_wait_s``, bootstrap/tpu-watch.json or gpu-watch.json), taken out of the time
   between starts (beyond it, before the first start);
-- ``boot``: from this process's start (the kernel's, /proc/self/stat) to the trainer's start:
+- ``boot``: from this process's start (the kernel's: /proc/self/stat) to the trainer's start:
   imports, the lease, and in ``tpu-payload run`` the stages before training;
 - ``restore``: reading the newest checkpoint;
 - ``compile``: from the restore to the end of the first chunk after a start (tracing,
@@ -93,14 +93,14 @@ def _epoch(value: Any) -> float | None:
 
 def process_start_time() -> float | None:
     """This process's start (seconds since the epoch) from the kernel: /proc/self/stat's
-    starttime (clock ticks after boot, proc(5)) plus /proc/stat's btime; None off Linux."""
+    starttime (clock ticks after boot, proc(5)) against /proc/uptime's seconds since boot
+    (hundredths; /proc/stat's btime is whole seconds); None off Linux."""
     try:
         stat = Path("/proc/self/stat").read_text(encoding="ascii")
         ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22 (fields 3.. after comm)
-        lines = Path("/proc/stat").read_text(encoding="ascii").splitlines()
-        btime = next(int(line.split()[1]) for line in lines if line.startswith("btime "))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        uptime = float(Path("/proc/uptime").read_text(encoding="ascii").split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return None
 
 
@@ -147,6 +147,7 @@ class Ledger:
             "first_step": None,
             "last_step": None,
             "restored_step": None,
+            "compiled_step": None,  # the first chunk's last step
             "seconds": dict.fromkeys(PHASES, 0.0),
             "compile_cache": None,
         }
@@ -206,16 +207,19 @@ class Ledger:
         self.record["first_step"] = step or 0
 
     def steps_done(self, step: int) -> None:
-        """The steps up to `step` are trained."""
+        """The steps up to `step` are trained (while compiling: the first chunk's, whose
+        time is the compile's)."""
         self.record["last_step"] = step
         if self.record["first_step"] is None:
             self.record["first_step"] = 0
+        if self._phase == "compile":
+            self.record["compiled_step"] = step
 
     def chunk_done(self, step: int) -> None:
         """A chunk ending at `step` finished: the first after a start ends the compile."""
+        self.steps_done(step)
         if self._phase == "compile":
             self.enter("productive")
-        self.steps_done(step)
 
     def note_compile_cache(self, counts: Mapping[str, Any]) -> None:
         self.record["compile_cache"] = dict(counts)
@@ -249,8 +253,8 @@ class Ledger:
 
 
 def _steps_s(record: Mapping[str, Any]) -> float | None:
-    """Seconds per step of a start's productive chunks (its first chunk is the compile)."""
-    first, last = record.get("first_step"), record.get("last_step")
+    """Seconds per step of a start's productive chunks (its first chunk is the compile's)."""
+    first, last = record.get("compiled_step", record.get("first_step")), record.get("last_step")
     productive = float(record.get("seconds", {}).get("productive", 0.0))
     if first is None or last is None or last <= first or productive <= 0:
         return None

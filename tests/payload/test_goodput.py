@@ -220,11 +220,15 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     return tmp, doc
 
 
-@pytest.mark.slow  # three runs of the CLI: about 75 s
-def test_a_run_killed_after_a_checkpoint_and_resumed(prepared) -> None:
-    tmp, doc = prepared
-    job_file = str(tmp / "job.yaml")
-    job = write_job(tmp, doc)
+@pytest.mark.slow  # three runs of the CLI: about 75 s (JAX), 100 s (TF)
+@pytest.mark.parametrize("backend", ["jax", "tf"])
+def test_a_run_killed_after_a_checkpoint_and_resumed(prepared, tmp_path, backend) -> None:
+    source, doc = prepared
+    doc = {**doc, "output": str(tmp_path / "out"), "train": {**doc["train"], "backend": backend}}
+    job = write_job(tmp_path, doc)
+    for part in ("tokenizer", "data"):
+        shutil.copytree(Path(source, "out", part), getattr(job.paths, part))
+    tmp, job_file = tmp_path, str(tmp_path / "job.yaml")
     point = LOG_POINT.format(3)  # step 15 logged; the last checkpoint is step 10's
     with PausedCli(tmp / "first-run", point, "train", "--job", job_file) as first:
         assert first.wait_paused() == f"paused at {point}"

@@ -12,9 +12,10 @@ Beside where the job is, the trainer keeps what the status page draws (payload/t
 ``history`` (series of [step, value]: :meth:`StatusWriter.add_point`, each at most MAX_POINTS,
 thinned evenly as it grows), ``events`` (the trainer's events, the last MAX_EVENTS:
 :meth:`StatusWriter.note_event`) and whole sections it computes (``goodput``, ``eta``:
-:meth:`StatusWriter.note`). ``stages``, ``last_error``, ``history``, ``events``, ``eta`` and ``goodput`` are
-kept from the previous status.json of the same job, so a restart continues them; the trainer
-cuts the history back to the step it restored (:meth:`StatusWriter.trim_history`).
+:meth:`StatusWriter.note`). ``stages`` and KEPT (``last_error``, ``history``, ``events``,
+``eta``, ``goodput``) are kept from the previous status.json of the same job, so a restart
+continues them; the trainer cuts the history back to the step it restored
+(:meth:`StatusWriter.trim_history`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ Here, in seconds (CATEGORIES):
   ``capacity_wait_s``, bootstrap/tpu-watch.json or gpu-watch.json), taken out of the time
   between starts (beyond it, before the first start);
 - ``boot``: from this process's start (the kernel's: /proc/self/stat) to the trainer's start:
-  imports, the lease, and in ``tpu-payload run`` the stages before training;
+  imports, the lease, and in ``tpu-payload run`` the stages before training; and for a start
+  on a host that booted after the previous start ended (a new VM after a preemption), from
+  the host's boot (/proc/uptime) to the process: the VM's boot, the startup script's install;
 - ``restore``: reading the newest checkpoint;
 - ``compile``: from the restore to the end of the first chunk after a start (tracing,
   compiling or loading from JAX's compilation cache: the record says which, ``compile_cache``,
@@ -31,8 +33,8 @@ Here, in seconds (CATEGORIES):
 - ``export``: writing the trained model;
 - ``lost``: steps a restart trained again: the previous start's last step minus this start's
   restored step, at the previous start's seconds per step;
-- ``down``: between one start's last record and the next start (a VM's shutdown and boot,
-  systemd's restart delay), less the capacity wait;
+- ``down``: between one start's last record and the next start (a VM's shutdown, systemd's
+  restart delay), less the new host's boot and the capacity wait;
 - ``other``: the rest of a start (start-up checks, the model's build, host work between
   phases).
 They add up to ``wall_s``, the first start's process start to now (or to the last start's
@@ -91,17 +93,25 @@ def _epoch(value: Any) -> float | None:
         return None
 
 
+def host_uptime() -> float | None:
+    """Seconds since this host booted (/proc/uptime, in hundredths: /proc/stat's btime is
+    whole seconds); None off Linux."""
+    try:
+        return float(Path("/proc/uptime").read_text(encoding="ascii").split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def process_start_time() -> float | None:
     """This process's start (seconds since the epoch) from the kernel: /proc/self/stat's
-    starttime (clock ticks after boot, proc(5)) against /proc/uptime's seconds since boot
-    (hundredths; /proc/stat's btime is whole seconds); None off Linux."""
+    starttime, clock ticks after the host's boot (proc(5)); None off Linux."""
+    uptime = host_uptime()
     try:
         stat = Path("/proc/self/stat").read_text(encoding="ascii")
         ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22 (fields 3.. after comm)
-        uptime = float(Path("/proc/uptime").read_text(encoding="ascii").split()[0])
-        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return None
+    return None if uptime is None else time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def capacity_wait_s(run_root: str) -> float:
@@ -135,7 +145,7 @@ class Ledger:
         self.directory = storage.join(run_root, RECORDS)
         self.chief = chief
         self._clock = clock
-        now = clock()
+        now, uptime = clock(), host_uptime()
         began = process_started if process_started is not None else process_start_time()
         began = min(began, now) if began is not None else now
         self.record: dict[str, Any] = {
@@ -150,6 +160,7 @@ class Ledger:
             "compiled_step": None,  # the first chunk's last step
             "seconds": dict.fromkeys(PHASES, 0.0),
             "compile_cache": None,
+            "host_booted_s": None if uptime is None else now - uptime,
         }
         self.record["seconds"]["boot"] = now - began
         self.name = f"{iso(began).replace(':', '')}-{os.getpid()}.json"
@@ -273,7 +284,15 @@ def summarise(records: Sequence[Mapping[str, Any]], *, capacity_wait: float) -> 
             totals[phase] += float(seconds.get(phase, 0.0))
         began, ended = float(record["started_s"]), float(record["ended_s"])
         if previous is not None:
-            gaps += max(0.0, began - float(previous["ended_s"]))
+            gap = max(0.0, began - float(previous["ended_s"]))
+            booted = record.get("host_booted_s")
+            if isinstance(booted, (int, float)) and booted > float(previous["ended_s"]):
+                # A host that booted after the previous start ended (a new VM after a
+                # preemption): from its boot to this process is boot and install.
+                vm_boot = min(gap, began - booted)
+                totals["boot"] += vm_boot
+                gap -= vm_boot
+            gaps += gap
             restored = record.get("restored_step") or 0
             last, per_step = previous.get("last_step"), _steps_s(previous)
             if last is not None and per_step is not None and last > restored:

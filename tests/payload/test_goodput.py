@@ -119,6 +119,11 @@ def test_the_watchdogs_capacity_wait_comes_out_of_the_time_between_starts(tmp_pa
     assert (before["wall_s"], before["categories"]["down"]) == (600, 0)
     assert sum(before["categories"].values()) == pytest.approx(600)
 
+    # The second start on a new VM that booted 60 s before its process: boot and install.
+    records[1]["host_booted_s"] = 340.0
+    vm = goodput.summarise(records, capacity_wait=0.0)
+    assert (vm["categories"]["boot"], vm["categories"]["down"], vm["wall_s"]) == (60, 240, 500)
+
     (tmp_path / "bootstrap").mkdir()
     (tmp_path / "bootstrap" / "tpu-watch.json").write_text('{"capacity_wait_s": 42}')
     assert goodput.capacity_wait_s(str(tmp_path)) == 42.0

@@ -122,11 +122,11 @@ def train(
         report.cache_counts = cache[1]
         stats = _train(job, status, input_pipelines, cache, watch, report=report)
     except BaseException as exc:
-        if report is not None:
-            report.ended_by(exc)
         # A full disk is the user's to fix on this host as on every other (not a bug first,
         # relabelled later), and the slice leaves with the class of the first abort.
         full = storage.as_disk_full(exc, job.paths.checkpoints)
+        if report is not None:
+            report.ended_by(full or exc)  # how this start ended, in the goodput ledger
         leaving = distributed.leave_with(full or exc)
         if leaving is exc:
             raise

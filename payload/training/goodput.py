@@ -41,9 +41,10 @@ They add up to ``wall_s``, the first start's process start to now (or to the las
 end), plus any capacity wait before the first start.
 
 The ledger (one record per start, RECORDS/<process start>-<pid>.json beside status.json, via
-payload/core/storage.py: local or gs://) is written by the chief only, at each log line and
-milestone; a start that ends records how (ENDS); one killed without a word (SIGKILL, a VM
-taken away) keeps ``running`` in its file and is shown as ``killed``. Its summary is
+payload/core/storage.py: local or gs://) is written by the chief only: at each log line (on
+gs:// at most every GCS_MIN_INTERVAL_S) and at a start's restore and end. A start that ends
+records how (ENDS); one killed without a word (SIGKILL, a VM taken away) keeps ``running`` in
+its file and is shown as ``killed``. Its summary is
 status.json's ``goodput`` (:meth:`Ledger.summary`), the status page's breakdown and timeline.
 """
 
@@ -80,6 +81,10 @@ CATEGORIES = (
 PHASES = ("boot", "restore", "compile", "input", "productive", "evaluation", "checkpoint",
           "export", "other")  # fmt: skip
 ENDS = ("running", "finished", "preempted", "stopped", "failed", "hung", "killed")
+# A record on gs:// is rewritten at most this often (Cloud Storage allows about one write a
+# second to one object name: cloud.google.com/storage/quotas), except at a start's restore
+# and end; a local one at every log line.
+GCS_MIN_INTERVAL_S = 10.0
 
 
 def iso(seconds: float) -> str:
@@ -165,6 +170,7 @@ class Ledger:
         self.record["seconds"]["boot"] = now - began
         self.name = f"{iso(began).replace(':', '')}-{os.getpid()}.json"
         self._phase, self._since = "other", now
+        self._written: float | None = None
         self.previous = self._read_previous() if chief else []
         self.capacity_wait_s = capacity_wait_s(run_root) if chief else 0.0
 
@@ -241,12 +247,16 @@ class Ledger:
         self._account()
         self.record["end"] = how
 
-    def write(self) -> None:
-        """This start's record to the run's directory (the chief's; never raises: the
-        ledger must not stop a run)."""
-        self._account()
+    def write(self, *, force: bool = False) -> None:
+        """This start's record to the run's directory (the chief's; on gs:// at most every
+        GCS_MIN_INTERVAL_S unless forced; never raises: the ledger must not stop a run)."""
+        now = self._account()
         if not self.chief:
             return
+        recent = self._written is not None and now - self._written < GCS_MIN_INTERVAL_S
+        if recent and not force and storage.is_gcs(self.directory):
+            return
+        self._written = now
         try:
             storage.write_text(
                 storage.join(self.directory, self.name),

@@ -85,7 +85,7 @@ class RunReport:
         it is trained again, so it goes."""
         self.ledger.restored(step)
         self.status.trim_history(step or 0)
-        self.save()
+        self.save(force=True)
 
     def chunk_done(self, step: int) -> None:
         """A chunk ending at `step` finished (the first after a start ends the compile)."""
@@ -127,11 +127,12 @@ class RunReport:
         doc["past_grant_event_at"] = self._past_grant_reported
         self.status.note("eta", doc)
 
-    def save(self) -> None:
-        """The ledger's record (the chief's) and status.json's ``goodput``."""
+    def save(self, *, force: bool = False) -> None:
+        """The ledger's record (the chief's; goodput.Ledger.write) and status.json's
+        ``goodput``."""
         if self.cache_counts is not None:
             self.ledger.note_compile_cache(self.cache_counts.describe())
-        self.ledger.write()
+        self.ledger.write(force=force)
         if self.chief:
             self.status.note("goodput", self.ledger.summary())
 
@@ -140,7 +141,12 @@ class RunReport:
         if not self.chief:
             return
         payload = events.emit(
-            name, run_root=self.job.paths.root, job=self.job.name, message=message, **fields
+            name,
+            run_root=self.job.paths.root,
+            job=self.job.name,
+            message=message,
+            environ=self.environ,
+            **fields,
         )
         self.status.note_event(payload)
 
@@ -151,7 +157,7 @@ class RunReport:
             return
         self._ended = True
         self.ledger.end(how)
-        self.save()
+        self.save(force=True)
         self.status.flush(milestone=True)
 
     def finished(self, step: int) -> None:

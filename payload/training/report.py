@@ -10,6 +10,9 @@ the ledger's write), :meth:`RunReport.finished` (the export written) and
 failed) or :meth:`RunReport.hung` (the JAX backend's stall watchdog). Only the chief writes
 and emits.
 
+The history's ``mfu`` is drawn on a TPU host only (:func:`mfu_per_token_s`): tokens/s x
+the plan's FLOPs per token over the chips' peak.
+
 The trainer's events: ``hung``, ``finished``, ``eta-past-grant`` (once per run: the first
 time the ETA passes the grant's end; kept in status.json's ``eta`` across restarts) and
 ``stopped`` for a user error, unless the VM's trainer unit runs it (UNIT_ENV is set): the
@@ -25,7 +28,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from payload.core import events
+from payload.core import events, hosts
 from payload.core.errors import UserError
 from payload.plan import eta as eta_lib
 from payload.training.goodput import Ledger
@@ -48,6 +51,24 @@ WATCH_PHASES = {
 }
 
 
+def mfu_per_token_s(job: JobSpec) -> float | None:
+    """The MFU one token a second is on this TPU host (the one the trainer unit names,
+    core/hosts.py): the plan's FLOPs per token over the slice's chips x peak FLOP/s
+    (payload/plan/estimate.py, whose hours assume an MFU the same way); None on another
+    host or an accelerator type the plan has no figures for."""
+    host = hosts.expected_tpu()
+    if host is None:
+        return None
+    from payload.plan import estimate  # noqa: PLC0415  (the model shapes: only on a TPU)
+
+    try:
+        acc = estimate.accelerator(host.accelerator_type)
+        flops_per_token = estimate.plan_job(job, acc).flops_per_token
+    except UserError:
+        return None
+    return flops_per_token / (acc.chips * acc.peak_flops)
+
+
 class RunReport:
     def __init__(
         self,
@@ -64,6 +85,7 @@ class RunReport:
         self.tokens_per_step = job.train.global_batch_size * job.data.seq_length
         self.cache_counts: Any = None  # the JAX backend's compile_cache.CacheCounts
         self._rate: float | None = None
+        self._mfu_per_token_s = mfu_per_token_s(job)
         previous = status.document.get("eta") or {}
         self._past_grant_reported = previous.get("past_grant_event_at")
         self._ended = False
@@ -103,6 +125,8 @@ class RunReport:
         if steps_per_s > 0:
             self._rate = steps_per_s * self.tokens_per_step
             self.status.add_point("tokens_per_s", step, self._rate)
+            if self._mfu_per_token_s is not None:
+                self.status.add_point("mfu", step, self._rate * self._mfu_per_token_s)
         self._note_eta(step)
         self.save()
 

@@ -29,9 +29,9 @@ from train_helpers import (
 
 from payload.backends.jax import progress
 from payload.cli import main as cli_main
-from payload.core import storage
+from payload.core import hosts, storage
 from payload.core.status import MAX_POINTS, StatusWriter
-from payload.plan import eta
+from payload.plan import estimate, eta
 from payload.training import goodput, report
 
 LOG_POINT = "after:payload.training.shared:Meter.log:{}"
@@ -208,6 +208,26 @@ def test_eta_past_grant_is_written_once_per_run(tmp_path, gcs_root, logging_api)
     written = json.loads(storage.read_text(job.paths.status))
     assert len(_events(written, "eta-past-grant")) == 1 and written["eta"]["past_grant"]
     assert written["goodput"]["starts"] and written["history"]["train"][-1][0] == 40
+
+
+def test_mfu_is_drawn_on_a_tpu_host_only(tmp_path) -> None:
+    doc = job_document(tmp_path, tmp_path / "corpus.txt", "clm", "gpt2", steps=100)
+    job = write_job(tmp_path, doc)
+    acc = estimate.accelerator("v5litepod-8")
+    per_token = estimate.plan_job(job, acc).flops_per_token
+    hosts.expect_tpu(hosts.TpuHost("v5litepod-8", "v2-alpha-tpuv5-lite"))
+    try:
+        on_tpu = StatusWriter(str(tmp_path / "tpu.json"), job.name)
+        report.RunReport(job, on_tpu, chief=False).logged(10, 2.0, steps_per_s=4.0)
+    finally:
+        hosts.expect_tpu(None)
+    [[step, mfu]] = on_tpu.document["history"]["mfu"]
+    assert step == 10
+    assert mfu == pytest.approx(4.0 * 16 * 32 * per_token / (acc.chips * acc.peak_flops))
+    elsewhere = StatusWriter(str(tmp_path / "cpu.json"), job.name)
+    report.RunReport(job, elsewhere, chief=False).logged(10, 2.0, steps_per_s=4.0)
+    assert "mfu" not in elsewhere.document["history"]
+    assert elsewhere.document["history"]["tokens_per_s"] == [[10, 4.0 * 16 * 32]]
 
 
 # ---------------------------------------------------------------------------- real runs

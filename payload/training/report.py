@@ -64,7 +64,7 @@ def mfu_per_token_s(job: JobSpec) -> float | None:
     try:
         acc = estimate.accelerator(host.accelerator_type)
         flops_per_token = estimate.plan_job(job, acc).flops_per_token
-    except UserError:
+    except Exception:  # a figure on the page must never stop a run
         return None
     return flops_per_token / (acc.chips * acc.peak_flops)
 

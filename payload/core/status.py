@@ -7,6 +7,15 @@ changes, so a training loop can call :meth:`StatusWriter.update` every step.
 A run that made no progress within its bound ends with state ``hung`` (:meth:`StatusWriter.hung`:
 ``last_error`` names the phase; the trainer unit restarts it, and the next run's ``running``
 replaces it), one that failed with ``failed``.
+
+Beside where the job is, the trainer keeps what the status page draws (payload/training/page.py):
+``history`` (series of [step, value]: :meth:`StatusWriter.add_point`, each at most MAX_POINTS,
+thinned evenly as it grows), ``events`` (the trainer's events, the last MAX_EVENTS:
+:meth:`StatusWriter.note_event`) and whole sections it computes (``goodput``, ``eta``:
+:meth:`StatusWriter.note`). ``stages`` and KEPT (``last_error``, ``history``, ``events``,
+``eta``, ``goodput``) are kept from the previous status.json of the same job, so a restart
+continues them; the trainer cuts the history back to the step it restored
+(:meth:`StatusWriter.trim_history`).
 """
 
 from __future__ import annotations
@@ -21,6 +30,9 @@ from payload.core import storage
 
 STATES = ("pending", "running", "complete", "skipped", "failed", "hung")
 ENDED = ("complete", "skipped", "failed", "hung")
+MAX_POINTS = 500  # per history series: status.json stays small (a few tens of kB)
+MAX_EVENTS = 20
+KEPT = ("last_error", "history", "events", "eta", "goodput")  # kept from the previous status.json
 
 
 def _now() -> str:
@@ -51,7 +63,9 @@ class StatusWriter:
         previous = self._read_previous()
         if previous.get("job") == job_name and isinstance(previous.get("stages"), dict):
             self._doc["stages"] = previous["stages"]
-            self._doc["last_error"] = previous.get("last_error")
+            for key in KEPT:
+                if previous.get(key) is not None:
+                    self._doc[key] = previous[key]
 
     def _read_previous(self) -> dict[str, Any]:
         try:
@@ -118,6 +132,41 @@ class StatusWriter:
         """What the trainer runs on: accelerator, the devices (replicas) the backend sees,
         hosts, precision (payload/backends/tf/strategy.py describe)."""
         self._doc["runtime"] = dict(runtime)
+        self._dirty = True
+
+    def note(self, section: str, value: dict[str, Any]) -> None:
+        """A whole section the trainer computes (``goodput``, ``eta``), written with the next
+        write."""
+        self._doc[section] = value
+        self._dirty = True
+
+    def add_point(self, series: str, step: int, value: float) -> None:
+        """One [step, value] of a history series (``train``, ``eval``, ``tokens_per_s``,
+        ``mfu``). A series past MAX_POINTS keeps every other point and its newest: the
+        points stay spread over the whole run."""
+        points = self._doc.setdefault("history", {}).setdefault(series, [])
+        if points and points[-1][0] >= step:  # the same step again (a rerun's evaluation)
+            points[:] = [p for p in points if p[0] < step]
+        points.append([int(step), float(value)])
+        if len(points) > MAX_POINTS:
+            points[:] = [*points[:-1][::2], points[-1]]
+        self._dirty = True
+
+    def trim_history(self, step: int) -> None:
+        """Drop the history after `step` (the step a restart restored: the steps after it are
+        trained again)."""
+        history = self._doc.get("history")
+        if isinstance(history, dict):
+            for series, points in history.items():
+                history[series] = [p for p in points if p[0] <= step]
+            self._dirty = True
+
+    def note_event(self, event: dict[str, Any]) -> None:
+        """An event this job emitted (payload/core/events.py's jsonPayload); the last
+        MAX_EVENTS are kept."""
+        events = self._doc.setdefault("events", [])
+        events.append(dict(event))
+        del events[:-MAX_EVENTS]
         self._dirty = True
 
     def fail(self, *, stage: str, error: str) -> None:

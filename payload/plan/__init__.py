@@ -1,1 +1,1 @@
-"""What a job costs before renting: the plan, a step's and a stop's costs, chips."""
+"""What a job costs before renting: the plan, a step's and a stop's costs, chips, the ETA."""

@@ -68,12 +68,10 @@ weights: per layer the MLP 2 x 3 x H x I for SwiGLU, q/k/v 2 x H x (A + 2K) x D,
 projection 2 x H x A x D, and the unembedding 2 x H x V once) plus 3 x the causal attention
 2 x S x A x D per layer (its 4 x S x A x D halved for the causal mask). That is 6N over the
 matmul weights (the embedding lookup counted once, as the LM head) plus the attention term.
-Hours = train.steps x global batch x seq_length x FLOPs per token / (chips x peak x MFU).
-What the compiled step executes is more (step_flops_per_token: the policy's recomputation,
-the loss's recomputed logits, the attention kernel's backward), which the TPU compiler's
-program confirms to the flop for 1B (hlo.py, bench/bench_tpu_compile.py).
-On a TPU the compiled program's own code (GENERATED_CODE_BYTES) is counted with the rest.
-"""
+Hours = train.steps x global batch x seq_length x FLOPs per token / (chips x peak x MFU); the
+ETA from now, against the job's grant_ends: eta.py. The compiled step executes more (the remat
+policy's and the loss's recomputation, the attention kernel's backward: step_flops_per_token),
+as the TPU compiler's program confirms for 1B (hlo.py); its code (GENERATED_CODE_BYTES) too."""
 
 from __future__ import annotations
 
@@ -99,6 +97,7 @@ from payload.model.sharding import (
     STATE_BYTES_PER_PARAMETER,
     WEIGHT_BYTES,
 )
+from payload.plan import eta
 
 # The accelerator catalog (payload/plan/accelerators.yaml), re-exported: plan.accelerator(...).
 from payload.plan.accelerators import (  # noqa: F401
@@ -769,8 +768,8 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--stop-cost prints a Markdown table: drop --json")
         if args.sizes:
             return _table(args)
-        acc = accelerator(args.accelerator)
-        plan = plan_job(load_job(args.job), acc, mfu=args.mfu)
+        job = load_job(args.job)
+        plan = plan_job(job, accelerator(args.accelerator), mfu=args.mfu)
     except (UserError, TransientError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2 if isinstance(exc, UserError) else TRANSIENT_EXIT
@@ -779,10 +778,11 @@ def run(args: argparse.Namespace) -> int:
 
         sys.stdout.write(stopping.markdown([plan]))
         return 0
+    ends = eta.of_plan(plan, job.grant_ends)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+        print(json.dumps({**plan.to_dict(), "eta": ends.to_dict()}, indent=2, sort_keys=True))
     else:
-        sys.stdout.write(format_plan(plan))
+        sys.stdout.write(format_plan(plan) + eta.plan_text(ends))
     if plan.refusal:
         print(f"error: {plan.refusal}", file=sys.stderr)
         return 2
@@ -790,9 +790,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m payload.plan", description=(__doc__ or "").split("\n")[0]
-    )
+    about = (__doc__ or "").split("\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m payload.plan", description=about)
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

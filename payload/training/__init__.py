@@ -1,1 +1,1 @@
-"""What both trainers share: loop rules, evaluation, identity, export, model card."""
+"""What both trainers share: loop rules, evaluation, identity, export and model card, goodput."""

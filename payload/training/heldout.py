@@ -86,6 +86,7 @@ def report(
         )
     else:
         metrics = _report(job, status, writer, step, totals, sequences=sequences, seconds=seconds)
+    status.add_point("eval", step, metrics["eval_loss"])  # the status page's held-out curve
     status.flush(milestone=True)  # status.json and the status page (page.py) show it now
     return metrics
 

@@ -232,8 +232,12 @@ def _progress(status: Mapping[str, Any]) -> str:
 
 def _goodput(status: Mapping[str, Any]) -> str:
     good = _mapping(status.get("goodput"))
+    # The categories that took time (goodput.py CATEGORIES: a run without a restart has no
+    # lost progress or down time), and productive always.
     categories = {
-        str(k): v for k, v in _mapping(good.get("categories")).items() if _number(v) is not None
+        str(k): v
+        for k, v in _mapping(good.get("categories")).items()
+        if (_number(v) or 0.0) > 0 or (k == "productive" and _number(v) is not None)
     }
     wall = _number(good.get("wall_s"))
     fraction = _number(good.get("goodput"))

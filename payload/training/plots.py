@@ -32,11 +32,13 @@ from typing import Any
 # run's history would otherwise make a page of megabytes.
 MAX_POINTS = 1500
 WIDTH_IN, HEIGHT_IN = 6.2, 2.6
-# Colours of a start's bar by how it ended (goodput's `end`); anything else is grey.
+# Colours of a start's bar by how it ended (goodput's `end`, goodput.ENDS); anything else
+# is grey.
 END_COLOURS = {
     "running": "#2b8a3e",
-    "complete": "#1c7ed6",
+    "finished": "#1c7ed6",
     "preempted": "#e8590c",
+    "killed": "#d9480f",
     "stopped": "#c92a2a",
     "failed": "#c92a2a",
     "hung": "#862e9c",

@@ -34,6 +34,7 @@ from payload.training import export as export_lib
 if TYPE_CHECKING:
     from payload.schema.manifest import Manifest
     from payload.spec import JobSpec, TrainSpec
+    from payload.training.report import RunReport
 
 BACKENDS = ("tf", "jax")
 EXPORT_MARKER = export_lib.EXPORT_MARKER
@@ -449,7 +450,8 @@ class Meter:
     """Loss, learning rate and throughput to the log, TensorBoard and status.json.
 
     `learning_rate(step)` gives the rate of a 0-based optimizer step (the backend's own
-    schedule, so the log shows what the optimizer used)."""
+    schedule, so the log shows what the optimizer used); `report` (report.py) takes each
+    log line's loss and rate: the history, the ETA and the goodput ledger."""
 
     def __init__(
         self,
@@ -459,8 +461,10 @@ class Meter:
         *,
         chief: bool,
         learning_rate: Callable[[int], float],
+        report: RunReport | None = None,
     ):
         self.total = job.train.steps
+        self.report = report
         self.sequences_per_step = job.train.global_batch_size
         self.tokens_per_step = job.train.global_batch_size * manifest.seq_length
         self.learning_rate = learning_rate
@@ -476,6 +480,9 @@ class Meter:
         self._window: list[tuple[float, float]] = []  # (loss, accuracy) since the last log
 
     def record(self, step: int, n: int, loss: float, accuracy: float) -> None:
+        """A chunk of n steps ending at `step` finished (the TF backend: it ran just now)."""
+        if self.report is not None:
+            self.report.chunk_done(step)
         self._last_record = time.perf_counter()
         self.loss, self.accuracy = loss, accuracy
         if self.first_loss is None:
@@ -504,6 +511,8 @@ class Meter:
         log boundary reported), its own step's gradient norm, and the throughput measured
         over the chunks since the previous log line."""
         n = len(losses)
+        if self.report is not None:  # the phase is the JAX watch's (report.RunReport.follow)
+            self.report.steps_done(start + n)
         self._last_record = time.perf_counter()
         if not self.warm:
             # The first chunk includes tracing and compilation: keep it out of throughput.
@@ -570,6 +579,8 @@ class Meter:
             learning_rate=lr,
             steps_per_second=round(steps_per_s, 4),
         )
+        if self.report is not None:
+            self.report.logged(step, self.loss, steps_per_s)
         self.window_start, self.window_steps = time.perf_counter(), 0
 
     def close(self) -> None:

@@ -1,8 +1,10 @@
-"""Shared fixtures: a real fake-gcs-server on 127.0.0.1, the encode tests' corpus, a stand-in
-for the Hugging Face Hub's API (corpus_formats.py)."""
+"""Shared fixtures: a real fake-gcs-server on 127.0.0.1, an HTTP server that records what is
+written to the Logging API's entries:write (`logging_api`), the encode tests' corpus, a
+stand-in for the Hugging Face Hub's API (corpus_formats.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -13,8 +15,9 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from corpus_formats import Hub
@@ -247,3 +250,31 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hub]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+class _Logging(BaseHTTPRequestHandler):
+    received: ClassVar[list[tuple[str, dict]]] = []
+    status = 200
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append((self.path, json.loads(body)))
+        self.send_response(type(self).status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def logging_api():
+    _Logging.received = []
+    _Logging.status = 200
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Logging)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", _Logging
+    server.shutdown()
+    server.server_close()

@@ -1,12 +1,13 @@
-"""The status page's tests' fixtures: the fields of status.json and the watchdog's status that
-other parts of the run add (history, goodput, eta, events; the watchdog's events), in their
-documented shape (payload/training/page.py's docstring), filled from a real run's records.
+"""The status page's tests' fixtures in their documented shape (payload/training/page.py's
+docstring).
 
-A real run's status.json (payload/core/status.py) and its trainer's log lines give the steps,
-losses, throughput and stage times; :func:`add_new_fields` turns them into `history`,
-`goodput`, `eta` and `events`, with a preemption and a restart in the middle of the train
-stage so the timeline has something to show. The events are real event payloads
-(payload/core/events.py `entry`).
+- :func:`watch_status`: the controller watchdog's status (bootstrap/tpu-watch.json), which no
+  local run writes: a preemption and a restart in the middle of the train stage, as real event
+  payloads (payload/core/events.py `entry`); :func:`write_watch_status` puts it beside a real
+  run's status.json (the Chromium test: every other field is the real run's own).
+- :func:`add_new_fields`: a whole status.json for the renderer's own tests
+  (test_status_page.py), `history`, `goodput`, `eta` and `events` made from a base status and
+  trainer log lines, with two starts so the timeline has a restart to show.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def add_new_fields(
             {
                 "started_at": _iso(resumed),
                 "ended_at": _iso(ended),
-                "end": "complete",
+                "end": "finished",
                 "first_step": step // 2,
                 "last_step": step,
                 "restored_step": step // 2,
@@ -102,7 +103,19 @@ def add_new_fields(
         events.entry("finished", source="trainer", message="the export is written",
                      at=_iso(ended), step=step, export="export/", **common),
     ]  # fmt: skip
-    watch = {
+    watch = watch_status(status)
+    return doc, watch
+
+
+def watch_status(status: dict[str, Any]) -> dict[str, Any]:
+    """The watchdog's tpu-watch.json: the TPU preempted halfway through the train stage and
+    asked for again a second later."""
+    train = status["stages"]["train"]
+    began, ended = _time(train["started_at"]), _time(train["finished_at"])
+    middle = began + (ended - began) / 2
+    resumed = middle + timedelta(seconds=1)
+    common = {"bucket": "test-tpu-pretrain", "job": status["job"], "host": "vm"}
+    return {
         "role": "tpu-watch",
         "tpu_state": "READY",
         "action": "none",
@@ -110,36 +123,18 @@ def add_new_fields(
         "updated_at": _iso(ended),
         "capacity_wait_s": 0,
         "events": [
-            events.entry(
-                "preempted",
-                source="watchdog",
-                message="the TPU was preempted",
-                at=_iso(middle),
-                state="PREEMPTED",
-                **common,
-            ),
-            events.entry(
-                "recreated",
-                source="watchdog",
-                message="asked for the TPU again",
-                at=_iso(resumed),
-                reason="preempted",
-                **common,
-            ),
+            events.entry("preempted", source="watchdog", message="the TPU was preempted",
+                         at=_iso(middle), state="PREEMPTED", **common),
+            events.entry("recreated", source="watchdog", message="asked for the TPU again",
+                         at=_iso(resumed), reason="preempted", **common),
         ],
-    }
-    return doc, watch
+    }  # fmt: skip
 
 
-def write_new_fields(
-    run_root: Path, log: str, *, tokens_per_step: int, total_steps: int
-) -> dict[str, Any]:
-    """Add the fields to the run's status.json and write bootstrap/tpu-watch.json beside it."""
+def write_watch_status(run_root: Path) -> dict[str, Any]:
+    """bootstrap/tpu-watch.json beside a real run's status.json; returns the watchdog's doc."""
     status = json.loads((run_root / "status.json").read_text())
-    doc, watch = add_new_fields(
-        status, log, tokens_per_step=tokens_per_step, total_steps=total_steps
-    )
-    (run_root / "status.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    watch = watch_status(status)
     (run_root / "bootstrap").mkdir(exist_ok=True)
     (run_root / "bootstrap" / "tpu-watch.json").write_text(json.dumps(watch) + "\n")
-    return doc
+    return watch

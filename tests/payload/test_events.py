@@ -1,8 +1,9 @@
 """The run's events: one table (payload/core/events.py), the docs' copy of it, and its two
 writers (the payload's emit, the scripts' emit_event) producing the same entry.
 
-emit writes to a real HTTP server on 127.0.0.1 (the Logging API's entries:write shape); the
-shell writer runs with a gcloud on PATH that records its arguments."""
+emit writes to a real HTTP server on 127.0.0.1 (the Logging API's entries:write shape:
+conftest.py's `logging_api`); the shell writer runs with a gcloud on PATH that records its
+arguments."""
 
 from __future__ import annotations
 
@@ -10,10 +11,7 @@ import json
 import os
 import re
 import subprocess
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 
@@ -76,34 +74,6 @@ def test_an_entry_names_what_is_wrong():
         events.entry("hung", source="trainer", loss=1.0, **base)
     assert events.bucket_of("gs://bkt/runs/j") == "bkt"
     assert events.bucket_of("/tmp/runs/j") is None
-
-
-class _Logging(BaseHTTPRequestHandler):
-    received: ClassVar[list[tuple[str, dict]]] = []
-    status = 200
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).received.append((self.path, json.loads(body)))
-        self.send_response(type(self).status)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def logging_api():
-    _Logging.received = []
-    _Logging.status = 200
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Logging)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}", _Logging
-    server.shutdown()
-    server.server_close()
 
 
 def test_emit_writes_one_entry_to_the_logging_api(logging_api, capsys):

@@ -229,6 +229,9 @@ def test_a_stall_on_one_host_ends_every_host_within_the_watchdogs_bound(
     status = json.loads(Path(job.paths.status).read_text())
     assert (status["state"], status["last_error"]["phase"]) == ("hung", "train"), status
     assert status["last_error"]["error"] == line
+    [hung] = [e for e in status["events"] if e["event"] == "hung"]  # the chief's, once
+    assert (hung["phase"], hung["source"], hung["message"]) == ("train", "trainer", line)
+    assert status["goodput"]["starts"][-1]["end"] == "hung"
 
 
 def test_a_sigterm_after_the_last_agreement_commits_the_final_checkpoint(

@@ -253,3 +253,18 @@ def test_the_writer_never_makes_training_wait(
     writer.close_timeout_s = 60
     writer.close()
     assert seen == [1, 3]
+
+
+def test_the_goodput_plot_leaves_out_categories_that_took_no_time() -> None:
+    status = base_status(
+        goodput={
+            "wall_s": 100.0,
+            "categories": {"productive": 60.0, "compile": 40.0, "lost": 0.0, "down": 0},
+            "goodput": 0.6,
+            "starts": [],
+        }
+    )
+    markup = page.render(status, {})
+    plot = markup.split('id="plot-goodput"', 1)[1].split("</svg>", 1)[0]
+    assert "productive" in plot and "compile" in plot
+    assert "lost" not in plot and "down" not in plot

@@ -1,13 +1,15 @@
 """The status page in a real headless Chromium (Debian's `chromium`; `make test` installs it,
 .ci/run too), rendered from a real local run: tokenizer -> encode -> train (the JAX backend,
-a tiny GPT-2) through the real CLI, whose chief writes status.html as it goes; then the
-fields other parts of the run add (page_helpers.py) and `tpu-payload page --run`.
+a tiny GPT-2) through the real CLI, whose chief writes status.html as it goes, with the
+history, goodput, ETA and events it recorded itself; then the watchdog's status, which no
+local run writes (page_helpers.write_watch_status: a preemption and a restart), and
+`tpu-payload page --run`.
 
 The page is screenshotted at 1280x800 (kept as build/test-artifacts/status-page-1280x800.png,
 and in the test's tmp directory), and Chromium's DOM (--dump-dom) has the four plots and the
-same step, loss and ETA as status.json. Chromium runs headless with a throwaway profile, no
-network (every request goes to a closed port on 127.0.0.1; the page asks for none: its CSP
-forbids it), bounded by a timeout."""
+same step, loss, ETA and goodput as status.json. Chromium runs headless with a throwaway
+profile, no network (every request goes to a closed port on 127.0.0.1; the page asks for none:
+its CSP forbids it), bounded by a timeout."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from page_helpers import write_new_fields
+from page_helpers import write_watch_status
 from PIL import Image
 from train_helpers import job_document, run_cli, write_corpus, write_job
 
@@ -105,6 +107,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         backend="jax",
     )  # fmt: skip
     doc["data"].update(eval_fraction=0.1, eval_min_sequences=16)
+    doc["grant_ends"] = "2099-12-31"
     job = write_job(tmp, doc)
     result = run_cli("run", "--job", str(tmp / "job.yaml"), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -126,9 +129,14 @@ def test_the_page_in_chromium_matches_status_json(
 ) -> None:
     binary = chromium()
     root, log = real_run
-    seq_length, batch = 32, 16
-    status = write_new_fields(root, log, tokens_per_step=seq_length * batch, total_steps=12)
-    assert status["history"]["train"] and status["history"]["eval"], log[-3000:]
+    status = json.loads((root / "status.json").read_text())  # what the run wrote itself
+    assert [p[0] for p in status["history"]["train"]] == [3, 6, 9, 12], log[-3000:]
+    assert [p[0] for p in status["history"]["eval"]] == [6, 12], log[-3000:]
+    assert status["history"]["tokens_per_s"], log[-3000:]
+    assert status["eta"]["tokens_done"] == status["eta"]["tokens_total"] == 12 * 16 * 32
+    assert [s["end"] for s in status["goodput"]["starts"]] == ["finished"]
+    assert [e["event"] for e in status["events"]] == ["finished"]
+    write_watch_status(root)
     written = run_cli("page", "--run", str(root), timeout=300)
     assert written.returncode == 0, written.stderr
     url = (root / "status.html").as_uri()
@@ -161,7 +169,14 @@ def test_the_page_in_chromium_matches_status_json(
     assert dom.text("loss") == f"{metrics['loss']:.4f}"
     assert dom.elements["eta"][1]["data-value"] == status["eta"]["eta"]
     assert dom.text("eta") == page.utc(status["eta"]["eta"])
+    assert dom.elements["grant-ends"][1]["data-value"] == "2100-01-01T00:00:00Z"
+    assert "eta-warning" not in dom.elements  # the ETA is well before the grant's end
     assert dom.text("state") == status["state"]
+    titles = dict(re.findall(r'id="(plot-[a-z]+)-card"><h2>([^<]*)</h2>', dumped.stdout))
+    goodput = f"goodput {100 * status['goodput']['goodput']:.1f} %"
+    assert titles["plot-goodput"].startswith(goodput), titles
+    assert titles["plot-timeline"].endswith(": 1 start"), titles
     # The timeline names the preemption and the restart the watchdog reported.
     events = dumped.stdout.split('id="events"', 1)[1]
-    assert "preempted" in events and "recreated" in events
+    assert "preempted" in events and "recreated" in events  # the watchdog's
+    assert "finished" in events  # the trainer's own

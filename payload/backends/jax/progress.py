@@ -132,6 +132,13 @@ class Watch:
         self._clock = clock
         self._current: tuple[str, float] | None = None  # (phase, since)
         self.longest_chunk_s = 0.0
+        # Told each phase the main thread enters (None: idle): the goodput ledger's clock
+        # (payload/training/report.py RunReport.follow).
+        self.on_phase: Callable[[str | None], None] | None = None
+
+    def _tell(self, phase: str | None) -> None:
+        if self.on_phase is not None:
+            self.on_phase(phase)
 
     @property
     def phase(self) -> str | None:
@@ -143,6 +150,7 @@ class Watch:
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
         self._current = (phase, self._clock())
+        self._tell(phase)
 
     def finished(self) -> None:
         """A chunk (or a group of evaluation batches) finished: the clock starts again; the
@@ -154,6 +162,7 @@ class Watch:
         phase, since = current
         if phase == "compile":
             phase = "train"
+            self._tell(phase)
         elif phase == "train":
             self.longest_chunk_s = max(self.longest_chunk_s, now - since)
         self._current = (phase, now)
@@ -161,6 +170,7 @@ class Watch:
     def idle(self) -> None:
         """Nothing watched (between phases, once training is over)."""
         self._current = None
+        self._tell(None)
 
     @contextlib.contextmanager
     def during(self, phase: str, then: str | None = None) -> Iterator[None]:

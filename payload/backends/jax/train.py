@@ -75,6 +75,7 @@ from payload.schema import manifest as manifest_lib  # noqa: E402
 from payload.training import heldout  # noqa: E402
 from payload.training import identity as run_identity_lib  # noqa: E402
 from payload.training import shared as training  # noqa: E402
+from payload.training.report import RunReport  # noqa: E402
 
 if TYPE_CHECKING:
     from payload.schema.manifest import Manifest
@@ -104,22 +105,28 @@ def train(
     distributed.initialize_from_env()
     training.stop_at_once_on_sigterm()
     guard = distributed.SliceGuard.start()
+    report: RunReport | None = None
     try:
         status = _join(status)
         training.keep_sigterm("as the backend started")
         written = status  # the chief's status.json (the others' is never written)
+        report = RunReport(job, written, chief=jax.process_index() == 0)
         guard.on_exit = lambda line: written.fail(stage="train", error=line)
-        guard.on_hang = lambda phase, line: written.hung(stage="train", phase=phase, error=line)
+        guard.on_hang = lambda phase, line: _hung(written, report, phase, line)
         # The progress watchdog (progress.py), read by the guard: bounds for a state of no
         # size until the model is known (_train sets them).
         guard.watch = watch = progress.Watch(progress.Bounds.of(0, 1))
+        watch.on_phase = report.follow  # the goodput ledger's clock follows its phases
         agreement.check_shared_output(job)
         cache = compile_cache.enable(storage.join(job.output, COMPILATION_CACHE))
-        stats = _train(job, status, input_pipelines, cache, watch)
+        report.cache_counts = cache[1]
+        stats = _train(job, status, input_pipelines, cache, watch, report=report)
     except BaseException as exc:
         # A full disk is the user's to fix on this host as on every other (not a bug first,
         # relabelled later), and the slice leaves with the class of the first abort.
         full = storage.as_disk_full(exc, job.paths.checkpoints)
+        if report is not None:
+            report.ended_by(full or exc)  # how this start ended, in the goodput ledger
         leaving = distributed.leave_with(full or exc)
         if leaving is exc:
             raise
@@ -128,12 +135,19 @@ def train(
     return stats
 
 
+def _hung(status: StatusWriter, report: RunReport, phase: str, line: str) -> None:
+    status.hung(stage="train", phase=phase, error=line)
+    report.hung(phase, line)
+
+
 def _train(
     job: JobSpec,
     status: StatusWriter,
     input_pipelines: int | None,
     cache: tuple[str, compile_cache.CacheCounts],
     watch: progress.Watch,
+    *,
+    report: RunReport,
 ) -> dict[str, Any]:
     status.update(stage="train", message="verifying data")
     spec = job.train
@@ -158,6 +172,7 @@ def _train(
         step, restored = _restore_or_start(
             job, manifest, config, model=model, optimizer=optimizer, layout=layout, rt=rt
         )
+    report.restored(restored)
     files = pipelines.files(job, manifest, spec.global_batch_size)
     training.log(
         f"train: process {rt.process_index} of {rt.process_count} reads {len(files)} of "
@@ -192,6 +207,7 @@ def _train(
             loop = _TrainLoop(
                 job, manifest, rt, model=model, optimizer=optimizer, layout=layout,
                 pipelines=pipelines, evaluator=evaluator, programs=programs, watch=watch,
+                report=report,
             )  # fmt: skip
             training.keep_sigterm("during the compile")
             with loop:  # waits for the last checkpoint's write, also on SIGTERM or an error
@@ -218,8 +234,9 @@ def _train(
     with watch.during("export"):  # the gathers, the chief's write and upload, the others' wait
         weights = _gathered_weights(model, state)
         _export_together(
-            job, model, stats, weights=weights, manifest=manifest, rt=rt, status=status
-        )
+            job, model, stats, weights=weights, manifest=manifest, rt=rt, status=status,
+            report=report,
+        )  # fmt: skip
     return stats
 
 
@@ -284,9 +301,11 @@ def _export_together(
     manifest: Manifest,
     rt: Runtime,
     status: StatusWriter,
+    report: RunReport,
 ) -> None:
     """The chief exports while the others wait for it (bounded), so none exits into JAX's
-    shutdown barrier while the chief still exports; they fail if its export fails."""
+    shutdown barrier while the chief still exports; they fail if its export fails. Then
+    the `finished` event and the start's end (report.py)."""
 
     def export_on_chief() -> None:
         status.update(stage="train", progress=1.0, step=stats["step"], message="exporting")
@@ -299,6 +318,7 @@ def _export_together(
     distributed.after_chief(
         "export", rt.is_chief, export_on_chief, timeout_s=distributed.EXPORT_TIMEOUT_S
     )
+    report.finished(stats["step"])
 
 
 def _loaded_manifest(job: JobSpec) -> Manifest:
@@ -451,9 +471,10 @@ class _TrainLoop:
         evaluator: Evaluator | None,
         programs: program_lib.Programs,
         watch: progress.Watch,
+        report: RunReport,
     ):
         self.job, self.manifest, self.rt = job, manifest, rt
-        self.watch = watch
+        self.watch, self.report = watch, report
         self.group: int | None = None  # the last agreed chunk length
         self.model, self.optimizer, self.layout = model, optimizer, layout
         self.pipelines, self.evaluator = pipelines, evaluator
@@ -493,10 +514,11 @@ class _TrainLoop:
 
     def _load(self, batches: list[Any], n: int) -> dict[str, Any]:
         """The next n batches, stacked to one chunk's shape, on their way to the devices."""
-        host = [self.pipelines.next_host_batch(batches) for _ in range(n)]
-        return self.pipelines.to_devices(
-            batches_lib.stack(host, self.rt.steps_per_execution), chunk=True
-        )
+        with self.report.during("input"):
+            host = [self.pipelines.next_host_batch(batches) for _ in range(n)]
+            return self.pipelines.to_devices(
+                batches_lib.stack(host, self.rt.steps_per_execution), chunk=True
+            )
 
     def _report(self, meter: training.Meter, start: int, n: int, metrics: dict[str, Any]) -> None:
         """A finished chunk's log lines, TensorBoard and status (waits for that chunk); a
@@ -558,6 +580,7 @@ class _TrainLoop:
             status,
             chief=self.rt.is_chief,
             learning_rate=lambda s: training.learning_rate_at(spec, s),
+            report=self.report,
         )
         eval_every = spec.eval_every if self.evaluator is not None else 0
         batches = self.batches(start_step)
@@ -582,7 +605,7 @@ class _TrainLoop:
 
         def report(start: int, n: int, metrics: dict[str, Any]) -> None:
             self._report(meter, start, n, metrics)
-            self.watch.finished()
+            self.watch.finished()  # the first ends the compile (the ledger follows the watch)
             if start == start_step:
                 training.keep_sigterm("by the first step")
             timer.chunk_done(n)

@@ -42,6 +42,7 @@ from payload.spec import tf_backend_refusal
 from payload.training import export as export_lib
 from payload.training import identity as identity_lib
 from payload.training import shared as training
+from payload.training.report import RunReport
 
 if TYPE_CHECKING:
     from payload.schema.manifest import Manifest
@@ -86,6 +87,17 @@ def train(
     refuse_jax_only(job)
     if runtime is not None and not runtime.is_chief:
         status = _UnwrittenStatus(status.path, status.job_name)
+    report = RunReport(job, status, chief=runtime is None or runtime.is_chief)
+    try:
+        return _train(job, status, runtime, report)
+    except BaseException as exc:
+        report.ended_by(exc)  # how this start ended, in the goodput ledger
+        raise
+
+
+def _train(
+    job: JobSpec, status: StatusWriter, runtime: strategy_lib.Runtime | None, report: RunReport
+) -> dict[str, Any]:
     status.update(stage="train", message="verifying data")
     manifest = manifest_lib.load_manifest(job.paths.data)
     check_data(job, manifest)
@@ -119,9 +131,11 @@ def train(
             optimizer.build(model.trainable_variables)
     finally:
         tf.random.set_seed(None)
-    manager, restored, step = _restore_or_start(
-        job, manifest, config, model, optimizer, chief=chief
-    )
+    with report.during("restore"):
+        manager, restored, step = _restore_or_start(
+            job, manifest, config, model, optimizer, chief=chief
+        )
+    report.restored(step if restored is not None else None)
 
     stats: dict[str, Any] = {"step": step}
     if restored is not None:
@@ -134,10 +148,11 @@ def train(
     try:
         if step < spec.steps:
             loop = _TrainLoop(job, manifest, runtime, model, optimizer, evaluator=evaluator)
-            stats.update(loop.run(manager, status, step))
+            stats.update(loop.run(manager, status, step, report))
         stats["step"] = int(optimizer.iterations.numpy())
         if evaluator is not None:
-            stats.update(evaluator.evaluate(stats["step"]))  # the final evaluation
+            with report.during("evaluation"):
+                stats.update(evaluator.evaluate(stats["step"]))  # the final evaluation
     finally:
         if evaluator is not None:
             evaluator.close()
@@ -145,9 +160,11 @@ def train(
     if not chief:
         return stats
     status.update(stage="train", progress=1.0, step=stats["step"], message="exporting")
-    export(job, model, stats, manifest=manifest, runtime=runtime, status=status)
+    with report.during("export"):
+        export(job, model, stats, manifest=manifest, runtime=runtime, status=status)
     stats["export"] = job.paths.export
     status.update(stage="train", progress=1.0, step=stats["step"], message="exported")
+    report.finished(stats["step"])
     return stats
 
 
@@ -257,9 +274,14 @@ class _TrainLoop:
         return train_chunk
 
     def run(
-        self, manager: tf.train.CheckpointManager, status: StatusWriter, start_step: int
+        self,
+        manager: tf.train.CheckpointManager,
+        status: StatusWriter,
+        start_step: int,
+        report: RunReport,
     ) -> dict[str, Any]:
         spec, plan = self.spec, self.runtime.plan
+        report.enter("compile")  # tracing and compiling, up to the first finished chunk
         train_chunk = self.make_train_chunk(iter(self.dataset(start_step)))
         chief = self.runtime.is_chief
         lr_schedule = schedule.learning_rate_schedule(spec)
@@ -269,6 +291,7 @@ class _TrainLoop:
             status,
             chief=chief,
             learning_rate=lambda step: float(lr_schedule(step).numpy()),
+            report=report,
         )
         step, total = start_step, spec.steps
         bar = tqdm(
@@ -294,7 +317,8 @@ class _TrainLoop:
                     raise training.diverged(meter.loss, step, n, spec, manager.latest_checkpoint)
                 saved = chief and (step % spec.checkpoint_every == 0 or step == total)
                 if saved:
-                    manager.save(checkpoint_number=step)
+                    with report.during("checkpoint"):
+                        manager.save(checkpoint_number=step)
                 if step % spec.log_every == 0 or step == total:
                     meter.log(step, float(norm.numpy()))
                     bar.set_postfix(loss=f"{meter.loss:.4f}")
@@ -307,11 +331,13 @@ class _TrainLoop:
                     and step % eval_every == 0
                     and step < total
                 ):
-                    self.evaluator.evaluate(step)
+                    with report.during("evaluation"):
+                        self.evaluator.evaluate(step)
                     meter.exclude_pause()
                 if stop.signal is not None:
                     # Preemption/shutdown: keep this step's work, then exit like the signal.
-                    path = manager.save(checkpoint_number=step) if chief else "(the chief's)"
+                    with report.during("checkpoint"):
+                        path = manager.save(checkpoint_number=step) if chief else "(the chief's)"
                     raise training.interrupted(stop.signal, step, path, status)
         finally:
             stop.restore()

@@ -148,6 +148,15 @@ def test_sigkill_then_rerun_resumes_from_last_checkpoint(tmp_path: Path, backend
     assert logged[0] == kept + 10 and logged[-1] == kept + 2 * CHECKPOINT_EVERY, logged
     assert _latest_step(job.paths.checkpoints, backend) == kept + 2 * CHECKPOINT_EVERY
     assert train.is_complete(job)
+    # Goodput over both starts (payload/training/goodput.py): the killed one and the resumed
+    # one, the steps after the checkpoint trained twice counted as lost, the categories
+    # adding up to the wall time (test_goodput.py has the JAX run in detail).
+    good = json.loads(Path(job.paths.status).read_text())["goodput"]
+    assert [s["end"] for s in good["starts"]] == ["killed", "finished"], good
+    assert good["starts"][1]["restored_step"] == kept
+    assert good["categories"]["lost"] > 0 and good["categories"]["productive"] > 0
+    total = sum(good["categories"].values())
+    assert abs(total - good["wall_s"]) <= 0.05 * good["wall_s"], good
 
 
 @BACKENDS

@@ -59,7 +59,7 @@ class Dropout(layers.Dropout):
     Keras draws a float32 uniform per element (jax.random.bernoulli), one threefry2x32
     hash each; here one 32-bit word (`jax.random.bits`, the same partitionable threefry)
     gives two 16-bit draws, so an element costs half a hash (tiny BERT: 4.72M -> 2.36M
-    hashes a step; on CPU 2-7 % of the step's CPU time, docs/performance.md)."""
+    hashes a step; on CPU 2-8 % of the step's CPU time, docs/performance.md)."""
 
     def call(self, inputs: Any, training: bool = False) -> Any:
         if not training or not 0.0 < self.rate < 1.0 or self.noise_shape is not None:

@@ -8,8 +8,10 @@ tokenizer and shards) trains the same BERT MLM (batch 32 x 128, the example job'
 with `train.backend: tf` and `train.backend: jax` in turn, TF, JAX, TF, JAX, ... so that the
 machine's load hits both alike. Reported per run: the trainer's mean steps/s (compilation
 excluded: the first chunk is not counted, payload/training/shared.py Meter) and the held-out loss
-after the same steps; then each backend's median and the JAX/TF ratio of each round. Figures
-are printed, not asserted.
+after the same steps, and the machine's 1-minute load average when it ended (on a shared
+machine the two backends' ratio in one round moves with the load: they use the cores
+differently; docs/performance.md); then each backend's median and the JAX/TF ratio of each
+round. Figures are printed, not asserted.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ def main() -> None:
                 results[backend].append((rate, loss))
                 print(
                     f"round {round_index + 1} {backend:>3}: {rate:.3f} steps/s, "
-                    f"held-out loss {loss:.4f} after {args.steps} steps",
+                    f"held-out loss {loss:.4f} after {args.steps} steps, "
+                    f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
                     flush=True,
                 )
                 shutil.rmtree(out)

@@ -11,6 +11,7 @@ from keras import layers, ops
 from payload.backends.jax import attention as attention_lib
 from payload.backends.jax.models.blocks import (
     ACTIVATIONS,
+    Dropout,
     EncoderBlock,
     HeadInputs,
     at_positions,
@@ -38,7 +39,7 @@ class MaskedLM(keras.Model):
             bert_embeddings(config, width)
         )
         self.embedding_norm = layers.LayerNormalization(epsilon=eps, name="embedding_norm")
-        self.dropout = layers.Dropout(float(config.hidden_dropout_prob))
+        self.dropout = Dropout(float(config.hidden_dropout_prob))
         self.blocks = [
             EncoderBlock(config, attention, name=f"layer_{i}")
             for i in range(config.num_hidden_layers)

@@ -12,6 +12,7 @@ from keras import layers, ops
 from payload.backends.jax import attention as attention_lib
 from payload.backends.jax.models.blocks import (
     ACTIVATIONS,
+    Dropout,
     EncoderBlock,
     at_positions,
     bert_embeddings,
@@ -48,7 +49,7 @@ class Electra(keras.Model):
             bert_embeddings(config, width)
         )
         self.embedding_norm = layers.LayerNormalization(epsilon=eps, name="embedding_norm")
-        self.dropout = layers.Dropout(float(config.hidden_dropout_prob))
+        self.dropout = Dropout(float(config.hidden_dropout_prob))
         hidden, gen_width = int(config.hidden_size), int(gen.hidden_size)
         self.discriminator_project = (
             dense(hidden, config, "discriminator_project") if hidden != width else None

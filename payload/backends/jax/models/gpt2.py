@@ -10,6 +10,7 @@ from keras import layers, ops
 from payload.backends.jax import attention as attention_lib
 from payload.backends.jax.models.blocks import (
     ACTIVATIONS,
+    Dropout,
     HeadInputs,
     SelfAttention,
     dense,
@@ -45,7 +46,7 @@ class DecoderBlock(layers.Layer):
         self.ln_2 = layers.LayerNormalization(epsilon=eps, name="ln_2")
         self.c_fc = dense(inner, config, "c_fc")
         self.mlp_proj = dense(width, config, "mlp_proj")
-        self.dropout = layers.Dropout(float(config.resid_pdrop))
+        self.dropout = Dropout(float(config.resid_pdrop))
         self.activation = ACTIVATIONS[config.activation_function]
 
     def call(self, x: Any, mask: Any, training: bool = False) -> Any:
@@ -75,7 +76,7 @@ class CausalLM(keras.Model):
         self.wpe = layers.Embedding(
             int(config.n_positions), width, embeddings_initializer=init(config), name="wpe"
         )
-        self.dropout = layers.Dropout(float(config.embd_pdrop))
+        self.dropout = Dropout(float(config.embd_pdrop))
         self.blocks = [
             DecoderBlock(config, attention, name=f"h_{i}") for i in range(config.n_layer)
         ]

@@ -106,14 +106,24 @@ class WandbRun:
             options["dir"] = storage.join(job.paths.root, "wandb")
             storage.makedirs(options["dir"])
         try:
-            self.run = wandb.init(**options)
+            self.run = self._init(options)
+        except wandb.errors.UsageError as exc:  # no API key, a bad WANDB_* setting
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise UserError(
+                f"train.tracker: wandb: {first} (set WANDB_API_KEY in the trainer's "
+                'environment, or WANDB_MODE=offline: docs/operating.md "Tracker")'
+            ) from None
+        self.starting_step = int(self.run.starting_step or 0)
+        self.users = 0
+
+    def _init(self, options: dict[str, Any]) -> Any:
+        try:
+            return self.wandb.init(**options)
         except Exception as exc:
             if "is in use" not in str(exc):
                 raise
-            wandb.teardown()  # a stale service holds the id: a new one, once
-            self.run = wandb.init(**options)
-        self.starting_step = int(self.run.starting_step or 0)
-        self.users = 0
+            self.wandb.teardown()  # a stale service holds the id: a new one, once
+            return self.wandb.init(**options)
 
     def log(self, namespace: str, step: int, values: Mapping[str, float]) -> None:
         if step < self.starting_step:

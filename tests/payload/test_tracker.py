@@ -202,6 +202,24 @@ def test_wandb_missing_is_a_one_line_error(tmp_path: Path) -> None:
     assert_user_error(result, r"train\.tracker: wandb needs the wandb package: pip install")
 
 
+def test_wandb_without_a_key_is_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_corpus(tmp_path / "corpus.txt", lines=300)
+    doc = _doc(tmp_path, steps=2, warmup_steps=1, checkpoint_every=2, log_every=1, backend="jax",
+               tracker="wandb")  # fmt: skip
+    job = write_job(tmp_path, doc)
+    prepare_data(job)
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_SERVICE"):
+        monkeypatch.delenv(name, raising=False)
+    home = {"HOME": str(tmp_path / "home"), "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config")}
+    result = run_cli("train", "--job", str(tmp_path / "job.yaml"), env=home)
+    assert_user_error(
+        result, r"^error: train\.tracker: wandb: No API key configured.*WANDB_API_KEY"
+    )
+    assert _checkpoints(Path(job.paths.checkpoints)) == []  # stopped before a step
+
+
 def test_profile_window_writes_a_trace(tmp_path: Path) -> None:
     write_corpus(tmp_path / "corpus.txt", lines=300)
     doc = _doc(tmp_path, steps=6, checkpoint_every=6, log_every=2, eval_every=0,

@@ -188,6 +188,37 @@ def test_wandb_offline_run_survives_a_kill_and_resumes(tmp_path: Path) -> None:
     assert set(before) & set(after) <= {15}
 
 
+@pytest.mark.parametrize("backend", ["tf", "jax"])
+def test_both_backends_log_the_same_scalars(tmp_path: Path, backend: str) -> None:
+    write_corpus(tmp_path / "corpus.txt", lines=300)
+    doc = _doc(tmp_path, steps=4, warmup_steps=1, checkpoint_every=4, log_every=2,
+               eval_every=0, backend=backend, tracker="wandb")  # fmt: skip
+    job = write_job(tmp_path, doc)
+    prepare_data(job)
+    result = run_cli("train", "--job", str(tmp_path / "job.yaml"), env=OFFLINE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ((run_id, steps, keys),) = _offline_runs(Path(job.paths.root) / "wandb")
+    assert run_id == tracker.kept_run_id(job)
+    assert steps == [2, 4]
+    # The scalars TensorBoard got, under the same names: train/ from logs/, eval/ from logs/eval.
+    logs = Path(job.paths.logs)
+    tensorboard = {f"train/{t}" for t in _tags(logs)} | {f"eval/{t}" for t in _tags(logs / "eval")}
+    assert keys == tensorboard
+    assert {"train/loss", "train/learning_rate", "train/grad_norm", "eval/loss"} <= keys
+
+
+def _tags(logdir: Path) -> set[str]:
+    """The scalar tags of the event files directly in `logdir` (TF's reader)."""
+    import tensorflow as tf
+
+    return {
+        value.tag
+        for path in logdir.glob("events.out.tfevents.*")
+        for event in tf.compat.v1.train.summary_iterator(str(path))
+        for value in event.summary.value
+    }
+
+
 def test_wandb_missing_is_a_one_line_error(tmp_path: Path) -> None:
     write_corpus(tmp_path / "corpus.txt", lines=300)
     doc = _doc(tmp_path, steps=2, warmup_steps=1, checkpoint_every=2, log_every=1, backend="jax",

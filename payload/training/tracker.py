@@ -90,6 +90,7 @@ class WandbRun:
     finished when the last of them closes."""
 
     def __init__(self, job: JobSpec):
+        self.root = job.paths.root
         self.wandb = wandb = _import_wandb()
         os.environ.pop(SERVICE_ENV, None)  # another process's service: start our own
         self.run_id = kept_run_id(job) or _keep_run_id(job, new_run_id())
@@ -134,7 +135,7 @@ class WandbRun:
         self.users -= 1
         if self.users > 0:
             return
-        _RUNS.pop(self.run_id, None)
+        _RUNS.pop(self.root, None)
         exc = sys.exc_info()[1]  # closed from a `finally`: what is ending the loop, if any
         code = 0
         if isinstance(exc, SystemExit):
@@ -147,16 +148,13 @@ class WandbRun:
         self.wandb.teardown(exit_code=code)
 
 
-_RUNS: dict[str, WandbRun] = {}  # this process's open W&B runs, by run id
+_RUNS: dict[str, WandbRun] = {}  # this process's open W&B runs, by the run's directory
 
 
 def _shared_run(job: JobSpec) -> WandbRun:
-    for run in _RUNS.values():
-        if run.run.name == job.name:
-            run.users += 1
-            return run
-    run = WandbRun(job)
-    _RUNS[run.run_id] = run
+    run = _RUNS.get(job.paths.root)
+    if run is None:
+        run = _RUNS[job.paths.root] = WandbRun(job)
     run.users += 1
     return run
 

@@ -123,7 +123,9 @@ class WandbRun:
         except Exception as exc:
             if "is in use" not in str(exc):
                 raise
-            self.wandb.teardown()  # a stale service holds the id: a new one, once
+            # A stale service holds the id: leave it, start a service of our own, once.
+            self.wandb.teardown()
+            os.environ.pop(SERVICE_ENV, None)
             return self.wandb.init(**options)
 
     def log(self, namespace: str, step: int, values: Mapping[str, float]) -> None:

@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -141,8 +142,26 @@ def _checkpoints(root: Path) -> list[int]:
     return sorted(int(p.name) for p in root.glob("*") if p.name.isdigit())
 
 
+@pytest.fixture
+def parents_service() -> Iterator[str]:
+    """A wandb service started by this (the parent) process: wandb puts its address in
+    WANDB_SERVICE, which every child inherits, and a child that connected to it would leave
+    its run id registered there when killed ("run ID ... is in use" for the next start)."""
+    wandb.setup().ensure_service()
+    try:
+        yield os.environ[tracker.SERVICE_ENV]
+    finally:
+        wandb.teardown()
+        os.environ.pop(tracker.SERVICE_ENV, None)
+
+
 @pytest.mark.slow
-def test_wandb_offline_run_survives_a_kill_and_resumes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stale", ["killed-with-the-vm", "parents-service-outlives-the-kill"])
+def test_wandb_offline_run_survives_a_kill_and_resumes(
+    tmp_path: Path, stale: str, request: pytest.FixtureRequest
+) -> None:
+    if stale == "parents-service-outlives-the-kill":
+        assert request.getfixturevalue("parents_service")
     write_corpus(tmp_path / "corpus.txt", lines=600)
     doc = _doc(tmp_path, steps=5000, checkpoint_every=10, log_every=5, eval_every=0,
                backend="jax", tracker="wandb")  # fmt: skip
@@ -154,9 +173,10 @@ def test_wandb_offline_run_survives_a_kill_and_resumes(tmp_path: Path) -> None:
     with PausedCli(tmp_path / "first", point, "train", "--job", job_file, env=OFFLINE) as first:
         assert first.wait_paused() == f"paused at {point}"
         services = _services_of(first.proc.pid)
-        assert services, "the trainer started no wandb service"
         first.signal(signal.SIGKILL)  # the trainer's whole process group
-        _kill_and_wait(services)  # and the service in its own session: the VM is gone
+        if stale == "killed-with-the-vm":
+            assert services, "the trainer started no wandb service of its own"
+            _kill_and_wait(services)  # and its service, in a session of its own
         code, _, _ = first.finish()
     assert code == -signal.SIGKILL
     kept = _checkpoints(Path(job.paths.checkpoints))[-1]

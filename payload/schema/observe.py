@@ -17,6 +17,8 @@ from payload.core.errors import SpecError
 # tensorboard: the event files under logs/ only (always written). wandb: those and the same
 # scalars to a Weights & Biases run (the `wandb` extra: payload/training/tracker.py).
 TRACKERS = ("tensorboard", "wandb")
+TRACKER_FILE = "tracker.json"  # in the run's directory, beside checkpoints/: the W&B run id
+PROFILE_DIR = "profile"  # in the run's directory: train.profile's trace
 PROFILE_KEYS = ("start_step", "steps")
 # A trace of more steps than this is too large for TensorBoard's profile plugin to open
 # comfortably; a window is for looking at a few steps, not the run.

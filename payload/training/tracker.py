@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 from payload.core import storage
 from payload.core.errors import UserError
 from payload.core.tensorboard import Scalars
+from payload.schema.observe import TRACKER_FILE
 
 if TYPE_CHECKING:
     from payload.spec import JobSpec
 
-TRACKER_FILE = "tracker.json"  # in the run's directory, beside checkpoints/
 DEFAULT_PROJECT = "tpu-pretrain"  # unless WANDB_PROJECT names one (wandb reads it itself)
 SERVICE_ENV = "WANDB_SERVICE"  # wandb's: the service a process connects to
 INSTALL_HINT = "pip install 'tpu-pretrain-payload[wandb]' (docs/operating.md \"Tracker\")"
@@ -69,12 +69,25 @@ def kept_run_id(job: JobSpec) -> str | None:
     return str(json.loads(storage.read_text(path))["wandb_run_id"])
 
 
-def _keep_run_id(job: JobSpec, run_id: str) -> str:
+def keep_run_id(job: JobSpec, run_id: str) -> str:
     """Write the id if no start wrote one first (if_absent); the kept one either way."""
     record = {"tracker": "wandb", "wandb_run_id": run_id}
     with contextlib.suppress(storage.AlreadyExists):  # another start kept one first: theirs
         storage.write_text(tracker_file(job), json.dumps(record, indent=2) + "\n", if_absent=True)
     return kept_run_id(job) or run_id
+
+
+def require(job: JobSpec) -> None:
+    """Before training starts: train.tracker: wandb without the package is one line now,
+    not after the data checks and the compile."""
+    if job.train.tracker == "wandb":
+        _import_wandb()
+
+
+def forget(job: JobSpec) -> None:
+    """`train --force` starts the run over: a new W&B run, not the old one resumed (whose
+    later steps would hide the new run's)."""
+    storage.remove(tracker_file(job))
 
 
 def _import_wandb() -> Any:
@@ -93,7 +106,7 @@ class WandbRun:
         self.root = job.paths.root
         self.wandb = wandb = _import_wandb()
         os.environ.pop(SERVICE_ENV, None)  # another process's service: start our own
-        self.run_id = kept_run_id(job) or _keep_run_id(job, new_run_id())
+        self.run_id = kept_run_id(job) or keep_run_id(job, new_run_id())
         options: dict[str, Any] = {
             "project": os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT,
             "name": job.name,

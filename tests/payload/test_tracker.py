@@ -32,6 +32,7 @@ from train_helpers import (
 from wandb.proto import wandb_internal_pb2
 from wandb.sdk.internal import datastore
 
+from payload import pipeline
 from payload.core.errors import SpecError
 from payload.spec import load_job, parse_job
 from payload.training import tracker
@@ -67,6 +68,15 @@ def test_tracker_and_profile_keys_are_checked(tmp_path: Path) -> None:
         broken = {**doc, "train": {**_doc(tmp_path, steps=20)["train"], **bad}}  # type: ignore[dict-item]
         with pytest.raises(SpecError, match=message):
             parse_job(broken, source=str(tmp_path / "job.yaml"))
+
+
+def test_train_force_starts_a_new_wandb_run(tmp_path: Path) -> None:
+    job = write_job(tmp_path, _doc(tmp_path, steps=4, warmup_steps=1, tracker="wandb"))
+    kept = tracker.keep_run_id(job, tracker.new_run_id())
+    assert tracker.kept_run_id(job) == kept
+    assert tracker.keep_run_id(job, "another1") == kept  # the first start's id stays
+    pipeline.clear(job, "train")  # `tpu-payload train --force`
+    assert tracker.kept_run_id(job) is None
 
 
 def _offline_runs(wandb_dir: Path) -> list[tuple[str, list[int], set[str]]]:

@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from payload.core import storage
+from payload.schema.observe import PROFILE_DIR
 from payload.training import shared as training
 
 if TYPE_CHECKING:
     from payload.spec import JobSpec
-
-PROFILE_DIR = "profile"  # under the run's directory (runs/<job>/)
 
 
 def profile_dir(job: JobSpec) -> str:

@@ -47,6 +47,19 @@ class JobFit:
     parameters: int = 0
     tokens: int = 0  # train.steps x global batch x sequence length
     hours: float = 0.0  # the plan's training time at its MFU
+    steps: int = 0  # train.steps
+    mfu: float = 0.0  # the MFU the hours assume
+
+    @property
+    def steps_per_second(self) -> float:
+        """The plan's rate: train.steps over its hours."""
+        return self.steps / (self.hours * 3600) if self.hours > 0 else 0.0
+
+    def mfu_at(self, steps_per_second: float) -> float:
+        """The MFU of a measured rate by the plan's own formula (model FLOPs per token x
+        tokens/s / (chips x peak), payload/plan/estimate.py): linear in the rate."""
+        planned = self.steps_per_second
+        return self.mfu * steps_per_second / planned if planned > 0 else 0.0
 
 
 def plan_accelerator(kind: str, accelerator_type: str, gpu_type: str, count: int) -> str:
@@ -106,6 +119,8 @@ def _plan(key: str, spec_json: str, accelerator: str) -> JobFit:
             parameters=int(plan["parameters"]),
             tokens=int(plan["steps"]) * int(plan["global_batch_size"]) * int(plan["seq_length"]),
             hours=float(plan["hours"]),
+            steps=int(plan["steps"]),
+            mfu=float(plan["mfu"]),
         )
     except (ValueError, KeyError, StopIteration) as error:
         raise ConfigError(

@@ -16,8 +16,9 @@ from payload.core import storage
 from payload.core.status import StatusWriter
 from payload.data import tokenizer
 from payload.data.encode import stage as encode
+from payload.schema.observe import PROFILE_DIR
 from payload.spec import JobSpec
-from payload.training import shared
+from payload.training import shared, tracker
 
 STAGES = ("tokenizer", "encode", "train")
 Printer = Callable[[str], None]
@@ -56,10 +57,17 @@ def clear(job: JobSpec, stage: str) -> None:
     targets = {
         "tokenizer": [paths.tokenizer],
         "encode": [paths.data],
-        "train": [paths.checkpoints, paths.logs, paths.export],
+        "train": [
+            paths.checkpoints,
+            paths.logs,
+            paths.export,
+            storage.join(paths.root, PROFILE_DIR),
+        ],
     }[stage]
     for target in targets:
         storage.remove_tree(target)
+    if stage == "train":
+        tracker.forget(job)
 
 
 def run_stage(
@@ -114,6 +122,7 @@ def _run(job: JobSpec, stage: str, status: StatusWriter) -> dict[str, Any]:
             **dict(manifest.corpus),
         }
     else:
+        tracker.require(job)  # train.tracker: wandb where wandb is not installed: one line
         summary = dict(_train_module(job).train(job, status) or {})
     return summary
 

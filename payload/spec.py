@@ -61,6 +61,7 @@ from payload.schema.job import (
     default_special_tokens,
     special_roles,
 )
+from payload.schema.observe import TRACKERS, profile_window, tf_profile_refusal
 
 # What a job is comes from payload/schema/job.py (and payload/model/sharding.py); importing it from
 # here keeps working.
@@ -615,6 +616,8 @@ def _train(section: _Section) -> TrainSpec:
         eval_every=section.take("eval_every", _int(0, 1 << 40), 500),
         shuffle_buffer=section.take("shuffle_buffer", _int(1, 1 << 24), 10000),
         seed=section.take("seed", _int(0, (1 << 31) - 1), 0),
+        tracker=section.take("tracker", _choice(TRACKERS), "tensorboard"),
+        profile=section.take("profile", functools.partial(profile_window, steps=steps), None),
     )
     if spec.global_batch_size % spec.grad_accum_steps:
         raise SpecError(
@@ -692,6 +695,8 @@ def tf_backend_refusal(job: JobSpec) -> str | None:
     or None. Checked here for `train.backend: tf` and by the TF backend itself, which `auto`
     can also pick (the VM's TPU_PAYLOAD_BACKEND)."""
     spec = job.train
+    if refusal := tf_profile_refusal(spec.profile):
+        return refusal
     if job.data.objective in JAX_ONLY_OBJECTIVES:
         return (
             f"data.objective: {job.data.objective} trains on the JAX backend only, not with "

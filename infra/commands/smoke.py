@@ -42,7 +42,9 @@ from typing import Any
 import yaml
 
 from infra import jobfit, jobspec
+from infra.commands import smoke_rates
 from infra.commands.offline import STACKS_DIR, stack_names
+from infra.commands.smoke_job import SMOKE_JOB, run_name, write_run_job
 from infra.commands.untrusted import (
     ExportError,
     boot_failures,
@@ -54,12 +56,12 @@ from infra.commands.untrusted import (
 )
 from infra.components.recovery import GPU_RECOVERY_ROLE_ID, RECOVERY_ROLE_ID
 from infra.config.config import parse_config
+from infra.config.job import plan_job
 from infra.config.project import cli_config
 from infra.config.types import GpuConfig, StackConfig, TpuConfig
 from infra.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SMOKE_JOB = "stacks/jobs/smoke.yaml"
 # Loads the export with transformers 5 + PyTorch (CPU) in .venv-pt (`make venv-pt`); a file
 # of its own outside infra/, which never imports transformers (tests/test_boundaries.py).
 LOAD_EXPORT = REPO_ROOT / "tools" / "load_export.py"
@@ -102,22 +104,6 @@ FACT_FIXES = {
     "and the VM's network interface must be nic_type GVNIC (infra/catalogs/gpu.yaml families)",
 }
 GLOBAL_QUOTAS = frozenset({"GPUS_ALL_REGIONS"})  # in `project-info describe`, not per region
-
-
-def run_name(now: datetime) -> str:
-    """This run's job name: a fresh gs://<bucket>/runs/<name>/ per run (the bucket is kept on
-    destroy, and a name used before would find the last run's export marker and status)."""
-    return now.strftime("smoke-%Y%m%d-%H%M%S")
-
-
-def write_run_job(directory: Path, name: str) -> Path:
-    """stacks/jobs/smoke.yaml under this run's name, written next to the run's report."""
-    template = yaml.safe_load((REPO_ROOT / SMOKE_JOB).read_text(encoding="utf-8"))
-    template["name"] = name
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"job-{name}.yaml"
-    path.write_text(yaml.safe_dump(template, sort_keys=False), encoding="utf-8")
-    return path
 
 
 @dataclass
@@ -183,6 +169,8 @@ class Smoke:
         self.report_dir, self.pt_python, self.out = report_dir, pt_python, out
         self.name = name or run_name(datetime.now(timezone.utc))
         self.report = Report(stack)
+        self.backend = "tf"  # the stack's trainer backend and the job's plan: set by load()
+        self.fit = jobfit.JobFit("")
         self.config_file = report_dir / f"Pulumi.{stack}.smoke.yaml"
 
     # --- commands -------------------------------------------------------------------------
@@ -246,6 +234,12 @@ class Smoke:
         given = cli_config(self.stack, config)
         values = {k.split(":", 1)[1]: v for k, v in given.items() if k.startswith(f"{NAMESPACE}:")}
         cfg = parse_config(project=str(project), stack=self.stack, values=values)
+        if cfg.backend == "jax":  # the same job with its profile window (nothing else changes)
+            write_run_job(self.report_dir, self.name, profile=True)
+        self.backend = cfg.backend
+        # The plan parse_config made of the job (jobfit caches it): the rate it assumes.
+        self.fit = plan_job(str(values["job"]), jobspec.load_template(cfg.job_file),
+                            cfg.accelerator, cfg.bucket.name, cfg.backend)  # fmt: skip
         document["config"] = config
         return cfg, document
 
@@ -659,6 +653,13 @@ class Smoke:
         metrics = (status.get("stages", {}).get("train", {}) or {}).get("metrics", {})
         speed = metrics.get("steps_per_second")
         self.report.add("steps/s", "(measured)", str(speed), OK if speed else UNKNOWN)
+        self.report.add(*smoke_rates.against_plan(self.fit, float(speed or 0.0)))
+        trace = (
+            self.gcloud("storage", "ls", f"{run_root}/profile/**")
+            if self.backend == "jax"
+            else None
+        )
+        self.report.add(*smoke_rates.profile_row(self.backend, trace, run_root))
         self._load_export(run_root)
 
     def _load_export(self, run_root: str) -> None:

@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from payload.core import storage
+from payload.schema.observe import ProfileSpec
 
 # rtd: ELECTRA's replaced-token detection (a generator MLM + a discriminator; docs/payload.md).
 OBJECTIVES = ("mlm", "clm", "rtd")
@@ -247,6 +248,8 @@ class TrainSpec:
     eval_every: int = 500  # 0: evaluate on the held-out split only at the end
     shuffle_buffer: int = 10000
     seed: int = 0
+    tracker: str = "tensorboard"  # observe.TRACKERS: docs/operating.md "Tracker"
+    profile: ProfileSpec | None = None  # JAX profiler window: docs/operating.md "Profile"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any
 from tqdm import tqdm
 
 from payload.core.errors import DataError
-from payload.core.tensorboard import Scalars
 
 if TYPE_CHECKING:
     from payload.core.status import StatusWriter
     from payload.schema.manifest import Manifest
     from payload.spec import JobSpec
+    from payload.training.tracker import TrackedScalars
 
 # Fixed for every run: held-out masks must not depend on train.seed.
 EVAL_MASK_SEED = 1_234_567
@@ -71,7 +71,7 @@ def checked_eval_batch(job: JobSpec, manifest: Manifest, replicas: int) -> int:
 def report(
     job: JobSpec,
     status: StatusWriter,
-    writer: Scalars,
+    writer: TrackedScalars,
     step: int,
     totals: Any,
     *,
@@ -94,7 +94,7 @@ def report(
 def _report(
     job: JobSpec,
     status: StatusWriter,
-    writer: Scalars,
+    writer: TrackedScalars,
     step: int,
     totals: Any,
     *,
@@ -164,7 +164,7 @@ def rtd_metrics(totals: Any) -> dict[str, float]:
 def _report_rtd(
     job: JobSpec,
     status: StatusWriter,
-    writer: Scalars,
+    writer: TrackedScalars,
     step: int,
     totals: Any,
     *,

@@ -24,12 +24,12 @@ from tqdm import tqdm
 
 from payload.core.errors import DataError, UserError
 from payload.core.status import StatusWriter
-from payload.core.tensorboard import Scalars
 from payload.data import tokenizer as tokenizer_lib
 from payload.model.configs import ROBERTA_PADDING_IDX
 from payload.schema.manifest import special_ids_of
 from payload.spec import MASKED_OBJECTIVES
 from payload.training import export as export_lib
+from payload.training import tracker
 
 if TYPE_CHECKING:
     from payload.schema.manifest import Manifest
@@ -470,7 +470,8 @@ class Meter:
         self.learning_rate = learning_rate
         self.status = status
         # One event file per run, the chief's: other workers' would duplicate every scalar.
-        self.writer = Scalars(job.paths.logs, enabled=chief)
+        # With train.tracker: wandb the same scalars go to the run's W&B run (tracker.py).
+        self.writer = tracker.scalars(job, job.paths.logs, namespace="train", enabled=chief)
         self.loss = self.accuracy = float("nan")
         self.first_loss: float | None = None
         self.window_start, self.window_steps = time.perf_counter(), 0

@@ -262,6 +262,8 @@ class World:
                 "stages": {"train": {"metrics": {"steps_per_second": steps_per_second}}},
             },
         )  # fmt: skip
+        # The JAX trainer's train.profile trace (payload/backends/jax/profile.py's layout).
+        self.write("profile/plugins/profile/2026_11_26_00_30_00/t1v-n-0-w-0.xplane.pb", "xplane")
         for relative, doc in (EXPORT if export is None else export).items():
             self.write(f"export/{relative}", doc)
         self.write(f"export/{jobspec.EXPORT_MARKER}", {"step": 300})  # last, as the exporter

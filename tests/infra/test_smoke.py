@@ -39,15 +39,16 @@ def test_all_good_up_wait_verdict_destroy_and_a_report(world):
     assert w.verbs("pulumi") == [
         "stack select", "stack output", "up --yes", "stack output", "destroy --yes",
     ]  # fmt: skip
-    # This run's job: stacks/jobs/smoke.yaml under the run's own name.
+    # This run's job: stacks/jobs/smoke.yaml under the run's own name, with the profile
+    # window on this stack's JAX backend.
     up_config = yaml.safe_load((w.state / "up-config.yaml").read_text())["config"]
     assert up_config["tpu-pretrain:job"] == str(w.job)
     job = yaml.safe_load(w.job.read_text())
     assert job["name"] == RUN
+    template = yaml.safe_load((smoke.REPO_ROOT / smoke.SMOKE_JOB).read_text())
+    template["train"]["profile"] = {"start_step": 150, "steps": 5}
     assert {k: v for k, v in job.items() if k != "name"} == {
-        k: v
-        for k, v in yaml.safe_load((smoke.REPO_ROOT / smoke.SMOKE_JOB).read_text()).items()
-        if k != "name"
+        k: v for k, v in template.items() if k != "name"
     }
     assert yaml.safe_load(w.stack_file.read_text())["config"]["tpu-pretrain:job"] == (
         "stacks/jobs/gpt2-small-clm.yaml"
@@ -62,6 +63,18 @@ def test_all_good_up_wait_verdict_destroy_and_a_report(world):
     assert rows["devices the trainer saw"] == ("tpu", "tpu x 4 replicas", "ok")
     assert rows["training backend"] == ("(recorded)", "jax", "ok")
     assert rows["steps/s"] == ("(measured)", "7.5", "ok")
+    # Beside the plan's rate (its own figures for this job on v6e-8), and the trace.
+    fit = runner.fit
+    assert fit.steps == 300 and fit.hours > 0 and 0 < fit.mfu <= 1
+    planned, seen, verdict = rows["steps/s and MFU vs the plan"]
+    assert planned == f"{300 / (fit.hours * 3600):.2f} steps/s at {fit.mfu:.0%} MFU (plan)"
+    mfu = fit.mfu * 7.5 / (300 / (fit.hours * 3600))
+    assert seen.startswith(f"7.50 steps/s at {mfu:.1%} MFU (") and verdict == "ok"
+    assert rows["profile (train.profile, JAX profiler)"] == (
+        "steps 151-155 in profile/",
+        "profile/plugins/profile/2026_11_26_00_30_00/t1v-n-0-w-0.xplane.pb",
+        "ok",
+    )
     assert rows[LOADS] == (
         "loads", "BertForMaskedLM: logits [1, 9, 2000] (transformers 5.0.0)", "ok",
     )  # fmt: skip

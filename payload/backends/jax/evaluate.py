@@ -18,8 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from payload.backends.jax import steps
 from payload.core import storage
-from payload.core.tensorboard import Scalars
-from payload.training import heldout
+from payload.training import heldout, tracker
 
 if TYPE_CHECKING:
     from payload.backends.jax.batches import Pipelines
@@ -75,7 +74,9 @@ class Evaluator:
 
         self._sums = sums if sums is not None else make_eval_sums(model, objective, count)
         self.terms = len(steps.RTD_TERMS) if objective == "rtd" else 3
-        self.writer = Scalars(storage.join(job.paths.logs, "eval"), enabled=rt.is_chief)
+        self.writer = tracker.scalars(
+            job, storage.join(job.paths.logs, "eval"), namespace="eval", enabled=rt.is_chief
+        )
         self._replicated = NamedSharding(rt.mesh, P())
 
     def evaluate(

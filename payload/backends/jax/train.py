@@ -66,6 +66,7 @@ from payload.backends.jax import program as program_lib  # noqa: E402
 from payload.backends.jax import runtime as runtime_lib  # noqa: E402
 from payload.backends.jax.batches import Pipelines  # noqa: E402
 from payload.backends.jax.evaluate import Evaluator  # noqa: E402
+from payload.backends.jax.profile import ProfileWindow  # noqa: E402
 from payload.backends.jax.runtime import Runtime  # noqa: E402
 from payload.core import storage  # noqa: E402
 from payload.core.errors import SpecError  # noqa: E402
@@ -483,6 +484,7 @@ class _TrainLoop:
         # dtypes and shardings it was built for, and donates the state.
         self.train_chunk = programs.train_chunk()
         self.last_checkpoint: str | None = None
+        self.profile = ProfileWindow(job, chief=rt.is_chief)  # train.profile's trace
         self.store = checkpoints.Checkpoints(
             job.paths.checkpoints, layout, keep=job.train.keep_checkpoints
         )
@@ -510,7 +512,12 @@ class _TrainLoop:
     def __exit__(self, *exc: object) -> None:
         """Wait for the last checkpoint's write: before the final evaluation and the export,
         and before a SIGTERM exit or an error leaves the process."""
+        self.profile.close()  # a trace the loop's end (or a stop) left open
         self.store.close()
+
+    def _before_chunk(self, step: int, state: steps.TrainState) -> None:
+        self.profile.at(step, state)  # starts or stops train.profile's trace
+        progress.stall_point(step)  # a test hook (progress.STALL_ENV)
 
     def _load(self, batches: list[Any], n: int) -> dict[str, Any]:
         """The next n batches, stacked to one chunk's shape, on their way to the devices."""
@@ -589,13 +596,16 @@ class _TrainLoop:
 
         def chunk_after(step: int) -> int:
             # log_every 0: log boundaries do not cut chunks (Meter.record_steps).
-            return training.chunk_length(
-                step,
-                spec.steps,
-                timer.steps_per_chunk(self.rt.steps_per_execution),
-                0,
-                spec.checkpoint_every,
-                eval_every=eval_every,
+            return min(
+                training.chunk_length(
+                    step,
+                    spec.steps,
+                    timer.steps_per_chunk(self.rt.steps_per_execution),
+                    0,
+                    spec.checkpoint_every,
+                    eval_every=eval_every,
+                ),
+                self.profile.cut(step),  # chunks end at the profile window's edges
             )
 
         step, total = start_step, spec.steps
@@ -628,7 +638,7 @@ class _TrainLoop:
             ready = load(n)
             pending: tuple[int, int, dict[str, Any]] | None = None  # dispatched, not reported
             while step < total:
-                progress.stall_point(step)  # a test hook (progress.STALL_ENV)
+                self._before_chunk(step, state)
                 state, metrics = self.train_chunk(state, ready, np.int32(n))  # dispatched
                 chunk, step = (step, n, metrics), step + n
                 if pending is not None:

@@ -18,7 +18,7 @@ import tensorflow as tf
 from payload.backends.tf import input as data_lib
 from payload.backends.tf import model as model_lib
 from payload.core import storage
-from payload.core.tensorboard import Scalars
+from payload.training import tracker
 from payload.training.heldout import EVAL_MASK_SEED, checked_eval_batch, report
 
 if TYPE_CHECKING:
@@ -80,7 +80,9 @@ class Evaluator:
             return totals
 
         self._run_all = run_all
-        self.writer = Scalars(storage.join(job.paths.logs, "eval"))
+        self.writer = tracker.scalars(
+            job, storage.join(job.paths.logs, "eval"), namespace="eval", enabled=True
+        )
         self.last_step: int | None = None
 
     def evaluate(self, step: int) -> dict[str, float]:

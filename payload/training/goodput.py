@@ -6,8 +6,8 @@ activities like startup overhead, I/O stalls, and disruption recovery"; the tota
 is "measured from the time the application starts to either the current time or the time of
 job completion" (docs.cloud.google.com/tpu/docs/goodput). The categories follow the badput
 breakdown of Google's ML Goodput Measurement library (AI-Hypercomputer/ml-goodput-measurement
-README, "Badput Breakdown Details"; MaxText docs/guides/monitoring_and_debugging/
-monitor_goodput.md): accelerator initialisation and program startup, compilation, data
+README, "Badput Breakdown Details"; MaxText's guide monitor_goodput.md, in the
+AI-Hypercomputer/maxtext repository's guides on monitoring and debugging): accelerator initialisation and program startup, compilation, data
 loading, checkpoint save and restore, and "wasted progress due to disruption": "time that was
 spent on productive training but lost after restart".
 

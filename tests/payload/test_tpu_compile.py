@@ -1,6 +1,6 @@
 """The trainer's programs compiled for real TPU targets, on this CPU-only machine: `tpu-payload
 compile`'s path (payload/backends/jax/aot.py, through the trainer's builder program.py) in
-the TPU environment (.venv-tpu-jax: jax[tpu] 0.10.2 + libtpu, whose compiler targets any TPU
+the TPU environment (.venv-tpu-jax: jax 0.12.0.1 + libtpu 0.0.52, whose compiler targets any TPU
 topology without a TPU; PAYLOAD_TPU_PYTHON names another interpreter).
 
 Why here and not in tests/infra (test_tpu_jax_env.py also drives .venv-tpu-jax): what is

@@ -59,6 +59,7 @@ $(UVSTAMP):
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/payload-dev.txt requirements/payload.lock | $(UVSTAMP)
+	rm -rf $(VENV)
 	$(call UV_VENV,$(VENV),$(PYTHON_DEV))
 	$(UVPIP) $(PY) -r requirements/payload-dev.txt
 	$(UVPIP) $(PY) --no-deps -e .

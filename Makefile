@@ -29,11 +29,18 @@ UVVENV := .venv-uv
 UV := $(UVVENV)/bin/uv
 UV_PIN := $(shell sed -n -E 's/^\# tpu-uv: *([^ ]+) *$$/\1/p' requirements/tpu-vm-jax.txt)
 UVPIP = $(UV) pip install --quiet --python
-# A new venv for uv to fill, with pip (the index's) for the tests that call it.
+# A new venv for uv to fill (made by $(2), default PYTHON), with pip (the index's) for the
+# tests that call it.
 define UV_VENV
-$(PYTHON) -m venv --without-pip $(1)
+$(or $(2),$(PYTHON)) -m venv --without-pip $(1)
 $(UVPIP) $(1)/bin/python pip
 endef
+# The JAX environments' Python: the TPU overlay's `tpu-python` (3.12: jax 0.12 needs it;
+# requirements/tpu-vm-jax.txt). The payload's test environment (.venv) runs the same JAX on
+# it, so it is made with the same interpreter (PYTHON_DEV); the other environments keep
+# PYTHON (the TF TPU VM's lock resolves for 3.10 and up).
+PYTHON_TPU_JAX ?= python$(shell sed -n -E 's/^\# tpu-python: *([0-9.]+) *$$/\1/p' requirements/tpu-vm-jax.txt)
+PYTHON_DEV ?= $(PYTHON_TPU_JAX)
 STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
 
@@ -52,7 +59,8 @@ $(UVSTAMP):
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/payload-dev.txt requirements/payload.lock | $(UVSTAMP)
-	$(call UV_VENV,$(VENV))
+	rm -rf $(VENV)
+	$(call UV_VENV,$(VENV),$(PYTHON_DEV))
 	$(UVPIP) $(PY) -r requirements/payload-dev.txt
 	$(UVPIP) $(PY) --no-deps -e .
 	touch $@
@@ -76,10 +84,9 @@ $(TVENV)/.installed: requirements/payload.lock requirements/tpu-vm.txt infra/ren
 
 # The TPU VM's environment for the Keras 3 / JAX backend (jax[tpu] + libtpu + Grain + gcsfs
 # + the lock, no TensorFlow: requirements/tpu-vm-jax.txt), built by the same shell function as
-# venv-tpu. Its Python is the overlay's `tpu-python` (3.11; on the TPU VM uv installs it):
+# venv-tpu. Its Python is the overlay's `tpu-python` (3.12; on the TPU VM uv installs it):
 # PYTHON_TPU_JAX names that interpreter here. libtpu installs on any x86-64 Linux; JAX uses
 # the CPU with JAX_PLATFORMS=cpu (tests/infra/test_tpu_jax_env.py).
-PYTHON_TPU_JAX ?= python$(shell sed -n -E 's/^\# tpu-python: *([0-9.]+) *$$/\1/p' requirements/tpu-vm-jax.txt)
 venv-tpu-jax: $(TJVENV)/.installed
 $(TJVENV)/.installed: requirements/payload.lock requirements/tpu-vm-jax.txt infra/render/templates/tpu-install.sh | $(UVSTAMP)
 	rm -rf $(TJVENV)

@@ -143,7 +143,7 @@ class Stack:
                 )
                 prefix = root.group(1).removeprefix(f"gs://{self.bucket}/")
                 yield (
-                    f"{prefix}/0123456789abcdef/jaxlib-0.10.2-cp311-linux_x86_64.whl",
+                    f"{prefix}/0123456789abcdef/jaxlib-0.12.0.1-cp312-linux_x86_64.whl",
                     (CONTROLLER,),
                 )
                 yield f"{prefix}/0123456789abcdef/complete", (CONTROLLER,)

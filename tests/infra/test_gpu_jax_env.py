@@ -2,7 +2,7 @@
 
 `make venv-gpu-jax` builds .venv-gpu-jax with the shell function the GPU VM's startup script
 runs (infra/render/templates/tpu-install.sh tpu_install_env,
-VM_REQUIREMENTS=requirements/gpu-vm-jax.txt) on the overlay's Python (3.11). Here: the overlay
+VM_REQUIREMENTS=requirements/gpu-vm-jax.txt) on the overlay's Python (3.12). Here: the overlay
 resolves for that Python only; the
 built environment has jax with its CUDA 12 plugin, keras on JAX and TensorFlow's CPU build and
 nothing of TensorFlow's CUDA build or of the TPU; the real CLI trains a tiny Llama in it on the
@@ -72,7 +72,7 @@ def llama_job(directory: Path, backend: str | None = None) -> str:
 
 def test_the_overlay_names_its_backend_python_and_uv():
     assert render.overlay_setting(OVERLAY, "backend") == "jax"
-    assert render.overlay_setting(OVERLAY, "python") == "3.11"
+    assert render.overlay_setting(OVERLAY, "python") == "3.12"
     assert render.overlay_setting(OVERLAY, "uv") == render.overlay_setting(
         render.TPU_JAX_REQUIREMENTS_FILE, "uv"
     )
@@ -82,14 +82,14 @@ def test_the_overlay_names_its_backend_python_and_uv():
 
 def test_the_gpu_jax_requirements_resolve_for_their_python_only():
     """What the controller's wheelhouse build and the GPU VM's install resolve (binary wheels
-    for CPython 3.11 on x86-64 Linux; needs the package index): uv resolves it, as pip's dry
+    for CPython 3.12 on x86-64 Linux; needs the package index): uv resolves it, as pip's dry
     run would after downloading every CUDA wheel (harness.uv_resolver)."""
     pip = str(Path(sys.executable).with_name("pip"))
-    done = _install('tpu_check_resolves "$0" . "$1"', pip, "3.11", env=uv_resolver())
+    done = _install('tpu_check_resolves "$0" . "$1"', pip, "3.12", env=uv_resolver())
     assert done.returncode == 0, done.stderr[-2000:]
     refused = _install('tpu_check_resolves "$0" . "$1"', pip, "3.10", env=uv_resolver())
     assert refused.returncode == 1
-    assert "runs on Python 3.11 (tpu-python), not 3.10" in refused.stderr
+    assert "runs on Python 3.12 (tpu-python), not 3.10" in refused.stderr
 
 
 def test_the_requirements_are_jax_cuda12_and_grain_without_tensorflow(tmp_path):
@@ -102,7 +102,7 @@ def test_the_requirements_are_jax_cuda12_and_grain_without_tensorflow(tmp_path):
     wanted = {"jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "nvidia-cudnn-cu12"}
     assert wanted | {"grain", "gcsfs", "keras", "transformers", "orbax-checkpoint"} <= names
     assert not names & {*render.TENSORFLOW_DISTRIBUTIONS, "libtpu"}
-    assert "jax[cuda12]==0.10.2" in reqs and "keras==3.15.1" in reqs
+    assert "jax[cuda12]==0.12.0.1" in reqs and "keras==3.15.1" in reqs
     assert len(reqs) == len(names), "a package is pinned twice"
 
 
@@ -110,9 +110,9 @@ def test_the_requirements_are_jax_cuda12_and_grain_without_tensorflow(tmp_path):
     ("old", "new", "refusal"),
     [
         (
-            "jax-cuda12-pjrt==0.10.2",
+            "jax-cuda12-pjrt==0.12.0.1",
             "jax-cuda12-pjrt==0.9.0",
-            r"jax-cuda12-pjrt==0\.9\.0 \(not the tested jax 0\.10\.2\)",
+            r"jax-cuda12-pjrt==0\.9\.0 \(not the tested jax 0\.12\.0\.1\)",
         ),
         ("grain==0.2.18", "grain==0.2.17", r"grain==0\.2\.17 \(.* tests 0\.2\.18\)"),
         (
@@ -161,7 +161,7 @@ def test_a_llama_job_installs_the_jax_environment_a_bert_job_the_tensorflow_one(
         assert gpu["PAYLOAD_BACKEND"] == backend, job
         assert gpu["VM_REQUIREMENTS"] == controller["VM_REQUIREMENTS"] == overlay, job
         # The controller's wheelhouse is built for the environment's Python.
-        assert controller["TPU_PYTHON_VERSION"] == ("3.11" if backend == "jax" else "3.10")
+        assert controller["TPU_PYTHON_VERSION"] == ("3.12" if backend == "jax" else "3.10")
         assert gpu["EXPECT_PYTHON"] == "3.10"  # the image's python3 (host check)
 
 
@@ -195,15 +195,15 @@ def test_the_llama_gpu_script_installs_jax_cuda_on_uvs_python(tmp_path, gpu_box)
     assert first.returncode == 0, first.stderr
     calls = gpu_box.calls
     assert "nvidia-smi -L" in calls
-    assert "uv python install --quiet --no-bin 3.11" in calls
+    assert "uv python install --quiet --no-bin 3.12" in calls
     assert f"uv-python -m venv {app}/venv-{short}" in calls
     assert f"python3 -m venv {app}/venv-{short}" not in calls
     pip_calls = [c for c in calls if c.startswith("pip ") and "uv==" not in c]
     assert len(pip_calls) == 2  # the requirements and the payload: no tf_keras --no-deps
     (requirements,) = gpu_box.state.glob("requirements-*.txt")
     lock = requirements.read_text()
-    assert "jax[cuda12]==0.10.2" in lock and "grain==0.2.18" in lock
-    assert "jax-cuda12-plugin==0.10.2" in lock and "nvidia-cudnn-cu12==" in lock
+    assert "jax[cuda12]==0.12.0.1" in lock and "grain==0.2.18" in lock
+    assert "jax-cuda12-plugin==0.12.0.1" in lock and "nvidia-cudnn-cu12==" in lock
     assert not re.search(r"^(tensorflow\S*|tf[-_]keras|libtpu)==", lock, re.M)
     unit = (gpu_box.root / "etc/systemd/system/tpu-pretrain-train.service").read_text()
     env = unit_environment(unit)
@@ -268,11 +268,11 @@ def test_the_environment_has_jax_cuda12_keras_on_jax_and_grain_without_tensorflo
     done = _python(jax_venv, _PROBE, tmp_path, JAX_PLATFORMS="cpu")
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["python"] == "3.11" and seen["jax"] == "0.10.2" and seen["devices"] == ["cpu"]
+    assert seen["python"] == "3.12" and seen["jax"] == "0.12.0.1" and seen["devices"] == ["cpu"]
     assert seen["keras_backend"] == "jax" and not seen["tf_keras"]
     assert not seen["tensorflow"] and seen["grain"] == 3
     dists = seen["dists"]
-    assert dists["jax-cuda12-plugin"] == dists["jax-cuda12-pjrt"] == "0.10.2"
+    assert dists["jax-cuda12-plugin"] == dists["jax-cuda12-pjrt"] == "0.12.0.1"
     assert dists["grain"] == "0.2.18" and dists["gcsfs"] == "2026.10.1"
     assert not {*render.TENSORFLOW_DISTRIBUTIONS, "libtpu"} & set(dists)
 
@@ -294,7 +294,7 @@ def test_without_a_gpu_the_trainer_units_environment_stops_with_gpu_not_found(ja
     assert "Jax plugin configuration error" in done.stderr  # the CUDA plugin was tried
     assert (
         "payload.core.hosts.GpuNotFoundError: GPU not found: this VM should have 1 × T4 (image "
-        "dlvm-cu128) but JAX 0.10.2 sees only cpu (cpu)"
+        "dlvm-cu128) but JAX 0.12.0.1 sees only cpu (cpu)"
     ) in done.stderr
     cuda = _python(jax_venv, "import jax; jax.devices()", tmp_path, JAX_PLATFORMS="cuda")
     assert cuda.returncode != 0 and "AssertionError" in cuda.stderr

@@ -103,7 +103,7 @@ def test_a_tpu_vm_that_matches_the_catalog(tpu_run, sandbox):
     assert facts["accelerator_type"] == "v6e-8" and facts["secure_boot"] == "enabled"
     # v6e installs the JAX environment (auto): its libtpu is the JAX overlay's.
     libtpu = _expected_libtpu(startup_script(tpu_run, "tpu-vm"))
-    assert libtpu == "0.0.42.1"
+    assert libtpu == "0.0.52"
     assert facts["libtpu"] == libtpu
     assert facts["tpu_runtime_unit"] == "absent" and facts["tpu_env"] == ""
     assert doc["expected"] == {

@@ -113,13 +113,13 @@ def test_every_worker_of_a_supported_slice_runs_the_same_jax_trainer(accelerator
         first = box.run(script)
         assert first.returncode == 0, (worker, first.stderr)
         calls = box.calls
-        # The JAX environment exactly as on one host: uv's Python 3.11, the JAX overlay, no
+        # The JAX environment exactly as on one host: uv's Python 3.12, the JAX overlay, no
         # tf_keras.
-        assert "uv python install --quiet --no-bin 3.11" in calls
+        assert "uv python install --quiet --no-bin 3.12" in calls
         assert f"uv-python -m venv {app}/venv-{short}" in calls
         assert not [c for c in calls if "tf_keras" in c]
         (requirements,) = box.state.glob("requirements-*.txt")
-        assert "jax[tpu]==0.10.2" in requirements.read_text()
+        assert "jax==0.12.0.1" in requirements.read_text()
         # One unit, the same on every host but for the worker's index.
         unit_dir = box.root / "etc/systemd/system"
         assert [p.name for p in unit_dir.iterdir()] == ["tpu-pretrain-train.service"]

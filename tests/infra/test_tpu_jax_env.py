@@ -2,13 +2,13 @@
 
 `make venv-tpu-jax` builds .venv-tpu-jax with the shell function the TPU VM's startup script
 runs (infra/render/templates/tpu-install.sh tpu_install_env,
-VM_REQUIREMENTS=requirements/tpu-vm-jax.txt) on the overlay's Python (3.11). Here: the overlay
+VM_REQUIREMENTS=requirements/tpu-vm-jax.txt) on the overlay's Python (3.12). Here: the overlay
 resolves for that Python only; the
 built environment has jax, keras on JAX and TensorFlow's CPU build and nothing of TF's TPU
 line; a job with train.backend: jax (or a v6e stack, auto) renders a startup script that
 installs that environment, and the script runs in the script sandbox (script_sandbox.py).
 What only a TPU VM shows (docs/jax-on-tpu-vm.md): uv's CPython download, the devices JAX
-sees, libtpu 0.0.42.1 initialising v6e/v5e chips.
+sees, libtpu 0.0.52 initialising v6e/v5e chips.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _install(check: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_overlay_names_its_python_and_uv():
     assert render.overlay_setting(OVERLAY, "backend") == "jax"
-    assert render.overlay_setting(OVERLAY, "python") == "3.11"
+    assert render.overlay_setting(OVERLAY, "python") == "3.12"
     assert render.overlay_setting(OVERLAY, "uv") == "uv==0.13.9"
     # The TF overlays run on the image's python3 and name none.
     for other in (render.TPU_REQUIREMENTS_FILE, render.GPU_REQUIREMENTS_FILE):
@@ -66,14 +66,14 @@ def test_the_overlay_names_its_python_and_uv():
 
 def test_the_jax_requirements_resolve_for_their_python_only():
     """What the controller's wheelhouse build and the TPU VM's install resolve (metadata only,
-    binary wheels for CPython 3.11 on x86-64 Linux; needs the package index)."""
+    binary wheels for CPython 3.12 on x86-64 Linux; needs the package index)."""
     pip = str(Path(sys.executable).with_name("pip"))
-    done = _install('tpu_check_resolves "$0" . "$1"', pip, "3.11")
+    done = _install('tpu_check_resolves "$0" . "$1"', pip, "3.12")
     assert done.returncode == 0, done.stderr[-2000:]
-    # jaxlib 0.10.2 has no cp310 wheel: the image's Python is refused before pip is asked.
+    # jaxlib 0.12.0.1 has no cp310 wheel: the image's Python is refused before pip is asked.
     refused = _install('tpu_check_resolves "$0" . "$1"', pip, "3.10")
     assert refused.returncode == 1
-    assert "runs on Python 3.11 (tpu-python), not 3.10" in refused.stderr
+    assert "runs on Python 3.12 (tpu-python), not 3.10" in refused.stderr
 
 
 def test_the_jax_requirements_drop_tensorflow_and_tf_keras_and_add_grain(tmp_path):
@@ -85,7 +85,7 @@ def test_the_jax_requirements_drop_tensorflow_and_tf_keras_and_add_grain(tmp_pat
     names = {re.split(r"[\[=]", line)[0].lower().replace("_", "-") for line in reqs}
     assert {"jax", "jaxlib", "libtpu", "grain", "gcsfs", "keras", "transformers"} <= names
     assert not names & set(render.TENSORFLOW_DISTRIBUTIONS)
-    assert "jax[tpu]==0.10.2" in reqs and "keras==3.15.1" in reqs
+    assert "jax==0.12.0.1" in reqs and "libtpu==0.0.52" in reqs and "keras==3.15.1" in reqs
     assert len(reqs) == len(names), "a package is pinned twice"
 
 
@@ -140,10 +140,10 @@ def test_the_environment_has_jax_keras_on_jax_and_grain_without_tensorflow(jax_v
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["python"] == render.overlay_setting(OVERLAY, "python")
-    assert seen["jax"] == "0.10.2" and seen["devices"] and set(seen["devices"]) == {"cpu"}
+    assert seen["jax"] == "0.12.0.1" and seen["devices"] and set(seen["devices"]) == {"cpu"}
     assert seen["keras"] == "3.15.1" and seen["keras_backend"] == "jax"
     assert not seen["tensorflow"] and seen["grain"] == 3
-    assert seen["libtpu"] == "0.0.42.1"
+    assert seen["libtpu"] == "0.0.52"
     assert not seen["tf_keras"]
     assert {"grain", "gcsfs"} <= set(seen["dists"])
     assert not set(render.TENSORFLOW_DISTRIBUTIONS) & set(seen["dists"])
@@ -193,11 +193,9 @@ def test_backend_choice_follows_the_job_then_the_catalog(tmp_path):
         assert tpu["PAYLOAD_BACKEND"] == backend, (stack, job)
         assert tpu["VM_REQUIREMENTS"] == controller["VM_REQUIREMENTS"] == overlay
         # The controller's wheelhouse is built for the environment's Python.
-        assert controller["TPU_PYTHON_VERSION"] == ("3.11" if backend == "jax" else "3.10")
+        assert controller["TPU_PYTHON_VERSION"] == ("3.12" if backend == "jax" else "3.10")
         assert tpu["EXPECT_PYTHON"] == "3.10"  # the image's python3 (host check)
-        assert tpu["EXPECT_LIBTPU"] == (
-            "0.0.42.1" if backend == "jax" else render.read_pins().libtpu
-        )
+        assert tpu["EXPECT_LIBTPU"] == ("0.0.52" if backend == "jax" else render.read_pins().libtpu)
 
 
 def test_a_bad_backend_and_tf_on_a_slice_are_config_errors(tmp_path):
@@ -226,8 +224,8 @@ def test_the_jax_script_installs_the_jax_environment_on_uvs_python(jax_run, sand
     # uv (pinned in the overlay) in its own venv of the image's python3, then its CPython.
     assert f"python3 -m venv {app}/uv" in calls
     assert "pip install --quiet uv==0.13.9" in calls
-    assert "uv python install --quiet --no-bin 3.11" in calls
-    assert "uv python find --managed-python --no-python-downloads 3.11" in calls
+    assert "uv python install --quiet --no-bin 3.12" in calls
+    assert "uv python find --managed-python --no-python-downloads 3.12" in calls
     assert f"uv-python -m venv {app}/venv-{short}" in calls
     assert f"python3 -m venv {app}/venv-{short}" not in calls
     pip_calls = [c for c in calls if c.startswith("pip ") and "uv==" not in c]
@@ -237,11 +235,11 @@ def test_the_jax_script_installs_the_jax_environment_on_uvs_python(jax_run, sand
     assert pip_calls[1] == f"pip install --quiet --no-deps {src}"
     (requirements,) = sandbox.state.glob("requirements-*.txt")
     lock = requirements.read_text()
-    assert "transformers==4.57.6" in lock and "jax[tpu]==0.10.2" in lock
-    assert "grain==0.2.18" in lock and "libtpu==0.0.42.1" in lock
+    assert "transformers==4.57.6" in lock and "jax==0.12.0.1" in lock
+    assert "grain==0.2.18" in lock and "libtpu==0.0.52" in lock
     assert not re.search(r"^(tensorflow\S*|tf[-_]keras)==", lock, re.MULTILINE)
-    # No wheelhouse yet: the key the TPU VM looks for is the one for Python 3.11.
-    assert "no wheelhouse" in first.stderr and "for Python 3.11 yet" in first.stderr
+    # No wheelhouse yet: the key the TPU VM looks for is the one for Python 3.12.
+    assert "no wheelhouse" in first.stderr and "for Python 3.12 yet" in first.stderr
 
     unit = (sandbox.root / "etc/systemd/system/tpu-pretrain-train.service").read_text()
     assert unit_environment(unit) == {
@@ -266,13 +264,13 @@ def test_the_jax_script_installs_the_jax_environment_on_uvs_python(jax_run, sand
     assert (sandbox.root / "etc/systemd/system/tpu-pretrain-train.service").read_text() == unit
 
 
-def test_the_controller_builds_the_jax_wheelhouse_for_python_311(jax_run, sandbox):
+def test_the_controller_builds_the_jax_wheelhouse_for_python_312(jax_run, sandbox):
     bucket, _ = publish_payload(jax_run, sandbox)
     controller = sandbox.run(startup_script(jax_run, "controller-vm"))
     assert controller.returncode == 0, controller.stderr
     downloads = [c for c in sandbox.calls if c.startswith("pip download")]
     assert len(downloads) == 1  # the requirements only: no tf_keras --no-deps download
-    assert "--python-version 3.11 --implementation cp --abi cp311" in downloads[0]
+    assert "--python-version 3.12 --implementation cp --abi cp312" in downloads[0]
     (wheelhouse,) = (sandbox.gcs / bucket / "wheelhouse").iterdir()
     # The TPU VM computes the same key for its environment's Python and installs from it.
     shutil.rmtree(sandbox.root / "opt")

@@ -44,15 +44,15 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # The same two XLA options for TensorFlow's XLA (the TF backend's CPU steps are
 # `jit_compile`d, in this process and in CLI children): XLA reads XLA_FLAGS itself, and JAX
 # too (the same settings as above there). One TF-backend resume test (two runs): 75.5 ->
-# 49.8 s of CPU. And XLA's CPU code generator without its fusion emitters (the older
-# per-element emitter; jaxlib 0.10.2 and TensorFlow 2.20's XLA both take the flag): a tiny
-# model's jitted loss and gradient compiles in 0.7 s instead of 2.3 s, the chunked-loss
-# driver runs 56.6 -> 37.9 s; the same results within float rounding. A child with virtual
-# devices adds its count to these (train_helpers.cpu_devices); a caller's XLA_FLAGS wins.
+# 49.8 s of CPU. No `--xla_cpu_use_fusion_emitters=false` any more (the older per-element
+# emitter, which made a tiny model's jitted loss and gradient compile in 0.7 s instead of
+# 2.3 s with jaxlib 0.10.2): jaxlib 0.12.0.1's XLA no longer has the flag and stops every
+# process at start ("Unknown flag in XLA_FLAGS: --xla_cpu_use_fusion_emitters=false"), and
+# both XLAs read the one variable. A child with virtual devices adds its count to these
+# (train_helpers.cpu_devices); a caller's XLA_FLAGS wins.
 os.environ.setdefault(
     "XLA_FLAGS",
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-    " --xla_cpu_use_fusion_emitters=false",
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
 )
 
 

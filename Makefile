@@ -39,7 +39,12 @@ endef
 # requirements/tpu-vm-jax.txt). The payload's test environment (.venv) runs the same JAX on
 # it, so it is made with the same interpreter (PYTHON_DEV); the other environments keep
 # PYTHON (the TF TPU VM's lock resolves for 3.10 and up).
-PYTHON_TPU_JAX ?= python$(shell sed -n -E 's/^\# tpu-python: *([0-9.]+) *$$/\1/p' requirements/tpu-vm-jax.txt)
+# python_for: the interpreter for version $(1): pyenv's newest build of it where pyenv has one
+# (pyenv's shim answers `python3.12` only for the versions selected, so the build's own path),
+# else python$(1) on PATH.
+python_for = $(or $(lastword $(sort $(wildcard $(shell pyenv root 2>/dev/null)/versions/$(1).*/bin/python$(1)))),python$(1))
+overlay_python = $(shell sed -n -E 's/^\# tpu-python: *([0-9.]+) *$$/\1/p' $(1))
+PYTHON_TPU_JAX ?= $(call python_for,$(call overlay_python,requirements/tpu-vm-jax.txt))
 PYTHON_DEV ?= $(PYTHON_TPU_JAX)
 STACK ?= v5e-euw4
 JOB ?= examples/tiny.yaml
@@ -99,7 +104,7 @@ $(TJVENV)/.installed: requirements/payload.lock requirements/tpu-vm-jax.txt infr
 # shell function. The CUDA wheels install on any x86-64 Linux without a GPU; JAX uses the
 # CPU with JAX_PLATFORMS=cpu (tests/infra/test_gpu_jax_env.py). About 3.2 GB to download,
 # 6.6 GB installed (docs/gpus.md).
-PYTHON_GPU_JAX ?= python$(shell sed -n -E 's/^\# tpu-python: *([0-9.]+) *$$/\1/p' requirements/gpu-vm-jax.txt)
+PYTHON_GPU_JAX ?= $(call python_for,$(call overlay_python,requirements/gpu-vm-jax.txt))
 venv-gpu-jax: $(GJVENV)/.installed
 $(GJVENV)/.installed: requirements/payload.lock requirements/gpu-vm-jax.txt infra/render/templates/tpu-install.sh | $(UVSTAMP)
 	rm -rf $(GJVENV)

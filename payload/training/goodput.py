@@ -7,9 +7,10 @@ is "measured from the time the application starts to either the current time or 
 job completion" (docs.cloud.google.com/tpu/docs/goodput). The categories follow the badput
 breakdown of Google's ML Goodput Measurement library (AI-Hypercomputer/ml-goodput-measurement
 README, "Badput Breakdown Details"; MaxText's guide monitor_goodput.md, in the
-AI-Hypercomputer/maxtext repository's guides on monitoring and debugging): accelerator initialisation and program startup, compilation, data
-loading, checkpoint save and restore, and "wasted progress due to disruption": "time that was
-spent on productive training but lost after restart".
+AI-Hypercomputer/maxtext repository's guides on monitoring and debugging): accelerator
+initialisation and program startup, compilation, data loading, checkpoint save and restore,
+and "wasted progress due to disruption": "time that was spent on productive training but lost
+after restart".
 
 Here, in seconds (CATEGORIES):
 - ``capacity_wait``: the controller's watchdog waiting for the accelerator (its status's

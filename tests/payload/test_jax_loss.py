@@ -117,8 +117,10 @@ def _scan_carries(jaxpr: Any) -> list[str]:
     found = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "scan":
-            start = eqn.params["num_consts"]
-            carried = eqn.invars[start : start + eqn.params["num_carry"]]
+            # jax 0.12's scan has the flat trees of its inputs (constants, carry, xs) where
+            # it had num_consts and num_carry (jax/_src/lax/control_flow/loops.py, ft_in).
+            consts, carry, _ = eqn.params["ft_in"].elts
+            carried = eqn.invars[len(consts) : len(consts) + len(carry)]
             found += [f"{v.aval.dtype}{list(v.aval.shape)}" for v in carried]
         for param in eqn.params.values():
             for sub in param if isinstance(param, (list, tuple)) else [param]:

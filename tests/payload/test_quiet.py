@@ -35,6 +35,7 @@ CLI_LINES = [
         r"step \d+/\d+  loss \d.*",
         r"eval step \d+/\d+  loss \d.*",
         r"(error|warning): .*",
+        r"tpu-pretrain event: \{.*\}",  # the run's events (payload/core/events.py emit)
     )
 ]
 LOGGING_VARIABLES = (

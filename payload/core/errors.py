@@ -51,3 +51,17 @@ class TransientError(Exception):
 
 class StorageUnavailableError(TransientError):
     """Cloud Storage still failing when its retries ran out: unreachable, 5xx, 429."""
+
+
+class TrainingInterrupted(SystemExit):
+    """SIGTERM/SIGINT during training, after a checkpoint of the current step was saved.
+
+    Exits with 128 + the signal number, as if the signal had killed the process.
+    """
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(128 + signum)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message

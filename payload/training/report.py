@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from payload.core import events, hosts
-from payload.core.errors import UserError
+from payload.core.errors import TrainingInterrupted, UserError
 from payload.plan import eta as eta_lib
 from payload.training.goodput import Ledger
 
@@ -203,8 +203,6 @@ class RunReport:
         """A start that ends with `error`: by a signal (preempted: it resumes), a user error
         (stopped for good: the event unless the trainer unit writes it) or anything else
         (failed: the unit restarts it)."""
-        from payload.training.shared import TrainingInterrupted  # noqa: PLC0415
-
         if isinstance(error, TrainingInterrupted | KeyboardInterrupt):
             self._end("preempted")
         elif isinstance(error, UserError):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from payload.core.errors import DataError, UserError
+from payload.core.errors import DataError, TrainingInterrupted, UserError
 from payload.core.status import StatusWriter
 from payload.data import tokenizer as tokenizer_lib
 from payload.model.configs import ROBERTA_PADDING_IDX
@@ -46,20 +46,6 @@ BACKEND_ENV = "TPU_PAYLOAD_BACKEND"
 
 class TrainingDivergedError(UserError):
     """The loss became NaN or infinite; checkpoints written before it are kept."""
-
-
-class TrainingInterrupted(SystemExit):
-    """SIGTERM/SIGINT during training, after a checkpoint of the current step was saved.
-
-    Exits with 128 + the signal number, as if the signal had killed the process.
-    """
-
-    def __init__(self, signum: int, message: str):
-        super().__init__(128 + signum)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 def resolve_backend(job: JobSpec, environ: Mapping[str, str] = os.environ) -> str:

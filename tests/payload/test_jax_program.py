@@ -45,11 +45,14 @@ def test_a_tpu_type_names_its_topology(
 # ---- the builder: abstract, repeatable ---------------------------------------------------
 
 BUILD_TWICE = """
-import json
+import json, os, tempfile, warnings
 from payload.backends.jax import use_jax
 use_jax()
 import jax
-from payload.backends.jax import aot, runtime
+cache = tempfile.mkdtemp(prefix="program-test-cache-")
+jax.config.update("jax_compilation_cache_dir", cache)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+from payload.backends.jax import aot, program, runtime
 from payload.spec import parse_job
 job = parse_job({
     "name": "program", "output": "/tmp/unused-program-test", "corpus": {"paths": ["/x.txt"]},
@@ -62,7 +65,25 @@ facts = runtime.Facts(platform="cpu", device_kind="cpu", local_devices=1, device
 first = aot.build_for(job, facts, jax.devices())
 second = aot.build_for(job, facts, jax.devices())
 variables = first.model.variables + first.optimizer.variables[1:]
+def chunks():
+    return sorted(n for n in os.listdir(cache) if n.startswith("jit_train_chunk"))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    onednn = first.train_chunk().as_text()
+    after_onednn = chunks()
+    os.environ[program.CPU_ONEDNN_ENV] = "0"
+    plain = second.train_chunk().as_text()
+os.environ[program.CPU_ONEDNN_ENV] = "yes"
+try:
+    program.train_compiler_options("cpu")
+    refused = None
+except Exception as exc:
+    refused = f"{type(exc).__name__}: {exc}"
 print(json.dumps({
+    "refused": refused,
+    "onednn": ["__onednn$matmul" in onednn, "__onednn$matmul" in plain],
+    "cached": [after_onednn, chunks()],
+    "warnings": [str(w.message) for w in caught],
     "prints": [first.fingerprints(), second.fingerprints()],
     "valued": [v.path for v in variables if v._value is not None],
     "iterations": str(first.state.optimizer[0]),
@@ -72,10 +93,11 @@ print(json.dumps({
 
 
 def test_the_builder_creates_no_values_and_builds_the_same_program_twice() -> None:
-    """No weight, slot or seed state of the builder's model gets a value (Keras initialises
-    pending variables when a stateless call ends: a second build in a process, as the
-    trainer's after its real model, once captured them as constants), and two builds lower
-    to the same text. GPT-2 has dropout: its seed states are state, never constants."""
+    """The CPU's training chunk compiles with oneDNN and is not cached; no weight, slot or
+    seed state of the builder's model gets a value (Keras initialises pending variables when
+    a stateless call ends: a second build in a process, as the trainer's after its real
+    model, once captured them as constants), and two builds lower to the same text. GPT-2
+    has dropout: its seed states are state, never constants."""
     done = subprocess.run(
         [sys.executable, "-c", BUILD_TWICE],
         capture_output=True,
@@ -90,6 +112,15 @@ def test_the_builder_creates_no_values_and_builds_the_same_program_twice() -> No
     assert set(seen["prints"][0]) == {"train_chunk", "eval_step"}
     assert seen["valued"] == [], seen["valued"]
     assert "int32" in seen["iterations"] and "shape=()" in seen["iterations"]
+    # On the CPU the training chunk's weight gradients are oneDNN matmuls (program.py
+    # CPU_TRAIN_OPTIONS); XLA cannot serialize that executable, so it is not written to the
+    # persistent cache, and nothing warns. With CPU_ONEDNN_ENV=0: no oneDNN, and cached.
+    assert seen["onednn"] == [True, False], seen
+    assert seen["cached"][0] == [] and len(seen["cached"][1]) == 1, seen["cached"]
+    assert seen["warnings"] == [], seen["warnings"]
+    assert seen["refused"] == (
+        "SpecError: TPU_PAYLOAD_CPU_ONEDNN: 'yes' must be 0 (off) or 1 (on, the default)"
+    )
     # steps_per_execution 8 on CPU, the global batch, the sequence: the pipeline's features.
     assert seen["batches"] == {
         "input_ids": [[8, 4, 32], "int32"],

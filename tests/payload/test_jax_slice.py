@@ -254,7 +254,12 @@ def test_a_restart_loads_its_programs_and_a_changed_job_compiles(prepared, tmp_p
     """JAX's persistent compilation cache in the job's output: the same job again (`--force`,
     as a restart would) loads every program it compiled; a job with another batch compiles."""
     job = copy_job(prepared, tmp_path / "same", steps=8)
-    every = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # tiny programs: cache all
+    every = {
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # tiny programs: cache all
+        # The CPU's oneDNN training chunk cannot be cached (program.py CPU_TRAIN_OPTIONS); a
+        # TPU's or GPU's can, as the CPU's without oneDNN.
+        "TPU_PAYLOAD_CPU_ONEDNN": "0",
+    }
     first = _train(tmp_path / "same" / "job.yaml", **every)
     assert first.returncode == 0, first.stderr[-3000:]
     directory, loaded, compiled = _cache_counts(first.stderr)

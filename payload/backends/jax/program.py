@@ -41,9 +41,11 @@ array on the mesh:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,7 @@ from payload.backends.jax import evaluate as jax_evaluate
 from payload.backends.jax import mesh as mesh_lib
 from payload.backends.jax import models, steps
 from payload.backends.jax.schedule import create_optimizer
+from payload.core.errors import SpecError
 
 if TYPE_CHECKING:
     from payload.backends.jax.runtime import Runtime
@@ -78,6 +81,41 @@ _MASKED = (
     ("masked_lm_weights", "float32", "pred"),
 )
 FEATURES = {"clm": _CLM, "mlm": _MASKED, "rtd": _MASKED}
+
+# XLA:CPU runs the weight gradients' dots (dW = X^T dY, contracting the batch's tokens) on
+# Eigen: YNNPACK, which takes the other dots, does not take an operand contracted along its
+# major dimension. XLA's oneDNN rewrite (its CPU compiler's option below) runs them as oneDNN
+# matmuls: on this repository's 2-core AVX-512 CPU a 512 x 128 gradient over 4,096 tokens
+# 5.1-5.7 -> 2.7-3.4 ms, and the tiny BERT job of bench/bench_backends.py 6.1-6.9 -> 7.3-8.2
+# steps/s (four pairs; docs/performance.md), held-out loss unchanged. Training chunk only
+# (the evaluation step has no weight gradients), CPU only (no such option elsewhere).
+# XLA:CPU cannot serialize an executable with oneDNN custom calls (jaxlib 0.12.0.1: "MemoryError:
+# std::bad_alloc"), so that chunk is never written to JAX's persistent compilation cache;
+# CPU_ONEDNN_ENV=0 compiles it without oneDNN, cacheable (the restart test of the cache).
+CPU_TRAIN_OPTIONS = {"xla_cpu_experimental_onednn_custom_call": True}
+CPU_ONEDNN_ENV = "TPU_PAYLOAD_CPU_ONEDNN"
+
+
+def train_compiler_options(accelerator: str) -> dict[str, Any] | None:
+    """The XLA options the training chunk compiles with on `accelerator` (None: XLA's own)."""
+    raw = os.environ.get(CPU_ONEDNN_ENV, "1")
+    if raw not in ("0", "1"):
+        raise SpecError(f"{CPU_ONEDNN_ENV}: {raw!r} must be 0 (off) or 1 (on, the default)")
+    return dict(CPU_TRAIN_OPTIONS) if accelerator == "cpu" and raw == "1" else None
+
+
+@contextlib.contextmanager
+def _not_cached() -> Iterator[None]:
+    """Programs compiled inside are not written to JAX's persistent compilation cache (JAX
+    still looks them up): its minimum compile time for a write, jax/_src/compiler.py
+    _cache_write, is infinite meanwhile."""
+    name = "jax_persistent_cache_min_compile_time_secs"
+    before = getattr(jax.config, name)
+    jax.config.update(name, float("inf"))
+    try:
+        yield
+    finally:
+        jax.config.update(name, before)
 
 
 def batch_specs(
@@ -239,7 +277,9 @@ class Programs:
     def train_chunk(self) -> Any:
         """The compiled training chunk (compiled once, on first use)."""
         if "train" not in self._compiled:
-            self._compiled["train"] = self.train_lowered.compile()
+            options = train_compiler_options(self.rt.accelerator)
+            with _not_cached() if options else contextlib.nullcontext():
+                self._compiled["train"] = self.train_lowered.compile(options)
         return self._compiled["train"]
 
     def eval_sums(self) -> Any:

@@ -229,7 +229,7 @@ def _train(
         if evaluator is not None:
             evaluator.close()
 
-    _log_cache(*cache)
+    _log_cache(*cache, uncached=program_lib.train_compiler_options(rt.accelerator) is not None)
     # Every process: the weights the export writes, gathered one at a time (with sharded
     # state a gather is a collective every process joins before the chief writes).
     with watch.during("export"):  # the gathers, the chief's write and upload, the others' wait
@@ -258,12 +258,18 @@ def _bounds(layout: checkpoints.Layout, rt: Runtime) -> progress.Bounds:
     return bounds
 
 
-def _log_cache(directory: str, counts: compile_cache.CacheCounts) -> None:
+def _log_cache(directory: str, counts: compile_cache.CacheCounts, *, uncached: bool) -> None:
     described = counts.describe()
     training.log(
         f"train: compilation cache {directory}: {described['loaded']} programs loaded, "
         f"{described['compiled']} compiled (JAX's persistent cache; "
         f"{described['saved_s']} s of compiling saved)"
+        + (
+            f"; the training chunk is not cached: XLA cannot serialize its CPU oneDNN "
+            f"matmuls ({program_lib.CPU_ONEDNN_ENV}=0 compiles it without them)"
+            if uncached
+            else ""
+        )
     )
 
 

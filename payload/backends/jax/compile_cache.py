@@ -19,8 +19,10 @@ bucket. Its environment variable (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS) st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -75,3 +77,18 @@ def enable(directory: str) -> tuple[str, CacheCounts]:
         jax.monitoring.register_event_listener(_COUNTS._event)
         jax.monitoring.register_event_duration_secs_listener(_COUNTS._duration)
     return chosen, _COUNTS
+
+
+@contextlib.contextmanager
+def not_written() -> Iterator[None]:
+    """Programs compiled inside are not written to the persistent cache (JAX still looks
+    them up): JAX's minimum compile time for a write (jax/_src/compiler.py _cache_write) is
+    infinite meanwhile. For an executable XLA cannot serialize (program.py
+    CPU_TRAIN_OPTIONS), whose write would fail with a warning."""
+    name = "jax_persistent_cache_min_compile_time_secs"
+    before = getattr(jax.config, name)
+    jax.config.update(name, float("inf"))
+    try:
+        yield
+    finally:
+        jax.config.update(name, before)

@@ -45,7 +45,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,9 +55,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from payload.backends.jax import attention as attention_lib
+from payload.backends.jax import compile_cache, models, steps
 from payload.backends.jax import evaluate as jax_evaluate
 from payload.backends.jax import mesh as mesh_lib
-from payload.backends.jax import models, steps
 from payload.backends.jax.schedule import create_optimizer
 from payload.core.errors import SpecError
 
@@ -102,20 +102,6 @@ def train_compiler_options(accelerator: str) -> dict[str, Any] | None:
     if raw not in ("0", "1"):
         raise SpecError(f"{CPU_ONEDNN_ENV}: {raw!r} must be 0 (off) or 1 (on, the default)")
     return dict(CPU_TRAIN_OPTIONS) if accelerator == "cpu" and raw == "1" else None
-
-
-@contextlib.contextmanager
-def _not_cached() -> Iterator[None]:
-    """Programs compiled inside are not written to JAX's persistent compilation cache (JAX
-    still looks them up): its minimum compile time for a write, jax/_src/compiler.py
-    _cache_write, is infinite meanwhile."""
-    name = "jax_persistent_cache_min_compile_time_secs"
-    before = getattr(jax.config, name)
-    jax.config.update(name, float("inf"))
-    try:
-        yield
-    finally:
-        jax.config.update(name, before)
 
 
 def batch_specs(
@@ -278,7 +264,7 @@ class Programs:
         """The compiled training chunk (compiled once, on first use)."""
         if "train" not in self._compiled:
             options = train_compiler_options(self.rt.accelerator)
-            with _not_cached() if options else contextlib.nullcontext():
+            with compile_cache.not_written() if options else contextlib.nullcontext():
                 self._compiled["train"] = self.train_lowered.compile(options)
         return self._compiled["train"]
 

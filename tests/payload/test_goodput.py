@@ -259,6 +259,9 @@ def test_a_run_killed_after_a_checkpoint_and_resumed(prepared, tmp_path, backend
     point = LOG_POINT.format(3)  # step 15 logged; the last checkpoint is step 10's
     with PausedCli(tmp / "first-run", point, "train", "--job", job_file) as first:
         assert first.wait_paused() == f"paused at {point}"
+        first.wait_while_paused(  # the kill lands after checkpoint 10 is committed
+            lambda: Path(job.paths.checkpoints, "10").is_dir(), "commit of checkpoint 10"
+        )
         first.signal(signal.SIGKILL)
         code, _, first_log = first.finish()
     assert code == -signal.SIGKILL, first_log[-3000:]

@@ -127,6 +127,10 @@ def test_sigkill_then_rerun_resumes_from_last_checkpoint(tmp_path: Path, backend
     point = LOG_POINT.format(3)
     with PausedCli(tmp_path / "first-run", point, "train", "--job", job_file) as first:
         assert first.wait_paused() == f"paused at {point}"
+        first.wait_while_paused(  # the kill lands after checkpoint 20 is committed
+            lambda: _latest_step(job.paths.checkpoints, backend) == CHECKPOINT_EVERY,
+            f"commit of checkpoint {CHECKPOINT_EVERY}",
+        )
         first.signal(signal.SIGKILL)
         code, _, first_log = first.finish()
     assert code == -signal.SIGKILL

@@ -182,6 +182,9 @@ def test_wandb_offline_run_survives_a_kill_and_resumes(
     point = LOG_POINT.format(3)  # steps 5, 10 and 15 logged; step 10's checkpoint kept
     with PausedCli(tmp_path / "first", point, "train", "--job", job_file, env=OFFLINE) as first:
         assert first.wait_paused() == f"paused at {point}"
+        first.wait_while_paused(  # the kill lands after checkpoint 10 is committed
+            lambda: 10 in _checkpoints(Path(job.paths.checkpoints)), "commit of checkpoint 10"
+        )
         services = _services_of(first.proc.pid)
         first.signal(signal.SIGKILL)  # the trainer's whole process group
         if stale == "killed-with-the-vm":

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -202,6 +203,16 @@ class PausedCli:
                 assert block, f"ended without pausing ({self.proc.wait()}):\n{self.stderr[-3000:]}"
                 line += block
         return line.decode().strip()
+
+    def wait_while_paused(self, done: Callable[[], bool], what: str) -> None:
+        """Until `done()` holds while the process waits at the pause: what its other threads
+        finish there, such as a JAX checkpoint (Orbax commits it in a background thread,
+        which a loaded machine may leave unfinished ten steps later)."""
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not done():
+            assert self.proc.poll() is None, f"ended before {what}:\n{self.stderr[-3000:]}"
+            assert time.monotonic() < deadline, f"no {what} within {HANG_GUARD_S}s (hung?)"
+            time.sleep(0.05)
 
     def signal(self, signum: int) -> None:
         os.killpg(self.proc.pid, signum)

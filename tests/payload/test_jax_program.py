@@ -83,6 +83,7 @@ print(json.dumps({
     "refused": refused,
     "onednn": ["__onednn$matmul" in onednn, "__onednn$matmul" in plain],
     "cached": [after_onednn, chunks()],
+    "options": [first.train_options, second.train_options],  # the trainer's cache line
     "warnings": [str(w.message) for w in caught],
     "prints": [first.fingerprints(), second.fingerprints()],
     "valued": [v.path for v in variables if v._value is not None],
@@ -117,6 +118,7 @@ def test_the_builder_creates_no_values_and_builds_the_same_program_twice() -> No
     # persistent cache, and nothing warns. With CPU_ONEDNN_ENV=0: no oneDNN, and cached.
     assert seen["onednn"] == [True, False], seen
     assert seen["cached"][0] == [] and len(seen["cached"][1]) == 1, seen["cached"]
+    assert seen["options"] == [{"xla_cpu_experimental_onednn_custom_call": True}, None]
     assert seen["warnings"] == [], seen["warnings"]
     assert seen["refused"] == (
         "SpecError: TPU_PAYLOAD_CPU_ONEDNN: 'yes' must be 0 (off) or 1 (on, the default)"

@@ -254,6 +254,9 @@ class Programs:
     eval_batches: dict[str, jax.ShapeDtypeStruct] | None
     eval_micro_batches: int
     eval_lowered: Any  # jax.stages.Lowered | None
+    # The XLA options the training chunk compiled with (train_compiler_options; set when it
+    # compiles): with any, the chunk is not in the persistent cache.
+    train_options: dict[str, Any] | None = field(default=None, init=False)
     _compiled: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -263,7 +266,7 @@ class Programs:
     def train_chunk(self) -> Any:
         """The compiled training chunk (compiled once, on first use)."""
         if "train" not in self._compiled:
-            options = train_compiler_options(self.rt.accelerator)
+            options = self.train_options = train_compiler_options(self.rt.accelerator)
             with compile_cache.not_written() if options else contextlib.nullcontext():
                 self._compiled["train"] = self.train_lowered.compile(options)
         return self._compiled["train"]

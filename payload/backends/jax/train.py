@@ -229,7 +229,7 @@ def _train(
         if evaluator is not None:
             evaluator.close()
 
-    _log_cache(*cache, uncached=program_lib.train_compiler_options(rt.accelerator) is not None)
+    _log_cache(*cache, uncached=programs.train_options is not None)
     # Every process: the weights the export writes, gathered one at a time (with sharded
     # state a gather is a collective every process joins before the chief writes).
     with watch.during("export"):  # the gathers, the chief's write and upload, the others' wait
